@@ -1,0 +1,5 @@
+import sys
+
+from oom_lsp.cli import main
+
+sys.exit(main())

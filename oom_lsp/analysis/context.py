@@ -1,0 +1,331 @@
+"""Per-file state shared by all rules of one pass.
+
+- `ImportMap`: which local names are bound to which torch objects. A light
+  pass of our own (libcst's Scope and QualifiedName providers cost ~8x the
+  parse on real files): `import torch as T`, `import torch.nn.functional as F`,
+  `from torch import cat` count; a module-level `def cat` or `cat = ...`
+  after the import unbinds it.
+- `Tracker`: where the traversal is (statement, function, loop body,
+  no_grad / autocast regions), maintained from the batched visitor's
+  before/after hooks so every rule sees the same, consistent state during
+  both `visit_X` and `leave_X` of a node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+if TYPE_CHECKING:
+    from oom_lsp.analysis.rule import Report
+    from oom_lsp.analysis.settings import LintSettings
+
+
+def dotted_name(expr: cst.BaseExpression) -> str | None:
+    """`a.b.c` for a Name/Attribute chain, else None."""
+    parts: list[str] = []
+    while isinstance(expr, cst.Attribute):
+        parts.append(expr.attr.value)
+        expr = expr.value
+    if not isinstance(expr, cst.Name):
+        return None
+    parts.append(expr.value)
+    return ".".join(reversed(parts))
+
+
+def _module_name(node: cst.BaseExpression) -> str | None:
+    return dotted_name(node)
+
+
+class ImportMap:
+    def __init__(self) -> None:
+        # local name -> qualified name ("T" -> "torch", "cat" -> "torch.cat")
+        self.bindings: dict[str, str] = {}
+
+    @classmethod
+    def from_module(cls, module: cst.Module) -> ImportMap:
+        imports = cls()
+        imports._scan_block(module.body)
+        return imports
+
+    def _scan_block(self, body: object) -> None:
+        for statement in body:  # type: ignore[attr-defined]
+            if isinstance(statement, cst.SimpleStatementLine):
+                for small in statement.body:
+                    if isinstance(small, (cst.Import, cst.ImportFrom)):
+                        self.add_import(small)
+                    elif isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+                        self._unbind_targets(small)
+            elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                self.bindings.pop(statement.name.value, None)
+            elif isinstance(statement, (cst.If, cst.Try, cst.With)):
+                # `if TYPE_CHECKING:`, `try: import x except ImportError:`
+                for block in _blocks_of(statement):
+                    self._scan_block(block)
+
+    def _unbind_targets(self, node: cst.BaseSmallStatement) -> None:
+        targets: list[cst.BaseExpression] = []
+        if isinstance(node, cst.Assign):
+            targets = [target.target for target in node.targets]
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            targets = [node.target]
+        for target in targets:
+            if isinstance(target, cst.Name):
+                self.bindings.pop(target.value, None)
+
+    def add_import(self, node: cst.Import | cst.ImportFrom) -> None:
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                full = _module_name(alias.name)
+                if full is None:
+                    continue
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    self.bindings[alias.asname.name.value] = full
+                else:
+                    top = full.split(".")[0]
+                    self.bindings[top] = top
+            return
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return
+        module = _module_name(node.module)
+        if module is None:
+            return
+        for alias in node.names:
+            name = dotted_name(alias.name)
+            if name is None:
+                continue
+            local = name
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local = alias.asname.name.value
+            self.bindings[local] = f"{module}.{name}"
+
+    def qualified_name(self, expr: cst.BaseExpression) -> str | None:
+        """The fully qualified name `expr` refers to, if it is an imported one."""
+        dotted = dotted_name(expr)
+        if dotted is None:
+            return None
+        head, _, rest = dotted.partition(".")
+        bound = self.bindings.get(head)
+        if bound is None:
+            return None
+        return f"{bound}.{rest}" if rest else bound
+
+    def reference_to(self, qualified: str) -> str | None:
+        """How this file can spell `qualified` with its current imports.
+
+        "torch.nn.functional" -> "F" after `import torch.nn.functional as F`,
+        "torch.nn.functional" after `import torch`, None when nothing binds it.
+        """
+        best: tuple[int, str] | None = None
+        for local, bound in self.bindings.items():
+            if qualified == bound or qualified.startswith(bound + "."):
+                spelled = local + qualified[len(bound):]
+                score = len(bound)
+                if best is None or score > best[0]:
+                    best = (score, spelled)
+        return best[1] if best else None
+
+    def is_bound(self, qualified_prefix: str) -> bool:
+        return any(
+            bound == qualified_prefix or bound.startswith(qualified_prefix + ".")
+            for bound in self.bindings.values()
+        )
+
+
+def _blocks_of(statement: cst.CSTNode) -> list[object]:
+    blocks: list[object] = []
+    body = getattr(statement, "body", None)
+    if isinstance(body, cst.IndentedBlock):
+        blocks.append(body.body)
+    for attr in ("orelse", "finalbody"):
+        other = getattr(statement, attr, None)
+        if isinstance(other, (cst.Else, cst.Finally)) and isinstance(other.body, cst.IndentedBlock):
+            blocks.append(other.body.body)
+        elif isinstance(other, cst.If):
+            blocks.extend(_blocks_of(other))
+    for handler in getattr(statement, "handlers", ()):
+        if isinstance(handler.body, cst.IndentedBlock):
+            blocks.append(handler.body.body)
+    return blocks
+
+
+_GRAD_DISABLING = {
+    "torch.no_grad",
+    "torch.inference_mode",
+    "torch.autograd.no_grad",
+    "torch.autograd.grad_mode.no_grad",
+    "torch.autograd.grad_mode.inference_mode",
+}
+_AUTOCAST = {
+    "torch.autocast",
+    "torch.amp.autocast",
+    "torch.cuda.amp.autocast",
+    "torch.cpu.amp.autocast",
+    "torch.amp.autocast_mode.autocast",
+}
+
+_STATEMENT_TYPES = (
+    cst.SimpleStatementLine,
+    cst.For,
+    cst.While,
+    cst.If,
+    cst.With,
+    cst.Try,
+    cst.TryStar,
+    cst.FunctionDef,
+    cst.ClassDef,
+    cst.Match,
+)
+
+
+@dataclass
+class _FunctionFrame:
+    function: cst.FunctionDef | None
+    loops: list[cst.For | cst.While] = field(default_factory=list)
+    # Depth of enclosing grad-disabling regions inside this frame.
+    no_grad_depth: int = 0
+
+
+class Tracker:
+    """Where the traversal is. Read it from rules; it is kept by the engine."""
+
+    def __init__(self, imports: ImportMap) -> None:
+        self._imports = imports
+        self.statements: list[cst.CSTNode] = []
+        self._frames: list[_FunctionFrame] = [_FunctionFrame(function=None)]
+        self._loop_blocks: list[cst.CSTNode] = []
+        self._region_withs: list[tuple[cst.With, bool, bool]] = []
+        self.autocast_depth = 0
+
+    # --- state read by rules -------------------------------------------------
+    @property
+    def current_statement(self) -> cst.CSTNode | None:
+        return self.statements[-1] if self.statements else None
+
+    @property
+    def functions(self) -> list[cst.FunctionDef]:
+        return [frame.function for frame in self._frames if frame.function is not None]
+
+    @property
+    def current_function(self) -> cst.FunctionDef | None:
+        return self._frames[-1].function
+
+    @property
+    def loops(self) -> list[cst.For | cst.While]:
+        """Loops whose body encloses the current node, in the current function."""
+        return self._frames[-1].loops
+
+    @property
+    def in_loop(self) -> bool:
+        return bool(self._frames[-1].loops)
+
+    @property
+    def in_no_grad(self) -> bool:
+        """Inside `torch.no_grad()` / `inference_mode()` (with or decorator)."""
+        return self._frames[-1].no_grad_depth > 0
+
+    @property
+    def in_autocast(self) -> bool:
+        return self.autocast_depth > 0
+
+    def is_grad_disabling(self, expr: cst.BaseExpression) -> bool:
+        target = expr.func if isinstance(expr, cst.Call) else expr
+        qualified = self._imports.qualified_name(target)
+        if qualified in _GRAD_DISABLING:
+            return True
+        if qualified in ("torch.set_grad_enabled", "torch.autograd.set_grad_enabled") and isinstance(expr, cst.Call):
+            first = expr.args[0].value if expr.args else None
+            return isinstance(first, cst.Name) and first.value == "False"
+        return False
+
+    def is_autocast(self, expr: cst.BaseExpression) -> bool:
+        target = expr.func if isinstance(expr, cst.Call) else expr
+        return self._imports.qualified_name(target) in _AUTOCAST
+
+    # --- hooks called by the engine -----------------------------------------
+    def before_visit(self, node: cst.CSTNode) -> None:
+        if isinstance(node, _STATEMENT_TYPES):
+            self.statements.append(node)
+            if isinstance(node, cst.FunctionDef):
+                frame = _FunctionFrame(function=node)
+                if any(self.is_grad_disabling(d.decorator) for d in node.decorators):
+                    frame.no_grad_depth += 1
+                self._frames.append(frame)
+            elif isinstance(node, cst.With):
+                no_grad = any(self.is_grad_disabling(item.item) for item in node.items)
+                autocast = any(self.is_autocast(item.item) for item in node.items)
+                self._region_withs.append((node, no_grad, autocast))
+        elif isinstance(node, (cst.IndentedBlock, cst.SimpleStatementSuite)):
+            owner = self.current_statement
+            if isinstance(owner, (cst.For, cst.While)) and owner.body is node:
+                self._frames[-1].loops.append(owner)
+                self._loop_blocks.append(node)
+            elif isinstance(owner, cst.With) and owner.body is node and self._region_withs:
+                _, no_grad, autocast = self._region_withs[-1]
+                if no_grad:
+                    self._frames[-1].no_grad_depth += 1
+                if autocast:
+                    self.autocast_depth += 1
+        elif isinstance(node, cst.Lambda):
+            enclosing = self._frames[-1]
+            self._frames.append(_FunctionFrame(function=None, no_grad_depth=enclosing.no_grad_depth))
+
+    def after_leave(self, node: cst.CSTNode) -> None:
+        if isinstance(node, _STATEMENT_TYPES):
+            self.statements.pop()
+            if isinstance(node, cst.FunctionDef):
+                self._frames.pop()
+            elif isinstance(node, cst.With):
+                self._region_withs.pop()
+        elif isinstance(node, (cst.IndentedBlock, cst.SimpleStatementSuite)):
+            if self._loop_blocks and self._loop_blocks[-1] is node:
+                self._loop_blocks.pop()
+                self._frames[-1].loops.pop()
+                return
+            owner = self.current_statement
+            if isinstance(owner, cst.With) and owner.body is node and self._region_withs:
+                _, no_grad, autocast = self._region_withs[-1]
+                if no_grad:
+                    self._frames[-1].no_grad_depth -= 1
+                if autocast:
+                    self.autocast_depth -= 1
+        elif isinstance(node, cst.Lambda):
+            self._frames.pop()
+        elif isinstance(node, (cst.Import, cst.ImportFrom)) and len(self._frames) > 1:
+            # Imports inside functions bind too (approximation: file-wide).
+            self._imports.add_import(node)
+
+
+class FileContext:
+    """Everything a rule may read about the file being analysed."""
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        module: cst.Module,
+        settings: LintSettings,
+        path: str,
+    ) -> None:
+        self.source = source
+        self.module = module
+        self.settings = settings
+        self.path = path
+        self.imports = ImportMap.from_module(module)
+        self.tracker = Tracker(self.imports)
+        self.reports: list[Report] = []
+
+    def add_report(self, report: Report) -> None:
+        self.reports.append(report)
+
+    def qualified_name(self, expr: cst.BaseExpression) -> str | None:
+        return self.imports.qualified_name(expr)
+
+    def call_name(self, call: cst.Call) -> str | None:
+        """The qualified name of the called function, when it is imported."""
+        return self.imports.qualified_name(call.func)
+
+    def code_for(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)

@@ -1,0 +1,75 @@
+"""Small questions rules ask of libcst nodes."""
+
+from __future__ import annotations
+
+import enum
+
+import libcst as cst
+
+
+class _Unknown(enum.Enum):
+    UNKNOWN = "unknown"
+
+
+# An argument lookup answers UNKNOWN when `*args` / `**kwargs` could supply the
+# argument: rules stay silent then (TorchFix's false positives came from this).
+UNKNOWN = _Unknown.UNKNOWN
+
+
+def has_splat(call: cst.Call) -> bool:
+    return any(arg.star in ("*", "**") for arg in call.args)
+
+
+def get_arg(call: cst.Call, name: str, position: int | None = None) -> cst.Arg | None | _Unknown:
+    """The argument passed as keyword `name` or at `position`.
+
+    None when it is certainly absent, UNKNOWN when a splat may carry it.
+    """
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg
+    if position is not None:
+        positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+        if len(positional) > position and not any(
+            arg.star == "*" for arg in call.args[: call.args.index(positional[position])]
+        ):
+            return positional[position]
+    if has_splat(call):
+        return UNKNOWN
+    return None
+
+
+def int_value(expr: cst.BaseExpression | None) -> int | None:
+    """The value of an integer literal (`256`, `1_024`, `2**10` is not one)."""
+    if isinstance(expr, cst.Integer):
+        try:
+            return int(expr.value.replace("_", ""), 0)
+        except ValueError:
+            return None
+    return None
+
+
+def method_call(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, str] | None:
+    """(receiver, method) for `receiver.method(...)`."""
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        return expr.func.value, expr.func.attr.value
+    return None
+
+
+def name_of(expr: cst.BaseExpression) -> str | None:
+    return expr.value if isinstance(expr, cst.Name) else None
+
+
+def is_true(expr: cst.BaseExpression | None) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "True"
+
+
+def is_false(expr: cst.BaseExpression | None) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "False"
+
+
+def string_value(expr: cst.BaseExpression | None) -> str | None:
+    if isinstance(expr, cst.SimpleString):
+        value = expr.evaluated_value
+        return value if isinstance(value, str) else None
+    return None

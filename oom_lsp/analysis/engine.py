@@ -1,0 +1,345 @@
+"""The analysis: source text + settings -> findings. Pure; no I/O.
+
+One libcst parse per file, every enabled rule in one batched pass. Positions
+are computed only for files where a rule reported something (one codegen
+pass), and files that mention no training framework are not parsed at all.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+from libcst._position import CodeRange
+from libcst.metadata.position_provider import PositionProvidingCodegenState
+
+from oom_lsp.analysis import registry
+from oom_lsp.analysis.context import FileContext
+from oom_lsp.analysis.findings import Applicability, Finding, Fix, Position, Range, Severity, TextEdit
+from oom_lsp.analysis.rule import (
+    DeleteStatement,
+    FixSpec,
+    InsertAfter,
+    InsertBefore,
+    InsertLinesAfter,
+    InsertLinesBefore,
+    Replace,
+    Report,
+)
+from oom_lsp.analysis.settings import LintSettings
+from oom_lsp.analysis.suppressions import Suppression, apply_suppressions, parse_suppressions
+
+# Files that mention none of these cannot contain a finding of any rule.
+_RELEVANT_RE = re.compile(r"torch|batch_size|transformers|lightning|accelerate")
+_NEWLINE_RE = re.compile(r"\r\n?|\n")
+
+
+def mentions_framework(source: str) -> bool:
+    return _RELEVANT_RE.search(source) is not None
+
+
+def analyze(source: str, settings: LintSettings, path: str = "<stdin>") -> list[Finding]:
+    """All findings for one file's text, sorted by position."""
+    findings: list[Finding] = []
+    if mentions_framework(source):
+        try:
+            module = cst.parse_module(source)
+        except cst.ParserSyntaxError as error:
+            return _syntax_error(error, settings)
+        except RecursionError:
+            return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
+        findings = _run_rules(module, source, settings, path)
+    suppressions = parse_suppressions(source)
+    if suppressions:
+        findings = apply_suppressions(findings, suppressions)
+        if registry.UNUSED_SUPPRESSION.code in settings.enabled:
+            findings += _unused_suppressions(suppressions, settings)
+    findings.sort(key=lambda finding: (finding.range.start, finding.code))
+    return findings
+
+
+def _syntax_error(error: cst.ParserSyntaxError, settings: LintSettings) -> list[Finding]:
+    message = error.message.rstrip(".")
+    return _syntax_error_at(error.raw_line, error.raw_column, message, settings)
+
+
+def _syntax_error_at(line: int, column: int, message: str, settings: LintSettings) -> list[Finding]:
+    meta = registry.INVALID_SYNTAX
+    if meta.code not in settings.enabled:
+        return []
+    start = Position(max(line, 1), max(column, 0))
+    return [
+        Finding(
+            code=meta.code,
+            name=meta.name,
+            message=f"SyntaxError: {message}",
+            range=Range(start, Position(start.line, start.column + 1)),
+            severity=settings.severity_of(meta.code, meta.default_severity),
+            statement_line=start.line,
+        )
+    ]
+
+
+def _run_rules(module: cst.Module, source: str, settings: LintSettings, path: str) -> list[Finding]:
+    context = FileContext(source=source, module=module, settings=settings, path=path)
+    rules = [
+        rule_class(context)
+        for code, rule_class in registry.all_rules().items()
+        if code in settings.enabled
+    ]
+    if not rules:
+        return []
+    try:
+        cst.visit_batched(
+            module,
+            rules,
+            before_visit=context.tracker.before_visit,
+            after_leave=context.tracker.after_leave,
+        )
+    except RecursionError:
+        return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
+    if not context.reports:
+        return []
+    positions = compute_positions(module)
+    builder = _FixBuilder(context, positions)
+    findings = []
+    for report in context.reports:
+        node_range = positions.get(report.node)
+        if node_range is None:
+            continue
+        statement_range = positions.get(report.statement) if report.statement is not None else None
+        rule = report.rule
+        findings.append(
+            Finding(
+                code=rule.code,
+                name=rule.name,
+                message=report.message,
+                range=_to_range(node_range),
+                severity=settings.severity_of(rule.code, rule.default_severity),
+                fix=builder.build(report.fix) if report.fix else None,
+                statement_line=statement_range.start.line if statement_range else node_range.start.line,
+            )
+        )
+    return _dedupe(findings)
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    seen: set[tuple[str, Range]] = set()
+    unique = []
+    for finding in findings:
+        key = (finding.code, finding.range)
+        if key not in seen:
+            seen.add(key)
+            unique.append(finding)
+    return unique
+
+
+class _PositionSink:
+    """Stands in for a metadata provider: PositionProvidingCodegenState only
+    writes into `_computed`."""
+
+    def __init__(self) -> None:
+        self._computed: dict[cst.CSTNode, CodeRange] = {}
+
+
+def compute_positions(module: cst.Module) -> dict[cst.CSTNode, CodeRange]:
+    """Syntactic positions of every node, as libcst's PositionProvider, without
+    the metadata wrapper's deep copy and resolution machinery."""
+    sink = _PositionSink()
+    state = PositionProvidingCodegenState(
+        default_indent=module.default_indent,
+        default_newline=module.default_newline,
+        provider=sink,  # type: ignore[arg-type]
+    )
+    module._codegen(state)
+    return sink._computed
+
+
+def _to_range(code_range: CodeRange) -> Range:
+    return Range(
+        Position(code_range.start.line, code_range.start.column),
+        Position(code_range.end.line, code_range.end.column),
+    )
+
+
+class _FixBuilder:
+    """Turns a rule's node-level FixSpec into text edits."""
+
+    def __init__(self, context: FileContext, positions: dict[cst.CSTNode, CodeRange]) -> None:
+        self.context = context
+        self.positions = positions
+        self.lines = _NEWLINE_RE.split(context.source)
+        self.newline = context.module.default_newline
+
+    def build(self, spec: FixSpec) -> Fix | None:
+        edits: list[TextEdit] = []
+        for node_edit in spec.edits:
+            edit = self._edit(node_edit)
+            if edit is None:
+                return None
+            edits.append(edit)
+        for module_name in spec.imports:
+            if self.context.imports.reference_to(module_name) is None:
+                edits.append(self._import_edit(module_name))
+        edits.sort(key=lambda edit: (edit.range.start, edit.range.end))
+        for before, after in zip(edits, edits[1:]):
+            if after.range.start < before.range.end:
+                return None
+        return Fix(spec.title, tuple(edits), spec.applicability)
+
+    def _range(self, node: cst.CSTNode) -> Range | None:
+        code_range = self.positions.get(node)
+        return _to_range(code_range) if code_range is not None else None
+
+    def _line(self, line: int) -> str:
+        return self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+
+    def _indent_of(self, line: int) -> str:
+        text = self._line(line)
+        return text[: len(text) - len(text.lstrip())]
+
+    def _indented(self, lines: tuple[str, ...], indent: str) -> str:
+        unit = self.context.module.default_indent
+        out = []
+        for line in lines:
+            body = line.lstrip(" ")
+            depth = (len(line) - len(body)) // 4
+            out.append(indent + unit * depth + body)
+        return self.newline.join(out)
+
+    def _edit(self, node_edit: object) -> TextEdit | None:
+        if isinstance(node_edit, Replace):
+            node_range = self._range(node_edit.node)
+            if node_range is None:
+                return None
+            new = node_edit.new
+            text = new if isinstance(new, str) else self.context.module.code_for_node(new)
+            return TextEdit(node_range, text)
+        if isinstance(node_edit, InsertBefore):
+            node_range = self._range(node_edit.node)
+            if node_range is None:
+                return None
+            return TextEdit(Range(node_range.start, node_range.start), node_edit.text)
+        if isinstance(node_edit, InsertAfter):
+            node_range = self._range(node_edit.node)
+            if node_range is None:
+                return None
+            return TextEdit(Range(node_range.end, node_range.end), node_edit.text)
+        if isinstance(node_edit, InsertLinesBefore):
+            node_range = self._range(node_edit.statement)
+            if node_range is None:
+                return None
+            indent = self._indent_of(node_range.start.line)
+            if len(indent) != node_range.start.column:
+                return None  # the statement shares its line with other code
+            start = Position(node_range.start.line, 0)
+            return TextEdit(Range(start, start), self._indented(node_edit.lines, indent) + self.newline)
+        if isinstance(node_edit, InsertLinesAfter):
+            node_range = self._range(node_edit.statement)
+            if node_range is None:
+                return None
+            indent_node = node_edit.indent_like or node_edit.statement
+            indent_range = self._range(indent_node)
+            if indent_range is None:
+                return None
+            indent = self._indent_of(indent_range.start.line)
+            end_line = node_range.end.line
+            if node_range.end.column == 0 and end_line > node_range.start.line:
+                end_line -= 1
+            end = Position(end_line, len(self._line(end_line)))
+            return TextEdit(Range(end, end), self.newline + self._indented(node_edit.lines, indent))
+        if isinstance(node_edit, DeleteStatement):
+            node_range = self._range(node_edit.statement)
+            if node_range is None:
+                return None
+            if self._indent_of(node_range.start.line) != self._line(node_range.start.line)[: node_range.start.column]:
+                return None
+            end_line = node_range.end.line
+            if node_range.end.column == 0 and end_line > node_range.start.line:
+                end_line -= 1
+            if self._line(end_line)[node_range.end.column:].strip() and node_range.end.column != 0:
+                return None  # code follows on the same line
+            return TextEdit(
+                Range(Position(node_range.start.line, 0), Position(end_line + 1, 0)),
+                "",
+            )
+        raise TypeError(f"unknown edit {node_edit!r}")
+
+    def _import_edit(self, module_name: str) -> TextEdit:
+        """`import x` after the last top-level import (or the docstring)."""
+        anchor_line = 0
+        for statement in self.context.module.body:
+            if isinstance(statement, cst.SimpleStatementLine) and all(
+                isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+            ):
+                statement_range = self._range(statement)
+                if statement_range is not None:
+                    anchor_line = statement_range.end.line
+            elif anchor_line == 0 and _is_docstring(statement):
+                statement_range = self._range(statement)
+                if statement_range is not None:
+                    anchor_line = statement_range.end.line
+            elif anchor_line:
+                break
+        start = Position(anchor_line + 1, 0)
+        return TextEdit(Range(start, start), f"import {module_name}{self.newline}")
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _unused_suppressions(suppressions: list[Suppression], settings: LintSettings) -> list[Finding]:
+    meta = registry.UNUSED_SUPPRESSION
+    findings = []
+    for suppression in suppressions:
+        if suppression.codes is None:
+            continue
+        unused = []
+        for entry in suppression.codes:
+            rule = registry.rule_for(entry.upper()) or registry.rule_by_name(entry.lower())
+            if rule is None:
+                if entry.upper().startswith("OOM"):
+                    unused.append((entry, "unknown rule code"))
+                continue  # another linter's code in a shared `# noqa:`
+            if entry not in suppression.used and rule.code in settings.enabled:
+                unused.append((entry, "suppresses nothing"))
+        if not unused:
+            continue
+        described = ", ".join(f"{entry} ({why})" for entry, why in unused)
+        findings.append(
+            Finding(
+                code=meta.code,
+                name=meta.name,
+                message=f"Unused suppression: {described}. Remove it so it cannot hide a future finding.",
+                range=suppression.comment_range,
+                severity=settings.severity_of(meta.code, meta.default_severity),
+                fix=_remove_codes_fix(suppression, {entry for entry, _ in unused}),
+                statement_line=suppression.line,
+            )
+        )
+    return findings
+
+
+def _remove_codes_fix(suppression: Suppression, unused: set[str]) -> Fix:
+    remaining = [code for code in suppression.codes or () if code not in unused]
+    text = suppression.comment_text
+    if remaining:
+        pattern = _OOM_BRACKET if suppression.syntax == "oom" else _NOQA_CODES
+        new_text = pattern.sub(lambda match: match.group(1) + ", ".join(remaining) + match.group(3), text, count=1)
+        title = "Remove unused codes from the suppression"
+    else:
+        new_text = ""
+        title = "Remove the unused suppression comment"
+    return Fix(title, (TextEdit(suppression.comment_range, new_text),), Applicability.SAFE)
+
+
+_OOM_BRACKET = re.compile(r"(#\s*oom:\s*(?:ignore-file|file-ignore|ignore)\s*\[)([^\]]*)(\])", re.IGNORECASE)
+_NOQA_CODES = re.compile(r"(#\s*noqa:\s*)([A-Za-z0-9_\-]+(?:\s*,\s*[A-Za-z0-9_\-]+)*)()", re.IGNORECASE)
+
+__all__ = ["analyze", "compute_positions", "mentions_framework", "Severity"]

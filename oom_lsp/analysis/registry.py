@@ -1,0 +1,170 @@
+"""The code-keyed registry of rules, and code selection (Ruff's semantics).
+
+Meta codes that are not visitors (OOM000 invalid-syntax, OOM900
+unused-suppression) are declared here so selection, docs and output know
+them too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from oom_lsp.analysis.findings import Applicability, Severity
+from oom_lsp.analysis.rule import Rule
+
+_RULES: dict[str, type[Rule]] = {}
+_CODE_RE = re.compile(r"^OOM\d{3}$")
+_NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+@dataclass(frozen=True)
+class MetaRule:
+    """A code the engine reports itself (no visitor)."""
+
+    code: str
+    name: str
+    summary: str
+    doc: str
+    default_severity: Severity
+    default_enabled: bool
+    fix_applicability: Applicability | None = None
+
+    def docs(self) -> str:
+        return f"# {self.name} ({self.code})\n\n{self.summary}\n\n{self.doc.strip()}\n"
+
+
+INVALID_SYNTAX = MetaRule(
+    code="OOM000",
+    name="invalid-syntax",
+    summary="The file does not parse, so it could not be checked.",
+    doc="""
+## What it does
+Reports a file that the Python parser rejects, at the parser's position and
+with its message. The other files are still checked.
+
+## Why is this bad?
+No memory rule can run on code that does not parse; fixing the syntax error
+lets oom-lsp check the file again.
+""",
+    default_severity=Severity.ERROR,
+    default_enabled=True,
+)
+
+UNUSED_SUPPRESSION = MetaRule(
+    code="OOM900",
+    name="unused-suppression",
+    summary="A suppression comment that suppresses nothing.",
+    doc="""
+## What it does
+Reports `# oom: ignore[...]`, `# noqa: OOM...` and `# oom: ignore-file[...]`
+codes that silence no finding, like Ruff's RUF100. Off by default: turn it on
+with `--select OOM900` (or `select = ["OOM900", ...]`).
+
+## Why is this bad?
+A stale suppression hides the next real finding on that line.
+
+## Example
+```python
+total = 0.0  # oom: ignore[OOM301]
+```
+
+## Interplay with Ruff
+`ruff check --fix` with RUF102 enabled deletes `# noqa: OOM101` comments it
+does not know. Keep them with:
+
+```toml
+[tool.ruff.lint]
+external = ["OOM"]
+```
+""",
+    default_severity=Severity.WARNING,
+    default_enabled=False,
+    fix_applicability=Applicability.SAFE,
+)
+
+META_RULES: dict[str, MetaRule] = {rule.code: rule for rule in (INVALID_SYNTAX, UNUSED_SUPPRESSION)}
+
+
+def register(rule: type[Rule]) -> type[Rule]:
+    """Class decorator adding a rule to the registry."""
+    if not _CODE_RE.match(rule.code):
+        raise ValueError(f"{rule.__name__}: bad code {rule.code!r}")
+    if not _NAME_RE.match(rule.name):
+        raise ValueError(f"{rule.__name__}: name {rule.name!r} is not kebab-case")
+    if rule.code in _RULES or rule.code in META_RULES:
+        raise ValueError(f"duplicate rule code {rule.code}")
+    _RULES[rule.code] = rule
+    return rule
+
+
+def _load() -> None:
+    # Importing the package registers every rule module.
+    import oom_lsp.analysis.rules  # noqa: F401
+
+
+def all_rules() -> dict[str, type[Rule]]:
+    _load()
+    return dict(sorted(_RULES.items()))
+
+
+def rule_for(code: str) -> type[Rule] | MetaRule | None:
+    _load()
+    return _RULES.get(code) or META_RULES.get(code)
+
+
+def rule_by_name(name: str) -> type[Rule] | MetaRule | None:
+    for rule in [*all_rules().values(), *META_RULES.values()]:
+        if rule.name == name:
+            return rule
+    return None
+
+
+def all_codes() -> list[str]:
+    return sorted([*all_rules(), *META_RULES])
+
+
+def default_codes() -> list[str]:
+    codes = [code for code, rule in all_rules().items() if rule.default_enabled]
+    codes += [code for code, meta in META_RULES.items() if meta.default_enabled]
+    return sorted(codes)
+
+
+class SelectorError(ValueError):
+    """A code or prefix in select/ignore that matches no rule."""
+
+
+def expand_selector(selector: str) -> set[str]:
+    """Codes matched by `OOM301`, a prefix (`OOM3`, `OOM`), `ALL` or a rule name."""
+    selector = selector.strip()
+    if selector.upper() == "ALL":
+        return set(all_codes())
+    by_name = rule_by_name(selector)
+    if by_name is not None:
+        return {by_name.code}
+    matched = {code for code in all_codes() if code.startswith(selector.upper())}
+    if not matched or not selector.upper().startswith("OOM"):
+        raise SelectorError(f"unknown rule selector {selector!r}")
+    return matched
+
+
+def resolve_selection(
+    select: list[str] | None,
+    ignore: list[str] = (),  # type: ignore[assignment]
+    extend_select: list[str] = (),  # type: ignore[assignment]
+) -> frozenset[str]:
+    """Ruff's semantics: `select` replaces the default set, then
+    `extend-select` adds and `ignore` removes. An explicitly named
+    default-off rule (OOM900) is on only when a selector names it or its prefix.
+    """
+    if select is None:
+        enabled = set(default_codes())
+    else:
+        enabled = set()
+        for selector in select:
+            enabled |= expand_selector(selector)
+    for selector in extend_select:
+        enabled |= expand_selector(selector)
+    for selector in ignore:
+        enabled -= expand_selector(selector)
+    return frozenset(enabled)

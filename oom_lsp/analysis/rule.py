@@ -1,0 +1,186 @@
+"""What a rule is: a batched libcst visitor that carries its own docs and tests.
+
+A rule subclasses `Rule`, sets its class attributes (code, kebab-case name, a
+one-line summary, its default severity, whether and how safely it fixes) and
+lists `VALID` and `INVALID` examples. The examples are its unit tests
+(`tests/analysis/test_rule_examples.py` generates them) and its documentation
+(`oom-lsp rule CODE`, hover in the editor). Its docstring has the sections of
+Ruff's rule docs: "What it does", "Why is this bad?" (what grows in memory),
+"Example", "Use instead", and "Fix safety" when it fixes.
+
+A rule reports a node; it never computes positions. The engine turns reported
+nodes into ranges and edits afterwards, only for files that have findings.
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Union
+
+import libcst as cst
+
+from oom_lsp.analysis.findings import Applicability, Severity
+
+if TYPE_CHECKING:
+    from oom_lsp.analysis.context import FileContext
+
+
+@dataclass(frozen=True)
+class Valid:
+    """Code the rule must not report."""
+
+    code: str
+    # Per-example settings, e.g. {"max_batch_size": 64}.
+    settings: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """Code the rule must report.
+
+    `line` is the 1-based line of the report in the dedented example;
+    `expected_fix` the whole example after applying the rule's fix (unsafe
+    fixes included), or None when the example has no fix.
+    """
+
+    code: str
+    line: int | None = None
+    expected_fix: str | None = None
+    settings: dict[str, object] = field(default_factory=dict)
+
+
+# --- Fix specifications -----------------------------------------------------
+# Rules describe a fix in terms of nodes; the engine resolves node positions
+# and turns each into a TextEdit.
+
+
+@dataclass(frozen=True)
+class Replace:
+    """Replace a node's text with a new node's code or a string."""
+
+    node: cst.CSTNode
+    new: Union[cst.CSTNode, str]
+
+
+@dataclass(frozen=True)
+class InsertBefore:
+    """Insert text right before a node (same line, same column)."""
+
+    node: cst.CSTNode
+    text: str
+
+
+@dataclass(frozen=True)
+class InsertAfter:
+    """Insert text right after a node's end."""
+
+    node: cst.CSTNode
+    text: str
+
+
+@dataclass(frozen=True)
+class InsertLinesBefore:
+    """Insert whole lines before a statement, indented like it.
+
+    `lines` are given without indentation or newline; nested indentation
+    inside them is written with four spaces and rebased on the statement's.
+    """
+
+    statement: cst.CSTNode
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class InsertLinesAfter:
+    """Insert whole lines after a (possibly compound) statement.
+
+    The lines are indented like `statement`'s first line unless `indent_like`
+    names another node whose indentation to use.
+    """
+
+    statement: cst.CSTNode
+    lines: tuple[str, ...]
+    indent_like: cst.CSTNode | None = None
+
+
+@dataclass(frozen=True)
+class DeleteStatement:
+    """Delete a statement's whole line(s)."""
+
+    statement: cst.CSTNode
+
+
+NodeEdit = Union[Replace, InsertBefore, InsertAfter, InsertLinesBefore, InsertLinesAfter, DeleteStatement]
+
+
+@dataclass(frozen=True)
+class FixSpec:
+    title: str
+    edits: tuple[NodeEdit, ...]
+    applicability: Applicability
+    # Modules that must be importable under the name the edits use, e.g.
+    # ("torch",) adds `import torch` when the file has no binding for it.
+    imports: tuple[str, ...] = ()
+
+
+@dataclass
+class Report:
+    rule: type[Rule]
+    node: cst.CSTNode
+    message: str
+    fix: FixSpec | None
+    statement: cst.CSTNode | None
+
+
+class Rule(cst.BatchableCSTVisitor):
+    code: ClassVar[str]
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    default_severity: ClassVar[Severity] = Severity.WARNING
+    # None: the rule never fixes. Otherwise the safety of its fix.
+    fix_applicability: ClassVar[Applicability | None] = None
+    # Rules off unless selected explicitly (a prefix or ALL selects them too).
+    default_enabled: ClassVar[bool] = True
+    VALID: ClassVar[list[Valid]] = []
+    INVALID: ClassVar[list[Invalid]] = []
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__()
+        self.context = context
+
+    def report(self, node: cst.CSTNode, message: str, *, fix: FixSpec | None = None) -> None:
+        """Report `node`; the message is one sentence on what grows and why,
+        then one on the fix (RULES.md)."""
+        self.context.add_report(
+            Report(
+                rule=type(self),
+                node=node,
+                message=message,
+                fix=fix,
+                statement=self.context.tracker.current_statement,
+            )
+        )
+
+    @classmethod
+    def docs(cls) -> str:
+        """The rule's documentation in Markdown, built from its own definition."""
+        body = textwrap.dedent(inspect.getdoc(cls) or "").strip()
+        header = f"# {cls.name} ({cls.code})\n\n{cls.summary}\n"
+        fix_line = {
+            None: "Fix: none available.",
+            Applicability.SAFE: "Fix: always available, safe.",
+            Applicability.UNSAFE: "Fix: available, unsafe (review before applying; never part of fix-all).",
+        }[cls.fix_applicability]
+        parts = [header, body, fix_line]
+        if cls.INVALID:
+            example = textwrap.dedent(cls.INVALID[0].code).strip("\n")
+            parts.append("## Flagged\n\n```python\n" + example + "\n```")
+            if cls.INVALID[0].expected_fix is not None:
+                fixed = textwrap.dedent(cls.INVALID[0].expected_fix).strip("\n")
+                parts.append("## After the fix\n\n```python\n" + fixed + "\n```")
+        if cls.VALID:
+            example = textwrap.dedent(cls.VALID[0].code).strip("\n")
+            parts.append("## Not flagged\n\n```python\n" + example + "\n```")
+        return "\n\n".join(part for part in parts if part) + "\n"

@@ -1,0 +1,13 @@
+"""The rule catalogue (../RULES.md), one module per family.
+
+Importing this package registers every rule.
+"""
+
+from oom_lsp.analysis.rules import (  # noqa: F401
+    autograd,
+    data,
+    precision,
+    runtime,
+    scale,
+    tensor_ops,
+)

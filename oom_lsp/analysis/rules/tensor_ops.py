@@ -1,0 +1,3 @@
+"""OOM4xx: tensor operations that allocate more than they need."""
+
+from __future__ import annotations

@@ -1,0 +1,129 @@
+"""Applying fixes to text. Pure functions.
+
+`apply_edits` applies non-overlapping edits; `fix_source` repeats
+analyse -> apply until nothing more applies (a fix can enable or move
+another), as Ruff does, and never returns code that does not parse.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from oom_lsp.analysis.engine import analyze
+from oom_lsp.analysis.findings import Finding, Fix, Position, TextEdit
+from oom_lsp.analysis.settings import LintSettings
+
+_NEWLINE_RE = re.compile(r"\r\n?|\n")
+MAX_PASSES = 10
+
+
+class OverlappingEdits(ValueError):
+    pass
+
+
+def line_starts(source: str) -> list[int]:
+    """Offsets at which each line (1-based index - 1) starts."""
+    starts = [0]
+    starts.extend(match.end() for match in _NEWLINE_RE.finditer(source))
+    return starts
+
+
+def offset_of(position: Position, starts: list[int], source: str) -> int:
+    if position.line - 1 >= len(starts):
+        return len(source)
+    return min(starts[position.line - 1] + position.column, len(source))
+
+
+def apply_edits(source: str, edits: list[TextEdit] | tuple[TextEdit, ...]) -> str:
+    """Apply edits given in positions of `source`; overlapping edits raise."""
+    starts = line_starts(source)
+    spans = sorted(
+        (offset_of(edit.range.start, starts, source), offset_of(edit.range.end, starts, source), edit.new_text)
+        for edit in edits
+    )
+    for (_, end, _), (start, _, _) in zip(spans, spans[1:]):
+        if start < end:
+            raise OverlappingEdits("edits overlap")
+    pieces = []
+    cursor = 0
+    for start, end, text in spans:
+        pieces.append(source[cursor:start])
+        pieces.append(text)
+        cursor = end
+    pieces.append(source[cursor:])
+    return "".join(pieces)
+
+
+def _parses(source: str) -> bool:
+    try:
+        cst.parse_module(source)
+    except (cst.ParserSyntaxError, RecursionError):
+        return False
+    return True
+
+
+def select_fixes(findings: list[Finding], *, unsafe: bool) -> list[Fix]:
+    fixes = []
+    for finding in findings:
+        if finding.fix is None:
+            continue
+        if finding.fix.is_safe or unsafe:
+            fixes.append(finding.fix)
+    return fixes
+
+
+def apply_non_overlapping(source: str, fixes: list[Fix]) -> tuple[str, int]:
+    """Apply as many fixes as do not overlap each other, in source order."""
+    starts = line_starts(source)
+    taken: list[tuple[int, int]] = []
+    chosen: list[TextEdit] = []
+    applied = 0
+    for fix in sorted(fixes, key=lambda fix: fix.edits[0].range.start if fix.edits else Position(0, 0)):
+        spans = [
+            (offset_of(edit.range.start, starts, source), offset_of(edit.range.end, starts, source))
+            for edit in fix.edits
+        ]
+        if any(s < t_end and t_start < e or (s == e == t_start == t_end) for s, e in spans for t_start, t_end in taken):
+            continue
+        taken.extend(spans)
+        chosen.extend(fix.edits)
+        applied += 1
+    if not chosen:
+        return source, 0
+    return apply_edits(source, chosen), applied
+
+
+@dataclass
+class FixResult:
+    source: str
+    applied: int  # number of fixes applied
+    remaining: list[Finding]  # findings left after fixing
+
+
+def fix_source(
+    source: str,
+    settings: LintSettings,
+    *,
+    unsafe: bool = False,
+    path: str = "<stdin>",
+    only_codes: set[str] | None = None,
+) -> FixResult:
+    """Apply fixes until stable. A pass whose result would not parse is dropped."""
+    applied_total = 0
+    current = source
+    findings = analyze(current, settings, path)
+    for _ in range(MAX_PASSES):
+        candidates = [f for f in findings if only_codes is None or f.code in only_codes]
+        fixes = select_fixes(candidates, unsafe=unsafe)
+        if not fixes:
+            break
+        updated, applied = apply_non_overlapping(current, fixes)
+        if applied == 0 or updated == current or not _parses(updated):
+            break
+        current = updated
+        applied_total += applied
+        findings = analyze(current, settings, path)
+    return FixResult(current, applied_total, findings)
