@@ -114,7 +114,7 @@ def _run_rules(module: cst.Module, source: str, settings: LintSettings, path: st
                 code=rule.code,
                 name=rule.name,
                 message=report.message,
-                range=_to_range(node_range),
+                range=_report_range(report.node, node_range, builder.lines),
                 severity=settings.severity_of(rule.code, rule.default_severity),
                 fix=builder.build(report.fix) if report.fix else None,
                 statement_line=statement_range.start.line if statement_range else node_range.start.line,
@@ -153,6 +153,19 @@ def compute_positions(module: cst.Module) -> dict[cst.CSTNode, CodeRange]:
     )
     module._codegen(state)
     return sink._computed
+
+
+_COMPOUND = (cst.For, cst.While, cst.With, cst.If, cst.Try, cst.FunctionDef, cst.ClassDef)
+
+
+def _report_range(node: cst.CSTNode, code_range: CodeRange, lines: list[str]) -> Range:
+    """A compound statement is reported on its header line only: an editor
+    should underline `for batch in loader:`, not the whole loop."""
+    full = _to_range(code_range)
+    if isinstance(node, _COMPOUND) and full.end.line > full.start.line:
+        header = lines[full.start.line - 1] if full.start.line <= len(lines) else ""
+        return Range(full.start, Position(full.start.line, len(header.rstrip())))
+    return full
 
 
 def _to_range(code_range: CodeRange) -> Range:
