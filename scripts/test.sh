@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up a virtual environment from scratch and run the whole test suite.
+# Used by the README's second command and by CI (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${OOM_LSP_VENV:-.venv}"
+PYTHON="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+# torch first, pinned: the CPU wheel that the estimate/profile tests need.
+# An unpinned torch would pull gigabytes of CUDA builds.
+"$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
+"$VENV/bin/python" -m pip install --quiet -e ".[test]"
+
+# pytest exits 5 when it collected no test: that is a failure for us too.
+"$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
