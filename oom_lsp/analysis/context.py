@@ -191,6 +191,15 @@ class _FunctionFrame:
 class Tracker:
     """Where the traversal is. Read it from rules; it is kept by the engine."""
 
+    # The node types whose entry and exit the hooks below need to see.
+    HOOKED_TYPES: tuple[type, ...] = _STATEMENT_TYPES + (
+        cst.IndentedBlock,
+        cst.SimpleStatementSuite,
+        cst.Lambda,
+        cst.Import,
+        cst.ImportFrom,
+    )
+
     def __init__(self, imports: ImportMap) -> None:
         self._imports = imports
         self.statements: list[cst.CSTNode] = []

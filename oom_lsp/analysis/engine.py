@@ -1,6 +1,7 @@
 """The analysis: source text + settings -> findings. Pure; no I/O.
 
-One libcst parse per file, every enabled rule in one batched pass. Positions
+One libcst parse per file, every enabled rule in one batched pass (our own
+walker: libcst's visit rebuilds every node). Positions
 are computed only for files where a rule reported something (one codegen
 pass), and files that mention no training framework are not parsed at all.
 """
@@ -11,10 +12,9 @@ import re
 
 import libcst as cst
 from libcst._position import CodeRange
-from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from oom_lsp.analysis import registry
-from oom_lsp.analysis.context import FileContext
+from oom_lsp.analysis.context import FileContext, Tracker
 from oom_lsp.analysis.findings import Applicability, Finding, Fix, Position, Range, Severity, TextEdit
 from oom_lsp.analysis.rule import (
     DeleteStatement,
@@ -27,6 +27,8 @@ from oom_lsp.analysis.rule import (
     Report,
 )
 from oom_lsp.analysis.settings import LintSettings
+from oom_lsp.analysis.positions import PositionResolver, compute_positions
+from oom_lsp.analysis.walker import walk
 from oom_lsp.analysis.suppressions import Suppression, apply_suppressions, parse_suppressions
 
 # Files that mention none of these cannot contain a finding of any rule.
@@ -90,24 +92,26 @@ def _run_rules(module: cst.Module, source: str, settings: LintSettings, path: st
     if not rules:
         return []
     try:
-        cst.visit_batched(
+        walk(
             module,
             rules,
             before_visit=context.tracker.before_visit,
             after_leave=context.tracker.after_leave,
+            hooked_types=Tracker.HOOKED_TYPES,
         )
     except RecursionError:
         return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
     if not context.reports:
         return []
-    positions = compute_positions(module)
-    builder = _FixBuilder(context, positions)
+    resolver = PositionResolver(module, source)
+    builder = _FixBuilder(context, resolver)
     findings = []
     for report in context.reports:
-        node_range = positions.get(report.node)
+        resolver.ensure([report.node, report.statement, *_fix_nodes(report.fix)], report.statement_path)
+        node_range = resolver.range_of(report.node)
         if node_range is None:
             continue
-        statement_range = positions.get(report.statement) if report.statement is not None else None
+        statement_range = resolver.range_of(report.statement) if report.statement is not None else None
         rule = report.rule
         findings.append(
             Finding(
@@ -123,6 +127,18 @@ def _run_rules(module: cst.Module, source: str, settings: LintSettings, path: st
     return _dedupe(findings)
 
 
+def _fix_nodes(spec: FixSpec | None) -> list[cst.CSTNode]:
+    if spec is None:
+        return []
+    nodes: list[cst.CSTNode] = []
+    for edit in spec.edits:
+        for attr in ("node", "statement", "indent_like"):
+            node = getattr(edit, attr, None)
+            if isinstance(node, cst.CSTNode):
+                nodes.append(node)
+    return nodes
+
+
 def _dedupe(findings: list[Finding]) -> list[Finding]:
     seen: set[tuple[str, Range]] = set()
     unique = []
@@ -132,27 +148,6 @@ def _dedupe(findings: list[Finding]) -> list[Finding]:
             seen.add(key)
             unique.append(finding)
     return unique
-
-
-class _PositionSink:
-    """Stands in for a metadata provider: PositionProvidingCodegenState only
-    writes into `_computed`."""
-
-    def __init__(self) -> None:
-        self._computed: dict[cst.CSTNode, CodeRange] = {}
-
-
-def compute_positions(module: cst.Module) -> dict[cst.CSTNode, CodeRange]:
-    """Syntactic positions of every node, as libcst's PositionProvider, without
-    the metadata wrapper's deep copy and resolution machinery."""
-    sink = _PositionSink()
-    state = PositionProvidingCodegenState(
-        default_indent=module.default_indent,
-        default_newline=module.default_newline,
-        provider=sink,  # type: ignore[arg-type]
-    )
-    module._codegen(state)
-    return sink._computed
 
 
 _COMPOUND = (cst.For, cst.While, cst.With, cst.If, cst.Try, cst.FunctionDef, cst.ClassDef)
@@ -178,9 +173,9 @@ def _to_range(code_range: CodeRange) -> Range:
 class _FixBuilder:
     """Turns a rule's node-level FixSpec into text edits."""
 
-    def __init__(self, context: FileContext, positions: dict[cst.CSTNode, CodeRange]) -> None:
+    def __init__(self, context: FileContext, resolver: PositionResolver) -> None:
         self.context = context
-        self.positions = positions
+        self.resolver = resolver
         self.lines = _NEWLINE_RE.split(context.source)
         self.newline = context.module.default_newline
 
@@ -201,7 +196,7 @@ class _FixBuilder:
         return Fix(spec.title, tuple(edits), spec.applicability)
 
     def _range(self, node: cst.CSTNode) -> Range | None:
-        code_range = self.positions.get(node)
+        code_range = self.resolver.range_of(node)
         return _to_range(code_range) if code_range is not None else None
 
     def _line(self, line: int) -> str:
@@ -279,21 +274,18 @@ class _FixBuilder:
         raise TypeError(f"unknown edit {node_edit!r}")
 
     def _import_edit(self, module_name: str) -> TextEdit:
-        """`import x` after the last top-level import (or the docstring)."""
+        """`import x` after the leading block of imports (or the docstring)."""
         anchor_line = 0
-        for statement in self.context.module.body:
-            if isinstance(statement, cst.SimpleStatementLine) and all(
+        for index, statement in enumerate(self.context.module.body):
+            is_import = isinstance(statement, cst.SimpleStatementLine) and all(
                 isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
-            ):
-                statement_range = self._range(statement)
-                if statement_range is not None:
-                    anchor_line = statement_range.end.line
-            elif anchor_line == 0 and _is_docstring(statement):
-                statement_range = self._range(statement)
-                if statement_range is not None:
-                    anchor_line = statement_range.end.line
-            elif anchor_line:
+            )
+            if not (is_import or (index == 0 and _is_docstring(statement))):
                 break
+            self.resolver.ensure([statement], (statement,))
+            statement_range = self._range(statement)
+            if statement_range is not None:
+                anchor_line = statement_range.end.line
         start = Position(anchor_line + 1, 0)
         return TextEdit(Range(start, start), f"import {module_name}{self.newline}")
 

@@ -132,6 +132,8 @@ class Report:
     message: str
     fix: FixSpec | None
     statement: cst.CSTNode | None
+    # The enclosing statements, outermost first (for lazy positions).
+    statement_path: tuple[cst.CSTNode, ...] = ()
 
 
 class Rule(cst.BatchableCSTVisitor):
@@ -160,6 +162,7 @@ class Rule(cst.BatchableCSTVisitor):
                 message=message,
                 fix=fix,
                 statement=self.context.tracker.current_statement,
+                statement_path=tuple(self.context.tracker.statements),
             )
         )
 
