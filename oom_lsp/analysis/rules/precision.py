@@ -1,3 +1,712 @@
-"""OOM2xx: numeric precision (mixed precision, float64)."""
+"""OOM2xx: numeric precision (mixed precision, float64).
+
+Both rules are about memory on the GPU, so both stay silent in files that
+never touch CUDA: float32 training on the CPU and float64 numerics are
+legitimate there. Whether a file uses CUDA is decided once, at the end of
+the pass, and only when a rule has a candidate to report.
+"""
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from oom_lsp.analysis.context import FileContext, dotted_name
+from oom_lsp.analysis.cst_helpers import method_call, string_value
+from oom_lsp.analysis.findings import Applicability
+from oom_lsp.analysis.registry import register
+from oom_lsp.analysis.rule import FixSpec, Invalid, NodeEdit, Report, Rule, Valid
+from oom_lsp.fixes.autocast import forward_and_loss, wrap_in_autocast
+from oom_lsp.fixes.precision import double_call_to_float, to_float32
+
+_CUDA_DEVICE_RE = re.compile(r"^cuda(:\d+)?$")
+
+
+class _Found(Exception):
+    """Stops a search walk at the first hit."""
+
+
+class _CudaFinder(cst.CSTVisitor):
+    def __init__(self, context: FileContext) -> None:
+        super().__init__()
+        self.context = context
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        value = string_value(node)
+        if value is not None and _CUDA_DEVICE_RE.match(value):
+            raise _Found
+
+    def visit_FormattedString(self, node: cst.FormattedString) -> None:
+        # f"cuda:{local_rank}"
+        first = node.parts[0] if node.parts else None
+        if isinstance(first, cst.FormattedStringText) and (first.value == "cuda" or first.value.startswith("cuda:")):
+            raise _Found
+
+    def visit_Call(self, node: cst.Call) -> None:
+        called = method_call(node)
+        if called is not None and called[1] == "cuda":
+            raise _Found
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if dotted_name(node) is None:
+            return True  # `model.cuda().eval`: the call inside needs a look
+        qualified = self.context.qualified_name(node)
+        if qualified is not None and qualified.startswith("torch.cuda."):
+            raise _Found
+        # The inner attributes of a dotted name need no second look.
+        return False
+
+
+def file_uses_cuda(context: FileContext) -> bool:
+    """Whether the file puts anything on a CUDA device: `.cuda()`, a "cuda"
+    device string (`device="cuda"`, `torch.device("cuda:0")`, `.to("cuda")`,
+    `"cuda" if ... else "cpu"`), `f"cuda:{rank}"`, or any `torch.cuda.*` API."""
+    if "cuda" not in context.source:
+        return False
+    try:
+        context.module.visit(_CudaFinder(context))
+    except _Found:
+        return True
+    return False
+
+
+def _defer(rule: Rule, node: cst.CSTNode, message: str, fix: FixSpec | None, statement: cst.CSTNode | None) -> Report:
+    return Report(rule=type(rule), node=node, message=message, fix=fix, statement=statement)
+
+
+# --- OOM201 ------------------------------------------------------------------
+
+# Packages that own the precision of the loops they drive: Accelerate and
+# DeepSpeed read it from a launcher config, Lightning/Fabric from a flag, apex
+# from `amp.initialize`. The file alone cannot tell, so the rule stays silent.
+_PRECISION_OWNING_PACKAGES = ("accelerate", "deepspeed", "lightning", "pytorch_lightning", "apex", "colossalai")
+# Identifiers that show the file already deals with reduced precision.
+_MIXED_PRECISION_IDENTIFIERS = {
+    "autocast",
+    "gradscaler",
+    "half",
+    "bfloat16",
+    "float16",
+    "fp16",
+    "bf16",
+    "amp",
+    "use_amp",
+    "enable_amp",
+    "amp_dtype",
+    "mixed_precision",
+}
+_MIXED_PRECISION_KEYWORDS = {"precision", "mixed_precision", "fp16", "bf16", "amp", "use_amp"}
+_MIXED_PRECISION_STRINGS = {"fp16", "bf16", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "float16", "bfloat16", "amp"}
+# Callees whose result is a loss when assigned: `l = criterion(out, y)`.
+_LOSS_FUNCTION_RE = re.compile(r"loss|criterion|cross_entropy|nll|mse|bce|l1", re.IGNORECASE)
+
+
+class _MixedPrecisionFinder(cst.CSTVisitor):
+    def visit_Name(self, node: cst.Name) -> None:
+        # Attribute names and keywords are Name nodes too: `.half()`,
+        # `torch.bfloat16`, `GradScaler`, `fp16=True`, `args.amp`.
+        if node.value.lower() in _MIXED_PRECISION_IDENTIFIERS:
+            raise _Found
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None and node.keyword.value.lower() in _MIXED_PRECISION_KEYWORDS:
+            raise _Found
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        value = string_value(node)
+        if value is not None and value.lstrip("-").lower() in _MIXED_PRECISION_STRINGS:
+            raise _Found
+
+
+def _file_handles_precision(context: FileContext) -> bool:
+    if any(context.imports.is_bound(package) for package in _PRECISION_OWNING_PACKAGES):
+        return True
+    try:
+        context.module.visit(_MixedPrecisionFinder())
+    except _Found:
+        return True
+    return False
+
+
+def _is_loss_like(expr: cst.BaseExpression, loss_names: set[str]) -> bool:
+    if isinstance(expr, cst.Name):
+        return "loss" in expr.value.lower() or expr.value in loss_names
+    if isinstance(expr, cst.Attribute):
+        return "loss" in expr.attr.value.lower()
+    if isinstance(expr, cst.BinaryOperation):
+        return _is_loss_like(expr.left, loss_names) or _is_loss_like(expr.right, loss_names)
+    if isinstance(expr, cst.Subscript):
+        return _is_loss_like(expr.value, loss_names)
+    called = method_call(expr)
+    if called is not None and called[1] in ("mean", "sum"):
+        return _is_loss_like(called[0], loss_names)
+    return False
+
+
+@dataclass
+class _TrainingLoop:
+    loop: cst.For | cst.While
+    backward_statement: cst.CSTNode | None
+    loss: cst.BaseExpression
+    # Indentation units of the blocks from the module down to the loop body;
+    # None when the loop body is not an indented block.
+    block_indents: tuple[str, ...] | None
+
+
+@register
+class NoMixedPrecision(Rule):
+    """
+    ## What it does
+    Flags a training loop (a loop that calls `.backward()` on a loss) in a file
+    that trains on CUDA, when nothing in the file uses reduced precision: no
+    `torch.autocast` / `torch.cuda.amp.autocast`, no `GradScaler`, no
+    `.half()` / `.bfloat16()` model, no `dtype=torch.bfloat16|float16`, no
+    Lightning `precision=` or Hugging Face `fp16=` / `bf16=`. Files driven by
+    Accelerate, DeepSpeed, Lightning or apex are left alone: their precision
+    comes from a launcher config the file does not show.
+
+    ## Why is this bad?
+    The activations saved for the backward pass dominate the memory of a
+    training step, and in float32 each element takes 4 bytes. Under
+    `torch.autocast` with bfloat16 (or float16) the matmuls and convolutions
+    save their activations in 2 bytes, roughly halving activation memory, and
+    run on the tensor cores several times faster.
+
+    ## Example
+    ```python
+    device = torch.device("cuda")
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        out = model(x)
+        loss = criterion(out, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    device = torch.device("cuda")
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(x)
+            loss = criterion(out, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    ```
+    On GPUs without bfloat16 (before Ampere), use `dtype=torch.float16` with
+    `torch.amp.GradScaler("cuda")` to keep small gradients from underflowing.
+
+    ## Fix safety
+    Unsafe: autocast changes the numerics of the forward pass (bfloat16 keeps
+    about 3 significant digits), which most models train fine with but some
+    (e.g. ones with custom numerically sensitive ops) do not, and GPUs older
+    than Ampere have no fast bfloat16. The fix is offered only when the forward
+    pass and the loss are consecutive simple statements before the
+    `.backward()`; it wraps exactly those, adding `import torch` if needed.
+    """
+
+    code = "OOM201"
+    name = "no-mixed-precision"
+    summary = "A CUDA training loop runs entirely in float32: no autocast, bf16 or fp16."
+    fix_applicability = Applicability.UNSAFE
+
+    VALID = [
+        # Autocast around the forward pass.
+        Valid(
+            """\
+            import torch
+            model = model.cuda()
+            for x, y in loader:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = criterion(model(x.cuda()), y.cuda())
+                loss.backward()
+            """
+        ),
+        # fp16 with a GradScaler, through the legacy namespace.
+        Valid(
+            """\
+            import torch
+            from torch.cuda.amp import GradScaler, autocast
+            scaler = GradScaler()
+            for x, y in loader:
+                with autocast():
+                    loss = criterion(model(x.cuda()), y.cuda())
+                scaler.scale(loss).backward()
+            """
+        ),
+        # A bfloat16 model.
+        Valid(
+            """\
+            import torch as T
+            model = Net().to("cuda", dtype=T.bfloat16)
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+            """
+        ),
+        # CPU-only training: float32 is the right choice there.
+        Valid(
+            """\
+            import torch
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+            """
+        ),
+        # Accelerate owns the precision (set by `accelerate launch`).
+        Valid(
+            """\
+            import torch
+            from accelerate import Accelerator
+            accelerator = Accelerator()
+            device = torch.device("cuda")
+            for batch in loader:
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+            """
+        ),
+        # An evaluation loop: no backward, nothing to save for it.
+        Valid(
+            """\
+            import torch
+            model.cuda().eval()
+            with torch.no_grad():
+                for x, y in loader:
+                    total += criterion(model(x.cuda()), y.cuda()).item()
+            """
+        ),
+        # Precision chosen by a flag of the script.
+        Valid(
+            """\
+            import torch
+            parser.add_argument("--amp", action="store_true")
+            ctx = get_precision_context(args)
+            for x, y in loader:
+                with ctx:
+                    loss = criterion(model(x.to("cuda")), y.to("cuda"))
+                loss.backward()
+            """
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            """\
+            import torch
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                out = model(x)
+                loss = criterion(out, y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            """,
+            line=3,
+            expected_fix="""\
+            import torch
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = model(x)
+                    loss = criterion(out, y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            """,
+        ),
+        # An alias, nested loops (the inner loop is reported), a multi-line
+        # forward call with a comment, and a scaled loss.
+        Invalid(
+            """\
+            import torch as T
+            def train(model, loader, steps):
+                model.cuda()
+                for epoch in range(3):
+                    for batch in loader:
+                        # forward
+                        logits = model(
+                            batch["input_ids"].cuda(),  # tokens
+                        )
+                        loss = T.nn.functional.cross_entropy(logits, batch["labels"].cuda())
+                        loss = loss / steps
+                        loss.backward()
+            """,
+            line=5,
+            expected_fix="""\
+            import torch as T
+            def train(model, loader, steps):
+                model.cuda()
+                for epoch in range(3):
+                    for batch in loader:
+                        # forward
+                        with T.autocast("cuda", dtype=T.bfloat16):
+                            logits = model(
+                                batch["input_ids"].cuda(),  # tokens
+                            )
+                            loss = T.nn.functional.cross_entropy(logits, batch["labels"].cuda())
+                            loss = loss / steps
+                        loss.backward()
+            """,
+        ),
+        # `from torch import ...` only: the fix adds `import torch`.
+        Invalid(
+            """\
+            from torch import nn, optim
+            model = nn.Linear(10, 1).cuda()
+            step = 0
+            while step < 100:
+                loss = model(next_batch()).pow(2).mean()
+                loss.backward()
+                step += 1
+            """,
+            line=4,
+            expected_fix="""\
+            from torch import nn, optim
+            import torch
+            model = nn.Linear(10, 1).cuda()
+            step = 0
+            while step < 100:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(next_batch()).pow(2).mean()
+                loss.backward()
+                step += 1
+            """,
+        ),
+        # The loss is computed in a branch: reported, but no fix.
+        Invalid(
+            """\
+            import torch
+            for x, y in loader:
+                if aux:
+                    loss = criterion(model(x.to("cuda:0")), y) + aux_loss
+                else:
+                    loss = criterion(model(x.to("cuda:0")), y)
+                loss.backward()
+            """,
+            line=2,
+        ),
+    ]
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._loops: list[_TrainingLoop] = []
+        self._blocks: list[tuple[cst.IndentedBlock, str]] = []
+        # Names assigned from a loss function in the current function.
+        self._loss_names: set[str] = set()
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        indent = node.indent if node.indent is not None else self.context.module.default_indent
+        self._blocks.append((node, indent))
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock) -> None:
+        self._blocks.pop()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if isinstance(node.value, cst.Call):
+            callee = dotted_name(node.value.func)
+            if callee is not None and _LOSS_FUNCTION_RE.search(callee.rsplit(".", 1)[-1]):
+                for target in node.targets:
+                    if isinstance(target.target, cst.Name):
+                        self._loss_names.add(target.target.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        called = method_call(node)
+        if called is None or called[1] != "backward":
+            return
+        tracker = self.context.tracker
+        if not tracker.in_loop or tracker.in_no_grad or tracker.in_autocast:
+            return
+        receiver = called[0]
+        if not _is_loss_like(receiver, self._loss_names):
+            return
+        loop = tracker.loops[-1]
+        if any(seen.loop is loop for seen in self._loops):
+            return
+        indents = None
+        for depth, (block, _) in enumerate(self._blocks):
+            if block is loop.body:
+                indents = tuple(indent for _, indent in self._blocks[: depth + 1])
+        self._loops.append(_TrainingLoop(loop, tracker.current_statement, receiver, indents))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        if not self._loops or not file_uses_cuda(self.context) or _file_handles_precision(self.context):
+            return
+        for training in self._loops:
+            self.context.add_report(
+                _defer(
+                    self,
+                    training.loop,
+                    "This CUDA training loop runs entirely in float32, so every activation saved for "
+                    "`backward()` takes 4 bytes per element, twice what bfloat16 needs. Wrap the forward "
+                    'pass and the loss in `torch.autocast("cuda", dtype=torch.bfloat16)` '
+                    "(or float16 with a `GradScaler`).",
+                    self._fix(training),
+                    training.loop,
+                )
+            )
+
+    def _fix(self, training: _TrainingLoop) -> FixSpec | None:
+        body = training.loop.body
+        if training.block_indents is None or not isinstance(body, cst.IndentedBlock):
+            return None
+        if training.backward_statement is None or not isinstance(training.backward_statement, cst.BaseStatement):
+            return None
+        chain = forward_and_loss(body, training.backward_statement, training.loss)
+        if chain is None:
+            return None
+        module = self.context.module
+        torch_name = self.context.imports.reference_to("torch") or "torch"
+        return FixSpec(
+            title='Run the forward pass and the loss under `torch.autocast("cuda", dtype=torch.bfloat16)`',
+            edits=wrap_in_autocast(
+                chain, training.block_indents, torch_name, module.default_indent, module.default_newline
+            ),
+            applicability=Applicability.UNSAFE,
+            imports=("torch",),
+        )
+
+
+# --- OOM202 ------------------------------------------------------------------
+
+_DOUBLE_DTYPES = {"torch.float64", "torch.double"}
+_DOUBLE_TENSOR_TYPES = {"torch.cuda.DoubleTensor", "torch.DoubleTensor"}
+_DTYPE_KEYWORDS = {"dtype", "torch_dtype"}
+# Methods whose positional argument may be a dtype: `x.to(torch.float64)`.
+_DTYPE_METHODS = {"to", "type"}
+# A `.double()` reduced at once to a scalar or moved off the GPU costs nothing
+# worth a diagnostic: `(pred == y).double().mean()`.
+_REDUCTIONS = {"sum", "mean", "item", "tolist", "cpu", "numpy"}
+
+
+def _mentions_cpu(call: cst.Call) -> bool:
+    """`device="cpu"`, `.to("cpu", torch.float64)`: explicitly not on the GPU."""
+    return any(string_value(arg.value) == "cpu" for arg in call.args)
+
+
+@register
+class Float64OnGpu(Rule):
+    """
+    ## What it does
+    Flags double precision in a file that uses CUDA: `dtype=torch.float64` /
+    `torch.double` arguments, `.double()`, `.to(torch.float64)`,
+    `torch.set_default_dtype(torch.float64)` and
+    `torch.set_default_tensor_type(torch.cuda.DoubleTensor)`. Files that never
+    touch CUDA are left alone: float64 numerics on the CPU are legitimate.
+
+    ## Why is this bad?
+    A float64 tensor takes 8 bytes per element: twice float32, four times
+    bfloat16. A `.double()` model doubles the memory of its weights, its
+    gradients, its optimizer state and every activation it saves for the
+    backward pass, and consumer and most data-center GPUs run float64 between
+    2x and 64x slower than float32.
+
+    ## Example
+    ```python
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.float64)
+    model = model.double().cuda()
+    ```
+
+    ## Use instead
+    ```python
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.float32)
+    model = model.float().cuda()
+    ```
+
+    ## Fix safety
+    Safe: float32 is PyTorch's default precision for training, and the fix
+    keeps the file's own spelling of torch (`T.float64` becomes `T.float32`).
+    Results change only beyond float32's ~7 significant digits; code that
+    truly needs double precision on the GPU (some solvers, some physics)
+    should keep it and suppress the diagnostic on that line.
+    """
+
+    code = "OOM202"
+    name = "float64"
+    summary = "Double precision on the GPU: 8 bytes per element, and a fraction of the speed."
+    fix_applicability = Applicability.SAFE
+
+    VALID = [
+        # CPU-only numerics: float64 is legitimate.
+        Valid(
+            """\
+            import torch
+            cov = torch.zeros(64, 64, dtype=torch.float64)
+            eigvals = torch.linalg.eigvalsh(cov.double())
+            """
+        ),
+        # float32 on the GPU.
+        Valid(
+            """\
+            import torch
+            x = torch.randn(8, 8, device="cuda", dtype=torch.float32)
+            model = model.float().cuda()
+            """
+        ),
+        # Explicitly on the CPU in a CUDA file, and a dtype check, not a cast.
+        Valid(
+            """\
+            import torch
+            model.cuda()
+            stats = torch.zeros(10, device="cpu", dtype=torch.float64)
+            if x.dtype == torch.float64:
+                x = x.float()
+            """
+        ),
+        # A mask reduced at once to a scalar; a local `double` that is not torch's.
+        Valid(
+            """\
+            import torch
+            model.cuda()
+            acc = (pred == y).double().mean()
+            def double(x):
+                return 2 * x
+            dtype = "float64"
+            z = double(x)
+            """
+        ),
+        # numpy's float64 is host memory.
+        Valid(
+            """\
+            import numpy as np
+            import torch
+            model.cuda()
+            weights = np.zeros(3, dtype=np.float64)
+            """
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            """\
+            import torch
+            x = torch.randn(1024, 1024, device="cuda", dtype=torch.float64)
+            """,
+            line=2,
+            expected_fix="""\
+            import torch
+            x = torch.randn(1024, 1024, device="cuda", dtype=torch.float32)
+            """,
+        ),
+        Invalid(
+            """\
+            import torch as T
+            model = Net().double().cuda()
+            """,
+            line=2,
+            expected_fix="""\
+            import torch as T
+            model = Net().float().cuda()
+            """,
+        ),
+        Invalid(
+            """\
+            import torch as T
+            T.set_default_dtype(T.double)
+            device = T.device("cuda:0")
+            batch = batch.to(
+                device,
+                T.float64,  # keep precision
+            )
+            """,
+            line=2,
+            expected_fix="""\
+            import torch as T
+            T.set_default_dtype(T.float32)
+            device = T.device("cuda:0")
+            batch = batch.to(
+                device,
+                T.float32,  # keep precision
+            )
+            """,
+        ),
+        Invalid(
+            """\
+            import torch
+            torch.set_default_tensor_type(torch.cuda.DoubleTensor)
+            """,
+            line=2,
+            expected_fix="""\
+            import torch
+            torch.set_default_tensor_type(torch.cuda.FloatTensor)
+            """,
+        ),
+        # Hugging Face loading straight into float64 on a DDP rank.
+        Invalid(
+            """\
+            import torch
+            model = AutoModel.from_pretrained(name, torch_dtype=torch.float64)
+            model.to(f"cuda:{rank}")
+            """,
+            line=2,
+            expected_fix="""\
+            import torch
+            model = AutoModel.from_pretrained(name, torch_dtype=torch.float32)
+            model.to(f"cuda:{rank}")
+            """,
+        ),
+    ]
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._candidates: list[Report] = []
+        # `.double()` calls whose result is reduced or moved at once.
+        self._exempt: set[cst.Call] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        called = method_call(node)
+        if called is not None and called[1] in _REDUCTIONS:
+            inner = method_call(called[0])
+            if inner is not None and inner[1] == "double":
+                self._exempt.add(called[0])  # type: ignore[arg-type]
+        if called is not None and called[1] == "double" and not node.args:
+            self._check_double_call(node, called[0])
+            return
+        qualified = self.context.call_name(node)
+        if qualified == "torch.set_default_tensor_type" and node.args:
+            value = node.args[0].value
+            if self.context.qualified_name(value) in _DOUBLE_TENSOR_TYPES:
+                self._candidate(value, to_float32(value))
+            return
+        if qualified in _DOUBLE_TENSOR_TYPES:
+            self._candidate(node.func, to_float32(node.func))
+            return
+        if _mentions_cpu(node):
+            return
+        positional_dtype = qualified == "torch.set_default_dtype" or (
+            called is not None and called[1] in _DTYPE_METHODS
+        )
+        for arg in node.args:
+            is_dtype_slot = (arg.keyword is not None and arg.keyword.value in _DTYPE_KEYWORDS) or (
+                arg.keyword is None and not arg.star and positional_dtype
+            )
+            if is_dtype_slot and self.context.qualified_name(arg.value) in _DOUBLE_DTYPES:
+                self._candidate(arg.value, to_float32(arg.value))
+
+    def _check_double_call(self, node: cst.Call, receiver: cst.BaseExpression) -> None:
+        if node in self._exempt or self.context.tracker.in_no_grad or isinstance(receiver, cst.Comparison):
+            return
+        moved = method_call(receiver)
+        if moved is not None and moved[1] in ("cpu", "numpy"):
+            return
+        self._candidate(node, double_call_to_float(node))
+
+    def _candidate(self, node: cst.CSTNode, edits: tuple[NodeEdit, ...] | None) -> None:
+        fix = None
+        if edits is not None:
+            fix = FixSpec(title="Use float32", edits=edits, applicability=Applicability.SAFE)
+        message = (
+            "Double precision on the GPU takes 8 bytes per element, twice float32 and four times "
+            "bfloat16, for every tensor it creates (and weights, gradients and optimizer state for a "
+            "`.double()` model). Use float32, or bfloat16 under autocast, unless this code truly needs float64."
+        )
+        self._candidates.append(_defer(self, node, message, fix, self.context.tracker.current_statement))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        if self._candidates and file_uses_cuda(self.context):
+            for report in self._candidates:
+                self.context.add_report(report)
