@@ -18,6 +18,7 @@ from oom_lsp.analysis.cst_helpers import method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, NodeEdit, Report, Rule, Valid
+from oom_lsp.analysis.walker import walk
 from oom_lsp.fixes.autocast import forward_and_loss, wrap_in_autocast
 from oom_lsp.fixes.precision import double_call_to_float, to_float32
 
@@ -28,7 +29,7 @@ class _Found(Exception):
     """Stops a search walk at the first hit."""
 
 
-class _CudaFinder(cst.CSTVisitor):
+class _CudaFinder(cst.BatchableCSTVisitor):
     def __init__(self, context: FileContext) -> None:
         super().__init__()
         self.context = context
@@ -49,31 +50,45 @@ class _CudaFinder(cst.CSTVisitor):
         if called is not None and called[1] == "cuda":
             raise _Found
 
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        if dotted_name(node) is None:
-            return True  # `model.cuda().eval`: the call inside needs a look
+    def visit_Attribute(self, node: cst.Attribute) -> None:
         qualified = self.context.qualified_name(node)
         if qualified is not None and qualified.startswith("torch.cuda."):
             raise _Found
-        # The inner attributes of a dotted name need no second look.
-        return False
 
 
 def file_uses_cuda(context: FileContext) -> bool:
     """Whether the file puts anything on a CUDA device: `.cuda()`, a "cuda"
     device string (`device="cuda"`, `torch.device("cuda:0")`, `.to("cuda")`,
     `"cuda" if ... else "cpu"`), `f"cuda:{rank}"`, or any `torch.cuda.*` API."""
-    if "cuda" not in context.source:
-        return False
+    return "cuda" in context.source and search(context, _CudaFinder(context))
+
+
+def search(context: FileContext, finder: cst.BatchableCSTVisitor) -> bool:
+    """Run `finder` over the file; True when it raised `_Found`."""
     try:
-        context.module.visit(_CudaFinder(context))
+        walk(context.module, [finder], before_visit=_ignore, after_leave=_ignore, hooked_types=())
     except _Found:
         return True
     return False
 
 
-def _defer(rule: Rule, node: cst.CSTNode, message: str, fix: FixSpec | None, statement: cst.CSTNode | None) -> Report:
-    return Report(rule=type(rule), node=node, message=message, fix=fix, statement=statement)
+def _ignore(node: cst.CSTNode) -> None:
+    return None
+
+
+def deferred_report(
+    rule: Rule, node: cst.CSTNode, message: str, fix: FixSpec | None, path: tuple[cst.CSTNode, ...]
+) -> Report:
+    """A report made after the pass: `path` is the statement path the
+    Tracker had where `node` was found, outermost first."""
+    return Report(
+        rule=type(rule),
+        node=node,
+        message=message,
+        fix=fix,
+        statement=path[-1] if path else None,
+        statement_path=path,
+    )
 
 
 # --- OOM201 ------------------------------------------------------------------
@@ -103,7 +118,7 @@ _MIXED_PRECISION_STRINGS = {"fp16", "bf16", "16-mixed", "bf16-mixed", "16-true",
 _LOSS_FUNCTION_RE = re.compile(r"loss|criterion|cross_entropy|nll|mse|bce|l1", re.IGNORECASE)
 
 
-class _MixedPrecisionFinder(cst.CSTVisitor):
+class _MixedPrecisionFinder(cst.BatchableCSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         # Attribute names and keywords are Name nodes too: `.half()`,
         # `torch.bfloat16`, `GradScaler`, `fp16=True`, `args.amp`.
@@ -123,11 +138,7 @@ class _MixedPrecisionFinder(cst.CSTVisitor):
 def _file_handles_precision(context: FileContext) -> bool:
     if any(context.imports.is_bound(package) for package in _PRECISION_OWNING_PACKAGES):
         return True
-    try:
-        context.module.visit(_MixedPrecisionFinder())
-    except _Found:
-        return True
-    return False
+    return search(context, _MixedPrecisionFinder())
 
 
 def _is_loss_like(expr: cst.BaseExpression, loss_names: set[str]) -> bool:
@@ -148,6 +159,8 @@ def _is_loss_like(expr: cst.BaseExpression, loss_names: set[str]) -> bool:
 @dataclass
 class _TrainingLoop:
     loop: cst.For | cst.While
+    # Statements enclosing the loop, outermost first, the loop last.
+    path: tuple[cst.CSTNode, ...]
     backward_statement: cst.CSTNode | None
     loss: cst.BaseExpression
     # Indentation units of the blocks from the module down to the loop body;
@@ -432,14 +445,16 @@ class NoMixedPrecision(Rule):
         for depth, (block, _) in enumerate(self._blocks):
             if block is loop.body:
                 indents = tuple(indent for _, indent in self._blocks[: depth + 1])
-        self._loops.append(_TrainingLoop(loop, tracker.current_statement, receiver, indents))
+        path = tuple(tracker.statements)
+        path = path[: path.index(loop) + 1]
+        self._loops.append(_TrainingLoop(loop, path, tracker.current_statement, receiver, indents))
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self._loops or not file_uses_cuda(self.context) or _file_handles_precision(self.context):
             return
         for training in self._loops:
             self.context.add_report(
-                _defer(
+                deferred_report(
                     self,
                     training.loop,
                     "This CUDA training loop runs entirely in float32, so every activation saved for "
@@ -447,7 +462,7 @@ class NoMixedPrecision(Rule):
                     'pass and the loss in `torch.autocast("cuda", dtype=torch.bfloat16)` '
                     "(or float16 with a `GradScaler`).",
                     self._fix(training),
-                    training.loop,
+                    training.path,
                 )
             )
 
@@ -704,7 +719,7 @@ class Float64OnGpu(Rule):
             "bfloat16, for every tensor it creates (and weights, gradients and optimizer state for a "
             "`.double()` model). Use float32, or bfloat16 under autocast, unless this code truly needs float64."
         )
-        self._candidates.append(_defer(self, node, message, fix, self.context.tracker.current_statement))
+        self._candidates.append(deferred_report(self, node, message, fix, tuple(self.context.tracker.statements)))
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if self._candidates and file_uses_cuda(self.context):
