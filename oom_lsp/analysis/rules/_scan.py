@@ -1,0 +1,104 @@
+"""Local scans the OOM4xx-6xx rules run once they have a candidate.
+
+The batched pass tells a rule where it is; deciding whether a fix is safe
+needs a look around the candidate (every use of a name in a loop, the
+statement after it). These scans walk only the subtree they are given.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import libcst as cst
+
+from oom_lsp.analysis.context import dotted_name
+
+
+def descendants(node: cst.CSTNode, *, into_scopes: bool = True) -> Iterator[cst.CSTNode]:
+    """Every node under `node` (itself included), in pre-order.
+
+    With `into_scopes=False` nested functions, classes and lambdas are not
+    entered: what they contain does not run where `node` runs.
+    """
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if not into_scopes and current is not node and isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        stack.extend(reversed(current.children))
+
+
+def references(node: cst.CSTNode, dotted: str) -> list[cst.BaseExpression]:
+    """The expressions under `node` that spell the name `dotted` (`x`, `self.buf`).
+
+    `obj.x` is not a reference to `x`, and neither is the keyword of `f(x=1)`.
+    """
+    found: list[cst.BaseExpression] = []
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, (cst.Name, cst.Attribute)) and dotted_name(current) == dotted:
+            found.append(current)
+            continue
+        if isinstance(current, cst.Attribute):
+            stack.append(current.value)
+        elif isinstance(current, cst.Arg):
+            stack.append(current.value)
+        else:
+            stack.extend(current.children)
+    return found
+
+
+def enclosing_block(
+    statements: Sequence[cst.CSTNode], module: cst.Module, statement: cst.CSTNode
+) -> Sequence[cst.BaseStatement] | None:
+    """The statement list that holds `statement`, found through the tracker's
+    stack of enclosing statements; None for a one-line suite (`for x in y: z`)."""
+    index = next((i for i in range(len(statements) - 1, -1, -1) if statements[i] is statement), None)
+    if index is None:
+        return None
+    parent = statements[index - 1] if index > 0 else module
+    for block in _blocks(parent):
+        if any(child is statement for child in block):
+            return block
+    return None
+
+
+def _blocks(parent: cst.CSTNode) -> Iterator[Sequence[cst.BaseStatement]]:
+    if isinstance(parent, cst.Module):
+        yield parent.body
+        return
+    suites: list[object] = [getattr(parent, "body", None)]
+    orelse = getattr(parent, "orelse", None)
+    if isinstance(orelse, cst.Else):
+        suites.append(orelse.body)
+    suites.extend(handler.body for handler in getattr(parent, "handlers", ()))
+    finalbody = getattr(parent, "finalbody", None)
+    if finalbody is not None:
+        suites.append(finalbody.body)
+    suites.extend(case.body for case in getattr(parent, "cases", ()))
+    for suite in suites:
+        if isinstance(suite, cst.IndentedBlock):
+            yield suite.body
+
+
+def scope_of(function: cst.FunctionDef | None, module: cst.Module) -> cst.CSTNode:
+    """The node whose names a local variable of `function` can collide with."""
+    return function if function is not None else module
+
+
+def free_name(scope: cst.CSTNode, wanted: str) -> str:
+    """`wanted`, or `wanted_2`, `wanted_3`... whichever `scope` does not use yet."""
+    used = {node.value for node in descendants(scope) if isinstance(node, cst.Name)}
+    candidate, suffix = wanted, 2
+    while candidate in used:
+        candidate, suffix = f"{wanted}_{suffix}", suffix + 1
+    return candidate
+
+
+def is_int_literal(expr: cst.BaseExpression) -> bool:
+    """`3`, `-1`: a value that is the same wherever it is evaluated."""
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+        expr = expr.expression
+    return isinstance(expr, cst.Integer)

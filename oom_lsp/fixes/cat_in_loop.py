@@ -1,0 +1,31 @@
+"""OOM401: collect the pieces in a list, concatenate once after the loop."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from oom_lsp.analysis.rule import InsertLinesAfter, InsertLinesBefore, NodeEdit, Replace
+
+
+def collect_then_concatenate(
+    *,
+    loop: cst.For | cst.While,
+    grow: cst.Assign,
+    accumulator: str,
+    parts: str,
+    piece: str,
+    function: str,
+    dim: str | None,
+) -> tuple[NodeEdit, ...]:
+    """`acc = cat([acc, piece], dim)` in `loop` becomes `parts.append(piece)`.
+
+    The list starts with the accumulator's value before the loop, so zero
+    iterations and a non-empty start give the same tensor as before; `dim`
+    is the original argument's code (keyword form "dim=..." or positional).
+    """
+    dim_suffix = f", {dim}" if dim is not None else ""
+    return (
+        InsertLinesBefore(loop, (f"{parts} = [{accumulator}]",)),
+        Replace(grow, f"{parts}.append({piece})"),
+        InsertLinesAfter(loop, (f"{accumulator} = {function}({parts}{dim_suffix})",)),
+    )
