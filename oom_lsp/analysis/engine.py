@@ -265,8 +265,9 @@ class _FixBuilder:
             end_line = node_range.end.line
             if node_range.end.column == 0 and end_line > node_range.start.line:
                 end_line -= 1
-            if self._line(end_line)[node_range.end.column:].strip() and node_range.end.column != 0:
-                return None  # code follows on the same line
+            rest = self._line(end_line)[node_range.end.column:].strip()
+            if rest and not rest.startswith("#") and node_range.end.column != 0:
+                return None  # code follows on the same line (a comment goes with the statement)
             return TextEdit(
                 Range(Position(node_range.start.line, 0), Position(end_line + 1, 0)),
                 "",
