@@ -14,17 +14,18 @@ import libcst as cst
 from oom_lsp.analysis.context import dotted_name
 
 
-def descendants(node: cst.CSTNode, *, into_scopes: bool = True) -> Iterator[cst.CSTNode]:
-    """Every node under `node` (itself included), in pre-order.
+# Nodes whose contents do not run where they are written.
+SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
-    With `into_scopes=False` nested functions, classes and lambdas are not
-    entered: what they contain does not run where `node` runs.
-    """
+
+def descendants(node: cst.CSTNode, *, skip: tuple[type[cst.CSTNode], ...] = ()) -> Iterator[cst.CSTNode]:
+    """Every node under `node` (itself included), in pre-order; nodes of the
+    `skip` types below `node` are yielded but not entered."""
     stack = [node]
     while stack:
         current = stack.pop()
         yield current
-        if not into_scopes and current is not node and isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        if skip and current is not node and isinstance(current, skip):
             continue
         stack.extend(reversed(current.children))
 
