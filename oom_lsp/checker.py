@@ -1,0 +1,560 @@
+"""Running the analysis over files: discovery, decoding, the results cache,
+the process pool and fixing. The CLI's engine room; no output formatting.
+
+- Discovery walks folders for `*.py` / `*.pyi`, skipping the configured
+  `exclude` / `extend-exclude` globs and what `.gitignore` files ignore.
+  Files named explicitly are checked unless `force_exclude`.
+- Reading follows Python's own rules (PEP 263 coding cookie, BOM); a file
+  Python could not compile (NUL bytes, undecodable bytes) is reported as
+  OOM000 like any syntax error, and the run goes on.
+- The cache (`.oom_lsp_cache/<version>/results.json` under each project root)
+  maps a file to its findings, keyed by a hash of its content, the settings'
+  fingerprint and the tool version.
+- Enough pending work goes to a spawn-safe process pool; a few small files
+  are analysed in-process, since each worker pays the libcst import (~1 s).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import re
+import tokenize
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import oom_lsp
+from oom_lsp.analysis import registry
+from oom_lsp.analysis.engine import analyze
+from oom_lsp.analysis.findings import Finding, Position, Range
+from oom_lsp.analysis.settings import LintSettings
+from oom_lsp.config import ConfigResolver, GlobPattern, ProjectConfig
+from oom_lsp.fixes.apply import fix_source
+
+PYTHON_SUFFIXES = (".py", ".pyi")
+CACHE_DIR_NAME = ".oom_lsp_cache"
+# Pending source bytes below which a process pool costs more than it saves:
+# ~150 KB is ~4,000 lines, a few seconds of analysis against ~1 s of imports
+# per worker.
+POOL_MIN_BYTES = 150_000
+POOL_MIN_FILES = 4
+
+
+# --- Results ---------------------------------------------------------------------------
+
+
+@dataclass
+class FileResult:
+    path: Path  # the file on disk (for stdin: the --stdin-filename or "-")
+    display: str  # how output names it
+    findings: list[Finding] = field(default_factory=list)
+    # The text the findings refer to (after fixing, the fixed text); kept
+    # only for files with findings or changes (code frames, diffs).
+    source: str | None = None
+    original: str | None = None  # the text before fixing, when fixes changed it
+    fixes_applied: int = 0
+    fixed_codes: dict[str, int] = field(default_factory=dict)
+    error: str | None = None  # the file could not be read at all
+    from_cache: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return self.original is not None and self.source is not None and self.original != self.source
+
+
+@dataclass
+class CheckRun:
+    results: list[FileResult]
+    analyzed: int = 0  # files analysed in this run
+    cached: int = 0  # files answered from the cache
+
+
+# --- Discovery -----------------------------------------------------------------------------
+
+
+def display_path(path: Path) -> str:
+    """Relative to the current folder when below it, else as given."""
+    absolute = os.path.abspath(path)
+    relative = os.path.relpath(absolute)
+    return absolute if relative.startswith("..") else relative
+
+
+@dataclass(frozen=True)
+class _IgnoreRule:
+    pattern: GlobPattern
+    negated: bool
+    directory_only: bool
+
+
+class GitIgnore:
+    """The patterns of one `.gitignore` (or `.git/info/exclude`), relative to
+    its folder: git's semantics for `!`, trailing `/`, leading or inner `/`
+    (anchored), `*`, `?`, `[...]` and `**`; the last matching line wins."""
+
+    def __init__(self, folder: Path, lines: Iterable[str]) -> None:
+        self.folder = folder
+        self.rules: list[_IgnoreRule] = []
+        for raw in lines:
+            line = raw.rstrip("\n").rstrip("\r")
+            if not line or line.startswith("#"):
+                continue
+            line = re.sub(r"(?<!\\)\s+$", "", line)
+            negated = line.startswith("!")
+            if negated:
+                line = line[1:]
+            if line.startswith(("\\#", "\\!")):
+                line = line[1:]
+            directory_only = line.endswith("/")
+            line = line.rstrip("/")
+            if not line:
+                continue
+            # Anchored when a slash appears before the end; otherwise the name
+            # matches at any depth, which GlobPattern does for slash-free globs.
+            anchored = "/" in line
+            glob = line.lstrip("/") if anchored else line
+            if anchored and "/" not in glob:
+                glob = "./" + glob  # keep `/build` anchored to this folder
+            self.rules.append(_IgnoreRule(GlobPattern(glob), negated, directory_only))
+
+    @classmethod
+    def load(cls, file: Path, folder: Path | None = None) -> GitIgnore | None:
+        """The rules of `file`, relative to `folder` (default: the file's own)."""
+        try:
+            text = file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+        ignore = cls(folder or file.parent, text.splitlines())
+        return ignore if ignore.rules else None
+
+    def verdict(self, path: Path, is_dir: bool) -> bool | None:
+        """True: ignored, False: re-included, None: no line matches."""
+        relative = os.path.relpath(path, self.folder).replace(os.sep, "/")
+        if relative.startswith(".."):
+            return None
+        for rule in reversed(self.rules):
+            if rule.directory_only and not is_dir:
+                continue
+            if rule.pattern.matches(relative):
+                return not rule.negated
+        return None
+
+
+def _is_ignored(ignores: list[GitIgnore], path: Path, is_dir: bool) -> bool:
+    # A deeper .gitignore takes precedence over its parents'.
+    for ignore in reversed(ignores):
+        verdict = ignore.verdict(path, is_dir)
+        if verdict is not None:
+            return verdict
+    return False
+
+
+def _git_root(folder: Path) -> Path | None:
+    for candidate in (folder, *folder.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return None
+
+
+def _ancestor_ignores(folder: Path) -> list[GitIgnore]:
+    """The ignore files that apply above `folder`, outermost first, up to the
+    git work tree's root (none when `folder` is not inside a work tree)."""
+    git_root = _git_root(folder)
+    if git_root is None:
+        return []
+    ignores: list[GitIgnore] = []
+    info_exclude = GitIgnore.load(git_root / ".git" / "info" / "exclude", git_root)
+    if info_exclude is not None:
+        ignores.append(info_exclude)
+    chain = [folder, *folder.parents]
+    for ancestor in reversed(chain[1 : chain.index(git_root) + 1]):
+        loaded = GitIgnore.load(ancestor / ".gitignore")
+        if loaded is not None:
+            ignores.append(loaded)
+    return ignores
+
+
+def is_python_file(path: Path) -> bool:
+    return path.suffix in PYTHON_SUFFIXES
+
+
+def _force_excluded(path: Path, config: ProjectConfig) -> bool:
+    """`exclude` applied to an explicitly named file: the file or any folder
+    between it and the project root."""
+    absolute = Path(os.path.abspath(path))
+    candidates = [absolute]
+    for parent in absolute.parents:
+        if parent == config.root or config.root not in parent.parents:
+            break
+        candidates.append(parent)
+    return any(config.is_excluded(candidate) for candidate in candidates)
+
+
+def discover_files(
+    paths: Iterable[Path],
+    resolver: ConfigResolver,
+    *,
+    force_exclude: bool = False,
+) -> tuple[list[Path], list[FileResult]]:
+    """Python files to check under `paths`, sorted, and a FileResult with an
+    error for each path that does not exist."""
+    found: dict[str, Path] = {}
+    missing: list[FileResult] = []
+    for path in paths:
+        absolute = Path(os.path.abspath(path))
+        if absolute.is_dir():
+            config = resolver.resolve_folder(absolute)
+            if force_exclude and _force_excluded(absolute, config):
+                continue
+            ignores = _ancestor_ignores(absolute) if config.respect_gitignore else []
+            for file in _walk(absolute, resolver, ignores):
+                found.setdefault(str(file), file)
+        elif absolute.is_file():
+            if force_exclude and _force_excluded(absolute, resolver.resolve(absolute)):
+                continue
+            found.setdefault(str(absolute), absolute)
+        else:
+            missing.append(FileResult(absolute, display_path(path), error="No such file or directory"))
+    return sorted(found.values()), missing
+
+
+def _walk(folder: Path, resolver: ConfigResolver, ignores: list[GitIgnore]) -> Iterator[Path]:
+    config = resolver.resolve_folder(folder)
+    if config.respect_gitignore:
+        own = GitIgnore.load(folder / ".gitignore")
+        if own is not None:
+            ignores = [*ignores, own]
+    try:
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError:
+        return
+    for entry in entries:
+        path = Path(entry.path)
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+            is_file = entry.is_file()
+        except OSError:
+            continue
+        if not (is_dir or (is_file and is_python_file(path))):
+            continue
+        if config.is_excluded(path):
+            continue
+        if config.respect_gitignore and ignores and _is_ignored(ignores, path, is_dir):
+            continue
+        if is_dir:
+            yield from _walk(path, resolver, ignores)
+        else:
+            yield path
+
+
+# --- Reading --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decoded:
+    text: str | None
+    encoding: str = "utf-8"
+    # When Python could not compile the bytes: (line, column, message).
+    problem: tuple[int, int, str] | None = None
+
+
+def _position_of(raw: bytes, offset: int) -> tuple[int, int]:
+    line = raw.count(b"\n", 0, offset) + 1
+    line_start = raw.rfind(b"\n", 0, offset) + 1
+    return line, len(raw[line_start:offset].decode("utf-8", errors="replace"))
+
+
+def decode_source(raw: bytes) -> Decoded:
+    """Source text as Python reads it: BOM and coding cookie honoured, NUL
+    bytes and undecodable bytes reported with their position."""
+    nul = raw.find(b"\x00")
+    if nul != -1:
+        line, column = _position_of(raw, nul)
+        return Decoded(None, problem=(line, column, "source code cannot contain null bytes"))
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    except SyntaxError as error:
+        return Decoded(None, problem=(error.lineno or 1, 0, str(error.msg)))
+    try:
+        return Decoded(raw.decode(encoding), encoding)
+    except UnicodeDecodeError as error:
+        line, column = _position_of(raw, error.start)
+        reason = f"(unicode error) '{error.encoding}' codec can't decode byte 0x{raw[error.start]:02x}: {error.reason}"
+        return Decoded(None, encoding, problem=(line, column, reason))
+
+
+def undecodable_finding(problem: tuple[int, int, str], settings: LintSettings) -> list[Finding]:
+    """OOM000, as for a syntax error: Python rejects such a file the same way."""
+    meta = registry.INVALID_SYNTAX
+    if meta.code not in settings.enabled:
+        return []
+    line, column, message = problem
+    start = Position(line, column)
+    return [
+        Finding(
+            code=meta.code,
+            name=meta.name,
+            message=f"SyntaxError: {message}",
+            range=Range(start, Position(line, column + 1)),
+            severity=settings.severity_of(meta.code, meta.default_severity),
+            statement_line=line,
+        )
+    ]
+
+
+# --- Cache --------------------------------------------------------------------------------------
+
+
+def cache_key(raw: bytes, settings: LintSettings, relative: str) -> str:
+    digest = hashlib.blake2b(raw, digest_size=16)
+    digest.update(b"\0" + settings.fingerprint().encode() + b"\0" + oom_lsp.__version__.encode())
+    digest.update(b"\0" + relative.encode())
+    return digest.hexdigest()
+
+
+class ResultsCache:
+    """Findings per file of one project root, in one JSON file per tool version."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.folder = root / CACHE_DIR_NAME / oom_lsp.__version__
+        self.file = self.folder / "results.json"
+        self._entries: dict[str, dict] | None = None
+        self._dirty = False
+
+    def _load(self) -> dict[str, dict]:
+        if self._entries is None:
+            try:
+                data = json.loads(self.file.read_text(encoding="utf-8"))
+                entries = data.get("entries") if isinstance(data, dict) else None
+                self._entries = entries if isinstance(entries, dict) else {}
+            except (OSError, ValueError):
+                self._entries = {}  # no cache yet, or a corrupt one: start afresh
+        return self._entries
+
+    def get(self, relative: str, key: str) -> list[Finding] | None:
+        entry = self._load().get(relative)
+        if not isinstance(entry, dict) or entry.get("key") != key:
+            return None
+        try:
+            return [Finding.from_dict(item) for item in entry["findings"]]
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def put(self, relative: str, key: str, findings: list[Finding]) -> None:
+        self._load()[relative] = {"key": key, "findings": [finding.to_dict() for finding in findings]}
+        self._dirty = True
+
+    def save(self) -> None:
+        if not self._dirty or self._entries is None:
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            top = self.root / CACHE_DIR_NAME
+            if not (top / ".gitignore").exists():
+                (top / ".gitignore").write_text("# Created by oom-lsp automatically.\n*\n")
+                (top / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+            temporary = self.file.with_suffix(f".{os.getpid()}.tmp")
+            temporary.write_text(json.dumps({"entries": self._entries}, separators=(",", ":")), encoding="utf-8")
+            os.replace(temporary, self.file)
+        except OSError:
+            return  # a read-only checkout still gets its results, just not cached
+        self._dirty = False
+
+
+# --- Analysis jobs (run in-process or in a worker) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    index: int
+    path: str
+    source: str
+    settings: LintSettings
+    fix: bool
+    unsafe_fixes: bool
+
+
+@dataclass
+class JobResult:
+    index: int
+    findings: list[Finding]
+    fixed_source: str | None = None
+    fixes_applied: int = 0
+    fixed_codes: dict[str, int] = field(default_factory=dict)
+
+
+def run_job(job: Job) -> JobResult:
+    findings = analyze(job.source, job.settings, job.path)
+    if not job.fix or not has_applicable_fix(findings, job.unsafe_fixes):
+        return JobResult(job.index, findings)
+    fixed = fix_source(job.source, job.settings, unsafe=job.unsafe_fixes, path=job.path)
+    if fixed.source == job.source:
+        return JobResult(job.index, findings)
+    return JobResult(job.index, fixed.remaining, fixed.source, fixed.applied, _removed_codes(findings, fixed.remaining))
+
+
+def _removed_codes(before: list[Finding], after: list[Finding]) -> dict[str, int]:
+    """How many findings of each code the fixes removed."""
+    counts: dict[str, int] = {}
+    for finding in before:
+        counts[finding.code] = counts.get(finding.code, 0) + 1
+    for finding in after:
+        if finding.code in counts:
+            counts[finding.code] -= 1
+    return {code: count for code, count in sorted(counts.items()) if count > 0}
+
+
+def _warm_worker() -> None:
+    registry.all_rules()  # import every rule once per worker, not per file
+
+
+def _worker_count(jobs: list[Job]) -> int:
+    if len(jobs) < POOL_MIN_FILES or sum(len(job.source) for job in jobs) < POOL_MIN_BYTES:
+        return 1
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(available, len(jobs)))
+
+
+def run_jobs(jobs: list[Job], workers: int | None = None) -> list[JobResult]:
+    """Results in the order of `jobs`; largest sources first across workers."""
+    count = _worker_count(jobs) if workers is None else workers
+    if count <= 1:
+        return [run_job(job) for job in jobs]
+    ordered = sorted(jobs, key=lambda job: len(job.source), reverse=True)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=count, mp_context=context, initializer=_warm_worker) as pool:
+        results = list(pool.map(run_job, ordered, chunksize=1))
+    return sorted(results, key=lambda result: result.index)
+
+
+def has_applicable_fix(findings: list[Finding], unsafe_fixes: bool) -> bool:
+    return any(finding.fix is not None and (finding.fix.is_safe or unsafe_fixes) for finding in findings)
+
+
+# --- The whole check ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    result: FileResult
+    raw: bytes
+    decoded: Decoded
+    settings: LintSettings
+    cache: ResultsCache | None
+    relative: str
+    key: str
+
+
+def check_files(
+    files: list[Path],
+    resolver: ConfigResolver,
+    *,
+    use_cache: bool = True,
+    fix: bool = False,
+    unsafe_fixes: bool = False,
+    write: bool = True,
+    workers: int | None = None,
+) -> CheckRun:
+    """Check (and with `fix`, fix) `files`. With `write=False` fixed text is
+    computed but not written back (`--diff`)."""
+    caches: dict[Path, ResultsCache] = {}
+    results: list[FileResult] = []
+    pending: list[_Pending] = []
+    run = CheckRun(results)
+    for file in files:
+        result = FileResult(file, display_path(file))
+        results.append(result)
+        try:
+            raw = file.read_bytes()
+        except OSError as error:
+            result.error = error.strerror or str(error)
+            continue
+        config = resolver.resolve(file)
+        settings = config.settings_for(file)
+        decoded = decode_source(raw)
+        if decoded.problem is not None:
+            result.findings = undecodable_finding(decoded.problem, settings)
+            continue
+        cache = None
+        relative = ""
+        key = ""
+        if use_cache:
+            cache = caches.get(config.root)
+            if cache is None:
+                cache = caches[config.root] = ResultsCache(config.root)
+            relative = os.path.relpath(file, config.root).replace(os.sep, "/")
+            key = cache_key(raw, settings, relative)
+            cached = cache.get(relative, key)
+            if cached is not None and not (fix and has_applicable_fix(cached, unsafe_fixes)):
+                result.findings = cached
+                result.from_cache = True
+                result.source = decoded.text if cached else None
+                run.cached += 1
+                continue
+        pending.append(_Pending(result, raw, decoded, settings, cache, relative, key))
+
+    jobs = [
+        Job(index, str(item.result.path), item.decoded.text or "", item.settings, fix, unsafe_fixes)
+        for index, item in enumerate(pending)
+    ]
+    for item, outcome in zip(pending, run_jobs(jobs, workers)):
+        run.analyzed += 1
+        _record(item, outcome, write)
+    for cache in caches.values():
+        cache.save()
+    return run
+
+
+def _record(item: _Pending, outcome: JobResult, write: bool) -> None:
+    result = item.result
+    result.findings = outcome.findings
+    original = item.decoded.text or ""
+    result.source = outcome.fixed_source if outcome.fixed_source is not None else original
+    if outcome.fixed_source is not None:
+        result.original = original
+        result.fixes_applied = outcome.fixes_applied
+        result.fixed_codes = outcome.fixed_codes
+        if write:
+            new_raw = outcome.fixed_source.encode(item.decoded.encoding)
+            try:
+                result.path.write_bytes(new_raw)
+            except OSError as error:
+                result.error = f"cannot write the fixes: {error.strerror or error}"
+                return
+            if item.cache is not None:
+                item.cache.put(item.relative, cache_key(new_raw, item.settings, item.relative), result.findings)
+        return
+    if not result.findings:
+        result.source = None
+    if item.cache is not None:
+        item.cache.put(item.relative, item.key, result.findings)
+
+
+def check_source(
+    raw: bytes,
+    path: Path,
+    display: str,
+    resolver: ConfigResolver,
+    *,
+    fix: bool = False,
+    unsafe_fixes: bool = False,
+) -> FileResult:
+    """Check text that is not on disk (stdin); nothing is cached or written."""
+    result = FileResult(path, display)
+    config = resolver.resolve(path)
+    settings = config.settings_for(path)
+    decoded = decode_source(raw)
+    if decoded.problem is not None:
+        result.findings = undecodable_finding(decoded.problem, settings)
+        return result
+    item = _Pending(result, raw, decoded, settings, None, "", "")
+    outcome = run_job(Job(0, str(path), decoded.text or "", settings, fix, unsafe_fixes))
+    _record(item, outcome, write=False)
+    if result.source is None:
+        result.source = decoded.text
+    return result

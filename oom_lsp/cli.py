@@ -1,0 +1,446 @@
+"""The `oom-lsp` command.
+
+    oom-lsp                      start the language server (stdio)
+    oom-lsp server [--tcp H:P]   the same, with options
+    oom-lsp --check PATH...      check files (also `oom-lsp check PATH...`)
+    oom-lsp rule OOM501          a rule's documentation (`--all`, `--format json`)
+
+Exit codes follow `ruff check`: 0 clean (or everything fixed), 1 findings,
+2 a usage or configuration error (a message on stderr, never a traceback).
+Other features add subcommands through FEATURE_COMMANDS: each module there
+has `add_parsers(subparsers)`, and each parser it adds sets `handler=` (a
+function of the parsed arguments returning the exit code).
+
+The check path imports neither pygls, lsprotocol nor torch: the server and
+feature modules are imported only when their subcommand runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import oom_lsp
+
+FEATURE_COMMANDS: tuple[str, ...] = ("oom_lsp.profiling.commands",)
+BUILTIN_COMMANDS = ("check", "rule", "server")
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A problem with the command line or the configuration: exit 2."""
+
+
+def _error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+
+
+# --- Parser -----------------------------------------------------------------------------------
+
+
+def _selectors(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _tcp_address(value: str) -> str:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return value
+
+
+def _add_check_parser(subparsers: Any) -> None:
+    from oom_lsp.output import FORMATS
+
+    check = subparsers.add_parser(
+        "check",
+        help="check files for GPU out-of-memory risks (also spelled `oom-lsp --check`)",
+        description="Check Python files and folders (recursively) for GPU out-of-memory risks.",
+    )
+    check.add_argument("paths", nargs="*", metavar="PATH", help="files or folders to check (default: .); `-` reads stdin")
+    check.add_argument(
+        "--format",
+        "--output-format",
+        dest="format",
+        choices=[*FORMATS, "concise"],
+        default="text",
+        help="output format (default: text, one line per finding)",
+    )
+    check.add_argument("--statistics", action="store_true", help="print the number of findings per code instead")
+    check.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
+    check.add_argument(
+        "--exit-non-zero-on-fix",
+        action="store_true",
+        help="exit 1 when a fix was applied, even if no finding remains",
+    )
+    for flag, help_text in (
+        ("--select", "rules to enable, replacing the configured set (codes, prefixes, names, ALL)"),
+        ("--extend-select", "rules to enable on top of the configured set"),
+        ("--ignore", "rules to disable"),
+    ):
+        check.add_argument(flag, type=_selectors, action="append", metavar="CODES", help=help_text + "; comma-separated")
+    check.add_argument("--config", type=Path, metavar="PATH", help="configuration file to use instead of discovery")
+    check.add_argument("--stdin-filename", metavar="PATH", help="the name of the file read from stdin")
+    check.add_argument("--no-cache", action="store_true", help="neither read nor write .oom_lsp_cache/")
+    check.add_argument("--fix", action="store_true", help="apply safe fixes")
+    check.add_argument("--unsafe-fixes", action="store_true", help="also apply (and show as fixable) unsafe fixes")
+    check.add_argument("--diff", action="store_true", help="print the fixes as a unified diff instead of applying them")
+    check.add_argument("--show-fixes", action="store_true", help="list the fixes applied (or each finding's fix title)")
+    check.add_argument(
+        "--force-exclude",
+        action="store_true",
+        help="apply exclude / extend-exclude to files named on the command line too (for pre-commit)",
+    )
+    check.add_argument("-q", "--quiet", action="store_true", help="print findings only, no summary")
+    check.add_argument("-v", "--verbose", action="store_true", help="also print timing and cache statistics")
+    check.set_defaults(handler=run_check)
+
+
+def _add_rule_parser(subparsers: Any) -> None:
+    rule = subparsers.add_parser("rule", help="print a rule's documentation", description="Print rule documentation.")
+    rule.add_argument("rule", nargs="?", metavar="RULE", help="a code (OOM501) or name (torch-load-without-map-location)")
+    rule.add_argument("--all", action="store_true", help="every rule")
+    rule.add_argument("--format", "--output-format", dest="format", choices=["text", "json"], default="text")
+    rule.set_defaults(handler=run_rule)
+
+
+def _add_server_parser(subparsers: Any) -> None:
+    server = subparsers.add_parser("server", help="start the language server (the default)")
+    server.add_argument("--stdio", action="store_true", help="talk over stdin/stdout (the default)")
+    server.add_argument("--tcp", type=_tcp_address, metavar="HOST:PORT", help="listen on a TCP address instead")
+    server.add_argument("--log-file", metavar="FILE", help="write the server's log to FILE")
+    server.set_defaults(handler=run_server)
+
+
+def _add_feature_parsers(subparsers: Any) -> None:
+    for module_name in FEATURE_COMMANDS:
+        try:
+            spec = importlib.util.find_spec(module_name)
+        except ModuleNotFoundError:  # its parent package is not installed either
+            spec = None
+        if spec is not None:
+            importlib.import_module(module_name).add_parsers(subparsers)
+
+
+def build_parser(with_features: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="oom-lsp",
+        description="Find GPU out-of-memory risks in PyTorch training code: a language server and a checker.",
+        epilog="With no command, starts the language server. Exit codes: 0 clean, 1 findings, 2 error.",
+    )
+    parser.add_argument("--version", action="version", version=f"oom-lsp {oom_lsp.__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_check_parser(subparsers)
+    _add_rule_parser(subparsers)
+    _add_server_parser(subparsers)
+    if with_features:
+        _add_feature_parsers(subparsers)
+    return parser
+
+
+def _normalize_argv(argv: list[str]) -> list[str]:
+    """`--check` anywhere means the check command; no command means the server."""
+    if not argv:
+        return ["server"]
+    if argv[0] not in BUILTIN_COMMANDS and "--check" in argv:
+        rest = list(argv)
+        rest.remove("--check")
+        return ["check", *rest]
+    if argv[0] in ("--stdio", "--tcp", "--log-file") or argv[0].startswith(("--tcp=", "--log-file=")):
+        return ["server", *argv]
+    return argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = _normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    # Builtin commands need no feature module: keep `--check` lean.
+    parser = build_parser(with_features=arguments[0] not in BUILTIN_COMMANDS)
+    try:
+        args = parser.parse_args(arguments)
+    except SystemExit as exit_request:  # argparse: --help, --version, usage errors
+        code = exit_request.code
+        return code if isinstance(code, int) else EXIT_ERROR
+    if getattr(args, "handler", None) is None:
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
+    try:
+        return int(args.handler(args))
+    except UsageError as error:
+        _error(str(error))
+        return EXIT_ERROR
+    except BrokenPipeError:  # `oom-lsp --check . | head`
+        sys.stderr.close()
+        return EXIT_CLEAN
+    except KeyboardInterrupt:
+        return 130
+
+
+# --- check ------------------------------------------------------------------------------------------
+
+
+def _flatten(groups: list[list[str]] | None) -> list[str] | None:
+    return None if groups is None else [item for group in groups for item in group]
+
+
+def _resolver(args: argparse.Namespace) -> Any:
+    from oom_lsp.analysis import registry
+    from oom_lsp.config import ConfigError, ConfigResolver
+
+    overrides: dict[str, list[str]] = {}
+    for flag, key in (("select", "select"), ("extend_select", "extend-select"), ("ignore", "ignore")):
+        selectors = _flatten(getattr(args, flag))
+        if selectors is None:
+            continue
+        for selector in selectors:
+            try:
+                registry.expand_selector(selector)
+            except registry.SelectorError as error:
+                raise UsageError(f"--{key}: {error}") from None
+        overrides[key] = selectors
+    try:
+        return ConfigResolver(overrides=overrides, config_file=args.config)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from oom_lsp.config import ConfigError
+
+    started = time.perf_counter()
+    if args.diff and args.fix:
+        raise UsageError("--fix and --diff cannot be combined (--diff shows what --fix would change)")
+    resolver = _resolver(args)
+    paths = list(args.paths)
+    try:
+        if paths == ["-"] or (not paths and args.stdin_filename):
+            return _check_stdin(args, resolver)
+        if "-" in paths:
+            raise UsageError("`-` (stdin) cannot be combined with other paths")
+        return _check_paths(args, resolver, [Path(path) for path in paths or ["."]], started)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+
+
+def _check_paths(args: argparse.Namespace, resolver: Any, paths: list[Path], started: float) -> int:
+    from oom_lsp import checker
+
+    files, missing = checker.discover_files(paths, resolver, force_exclude=args.force_exclude)
+    run = checker.check_files(
+        files,
+        resolver,
+        use_cache=not args.no_cache,
+        fix=args.fix or args.diff,
+        unsafe_fixes=args.unsafe_fixes,
+        write=not args.diff,
+    )
+    results = [*missing, *run.results]
+    for result in results:
+        if result.error is not None:
+            _error(f"{result.display}: {result.error}")
+    if args.verbose:
+        elapsed = time.perf_counter() - started
+        print(
+            f"Checked {len(run.results)} files in {elapsed:.2f}s: {run.analyzed} analysed, {run.cached} from the cache.",
+            file=sys.stderr,
+        )
+    if args.diff:
+        return _report_diff(args, results)
+    _report(args, results, sys.stdout)
+    return _exit_code(args, results)
+
+
+def _check_stdin(args: argparse.Namespace, resolver: Any) -> int:
+    from oom_lsp import checker
+
+    name = args.stdin_filename
+    path = Path(name) if name else Path.cwd() / "-"
+    display = checker.display_path(path) if name else "-"
+    raw = sys.stdin.buffer.read()
+    result = checker.check_source(
+        raw, path, display, resolver, fix=args.fix or args.diff, unsafe_fixes=args.unsafe_fixes
+    )
+    if args.diff:
+        return _report_diff(args, [result])
+    if args.fix:
+        # As Ruff: the fixed source on stdout, what remains on stderr.
+        sys.stdout.write(result.source if result.source is not None else raw.decode("utf-8", errors="replace"))
+        _report(args, [result], sys.stderr)
+    else:
+        _report(args, [result], sys.stdout)
+    return _exit_code(args, [result])
+
+
+def _exit_code(args: argparse.Namespace, results: list[Any]) -> int:
+    if args.exit_non_zero_on_fix and any(result.fixes_applied for result in results):
+        return EXIT_FINDINGS
+    if args.exit_zero:
+        return EXIT_CLEAN
+    if any(result.findings or result.error is not None for result in results):
+        return EXIT_FINDINGS
+    return EXIT_CLEAN
+
+
+def _plural(count: int, word: str, plural: str | None = None) -> str:
+    return f"{count} {word if count == 1 else (plural or word + 's')}"
+
+
+def _report(args: argparse.Namespace, results: list[Any], stream: Any) -> None:
+    from oom_lsp.output import RenderOptions, renderer
+
+    options = RenderOptions(unsafe_fixes=args.unsafe_fixes, show_fix_titles=args.show_fixes)
+    if args.statistics:
+        stream.write(_statistics(results, options, args.format))
+    else:
+        stream.write(renderer(args.format)(results, options))
+    human = args.format in ("text", "concise", "full")
+    if args.show_fixes and args.fix and human:
+        stream.write(_fixed_listing(results))
+    if human and not args.quiet:
+        stream.write(_summary(results, options, fixing=args.fix))
+
+
+def _summary(results: list[Any], options: Any, *, fixing: bool) -> str:
+    findings = [finding for result in results for finding in result.findings]
+    fixed = sum(result.fixes_applied for result in results)
+    if fixing and fixed:
+        total = fixed + len(findings)
+        return f"Found {_plural(total, 'error')} ({fixed} fixed, {len(findings)} remaining).\n"
+    if not findings:
+        return "All checks passed!\n"
+    lines = [f"Found {_plural(len(findings), 'error')}."]
+    fixable = sum(1 for finding in findings if finding.fix is not None and (finding.fix.is_safe or options.unsafe_fixes))
+    hidden = sum(1 for finding in findings if finding.fix is not None and not finding.fix.is_safe) if not options.unsafe_fixes else 0
+    hidden_note = (
+        f"{_plural(hidden, 'hidden fix', 'hidden fixes')} can be enabled with the `--unsafe-fixes` option" if hidden else ""
+    )
+    if fixable:
+        tail = f" ({hidden_note})." if hidden_note else "."
+        lines.append(f"[*] {fixable} fixable with the `--fix` option{tail}")
+    elif hidden_note:
+        lines.append(f"No fixes available ({hidden_note}).")
+    return "".join(line + "\n" for line in lines)
+
+
+def _statistics(results: list[Any], options: Any, output_format: str) -> str:
+    from oom_lsp.output import applicable_fix
+
+    counts: dict[str, dict[str, Any]] = {}
+    for result in results:
+        for finding in result.findings:
+            entry = counts.setdefault(finding.code, {"code": finding.code, "name": finding.name, "count": 0, "fixable": False})
+            entry["count"] += 1
+            entry["fixable"] = entry["fixable"] or applicable_fix(finding, options) is not None
+    rows = sorted(counts.values(), key=lambda entry: (-entry["count"], entry["code"]))
+    if output_format == "json":
+        return json.dumps(rows, indent=2) + "\n"
+    if not rows:
+        return ""
+    width = max(len(str(row["count"])) for row in rows)
+    return "".join(
+        f"{row['count']:>{width}}\t{row['code']}\t{'[*]' if row['fixable'] else '[ ]'} {row['name']}\n" for row in rows
+    )
+
+
+def _fixed_listing(results: list[Any]) -> str:
+    from oom_lsp.analysis import registry
+
+    fixed = [result for result in results if result.fixed_codes]
+    if not fixed:
+        return "No errors fixed.\n"
+    total = sum(sum(result.fixed_codes.values()) for result in fixed)
+    lines = [f"Fixed {_plural(total, 'error')}:"]
+    for result in fixed:
+        lines.append(f"- {result.display}:")
+        for code, count in result.fixed_codes.items():
+            rule = registry.rule_for(code)
+            lines.append(f"    {count} × {code} ({rule.name if rule else code})")
+    return "".join(line + "\n" for line in lines) + "\n"
+
+
+def _report_diff(args: argparse.Namespace, results: list[Any]) -> int:
+    changed = [result for result in results if result.changed]
+    for result in changed:
+        sys.stdout.writelines(
+            difflib.unified_diff(
+                result.original.splitlines(keepends=True),
+                result.source.splitlines(keepends=True),
+                fromfile=result.display,
+                tofile=result.display,
+            )
+        )
+        sys.stdout.write("\n")
+    fixes = sum(result.fixes_applied for result in changed)
+    if not args.quiet:
+        message = f"Would fix {_plural(fixes, 'error')}." if fixes else "No errors would be fixed."
+        print(message, file=sys.stderr)
+    if changed or any(result.error is not None for result in results):
+        return EXIT_FINDINGS
+    return EXIT_CLEAN
+
+
+# --- rule ----------------------------------------------------------------------------------------------
+
+
+def _rule_json(rule: Any) -> dict[str, Any]:
+    from oom_lsp.output import rule_url
+
+    return {
+        "code": rule.code,
+        "name": rule.name,
+        "summary": rule.summary,
+        "severity": rule.default_severity.value,
+        "default_enabled": rule.default_enabled,
+        "fix": rule.fix_applicability.value if rule.fix_applicability is not None else None,
+        "explanation": rule.docs(),
+        "url": rule_url(rule.code, rule.name),
+    }
+
+
+def run_rule(args: argparse.Namespace) -> int:
+    from oom_lsp.analysis import registry
+
+    if args.all == (args.rule is not None):
+        raise UsageError("give either a rule (code or name) or --all")
+    if args.all:
+        rules = sorted([*registry.all_rules().values(), *registry.META_RULES.values()], key=lambda rule: rule.code)
+        if args.format == "json":
+            print(json.dumps([_rule_json(rule) for rule in rules], indent=2, ensure_ascii=False))
+        else:
+            print("\n".join(rule.docs() for rule in rules), end="")
+        return EXIT_CLEAN
+    rule = registry.rule_for(args.rule.upper()) or registry.rule_by_name(args.rule.lower())
+    if rule is None:
+        raise UsageError(f"unknown rule {args.rule!r}; `oom-lsp rule --all` lists them")
+    if args.format == "json":
+        print(json.dumps(_rule_json(rule), indent=2, ensure_ascii=False))
+    else:
+        print(rule.docs(), end="")
+    return EXIT_CLEAN
+
+
+# --- server -----------------------------------------------------------------------------------------------
+
+
+def run_server(args: argparse.Namespace) -> int:
+    try:
+        available = importlib.util.find_spec("oom_lsp.server") is not None
+    except ModuleNotFoundError:
+        available = False
+    start_server = None
+    if available:
+        try:
+            server_module = importlib.import_module("oom_lsp.server")
+        except ImportError as error:
+            raise UsageError(f"the language server cannot start: {error}") from None
+        start_server = getattr(server_module, "start_server", None)
+    if start_server is None:
+        raise UsageError("the language server is not available in this installation (oom_lsp.server.start_server)")
+    return int(start_server(args.tcp, args.log_file))

@@ -1,0 +1,59 @@
+"""Each finding with a code frame and its fix title, in the style of Ruff's
+`full` output:
+
+    OOM501 [*] `torch.load` without `map_location` ...
+     --> train.py:2:9
+      |
+    1 | import torch
+    2 | state = torch.load("ckpt.pt")
+      |         ^^^^^^^^^^^^^^^^^^^^^
+      |
+    help: Pass map_location="cpu"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from oom_lsp.analysis.findings import Finding
+from oom_lsp.output import CheckedFile, RenderOptions, applicable_fix, located
+
+CONTEXT_LINES = 1
+
+
+def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:
+    blocks = []
+    for file, finding in located(files):
+        blocks.append(_block(file, finding, options))
+    return "".join(block + "\n" for block in blocks)
+
+
+def _block(file: CheckedFile, finding: Finding, options: RenderOptions) -> str:
+    fix = applicable_fix(finding, options)
+    marker = " [*]" if fix is not None else ""
+    out = [f"{finding.code}{marker} {finding.message}", f" --> {file.display}:{finding.line}:{finding.column + 1}"]
+    lines = (file.source or "").splitlines()
+    if lines:
+        out.extend(_frame(lines, finding))
+    if finding.fix is not None:
+        qualifier = "" if finding.fix.is_safe else " (unsafe: review it; applied only with --unsafe-fixes)"
+        out.append(f"help: {finding.fix.title}{qualifier}")
+    return "\n".join(out) + "\n"
+
+
+def _frame(lines: list[str], finding: Finding) -> list[str]:
+    start, end = finding.range.start, finding.range.end
+    first = max(1, start.line - CONTEXT_LINES)
+    last = min(len(lines), max(start.line, min(end.line, start.line + 4)) + CONTEXT_LINES)
+    width = len(str(last))
+    gutter = " " * width
+    out = [f"{gutter} |"]
+    for number in range(first, last + 1):
+        text = lines[number - 1].expandtabs(1) if number - 1 < len(lines) else ""
+        out.append(f"{number:>{width}} | {text}".rstrip())
+        if number == start.line:
+            underline_end = end.column if end.line == start.line else len(text)
+            carets = "^" * max(1, underline_end - start.column)
+            out.append(f"{gutter} | {' ' * start.column}{carets} {finding.code}")
+    out.append(f"{gutter} |")
+    return out
