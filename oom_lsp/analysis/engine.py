@@ -31,8 +31,9 @@ from oom_lsp.analysis.positions import PositionResolver, compute_positions
 from oom_lsp.analysis.walker import walk
 from oom_lsp.analysis.suppressions import Suppression, apply_suppressions, parse_suppressions
 
-# Files that mention none of these cannot contain a finding of any rule.
-_RELEVANT_RE = re.compile(r"torch|batch_size|transformers|lightning|accelerate")
+# Files that mention none of these cannot contain a finding of any rule
+# (`--batch-size` and `BATCH_SIZE` count: OOM101 reads argparse options and constants).
+_RELEVANT_RE = re.compile(r"torch|(?i:batch[_-]?size)|transformers|lightning|accelerate")
 _NEWLINE_RE = re.compile(r"\r\n?|\n")
 
 
