@@ -1,3 +1,451 @@
 """OOM1xx: how much data a step holds (batch size, datasets on the device)."""
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from oom_lsp.analysis.context import FileContext, dotted_name
+from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, int_value, method_call, string_value
+from oom_lsp.analysis.findings import Applicability
+from oom_lsp.analysis.registry import register
+from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
+from oom_lsp.analysis.rules.precision import deferred_report, file_uses_cuda
+from oom_lsp.fixes.batch_size import lower_batch_size
+
+# --- OOM101 ------------------------------------------------------------------
+
+# torch's own batching classes: `batch_size` is their second parameter.
+_TORCH_BATCHERS = {
+    "torch.utils.data.DataLoader",
+    "torch.utils.data.dataloader.DataLoader",
+    "torch.utils.data.BatchSampler",
+    "torch.utils.data.sampler.BatchSampler",
+}
+# Settings that are the number of samples one device processes per step.
+# Global/total/effective batch sizes are not: gradient accumulation or data
+# parallelism may split them.
+_BATCH_SIZE_FIELDS = {
+    "batch_size",
+    "batchsize",
+    "train_batch_size",
+    "per_device_train_batch_size",
+    "per_gpu_train_batch_size",
+    "per_device_batch_size",
+    "device_batch_size",
+    "eval_batch_size",
+    "per_device_eval_batch_size",
+    "per_gpu_eval_batch_size",
+    "val_batch_size",
+    "valid_batch_size",
+    "validation_batch_size",
+    "test_batch_size",
+    "micro_batch_size",
+    "micro_batch_size_per_gpu",
+    "train_micro_batch_size_per_gpu",
+    "mini_batch_size",
+    "minibatch_size",
+}
+# Command-line spellings: `--batch-size`, `--bs`, `--train-batch-size`...
+_BATCH_SIZE_OPTIONS = _BATCH_SIZE_FIELDS | {"bs", "train_bs", "eval_bs"}
+# DeepSpeed config dicts: there `train_batch_size` is the global batch
+# (micro batch x accumulation x GPUs), not what one GPU holds.
+_DEEPSPEED_KEYS = {"train_micro_batch_size_per_gpu", "zero_optimization"}
+# Callees whose keyword arguments are training settings or feed a loader:
+# `TrainingArguments`, `SFTConfig`, `TrainConfig`, `Namespace`, `MNISTDataModule`,
+# `NeighborLoader`, `build_dataloader`.
+_CONFIG_CALLEE_RE = re.compile(
+    r"(Config|Configuration|Arguments|Args|Params|Parameters|Settings|HParams|Hparams|HyperParams|"
+    r"Hyperparameters|Namespace|DataModule)$|(?i:loader)$"
+)
+_ARGPARSE_METHODS = {"add_argument"}
+_CLI_OPTION_FUNCTIONS = {"click.option", "typer.Option"}
+
+
+def _option_name(text: str) -> str:
+    return text.lstrip("-").lower().replace("-", "_")
+
+
+@dataclass
+class _Constant:
+    literal: cst.Integer
+    path: tuple[cst.CSTNode, ...]
+
+
+@register
+class LargeBatchSize(Rule):
+    """
+    ## What it does
+    Flags a literal batch size above the configured limit (`max-batch-size`,
+    32 by default) that reaches a `DataLoader` or a training config: the
+    `batch_size` of `torch.utils.data.DataLoader` however it is imported, an
+    argparse `--batch-size` default, a config dict key, a dataclass or class
+    field, or a `TrainingArguments`-like keyword named `batch_size`,
+    `per_device_train_batch_size`, `micro_batch_size`..., including through a
+    constant (`BATCH_SIZE = 256`), which is then where it is reported.
+
+    ## Why is this bad?
+    The activations a training step keeps for the backward pass grow linearly
+    with the batch: a batch of 256 holds 8x the activations of a batch of 32,
+    and for most models they, not the weights, are what runs out of memory.
+    The same effective batch is reachable with a smaller one and gradient
+    accumulation.
+
+    ## Example
+    ```python
+    loader = DataLoader(train_set, batch_size=256, shuffle=True)
+    ```
+
+    ## Use instead
+    ```python
+    ACCUMULATION_STEPS = 8  # effective batch: 32 x 8 = 256
+    loader = DataLoader(train_set, batch_size=32, shuffle=True)
+    for step, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y) / ACCUMULATION_STEPS
+        loss.backward()
+        if (step + 1) % ACCUMULATION_STEPS == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    ```
+
+    ## Fix safety
+    Unsafe: the fix only lowers the literal to the limit. A smaller batch
+    changes the optimisation (the learning rate and the number of steps per
+    epoch usually go with the batch size, and batch norm sees fewer samples),
+    so add gradient accumulation yourself where the effective batch matters.
+    """
+
+    code = "OOM101"
+    name = "large-batch-size"
+    summary = "A literal batch size above the configured limit reaches a DataLoader or a training config."
+    fix_applicability = Applicability.UNSAFE
+
+    VALID = [
+        Valid(
+            """\
+            from torch.utils.data import DataLoader
+            loader = DataLoader(train_set, batch_size=32, shuffle=True)
+            """
+        ),
+        # A higher limit configured for this project.
+        Valid(
+            """\
+            import torch
+            loader = torch.utils.data.DataLoader(train_set, batch_size=64)
+            """,
+            settings={"max_batch_size": 64},
+        ),
+        # The batch size comes through a splat or from the command line.
+        Valid(
+            """\
+            from torch.utils.data import DataLoader
+            loader_kwargs = {"num_workers": 4}
+            loader = DataLoader(train_set, **loader_kwargs)
+            other = DataLoader(train_set, batch_size=args.batch_size)
+            """
+        ),
+        # Preprocessing batches on the CPU (datasets.map), a user's function,
+        # and a global batch split by accumulation.
+        Valid(
+            """\
+            import torch
+            tokenized = raw.map(tokenize, batched=True, batch_size=1000)
+            def evaluate(model, batch_size=512):
+                ...
+            evaluate(model, batch_size=512)
+            ds_config = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 8}
+            """
+        ),
+        # A local class called DataLoader is not torch's: its second
+        # positional parameter is not known to be a batch size.
+        Valid(
+            """\
+            import torch
+            class DataLoader:
+                def __init__(self, items, chunk):
+                    self.items, self.chunk = items, chunk
+            loader = DataLoader(items, 256)
+            """
+        ),
+        # A constant that is reassigned is not a constant.
+        Valid(
+            """\
+            from torch.utils.data import DataLoader
+            BATCH_SIZE = 256
+            if small_gpu:
+                BATCH_SIZE = 16
+            loader = DataLoader(train_set, batch_size=BATCH_SIZE)
+            """
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            """\
+            from torch.utils.data import DataLoader as DL
+            loader = DL(train_set, batch_size=256, shuffle=True)
+            """,
+            line=2,
+            expected_fix="""\
+            from torch.utils.data import DataLoader as DL
+            loader = DL(train_set, batch_size=32, shuffle=True)
+            """,
+        ),
+        # Positional, multi-line, through `import torch as T`.
+        Invalid(
+            """\
+            import torch as T
+            loader = T.utils.data.DataLoader(
+                train_set,
+                128,  # bigger is faster
+                shuffle=True,
+            )
+            """,
+            line=4,
+            expected_fix="""\
+            import torch as T
+            loader = T.utils.data.DataLoader(
+                train_set,
+                32,  # bigger is faster
+                shuffle=True,
+            )
+            """,
+        ),
+        Invalid(
+            """\
+            import argparse
+            parser = argparse.ArgumentParser()
+            parser.add_argument("-b", "--batch-size", type=int, default=512)
+            """,
+            line=3,
+            expected_fix="""\
+            import argparse
+            parser = argparse.ArgumentParser()
+            parser.add_argument("-b", "--batch-size", type=int, default=32)
+            """,
+        ),
+        # A module constant flowing into the loader: reported on the constant.
+        Invalid(
+            """\
+            import torch
+            BATCH_SIZE = 1_024
+            def make_loader(ds):
+                return torch.utils.data.DataLoader(ds, batch_size=BATCH_SIZE)
+            """,
+            line=2,
+            expected_fix="""\
+            import torch
+            BATCH_SIZE = 32
+            def make_loader(ds):
+                return torch.utils.data.DataLoader(ds, batch_size=BATCH_SIZE)
+            """,
+        ),
+        Invalid(
+            """\
+            from transformers import TrainingArguments
+            args = TrainingArguments(
+                output_dir="out",
+                per_device_train_batch_size=64,
+            )
+            """,
+            line=4,
+            expected_fix="""\
+            from transformers import TrainingArguments
+            args = TrainingArguments(
+                output_dir="out",
+                per_device_train_batch_size=16,
+            )
+            """,
+            settings={"max_batch_size": 16},
+        ),
+        # A dataclass field and a config dict.
+        Invalid(
+            """\
+            import torch
+            from dataclasses import dataclass
+            @dataclass
+            class TrainConfig:
+                lr: float = 3e-4
+                micro_batch_size: int = 96
+            config = {"lr": 3e-4, "batch_size": 100}
+            """,
+            line=6,
+            expected_fix="""\
+            import torch
+            from dataclasses import dataclass
+            @dataclass
+            class TrainConfig:
+                lr: float = 3e-4
+                micro_batch_size: int = 32
+            config = {"lr": 3e-4, "batch_size": 32}
+            """,
+        ),
+    ]
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._limit = context.settings.max_batch_size
+        # name -> its integer-literal assignment; None once the name is bound
+        # anywhere else (a second assignment, a parameter, a loop, an import).
+        self._constants: dict[str, _Constant | None] = {}
+        # name -> the first batch-size setting it reaches; resolved against
+        # the constants once the whole file has been seen.
+        self._flows: dict[str, str] = {}
+
+    # --- which names are constants ------------------------------------------
+    def _bind(self, name: str, constant: _Constant | None = None) -> None:
+        if name in self._constants or constant is None:
+            self._constants[name] = None
+        else:
+            self._constants[name] = constant
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        literal = node.value if isinstance(node.value, cst.Integer) else None
+        for target in node.targets:
+            self._bind_target(target.target, literal if len(node.targets) == 1 else None)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind_target(node.target, node.value if isinstance(node.value, cst.Integer) else None)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind_target(node.target, None)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind_target(node.target, None)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self._bind(node.name.value)
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        if node.asname is not None and isinstance(node.asname.name, cst.Name):
+            self._bind(node.asname.name.value)
+        else:
+            name = dotted_name(node.name)
+            if name is not None:
+                self._bind(name.split(".")[0])
+
+    def _bind_target(self, target: cst.BaseExpression, literal: cst.BaseExpression | None) -> None:
+        if isinstance(target, cst.Name):
+            constant = None
+            if isinstance(literal, cst.Integer):
+                constant = _Constant(literal, tuple(self.context.tracker.statements))
+            self._bind(target.value, constant)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._bind_target(element.value, None)
+
+    # --- where batch sizes go -------------------------------------------------
+    def visit_Call(self, node: cst.Call) -> None:
+        qualified = self.context.call_name(node)
+        if qualified in _TORCH_BATCHERS:
+            arg = get_arg(node, "batch_size", 1)
+            if arg is not None and arg is not UNKNOWN:
+                self._check(arg.value, f"the `batch_size` of `{qualified.rsplit('.', 1)[-1]}`")
+            return
+        called = method_call(node)
+        if (called is not None and called[1] in _ARGPARSE_METHODS) or qualified in _CLI_OPTION_FUNCTIONS:
+            self._check_option(node)
+            return
+        if self._is_config_callee(node, qualified):
+            for arg in node.args:
+                if arg.keyword is not None and arg.keyword.value.lower() in _BATCH_SIZE_FIELDS:
+                    self._check(arg.value, f"`{arg.keyword.value}`")
+
+    def _is_config_callee(self, node: cst.Call, qualified: str | None) -> bool:
+        if qualified is not None:
+            return _CONFIG_CALLEE_RE.search(qualified.rsplit(".", 1)[-1]) is not None
+        # Not imported: a builtin, or a class or function of this file.
+        if not isinstance(node.func, cst.Name):
+            return False  # `self.make(...)`, `ds.map(...)`: unknown receivers
+        name = node.func.value
+        if name == "dict":
+            return "dict" not in self._constants
+        return _CONFIG_CALLEE_RE.search(name) is not None
+
+    def _check_option(self, node: cst.Call) -> None:
+        names = [string_value(arg.value) for arg in node.args if arg.keyword is None and not arg.star]
+        if not any(name is not None and _option_name(name) in _BATCH_SIZE_OPTIONS for name in names):
+            return
+        default = get_arg(node, "default")
+        if default is not None and default is not UNKNOWN:
+            option = next(name for name in names if name is not None and _option_name(name) in _BATCH_SIZE_OPTIONS)
+            self._check(default.value, f"the default of `{option}`")
+
+    def visit_Dict(self, node: cst.Dict) -> None:
+        keys = {string_value(element.key) for element in node.elements if isinstance(element, cst.DictElement)}
+        if "batched" in keys:
+            return  # `datasets.map` keyword arguments: CPU preprocessing
+        for element in node.elements:
+            if not isinstance(element, cst.DictElement):
+                continue
+            key = string_value(element.key)
+            if key is None or key.lower() not in _BATCH_SIZE_FIELDS:
+                continue
+            if key == "train_batch_size" and keys & _DEEPSPEED_KEYS:
+                continue
+            self._check(element.value, f'`"{key}"`')
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if not isinstance(node.body, cst.IndentedBlock):
+            return
+        for statement in node.body.body:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            for small in statement.body:
+                if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                    target, value = small.targets[0].target, small.value
+                elif isinstance(small, cst.AnnAssign) and small.value is not None:
+                    target, value = small.target, small.value
+                else:
+                    continue
+                if not isinstance(target, cst.Name) or target.value.lower() not in _BATCH_SIZE_FIELDS:
+                    continue
+                if isinstance(value, cst.Call) and self.context.call_name(value) == "dataclasses.field":
+                    default = get_arg(value, "default")
+                    if default is None or default is UNKNOWN:
+                        continue
+                    value = default.value
+                self._check(value, f"the field `{node.name.value}.{target.value}`", statement)
+
+    def _check(self, value: cst.BaseExpression, reaches: str, statement: cst.CSTNode | None = None) -> None:
+        """A batch-size setting: report a literal above the limit, remember a
+        name that may be a constant."""
+        if isinstance(value, cst.Name):
+            self._flows.setdefault(value.value, reaches)
+            return
+        number = int_value(value)
+        if number is None or number <= self._limit:
+            return
+        path = tuple(self.context.tracker.statements)
+        if statement is not None:
+            path = (*path, statement)
+        self.context.add_report(deferred_report(self, value, *self._finding(value, number, reaches), path))
+
+    def _finding(self, literal: cst.BaseExpression, number: int, reaches: str) -> tuple[str, FixSpec]:
+        limit = self._limit
+        steps = -(-number // limit)
+        message = (
+            f"Batch size {number} ({reaches}) is above the limit of {limit}: the activations a training step "
+            f"keeps for backward grow linearly with the batch, about {number / limit:.1f}x those of a batch of "
+            f"{limit}. Lower it to {limit} and accumulate gradients over {steps} steps to keep the effective batch."
+        )
+        assert isinstance(literal, cst.Integer)
+        fix = FixSpec(
+            title=f"Lower the batch size to {limit}",
+            edits=lower_batch_size(literal, limit),
+            applicability=Applicability.UNSAFE,
+        )
+        return message, fix
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for name, reaches in self._flows.items():
+            constant = self._constants.get(name)
+            if constant is None:
+                continue
+            number = int_value(constant.literal)
+            if number is None or number <= self._limit:
+                continue
+            message, fix = self._finding(constant.literal, number, f"`{name}`, {reaches}")
+            self.context.add_report(deferred_report(self, constant.literal, message, fix, constant.path))
