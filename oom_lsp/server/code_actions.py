@@ -1,0 +1,147 @@
+"""Code actions: the quick fix of a diagnostic, "Ignore OOMxxx for this line"
+and `source.fixAll.oom-lsp` (safe fixes only, usable from
+`editor.codeActionsOnSave`).
+
+Quick fixes come from the finding carried in the diagnostic's `data`, so no
+analysis runs; a diagnostic computed for an older version of the document is
+skipped (its edits would land in the wrong place). Edits are versioned
+`TextDocumentEdit`s where the client supports `documentChanges`, so a client
+rejects them if the document changed in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from lsprotocol import types
+from pygls.workspace import TextDocument
+
+from oom_lsp.analysis import Finding
+from oom_lsp.analysis.findings import TextEdit
+from oom_lsp.fixes.apply import fix_source
+from oom_lsp.fixes.suppress import ignore_for_line
+from oom_lsp.server.diagnostics import SOURCE
+from oom_lsp.server.positions import PositionConverter
+from oom_lsp.server.server import OomLanguageServer
+
+logger = logging.getLogger(__name__)
+
+FIX_ALL_KIND = "source.fixAll.oom-lsp"
+# A syntax error cannot be suppressed: the file is not checked at all.
+_UNSUPPRESSIBLE = {"OOM000"}
+
+
+def register(server: OomLanguageServer) -> None:
+    options = types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND])
+    server.feature(types.TEXT_DOCUMENT_CODE_ACTION, options)(on_code_action)
+
+
+def _wanted(only: list[str] | None, kind: str) -> bool:
+    return only is None or any(kind == entry or kind.startswith(entry + ".") for entry in only)
+
+
+def _finding_of(diagnostic: types.Diagnostic, document: TextDocument) -> Finding | None:
+    """The finding a current oom-lsp diagnostic carries, else None."""
+    data: Any = diagnostic.data
+    if diagnostic.source != SOURCE or not isinstance(data, dict) or data.get("version") != document.version:
+        return None
+    try:
+        return Finding.from_dict(data["finding"])
+    except (KeyError, TypeError, ValueError):
+        logger.warning("Ignoring a diagnostic whose data is not an oom-lsp finding: %r", data)
+        return None
+
+
+def workspace_edit(ls: OomLanguageServer, document: TextDocument, edits: list[types.TextEdit]) -> types.WorkspaceEdit:
+    if ls.client_supports("workspace.workspace_edit.document_changes"):
+        identifier = types.OptionalVersionedTextDocumentIdentifier(uri=document.uri, version=document.version)
+        return types.WorkspaceEdit(document_changes=[types.TextDocumentEdit(text_document=identifier, edits=edits)])
+    return types.WorkspaceEdit(changes={document.uri: edits})
+
+
+def _lsp_edits(edits: tuple[TextEdit, ...] | list[TextEdit], converter: PositionConverter) -> list[types.TextEdit]:
+    return [types.TextEdit(range=converter.range_to_lsp(edit.range), new_text=edit.new_text) for edit in edits]
+
+
+async def on_code_action(ls: OomLanguageServer, params: types.CodeActionParams) -> list[types.CodeAction] | None:
+    document = ls.open_document(params.text_document.uri)
+    if document is None:
+        return None
+    only = params.context.only
+    source = document.source
+    converter = PositionConverter(source, ls.position_encoding)
+    actions: list[types.CodeAction] = []
+    ignored: set[tuple[str, int]] = set()
+    has_safe_fix = False
+    for diagnostic in params.context.diagnostics:
+        finding = _finding_of(diagnostic, document)
+        if finding is None:
+            continue
+        has_safe_fix = has_safe_fix or (finding.fix is not None and finding.fix.is_safe)
+        if not _wanted(only, types.CodeActionKind.QuickFix):
+            continue
+        if finding.fix is not None:
+            actions.append(
+                types.CodeAction(
+                    title=f"oom-lsp ({finding.code}): {finding.fix.title}",
+                    kind=types.CodeActionKind.QuickFix,
+                    diagnostics=[diagnostic],
+                    is_preferred=finding.fix.is_safe,
+                    edit=workspace_edit(ls, document, _lsp_edits(finding.fix.edits, converter)),
+                )
+            )
+        if finding.code not in _UNSUPPRESSIBLE and (finding.code, finding.line) not in ignored:
+            ignored.add((finding.code, finding.line))
+            edit = ignore_for_line(source, finding.line, finding.code, finding.statement_line)
+            if edit is not None:
+                actions.append(
+                    types.CodeAction(
+                        title=f"oom-lsp ({finding.code}): Ignore {finding.code} for this line",
+                        kind=types.CodeActionKind.QuickFix,
+                        diagnostics=[diagnostic],
+                        edit=workspace_edit(ls, document, _lsp_edits([edit], converter)),
+                    )
+                )
+    explicit_fix_all = only is not None and _wanted(only, FIX_ALL_KIND)
+    if explicit_fix_all or (only is None and has_safe_fix):
+        fix_all = await _fix_all(ls, document, converter)
+        if fix_all is not None:
+            actions.append(fix_all)
+    return actions
+
+
+async def _fix_all(ls: OomLanguageServer, document: TextDocument, converter: PositionConverter) -> types.CodeAction | None:
+    await ls.settings_ready.wait()
+    source, version = document.source, document.version
+    settings = ls.settings_for_uri(document.uri)
+    loop = asyncio.get_running_loop()
+    result = await loop.run_in_executor(ls.analysis_executor, lambda: fix_source(source, settings, path=document.path or document.uri))
+    if result.applied == 0 or document.version != version:
+        return None
+    edit = _minimal_edit(source, result.source, converter)
+    return types.CodeAction(
+        title="oom-lsp: Fix all auto-fixable problems",
+        kind=FIX_ALL_KIND,
+        edit=workspace_edit(ls, document, [edit]),
+    )
+
+
+def _minimal_edit(old: str, new: str, converter: PositionConverter) -> types.TextEdit:
+    """One edit replacing only the span that differs (keeps the cursor and
+    folds of the untouched text where they were)."""
+    prefix = len(os.path.commonprefix([old, new]))
+    if prefix and old[prefix - 1] == "\r":
+        prefix -= 1  # never split a \r\n
+    limit = min(len(old), len(new)) - prefix
+    suffix = len(os.path.commonprefix([old[::-1][:limit], new[::-1][:limit]]))
+    end = len(old) - suffix
+    if suffix and end > 0 and old[end - 1] == "\r" and old[end] == "\n":
+        suffix -= 1
+        end += 1
+    return types.TextEdit(
+        range=types.Range(start=converter.offset_to_lsp(prefix, old), end=converter.offset_to_lsp(end, old)),
+        new_text=new[prefix : len(new) - suffix],
+    )

@@ -1,0 +1,169 @@
+"""Diagnostics: pulled (`textDocument/diagnostic`) when the client can pull,
+pushed (`textDocument/publishDiagnostics`) otherwise.
+
+Pushing is debounced per document with an asyncio task; a newer edit
+cancels the pending task, and a result whose version has since changed is
+dropped (VS Code ignores the version of pushed diagnostics, so the server
+must not send stale ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from lsprotocol import types
+
+from oom_lsp.analysis import Finding, Severity
+from oom_lsp.server.positions import PositionConverter
+from oom_lsp.server.server import Analysis, OomLanguageServer
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "oom-lsp"
+DOCS_URL = "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md#{anchor}"
+_SEVERITIES = {
+    Severity.ERROR: types.DiagnosticSeverity.Error,
+    Severity.WARNING: types.DiagnosticSeverity.Warning,
+    Severity.INFO: types.DiagnosticSeverity.Information,
+    Severity.HINT: types.DiagnosticSeverity.Hint,
+}
+# Findings about the suppression comments themselves: drawn faded.
+_UNNECESSARY = {"OOM900"}
+
+_pending: dict[str, asyncio.Task[None]] = {}
+
+
+def docs_url(code: str) -> str:
+    return DOCS_URL.format(anchor=code.lower())
+
+
+def to_diagnostic(finding: Finding, analysis: Analysis, converter: PositionConverter) -> types.Diagnostic:
+    return types.Diagnostic(
+        range=converter.range_to_lsp(finding.range),
+        severity=_SEVERITIES[finding.severity],
+        code=finding.code,
+        code_description=types.CodeDescription(href=docs_url(finding.code)),
+        source=SOURCE,
+        message=finding.message,
+        tags=[types.DiagnosticTag.Unnecessary] if finding.code in _UNNECESSARY else None,
+        # Code actions read the finding (with its fix) back from here.
+        data={"finding": finding.to_dict(), "uri": analysis.uri, "version": analysis.version},
+    )
+
+
+def to_diagnostics(analysis: Analysis, encoding: str) -> list[types.Diagnostic]:
+    if not analysis.findings:
+        return []
+    converter = analysis.converter(encoding)
+    return [to_diagnostic(finding, analysis, converter) for finding in analysis.findings]
+
+
+def register(server: OomLanguageServer) -> None:
+    server.feature(types.TEXT_DOCUMENT_DID_OPEN)(on_did_open)
+    server.feature(types.TEXT_DOCUMENT_DID_CHANGE)(on_did_change)
+    server.feature(types.TEXT_DOCUMENT_DID_SAVE)(on_did_save)
+    server.feature(types.TEXT_DOCUMENT_DID_CLOSE)(on_did_close)
+
+
+def register_pull(server: OomLanguageServer) -> None:
+    options = types.DiagnosticOptions(identifier=SOURCE, inter_file_dependencies=False, workspace_diagnostics=False)
+    server.feature(types.TEXT_DOCUMENT_DIAGNOSTIC, options)(on_document_diagnostic)
+
+
+# --- push ----------------------------------------------------------------------
+
+
+def schedule(ls: OomLanguageServer, uri: str, delay: float) -> None:
+    if ls.pull_diagnostics:
+        return
+    previous = _pending.pop(uri, None)
+    if previous is not None:
+        previous.cancel()
+    task = asyncio.get_running_loop().create_task(_publish_after(ls, uri, delay))
+    _pending[uri] = task
+    task.add_done_callback(lambda done: _forget_task(uri, done))
+
+
+def _forget_task(uri: str, task: asyncio.Task[None]) -> None:
+    if _pending.get(uri) is task:
+        del _pending[uri]
+    if not task.cancelled() and task.exception() is not None:
+        error = task.exception()
+        logger.error("Checking %s failed", uri, exc_info=(type(error), error, error.__traceback__))
+
+
+async def _publish_after(ls: OomLanguageServer, uri: str, delay: float) -> None:
+    await ls.settings_ready.wait()
+    if delay:
+        await asyncio.sleep(delay)
+    document = ls.open_document(uri)
+    if document is None:
+        return
+    analysis = await ls.analysis_of(document)
+    if not ls.is_current(analysis):
+        return  # a newer edit has its own task
+    ls.text_document_publish_diagnostics(
+        types.PublishDiagnosticsParams(
+            uri=uri, version=analysis.version, diagnostics=to_diagnostics(analysis, ls.position_encoding)
+        )
+    )
+
+
+def refresh_all(ls: OomLanguageServer) -> None:
+    """Check every open document again (settings or configuration changed)."""
+    if ls.pull_diagnostics:
+        if ls.client_supports("workspace.diagnostics.refresh_support"):
+            ls.workspace_diagnostic_refresh(None)
+        return
+    for uri in list(ls.workspace.text_documents):
+        schedule(ls, uri, 0)
+
+
+def on_did_open(ls: OomLanguageServer, params: types.DidOpenTextDocumentParams) -> None:
+    schedule(ls, params.text_document.uri, 0)
+
+
+def on_did_change(ls: OomLanguageServer, params: types.DidChangeTextDocumentParams) -> None:
+    schedule(ls, params.text_document.uri, ls.editor.debounce_seconds)
+
+
+def on_did_save(ls: OomLanguageServer, params: types.DidSaveTextDocumentParams) -> None:
+    # Saving a pyproject.toml opened in the editor changes the configuration.
+    if params.text_document.uri.endswith(".toml"):
+        ls.lint_settings.invalidate()
+        ls.forget_analyses()
+        refresh_all(ls)
+
+
+def on_did_close(ls: OomLanguageServer, params: types.DidCloseTextDocumentParams) -> None:
+    uri = params.text_document.uri
+    pending = _pending.pop(uri, None)
+    if pending is not None:
+        pending.cancel()
+    ls.forget_analyses(uri)
+    if not ls.pull_diagnostics:
+        ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
+
+
+# --- pull ----------------------------------------------------------------------
+
+
+def _result_id(analysis: Analysis) -> str:
+    return f"{analysis.version}:{analysis.settings.fingerprint()}:{hash(analysis.source)}"
+
+
+async def on_document_diagnostic(
+    ls: OomLanguageServer, params: types.DocumentDiagnosticParams
+) -> types.DocumentDiagnosticReport:
+    await ls.settings_ready.wait()
+    document = ls.open_document(params.text_document.uri)
+    if document is None:
+        return types.RelatedFullDocumentDiagnosticReport(items=[])
+    analysis = await ls.analysis_of(document)
+    result_id = _result_id(analysis)
+    if params.previous_result_id == result_id:
+        return types.RelatedUnchangedDocumentDiagnosticReport(result_id=result_id)
+    return types.RelatedFullDocumentDiagnosticReport(
+        items=to_diagnostics(analysis, ls.position_encoding), result_id=result_id
+    )

@@ -1,0 +1,154 @@
+"""The language server: lifecycle, settings and the analysis of open documents.
+
+The feature modules (`diagnostics`, `code_actions`, `hover`) register
+module-level handlers on one `OomLanguageServer`; this module owns what they
+share: the settings, the readiness gate and the per-document analysis cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+from pygls.workspace import TextDocument
+
+from oom_lsp import __version__
+from oom_lsp.analysis import Finding, LintSettings, analyze
+from oom_lsp.server import settings as editor_settings
+from oom_lsp.server.logs import LogSetup
+from oom_lsp.server.positions import PositionConverter
+
+logger = logging.getLogger(__name__)
+
+CONFIGURATION_TIMEOUT_S = 5.0
+WATCHED_CONFIG_GLOBS = [f"**/{name}" for name in editor_settings.CONFIG_FILE_NAMES]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The findings of one version of one document."""
+
+    uri: str
+    version: int | None
+    source: str
+    settings: LintSettings
+    findings: list[Finding]
+
+    def converter(self, encoding: str) -> PositionConverter:
+        return PositionConverter(self.source, encoding)
+
+
+class OomLanguageServer(LanguageServer):
+    def __init__(self, log_file: str | None = None) -> None:
+        super().__init__(
+            name="oom-lsp",
+            version=__version__,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+        )
+        self.logs = LogSetup(self, log_file)
+        self.editor = editor_settings.EditorSettings()
+        self.lint_settings = editor_settings.LintSettingsSource(report_error=self.show_error)
+        # Set once the settings are known: a didOpen may arrive before the
+        # client answers workspace/configuration.
+        self.settings_ready = asyncio.Event()
+        self.pull_diagnostics = False
+        # One worker: analyses queue instead of competing for the GIL, and a
+        # request cancelled before its turn costs nothing.
+        self.analysis_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oom-analysis")
+        self._analyses: dict[str, Analysis] = {}
+
+    # --- client capabilities -------------------------------------------------
+
+    @property
+    def position_encoding(self) -> str:
+        encoding = self.workspace.position_encoding or types.PositionEncodingKind.Utf16
+        return str(getattr(encoding, "value", encoding))
+
+    def client_supports(self, dotted: str) -> bool:
+        value: Any = self.client_capabilities
+        for part in dotted.split("."):
+            value = getattr(value, part, None)
+            if value is None:
+                return False
+        return bool(value)
+
+    # --- settings ----------------------------------------------------------------
+
+    def apply_editor_settings(self, raw: dict[str, Any]) -> None:
+        self.editor = editor_settings.parse_editor_settings(raw)
+        self.logs.configure(self.editor.log_level, self.editor.log_file)
+        self.lint_settings.update_editor_settings(self.editor)
+        self.forget_analyses()
+
+    async def fetch_configuration(self) -> dict[str, Any] | None:
+        """The `oomLsp` section from workspace/configuration, or None when the
+        client cannot answer it (or does not within the timeout)."""
+        if not self.client_supports("workspace.configuration"):
+            return None
+        request = types.ConfigurationParams(items=[types.ConfigurationItem(section=editor_settings.SECTION)])
+        try:
+            answer = await asyncio.wait_for(self.workspace_configuration_async(request), CONFIGURATION_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            logger.warning("The client did not answer workspace/configuration within %.0f s", CONFIGURATION_TIMEOUT_S)
+            return None
+        if not answer or not isinstance(answer[0], dict):
+            return None  # the user configured nothing under oomLsp
+        return editor_settings.unwrap(answer[0])
+
+    def show_error(self, message: str) -> None:
+        logger.error("%s", message)
+        self.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=f"oom-lsp: {message}"))
+
+    # --- analysis ------------------------------------------------------------------
+
+    def open_document(self, uri: str) -> TextDocument | None:
+        """The document if the client opened it. `workspace.get_text_document`
+        would read a file never opened from disk, which a request for an
+        unknown document must not do."""
+        return self.workspace.text_documents.get(uri)
+
+    def forget_analyses(self, uri: str | None = None) -> None:
+        if uri is None:
+            self._analyses.clear()
+        else:
+            self._analyses.pop(uri, None)
+
+    def settings_for_uri(self, uri: str) -> LintSettings:
+        path = to_fs_path(uri)
+        return self.lint_settings.for_path(Path(path) if path else None)
+
+    async def analysis_of(self, document: TextDocument) -> Analysis:
+        """The findings of the document's current text, computed off the event
+        loop and memoized per (version, settings)."""
+        uri, version, source = document.uri, document.version, document.source
+        settings = self.settings_for_uri(uri)
+        cached = self._analyses.get(uri)
+        if cached is not None and cached.version == version and cached.source == source and cached.settings == settings:
+            return cached
+        path = to_fs_path(uri) or uri
+        loop = asyncio.get_running_loop()
+        findings = await loop.run_in_executor(self.analysis_executor, analyze, source, settings, path)
+        analysis = Analysis(uri, version, source, settings, findings)
+        if uri in self.workspace.text_documents:
+            self._analyses[uri] = analysis
+        return analysis
+
+    def is_current(self, analysis: Analysis) -> bool:
+        document = self.open_document(analysis.uri)
+        return document is not None and document.version == analysis.version
+
+
+def create_server(log_file: str | None = None) -> OomLanguageServer:
+    from oom_lsp.server import code_actions, diagnostics, hover, lifecycle
+
+    server = OomLanguageServer(log_file)
+    for module in (lifecycle, diagnostics, code_actions, hover):
+        module.register(server)
+    return server

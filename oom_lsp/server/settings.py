@@ -1,0 +1,162 @@
+"""Editor settings (namespace `oomLsp`) and the lint settings of each file.
+
+Editor settings arrive as `initializationOptions` (either `{"settings": {...}}`
+or the flat `oomLsp` object), as the answer to `workspace/configuration`
+(section `oomLsp`) and with `workspace/didChangeConfiguration` (`{"oomLsp":
+{...}}`, or nothing when the client expects the server to ask again).
+
+The lint keys are those of `[tool.oom-lsp]` in camelCase (`select`,
+`extendSelect`, `ignore`, `severity`, `maxBatchSize`, ...). They are the
+defaults under a project's `pyproject.toml`: the project's configuration wins
+for everything it sets, so the editor and CI agree. `logLevel`, `logFile` and
+`debounceMs` belong to the server only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from oom_lsp.analysis import LintSettings, default_settings
+from oom_lsp.config import ConfigError, ConfigResolver, parse_config_table
+
+logger = logging.getLogger(__name__)
+
+SECTION = "oomLsp"
+# Read by the configuration code when it looks for a project's settings.
+CONFIG_FILE_NAMES = ("pyproject.toml", "oom-lsp.toml", ".oom-lsp.toml")
+DEFAULT_DEBOUNCE_MS = 75
+_LOG_LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG}
+_SERVER_KEYS = ("logLevel", "logFile", "debounceMs")
+
+
+@dataclass(frozen=True)
+class EditorSettings:
+    lint: dict[str, Any] = field(default_factory=dict)  # camelCase [tool.oom-lsp] keys
+    log_level: int = logging.INFO
+    log_file: str | None = None
+    debounce_seconds: float = DEFAULT_DEBOUNCE_MS / 1000
+
+
+def unwrap(payload: Any) -> dict[str, Any] | None:
+    """The `oomLsp` object inside what a client sent, or None when it sent
+    none (`null`, or a didChangeConfiguration without settings)."""
+    if not isinstance(payload, Mapping):
+        return None
+    if isinstance(payload.get(SECTION), Mapping):
+        return dict(payload[SECTION])
+    if isinstance(payload.get("settings"), Mapping):
+        inner = payload["settings"]
+        return dict(inner[SECTION]) if isinstance(inner.get(SECTION), Mapping) else dict(inner)
+    return dict(payload)
+
+
+def parse_editor_settings(raw: Mapping[str, Any]) -> EditorSettings:
+    """Typed editor settings; a bad server-only value is logged and replaced
+    by its default (the lint keys are checked by the configuration code)."""
+    lint = {key: value for key, value in raw.items() if key not in _SERVER_KEYS}
+    level_name = raw.get("logLevel", "info")
+    log_level = _LOG_LEVELS.get(str(level_name).lower()) if level_name is not None else logging.INFO
+    if log_level is None:
+        logger.warning("oomLsp.logLevel %r is not one of %s; using info", level_name, ", ".join(_LOG_LEVELS))
+        log_level = logging.INFO
+    log_file = raw.get("logFile")
+    if log_file is not None and not isinstance(log_file, str):
+        logger.warning("oomLsp.logFile must be a path, got %r; not logging to a file", log_file)
+        log_file = None
+    debounce = raw.get("debounceMs", DEFAULT_DEBOUNCE_MS)
+    if isinstance(debounce, bool) or not isinstance(debounce, (int, float)) or debounce < 0:
+        logger.warning("oomLsp.debounceMs must be a number >= 0, got %r; using %d", debounce, DEFAULT_DEBOUNCE_MS)
+        debounce = DEFAULT_DEBOUNCE_MS
+    return EditorSettings(
+        lint=lint,
+        log_level=log_level,
+        log_file=os.path.expanduser(log_file) if log_file else None,
+        debounce_seconds=debounce / 1000,
+    )
+
+
+class ConfigFilesWatch:
+    """Notices a changed, created or deleted config file next to (or above) a
+    file before it is analysed: the reload path for clients that cannot
+    watch files for the server."""
+
+    def __init__(self) -> None:
+        self._seen: dict[Path, int | None] = {}
+
+    def _candidates(self, path: Path) -> list[Path]:
+        return [directory / name for directory in path.parents for name in CONFIG_FILE_NAMES]
+
+    def changed(self, path: Path) -> bool:
+        changed = False
+        for candidate in self._candidates(path):
+            try:
+                stamp: int | None = candidate.stat().st_mtime_ns
+            except OSError:
+                stamp = None
+            if candidate in self._seen and self._seen[candidate] != stamp:
+                changed = True
+            self._seen[candidate] = stamp
+        return changed
+
+
+class LintSettingsSource:
+    """The lint settings of each file: the project's configuration over the
+    editor's settings (`oom_lsp.config.ConfigResolver`), reloaded when a
+    config file changes."""
+
+    def __init__(self, root: Path | None = None, report_error: Callable[[str], None] = logger.error) -> None:
+        self._root = root
+        self._report_error = report_error
+        self._watch = ConfigFilesWatch()
+        self._reported: set[str] = set()
+        self._editor_lint: dict[str, Any] = {}
+        self._resolver = self._make_resolver({})
+
+    def _make_resolver(self, lint: dict[str, Any]) -> ConfigResolver:
+        try:
+            return ConfigResolver(defaults=lint, fallback_root=self._root)
+        except ConfigError as error:
+            self._report(f"Ignoring the editor settings: {error}")
+            return ConfigResolver(fallback_root=self._root)
+
+    def _report(self, message: str) -> None:
+        # A broken file is reported once, not on every keystroke.
+        if message not in self._reported:
+            self._reported.add(message)
+            self._report_error(message)
+
+    def update_editor_settings(self, editor: EditorSettings) -> None:
+        self._editor_lint = editor.lint
+        self._reported.clear()
+        self._resolver = self._make_resolver(editor.lint)
+
+    def invalidate(self) -> None:
+        """Forget every configuration read so far (a config file changed)."""
+        self._reported.clear()
+        self._resolver.invalidate()
+
+    def for_path(self, path: Path | None) -> LintSettings:
+        """Settings for a file on disk, or for a buffer with no path (an
+        `untitled:` document): the editor settings alone."""
+        if path is None:
+            return self._editor_only(Path("untitled.py"))
+        if self._watch.changed(path):
+            logger.info("A configuration file above %s changed; reloading the configuration", path)
+            self.invalidate()
+        try:
+            return self._resolver.resolve(path).settings_for(path)
+        except ConfigError as error:
+            self._report(f"{error}; using the editor settings for {path.name}")
+            return self._editor_only(path)
+
+    def _editor_only(self, path: Path) -> LintSettings:
+        root = self._root or Path.cwd()
+        try:
+            return parse_config_table(self._editor_lint, "editor settings", root).settings_for(root / path.name)
+        except ConfigError:
+            return default_settings()

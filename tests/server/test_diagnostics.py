@@ -1,0 +1,178 @@
+"""Diagnostics over stdio with real clients' capabilities: push or pull,
+positions in the negotiated encoding, syntax errors, odd documents."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+from lsprotocol import types
+from pygls.exceptions import JsonRpcRequestCancelled
+from pytest_lsp import LanguageClient
+
+from tests.server.lsp_session import (
+    TIMEOUT_S,
+    close_document,
+    codes,
+    diagnostics_for,
+    open_document,
+    pulls,
+    replace_text,
+    wait_for_published,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n'
+_names = itertools.count()
+
+
+def new_uri(client: LanguageClient, suffix: str = ".py") -> str:
+    return (client.root / f"doc{next(_names)}{suffix}").as_uri()
+
+
+async def test_capabilities_follow_the_client(client: LanguageClient):
+    capabilities = client.init_result.capabilities
+    assert (capabilities.diagnostic_provider is not None) == pulls(client)
+    assert capabilities.hover_provider
+    assert list(capabilities.code_action_provider.code_action_kinds) == ["quickfix", "source.fixAll.oom-lsp"]
+    expected_encoding = "utf-8" if client.client_name == "neovim-0.11.4" else "utf-16"
+    assert capabilities.position_encoding == expected_encoding
+
+
+async def test_risky_file_gets_a_complete_diagnostic(client: LanguageClient):
+    uri = new_uri(client)
+    since = len(client.published)
+    open_document(client, uri, LOAD)
+    diagnostics = await diagnostics_for(client, uri, 1, since)
+    assert codes(diagnostics) == ["OOM501"]
+    (diagnostic,) = diagnostics
+    assert diagnostic.source == "oom-lsp"
+    assert diagnostic.severity == types.DiagnosticSeverity.Warning
+    assert diagnostic.range == types.Range(
+        start=types.Position(line=2, character=8), end=types.Position(line=2, character=29)
+    )
+    assert diagnostic.code_description.href.endswith("#oom501")
+    assert "map_location" in diagnostic.message
+    finding = diagnostic.data["finding"]
+    assert finding["code"] == "OOM501" and finding["fix"]["applicability"] == "safe"
+    assert diagnostic.data["version"] == 1
+    if pulls(client):
+        await asyncio.sleep(0.2)
+        assert uri not in client.diagnostics, "a pulling client must not be pushed to"
+
+
+async def test_positions_use_the_negotiated_encoding(client: LanguageClient):
+    uri = new_uri(client)
+    since = len(client.published)
+    open_document(client, uri, 'import torch\nx = "é😀"; state = torch.load("a")\n')
+    (diagnostic,) = await diagnostics_for(client, uri, 1, since)
+    # `torch.load` starts at code point 18: é is 2 UTF-8 bytes, 😀 is 4 bytes or 2 UTF-16 units.
+    expected = {"utf-8": 22, "utf-16": 19}[client.init_result.capabilities.position_encoding]
+    assert diagnostic.range.start == types.Position(line=1, character=expected)
+
+
+async def test_syntax_error_mid_typing_gives_one_oom000_and_recovers(client: LanguageClient):
+    uri = new_uri(client)
+    since = len(client.published)
+    open_document(client, uri, LOAD)
+    assert codes(await diagnostics_for(client, uri, 1, since)) == ["OOM501"]
+    replace_text(client, uri, 2, 'import torch\n\nstate = torch.load("ckpt.pt"\n')
+    broken = await diagnostics_for(client, uri, 2, since)
+    assert codes(broken) == ["OOM000"]
+    assert broken[0].severity == types.DiagnosticSeverity.Error
+    assert broken[0].message.startswith("SyntaxError")
+    replace_text(client, uri, 3, LOAD)
+    assert codes(await diagnostics_for(client, uri, 3, since)) == ["OOM501"]
+
+
+async def test_only_the_last_of_rapid_edits_is_reported(client: LanguageClient):
+    uri = new_uri(client)
+    since = len(client.published)
+    open_document(client, uri, "import torch\n")
+    for version in range(2, 12):
+        replace_text(client, uri, version, "import torch\n" + "x = 1\n" * version + 'torch.load("a")\n')
+    (diagnostic,) = await diagnostics_for(client, uri, 11, since)
+    assert diagnostic.range.start.line == 12
+    if not pulls(client):
+        await asyncio.sleep(0.3)
+        versions = [params.version for params in client.published[since:] if params.uri == uri]
+        assert versions[-1] == 11
+        # Each publish is for a version that was current when it was sent.
+        assert versions == sorted(versions)
+
+
+async def test_untitled_document(client: LanguageClient):
+    uri = f"untitled:Untitled-{next(_names)}"
+    since = len(client.published)
+    open_document(client, uri, LOAD)
+    assert codes(await diagnostics_for(client, uri, 1, since)) == ["OOM501"]
+
+
+async def test_files_without_torch_are_clean_and_close_clears(client: LanguageClient):
+    uri = new_uri(client)
+    since = len(client.published)
+    open_document(client, uri, "print('hello')\n")
+    assert await diagnostics_for(client, uri, 1, since) == []
+    risky = new_uri(client)
+    open_document(client, risky, LOAD)
+    assert codes(await diagnostics_for(client, risky, 1, since)) == ["OOM501"]
+    close_document(client, risky)
+    if not pulls(client):
+        cleared = await wait_for_published(client, risky, None, since)
+        assert list(cleared.diagnostics) == []
+
+
+async def test_requests_about_unknown_or_closed_documents_are_answered(client: LanguageClient):
+    uri = new_uri(client)
+    position = types.Position(line=0, character=0)
+    hover = await client.text_document_hover_async(
+        types.HoverParams(text_document=types.TextDocumentIdentifier(uri=uri), position=position)
+    )
+    assert hover is None
+    actions = await client.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=types.Range(start=position, end=position),
+            context=types.CodeActionContext(diagnostics=[]),
+        )
+    )
+    assert actions is None
+    if pulls(client):
+        report = await client.text_document_diagnostic_async(
+            types.DocumentDiagnosticParams(text_document=types.TextDocumentIdentifier(uri=uri))
+        )
+        assert list(report.items) == []
+
+
+async def test_large_and_binary_documents_are_answered(client: LanguageClient):
+    big = new_uri(client)
+    since = len(client.published)
+    body = "".join(f"def step_{index}(model, batch):\n    return model(batch) * {index}\n\n" for index in range(6667))
+    open_document(client, big, "import torch\n" + body + 'state = torch.load("ckpt.pt")\n')
+    diagnostics = await diagnostics_for(client, big, 1, since)
+    assert codes(diagnostics) == ["OOM501"]
+    assert diagnostics[0].range.start.line == 20002
+    binary = new_uri(client, ".bin.py")
+    open_document(client, binary, "torch\x00\x01\x02\xff\ufffd\x1b[0m\x0c\u2028garbage torch.load(\n")
+    answered = await diagnostics_for(client, binary, 1, since)
+    assert codes(answered) == ["OOM000"]
+
+
+async def test_a_cancelled_request_leaves_the_server_serving(client: LanguageClient):
+    uri = new_uri(client)
+    since = len(client.published)
+    open_document(client, uri, LOAD)
+    position = types.Position(line=2, character=12)
+    params = types.HoverParams(text_document=types.TextDocumentIdentifier(uri=uri), position=position)
+    request_id = f"to-cancel-{next(_names)}"
+    pending = client.protocol.send_request(types.TEXT_DOCUMENT_HOVER, params, msg_id=request_id)
+    client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=request_id))
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(pending), TIMEOUT_S)
+    except JsonRpcRequestCancelled:
+        pass  # cancelled before it finished; finishing first is fine too
+    await diagnostics_for(client, uri, 1, since)
+    hover = await client.text_document_hover_async(params)
+    assert hover is not None and "OOM501" in hover.contents.value
