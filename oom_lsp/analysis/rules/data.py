@@ -12,7 +12,7 @@ from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, int_value, method_cal
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
-from oom_lsp.analysis.rules.precision import deferred_report, file_uses_cuda
+from oom_lsp.analysis.rules.precision import deferred_report, file_uses_cuda, is_device_expression
 from oom_lsp.fixes.batch_size import lower_batch_size
 
 # --- OOM101 ------------------------------------------------------------------
@@ -449,3 +449,277 @@ class LargeBatchSize(Rule):
                 continue
             message, fix = self._finding(constant.literal, number, f"`{name}`, {reaches}")
             self.context.add_report(deferred_report(self, constant.literal, message, fix, constant.path))
+
+
+# --- OOM102 ------------------------------------------------------------------
+
+# Name parts that say "a split of a dataset" and "what the split holds":
+# `X_train`, `train_x`, `train_data`, `all_inputs`, `val_labels`.
+_SPLIT_WORDS = {"train", "training", "test", "val", "valid", "validation", "eval", "all", "full", "whole", "entire"}
+_DATA_WORDS = {
+    "x", "y", "data", "inputs", "input", "labels", "label", "targets", "target", "images", "imgs",
+    "features", "feats", "tokens", "ids", "samples", "examples", "set", "tensors", "sequences", "texts",
+}  # fmt: skip
+_DATASET_NAMES = {"dataset", "data_set", "trainset", "testset", "valset", "full_data", "whole_data"}
+# Attributes of a dataset object that hold all of its samples (torchvision's
+# `train_set.data` / `.targets`, TensorDataset's `.tensors`, pandas' `.values`).
+_DATA_ATTRIBUTES = {"data", "targets", "tensors", "values", "features", "labels"}
+# Functions that read a whole dataset into memory.
+_DATA_SOURCES_RE = re.compile(
+    r"^(numpy\.(load|loadtxt|genfromtxt|fromfile|memmap)|pandas\.read_\w+|sklearn\.datasets\.(load|fetch|make)_\w+)$"
+)
+# Tensor constructors and reshapes that keep "this is the whole dataset".
+_TENSOR_CONSTRUCTORS = {
+    "torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Tensor", "torch.FloatTensor",
+    "torch.LongTensor", "torch.stack", "torch.cat", "torch.vstack", "numpy.array", "numpy.asarray",
+    "numpy.stack", "numpy.concatenate", "numpy.vstack",
+}  # fmt: skip
+_KEEPING_METHODS = {
+    "float", "long", "int", "half", "double", "astype", "reshape", "view", "to_numpy", "numpy", "permute",
+    "unsqueeze", "squeeze", "contiguous", "transpose", "flatten", "type", "clone", "detach",
+}  # fmt: skip
+# Functions that run once per batch: what they move is a batch.
+_PER_BATCH_FUNCTION_RE = re.compile(
+    r"(^|_)step$|^(forward|__getitem__|__iter__|__next__)$|collate|^on_|batch", re.IGNORECASE
+)
+# Paths passed to `torch.load` that hold data, not a checkpoint.
+_DATA_FILE_RE = re.compile(r"(^|[/_.-])(train|test|val|valid|data|dataset|features|tokens)([/_.-]|$)", re.IGNORECASE)
+_CHECKPOINT_FILE_RE = re.compile(r"model|ckpt|checkpoint|weights|state|optim|epoch", re.IGNORECASE)
+
+
+def _dataset_named(name: str) -> bool:
+    lower = name.lower()
+    if lower in _DATASET_NAMES or lower.endswith("dataset"):
+        return True
+    words = lower.split("_")
+    return len(words) <= 3 and bool(_SPLIT_WORDS.intersection(words)) and bool(_DATA_WORDS.intersection(words))
+
+
+@register
+class DatasetOnDevice(Rule):
+    """
+    ## What it does
+    Flags a whole dataset moved to the GPU at once, before batching:
+    `torch.tensor(X_train).cuda()`, `torch.from_numpy(features).to(device)`,
+    `train_set.data.cuda()`, on an expression that clearly holds a whole
+    dataset (read with `np.load` / `pd.read_csv` / `sklearn.datasets`, built
+    from them with `torch.tensor` / `torch.from_numpy`, or named like
+    `X_train`, `train_data`, `dataset`, `all_inputs`). Moving a batch inside
+    the training loop, or the model, is the right pattern and is not flagged.
+
+    ## Why is this bad?
+    Everything moved stays in GPU memory for the whole run, next to the
+    model, its gradients, the optimizer state and the activations of each
+    step, and it grows with the dataset, not with the batch: a dataset that
+    fits today runs out of memory when the data doubles, and leaves less room
+    for a larger model or batch.
+
+    ## Example
+    ```python
+    X_train = torch.from_numpy(np.load("x_train.npy")).to(device)
+    for i in range(0, len(X_train), 32):
+        loss = criterion(model(X_train[i : i + 32]), y_train[i : i + 32])
+    ```
+
+    ## Use instead
+    ```python
+    train_set = TensorDataset(torch.from_numpy(np.load("x_train.npy")), y_train)
+    loader = DataLoader(train_set, batch_size=32, shuffle=True, pin_memory=True)
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        loss = criterion(model(x), y)
+    ```
+    """
+
+    code = "OOM102"
+    name = "dataset-on-device"
+    summary = "A whole dataset is moved to the GPU at once instead of batch by batch."
+
+    VALID = [
+        # Each batch is moved inside the loop.
+        Valid(
+            """\
+            import torch
+            device = torch.device("cuda")
+            for X_train, y_train in loader:
+                X_train, y_train = X_train.to(device), y_train.to(device)
+            """
+        ),
+        # The model is moved, not data; the dataset stays on the CPU.
+        Valid(
+            """\
+            import torch as T
+            model = Net().cuda()
+            train_set = T.utils.data.TensorDataset(T.from_numpy(X_train), T.from_numpy(y_train))
+            """
+        ),
+        # A per-batch function and a Lightning hook move batches.
+        Valid(
+            """\
+            import torch
+            def collate_fn(samples):
+                train_x = torch.stack([s[0] for s in samples])
+                return train_x.cuda()
+            class Module:
+                def training_step(self, batch, batch_idx):
+                    x_train = batch[0].to("cuda")
+            """
+        ),
+        # A slice with a computed bound is a batch; a dtype cast is no move.
+        Valid(
+            """\
+            import torch
+            def get_batch(i):
+                return X_train[i * 32 : (i + 1) * 32].cuda()
+            X_train = X_train.to(torch.float32)
+            """
+        ),
+        # CPU-only: `device` may well be the CPU.
+        Valid(
+            """\
+            import torch
+            device = "cpu"
+            X_train = torch.tensor(X_train).to(device)
+            """
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            """\
+            import torch
+            all_x = load_samples()
+            inputs = torch.tensor(all_x).cuda()
+            """,
+            line=3,
+        ),
+        Invalid(
+            """\
+            import numpy as np
+            import torch as T
+            device = T.device("cuda" if T.cuda.is_available() else "cpu")
+            features = np.load("features.npy")
+            X = T.from_numpy(features[:, :-1]).float().to(device)
+            """,
+            line=5,
+        ),
+        Invalid(
+            """\
+            import torch
+            from torchvision import datasets
+            train_set = datasets.MNIST("data", train=True, download=True)
+            images = train_set.data.cuda()
+            """,
+            line=4,
+        ),
+        # Built on the device directly, across several lines.
+        Invalid(
+            """\
+            import torch
+            def main(X_train, y_train):
+                X_train = torch.as_tensor(
+                    X_train,
+                    device="cuda:0",
+                )
+            """,
+            line=3,
+        ),
+    ]
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._candidates: list[Report] = []
+        # Names bound to a whole dataset, per function (None: module level).
+        self._holders: dict[cst.FunctionDef | None, set[str]] = {}
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
+            return
+        name = node.targets[0].target.value
+        scope = self.context.tracker.current_function
+        holders = self._holders.setdefault(scope, set())
+        if self._holds_dataset(node.value) or self._is_data_file_load(node.value):
+            holders.add(name)
+        else:
+            holders.discard(name)
+
+    def _is_data_file_load(self, expr: cst.BaseExpression) -> bool:
+        """`torch.load("train_data.pt")`: data, not a checkpoint."""
+        if not isinstance(expr, cst.Call) or self.context.call_name(expr) != "torch.load" or not expr.args:
+            return False
+        path = string_value(expr.args[0].value)
+        return path is not None and bool(_DATA_FILE_RE.search(path)) and not _CHECKPOINT_FILE_RE.search(path)
+
+    def _holds_dataset(self, expr: cst.BaseExpression) -> bool:
+        if isinstance(expr, cst.Name):
+            if _dataset_named(expr.value):
+                return True
+            scope = self.context.tracker.current_function
+            return expr.value in self._holders.get(scope, ()) or (
+                scope is not None and expr.value in self._holders.get(None, ())
+            )
+        if isinstance(expr, cst.Attribute):
+            if _dataset_named(expr.attr.value):
+                return True
+            return expr.attr.value in _DATA_ATTRIBUTES and self._holds_dataset(expr.value)
+        if isinstance(expr, cst.Subscript):
+            # `data[:, :-1]` is still all the samples; `X[i : i + 32]` is a batch.
+            return self._holds_dataset(expr.value) and not any(
+                isinstance(node, cst.Name) for element in expr.slice for node in _descendants(element)
+            )
+        if isinstance(expr, cst.Call):
+            qualified = self.context.call_name(expr)
+            if qualified is not None and _DATA_SOURCES_RE.match(qualified):
+                return True
+            if qualified in _TENSOR_CONSTRUCTORS and expr.args:
+                first = expr.args[0].value
+                if isinstance(first, (cst.ListComp, cst.GeneratorExp)):
+                    return self._holds_dataset(first.for_in.iter)
+                return self._holds_dataset(first)
+            called = method_call(expr)
+            if called is not None and called[1] in _KEEPING_METHODS:
+                return self._holds_dataset(called[0])
+        return False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        tracker = self.context.tracker
+        if tracker.in_loop or any(_PER_BATCH_FUNCTION_RE.search(f.name.value) for f in tracker.functions):
+            return
+        called = method_call(node)
+        moved: cst.BaseExpression | None = None
+        if called is not None and called[1] == "cuda":
+            moved = called[0]
+        elif called is not None and called[1] == "to":
+            device = get_arg(node, "device", 0)
+            if device is not None and device is not UNKNOWN and is_device_expression(device.value, self.context):
+                moved = called[0]
+        elif self.context.call_name(node) in ("torch.tensor", "torch.as_tensor") and node.args:
+            device = get_arg(node, "device")
+            if device is not None and device is not UNKNOWN and is_device_expression(device.value, self.context):
+                moved = node.args[0].value
+        if moved is None or not self._holds_dataset(moved):
+            return
+        shown = self.context.code_for(moved)
+        if len(shown) > 40 or "\n" in shown:
+            shown = shown.split("\n", 1)[0][:37] + "..."
+        message = (
+            f"The whole dataset `{shown}` is moved to the GPU at once, where it stays for the whole run "
+            "next to the model, its gradients and every step's activations, and grows with the data, not "
+            "the batch. Keep it on the CPU and move each batch in the loop "
+            "(`DataLoader(..., pin_memory=True)`, `.to(device, non_blocking=True)`)."
+        )
+        self._candidates.append(deferred_report(self, node, message, None, tuple(tracker.statements)))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        if self._candidates and file_uses_cuda(self.context):
+            for report in self._candidates:
+                self.context.add_report(report)
+
+
+def _descendants(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        stack.extend(current.children)
+    return found

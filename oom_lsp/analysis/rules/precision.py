@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.cst_helpers import method_call, string_value
+from oom_lsp.analysis.cst_helpers import get_arg, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, NodeEdit, Report, Rule, Valid
@@ -74,6 +74,17 @@ def search(context: FileContext, finder: cst.BatchableCSTVisitor) -> bool:
 
 def _ignore(node: cst.CSTNode) -> None:
     return None
+
+
+def is_device_expression(expr: cst.BaseExpression, context: FileContext) -> bool:
+    """`"cuda"`, `"cuda:1"`, `device`, `args.device`, `torch.device(...)`."""
+    value = string_value(expr)
+    if value is not None:
+        return value.startswith("cuda")
+    if isinstance(expr, cst.Call):
+        return context.call_name(expr) == "torch.device"
+    name = dotted_name(expr)
+    return name is not None and "device" in name.rsplit(".", 1)[-1].lower()
 
 
 def deferred_report(
@@ -585,6 +596,14 @@ class Float64OnGpu(Rule):
             z = double(x)
             """
         ),
+        # A torch factory without a device creates on the CPU.
+        Valid(
+            """\
+            import torch
+            model.cuda()
+            weights = torch.tensor(class_counts, dtype=torch.float64)
+            """
+        ),
         # numpy's float64 is host memory.
         Valid(
             """\
@@ -650,6 +669,20 @@ class Float64OnGpu(Rule):
             torch.set_default_tensor_type(torch.cuda.FloatTensor)
             """,
         ),
+        # Created on the CPU, then moved: the move is seen.
+        Invalid(
+            """\
+            from torch import zeros, float64
+            import torch
+            buffer = zeros(4096, 4096, dtype=torch.double).to("cuda")
+            """,
+            line=3,
+            expected_fix="""\
+            from torch import zeros, float64
+            import torch
+            buffer = zeros(4096, 4096, dtype=torch.float32).to("cuda")
+            """,
+        ),
         # Hugging Face loading straight into float64 on a DDP rank.
         Invalid(
             """\
@@ -671,9 +704,13 @@ class Float64OnGpu(Rule):
         self._candidates: list[Report] = []
         # `.double()` calls whose result is reduced or moved at once.
         self._exempt: set[cst.Call] = set()
+        # Calls whose result is moved to the GPU: `torch.zeros(..., dtype=...).cuda()`.
+        self._on_device: set[cst.Call] = set()
 
     def visit_Call(self, node: cst.Call) -> None:
         called = method_call(node)
+        if called is not None and isinstance(called[0], cst.Call) and self._moves_to_device(node, called[1]):
+            self._on_device.add(called[0])
         if called is not None and called[1] in _REDUCTIONS:
             inner = method_call(called[0])
             if inner is not None and inner[1] == "double":
@@ -692,6 +729,14 @@ class Float64OnGpu(Rule):
             return
         if _mentions_cpu(node):
             return
+        if qualified is not None and qualified.startswith("torch.") and qualified != "torch.set_default_dtype":
+            # A torch factory creates on the CPU unless told otherwise.
+            device = get_arg(node, "device")
+            on_device = node in self._on_device or (
+                isinstance(device, cst.Arg) and is_device_expression(device.value, self.context)
+            )
+            if not on_device:
+                return
         positional_dtype = qualified == "torch.set_default_dtype" or (
             called is not None and called[1] in _DTYPE_METHODS
         )
@@ -701,6 +746,14 @@ class Float64OnGpu(Rule):
             )
             if is_dtype_slot and self.context.qualified_name(arg.value) in _DOUBLE_DTYPES:
                 self._candidate(arg.value, to_float32(arg.value))
+
+    def _moves_to_device(self, node: cst.Call, method: str) -> bool:
+        if method == "cuda":
+            return True
+        if method != "to":
+            return False
+        device = get_arg(node, "device", 0)
+        return isinstance(device, cst.Arg) and is_device_expression(device.value, self.context)
 
     def _check_double_call(self, node: cst.Call, receiver: cst.BaseExpression) -> None:
         if node in self._exempt or self.context.tracker.in_no_grad or isinstance(receiver, cst.Comparison):
