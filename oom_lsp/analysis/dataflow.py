@@ -1,0 +1,1058 @@
+"""Which values hold an autograd graph: a small, explainable data flow.
+
+The OOM3xx rules ask one question of an expression: does its value keep an
+autograd graph alive? The answer is a `Kind`:
+
+- GRAPH_SCALAR / GRAPH: graph-attached (a reduced loss / any other tensor or
+  container of tensors with a graph);
+- DETACHED: holds no graph (`.detach()`, `.data`, `.tolist()`, anything
+  computed under `torch.no_grad()` / `torch.inference_mode()`);
+- NUMBER: a Python number (`.item()`, `float(x)`, `len(x)`, a literal);
+- UNKNOWN: the analysis cannot tell, and rules stay silent.
+
+Where graphs come from (the sources):
+
+- a call of a module: a name bound to `nn.X(...)`, to an instance of a class
+  of the file that subclasses `nn.Module` (or a Lightning / transformers
+  base), to `X.from_pretrained(...)` (X naming a model), `self(...)` inside
+  such a class, or, when nothing says otherwise, the names people give
+  models (`model`, `net`, `encoder`, `self.model`, `*_model`, ...);
+- a loss: a call of a criterion (a name bound to `nn.*Loss()`, or named
+  `criterion`, `loss_fn`, ...) or of `torch.nn.functional.*_loss` /
+  `cross_entropy` / ... with at least one graph-attached argument;
+  `outputs.loss` of a graph-attached output.
+
+Graphs propagate through arithmetic (`loss_a + 0.1 * loss_b`), indexing and
+attributes (`out[0]`, `out.logits`), tensor methods that keep the graph
+(`.cpu()`, `.to(...)`, `.view(...)`, `.mean()`) and torch functions of
+graph-attached arguments (`torch.stack(outs)`).
+
+The analysis is flow-sensitive inside one function (or the module's
+top-level code): statements run in order, both arms of an `if` are merged
+(a name that is a graph on one path and detached on the other is UNKNOWN),
+and loop bodies are iterated to a fixed point so that a value carried from
+one iteration to the next is seen at the top of the body. Each evaluated
+expression node records its kind; rules read it with `ScopeFlow.kind_of`.
+Functions are analysed lazily, the first time a rule asks about them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+
+from oom_lsp.analysis.context import FileContext, dotted_name
+from oom_lsp.analysis.cst_helpers import get_arg, string_value
+
+
+class Kind(enum.Enum):
+    GRAPH_SCALAR = "graph-attached scalar"
+    GRAPH = "graph-attached"
+    DETACHED = "detached"
+    NUMBER = "number"
+    UNKNOWN = "unknown"
+
+    @property
+    def attached(self) -> bool:
+        return self in (Kind.GRAPH_SCALAR, Kind.GRAPH)
+
+    @property
+    def free(self) -> bool:
+        """Certainly holds no graph."""
+        return self in (Kind.DETACHED, Kind.NUMBER)
+
+
+def merge(first: Kind, second: Kind) -> Kind:
+    """The kind of a value that may come from either of two paths."""
+    if first is second:
+        return first
+    if first.attached and second.attached:
+        return Kind.GRAPH
+    if first.free and second.free:
+        return Kind.DETACHED
+    return Kind.UNKNOWN
+
+
+class Role(enum.Enum):
+    """What calling a name does, as far as graphs are concerned."""
+
+    MODULE = "module"  # a forward pass
+    CRITERION = "criterion"  # a loss
+    NOT_MODULE = "not a module"  # a def, a lambda, a literal, a class, conflicting bindings
+    UNKNOWN = "unknown"  # bound to something unknown: the naming heuristics decide
+
+
+@dataclass(frozen=True)
+class Callee:
+    role: Role
+    # The qualified constructor when known: "torch.nn.LSTM", "Net" (a class of the file).
+    constructor: str | None = None
+    # False for a criterion built with `reduction="none"` (or an unknown one): per-sample losses.
+    reduces: bool = True
+
+
+_UNKNOWN_CALLEE = Callee(Role.UNKNOWN)
+_NOT_MODULE = Callee(Role.NOT_MODULE)
+
+_MODEL_NAMES = frozenset(
+    {
+        "model", "net", "network", "encoder", "decoder", "generator", "discriminator", "backbone",
+        "classifier", "rnn", "lstm", "gru", "transformer", "teacher", "student", "unet", "vae",
+        "netg", "netd", "critic", "actor", "policy",
+    }
+)  # fmt: skip
+_MODEL_SUFFIXES = ("_model", "_net", "_encoder", "_decoder", "_rnn", "_lstm", "_gru")
+_CRITERION_NAMES = frozenset({"criterion", "loss_fn", "loss_func", "loss_function", "loss_fct", "lossfn"})
+
+_MODULE_BASES = frozenset(
+    {
+        "torch.nn.Module",
+        "torch.nn.modules.module.Module",
+        "lightning.LightningModule",
+        "lightning.pytorch.LightningModule",
+        "pytorch_lightning.LightningModule",
+        "pytorch_lightning.core.LightningModule",
+        "transformers.PreTrainedModel",
+        "transformers.modeling_utils.PreTrainedModel",
+    }
+)
+_NOT_MODULE_CLASSES = frozenset({"Parameter", "ParameterList", "ParameterDict", "Buffer", "Module"})
+# `model.to(device)` and friends return the module itself.
+_MODULE_RETURNING_METHODS = frozenset(
+    {"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16", "double", "requires_grad_", "to_empty"}
+)
+_FRAMEWORKS = ("torch", "transformers", "lightning", "pytorch_lightning", "accelerate")
+
+_LOSS_FUNCTIONS = frozenset(
+    {
+        "cross_entropy", "nll_loss", "kl_div", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+        "poisson_nll_loss", "gaussian_nll_loss", "ctc_loss",
+    }
+)  # fmt: skip
+
+# Tensor methods whose result is detached from any graph.
+_DETACHING_METHODS = frozenset({"detach", "detach_", "tolist", "numpy"})
+_NUMBER_METHODS = frozenset({"item", "dim", "numel", "nelement", "element_size", "ndimension", "get_device"})
+# Integer / boolean results cannot require grad.
+_NON_DIFFERENTIABLE_METHODS = frozenset(
+    {
+        "argmax", "argmin", "argsort", "eq", "ne", "lt", "gt", "le", "ge", "isnan", "isinf", "isfinite",
+        "nonzero", "bool", "long", "int", "short", "byte", "sign", "round", "floor", "ceil", "size",
+        "topk_indices", "unique", "bincount",
+    }
+)  # fmt: skip
+# Methods that return the same scalar-ness and keep the graph.
+_SCALAR_KEEPING_METHODS = frozenset(
+    {"cpu", "cuda", "to", "float", "half", "double", "bfloat16", "clone", "contiguous", "squeeze", "abs", "sqrt",
+     "exp", "log", "neg", "type_as"}
+)  # fmt: skip
+_REDUCTIONS = frozenset({"mean", "sum", "norm", "prod", "max", "min", "amax", "amin", "std", "var", "logsumexp"})
+_GRAPH_KEEPING_METHODS = _SCALAR_KEEPING_METHODS | frozenset(
+    {
+        "view", "view_as", "reshape", "reshape_as", "unsqueeze", "flatten", "permute", "transpose", "expand",
+        "expand_as", "repeat", "softmax", "log_softmax", "sigmoid", "tanh", "relu", "pow", "clamp", "clip", "t",
+        "chunk", "split", "narrow", "select", "gather", "masked_fill", "mul", "add", "sub", "div", "matmul", "mm",
+        "bmm", "squeeze_", "unsqueeze_", "float_", "roll", "flip", "index_select", "masked_select", "sort",
+        "topk", "cumsum", "diag", "tril", "triu", "square",
+    }
+) | _REDUCTIONS  # fmt: skip
+_METADATA_ATTRIBUTES = frozenset(
+    {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf", "grad_fn", "data", "grad", "layout"}
+)
+_SHAPE_ATTRIBUTES = frozenset({"shape"})
+_TORCH_CREATION = frozenset(
+    {
+        "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace", "logspace",
+        "tensor", "as_tensor", "from_numpy", "eye", "zeros_like", "ones_like", "empty_like", "full_like",
+        "rand_like", "randn_like", "randint_like", "argmax", "argmin", "argsort", "eq", "isnan", "isinf",
+        "numel", "manual_seed", "no_grad", "inference_mode",
+    }
+)  # fmt: skip
+_LOSS_OPTIONS = frozenset(
+    {"reduction", "weight", "ignore_index", "label_smoothing", "reduce", "size_average", "pos_weight", "blank"}
+)
+_NUMBER_BUILTINS = frozenset({"float", "int", "len", "bool", "round"})
+_GRAD_ENABLING = frozenset({"torch.enable_grad", "torch.autograd.enable_grad"})
+
+State = dict[str, Kind]
+
+
+def _merge_states(first: State, second: State) -> State:
+    merged = dict(first)
+    for name, kind in second.items():
+        merged[name] = merge(merged[name], kind) if name in merged else kind
+    return merged
+
+
+def model_name_heuristic(name: str) -> Role:
+    lowered = name.lower()
+    if lowered in _MODEL_NAMES or lowered.endswith(_MODEL_SUFFIXES):
+        return Role.MODULE
+    if lowered in _CRITERION_NAMES or lowered.startswith("criterion_") or lowered.endswith("_criterion"):
+        return Role.CRITERION
+    return Role.UNKNOWN
+
+
+class FileFacts:
+    """What the whole file says about names: module classes, bindings of
+    module-level names and of `self.x` attributes, and each scope's flow."""
+
+    def __init__(self, context: FileContext) -> None:
+        self.context = context
+        self.uses_framework = any(context.imports.is_bound(framework) for framework in _FRAMEWORKS)
+        self.module_classes: set[str] = set()
+        self.class_of: dict[cst.FunctionDef, cst.ClassDef] = {}
+        self.class_attributes: dict[cst.ClassDef, dict[str, Callee]] = {}
+        self._classes: list[cst.ClassDef] = []
+        self._find_classes(context.module.body, None)
+        self._find_module_classes()
+        self.module_bindings = _BindingCollector(self, None).collect(context.module.body)
+        for class_def in self._classes:
+            self.class_attributes[class_def] = self._self_attributes(class_def)
+        self._flows: dict[cst.FunctionDef | None, ScopeFlow] = {}
+        self._summaries: dict[cst.FunctionDef | None, ScopeSummary] = {}
+
+    # --- file-wide facts ---------------------------------------------------
+    def _find_classes(self, body: Sequence[cst.CSTNode], owner: cst.ClassDef | None) -> None:
+        for statement in body:
+            if isinstance(statement, cst.ClassDef):
+                self._classes.append(statement)
+                self._find_classes(_block(statement.body), statement)
+            elif isinstance(statement, cst.FunctionDef):
+                if owner is not None:
+                    self.class_of[statement] = owner
+            elif isinstance(statement, (cst.If, cst.Try, cst.With)):
+                for block in _nested_blocks(statement):
+                    self._find_classes(block, owner)
+
+    def _find_module_classes(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for class_def in self._classes:
+                name = class_def.name.value
+                if name in self.module_classes:
+                    continue
+                if any(self._is_module_base(arg.value) for arg in class_def.bases):
+                    self.module_classes.add(name)
+                    changed = True
+
+    def _is_module_base(self, base: cst.BaseExpression) -> bool:
+        qualified = self.context.qualified_name(base)
+        if qualified is not None:
+            if qualified in _MODULE_BASES:
+                return True
+            head, _, last = qualified.rpartition(".")
+            if head in ("torch.nn", "torch.nn.modules") and last[:1].isupper() and last not in _NOT_MODULE_CLASSES:
+                return True
+            return qualified.startswith("transformers.") and last.endswith(("PreTrainedModel", "Model"))
+        dotted = dotted_name(base)
+        return dotted in self.module_classes
+
+    def _self_attributes(self, class_def: cst.ClassDef) -> dict[str, Callee]:
+        attributes: dict[str, Callee] = {}
+        for statement in _block(class_def.body):
+            if isinstance(statement, cst.FunctionDef):
+                collector = _BindingCollector(self, None, self_attributes=True)
+                for name, callee in collector.collect(_block(statement.body)).items():
+                    if name.startswith("self."):
+                        attributes[name[len("self.") :]] = _combine(attributes.get(name[len("self.") :]), callee)
+        return attributes
+
+    def classify_value(self, value: cst.BaseExpression, lookup: dict[str, Callee]) -> Callee | None:
+        """What calling the value assigned to a name would do; None for `None`."""
+        if isinstance(value, cst.Name):
+            if value.value == "None":
+                return None
+            if value.value in lookup:
+                return lookup[value.value]
+            return self.module_bindings.get(value.value, _UNKNOWN_CALLEE)
+        if isinstance(value, cst.Lambda) or isinstance(value, _LITERALS):
+            return _NOT_MODULE
+        if not isinstance(value, cst.Call):
+            return _UNKNOWN_CALLEE
+        func = value.func
+        qualified = self.context.call_name(value)
+        if qualified is not None and not (isinstance(func, cst.Attribute) and func.attr.value == "from_pretrained"):
+            return self._classify_qualified_call(value, qualified, lookup)
+        if isinstance(func, cst.Name) and func.value in self.module_classes and func.value not in lookup:
+            return Callee(Role.MODULE, func.value)
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            if method == "from_pretrained":
+                owner = dotted_name(func.value) or ""
+                last = owner.rsplit(".", 1)[-1]
+                if any(word in last for word in ("Tokenizer", "Processor", "Config", "Scheduler", "Extractor")):
+                    return _NOT_MODULE
+                if "Model" in last or "For" in last or "Net" in last:
+                    return Callee(Role.MODULE, owner + ".from_pretrained")
+                return _UNKNOWN_CALLEE
+            if method in _MODULE_RETURNING_METHODS:
+                return self.classify_value(func.value, lookup)
+        return _UNKNOWN_CALLEE
+
+    def _classify_qualified_call(self, call: cst.Call, qualified: str, lookup: dict[str, Callee]) -> Callee:
+        if qualified in ("torch.compile", "torch.jit.script", "torch.jit.trace") and call.args:
+            inner = self.classify_value(call.args[0].value, lookup)
+            return inner if inner is not None else _UNKNOWN_CALLEE
+        head, _, last = qualified.rpartition(".")
+        if head.startswith("torch.nn") and not head.startswith(("torch.nn.functional", "torch.nn.init")):
+            if last.endswith("Loss"):
+                reduction = get_arg(call, "reduction")
+                reduces = reduction is None or (
+                    isinstance(reduction, cst.Arg) and string_value(reduction.value) in ("mean", "sum")
+                )
+                return Callee(Role.CRITERION, qualified, reduces=reduces)
+            if last[:1].isupper() and last not in _NOT_MODULE_CLASSES and not head.startswith("torch.nn.utils"):
+                return Callee(Role.MODULE, qualified)
+        return _UNKNOWN_CALLEE
+
+    # --- scopes ------------------------------------------------------------
+    def flow(self, function: cst.FunctionDef | None) -> ScopeFlow:
+        """The flow of `function`'s body (None: the module's top-level code)."""
+        flow = self._flows.get(function)
+        if flow is None:
+            flow = ScopeFlow(self, function)
+            self._flows[function] = flow
+        return flow
+
+    def summary(self, function: cst.FunctionDef | None) -> ScopeSummary:
+        summary = self._summaries.get(function)
+        if summary is None:
+            body = _block(function.body) if function is not None else self.context.module.body
+            summary = ScopeSummary(self.context, body)
+            self._summaries[function] = summary
+        return summary
+
+
+_LITERALS = (
+    cst.SimpleString,
+    cst.ConcatenatedString,
+    cst.FormattedString,
+    cst.Integer,
+    cst.Float,
+    cst.Imaginary,
+    cst.List,
+    cst.Dict,
+    cst.Set,
+    cst.Tuple,
+    cst.ListComp,
+    cst.DictComp,
+    cst.SetComp,
+)
+
+
+def _combine(first: Callee | None, second: Callee | None) -> Callee:
+    """Two bindings of the same name: agreeing ones stand, others conflict."""
+    if first is None:
+        return second if second is not None else _UNKNOWN_CALLEE
+    if second is None or first == second:
+        return first
+    if Role.NOT_MODULE in (first.role, second.role):
+        return _NOT_MODULE
+    if first.role is second.role:
+        return Callee(first.role)
+    if Role.UNKNOWN in (first.role, second.role):
+        # `model = Net(); model = accelerator.prepare(model)`: one binding
+        # is unknown, so the naming heuristics decide.
+        return _UNKNOWN_CALLEE
+    return _NOT_MODULE  # a module here, a criterion there
+
+
+def _block(body: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
+    return body.body if isinstance(body, cst.IndentedBlock) else ()
+
+
+def _nested_blocks(statement: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
+    blocks: list[Sequence[cst.BaseStatement]] = []
+    body = getattr(statement, "body", None)
+    if isinstance(body, cst.IndentedBlock):
+        blocks.append(body.body)
+    orelse = getattr(statement, "orelse", None)
+    if isinstance(orelse, cst.If):
+        blocks.extend(_nested_blocks(orelse))
+    elif isinstance(orelse, cst.Else) and isinstance(orelse.body, cst.IndentedBlock):
+        blocks.append(orelse.body.body)
+    for handler in getattr(statement, "handlers", ()):
+        if isinstance(handler.body, cst.IndentedBlock):
+            blocks.append(handler.body.body)
+    finalbody = getattr(statement, "finalbody", None)
+    if isinstance(finalbody, cst.Finally) and isinstance(finalbody.body, cst.IndentedBlock):
+        blocks.append(finalbody.body.body)
+    for case in getattr(statement, "cases", ()):
+        if isinstance(case.body, cst.IndentedBlock):
+            blocks.append(case.body.body)
+    return blocks
+
+
+class _BindingCollector:
+    """Flow-insensitive: what each name of one scope is bound to, for
+    deciding what calling it does. Nested functions and classes bind their
+    name; their bodies are other scopes."""
+
+    def __init__(
+        self, facts: FileFacts, function: cst.FunctionDef | None, *, self_attributes: bool = False
+    ) -> None:
+        self.facts = facts
+        self.self_attributes = self_attributes
+        self.bindings: dict[str, Callee] = {}
+        if function is not None:
+            params = function.params
+            for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+                self.bindings[param.name.value] = _UNKNOWN_CALLEE
+            for star in (params.star_arg, params.star_kwarg):
+                if isinstance(star, cst.Param):
+                    self.bindings[star.name.value] = _NOT_MODULE
+
+    def collect(self, body: Iterable[cst.BaseStatement]) -> dict[str, Callee]:
+        for statement in body:
+            self._statement(statement)
+        return self.bindings
+
+    def _bind(self, name: str, callee: Callee | None) -> None:
+        if name in self.bindings:
+            self.bindings[name] = _combine(self.bindings[name], callee)
+        elif callee is not None:
+            self.bindings[name] = callee
+
+    def _bind_target(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
+        if isinstance(target, cst.Name):
+            callee = self.facts.classify_value(value, self.bindings) if value is not None else _UNKNOWN_CALLEE
+            self._bind(target.value, callee)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                inner = element.value
+                self._bind_target(inner, None)
+        elif isinstance(target, cst.StarredElement):
+            self._bind_target(target.value, None)
+        elif self.self_attributes and isinstance(target, cst.Attribute):
+            dotted = dotted_name(target)
+            if dotted is not None and dotted.count(".") == 1 and dotted.startswith("self."):
+                callee = self.facts.classify_value(value, self.bindings) if value is not None else _UNKNOWN_CALLEE
+                self._bind(dotted, callee)
+
+    def _statement(self, statement: cst.CSTNode) -> None:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Assign):
+                    for target in small.targets:
+                        self._bind_target(target.target, small.value)
+                elif isinstance(small, cst.AnnAssign) and small.value is not None:
+                    self._bind_target(small.target, small.value)
+                elif isinstance(small, cst.AugAssign):
+                    self._bind_target(small.target, None)
+                elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                    for alias in small.names:
+                        bound = alias.asname.name if alias.asname is not None else alias.name
+                        if isinstance(bound, cst.Name):
+                            self._bind(bound.value, _NOT_MODULE)
+                        elif isinstance(bound, cst.Attribute):
+                            head = (dotted_name(bound) or "").split(".")[0]
+                            self._bind(head, _NOT_MODULE)
+            return
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            self._bind(statement.name.value, _NOT_MODULE)
+            return
+        if isinstance(statement, cst.For):
+            self._bind_target(statement.target, None)
+        elif isinstance(statement, cst.With):
+            for item in statement.items:
+                if item.asname is not None:
+                    self._bind_target(item.asname.name, None)
+        for block in _nested_blocks(statement):
+            for inner in block:
+                self._statement(inner)
+
+
+class ScopeFlow:
+    """The kinds of the expressions of one scope, after the data flow."""
+
+    def __init__(self, facts: FileFacts, function: cst.FunctionDef | None) -> None:
+        self.facts = facts
+        self.context = facts.context
+        self.function = function
+        self.class_def = facts.class_of.get(function) if function is not None else None
+        if function is None:
+            self.bindings = facts.module_bindings
+            body: Sequence[cst.BaseStatement] = facts.context.module.body
+            no_grad = False
+        else:
+            self.bindings = _BindingCollector(facts, function).collect(_block(function.body))
+            body = _block(function.body)
+            no_grad = any(self.context.tracker.is_grad_disabling(d.decorator) for d in function.decorators)
+        self.kinds: dict[cst.CSTNode, Kind] = {}
+        _Interpreter(self).run_block(body, {}, no_grad)
+
+    def kind_of(self, node: cst.BaseExpression) -> Kind:
+        return self.kinds.get(node, Kind.UNKNOWN)
+
+    def callee(self, func: cst.BaseExpression) -> Callee:
+        """What calling `func` does in this scope."""
+        if isinstance(func, cst.Name):
+            name = func.value
+            if name == "self" and self.class_def is not None:
+                if self.class_def.name.value in self.facts.module_classes:
+                    return Callee(Role.MODULE, self.class_def.name.value)
+                return _NOT_MODULE
+            if self.context.imports.bindings.get(name) is not None and name not in self.bindings:
+                return _NOT_MODULE
+            bound = self.bindings.get(name)
+            if bound is None and self.function is not None:
+                bound = self.facts.module_bindings.get(name)
+            if bound is not None and bound.role is not Role.UNKNOWN:
+                return bound
+            return self._by_name(name)
+        if isinstance(func, cst.Attribute):
+            if self.context.qualified_name(func) is not None:
+                return _NOT_MODULE
+            dotted = dotted_name(func)
+            if dotted is None:
+                return _UNKNOWN_CALLEE
+            attribute = func.attr.value
+            if dotted == f"self.{attribute}" and self.class_def is not None:
+                bound = self.facts.class_attributes.get(self.class_def, {}).get(attribute)
+                if bound is not None and bound.role is not Role.UNKNOWN:
+                    return bound
+            return self._by_name(attribute)
+        return _UNKNOWN_CALLEE
+
+    def _by_name(self, name: str) -> Callee:
+        if not self.facts.uses_framework:
+            return _UNKNOWN_CALLEE
+        return Callee(model_name_heuristic(name))
+
+
+class _Interpreter:
+    """Runs a scope's statements over abstract states (name -> Kind)."""
+
+    MAX_LOOP_PASSES = 3
+
+    def __init__(self, flow: ScopeFlow) -> None:
+        self.flow = flow
+        self.context = flow.context
+        self.kinds = flow.kinds
+
+    # --- statements ----------------------------------------------------------
+    def run_block(self, body: Iterable[cst.CSTNode], state: State, no_grad: bool) -> State:
+        for statement in body:
+            state = self.run_statement(statement, state, no_grad)
+        return state
+
+    def run_statement(self, statement: cst.CSTNode, state: State, no_grad: bool) -> State:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                state = self._small(small, state, no_grad)
+            return state
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            return _unbind(state, statement.name.value)
+        if isinstance(statement, cst.If):
+            self.evaluate(statement.test, state, no_grad)
+            taken = self.run_block(_block(statement.body), dict(state), no_grad)
+            if isinstance(statement.orelse, cst.If):
+                other = self.run_statement(statement.orelse, dict(state), no_grad)
+            elif isinstance(statement.orelse, cst.Else):
+                other = self.run_block(_block(statement.orelse.body), dict(state), no_grad)
+            else:
+                other = state
+            return _merge_states(taken, other)
+        if isinstance(statement, (cst.For, cst.While)):
+            return self._loop(statement, state, no_grad)
+        if isinstance(statement, cst.With):
+            inner_no_grad = no_grad
+            for item in statement.items:
+                self.evaluate(item.item, state, no_grad)
+                if self.context.tracker.is_grad_disabling(item.item):
+                    inner_no_grad = True
+                elif self._is_grad_enabling(item.item):
+                    inner_no_grad = False
+                if item.asname is not None:
+                    state = self._bind(item.asname.name, Kind.UNKNOWN, state)
+            return self.run_block(_block(statement.body), state, inner_no_grad)
+        if isinstance(statement, (cst.Try, cst.TryStar)):
+            after_body = self.run_block(_block(statement.body), dict(state), no_grad)
+            merged = after_body
+            for handler in statement.handlers:
+                merged = _merge_states(merged, self.run_block(_block(handler.body), dict(state), no_grad))
+            if statement.orelse is not None:
+                merged = _merge_states(merged, self.run_block(_block(statement.orelse.body), after_body, no_grad))
+            if statement.finalbody is not None:
+                merged = self.run_block(_block(statement.finalbody.body), merged, no_grad)
+            return merged
+        if isinstance(statement, cst.Match):
+            self.evaluate(statement.subject, state, no_grad)
+            merged = state
+            for case in statement.cases:
+                merged = _merge_states(merged, self.run_block(_block(case.body), dict(state), no_grad))
+            return merged
+        return state
+
+    def _is_grad_enabling(self, expr: cst.BaseExpression) -> bool:
+        target = expr.func if isinstance(expr, cst.Call) else expr
+        qualified = self.context.qualified_name(target)
+        if qualified in _GRAD_ENABLING:
+            return True
+        if qualified in ("torch.set_grad_enabled", "torch.autograd.set_grad_enabled") and isinstance(expr, cst.Call):
+            first = expr.args[0].value if expr.args else None
+            return isinstance(first, cst.Name) and first.value == "True"
+        return False
+
+    def _loop(self, loop: cst.For | cst.While, before: State, no_grad: bool) -> State:
+        end: State | None = None
+        for _ in range(self.MAX_LOOP_PASSES):
+            start = dict(before) if end is None else _merge_states(before, end)
+            if isinstance(loop, cst.For):
+                self.evaluate(loop.iter, start, no_grad)
+                start = self._bind(loop.target, Kind.UNKNOWN, start)
+            else:
+                self.evaluate(loop.test, start, no_grad)
+            new_end = self.run_block(_block(loop.body), start, no_grad)
+            if new_end == end:
+                break
+            end = new_end
+        assert end is not None
+        after = _merge_states(before, end)
+        if loop.orelse is not None:
+            after = self.run_block(_block(loop.orelse.body), after, no_grad)
+        return after
+
+    def _small(self, small: cst.BaseSmallStatement, state: State, no_grad: bool) -> State:
+        if isinstance(small, cst.Assign):
+            kind = self.evaluate(small.value, state, no_grad)
+            for target in small.targets:
+                state = self._assign(target.target, small.value, kind, state, no_grad)
+            return state
+        if isinstance(small, cst.AnnAssign):
+            if small.value is None:
+                return state
+            kind = self.evaluate(small.value, state, no_grad)
+            return self._assign(small.target, small.value, kind, state, no_grad)
+        if isinstance(small, cst.AugAssign):
+            current = self.evaluate(small.target, state, no_grad)
+            value = self.evaluate(small.value, state, no_grad)
+            return self._bind(small.target, _arithmetic(current, value, no_grad), state)
+        if isinstance(small, cst.Expr):
+            self.evaluate(small.value, state, no_grad)
+            call = small.value
+            if (
+                isinstance(call, cst.Call)
+                and isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "detach_"
+            ):
+                return self._bind(call.func.value, Kind.DETACHED, state)
+            return state
+        if isinstance(small, cst.Del):
+            return self._bind(small.target, Kind.UNKNOWN, state)
+        if isinstance(small, (cst.Import, cst.ImportFrom)):
+            if not isinstance(small.names, cst.ImportStar):
+                for alias in small.names:
+                    bound = alias.asname.name if alias.asname is not None else alias.name
+                    if isinstance(bound, (cst.Name, cst.Attribute)):
+                        state = self._bind(bound, Kind.UNKNOWN, state)
+            return state
+        if isinstance(small, cst.Return) and small.value is not None:
+            self.evaluate(small.value, state, no_grad)
+        return state
+
+    def _assign(
+        self,
+        target: cst.BaseExpression,
+        value: cst.BaseExpression,
+        kind: Kind,
+        state: State,
+        no_grad: bool,
+    ) -> State:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            elements = [element.value for element in target.elements]
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(elements):
+                if not any(isinstance(element, cst.StarredElement) for element in value.elements):
+                    for element, source in zip(elements, value.elements):
+                        state = self._assign(element, source.value, self.kind_of(source.value), state, no_grad)
+                    return state
+            for element in elements:
+                state = self._bind(element, _element_kind(kind), state)
+            return state
+        if isinstance(target, cst.Subscript):
+            self.evaluate(target.value, state, no_grad)
+            return state
+        return self._bind(target, kind, state)
+
+    def kind_of(self, node: cst.BaseExpression) -> Kind:
+        return self.kinds.get(node, Kind.UNKNOWN)
+
+    def _bind(self, target: cst.BaseExpression, kind: Kind, state: State) -> State:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                state = self._bind(element.value, _element_kind(kind), state)
+            return state
+        if isinstance(target, cst.StarredElement):
+            return self._bind(target.value, Kind.UNKNOWN, state)
+        dotted = dotted_name(target)
+        if dotted is None:
+            return state
+        state = _unbind(state, dotted)
+        state[dotted] = kind
+        return state
+
+    # --- expressions ---------------------------------------------------------
+    def evaluate(self, node: cst.BaseExpression, state: State, no_grad: bool) -> Kind:
+        kind = self._eval(node, state, no_grad)
+        self.kinds[node] = kind
+        return kind
+
+    def _eval(self, node: cst.BaseExpression, state: State, no_grad: bool) -> Kind:
+        if isinstance(node, cst.Name):
+            if node.value in ("None", "True", "False"):
+                return Kind.DETACHED
+            return state.get(node.value, Kind.UNKNOWN)
+        if isinstance(node, (cst.Integer, cst.Float)):
+            return Kind.NUMBER
+        if isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+            return Kind.DETACHED
+        if isinstance(node, cst.Attribute):
+            return self._attribute(node, state, no_grad)
+        if isinstance(node, cst.Subscript):
+            return self._subscript(node, state, no_grad)
+        if isinstance(node, cst.Call):
+            return self._call(node, state, no_grad)
+        if isinstance(node, cst.BinaryOperation):
+            left = self.evaluate(node.left, state, no_grad)
+            right = self.evaluate(node.right, state, no_grad)
+            return _arithmetic(left, right, no_grad)
+        if isinstance(node, cst.UnaryOperation):
+            operand = self.evaluate(node.expression, state, no_grad)
+            return operand if isinstance(node.operator, (cst.Minus, cst.Plus)) else Kind.UNKNOWN
+        if isinstance(node, cst.Comparison):
+            kinds = [self.evaluate(node.left, state, no_grad)]
+            kinds += [self.evaluate(target.comparator, state, no_grad) for target in node.comparisons]
+            return Kind.DETACHED if any(kind is not Kind.UNKNOWN for kind in kinds) else Kind.UNKNOWN
+        if isinstance(node, cst.BooleanOperation):
+            self.evaluate(node.left, state, no_grad)
+            self.evaluate(node.right, state, no_grad)
+            return Kind.UNKNOWN
+        if isinstance(node, cst.IfExp):
+            self.evaluate(node.test, state, no_grad)
+            return merge(self.evaluate(node.body, state, no_grad), self.evaluate(node.orelse, state, no_grad))
+        if isinstance(node, (cst.Tuple, cst.List)):
+            return _container([self.evaluate(element.value, state, no_grad) for element in node.elements])
+        if isinstance(node, cst.Dict):
+            kinds = []
+            for element in node.elements:
+                if isinstance(element, cst.DictElement):
+                    self.evaluate(element.key, state, no_grad)
+                kinds.append(self.evaluate(element.value, state, no_grad))
+            return _container(kinds)
+        if isinstance(node, cst.StarredElement):
+            return self.evaluate(node.value, state, no_grad)
+        if isinstance(node, cst.Await):
+            return self.evaluate(node.expression, state, no_grad)
+        if isinstance(node, cst.NamedExpr):
+            kind = self.evaluate(node.value, state, no_grad)
+            self._bind(node.target, kind, state)
+            return kind
+        return Kind.UNKNOWN
+
+    def _attribute(self, node: cst.Attribute, state: State, no_grad: bool) -> Kind:
+        dotted = dotted_name(node)
+        if dotted is not None and dotted in state:
+            self.evaluate(node.value, state, no_grad)
+            return state[dotted]
+        receiver = self.evaluate(node.value, state, no_grad)
+        attribute = node.attr.value
+        if attribute in _METADATA_ATTRIBUTES:
+            return Kind.DETACHED if receiver is not Kind.UNKNOWN else Kind.UNKNOWN
+        if attribute in ("T", "mT", "H", "mH", "real", "imag"):
+            return Kind.GRAPH if receiver.attached else receiver
+        if receiver.attached:
+            return Kind.GRAPH_SCALAR if attribute == "loss" else Kind.GRAPH
+        if receiver is Kind.DETACHED:
+            return Kind.DETACHED
+        return Kind.UNKNOWN
+
+    def _subscript(self, node: cst.Subscript, state: State, no_grad: bool) -> Kind:
+        receiver = self.evaluate(node.value, state, no_grad)
+        for element in node.slice:
+            if isinstance(element.slice, cst.Index):
+                self.evaluate(element.slice.value, state, no_grad)
+        if isinstance(node.value, cst.Attribute) and node.value.attr.value in _SHAPE_ATTRIBUTES:
+            return Kind.NUMBER
+        if receiver.attached:
+            if no_grad:
+                return Kind.UNKNOWN  # a view made under no_grad, or an element of a container: cannot tell
+            key = node.slice[0].slice if len(node.slice) == 1 else None
+            if isinstance(key, cst.Index) and string_value(key.value) == "loss":
+                return Kind.GRAPH_SCALAR
+            return Kind.GRAPH
+        return Kind.DETACHED if receiver is Kind.DETACHED else Kind.UNKNOWN
+
+    def _call(self, node: cst.Call, state: State, no_grad: bool) -> Kind:
+        arg_kinds = [self.evaluate(arg.value, state, no_grad) for arg in node.args]
+        func = node.func
+        qualified = self.context.call_name(node)
+        if qualified is not None:
+            return self._qualified_call(node, qualified, arg_kinds, no_grad)
+        if isinstance(func, cst.Name) and func.value in _NUMBER_BUILTINS and self._is_builtin(func.value):
+            return Kind.NUMBER
+        if isinstance(func, cst.Attribute):
+            receiver = self.evaluate(func.value, state, no_grad)
+            method = func.attr.value
+            tensor_result = self._method(method, receiver, bool(node.args), no_grad)
+            if tensor_result is not None:
+                return tensor_result
+            if method == "forward":
+                callee = self.flow.callee(func.value)
+                if callee.role is Role.MODULE:
+                    return Kind.DETACHED if no_grad else Kind.GRAPH
+                return Kind.UNKNOWN
+        callee = self.flow.callee(func)
+        if callee.role is Role.MODULE:
+            return Kind.DETACHED if no_grad else Kind.GRAPH
+        if callee.role is Role.CRITERION:
+            kind = _loss_result(node, arg_kinds, no_grad)
+            return Kind.GRAPH if kind is Kind.GRAPH_SCALAR and not callee.reduces else kind
+        return Kind.UNKNOWN
+
+    def _is_builtin(self, name: str) -> bool:
+        return name not in self.flow.bindings and name not in self.flow.facts.module_bindings
+
+    def _qualified_call(self, node: cst.Call, qualified: str, arg_kinds: list[Kind], no_grad: bool) -> Kind:
+        head, _, last = qualified.rpartition(".")
+        if head == "torch.nn.functional" and (last in _LOSS_FUNCTIONS or last.endswith("_loss")):
+            return _loss_result(node, arg_kinds, no_grad)
+        if not qualified.startswith("torch."):
+            return Kind.UNKNOWN
+        if last in _TORCH_CREATION:
+            return Kind.DETACHED
+        if any(kind.attached for kind in arg_kinds):
+            return Kind.DETACHED if no_grad else Kind.GRAPH
+        if arg_kinds and all(kind.free for kind in arg_kinds):
+            return Kind.DETACHED
+        return Kind.UNKNOWN
+
+    @staticmethod
+    def _method(method: str, receiver: Kind, has_args: bool, no_grad: bool) -> Kind | None:
+        """The kind of `receiver.method(...)` for known tensor methods; None
+        when the method is not one of them."""
+        # Whatever the receiver, these results hold no graph.
+        if method in _NUMBER_METHODS or (method == "size" and has_args):
+            return Kind.NUMBER
+        if method in _DETACHING_METHODS or method in _NON_DIFFERENTIABLE_METHODS:
+            return Kind.DETACHED
+        if method in _GRAPH_KEEPING_METHODS:
+            if receiver.attached:
+                if no_grad:
+                    return Kind.DETACHED
+                if method in _REDUCTIONS and not has_args:
+                    return Kind.GRAPH_SCALAR
+                if method in _SCALAR_KEEPING_METHODS:
+                    return receiver
+                return Kind.GRAPH
+            return Kind.DETACHED if receiver is Kind.DETACHED else Kind.UNKNOWN
+        return None
+
+
+def _unbind(state: State, dotted: str) -> State:
+    prefix = dotted + "."
+    stale = [name for name in state if name == dotted or name.startswith(prefix)]
+    if not stale:
+        return state
+    state = dict(state)
+    for name in stale:
+        del state[name]
+    return state
+
+
+def _element_kind(kind: Kind) -> Kind:
+    """The kind of each element unpacked from a value of `kind`."""
+    if kind.attached:
+        return Kind.GRAPH
+    return Kind.DETACHED if kind is Kind.DETACHED else Kind.UNKNOWN
+
+
+def _container(kinds: list[Kind]) -> Kind:
+    if any(kind.attached for kind in kinds):
+        return Kind.GRAPH
+    if all(kind.free for kind in kinds):
+        return Kind.DETACHED
+    return Kind.UNKNOWN
+
+
+def _arithmetic(left: Kind, right: Kind, no_grad: bool) -> Kind:
+    if left.attached or right.attached:
+        if no_grad:
+            return Kind.DETACHED
+        scalar_like = (Kind.GRAPH_SCALAR, Kind.NUMBER)
+        return Kind.GRAPH_SCALAR if left in scalar_like and right in scalar_like else Kind.GRAPH
+    if left is Kind.NUMBER and right is Kind.NUMBER:
+        return Kind.NUMBER
+    if left.free and right.free:
+        return Kind.DETACHED
+    return Kind.UNKNOWN
+
+
+def _loss_result(call: cst.Call, arg_kinds: list[Kind], no_grad: bool) -> Kind:
+    if no_grad:
+        return Kind.DETACHED
+    tensor_kinds = [
+        kind
+        for arg, kind in zip(call.args, arg_kinds)
+        if arg.keyword is None or arg.keyword.value not in _LOSS_OPTIONS
+    ]
+    if any(kind.attached for kind in tensor_kinds):
+        reduction = next((arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "reduction"), None)
+        if reduction is None:
+            return Kind.GRAPH_SCALAR
+        value = string_value(reduction.value)
+        return Kind.GRAPH_SCALAR if value in ("mean", "sum") else Kind.GRAPH
+    if tensor_kinds and all(kind.free for kind in tensor_kinds):
+        return Kind.DETACHED
+    return Kind.UNKNOWN
+
+
+# --- syntactic summaries ----------------------------------------------------
+
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+def iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`node` and its descendants in source order, not entering nested
+    functions, classes and lambdas (other scopes)."""
+    yield node
+    for field in dataclasses.fields(node):
+        value = getattr(node, field.name)
+        children = value if isinstance(value, (tuple, list)) else (value,)
+        for child in children:
+            if isinstance(child, cst.CSTNode) and not isinstance(child, _SCOPES):
+                yield from iter_nodes(child)
+
+
+def iter_scope_nodes(body: Iterable[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+    for statement in body:
+        if not isinstance(statement, _SCOPES):
+            yield from iter_nodes(statement)
+
+
+def dotted_names_in(expr: cst.CSTNode) -> set[str]:
+    """Every name and attribute chain mentioned in `expr` (`a.b.c` gives
+    `a`, `a.b` and `a.b.c`)."""
+    names: set[str] = set()
+    for node in iter_nodes(expr):
+        if isinstance(node, (cst.Name, cst.Attribute)):
+            dotted = dotted_name(node)
+            if dotted is not None:
+                names.add(dotted)
+    return names
+
+
+_BACKWARD_FUNCTIONS = frozenset({"torch.autograd.backward", "torch.autograd.grad"})
+_BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
+
+
+def is_backward_call(node: cst.CSTNode, context: FileContext) -> bool:
+    """`loss.backward()`, `accelerator.backward(loss)`, `torch.autograd.grad(...)`."""
+    if not isinstance(node, cst.Call):
+        return False
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value in _BACKWARD_METHODS:
+        return True
+    return context.call_name(node) in _BACKWARD_FUNCTIONS
+
+
+def assigned_names(statement: cst.CSTNode) -> Iterator[tuple[str, cst.BaseExpression | None]]:
+    """(dotted name, value) for each plain binding a small statement or a
+    compound header makes (`x = ...`, `for x in`, `with ... as x`); the
+    value is None when not a single expression."""
+    targets: list[tuple[cst.BaseExpression, cst.BaseExpression | None]] = []
+    if isinstance(statement, cst.Assign):
+        targets = [(target.target, statement.value) for target in statement.targets]
+    elif isinstance(statement, cst.AnnAssign) and statement.value is not None:
+        targets = [(statement.target, statement.value)]
+    elif isinstance(statement, cst.For):
+        targets = [(statement.target, None)]
+    elif isinstance(statement, cst.WithItem) and statement.asname is not None:
+        targets = [(statement.asname.name, None)]
+    elif isinstance(statement, cst.NamedExpr):
+        targets = [(statement.target, statement.value)]
+    while targets:
+        target, value = targets.pop()
+        if isinstance(target, (cst.Tuple, cst.List)):
+            targets.extend((element.value, None) for element in target.elements)
+        elif isinstance(target, cst.StarredElement):
+            targets.append((target.value, None))
+        else:
+            dotted = dotted_name(target)
+            if dotted is not None:
+                yield dotted, value
+
+
+class ScopeSummary:
+    """Syntactic facts about one scope that the OOM3xx rules share."""
+
+    def __init__(self, context: FileContext, body: Sequence[cst.CSTNode]) -> None:
+        self.context = context
+        self.body = body
+        self.backward_calls: list[cst.Call] = []
+        self.returned: set[str] = set()
+        self.bindings: dict[str, list[cst.BaseExpression | None]] = {}
+        seeds: set[str] = set()
+        for node in iter_scope_nodes(body):
+            if is_backward_call(node, context):
+                assert isinstance(node, cst.Call)
+                self.backward_calls.append(node)
+                seeds |= dotted_names_in(node.func) if isinstance(node.func, cst.Attribute) else set()
+                for arg in node.args:
+                    seeds |= dotted_names_in(arg.value)
+            elif isinstance(node, (cst.Return, cst.Yield)) and node.value is not None:
+                self.returned |= dotted_names_in(node.value)
+            for name, value in assigned_names(node):
+                self.bindings.setdefault(name, []).append(value)
+        self.feeds_backward = self._closure(seeds)
+
+    def _closure(self, seeds: set[str]) -> set[str]:
+        """The names whose values flow into `seeds` through assignments."""
+        reached = set(seeds)
+        frontier = list(seeds)
+        while frontier:
+            name = frontier.pop()
+            for value in self.bindings.get(name, ()):
+                if value is None:
+                    continue
+                for source in dotted_names_in(value) - reached:
+                    reached.add(source)
+                    frontier.append(source)
+        return reached
+
+
+def contains_backward(node: cst.CSTNode, context: FileContext) -> bool:
+    return any(is_backward_call(inner, context) for inner in iter_nodes(node))
+
+
+def binds_inside(loop: cst.For | cst.While, dotted: str, *, besides: cst.CSTNode | None = None) -> bool:
+    """Whether the loop's body rebinds `dotted` (or the object it is an
+    attribute of) with a plain binding, other than the statement `besides`."""
+    heads = {dotted}
+    parts = dotted.split(".")
+    heads |= {".".join(parts[:index]) for index in range(1, len(parts))}
+    for node in iter_nodes(loop.body):
+        if node is besides:
+            continue
+        if any(name in heads for name, _ in assigned_names(node)):
+            return True
+        if isinstance(node, cst.Del) and dotted_names_in(node.target) & heads:
+            return True
+    return False
+
+
+_FACTS: weakref.WeakKeyDictionary[FileContext, FileFacts] = weakref.WeakKeyDictionary()
+
+
+def facts_for(context: FileContext) -> FileFacts:
+    """The file's facts, built once per analysis and shared by every rule."""
+    facts = _FACTS.get(context)
+    if facts is None:
+        facts = FileFacts(context)
+        _FACTS[context] = facts
+    return facts

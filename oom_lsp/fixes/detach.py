@@ -1,0 +1,34 @@
+"""OOM301 / OOM302: stop keeping a graph by taking `.item()` or `.detach()`
+of the value that is accumulated or stored."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from oom_lsp.analysis.rule import InsertAfter, NodeEdit, Replace
+
+# Postfix-able expressions: `x.item()` needs no parentheses around them.
+_ATOMS = (cst.Name, cst.Attribute, cst.Subscript, cst.Call)
+# Moves between devices keep the graph; detaching first avoids copying it.
+_TRANSFERS = frozenset({"cpu", "cuda", "to"})
+
+
+def call_method(expr: cst.BaseExpression, method: str) -> tuple[NodeEdit, ...]:
+    """`expr.method()`, parenthesising `expr` when it is not an atom."""
+    if isinstance(expr, _ATOMS):
+        return (InsertAfter(expr, f".{method}()"),)
+    wrapped = expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    call = cst.Call(func=cst.Attribute(value=wrapped, attr=cst.Name(method)))
+    return (Replace(expr, call),)
+
+
+def detach(expr: cst.BaseExpression) -> tuple[NodeEdit, ...]:
+    """`out.detach()`; `out.cpu()` becomes `out.detach().cpu()`."""
+    if (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value in _TRANSFERS
+        and not expr.lpar
+    ):
+        return detach(expr.func.value)
+    return call_method(expr, "detach")
