@@ -24,9 +24,10 @@ _TORCH_BATCHERS = {
     "torch.utils.data.BatchSampler",
     "torch.utils.data.sampler.BatchSampler",
 }
-# Settings that are the number of samples one device processes per step.
-# Global/total/effective batch sizes are not: gradient accumulation or data
-# parallelism may split them.
+# Settings that are the number of samples one device trains on per step.
+# Global/total/effective batch sizes are not (gradient accumulation or data
+# parallelism may split them), nor evaluation batch sizes: evaluation runs
+# under no_grad and keeps no activations for a backward pass.
 _BATCH_SIZE_FIELDS = {
     "batch_size",
     "batchsize",
@@ -35,13 +36,6 @@ _BATCH_SIZE_FIELDS = {
     "per_gpu_train_batch_size",
     "per_device_batch_size",
     "device_batch_size",
-    "eval_batch_size",
-    "per_device_eval_batch_size",
-    "per_gpu_eval_batch_size",
-    "val_batch_size",
-    "valid_batch_size",
-    "validation_batch_size",
-    "test_batch_size",
     "micro_batch_size",
     "micro_batch_size_per_gpu",
     "train_micro_batch_size_per_gpu",
@@ -49,7 +43,7 @@ _BATCH_SIZE_FIELDS = {
     "minibatch_size",
 }
 # Command-line spellings: `--batch-size`, `--bs`, `--train-batch-size`...
-_BATCH_SIZE_OPTIONS = _BATCH_SIZE_FIELDS | {"bs", "train_bs", "eval_bs"}
+_BATCH_SIZE_OPTIONS = _BATCH_SIZE_FIELDS | {"bs", "train_bs"}
 # DeepSpeed config dicts: there `train_batch_size` is the global batch
 # (micro batch x accumulation x GPUs), not what one GPU holds.
 _DEEPSPEED_KEYS = {"train_micro_batch_size_per_gpu", "zero_optimization"}
@@ -61,6 +55,8 @@ _CONFIG_CALLEE_RE = re.compile(
     r"Hyperparameters|Namespace|DataModule)$|(?i:loader)$"
 )
 _ARGPARSE_METHODS = {"add_argument"}
+# Words that name an evaluation split: `test_loader = DataLoader(val_set, ...)`.
+_EVALUATION_WORDS = {"test", "val", "valid", "validation", "eval", "evaluation", "dev"}
 _CLI_OPTION_FUNCTIONS = {"click.option", "typer.Option"}
 
 
@@ -85,6 +81,8 @@ class LargeBatchSize(Rule):
     field, or a `TrainingArguments`-like keyword named `batch_size`,
     `per_device_train_batch_size`, `micro_batch_size`..., including through a
     constant (`BATCH_SIZE = 256`), which is then where it is reported.
+    Evaluation batch sizes (`eval_batch_size`, `--test-batch-size`, a loader
+    over `val_set`) are not flagged: evaluation runs without a backward pass.
 
     ## Why is this bad?
     The activations a training step keeps for the backward pass grow linearly
@@ -156,6 +154,16 @@ class LargeBatchSize(Rule):
                 ...
             evaluate(model, batch_size=512)
             ds_config = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 8}
+            """
+        ),
+        # Evaluation settings: no backward pass, no activations kept for it.
+        Valid(
+            """\
+            import torch
+            parser.add_argument("--test-batch-size", type=int, default=1000)
+            test_kwargs = {"batch_size": 1000}
+            val_loader = torch.utils.data.DataLoader(val_set, batch_size=256)
+            loader = torch.utils.data.DataLoader(test_dataset, batch_size=256)
             """
         ),
         # A local class called DataLoader is not torch's: its second
@@ -340,6 +348,8 @@ class LargeBatchSize(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         qualified = self.context.call_name(node)
         if qualified in _TORCH_BATCHERS:
+            if self._for_evaluation(node):
+                return
             arg = get_arg(node, "batch_size", 1)
             if arg is not None and arg is not UNKNOWN:
                 self._check(arg.value, f"the `batch_size` of `{qualified.rsplit('.', 1)[-1]}`")
@@ -348,10 +358,27 @@ class LargeBatchSize(Rule):
         if (called is not None and called[1] in _ARGPARSE_METHODS) or qualified in _CLI_OPTION_FUNCTIONS:
             self._check_option(node)
             return
-        if self._is_config_callee(node, qualified):
+        if self._is_config_callee(node, qualified) and not self._for_evaluation():
             for arg in node.args:
                 if arg.keyword is not None and arg.keyword.value.lower() in _BATCH_SIZE_FIELDS:
                     self._check(arg.value, f"`{arg.keyword.value}`")
+
+    def _for_evaluation(self, call: cst.Call | None = None) -> bool:
+        """Whether the setting is for evaluation, by the name it is assigned
+        to (`test_kwargs = {...}`, `val_loader = DataLoader(...)`) or the name
+        of the dataset a loader reads (`DataLoader(test_set, ...)`):
+        evaluation keeps no activations for backward."""
+        names = []
+        if call is not None:
+            dataset = get_arg(call, "dataset", 0)
+            if isinstance(dataset, cst.Arg):
+                names.append(dotted_name(dataset.value))
+        statement = self.context.tracker.current_statement
+        if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign):
+            names.extend(dotted_name(target.target) for target in statement.body[0].targets)
+        return any(
+            name is not None and _EVALUATION_WORDS.intersection(re.split(r"[._]", name.lower())) for name in names
+        )
 
     def _is_config_callee(self, node: cst.Call, qualified: str | None) -> bool:
         if qualified is not None:
@@ -375,8 +402,8 @@ class LargeBatchSize(Rule):
 
     def visit_Dict(self, node: cst.Dict) -> None:
         keys = {string_value(element.key) for element in node.elements if isinstance(element, cst.DictElement)}
-        if "batched" in keys:
-            return  # `datasets.map` keyword arguments: CPU preprocessing
+        if "batched" in keys or self._for_evaluation():
+            return  # `datasets.map` keyword arguments (CPU preprocessing), evaluation settings
         for element in node.elements:
             if not isinstance(element, cst.DictElement):
                 continue

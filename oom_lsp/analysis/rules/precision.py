@@ -602,6 +602,7 @@ class Float64OnGpu(Rule):
             import torch
             model.cuda()
             weights = torch.tensor(class_counts, dtype=torch.float64)
+            stats = torch.from_numpy(histogram).double()
             """
         ),
         # numpy's float64 is host memory.
@@ -761,6 +762,15 @@ class Float64OnGpu(Rule):
         moved = method_call(receiver)
         if moved is not None and moved[1] in ("cpu", "numpy"):
             return
+        if isinstance(receiver, cst.Call) and node not in self._on_device:
+            created = self.context.call_name(receiver)
+            device = get_arg(receiver, "device")
+            if (
+                created is not None
+                and created.startswith("torch.")
+                and not (isinstance(device, cst.Arg) and is_device_expression(device.value, self.context))
+            ):
+                return  # `torch.from_numpy(a).double()`: a CPU tensor
         self._candidate(node, double_call_to_float(node))
 
     def _candidate(self, node: cst.CSTNode, edits: tuple[NodeEdit, ...] | None) -> None:
