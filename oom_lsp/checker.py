@@ -7,9 +7,9 @@ the process pool and fixing. The CLI's engine room; no output formatting.
 - Reading follows Python's own rules (PEP 263 coding cookie, BOM); a file
   Python could not compile (NUL bytes, undecodable bytes) is reported as
   OOM000 like any syntax error, and the run goes on.
-- The cache (`.oom_lsp_cache/<version>/results.json` under each project root)
-  maps a file to its findings, keyed by a hash of its content, the settings'
-  fingerprint and the tool version.
+- The cache (`.oom_lsp_cache/<version>/<settings fingerprint>.json` under
+  each project root) maps a file to its findings, keyed by a hash of its
+  content, the settings' fingerprint and the tool version.
 - Enough pending work goes to a spawn-safe process pool; a few small files
   are analysed in-process, since each worker pays the libcst import (~1 s).
 """
@@ -278,7 +278,11 @@ def decode_source(raw: bytes) -> Decoded:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
     except SyntaxError as error:
-        return Decoded(None, problem=(error.lineno or 1, 0, str(error.msg)))
+        if "unknown encoding" in str(error) or "encoding problem" in str(error):
+            return Decoded(None, problem=(1, 0, str(error)))
+        # No cookie and the first lines are not UTF-8: decoding below locates
+        # the bad byte, as Python's own message does.
+        encoding = "utf-8"
     try:
         return Decoded(raw.decode(encoding), encoding)
     except UnicodeDecodeError as error:
@@ -317,27 +321,30 @@ def cache_key(raw: bytes, settings: LintSettings, relative: str) -> str:
 
 
 class ResultsCache:
-    """Findings per file of one project root, in one JSON file per tool version."""
+    """Findings per file of one project root: one JSON file per settings
+    fingerprint (as Ruff keys its cache by settings), in a folder per version,
+    so alternating `--select` values do not evict each other."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.folder = root / CACHE_DIR_NAME / oom_lsp.__version__
-        self.file = self.folder / "results.json"
-        self._entries: dict[str, dict] | None = None
-        self._dirty = False
+        self._tables: dict[str, dict[str, dict]] = {}
+        self._dirty: set[str] = set()
 
-    def _load(self) -> dict[str, dict]:
-        if self._entries is None:
+    def _table(self, fingerprint: str) -> dict[str, dict]:
+        table = self._tables.get(fingerprint)
+        if table is None:
             try:
-                data = json.loads(self.file.read_text(encoding="utf-8"))
+                data = json.loads((self.folder / f"{fingerprint}.json").read_text(encoding="utf-8"))
                 entries = data.get("entries") if isinstance(data, dict) else None
-                self._entries = entries if isinstance(entries, dict) else {}
+                table = entries if isinstance(entries, dict) else {}
             except (OSError, ValueError):
-                self._entries = {}  # no cache yet, or a corrupt one: start afresh
-        return self._entries
+                table = {}  # no cache yet, or a corrupt one: start afresh
+            self._tables[fingerprint] = table
+        return table
 
-    def get(self, relative: str, key: str) -> list[Finding] | None:
-        entry = self._load().get(relative)
+    def get(self, settings: LintSettings, relative: str, key: str) -> list[Finding] | None:
+        entry = self._table(settings.fingerprint()).get(relative)
         if not isinstance(entry, dict) or entry.get("key") != key:
             return None
         try:
@@ -345,12 +352,13 @@ class ResultsCache:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def put(self, relative: str, key: str, findings: list[Finding]) -> None:
-        self._load()[relative] = {"key": key, "findings": [finding.to_dict() for finding in findings]}
-        self._dirty = True
+    def put(self, settings: LintSettings, relative: str, key: str, findings: list[Finding]) -> None:
+        fingerprint = settings.fingerprint()
+        self._table(fingerprint)[relative] = {"key": key, "findings": [finding.to_dict() for finding in findings]}
+        self._dirty.add(fingerprint)
 
     def save(self) -> None:
-        if not self._dirty or self._entries is None:
+        if not self._dirty:
             return
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -358,12 +366,15 @@ class ResultsCache:
             if not (top / ".gitignore").exists():
                 (top / ".gitignore").write_text("# Created by oom-lsp automatically.\n*\n")
                 (top / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
-            temporary = self.file.with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_text(json.dumps({"entries": self._entries}, separators=(",", ":")), encoding="utf-8")
-            os.replace(temporary, self.file)
+            for fingerprint in sorted(self._dirty):
+                target = self.folder / f"{fingerprint}.json"
+                temporary = target.with_suffix(f".{os.getpid()}.tmp")
+                payload = json.dumps({"entries": self._tables[fingerprint]}, separators=(",", ":"))
+                temporary.write_text(payload, encoding="utf-8")
+                os.replace(temporary, target)
         except OSError:
             return  # a read-only checkout still gets its results, just not cached
-        self._dirty = False
+        self._dirty.clear()
 
 
 # --- Analysis jobs (run in-process or in a worker) ---------------------------------------------
@@ -489,7 +500,7 @@ def check_files(
                 cache = caches[config.root] = ResultsCache(config.root)
             relative = os.path.relpath(file, config.root).replace(os.sep, "/")
             key = cache_key(raw, settings, relative)
-            cached = cache.get(relative, key)
+            cached = cache.get(settings, relative, key)
             if cached is not None and not (fix and has_applicable_fix(cached, unsafe_fixes)):
                 result.findings = cached
                 result.from_cache = True
@@ -527,12 +538,12 @@ def _record(item: _Pending, outcome: JobResult, write: bool) -> None:
                 result.error = f"cannot write the fixes: {error.strerror or error}"
                 return
             if item.cache is not None:
-                item.cache.put(item.relative, cache_key(new_raw, item.settings, item.relative), result.findings)
+                item.cache.put(item.settings, item.relative, cache_key(new_raw, item.settings, item.relative), result.findings)
         return
     if not result.findings:
         result.source = None
     if item.cache is not None:
-        item.cache.put(item.relative, item.key, result.findings)
+        item.cache.put(item.settings, item.relative, item.key, result.findings)
 
 
 def check_source(

@@ -233,6 +233,8 @@ def _check_paths(args: argparse.Namespace, resolver: Any, paths: list[Path], sta
     from oom_lsp import checker
 
     files, missing = checker.discover_files(paths, resolver, force_exclude=args.force_exclude)
+    if not files and not missing:
+        return EXIT_CLEAN  # nothing to check (pre-commit passed only excluded files)
     run = checker.check_files(
         files,
         resolver,
@@ -431,16 +433,14 @@ def run_rule(args: argparse.Namespace) -> int:
 
 def run_server(args: argparse.Namespace) -> int:
     try:
-        available = importlib.util.find_spec("oom_lsp.server") is not None
-    except ModuleNotFoundError:
-        available = False
-    start_server = None
-    if available:
-        try:
-            server_module = importlib.import_module("oom_lsp.server")
-        except ImportError as error:
+        server_module = importlib.import_module("oom_lsp.server")
+    except ModuleNotFoundError as error:
+        if error.name != "oom_lsp.server":
             raise UsageError(f"the language server cannot start: {error}") from None
-        start_server = getattr(server_module, "start_server", None)
+        server_module = None
+    except ImportError as error:
+        raise UsageError(f"the language server cannot start: {error}") from None
+    start_server = getattr(server_module, "start_server", None)
     if start_server is None:
         raise UsageError("the language server is not available in this installation (oom_lsp.server.start_server)")
     return int(start_server(args.tcp, args.log_file))

@@ -1,0 +1,489 @@
+"""`oom-lsp` driven in-process through main([...]), plus a few runs of the
+installed console script."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from oom_lsp import checker, cli
+
+RISKY = 'import torch\nstate = torch.load("x.pt")\n'
+FIXED = 'import torch\nstate = torch.load("x.pt", map_location="cpu")\n'
+CLEAN = "import torch\nx = torch.zeros(3)\n"
+# OOM101's fix (lowering the batch size) is unsafe.
+BIG_BATCH = "from torch.utils.data import DataLoader\nloader = DataLoader(data, batch_size=256)\n"
+# Only rules whose behaviour these tests rely on; other rules are tested elsewhere.
+SELECT = ["--select", "OOM000,OOM501"]
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def feed_stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+# --- exit codes and the two spellings ------------------------------------------------------------------
+
+
+def test_clean_exits_0(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "clean.py", CLEAN)
+    code, out, err = run(capsys, "--check", *SELECT, "clean.py")
+    assert (code, out, err) == (0, "All checks passed!\n", "")
+
+
+def test_findings_exit_1_both_spellings(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "risky.py", RISKY)
+    for argv in (["--check", *SELECT, "risky.py"], ["check", *SELECT, "risky.py"], [*SELECT, "--check", "risky.py"]):
+        code, out, _ = run(capsys, *argv)
+        assert code == 1
+        assert out.splitlines()[0].startswith("risky.py:2:9: OOM501 [*] ")
+        assert out.splitlines()[-2:] == ["Found 1 error.", "[*] 1 fixable with the `--fix` option."]
+
+
+def test_exit_zero(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "risky.py", RISKY)
+    code, out, _ = run(capsys, "--check", *SELECT, "--exit-zero", "risky.py")
+    assert code == 0 and "OOM501" in out
+
+
+def test_default_path_is_the_current_folder(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "pkg" / "risky.py", RISKY)
+    code, out, _ = run(capsys, "--check", *SELECT)
+    assert code == 1 and out.startswith(os.path.join("pkg", "risky.py") + ":2:9:")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--check", "--select", "OOM999", "."], "error: --select: unknown rule selector 'OOM999'\n"),
+        (["--check", "--ignore", "E501", "."], "error: --ignore: unknown rule selector 'E501'\n"),
+        (["--check", "--fix", "--diff", "."], "error: --fix and --diff cannot be combined"),
+        (["--check", "--config", "missing.toml", "."], "error: missing.toml: no such configuration file\n"),
+        (["--check", "a.py", "-"], "error: `-` (stdin) cannot be combined with other paths\n"),
+        (["--check", "--format", "xml", "."], "invalid choice: 'xml'"),
+        (["--check", "--no-such-flag", "."], "unrecognized arguments: --no-such-flag"),
+        (["rule"], "error: give either a rule (code or name) or --all\n"),
+        (["rule", "OOM999"], "error: unknown rule 'OOM999'"),
+        (["server", "--tcp", "nonsense"], "expected HOST:PORT"),
+    ],
+)
+def test_usage_errors_exit_2_without_traceback(
+    project: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and out == ""
+
+
+def test_broken_config_exits_2_naming_file_and_key(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "risky.py", RISKY)
+    write(project / "pyproject.toml", '[tool.oom-lsp]\nselect = ["OOM501"]\nmax-batch-size = "big"\n')
+    code, out, err = run(capsys, "--check", "risky.py")
+    assert code == 2 and out == ""
+    assert err == "error: pyproject.toml: [tool.oom-lsp] max-batch-size: expected a positive integer, got 'big'\n"
+    write(project / "pyproject.toml", "[tool.oom-lsp]\nselect = [OOM501]\n")
+    code, _, err = run(capsys, "--check", "risky.py")
+    assert code == 2 and err.startswith("error: pyproject.toml: invalid TOML: ") and "line" in err
+    write(project / "pyproject.toml", "[tool.oom-lsp]\nselct = []\n")
+    code, _, err = run(capsys, "--check", "risky.py")
+    assert code == 2 and "selct: unknown key; did you mean 'select'?" in err
+
+
+def test_pyproject_configures_and_cli_flags_override(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "risky.py", RISKY)
+    write(project / "tests" / "test_load.py", RISKY)
+    write(
+        project / "pyproject.toml",
+        '[tool.oom-lsp]\nselect = ["OOM501"]\n[tool.oom-lsp.per-file-ignores]\n"tests/**" = ["OOM501"]\n'
+        '[tool.oom-lsp.severity]\nOOM5 = "error"\n',
+    )
+    code, out, _ = run(capsys, "--check", "--format", "json", ".")
+    records = json.loads(out)
+    assert code == 1
+    assert [(record["path"], record["severity"]) for record in records] == [("risky.py", "error")]
+    code, out, _ = run(capsys, "--check", "--ignore", "OOM501", ".")
+    assert (code, out) == (0, "All checks passed!\n")
+    other = write(project / "ci.toml", 'select = ["OOM000"]\n')
+    code, _, _ = run(capsys, "--check", "--config", str(other), ".")
+    assert code == 0
+
+
+# --- stdin --------------------------------------------------------------------------------------------------
+
+
+def test_stdin_with_and_without_filename(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    feed_stdin(monkeypatch, RISKY.encode())
+    code, out, _ = run(capsys, "--check", *SELECT, "-")
+    assert code == 1 and out.startswith("-:2:9: OOM501")
+    feed_stdin(monkeypatch, RISKY.encode())
+    code, out, _ = run(capsys, "--check", *SELECT, "--stdin-filename", "src/train.py", "-")
+    assert code == 1 and out.startswith(os.path.join("src", "train.py") + ":2:9: OOM501")
+
+
+def test_stdin_filename_selects_the_config(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(project / "pyproject.toml", '[tool.oom-lsp]\nper-file-ignores = { "scripts/*" = ["OOM501"] }\n')
+    feed_stdin(monkeypatch, RISKY.encode())
+    code, out, _ = run(capsys, "--check", *SELECT, "--stdin-filename", "scripts/load.py")
+    assert (code, out) == (0, "All checks passed!\n")
+
+
+def test_stdin_fix_writes_the_fixed_source(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    feed_stdin(monkeypatch, RISKY.encode())
+    code, out, err = run(capsys, "--check", *SELECT, "--fix", "-")
+    assert out == FIXED
+    assert code == 0 and "1 fixed, 0 remaining" in err
+
+
+def test_stdin_diff(project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    feed_stdin(monkeypatch, RISKY.encode())
+    code, out, _ = run(capsys, "--check", *SELECT, "--diff", "-")
+    assert code == 1 and '+state = torch.load("x.pt", map_location="cpu")' in out
+
+
+# --- fixes --------------------------------------------------------------------------------------------------------
+
+
+def test_fix_writes_files_and_reports(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    risky = write(project / "risky.py", RISKY)
+    clean = write(project / "clean.py", CLEAN)
+    code, out, _ = run(capsys, "--check", *SELECT, "--fix", "--show-fixes", ".")
+    assert code == 0
+    assert risky.read_text() == FIXED and clean.read_text() == CLEAN
+    assert "Fixed 1 error:\n- risky.py:\n    1 × OOM501 (torch-load-without-map-location)\n" in out
+    assert out.endswith("Found 1 error (1 fixed, 0 remaining).\n")
+    code, out, _ = run(capsys, "--check", *SELECT, "--fix", ".")
+    assert (code, out) == (0, "All checks passed!\n")
+
+
+def test_fix_exit_non_zero_on_fix(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "risky.py", RISKY)
+    code, _, _ = run(capsys, "--check", *SELECT, "--fix", "--exit-non-zero-on-fix", "risky.py")
+    assert code == 1
+    code, _, _ = run(capsys, "--check", *SELECT, "--fix", "--exit-non-zero-on-fix", "risky.py")
+    assert code == 0
+
+
+def test_fix_keeps_encoding_bom_and_newlines(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    crlf = write(project / "crlf.py", RISKY.replace("\n", "\r\n").encode())
+    bom = write(project / "bom.py", b"\xef\xbb\xbf" + RISKY.encode())
+    latin = write(project / "latin.py", b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + RISKY.encode())
+    code, _, _ = run(capsys, "--check", *SELECT, "--fix", ".")
+    assert code == 0
+    assert crlf.read_bytes() == FIXED.replace("\n", "\r\n").encode()
+    assert bom.read_bytes() == b"\xef\xbb\xbf" + FIXED.encode()
+    assert latin.read_bytes() == b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + FIXED.encode()
+
+
+def test_unsafe_fixes_only_on_request(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = write(project / "train.py", BIG_BATCH)
+    select = ["--select", "OOM101"]
+    code, out, _ = run(capsys, "--check", *select, ".")
+    assert code == 1
+    assert "OOM101 [*]" not in out
+    assert "No fixes available (1 hidden fix can be enabled with the `--unsafe-fixes` option)." in out
+    code, out, _ = run(capsys, "--check", *select, "--unsafe-fixes", ".")
+    assert "OOM101 [*]" in out and "[*] 1 fixable with the `--fix` option." in out
+    code, _, _ = run(capsys, "--check", *select, "--fix", ".")
+    assert code == 1 and script.read_text() == BIG_BATCH
+    code, _, _ = run(capsys, "--check", *select, "--fix", "--unsafe-fixes", ".")
+    assert code == 0 and "batch_size=32" in script.read_text()
+
+
+def test_diff_shows_but_does_not_write(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    risky = write(project / "risky.py", RISKY)
+    code, out, err = run(capsys, "--check", *SELECT, "--diff", ".")
+    assert code == 1
+    assert out.splitlines()[:2] == ["--- risky.py", "+++ risky.py"]
+    assert '-state = torch.load("x.pt")' in out and '+state = torch.load("x.pt", map_location="cpu")' in out
+    assert err == "Would fix 1 error.\n"
+    assert risky.read_text() == RISKY
+    risky.write_text(FIXED)
+    code, out, _ = run(capsys, "--check", *SELECT, "--diff", ".")
+    assert (code, out) == (0, "")
+
+
+# --- outputs through the CLI ------------------------------------------------------------------------------------------
+
+
+def test_json_and_statistics(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "a.py", RISKY)
+    write(project / "b.py", RISKY + 'more = torch.load("y.pt")\n')
+    code, out, _ = run(capsys, "--check", *SELECT, "--format", "json", ".")
+    records = json.loads(out)
+    assert code == 1 and [(r["path"], r["line"]) for r in records] == [("a.py", 2), ("b.py", 2), ("b.py", 3)]
+    code, out, _ = run(capsys, "--check", *SELECT, "--statistics", ".")
+    assert out.splitlines()[0] == "3\tOOM501\t[*] torch-load-without-map-location"
+    code, out, _ = run(capsys, "--check", *SELECT, "--statistics", "--format", "json", ".")
+    assert json.loads(out) == [{"code": "OOM501", "name": "torch-load-without-map-location", "count": 3, "fixable": True}]
+
+
+def test_quiet_and_full(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "a.py", RISKY)
+    code, out, _ = run(capsys, "--check", *SELECT, "-q", ".")
+    assert code == 1 and len(out.splitlines()) == 1
+    code, out, _ = run(capsys, "--check", *SELECT, "--format", "full", ".")
+    assert " --> a.py:2:9" in out and '2 | state = torch.load("x.pt")' in out and "help: " in out
+
+
+# --- files ---------------------------------------------------------------------------------------------------------------
+
+
+def test_empty_file_list_exits_0_silently(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "empty").mkdir()
+    write(project / "docs" / "notes.txt", "torch.load('x')")
+    assert run(capsys, "--check", "empty", "docs") == (0, "", "")
+
+
+def test_special_files_never_crash(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "a_binary.py", b"import torch\x00\x01\x02")
+    write(project / "b_latin1.py", b"# caf\xe9\nimport torch\n")
+    write(project / "c_empty.py", "")
+    write(project / "d_syntax.py", "import torch\ndef broken(:\n")
+    write(project / "e_risky.py", RISKY)
+    code, out, err = run(capsys, "--check", *SELECT, "--no-cache", ".")
+    assert code == 1 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == "a_binary.py:1:13: OOM000 SyntaxError: source code cannot contain null bytes"
+    assert lines[1].startswith("b_latin1.py:1:6: OOM000 SyntaxError: (unicode error) 'utf-8' codec can't decode byte 0xe9")
+    assert lines[2].startswith("d_syntax.py:2:") and " OOM000 SyntaxError: " in lines[2]
+    assert lines[3].startswith("e_risky.py:2:9: OOM501")
+    assert "c_empty.py" not in out
+
+
+def test_unreadable_and_missing_files_are_reported_and_the_run_goes_on(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(project / "risky.py", RISKY)
+    locked = write(project / "locked.py", RISKY)
+    real_read_bytes = Path.read_bytes
+
+    def read_bytes(path: Path) -> bytes:
+        if path.name == "locked.py":  # chmod 0 does not stop root
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    code, out, err = run(capsys, "--check", *SELECT, "locked.py", "risky.py", "missing.py")
+    assert code == 1
+    assert "error: locked.py: Permission denied\n" in err
+    assert "error: missing.py: No such file or directory\n" in err
+    assert out.startswith("risky.py:2:9: OOM501")
+    assert locked.exists()
+
+
+def test_gitignore_and_exclude(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project / ".git").mkdir()
+    write(project / ".gitignore", "generated/\n*_tmp.py\n!keep_tmp.py\n/rootonly.py\n")
+    write(project / "src" / ".gitignore", "local.py\n")
+    for name in (
+        "main.py",
+        "generated/model.py",
+        "src/scratch_tmp.py",
+        "src/keep_tmp.py",
+        "rootonly.py",
+        "src/rootonly.py",
+        "src/local.py",
+        ".venv/lib/site.py",
+        "build/lib/x.py",
+        "legacy/old.py",
+        "stubs/types.pyi",
+    ):
+        write(project / name, RISKY)
+    write(project / "pyproject.toml", '[tool.oom-lsp]\nselect = ["OOM501"]\nextend-exclude = ["legacy"]\n')
+    code, out, _ = run(capsys, "--check", "-q", "--no-cache", ".")
+    checked = sorted({line.split(":")[0] for line in out.splitlines()})
+    assert checked == sorted(
+        os.path.normpath(name) for name in ("main.py", "src/keep_tmp.py", "src/rootonly.py", "stubs/types.pyi")
+    )
+    # Named explicitly, an excluded file is checked unless --force-exclude.
+    code, out, _ = run(capsys, "--check", "-q", "legacy/old.py")
+    assert code == 1
+    assert run(capsys, "--check", "-q", "--force-exclude", "legacy/old.py") == (0, "", "")
+    assert run(capsys, "--check", "-q", "--force-exclude", ".venv/lib/site.py") == (0, "", "")
+    write(project / "pyproject.toml", '[tool.oom-lsp]\nselect = ["OOM501"]\nrespect-gitignore = false\n')
+    code, out, _ = run(capsys, "--check", "-q", "--no-cache", ".")
+    assert os.path.join("generated", "model.py") in out
+
+
+# --- cache ------------------------------------------------------------------------------------------------------------------
+
+
+def test_cache_hit_does_not_reanalyse(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    real_analyze = checker.analyze
+
+    def counting_analyze(source: str, settings: object, path: str = "<stdin>") -> list:
+        calls.append(path)
+        return real_analyze(source, settings, path)
+
+    monkeypatch.setattr(checker, "analyze", counting_analyze)
+    risky = write(project / "risky.py", RISKY)
+    write(project / "clean.py", CLEAN)
+    first = run(capsys, "--check", *SELECT, "-v", ".")
+    assert len(calls) == 2
+    assert "2 analysed, 0 from the cache" in first[2]
+    second = run(capsys, "--check", *SELECT, "-v", ".")
+    assert len(calls) == 2, "the second run must come from the cache"
+    assert "0 analysed, 2 from the cache" in second[2]
+    assert second[:2] == first[:2]
+    assert (project / ".oom_lsp_cache" / ".gitignore").read_text().endswith("*\n")
+    # Other settings, changed content, or --no-cache: analysed again.
+    run(capsys, "--check", "--select", "OOM501", ".")
+    assert len(calls) == 4
+    risky.write_text(RISKY + "# edited\n")
+    run(capsys, "--check", *SELECT, ".")
+    assert calls[4:] == [str(risky)]
+    run(capsys, "--check", *SELECT, "--no-cache", ".")
+    assert len(calls) == 7
+
+
+def test_no_cache_writes_nothing(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "risky.py", RISKY)
+    run(capsys, "--check", *SELECT, "--no-cache", ".")
+    assert not (project / ".oom_lsp_cache").exists()
+
+
+def test_corrupt_cache_is_ignored(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "risky.py", RISKY)
+    run(capsys, "--check", *SELECT, ".")
+    cache_files = list((project / ".oom_lsp_cache").rglob("*.json"))
+    assert len(cache_files) == 1
+    cache_files[0].write_text("{not json")
+    code, out, _ = run(capsys, "--check", *SELECT, ".")
+    assert code == 1 and "OOM501" in out
+
+
+# --- rule ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_rule_docs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "rule", "OOM501")
+    assert code == 0
+    assert out.startswith("# torch-load-without-map-location (OOM501)\n")
+    for section in ("## What it does", "## Why is this bad?", "## Example", "## Use instead", "## Fix safety"):
+        assert section in out
+    assert run(capsys, "rule", "torch-load-without-map-location")[1] == out
+    assert run(capsys, "rule", "oom501")[1] == out
+    code, out, _ = run(capsys, "rule", "OOM501", "--format", "json")
+    assert json.loads(out)["code"] == "OOM501"
+
+
+def test_rule_all_json(capsys: pytest.CaptureFixture[str]) -> None:
+    from oom_lsp.analysis import registry
+
+    code, out, _ = run(capsys, "rule", "--all", "--format", "json")
+    rules = json.loads(out)
+    assert code == 0
+    assert [rule["code"] for rule in rules] == registry.all_codes()
+    for rule in rules:
+        assert set(rule) == {"code", "name", "summary", "severity", "default_enabled", "fix", "explanation", "url"}
+        assert rule["explanation"].startswith(f"# {rule['name']} ({rule['code']})")
+    by_code = {rule["code"]: rule for rule in rules}
+    assert by_code["OOM501"]["fix"] == "safe" and by_code["OOM000"]["fix"] is None
+    assert by_code["OOM900"]["default_enabled"] is False
+    code, out, _ = run(capsys, "rule", "--all")
+    headings = re.findall(r"^# [a-z0-9-]+ \((OOM\d{3})\)$", out, re.MULTILINE)
+    assert headings == [rule["code"] for rule in rules]
+
+
+# --- server and feature commands ------------------------------------------------------------------------------------------------
+
+
+def test_server_is_started_with_its_options(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[tuple[str | None, str | None]] = []
+    fake = types.ModuleType("oom_lsp.server")
+    fake.start_server = lambda tcp, log_file: started.append((tcp, log_file)) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "oom_lsp.server", fake)
+    assert run(capsys, "server", "--tcp", "127.0.0.1:2087", "--log-file", "s.log")[0] == 0
+    assert run(capsys)[0] == 0  # no arguments: the server over stdio
+    assert run(capsys, "--stdio")[0] == 0  # what vscode-languageclient passes
+    assert started == [("127.0.0.1:2087", "s.log"), (None, None), (None, None)]
+
+
+def test_server_missing_is_a_clear_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "oom_lsp.server", types.ModuleType("oom_lsp.server"))
+    code, _, err = run(capsys, "server")
+    assert code == 2 and err.startswith("error: the language server is not available")
+
+
+def test_feature_commands_plug_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(
+        tmp_path / "oom_test_feature.py",
+        "def add_parsers(subparsers):\n"
+        "    parser = subparsers.add_parser('hello', help='say hello')\n"
+        "    parser.add_argument('--name', default='world')\n"
+        "    parser.set_defaults(handler=lambda args: print('hello', args.name) or 3)\n",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "FEATURE_COMMANDS", ("oom_test_feature", "not_installed.anywhere"))
+    assert run(capsys, "hello", "--name", "you") == (3, "hello you\n", "")
+    assert "say hello" in run(capsys, "--help")[1]
+
+
+# --- the installed console script --------------------------------------------------------------------------------------------------
+
+
+def test_console_script_entry_point(project: Path) -> None:
+    write(project / "risky.py", RISKY)
+    write(project / "clean.py", CLEAN)
+    script = VENV_BIN / "oom-lsp"
+    risky = subprocess.run([str(script), "--check", *SELECT, "risky.py"], capture_output=True, text=True, timeout=120)
+    assert risky.returncode == 1 and "risky.py:2:9: OOM501" in risky.stdout
+    clean = subprocess.run([str(script), "check", *SELECT, "clean.py"], capture_output=True, text=True, timeout=120)
+    assert (clean.returncode, clean.stdout) == (0, "All checks passed!\n")
+    version = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120)
+    assert version.stdout.startswith("oom-lsp ")
+
+
+def test_check_imports_neither_pygls_lsprotocol_nor_torch(project: Path) -> None:
+    write(project / "risky.py", RISKY)
+    probe = (
+        "import sys\n"
+        "from oom_lsp.cli import main\n"
+        "code = main(['--check', '--no-cache', '--format', 'json', 'risky.py'])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pygls', 'lsprotocol', 'torch'))\n"
+        "print('HEAVY', heavy, code, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert "HEAVY [] 1" in done.stderr, done.stderr
+    assert json.loads(done.stdout)
