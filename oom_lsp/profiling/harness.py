@@ -1,0 +1,460 @@
+"""Runs INSIDE the user's interpreter: profile their training script, unchanged, for N steps.
+
+    python -m oom_lsp.profiling.harness --out DIR [--steps N] [--device auto|cpu|cuda]
+                                        [--progress-fd FD] -- SCRIPT [ARGS...]
+
+This module imports torch; the language server and `--check` never import it (the parent
+side is oom_lsp.profiling.runner). What it does:
+
+* runs SCRIPT as `__main__` the way `runpy.run_path(run_name="__main__")` does, with
+  `sys.argv = [SCRIPT, *ARGS]` and the script's folder first on `sys.path`, like `python SCRIPT ARGS`;
+* a global optimizer step post-hook ends a step each time the first optimizer that ever
+  stepped steps again (so a GAN's two optimizers make one step, not two), records the step's
+  peak, and after N steps raises a private BaseException that unwinds the script (an
+  `except Exception:` in user code does not swallow it);
+* the whole run is under `torch.profiler.profile(profile_memory=True, record_shapes=True,
+  with_stack=True)`: the allocation events, replayed in time order, give the live bytes at
+  every moment. On the CPU the per-step peaks are the maxima of that replay between step
+  markers (the method of docs/memory-estimation §2); on CUDA they are
+  `torch.cuda.max_memory_allocated()` / `max_memory_reserved()`, reset after each step. Either
+  way the blocks live at the overall peak are attributed to the innermost user-code frame of
+  the call that allocated them (per-line bytes), and to the innermost nn.Module forward;
+* writes report.json (oom_lsp.profiling.report), trace.json (`export_chrome_trace`),
+  stacks.txt (`export_stacks`) and, on CUDA, snapshot.pickle (`_record_memory_history` +
+  `_dump_snapshot`, for pytorch.org/memory_viz);
+* an out-of-memory error (torch.OutOfMemoryError, or a RuntimeError with an OOM message)
+  is parsed with oom_messages and recorded with the allocator state and the user line.
+
+Progress goes to the parent as JSON lines on --progress-fd: {"event": "started"},
+{"event": "step", "step": n, "peak_allocated": bytes, "elapsed": s}, {"event": "analysing"},
+{"event": "done", "status": ...} or {"event": "error", "kind": "no-torch", "message": ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import json
+import linecache
+import os
+import platform
+import sys
+import time
+import traceback
+import types
+import weakref
+from pathlib import Path
+from typing import Any
+
+from oom_lsp.profiling.keepalive import KeepCodeAlive
+from oom_lsp.profiling.oom_messages import Frame, from_exception, is_user_file
+from oom_lsp.profiling.report import (
+    Artifacts,
+    DeviceInfo,
+    LineUsage,
+    ModuleUsage,
+    OomFailure,
+    Report,
+    StepStats,
+)
+
+NO_TORCH_EXIT = 3
+HARNESS_FAILURE_EXIT = 2
+STEP_MARKER_PREFIX = "oom_lsp.step_end."
+TOP_LINES = 20
+TOP_MODULES = 10
+_exec = builtins.exec  # the real one, not KeepCodeAlive's wrapper: no extra frame in tracebacks
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent) + os.sep
+
+
+class StopProfiling(BaseException):
+    """Raised from the optimizer hook after the last requested step; caught by the harness."""
+
+
+class Progress:
+    """JSON lines to the parent on an inherited file descriptor (or nowhere)."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._stream = os.fdopen(fd, "w", buffering=1, encoding="utf-8") if fd is not None else None
+        self.started = time.perf_counter()
+
+    def send(self, event: str, **fields: Any) -> None:
+        if self._stream is None:
+            return
+        payload = {"event": event, "elapsed": round(time.perf_counter() - self.started, 3), **fields}
+        try:
+            self._stream.write(json.dumps(payload) + "\n")
+        except BrokenPipeError:
+            self._stream = None  # the parent stopped listening; the run itself goes on
+
+
+def is_profiled_user_file(path: str) -> bool:
+    return is_user_file(path) and not path.startswith(_PACKAGE_ROOT)
+
+
+class StepRecorder:
+    """The optimizer hook: counts steps, keeps per-step peaks, stops after `limit` steps."""
+
+    def __init__(self, torch: Any, limit: int, use_cuda: bool, progress: Progress) -> None:
+        self.torch = torch
+        self.limit = limit
+        self.use_cuda = use_cuda
+        self.progress = progress
+        self.steps: list[StepStats] = []
+        self._first_optimizer: weakref.ref[Any] | None = None
+        self.step_started = time.perf_counter()
+        self._marker_names: list[str] = []  # the profiler keeps a pointer to each name: keep them alive
+        self.stopping = False
+
+    def hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.stopping:
+            return
+        if self._first_optimizer is None:
+            self._first_optimizer = weakref.ref(optimizer)
+        elif self._first_optimizer() is not optimizer:
+            return
+        self.end_step()
+        if len(self.steps) >= self.limit:
+            self.stopping = True
+            raise StopProfiling()
+
+    def end_step(self) -> None:
+        index = len(self.steps) + 1
+        name = f"{STEP_MARKER_PREFIX}{index}"
+        self._marker_names.append(name)
+        with self.torch.autograd.profiler.record_function(name):
+            pass
+        now = time.perf_counter()
+        step = StepStats(index=index, peak_allocated=0, wall_time=round(now - self.step_started, 6))
+        if self.use_cuda:
+            cuda = self.torch.cuda
+            step.peak_allocated = int(cuda.max_memory_allocated())
+            step.peak_reserved = int(cuda.max_memory_reserved())
+            cuda.reset_peak_memory_stats()
+        self.steps.append(step)
+        self.step_started = now
+        self.progress.send("step", step=index, peak_allocated=step.peak_allocated if self.use_cuda else None)
+
+
+class ModuleNames:
+    """Qualified names of modules (by id) and the batch size, from a global forward pre-hook.
+
+    The first time a module that is not yet known runs, it is a root: all its submodules get
+    names under it ("Net.encoder.0"). The first root's first tensor argument gives the batch
+    size (its first dimension) and the input shape.
+    """
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.names: dict[int, tuple[str, str]] = {}
+        self.batch_size: int | None = None
+        self.input_shape: list[int] | None = None
+        self._keep_alive: list[Any] = []  # ids stay valid only while the module lives
+
+    def pre_hook(self, module: Any, args: Any) -> None:
+        if id(module) in self.names:
+            return
+        root = type(module).__name__
+        for name, sub in module.named_modules():
+            self.names.setdefault(id(sub), (f"{root}.{name}" if name else root, type(sub).__name__))
+            self._keep_alive.append(sub)
+        if self.input_shape is None:
+            tensor = next((a for a in args if isinstance(a, self.torch.Tensor)), None)
+            if tensor is not None and tensor.dim() > 0:
+                self.input_shape = list(tensor.shape)
+                self.batch_size = int(tensor.shape[0])
+
+
+def _frames_of(tb: Any) -> list[Frame]:
+    frames = []
+    for summary in traceback.extract_tb(tb):
+        frames.append(Frame(summary.filename, summary.lineno or 0, summary.name, summary.line or None))
+    return frames
+
+
+def _source_line(file: str, line: int) -> str | None:
+    text = linecache.getline(file, line).strip()
+    return text or None
+
+
+def analyse_allocations(prof: Any, device_type: str, names: ModuleNames) -> dict[str, Any]:
+    """Replay the profiler's allocation events: peaks per step window and the live set at the peak."""
+    from torch._C._profiler import _EventType  # private, present since torch 1.13
+
+    allocations = []
+    markers: dict[int, int] = {}
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation:
+            if node.extra_fields.device.type == device_type:
+                allocations.append(node)
+        elif node.tag == _EventType.TorchOp:
+            name = node.name
+            if name.startswith(STEP_MARKER_PREFIX):
+                markers[int(name[len(STEP_MARKER_PREFIX):])] = node.start_time_ns
+    # A free and a reuse of the same address can share a timestamp: frees first.
+    allocations.sort(key=lambda n: (n.start_time_ns, n.extra_fields.alloc_size > 0))
+    boundaries = [markers[i] for i in sorted(markers)]
+
+    live: dict[int, int] = {}
+    total = 0
+    peak = 0
+    peak_index = -1
+    step_peaks = [0] * (len(boundaries) + 1)  # the last window is a step cut short (OOM, exit)
+    window = 0
+    for position, node in enumerate(allocations):
+        fields = node.extra_fields
+        while window < len(boundaries) and node.start_time_ns > boundaries[window]:
+            window += 1
+            step_peaks[window] = total  # what is live when a step starts counts toward its peak
+        if fields.alloc_size > 0:
+            live[fields.ptr] = fields.alloc_size
+            total += fields.alloc_size
+        elif fields.ptr in live:  # frees of blocks allocated before profiling started are unknown
+            total -= live.pop(fields.ptr)
+        step_peaks[window] = max(step_peaks[window], total)
+        if total > peak:
+            peak, peak_index = total, position
+
+    live_nodes: dict[int, Any] = {}
+    for node in allocations[: peak_index + 1]:
+        fields = node.extra_fields
+        if fields.alloc_size > 0:
+            live_nodes[fields.ptr] = node
+        else:
+            live_nodes.pop(fields.ptr, None)
+
+    lines: dict[tuple[str, int], LineUsage] = {}
+    modules: dict[str, ModuleUsage] = {}
+    for node in live_nodes.values():
+        size = node.extra_fields.alloc_size
+        where, module = _attribute(node, _EventType)
+        if where is not None:
+            usage = lines.get(where[:2])
+            if usage is None:
+                usage = lines[where[:2]] = LineUsage(where[0], where[1], 0, where[2], _source_line(*where[:2]))
+            usage.bytes += size
+            usage.allocations += 1
+        if module is not None and module in names.names:
+            qualified, kind = names.names[module]
+            entry = modules.setdefault(qualified, ModuleUsage(qualified, kind, 0))
+            entry.bytes += size
+    return {
+        "peak": peak,
+        "step_peaks": step_peaks,
+        "completed_windows": len(boundaries),
+        "top_lines": sorted(lines.values(), key=lambda u: (-u.bytes, u.file, u.line))[:TOP_LINES],
+        "top_modules": sorted(modules.values(), key=lambda m: (-m.bytes, m.name))[:TOP_MODULES],
+        "unattributed": peak - sum(u.bytes for u in lines.values()),
+    }
+
+
+def _attribute(node: Any, event_type: Any) -> tuple[tuple[str, int, str] | None, int | None]:
+    """The innermost user-code call site above an allocation, and the innermost module."""
+    where = None
+    module = None
+    parent = node.parent
+    while parent is not None and (where is None or module is None):
+        if parent.tag in (event_type.PyCall, event_type.PyCCall):
+            fields = parent.extra_fields
+            caller = fields.caller
+            if where is None and is_profiled_user_file(caller.file_name):
+                where = (caller.file_name, caller.line_number, caller.function_name)
+            if module is None and parent.tag == event_type.PyCall and fields.module is not None:
+                module = fields.module.self_ptr
+        parent = parent.parent
+    return where, module
+
+
+def _device_info(torch: Any, use_cuda: bool) -> DeviceInfo:
+    if use_cuda:
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return DeviceInfo("cuda", props.name, index, int(props.total_memory))
+    return DeviceInfo("cpu", platform.processor() or platform.machine() or None)
+
+
+def _memory_state(torch: Any, use_cuda: bool) -> dict[str, int]:
+    if not use_cuda:
+        return {}
+    cuda = torch.cuda
+    return {
+        "allocated": int(cuda.memory_allocated()),
+        "reserved": int(cuda.memory_reserved()),
+        "max_allocated": int(cuda.max_memory_allocated()),
+        "max_reserved": int(cuda.max_memory_reserved()),
+    }
+
+
+def run(script: Path, script_args: list[str], out: Path, steps: int, device: str, progress: Progress) -> Report:
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        raise SystemExit(f"oom-lsp: --device cuda, but torch {torch.__version__} sees no CUDA device")
+    notes: list[str] = []
+
+    # Keep absolute file names in the profiler's Python frames (it shortens them by sys.path).
+    import torch.profiler.python_tracer as python_tracer
+
+    python_tracer._prefix_regex = lambda: []
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook  # torch >= 2.0
+
+    recorder = StepRecorder(torch, steps, use_cuda, progress)
+    names = ModuleNames(torch)
+    hooks = [
+        register_optimizer_step_post_hook(recorder.hook),
+        torch.nn.modules.module.register_module_forward_pre_hook(names.pre_hook),
+    ]
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if use_cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+
+    report = Report(
+        script=str(script),
+        argv=list(script_args),
+        status="finished",
+        device=_device_info(torch, use_cuda),
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda if use_cuda else None,
+        python_version=platform.python_version(),
+        measured_with="cuda-allocator" if use_cuda else "cpu-profiler",
+        steps_requested=steps,
+    )
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [str(script), *script_args]
+    sys.path.insert(0, str(script.parent))
+    progress.send("started", device=report.device.type)
+    started = time.perf_counter()
+    profiler = torch.profiler.profile(
+        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+    )
+    code = compile(script.read_bytes(), str(script), "exec", dont_inherit=True)
+    main_module = types.ModuleType("__main__")
+    main_module.__dict__.update(__file__=str(script), __cached__=None, __loader__=None, __package__=None,
+                                __spec__=None, __builtins__=builtins)
+    saved_main = sys.modules["__main__"]
+    sys.modules["__main__"] = main_module
+    keep_code = KeepCodeAlive().__enter__()
+    profiler.start()
+    try:
+        # runpy.run_path(run_name="__main__") does this too, but throws its code objects away when the
+        # script ends; the profiler's Python events point at their names, so `code` must outlive the
+        # analysis below (it holds every function's code object, nested ones included).
+        _exec(code, main_module.__dict__)
+    except StopProfiling:
+        report.status = "completed"
+    except SystemExit as exc:
+        report.status = "exited"
+        report.exit_code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception as exc:  # the user's failure is the result: record it, print it like Python would
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)  # from the script's frame on
+        oom = from_exception(exc, _frames_of(exc.__traceback__))
+        if oom is not None:
+            report.status = "oom"
+            report.oom = OomFailure(oom, _memory_state(torch, use_cuda), step=len(recorder.steps) + 1)
+        else:
+            report.status = "error"
+            report.error = f"{type(exc).__qualname__}: {exc}"
+    finally:
+        recorder.stopping = True
+        profiler.stop()
+        keep_code.__exit__(None, None, None)
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        sys.modules["__main__"] = saved_main
+        for handle in hooks:
+            handle.remove()
+    ended = time.perf_counter()
+    report.wall_time = round(ended - started, 6)
+
+    progress.send("analysing")
+    trace = out / "trace.json"
+    profiler.export_chrome_trace(str(trace))
+    report.artifacts.trace = trace.name
+    stacks = out / "stacks.txt"
+    try:
+        profiler.export_stacks(str(stacks), "self_cuda_time_total" if use_cuda else "self_cpu_time_total")
+        report.artifacts.stacks = stacks.name
+    except UnicodeDecodeError as exc:  # a code object freed outside KeepCodeAlive's reach (see keepalive.py)
+        notes.append(f"stacks.txt not written: torch returned an undecodable frame name ({exc})")
+    analysis = analyse_allocations(profiler, "cuda" if use_cuda else "cpu", names)
+    report.top_lines = analysis["top_lines"]
+    report.top_modules = analysis["top_modules"]
+    report.batch_size, report.input_shape = names.batch_size, names.input_shape
+    if analysis["unattributed"] > 0:
+        notes.append(
+            f"{analysis['unattributed']} bytes live at the peak were allocated with no user-code frame above them "
+            "(e.g. before the script ran, or on another thread)"
+        )
+    cut_short = report.status != "completed"
+    if use_cuda:
+        if cut_short:
+            recorder.steps.append(StepStats(
+                len(recorder.steps) + 1, int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved()),
+                round(ended - recorder.step_started, 6), complete=False,
+            ))
+        report.steps = recorder.steps
+        report.peak_allocated = max([s.peak_allocated for s in recorder.steps] + [int(torch.cuda.max_memory_allocated())])
+        report.peak_reserved = max(
+            [s.peak_reserved or 0 for s in recorder.steps] + [int(torch.cuda.max_memory_reserved())]
+        )
+        report.memory_summary = torch.cuda.memory_summary()
+        snapshot = out / "snapshot.pickle"
+        torch.cuda.memory._dump_snapshot(str(snapshot))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        report.artifacts.snapshot = snapshot.name
+    else:
+        for step, peak in zip(recorder.steps, analysis["step_peaks"]):
+            step.peak_allocated = peak
+        if cut_short and analysis["step_peaks"][-1] > 0:
+            recorder.steps.append(StepStats(
+                len(recorder.steps) + 1, analysis["step_peaks"][-1],
+                wall_time=round(ended - recorder.step_started, 6), complete=False,
+            ))
+        report.steps = recorder.steps
+        report.peak_allocated = analysis["peak"]
+        notes.append("CPU run: peaks are the c10 CPU allocator's live bytes (no caching, no 512 B rounding)")
+    if report.status == "finished" and len(report.steps) < steps:
+        notes.append(f"the script ended after {len(report.steps)} of {steps} optimizer steps")
+
+    report.notes = notes
+    report.write(out / "report.json")
+    del keep_code, code  # the profile has been read: its code objects may go now
+    progress.send("done", status=report.status)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m oom_lsp.profiling.harness")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--progress-fd", type=int)
+    parser.add_argument("script", type=Path)
+    parser.add_argument("script_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    progress = Progress(args.progress_fd)
+    try:
+        import torch  # noqa: F401  (only to fail early and clearly)
+    except ImportError as exc:
+        progress.send("error", kind="no-torch", message=f"{sys.executable} has no torch: {exc}")
+        print(f"oom-lsp: {sys.executable} has no torch: {exc}", file=sys.stderr)
+        return NO_TORCH_EXIT
+    report = run(args.script.resolve(), script_args, args.out.resolve(), args.steps, args.device, progress)
+    return 0 if report.status in ("completed", "finished", "exited") else 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Leave at once: a user thread that never ends or an atexit handler must not keep the
+    # process (and the parent waiting on it) alive once the report is written.
+    os._exit(code)
