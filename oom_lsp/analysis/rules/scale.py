@@ -84,7 +84,13 @@ class _Candidate:
     shadowing_parameters: frozenset[str] = frozenset()
     target: str | None = None
     statement: cst.SimpleStatementLine | None = None
+    # A stack of layers: its depth, a literal or a parameter's default
+    # (`layers_keyword`: callers may override it), or a config field read as
+    # `config.<layers_field>` whose value is known only after the pass.
+    is_stack: bool = False
     layers: int | None = None
+    layers_keyword: str | None = None
+    layers_field: str | None = None
 
 
 @register
@@ -214,6 +220,35 @@ class NoGradientCheckpointing(Rule):
             encoder(x).sum().backward()
             """
         ),
+        # The default depth is overridden by a caller.
+        Valid(
+            """\
+            import torch.nn as nn
+            class Encoder(nn.Module):
+                def __init__(self, depth=16):
+                    super().__init__()
+                    self.layers = nn.TransformerEncoder(layer, num_layers=depth)
+            encoder = Encoder(depth=args.depth)
+            encoder(x).sum().backward()
+            """
+        ),
+        # A config field that the script sets elsewhere.
+        Valid(
+            """\
+            import torch
+            from torch import nn
+            class Config:
+                n_layer: int = 24
+            class Net(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+            config = Config()
+            config.n_layer = args.layers
+            opt = torch.optim.AdamW(Net(config).parameters())
+            opt.step()
+            """
+        ),
         # Not transformers' AutoModel.
         Valid(
             """\
@@ -302,6 +337,40 @@ class NoGradientCheckpointing(Rule):
             """,
             line=5,
         ),
+        # The depth is a parameter's default...
+        Invalid(
+            """\
+            import torch.nn as nn
+            class Encoder(nn.Module):
+                def __init__(self, width=512, depth=16):
+                    super().__init__()
+                    self.layers = nn.TransformerEncoder(layer, num_layers=depth)
+            Encoder()(x).sum().backward()
+            """,
+            line=5,
+        ),
+        # ... or a config dataclass field.
+        Invalid(
+            """\
+            import torch
+            from dataclasses import dataclass
+            from torch import nn
+
+            @dataclass
+            class Config:
+                n_layer: int = 24
+
+            class Net(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+
+            model = Net(Config(n_layer=32))
+            opt = torch.optim.AdamW(model.parameters())
+            opt.step()
+            """,
+            line=12,
+        ),
         # Passed to a Trainer positionally, loaded without assignment: no fix.
         Invalid(
             """\
@@ -324,10 +393,19 @@ class NoGradientCheckpointing(Rule):
         # `.eval()` and never `.train()` is a model used for inference.
         self._train_mode_names: set[str] = set()
         self._eval_mode_names: set[str] = set()
+        # Class-level fields (`n_layer: int = 24`), keyword arguments and
+        # attribute assignments seen anywhere: what can change a default depth.
+        self._class_fields: dict[str, list[int | None]] = {}
+        self._keyword_values: dict[str, list[cst.BaseExpression]] = {}
+        self._assigned_attributes: set[str] = set()
         # Module-level `NAME = "string"`; None when assigned more than once.
         self._constants: dict[str, str | None] = {}
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target.target, cst.Attribute):
+                self._assigned_attributes.add(target.target.attr.value)
+            self._note_class_field(target.target, node.value)
         tracker = self.context.tracker
         if tracker.current_function is not None or tracker.in_loop or len(node.targets) != 1:
             return
@@ -346,15 +424,36 @@ class NoGradientCheckpointing(Rule):
         if qualified in ("torch.nn.TransformerEncoder", "torch.nn.TransformerDecoder"):
             layers = get_arg(node, "num_layers", 1)
             if isinstance(layers, cst.Arg):
-                self._note_stack(node, int_value(layers.value))
+                self._note_stack(node, layers.value)
         elif qualified in ("torch.nn.ModuleList", "torch.nn.Sequential"):
-            self._note_stack(node, _repeated_blocks(node))
+            count = _repeated_blocks(node)
+            if count is not None:
+                self._note_stack(node, count)
+        for argument in node.args:
+            if argument.keyword is not None:
+                self._keyword_values.setdefault(argument.keyword.value, []).append(argument.value)
 
-    def _note_stack(self, node: cst.Call, layers: int | None) -> None:
-        if layers is not None and layers >= 12:
-            self._candidates.append(
-                _Candidate(call=node, path=tuple(self.context.tracker.statements), layers=layers)
-            )
+    def _note_stack(self, node: cst.Call, count: cst.BaseExpression) -> None:
+        candidate = _Candidate(call=node, path=tuple(self.context.tracker.statements), is_stack=True)
+        function = self.context.tracker.current_function
+        if isinstance(count, cst.Name) and function is not None:
+            candidate.layers = _parameter_default(function, count.value)
+            candidate.layers_keyword = count.value
+        elif isinstance(count, cst.Attribute):
+            candidate.layers_field = count.attr.value
+        else:
+            candidate.layers = int_value(count)
+        if candidate.layers is not None or candidate.layers_field is not None:
+            self._candidates.append(candidate)
+
+    def _note_class_field(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
+        """`n_layer: int = 24` in a class body (a config dataclass)."""
+        statements = self.context.tracker.statements
+        if len(statements) >= 2 and isinstance(statements[-2], cst.ClassDef) and isinstance(target, cst.Name):
+            self._class_fields.setdefault(target.value, []).append(int_value(value) if value else None)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._note_class_field(node.target, node.value)
 
     def _note_pretrained(self, node: cst.Call, receiver: cst.BaseExpression) -> None:
         qualified = self.context.qualified_name(receiver)
@@ -447,12 +546,35 @@ class NoGradientCheckpointing(Rule):
         if not self._candidates or not self._trains or _CHECKPOINTING_RE.search(self.context.source):
             return
         for candidate in self._candidates:
-            if candidate.layers is not None:
+            if candidate.is_stack:
                 self._report_stack(candidate)
             else:
                 self._report_pretrained(candidate)
 
+    def _depth(self, candidate: _Candidate) -> int | None:
+        """The stack's depth, unless something in the file may set another one."""
+        if candidate.layers_field is not None:
+            field = candidate.layers_field
+            values = self._class_fields.get(field, [])
+            if len(values) != 1 or field in self._assigned_attributes:
+                return None
+            depth, keyword = values[0], field
+        else:
+            depth, keyword = candidate.layers, candidate.layers_keyword
+        if depth is None:
+            return None
+        if keyword is not None:
+            overrides = [int_value(value) for value in self._keyword_values.get(keyword, [])]
+            if any(override is None or override < 12 for override in overrides):
+                return None
+            depth = min([depth, *overrides])  # type: ignore[list-item]
+        return depth
+
     def _report_stack(self, candidate: _Candidate) -> None:
+        depth = self._depth(candidate)
+        if depth is None or depth < 12:
+            return
+        candidate.layers = depth
         self.context.add_report(
             self._deferred(
                 candidate,
@@ -524,9 +646,18 @@ def _loaded_model(expr: cst.BaseExpression) -> cst.Call | None:
         expr = receiver
 
 
-def _repeated_blocks(call: cst.Call) -> int | None:
+def _parameter_default(function: cst.FunctionDef, name: str) -> int | None:
+    """The integer literal default of `function`'s parameter `name`."""
+    parameters = function.params
+    for parameter in (*parameters.posonly_params, *parameters.params, *parameters.kwonly_params):
+        if parameter.name.value == name:
+            return int_value(parameter.default) if parameter.default is not None else None
+    return None
+
+
+def _repeated_blocks(call: cst.Call) -> cst.BaseExpression | None:
     """N for `ModuleList([Block(...) for _ in range(N)])` or
-    `Sequential(*[Layer() for _ in range(N)])`, N a literal."""
+    `Sequential(*[Layer() for _ in range(N)])`."""
     if len(call.args) != 1:
         return None
     comprehension = call.args[0].value
@@ -544,9 +675,9 @@ def _repeated_blocks(call: cst.Call) -> int | None:
         return None
     bounds = [argument.value for argument in iterator.args]
     if len(bounds) == 1:
-        return int_value(bounds[0])
+        return bounds[0]
     if len(bounds) == 2 and int_value(bounds[0]) == 0:
-        return int_value(bounds[1])
+        return bounds[1]
     return None
 
 

@@ -213,6 +213,20 @@ class CatInLoop(Rule):
             """,
             line=4,
         ),
+        # The first-piece idiom: reported, no fix (the loop tests the accumulator).
+        Invalid(
+            """\
+            import torch
+            all_logits = None
+            for batch in loader:
+                logits = model(**batch).logits
+                if all_logits is None:
+                    all_logits = logits
+                else:
+                    all_logits = torch.cat((all_logits, logits), dim=0)
+            """,
+            line=8,
+        ),
         # torch.stack grows too; stacking once would give another shape: no fix.
         Invalid(
             """\
@@ -274,12 +288,18 @@ class CatInLoop(Rule):
         if position is None:
             return
         loop = tracker.loops[-1]
-        # Exactly the target and the element: the loop reads it nowhere else.
-        if len(references(loop, accumulator)) != 2:
+        # The loop reads the accumulator nowhere else (but the first-piece
+        # idiom `if x is None: x = y else: x = cat([x, y])` is accumulation too).
+        others = [
+            reference
+            for reference in references(loop, accumulator)
+            if reference is not node.targets[0].target and reference is not elements[position].value
+        ]
+        if not _only_first_piece_idiom(loop, accumulator, others):
             return
         short = function.rsplit(".", 1)[-1]
         fix = None
-        if position == 0 and len(elements) == 2 and isinstance(elements[1], cst.Element):
+        if not others and position == 0 and len(elements) == 2 and isinstance(elements[1], cst.Element):
             fix = self._fix(node, call, loop, accumulator, function, elements[1].value)
         self.report(
             node,
@@ -375,6 +395,24 @@ class CatInLoop(Rule):
                 break
             outer.append(statement)
         return outer
+
+
+def _only_first_piece_idiom(loop: cst.CSTNode, accumulator: str, others: list[cst.BaseExpression]) -> bool:
+    """Whether every reference in `others` is a `x is None` / `x is not None`
+    test or the target of an assignment that does not read `x`."""
+    allowed: set[int] = set()
+    for node in descendants(loop):
+        if (
+            isinstance(node, cst.Comparison)
+            and len(node.comparisons) == 1
+            and isinstance(node.comparisons[0].operator, (cst.Is, cst.IsNot))
+            and isinstance(node.comparisons[0].comparator, cst.Name)
+            and node.comparisons[0].comparator.value == "None"
+        ):
+            allowed.add(id(node.left))
+        elif isinstance(node, cst.Assign) and not references(node.value, accumulator):
+            allowed.update(id(target.target) for target in node.targets)
+    return all(id(reference) in allowed for reference in others)
 
 
 def _assigned_just_before(block: object, loop: cst.CSTNode, accumulator: str) -> bool:
