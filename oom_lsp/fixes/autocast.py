@@ -24,9 +24,12 @@ from libcst._nodes.internal import CodegenState
 
 from oom_lsp.analysis.rule import InsertBefore, InsertLinesBefore, NodeEdit, Replace
 
-# Calls that only move or reinterpret data: nothing for autocast to speed up,
-# so a statement made of these ends the wrapped region.
-_DATA_MOVES = {"to", "cuda", "float", "long", "int", "contiguous", "pin_memory", "squeeze", "unsqueeze"}
+# Calls that only move, reinterpret or describe data: nothing for autocast to
+# speed up, so leading statements made of these stay outside the region.
+_DATA_MOVES = {
+    "to", "cuda", "float", "long", "int", "contiguous", "pin_memory", "squeeze", "unsqueeze",
+    "items", "keys", "values", "size", "dim", "numel",
+}  # fmt: skip
 
 
 def read_names(node: cst.CSTNode) -> set[str]:
@@ -103,7 +106,7 @@ def _binds_any(statement: cst.BaseStatement, names: set[str]) -> bool:
 
 def _computes(expr: cst.CSTNode) -> bool:
     """Whether an expression does work autocast applies to: a call that is not
-    a data move, or arithmetic."""
+    a data move, or arithmetic (index arithmetic in a subscript is not)."""
     stack: list[cst.CSTNode] = [expr]
     while stack:
         current = stack.pop()
@@ -113,11 +116,14 @@ def _computes(expr: cst.CSTNode) -> bool:
             func = current.func
             if not (isinstance(func, cst.Attribute) and func.attr.value in _DATA_MOVES):
                 return True
-        stack.extend(current.children)
+        if isinstance(current, cst.Subscript):
+            stack.append(current.value)
+        else:
+            stack.extend(current.children)
     return False
 
 
-def _has_call(statements: Sequence[tuple[set[str], cst.BaseExpression]]) -> bool:
+def _has_call(statements: Sequence[tuple[cst.SimpleStatementLine, cst.BaseExpression]]) -> bool:
     for _, value in statements:
         stack: list[cst.CSTNode] = [value]
         while stack:
@@ -150,20 +156,22 @@ def forward_and_loss(
         position -= 1
     if position < 0:
         return None
-    chain: list[cst.SimpleStatementLine] = []
-    parts: list[tuple[set[str], cst.BaseExpression]] = []
+    chain: list[tuple[cst.SimpleStatementLine, cst.BaseExpression]] = []
     while position >= 0:
         statement = statements[position]
         assignment = _assignment(statement)
-        if assignment is None or not (assignment[0] & needed) or not _computes(assignment[1]):
+        if assignment is None or not (assignment[0] & needed):
             break
-        chain.insert(0, statement)  # type: ignore[arg-type]
-        parts.append(assignment)
+        chain.insert(0, (statement, assignment[1]))  # type: ignore[arg-type]
         needed = (needed - assignment[0]) | read_names(assignment[1])
         position -= 1
-    if not chain or not _has_call(parts):
+    # Leading data preparation (`x, y = batch`, `x = x.to(device)`) stays
+    # outside: autocast has nothing to do there.
+    while chain and not _computes(chain[0][1]):
+        chain.pop(0)
+    if not chain or not _has_call(chain):
         return None
-    return chain
+    return [statement for statement, _ in chain]
 
 
 def wrap_in_autocast(

@@ -707,6 +707,22 @@ class DatasetOnDevice(Rule):
                 return self._holds_dataset(called[0])
         return False
 
+    def _builds_named_dataset(self, move: cst.Call, moved: cst.BaseExpression) -> bool:
+        """`X_train = torch.from_numpy(load_images(...)).to(device)`: a tensor
+        built from whatever the file's own loader returns, named as a dataset."""
+        statement = self.context.tracker.current_statement
+        if not isinstance(statement, cst.SimpleStatementLine) or not isinstance(statement.body[0], cst.Assign):
+            return False
+        assign = statement.body[0]
+        if assign.value is not move or len(assign.targets) != 1:
+            return False
+        target = assign.targets[0].target
+        if not isinstance(target, cst.Name) or not _dataset_named(target.value):
+            return False
+        while (called := method_call(moved)) is not None and called[1] in _KEEPING_METHODS:
+            moved = called[0]
+        return isinstance(moved, cst.Call) and self.context.call_name(moved) in _TENSOR_CONSTRUCTORS
+
     def visit_Call(self, node: cst.Call) -> None:
         tracker = self.context.tracker
         if tracker.in_loop or any(_PER_BATCH_FUNCTION_RE.search(f.name.value) for f in tracker.functions):
@@ -723,7 +739,7 @@ class DatasetOnDevice(Rule):
             device = get_arg(node, "device")
             if device is not None and device is not UNKNOWN and is_device_expression(device.value, self.context):
                 moved = node.args[0].value
-        if moved is None or not self._holds_dataset(moved):
+        if moved is None or not (self._holds_dataset(moved) or self._builds_named_dataset(node, moved)):
             return
         shown = self.context.code_for(moved)
         if len(shown) > 40 or "\n" in shown:
