@@ -186,9 +186,10 @@ def resident_bytes(pid: int) -> int:
 def measure(tool: str, round_number: int, command: list[str], cwd: Path, count_findings) -> Measurement:
     LOGS.mkdir(parents=True, exist_ok=True)
     log = LOGS / f"{tool.replace(' ', '-')}-round{round_number}.out"
-    with open(log, "wb") as out:
+    errors = log.with_suffix(".err")
+    with open(log, "wb") as out, open(errors, "wb") as err:
         started = time.perf_counter()
-        process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=err)
         tree_peak, max_processes = 0, 1
         while True:
             pid, status, usage = os.wait4(process.pid, os.WNOHANG)
@@ -210,22 +211,19 @@ def measure(tool: str, round_number: int, command: list[str], cwd: Path, count_f
         largest_process_rss_mb=usage.ru_maxrss / 1024,
         max_processes=max_processes,
         exit_code=process.returncode,
-        findings=count_findings(output),
+        findings=count_findings(output, errors.read_text(errors="replace")),
         log=str(log.relative_to(REPO_ROOT)),
     )
 
 
-def oom_lsp_findings(output: str) -> int | None:
-    parsed = parse_oom_lsp_json(output)
+def oom_lsp_findings(stdout: str, stderr: str) -> int | None:
+    parsed = parse_oom_lsp_json(stdout)
     return None if parsed is None else len(parsed)
 
 
-def parse_oom_lsp_json(output: str) -> list[dict] | None:
-    start = output.find("[")
-    if start < 0:
-        return None
+def parse_oom_lsp_json(stdout: str) -> list[dict] | None:
     try:
-        parsed = json.loads(output[start:])
+        parsed = json.loads(stdout)
     except json.JSONDecodeError:
         return None
     return parsed if isinstance(parsed, list) else None
@@ -251,13 +249,13 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str], object, object]
         torchfix = tool_venv("torchfix", f"torchfix=={TORCHFIX_VERSION}", "torchfix")
         runs.append(
             ("torchfix", [str(torchfix), "--select", "ALL", "."],
-             lambda output: len(TORCHFIX_FINDING_RE.findall(output)), None)
+             lambda stdout, stderr: len(TORCHFIX_FINDING_RE.findall(stdout + stderr)), None)
         )
     if not args.skip_ruff:
         ruff = tool_venv("ruff", f"ruff=={RUFF_VERSION}", "ruff")
         runs.append(
             ("ruff", [str(ruff), "check", "--select", "ALL", "--no-cache", "--output-format", "concise", "."],
-             lambda output: len(RUFF_FINDING_RE.findall(output)), None)
+             lambda stdout, stderr: len(RUFF_FINDING_RE.findall(stdout)), None)
         )
     return runs
 
