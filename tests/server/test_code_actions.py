@@ -1,0 +1,127 @@
+"""Quick fixes, "Ignore OOMxxx for this line" and fix-all, applied the way a
+client applies them."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from lsprotocol import types
+from pytest_lsp import LanguageClient
+
+from tests.server.lsp_session import apply_text_edits, diagnostics_for, edits_of, open_document, replace_text
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n'
+_names = itertools.count()
+
+
+async def _open(client: LanguageClient, text: str) -> tuple[str, list[types.Diagnostic]]:
+    uri = (client.root / f"actions{next(_names)}.py").as_uri()
+    since = len(client.published)
+    open_document(client, uri, text)
+    return uri, await diagnostics_for(client, uri, 1, since)
+
+
+async def _actions(
+    client: LanguageClient, uri: str, diagnostics: list[types.Diagnostic], only: list[str] | None = None
+) -> list[types.CodeAction]:
+    target = diagnostics[0].range if diagnostics else types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=0))
+    result = await client.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=target,
+            context=types.CodeActionContext(diagnostics=diagnostics, only=only),
+        )
+    )
+    return list(result or [])
+
+
+def _encoding(client: LanguageClient) -> str:
+    return client.init_result.capabilities.position_encoding
+
+
+def _by_title(actions: list[types.CodeAction], title: str) -> types.CodeAction:
+    matching = [action for action in actions if action.title == title]
+    assert len(matching) == 1, [action.title for action in actions]
+    return matching[0]
+
+
+async def test_quick_fix_is_preferred_and_applies(client: LanguageClient):
+    uri, diagnostics = await _open(client, LOAD)
+    actions = await _actions(client, uri, diagnostics)
+    fix = _by_title(actions, 'oom-lsp (OOM501): Pass `map_location="cpu"`')
+    assert fix.kind == types.CodeActionKind.QuickFix
+    assert fix.is_preferred is True
+    assert list(fix.diagnostics) == diagnostics
+    fixed = apply_text_edits(LOAD, edits_of(fix, uri), _encoding(client))
+    assert fixed == 'import torch\n\nstate = torch.load("ckpt.pt", map_location="cpu")\n'
+    if client.capabilities.workspace.workspace_edit.document_changes:
+        (change,) = fix.edit.document_changes
+        assert change.text_document.version == 1, "edits carry the version they were computed for"
+
+
+async def test_ignore_for_this_line(client: LanguageClient):
+    uri, diagnostics = await _open(client, LOAD)
+    action = _by_title(await _actions(client, uri, diagnostics), "oom-lsp (OOM501): Ignore OOM501 for this line")
+    assert not action.is_preferred
+    fixed = apply_text_edits(LOAD, edits_of(action, uri), _encoding(client))
+    assert fixed == 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM501]\n'
+    since = len(client.published)
+    replace_text(client, uri, 2, fixed)
+    assert await diagnostics_for(client, uri, 2, since) == []
+
+
+async def test_ignore_merges_with_an_existing_comment(client: LanguageClient):
+    text = 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM301] reviewed\n'
+    uri, diagnostics = await _open(client, text)
+    action = _by_title(await _actions(client, uri, diagnostics), "oom-lsp (OOM501): Ignore OOM501 for this line")
+    fixed = apply_text_edits(text, edits_of(action, uri), _encoding(client))
+    assert fixed == 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM301, OOM501] reviewed\n'
+
+
+async def test_fix_all_applies_every_safe_fix_as_one_edit(client: LanguageClient):
+    text = 'import torch\n\nfirst = torch.load("a.pt")\nsecond = torch.load("é.pt")\n'
+    uri, diagnostics = await _open(client, text)
+    assert len(diagnostics) == 2
+    (fix_all,) = await _actions(client, uri, [], only=["source.fixAll"])
+    assert fix_all.kind == "source.fixAll.oom-lsp"
+    edits = edits_of(fix_all, uri)
+    assert len(edits) == 1
+    fixed = apply_text_edits(text, edits, _encoding(client))
+    assert fixed == (
+        'import torch\n\nfirst = torch.load("a.pt", map_location="cpu")\n'
+        'second = torch.load("é.pt", map_location="cpu")\n'
+    )
+    # Offered in the light-bulb list too, where there is something safe to fix.
+    titles = [action.title for action in await _actions(client, uri, diagnostics[:1])]
+    assert "oom-lsp: Fix all auto-fixable problems" in titles
+
+
+async def test_fix_all_on_a_clean_file_offers_nothing(client: LanguageClient):
+    uri, diagnostics = await _open(client, "import torch\n\nx = torch.zeros(3)\n")
+    assert diagnostics == []
+    assert await _actions(client, uri, [], only=["source.fixAll.oom-lsp"]) == []
+
+
+async def test_only_filters_kinds(client: LanguageClient):
+    uri, diagnostics = await _open(client, LOAD)
+    quick_fixes = await _actions(client, uri, diagnostics, only=["quickfix"])
+    assert {action.kind for action in quick_fixes} == {"quickfix"}
+    assert await _actions(client, uri, diagnostics, only=["refactor"]) == []
+
+
+async def test_diagnostics_of_an_older_version_get_no_actions(client: LanguageClient):
+    uri, diagnostics = await _open(client, LOAD)
+    since = len(client.published)
+    shifted = "# a new first line\n" + LOAD
+    replace_text(client, uri, 2, shifted)
+    await diagnostics_for(client, uri, 2, since)
+    assert await _actions(client, uri, diagnostics, only=["quickfix"]) == []
+
+
+async def test_syntax_errors_get_no_ignore_action(client: LanguageClient):
+    uri, diagnostics = await _open(client, "import torch\nx = (\n")
+    assert [d.code for d in diagnostics] == ["OOM000"]
+    assert await _actions(client, uri, diagnostics) == []
