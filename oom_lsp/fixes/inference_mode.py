@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import libcst as cst
-from libcst._nodes.internal import CodegenState
 
 from oom_lsp.analysis.rule import InsertLinesBefore, NodeEdit, Replace
+from oom_lsp.fixes.codegen import code_at_indent
 
 
 def decorate(function: cst.FunctionDef, reference: str) -> tuple[NodeEdit, ...]:
@@ -34,10 +34,7 @@ def wrap(
         items=[cst.WithItem(item=cst.parse_expression(f"{reference}()"))],
         body=cst.IndentedBlock(body=[_without_tail(statement.with_changes(leading_lines=()))]),
     )
-    state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
-    state.indent_tokens = [indent] if indent else []
-    wrapped._codegen(state)
-    text = "".join(state.tokens)
+    text = code_at_indent(wrapped, indent, module)
     # The edit replaces the statement's range: from after its indentation to
     # the end of its last token (its trailing comment and newline stay).
     text = text[len(indent) :]

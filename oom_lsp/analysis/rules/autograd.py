@@ -21,6 +21,7 @@ from oom_lsp.analysis.dataflow import (
     binds_inside,
     contains_backward,
     facts_for,
+    is_backward_call,
     iter_nodes,
     iter_scope_nodes,
 )
@@ -32,7 +33,25 @@ from oom_lsp.fixes import hidden_state, inference_mode, retain_graph
 
 
 class _AutogradRule(Rule):
-    """Shared access to the file's data flow."""
+    """Shared access to the file's data flow, and the indentation of the
+    current statement (for edits that generate multi-line code)."""
+
+    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(context)
+        self._blocks: list[cst.IndentedBlock] = []
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._blocks.append(node)
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock) -> None:
+        self._blocks.pop()
+
+    def _indent(self, depth: int | None = None) -> str:
+        """The indentation of the statements of the innermost `depth` blocks
+        (all the blocks around the current node by default)."""
+        default = self.context.module.default_indent
+        blocks = self._blocks if depth is None else self._blocks[:depth]
+        return "".join(block.indent if block.indent is not None else default for block in blocks)
 
     def _flow(self) -> ScopeFlow:
         return facts_for(self.context).flow(self.context.tracker.current_function)
@@ -365,7 +384,7 @@ class LossAccumulatedWithGraph(_AutogradRule):
             f"iteration alive. Accumulate `.{method}()` instead.",
             fix=FixSpec(
                 title=f"Accumulate `.{method}()`",
-                edits=detach_fix.call_method(operand, method),
+                edits=detach_fix.call_method(operand, method, self._indent(), self.context.module),
                 applicability=Applicability.SAFE,
             ),
         )
@@ -381,3 +400,833 @@ class LossAccumulatedWithGraph(_AutogradRule):
         return False
 
 
+
+
+_CONTAINER_FACTORIES = frozenset(
+    {"list", "dict", "deque", "defaultdict", "OrderedDict", "collections.deque", "collections.defaultdict",
+     "collections.OrderedDict"}
+)  # fmt: skip
+_STORING_METHODS = {"append": 0, "extend": 0, "insert": 1}
+
+
+def _is_container_value(value: cst.BaseExpression | None) -> bool:
+    if isinstance(value, (cst.List, cst.Dict, cst.ListComp, cst.DictComp)):
+        return True
+    return isinstance(value, cst.Call) and dotted_name(value.func) in _CONTAINER_FACTORIES
+
+
+@register
+class TensorKeptAcrossIterations(_AutogradRule):
+    """
+    ## What it does
+    Flags graph-attached tensors (model outputs, losses) stored in a list or
+    dict that outlives the loop iteration, without `.detach()` or `.item()`:
+    `losses.append(loss)`, `preds.append(out.cpu())`, `history[k] = out`.
+
+    ## Why is this bad?
+    A stored tensor keeps its autograd graph, and the graph keeps the
+    activations its backward pass would need: every stored element pins a
+    whole forward pass. The list grows by one graph per iteration until the
+    GPU runs out. `.cpu()` alone does not help: the CPU copy is still part of
+    the graph, so the GPU activations behind it stay allocated.
+
+    ## Example
+    ```python
+    predictions = []
+    for x in loader:
+        out = model(x)
+        predictions.append(out.cpu())
+    ```
+
+    ## Use instead
+    ```python
+    predictions = []
+    for x in loader:
+        out = model(x)
+        predictions.append(out.detach().cpu())
+    ```
+
+    ## Fix safety
+    Safe: `.detach()` is inserted before the value is stored (before
+    `.cpu()` / `.to(...)` when present, so the copy carries no graph). Values
+    that later feed a `backward()` call, or that a non-training loop
+    returns, are not reported: their graph is wanted.
+    """
+
+    code = "OOM302"
+    name = "tensor-kept-across-iterations"
+    summary = "Graph-attached tensors stored in a list or dict that outlives the iteration keep every step's graph."
+    fix_applicability = Applicability.SAFE
+
+    VALID = [
+        Valid(
+            """
+            import torch
+            losses, preds = [], []
+            for x, y in loader:
+                out = model(x)
+                loss = criterion(out, y)
+                losses.append(loss.item())
+                preds.append(out.detach().cpu())
+            """
+        ),
+        Valid(
+            """
+            import torch
+            preds = []
+            with torch.no_grad():
+                for x in loader:
+                    preds.append(model(x).cpu())
+            """
+        ),
+        # Collected to be summed and backpropagated: the graph is wanted.
+        Valid(
+            """
+            import torch
+            for batch in loader:
+                losses = []
+                for head in heads:
+                    losses.append(criterion(model(batch), head))
+                torch.stack(losses).sum().backward()
+            """
+        ),
+        Valid(
+            """
+            import torch
+            outputs = []
+            for x in loader:
+                out = model(x)
+                loss = out.mean()
+                loss.backward()
+                outputs.append(out.argmax(-1))
+                outputs.extend(out.tolist())
+            """
+        ),
+        # Not a list: an object whose `append` we know nothing about.
+        Valid("import torch\nfor x in loader:\n    out = model(x)\n    logger.append(out)\n"),
+        # The list is created in the iteration.
+        Valid("import torch\nfor x in loader:\n    batch_preds = []\n    batch_preds.append(model(x))\n"),
+        # Not in a loop.
+        Valid("import torch\nkept = []\nkept.append(model(x))\n"),
+        # Unknown value.
+        Valid("import torch\nkept = []\nfor x in loader:\n    kept.append(transform(x))\n"),
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            predictions = []
+            for x in loader:
+                out = model(x)
+                predictions.append(out.cpu())
+            """,
+            line=6,
+            expected_fix="""
+            import torch
+            predictions = []
+            for x in loader:
+                out = model(x)
+                predictions.append(out.detach().cpu())
+            """,
+        ),
+        Invalid(
+            """
+            import torch.nn as nn
+            import torch.nn.functional as F
+
+            class Net(nn.Module):
+                def forward(self, x):
+                    return x
+
+            def train(loader, opt):
+                net = Net()
+                history = {}
+                losses = []
+                for step, (x, y) in enumerate(loader):
+                    logits = net(x)[0]
+                    loss = F.cross_entropy(logits, y)
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss)
+                    history[step] = {"logits": logits, "step": step}
+                return losses
+            """,
+            line=18,
+            expected_fix="""
+            import torch.nn as nn
+            import torch.nn.functional as F
+
+            class Net(nn.Module):
+                def forward(self, x):
+                    return x
+
+            def train(loader, opt):
+                net = Net()
+                history = {}
+                losses = []
+                for step, (x, y) in enumerate(loader):
+                    logits = net(x)[0]
+                    loss = F.cross_entropy(logits, y)
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss.detach())
+                    history[step] = {"logits": logits.detach(), "step": step}
+                return losses
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            class Evaluator:
+                def __init__(self, model):
+                    self.model = model
+                    self.outputs = []
+
+                def run(self, loader):
+                    for batch in loader:
+                        self.outputs.extend(self.model(batch) * 2 for _ in range(1))
+                        self.outputs.insert(0, self.model(batch) + 1)
+            """,
+            line=11,
+            expected_fix="""
+            import torch
+            class Evaluator:
+                def __init__(self, model):
+                    self.model = model
+                    self.outputs = []
+
+                def run(self, loader):
+                    for batch in loader:
+                        self.outputs.extend(self.model(batch) * 2 for _ in range(1))
+                        self.outputs.insert(0, (self.model(batch) + 1).detach())
+            """,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if not isinstance(func, cst.Attribute) or func.attr.value not in _STORING_METHODS:
+            return
+        position = _STORING_METHODS[func.attr.value]
+        stored = get_arg(node, "object", position)
+        if stored is None or stored is UNKNOWN or stored.star:
+            return
+        self._check(node, func.value, stored.value)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target.target, cst.Subscript):
+                self._check(node, target.target.value, node.value)
+
+    def _check(self, node: cst.CSTNode, container: cst.BaseExpression, stored: cst.BaseExpression) -> None:
+        tracker = self.context.tracker
+        if not tracker.in_loop or tracker.in_no_grad:
+            return
+        holder = dotted_name(container)
+        if holder is None:
+            return
+        flow = self._flow()
+        attached = _attached_parts(stored, flow)
+        if not attached:
+            return
+        loop = tracker.loops[-1]
+        if binds_inside(loop, holder) or not self._holds_a_container(holder):
+            return
+        if self._kept_on_purpose(holder, loop):
+            return
+        indent = self._indent()
+        edits = tuple(edit for part in attached for edit in detach_fix.detach(part, indent, self.context.module))
+        self.report(
+            node,
+            f"`{holder}` keeps graph-attached tensors across iterations, and with them the autograd graph and "
+            "activations of every step. Store `.detach()`ed values (then `.cpu()`) instead.",
+            fix=FixSpec(title="Detach before storing", edits=edits, applicability=Applicability.SAFE),
+        )
+
+    def _holds_a_container(self, holder: str) -> bool:
+        """`holder` is only ever bound to a list or dict: in this scope, at
+        module level, or (`self.x`) in a method of the class."""
+        facts = facts_for(self.context)
+        function = self.context.tracker.current_function
+        summaries = [facts.summary(function)]
+        if holder.startswith("self.") and function is not None and function in facts.class_of:
+            owner = facts.class_of[function]
+            summaries += [
+                facts.summary(method)
+                for method, method_owner in facts.class_of.items()
+                if method_owner is owner and method is not function
+            ]
+        elif function is not None:
+            summaries.append(facts.summary(None))
+        values = [value for summary in summaries for value in summary.bindings.get(holder, ())]
+        return bool(values) and all(_is_container_value(value) for value in values)
+
+
+def _attached_parts(stored: cst.BaseExpression, flow: ScopeFlow) -> list[cst.BaseExpression]:
+    """The graph-attached parts of a stored value: the value itself, or the
+    elements of a list / tuple / dict literal."""
+    if isinstance(stored, (cst.List, cst.Tuple)):
+        return [part for element in stored.elements for part in _attached_parts(element.value, flow)]
+    if isinstance(stored, cst.Dict):
+        return [
+            part
+            for element in stored.elements
+            if isinstance(element, cst.DictElement)
+            for part in _attached_parts(element.value, flow)
+        ]
+    return [stored] if flow.kind_of(stored).attached else []
+
+
+# Words that make a function an evaluation function, as the first or last
+# word of its snake_case name: `evaluate`, `run_validation`, `predict_batch`.
+_EVAL_WORDS = frozenset(
+    {"evaluate", "evaluation", "eval", "validate", "validation", "predict", "prediction", "infer", "inference",
+     "test"}
+)  # fmt: skip
+# Lightning calls these under no_grad itself.
+_LIGHTNING_EVAL_HOOKS = frozenset({"validation_step", "test_step", "predict_step"})
+_TEST_FILE_RE = re.compile(r"(^|[/\\])(test_[^/\\]*|[^/\\]*_test)\.py$|(^|[/\\])tests?[/\\]")
+
+
+def _is_eval_name(name: str) -> bool:
+    words = [word for word in name.lower().split("_") if word]
+    if not words or name in _LIGHTNING_EVAL_HOOKS or words[-1] == "step":
+        return False
+    return words[0] in _EVAL_WORDS or words[-1] in _EVAL_WORDS
+
+
+@register
+class EvalWithoutNoGrad(_AutogradRule):
+    """
+    ## What it does
+    Flags forward passes of a model in evaluation or inference code that runs
+    with autograd on: calls of a model after `model.eval()` in the same
+    function, or of any model in a function named like `evaluate`,
+    `validate`, `predict`, `infer`, `test_*`, outside `torch.no_grad()` /
+    `torch.inference_mode()` (as a `with` block or a decorator). Each forward
+    call is reported. Functions that call `backward()` or
+    `torch.autograd.grad` (adversarial examples, saliency maps, gradient
+    tests) are not reported.
+
+    ## Why is this bad?
+    `model.eval()` changes dropout and batch norm; it does not turn autograd
+    off. Every forward pass still records its graph and keeps the activations
+    a backward pass would need: evaluation then needs as much memory as
+    training, and any output or loss kept across batches (a metric, a list of
+    predictions) pins all of them.
+
+    ## Example
+    ```python
+    def evaluate(model, loader):
+        model.eval()
+        correct = 0
+        for x, y in loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+        return correct
+    ```
+
+    ## Use instead
+    ```python
+    @torch.inference_mode()
+    def evaluate(model, loader):
+        model.eval()
+        correct = 0
+        for x, y in loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+        return correct
+    ```
+
+    ## Fix safety
+    Safe. A function named as an evaluation function is decorated with
+    `@torch.inference_mode()` (spelled with the file's alias for torch;
+    `import torch` is added when the file has none). Elsewhere, the innermost
+    loop around the forward call (when it contains no `.eval()`/`.train()`
+    switch) or else the statement itself is wrapped in
+    `with torch.inference_mode():`. Tensors created under inference mode
+    cannot later be saved for a backward pass; evaluation code does not do
+    that, and code that calls `backward()` is never reported.
+    """
+
+    code = "OOM303"
+    name = "eval-without-no-grad"
+    summary = "An evaluation forward pass runs with autograd on, keeping the activations a backward pass would need."
+    fix_applicability = Applicability.SAFE
+
+    VALID = [
+        Valid(
+            """
+            import torch
+            def evaluate(model, loader):
+                model.eval()
+                with torch.no_grad():
+                    for x, y in loader:
+                        out = model(x)
+            """
+        ),
+        Valid(
+            """
+            import torch as T
+            @T.inference_mode()
+            def predict(net, x):
+                return net(x)
+            """
+        ),
+        Valid(
+            """
+            from torch import no_grad
+            @no_grad()
+            def validate(model, batch):
+                return model(batch)
+            """
+        ),
+        # Gradients are used: an adversarial attack on an eval-mode model.
+        Valid(
+            """
+            import torch
+            def fgsm(model, x, y, criterion):
+                model.eval()
+                x.requires_grad_(True)
+                loss = criterion(model(x), y)
+                loss.backward()
+                return x.grad.sign()
+            """
+        ),
+        # Back to training mode before the forward pass.
+        Valid(
+            """
+            import torch
+            def run(model, loader, opt):
+                model.eval()
+                model.train()
+                for x in loader:
+                    model(x)
+            """
+        ),
+        # A frozen teacher in eval mode; the student is trained by someone else.
+        Valid(
+            """
+            import torch
+            def distill(teacher, student, x):
+                teacher.eval()
+                with torch.no_grad():
+                    target = teacher(x)
+                return student(x), target
+            """
+        ),
+        # Lightning runs validation_step under no_grad.
+        Valid(
+            """
+            import torch
+            import lightning as L
+            class Lit(L.LightningModule):
+                def validation_step(self, batch, batch_idx):
+                    return self.model(batch)
+            """
+        ),
+        # Not a model call.
+        Valid("import torch\ndef evaluate(metric, preds):\n    return metric(preds)\n"),
+        # pytest tests of a model are not evaluation code.
+        Valid("import torch\ndef test_forward_shape():\n    assert model(x).shape == (2, 3)\n", settings={}),
+        Valid("import torch\ndef evaluate(model, x):\n    model = lambda t: t\n    return model(x)\n"),
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            def evaluate(model, loader):
+                model.eval()
+                correct = 0
+                for x, y in loader:
+                    correct += (model(x).argmax(1) == y).sum().item()
+                return correct
+            """,
+            line=7,
+            expected_fix="""
+            import torch
+            @torch.inference_mode()
+            def evaluate(model, loader):
+                model.eval()
+                correct = 0
+                for x, y in loader:
+                    correct += (model(x).argmax(1) == y).sum().item()
+                return correct
+            """,
+        ),
+        Invalid(
+            """
+            import torch.nn as nn
+
+            class Classifier(nn.Module):
+                @staticmethod
+                def predict_proba(batch):
+                    return nn.Softmax(dim=-1)(batch)
+
+                def predict(self, x):
+                    return self(x).softmax(-1)
+            """,
+            line=10,
+            expected_fix="""
+            import torch.nn as nn
+            import torch
+
+            class Classifier(nn.Module):
+                @staticmethod
+                def predict_proba(batch):
+                    return nn.Softmax(dim=-1)(batch)
+
+                @torch.inference_mode()
+                def predict(self, x):
+                    return self(x).softmax(-1)
+            """,
+        ),
+        Invalid(
+            """
+            import torch as T
+
+            def main(model, train_loader, val_loader, epochs):
+                for epoch in range(epochs):
+                    train_one_epoch(model, train_loader)
+                    model.eval()
+                    total = 0
+                    for x, y in val_loader:  # validation
+                        # forward only
+                        out = model(
+                            x,
+                        )
+                        total += (out.argmax(-1) == y).sum().item()
+                    model.train()
+            """,
+            line=11,
+            expected_fix="""
+            import torch as T
+
+            def main(model, train_loader, val_loader, epochs):
+                for epoch in range(epochs):
+                    train_one_epoch(model, train_loader)
+                    model.eval()
+                    total = 0
+                    with T.inference_mode():
+                        for x, y in val_loader:  # validation
+                            # forward only
+                            out = model(
+                                x,
+                            )
+                            total += (out.argmax(-1) == y).sum().item()
+                    model.train()
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            model = torch.nn.Linear(4, 2)
+            model.eval()
+            sample = torch.randn(1, 4)
+            print(model(sample))  # inference
+            """,
+            line=6,
+            expected_fix="""
+            import torch
+            model = torch.nn.Linear(4, 2)
+            model.eval()
+            sample = torch.randn(1, 4)
+            with torch.inference_mode():
+                print(model(sample))  # inference
+            """,
+        ),
+    ]
+
+    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(context)
+        # Per scope: the models switched to eval mode so far, in source order.
+        self._eval_mode: dict[cst.FunctionDef | None, dict[str, bool]] = {}
+        self._lambda_depth = 0
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        self._lambda_depth += 1
+
+    def leave_Lambda(self, original_node: cst.Lambda) -> None:
+        self._lambda_depth -= 1
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self._lambda_depth:
+            return
+        if self._switches_mode(node):
+            return
+        if self.context.tracker.in_no_grad:
+            return
+        function = self.context.tracker.current_function
+        flow = self._flow()
+        callee = flow.callee(node.func)
+        by_name = function is not None and callee.role is Role.MODULE and self._is_eval_function(function)
+        switched = dotted_name(node.func)
+        after_eval = (
+            switched is not None
+            and self._eval_mode.get(function, {}).get(switched, False)
+            and callee.role in (Role.MODULE, Role.UNKNOWN)
+        )
+        if not (by_name or after_eval):
+            return
+        if self._summary().backward_calls:
+            return
+        reference = self.context.imports.reference_to("torch.inference_mode")
+        imports: tuple[str, ...] = ()
+        if reference is None:
+            reference, imports = "torch.inference_mode", ("torch",)
+        fix = None
+        if by_name:
+            assert function is not None
+            edits = inference_mode.decorate(function, reference)
+            fix = FixSpec("Decorate the function with `@torch.inference_mode()`", edits, Applicability.SAFE, imports)
+        else:
+            target = self._wrap_target()
+            indent = self._indent_of(target) if target is not None else None
+            if target is not None and indent is not None:
+                edits = inference_mode.wrap(target, indent, self.context.module, reference)
+                fix = FixSpec("Wrap in `with torch.inference_mode():`", edits, Applicability.SAFE, imports)
+        why = "in an evaluation function" if by_name else f"after `{switched}.eval()`"
+        self.report(
+            node,
+            f"This forward pass runs {why} with autograd on, so it records a graph and keeps the activations "
+            "a backward pass would need. Run it under `torch.inference_mode()` (or `torch.no_grad()`).",
+            fix=fix,
+        )
+
+    def _switches_mode(self, node: cst.Call) -> bool:
+        """Records `model.eval()` / `model.train(...)`; True for such a call."""
+        if not isinstance(node.func, cst.Attribute) or node.func.attr.value not in ("eval", "train"):
+            return False
+        receiver = dotted_name(node.func.value)
+        if receiver is None or node.func.attr.value == "eval" and node.args:
+            return False
+        modes = self._eval_mode.setdefault(self.context.tracker.current_function, {})
+        if node.func.attr.value == "eval":
+            modes[receiver] = True
+        else:
+            mode = get_arg(node, "mode", 0)
+            if mode is None or (isinstance(mode, cst.Arg) and is_true(mode.value)):
+                modes[receiver] = False
+            elif isinstance(mode, cst.Arg) and isinstance(mode.value, cst.Name) and mode.value.value == "False":
+                modes[receiver] = True
+            else:
+                modes.pop(receiver, None)  # unknown mode
+        return True
+
+    def _is_eval_function(self, function: cst.FunctionDef) -> bool:
+        name = function.name.value
+        if not _is_eval_name(name):
+            return False
+        if name.startswith("test"):
+            owner = facts_for(self.context).class_of.get(function)
+            if _TEST_FILE_RE.search(self.context.path) or (owner is not None and owner.name.value.startswith("Test")):
+                return False
+            if not function.params.params:
+                return False  # a pytest test function: its fixtures come as parameters, a bare one has none
+        return True
+
+    def _wrap_target(self) -> cst.CSTNode | None:
+        """The innermost loop around the call when it does not switch modes,
+        else the statement around the call."""
+        tracker = self.context.tracker
+        if tracker.loops and not _switches_any_mode(tracker.loops[-1]):
+            return tracker.loops[-1]
+        statement = tracker.current_statement
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or statement is None:
+            return None
+        return None if _switches_any_mode(statement) else statement
+
+    def _indent_of(self, statement: cst.CSTNode) -> str | None:
+        """The indentation of a statement, from the blocks around it."""
+        if any(inner is statement for inner in self.context.module.body):
+            return ""
+        for depth in range(len(self._blocks) - 1, -1, -1):
+            if any(inner is statement for inner in self._blocks[depth].body):
+                return self._indent(depth + 1)
+        return None
+
+
+def _switches_any_mode(node: cst.CSTNode) -> bool:
+    return any(
+        isinstance(inner, cst.Call)
+        and isinstance(inner.func, cst.Attribute)
+        and inner.func.attr.value in ("eval", "train")
+        for inner in iter_nodes(node)
+    )
+
+
+@register
+class RetainGraphInLoop(_AutogradRule):
+    """
+    ## What it does
+    Flags `backward(retain_graph=True)` (a tensor's, `accelerator.backward`,
+    `torch.autograd.backward`) in a training loop: a loop whose body also
+    steps an optimizer, when no other backward pass follows it in the same
+    iteration.
+
+    ## Why is this bad?
+    `retain_graph=True` keeps the graph's saved activations after the
+    backward pass instead of freeing them. In a training loop that is usually
+    a workaround for "Trying to backward through the graph a second time",
+    whose real cause is a tensor carried from one iteration to the next (a
+    hidden state, an accumulated loss): the retained graphs then chain
+    across iterations and memory grows every step.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward(retain_graph=True)
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Fix safety
+    Unsafe: the argument is dropped. If a later backward pass really goes
+    through the same graph (a second loss computed from shared activations,
+    in another function), it will then fail with "Trying to backward through
+    the graph a second time"; the fix for that is to detach what is carried
+    across iterations, not to retain the graph.
+    """
+
+    code = "OOM304"
+    name = "retain-graph-in-loop"
+    summary = "`backward(retain_graph=True)` in a training loop keeps every step's graph and activations."
+    fix_applicability = Applicability.UNSAFE
+
+    VALID = [
+        Valid(
+            """
+            import torch
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        # Two losses share the graph: the first backward must retain it.
+        Valid(
+            """
+            import torch
+            for x, y in loader:
+                out = model(x)
+                loss_a, loss_b = crit_a(out, y), crit_b(out, y)
+                loss_a.backward(retain_graph=True)
+                loss_b.backward()
+                optimizer.step()
+            """
+        ),
+        Valid("import torch\nloss.backward(retain_graph=True)\n"),
+        Valid("import torch\nfor x in loader:\n    loss.backward(retain_graph=keep)\n    opt.step()\n"),
+        Valid("import torch\nfor x in loader:\n    loss.backward(**backward_options)\n    opt.step()\n"),
+        # Not a training loop (no optimizer step): backward over several losses.
+        Valid("import torch\nfor loss in losses:\n    loss.backward(retain_graph=True)\n"),
+        Valid("import torch\nfor x in loader:\n    loss.backward(None, False)\n    opt.step()\n"),
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward(retain_graph=True)
+                optimizer.step()
+            """,
+            line=5,
+            expected_fix="""
+            import torch
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import autograd
+            while True:
+                scaler.scale(loss).backward(None, True)
+                autograd.backward(
+                    [loss],
+                    retain_graph=True,
+                )
+                if step % 4 == 0:
+                    scaler.step(optimizer)
+            """,
+            line=6,
+            expected_fix="""
+            import torch
+            from torch import autograd
+            while True:
+                scaler.scale(loss).backward(None, True)
+                autograd.backward(
+                    [loss],
+                )
+                if step % 4 == 0:
+                    scaler.step(optimizer)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            for batch in loader:
+                accelerator.backward(loss, retain_graph=True, inputs=params)
+                optimizer.step()
+            """,
+            line=4,
+            expected_fix="""
+            import torch
+            for batch in loader:
+                accelerator.backward(loss, inputs=params)
+                optimizer.step()
+            """,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call) -> None:
+        tracker = self.context.tracker
+        if not tracker.in_loop:
+            return
+        if self.context.call_name(node) == "torch.autograd.backward":
+            retain = get_arg(node, "retain_graph", 2)
+        elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+            # Tensor.backward(gradient, retain_graph, ...); other objects' backward: by keyword only.
+            tensor_like = self.context.qualified_name(node.func.value) is None and len(node.args) <= 4
+            retain = get_arg(node, "retain_graph", 1 if tensor_like and _positional_only_args(node) else None)
+        else:
+            return
+        if not isinstance(retain, cst.Arg) or not is_true(retain.value):
+            return
+        loop = tracker.loops[-1]
+        if not _steps_optimizer(loop) or self._backward_follows(node, loop):
+            return
+        self.report(
+            node,
+            "`retain_graph=True` keeps this step's graph and activations alive after the backward pass; in a "
+            "training loop they pile up across iterations. Drop it and detach what is carried between steps.",
+            fix=FixSpec("Drop `retain_graph=True`", retain_graph.drop_argument(node, retain, self._indent(), self.context.module), Applicability.UNSAFE),
+        )
+
+    def _backward_follows(self, node: cst.Call, loop: cst.For | cst.While) -> bool:
+        """Another backward pass later in the same iteration needs the graph."""
+        calls = [inner for inner in iter_nodes(loop.body) if is_backward_call(inner, self.context)]
+        return any(call is node for call in calls) and calls[-1] is not node
+
+
+def _positional_only_args(call: cst.Call) -> bool:
+    """`x.backward(g, True)`: a positional retain_graph is only trusted
+    when the call passes no keyword and no splat."""
+    return all(arg.keyword is None and not arg.star for arg in call.args)
+
+
+def _steps_optimizer(loop: cst.For | cst.While) -> bool:
+    return any(
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "step"
+        for node in iter_nodes(loop.body)
+    )
