@@ -1,0 +1,286 @@
+"""OOM201 no-mixed-precision and OOM202 float64, beyond their examples."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from oom_lsp.analysis import LintSettings, analyze
+from oom_lsp.analysis.context import FileContext
+from oom_lsp.analysis.rules.precision import file_uses_cuda
+from oom_lsp.fixes.apply import fix_source
+
+OOM201 = LintSettings(enabled=frozenset({"OOM201"}))
+OOM202 = LintSettings(enabled=frozenset({"OOM202"}))
+
+
+def _lines(source: str, settings: LintSettings) -> list[int]:
+    return [finding.line for finding in analyze(textwrap.dedent(source), settings)]
+
+
+def _fixed(source: str, settings: LintSettings) -> str:
+    return fix_source(textwrap.dedent(source), settings, unsafe=True).source
+
+
+def _context(source: str) -> FileContext:
+    source = textwrap.dedent(source)
+    return FileContext(source=source, module=cst.parse_module(source), settings=OOM201, path="t.py")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\nmodel.cuda()\n",
+        "import torch\nx = torch.zeros(3, device='cuda:1')\n",
+        "import torch\ndevice = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n",
+        "import torch\nx = x.to(f'cuda:{local_rank}')\n",
+        "import torch as T\nT.cuda.set_device(rank)\n",
+        "from torch import cuda\nprint(cuda.max_memory_allocated())\n",
+        "import torch\nmodel.cuda().eval()\n",
+    ],
+)
+def test_cuda_is_detected(source: str) -> None:
+    assert file_uses_cuda(_context(source))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\nx = torch.zeros(3)\n",
+        '"""Trains on cuda when available."""\nimport torch\n',
+        "import torch\n# model.cuda()\n",
+        "import torch\ndevice = 'cpu'\nname = 'cudaless'\n",
+        "import torch\ndef cuda():\n    pass\nx = cuda\n",
+    ],
+)
+def test_cuda_is_not_imagined(source: str) -> None:
+    assert not file_uses_cuda(_context(source))
+
+
+# --- OOM201 ------------------------------------------------------------------
+
+TRAIN = """\
+import torch
+device = "cuda"
+for x, y in loader:
+    out = model(x.to(device))
+    loss = criterion(out, y.to(device))
+    loss.backward()
+"""
+
+
+def test_one_report_per_loop_on_its_header() -> None:
+    source = """\
+    import torch
+    device = "cuda"
+    for x, y in loader:
+        d_loss = criterion(netD(x), real)
+        d_loss.backward()
+        g_loss = criterion(netD(netG(z)), real)
+        g_loss.backward()
+    def finetune():
+        while True:
+            loss = model(batch).loss
+            loss.backward()
+    """
+    findings = analyze(textwrap.dedent(source), OOM201)
+    assert [f.line for f in findings] == [3, 9]
+    assert findings[0].range.start.line == findings[0].range.end.line == 3
+    assert "bfloat16" in findings[0].message and "4 bytes" in findings[0].message
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        "scaler = torch.amp.GradScaler('cuda')",
+        "model = model.half()",
+        "model = model.to(dtype=torch.bfloat16)",
+        "trainer = pl.Trainer(precision='bf16-mixed')",
+        "args = TrainingArguments('out', fp16=True)",
+        "if args.amp:\n    pass",
+        "from accelerate import Accelerator",
+        "import deepspeed",
+        "ctx = torch.autocast(device_type='cuda')",
+    ],
+)
+def test_any_sign_of_reduced_precision_silences(marker: str) -> None:
+    assert _lines(marker + "\n" + TRAIN, OOM201) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # No backward: an evaluation loop.
+        "import torch\nfor x in loader:\n    preds.append(model(x.cuda()))\n",
+        # backward of something that is not a loss (a framework object's method).
+        "import torch\nfor b in loader:\n    engine.backward(model(b.cuda()))\n",
+        # A backward under no_grad cannot be training.
+        "import torch\nfor b in loader:\n    with torch.no_grad():\n        loss = f(b.cuda())\n        loss.backward()\n",
+        # A training step called from a loop elsewhere: no loop in its own body.
+        "import torch\ndef step(b):\n    loss = crit(model(b.cuda()), y)\n    loss.backward()\n",
+    ],
+)
+def test_not_a_cuda_training_loop(source: str) -> None:
+    assert _lines(source, OOM201) == []
+
+
+def test_loss_named_by_its_criterion() -> None:
+    source = """\
+    import torch
+    for x, y in loader:
+        l = criterion(model(x.cuda()), y.cuda())
+        l.backward()
+    """
+    assert _lines(source, OOM201) == [2]
+
+
+def test_fix_keeps_comments_blank_lines_and_two_space_indentation() -> None:
+    source = """\
+    import torch
+    def train():
+      model.cuda()
+      for x, y in loader:
+        x = x.cuda()  # move
+
+        # forward
+        out = model(x)
+
+        # loss
+        loss = criterion(out, y)  # mean
+        opt.zero_grad()
+        loss.backward()
+    """
+    expected = """\
+    import torch
+    def train():
+      model.cuda()
+      for x, y in loader:
+        x = x.cuda()  # move
+
+        # forward
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+          out = model(x)
+
+          # loss
+          loss = criterion(out, y)  # mean
+        opt.zero_grad()
+        loss.backward()
+    """
+    assert _fixed(source, OOM201) == textwrap.dedent(expected)
+
+
+def test_fix_keeps_crlf_and_tabs() -> None:
+    source = "import torch\r\nfor x in loader:\r\n\tout = model(x.cuda())\r\n\tloss = out.mean()\r\n\tloss.backward()\r\n"
+    expected = (
+        "import torch\r\nfor x in loader:\r\n"
+        '\twith torch.autocast("cuda", dtype=torch.bfloat16):\r\n'
+        "\t\tout = model(x.cuda())\r\n\t\tloss = out.mean()\r\n\tloss.backward()\r\n"
+    )
+    assert fix_source(source, OOM201, unsafe=True).source == expected
+
+
+def test_fix_keeps_the_layout_of_a_multiline_call_in_a_nested_block() -> None:
+    source = """\
+    import torch
+    class Trainer:
+        def fit(self):
+            for batch in self.loader:
+                loss = self.criterion(
+                    self.model(batch["x"].cuda()),
+                    batch["y"].cuda(),
+                )
+                loss.backward()
+    """
+    expected = """\
+    import torch
+    class Trainer:
+        def fit(self):
+            for batch in self.loader:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = self.criterion(
+                        self.model(batch["x"].cuda()),
+                        batch["y"].cuda(),
+                    )
+                loss.backward()
+    """
+    assert _fixed(source, OOM201) == textwrap.dedent(expected)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # The loss comes from a helper's statement that is not an assignment.
+        "    losses.append(criterion(model(x.cuda()), y))\n    loss = losses[-1]\n    loss.backward()\n",
+        # A compound statement between the loss and its backward.
+        "    loss = criterion(model(x.cuda()), y)\n    if debug:\n        print(loss)\n    loss.backward()\n",
+        # The backward is inside a branch, not in the loop body itself.
+        "    loss = criterion(model(x.cuda()), y)\n    if step % 2 == 0:\n        loss.backward()\n",
+        # Only data preparation precedes the backward.
+        "    loss = batch['loss'].cuda()\n    loss.backward()\n",
+    ],
+)
+def test_no_fix_outside_the_simple_shape(body: str) -> None:
+    source = "import torch\nfor x, y in loader:\n" + body
+    findings = analyze(source, OOM201)
+    assert [f.line for f in findings] == [2]
+    assert findings[0].fix is None
+
+
+def test_fix_is_unsafe_and_titled() -> None:
+    (finding,) = analyze(TRAIN, OOM201)
+    assert finding.fix is not None and not finding.fix.is_safe
+    assert "autocast" in finding.fix.title
+    assert fix_source(TRAIN, OOM201, unsafe=False).source == TRAIN
+
+
+# --- OOM202 ------------------------------------------------------------------
+
+
+def test_float64_reports_each_spelling_once() -> None:
+    source = """\
+    import torch as T
+    from torch import float64
+    device = T.device("cuda")
+    a = T.ones(3, device=device, dtype=T.double)
+    b = x.to(float64)
+    c = x.type(T.float64)
+    T.set_default_tensor_type(T.cuda.DoubleTensor)
+    d = T.cuda.DoubleTensor(3)
+    """
+    assert _lines(source, OOM202) == [4, 5, 6, 7, 8]
+
+
+def test_bare_imported_name_is_reported_without_fix() -> None:
+    source = "import torch\nfrom torch import float64\nx = y.cuda().to(float64)\n"
+    (finding,) = analyze(source, OOM202)
+    assert finding.fix is None
+
+
+def test_float64_fix_is_safe_and_keeps_the_alias() -> None:
+    source = "import torch as th\nm = net.cuda().double()\nx = m(y.to(dtype=th.float64))\n"
+    result = fix_source(source, OOM202, unsafe=False)
+    assert result.source == "import torch as th\nm = net.cuda().float()\nx = m(y.to(dtype=th.float32))\n"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "acc = (pred == y).double().mean()",
+        "total = correct.double().sum().item()",
+        "host = x.cpu().double()",
+        "on_cpu = x.to('cpu', torch.float64)",
+        "eps = torch.finfo(torch.float64).eps",
+        "is_double = x.dtype == torch.double",
+        "with torch.no_grad():\n    metric = scores.double()",
+        "a = np.zeros(3, dtype=np.float64)",
+    ],
+)
+def test_float64_that_costs_no_gpu_memory_is_silent(line: str) -> None:
+    assert _lines(f"import torch\nimport numpy as np\nmodel.cuda()\n{line}\n", OOM202) == []
+
+
+def test_float64_noqa() -> None:
+    source = "import torch\nx = torch.zeros(3, device='cuda', dtype=torch.float64)  # noqa: OOM202\n"
+    assert _lines(source, OOM202) == []
