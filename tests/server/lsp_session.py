@@ -27,7 +27,7 @@ CLIENTS = {
     "neovim-0.11.4": "neovim-0.11.4",
     "neovim-0.7.2": "neovim-0.7.2",
 }
-SERVER_COMMAND = [sys.executable, "-c", "from oom_lsp.server import start_server; start_server(None, None)"]
+SERVER_COMMAND = [sys.executable, "-m", "oom_lsp"]
 TIMEOUT_S = 15.0
 
 _converter = get_converter()

@@ -97,7 +97,7 @@ def _free_port() -> int:
 
 def test_tcp(tmp_path: Path):
     port = _free_port()
-    command = [sys.executable, "-c", f"from oom_lsp.server import start_server; start_server('127.0.0.1:{port}', None)"]
+    command = [sys.executable, "-m", "oom_lsp", "server", "--tcp", f"127.0.0.1:{port}"]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
