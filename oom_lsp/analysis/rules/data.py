@@ -658,7 +658,10 @@ class DatasetOnDevice(Rule):
         # Names bound to a whole dataset, per function (None: module level).
         self._holders: dict[cst.FunctionDef | None, set[str]] = {}
 
-    def visit_Assign(self, node: cst.Assign) -> None:
+    def leave_Assign(self, original_node: cst.Assign) -> None:
+        # After the value's own calls were visited: `X = X.to(device)` is
+        # checked with what X held before.
+        node = original_node
         if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
             return
         name = node.targets[0].target.value
