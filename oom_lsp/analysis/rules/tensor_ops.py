@@ -290,12 +290,14 @@ class CatInLoop(Rule):
         loop = tracker.loops[-1]
         # The loop reads the accumulator nowhere else (but the first-piece
         # idiom `if x is None: x = y else: x = cat([x, y])` is accumulation too).
+        repeated = _repeated_parts(loop)
         others = [
             reference
-            for reference in references(loop, accumulator)
+            for part in repeated
+            for reference in references(part, accumulator)
             if reference is not node.targets[0].target and reference is not elements[position].value
         ]
-        if not _only_first_piece_idiom(loop, accumulator, others):
+        if not _only_first_piece_idiom(loop.body, accumulator, others):
             return
         short = function.rsplit(".", 1)[-1]
         fix = None
@@ -395,6 +397,12 @@ class CatInLoop(Rule):
                 break
             outer.append(statement)
         return outer
+
+
+def _repeated_parts(loop: cst.For | cst.While) -> list[cst.CSTNode]:
+    """What runs at every iteration: the body, and the target or the test."""
+    header = loop.target if isinstance(loop, cst.For) else loop.test
+    return [header, loop.body]
 
 
 def _only_first_piece_idiom(loop: cst.CSTNode, accumulator: str, others: list[cst.BaseExpression]) -> bool:

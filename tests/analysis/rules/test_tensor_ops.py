@@ -1,0 +1,230 @@
+"""OOM401 cat-in-loop and OOM402 naive-attention, beyond their examples:
+when the fixes must stay away, and that a fix computes the same tensors."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from oom_lsp.analysis import LintSettings, analyze
+from oom_lsp.analysis.findings import Finding
+from oom_lsp.fixes.apply import fix_source
+
+
+def _findings(source: str, code: str) -> list[Finding]:
+    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code})))
+
+
+def _fixed(source: str, code: str) -> str:
+    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code})), unsafe=True).source
+
+
+# --- OOM401 ------------------------------------------------------------------
+
+_ACCUMULATE = """\
+import torch
+acc = torch.zeros(0, 3)
+for y in ys:
+    acc = torch.cat([acc, y], dim=DIM)
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        (_ACCUMULATE.replace("DIM", "axis"), "a dim that is a variable may change in the loop"),
+        (_ACCUMULATE + "else:\n    print(acc)\n", "the loop's else clause reads the accumulator"),
+        (
+            "import torch\ntry:\n    acc = torch.zeros(0, 3)\n    for y in ys:\n"
+            "        acc = torch.cat([acc, y])\nexcept KeyboardInterrupt:\n    print(acc)\n",
+            "a handler may read the partial accumulator",
+        ),
+        (
+            "import torch\ndef f(acc, ys):\n    for y in ys:\n        acc = torch.cat([acc, y])\n    return acc\n",
+            "no assignment before the loop in its block",
+        ),
+        (
+            _ACCUMULATE.replace("DIM", "0") + "def report():\n    print(acc.shape)\n",
+            "a module-level function could read the global while the loop runs",
+        ),
+        (
+            "import torch\nacc = torch.zeros(0)\nfor y in ys:\n    torch.mul(y, 2, out=y)\n"
+            "    acc = torch.cat([acc, y])\n",
+            "an out= write may change an appended tensor",
+        ),
+        (
+            "import torch\nacc = torch.zeros(0)\nfor y in ys:\n    acc = torch.cat([acc, y])\n    y += 1\n",
+            "an augmented assignment writes the appended tensor in place",
+        ),
+        (
+            "import torch\nacc = torch.zeros(0)\nfor y in ys:\n    acc = torch.cat([acc, y, y])\n",
+            "more than one piece per iteration",
+        ),
+        (
+            "import torch\nacc = torch.zeros(0)\nfor y in ys:\n    if keep(y):\n"
+            "        acc = torch.cat([acc, y])\n",
+            "the append is not directly in the loop body",
+        ),
+    ],
+)
+def test_reported_without_fix(source: str, why: str) -> None:
+    findings = _findings(source, "OOM401")
+    assert len(findings) == 1, why
+    assert findings[0].fix is None, why
+
+
+def test_reported_on_the_assignment_line_with_the_function_as_spelled() -> None:
+    [finding] = _findings(_ACCUMULATE.replace("DIM", "0"), "OOM401")
+    assert finding.line == 4
+    assert "`acc`" in finding.message and "`cat`" in finding.message
+
+
+def test_read_in_the_loop_is_not_an_accumulator() -> None:
+    source = "import torch\nfor y in ys:\n    acc = torch.cat([acc, y])\n    print(acc.shape)\n"
+    assert _findings(source, "OOM401") == []
+
+
+def test_one_line_loop_is_fixed() -> None:
+    source = "import torch\nacc = torch.zeros(0)\nfor y in ys: acc = torch.cat([acc, y])\n"
+    assert _fixed(source, "OOM401") == (
+        "import torch\nacc = torch.zeros(0)\nacc_parts = [acc]\nfor y in ys: acc_parts.append(y)\n"
+        "acc = torch.cat(acc_parts)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("start", "pieces", "function", "dim"),
+    [
+        ("torch.zeros(0, 3)", "[torch.randn(2, 3) for _ in range(4)]", "torch.cat", ", dim=0"),
+        ("torch.randn(5, 1)", "[torch.randn(5, 2) for _ in range(3)]", "torch.cat", ", -1"),
+        ("torch.empty(0)", "[torch.randn(3) for _ in range(3)]", "torch.cat", ""),
+        ("torch.randn(1, 3)", "[torch.randn(3) for _ in range(3)]", "torch.vstack", ""),
+        ("torch.randn(2, 1)", "[torch.randn(2, 2) for _ in range(3)]", "torch.hstack", ""),
+        ("torch.randn(2, 2)", "[]", "torch.cat", ""),
+    ],
+)
+def test_fixed_loop_computes_the_same_tensor(start: str, pieces: str, function: str, dim: str) -> None:
+    torch = pytest.importorskip("torch")
+    source = (
+        f"import torch\ntorch.manual_seed(0)\npieces = {pieces}\nacc = {start}\n"
+        f"for piece in pieces:\n    acc = {function}([acc, piece]{dim})\n"
+    )
+    fixed = _fixed(source, "OOM401")
+    assert fixed != source
+    before: dict[str, object] = {}
+    after: dict[str, object] = {}
+    exec(compile(source, "<before>", "exec"), before)
+    exec(compile(fixed, "<after>", "exec"), after)
+    assert torch.equal(before["acc"], after["acc"])
+
+
+# --- OOM402 ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        (
+            "import torch\ndef f(q, k, v):\n    a = torch.softmax(q @ k.mT, dim=-1, dtype=torch.float32)\n"
+            "    return a @ v\n",
+            "softmax in another dtype",
+        ),
+        (
+            "import torch\ndef f(q, k, v):\n    a = torch.softmax(q @ k.mT * self.scale, dim=-1)\n    return a @ v\n",
+            "the scale may be a tensor",
+        ),
+        (
+            "import torch\ndef f(q, k, v):\n    a = torch.softmax(q @ k.mT, dim=-1)\n    out = a @ v\n"
+            "    return out, a\n",
+            "the attention weights are returned too",
+        ),
+        (
+            "import torch\ndef f(x, k, v):\n    a = torch.softmax(proj(x) @ k.mT, dim=-1)\n    return a @ v\n",
+            "q is a call: it would be evaluated in another place",
+        ),
+        (
+            "import torch\ndef f(q, k, v):\n    a = torch.softmax((q @ k.mT).masked_fill(m, -1e9), dim=-1)\n"
+            "    return a @ v\n",
+            "a mask",
+        ),
+        (
+            "import torch\ndef f(q, k, v):\n    a = torch.softmax(q @ k.mT, dim=-1)\n    return v @ a\n",
+            "the weights on the right",
+        ),
+    ],
+)
+def test_attention_reported_without_fix(source: str, why: str) -> None:
+    findings = _findings(source, "OOM402")
+    assert len(findings) == 1, why
+    assert findings[0].fix is None, why
+
+
+@pytest.mark.parametrize(
+    "scores",
+    [
+        "q @ k.transpose(-2, -1)",
+        "torch.matmul(q, k.transpose(-1, -2))",
+        "q @ torch.transpose(k, -2, -1)",
+        "q @ k.mT / 8",
+        "(q @ k.mT) * 0.125",
+    ],
+)
+def test_score_spellings_are_recognised(scores: str) -> None:
+    source = f"import torch\nw = torch.softmax({scores}, dim=-1)\n"
+    assert [finding.line for finding in _findings(source, "OOM402")] == [2]
+
+
+def test_masked_scores_through_variables_are_recognised() -> None:
+    source = """\
+        import torch
+        def f(q, k, v, mask):
+            s = q @ k.transpose(-2, -1)
+            s = s / 8
+            s = s.masked_fill(mask, float("-inf"))
+            p = s.softmax(-1)
+            return p @ v
+        """
+    [finding] = _findings(source, "OOM402")
+    assert finding.line == 6
+    assert finding.fix is None
+
+
+def test_scores_do_not_leak_across_functions() -> None:
+    source = """\
+        import torch
+        def scores(q, k):
+            s = q @ k.mT
+            return s
+        def probs(s):
+            return s.softmax(-1)
+        """
+    assert _findings(source, "OOM402") == []
+
+
+@pytest.mark.parametrize(
+    ("scale_expression", "head_dim"),
+    [
+        ("/ math.sqrt(q.size(-1))", 8),
+        ("* k.shape[-1] ** -0.5", 8),
+        ("/ math.sqrt(16)", 8),
+        ("* 0.5", 8),
+        ("", 8),
+    ],
+)
+def test_fixed_attention_computes_the_same_output(scale_expression: str, head_dim: int) -> None:
+    torch = pytest.importorskip("torch")
+    source = (
+        "import math\nimport torch\nimport torch.nn.functional as F\n"
+        "torch.manual_seed(0)\n"
+        f"q, k, v = torch.randn(3, 2, 4, 6, {head_dim}).unbind(0)\n"
+        f"w = F.softmax(q @ k.transpose(-2, -1) {scale_expression}, dim=-1)\n"
+        "out = w @ v\n"
+    )
+    fixed = _fixed(source, "OOM402")
+    assert "scaled_dot_product_attention" in fixed
+    before: dict[str, object] = {}
+    after: dict[str, object] = {}
+    exec(compile(source, "<before>", "exec"), before)
+    exec(compile(fixed, "<after>", "exec"), after)
+    assert torch.allclose(before["out"], after["out"], atol=1e-5)
