@@ -48,6 +48,7 @@ from typing import Any
 
 from oom_lsp.profiling.keepalive import KeepCodeAlive
 from oom_lsp.profiling.oom_messages import Frame, from_exception, is_user_file
+from oom_lsp.profiling.runner import NO_TORCH_EXIT
 from oom_lsp.profiling.report import (
     Artifacts,
     DeviceInfo,
@@ -58,8 +59,6 @@ from oom_lsp.profiling.report import (
     StepStats,
 )
 
-NO_TORCH_EXIT = 3
-HARNESS_FAILURE_EXIT = 2
 STEP_MARKER_PREFIX = "oom_lsp.step_end."
 TOP_LINES = 20
 TOP_MODULES = 10

@@ -1,0 +1,367 @@
+"""`oom-lsp profile`, `oom-lsp explain` and `oom-lsp compare`.
+
+Added to the CLI through `add_parsers(subparsers)`. Nothing here imports torch: profiling
+runs the harness in a subprocess under the user's interpreter (oom_lsp.profiling.runner).
+
+Exit codes: 0 success; 1 the profiled script ran out of memory or failed, or `explain` found
+no OOM error; 2 usage errors and runs that could not start (no torch, no such file, timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from oom_lsp.profiling.oom_messages import describe, find_ooms, format_bytes
+from oom_lsp.profiling.report import Report, ReportError, read_report
+
+EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+TABLE_LINES = 10
+
+
+def add_parsers(subparsers: Any) -> None:
+    profile = subparsers.add_parser(
+        "profile",
+        help="run a training script for a few optimizer steps and report its memory",
+        description="Run SCRIPT (unchanged) under the given interpreter, stop it after --steps optimizer "
+        "steps, and write report.json, trace.json and stacks.txt (and a CUDA memory snapshot) to --out. "
+        "With --import, build the same report from an existing chrome trace or memory snapshot.",
+    )
+    profile.add_argument("script", nargs="?", type=Path, help="the training script")
+    # Everything after SCRIPT: profile options, then `--` and the script's own arguments
+    # (argparse alone cannot take options after a positional and more positionals after `--`).
+    profile.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    _add_profile_options(profile, defaults=True)
+    profile.set_defaults(handler=run_profile)
+
+    explain = subparsers.add_parser(
+        "explain",
+        help="find out-of-memory errors in a log or traceback and print their facts",
+        description="Read LOG ('-' for stdin) and print, for each OOM error, the allocation that failed, "
+        "the device's memory state, the allocator hint and the user-code line that failed.",
+    )
+    explain.add_argument("log", help="a log file, or - for stdin")
+    explain.add_argument("--format", choices=("text", "json"), default="text")
+    explain.set_defaults(handler=run_explain)
+
+    compare = subparsers.add_parser(
+        "compare",
+        help="compare two profile reports: peak per step and per top line",
+        description="Print the peak before, after and the change, per step and per top line.",
+    )
+    compare.add_argument("before", type=Path)
+    compare.add_argument("after", type=Path)
+    compare.add_argument("--format", choices=("text", "json"), default="text")
+    compare.set_defaults(handler=run_compare)
+
+
+def _add_profile_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--steps", type=int, default=default(3), help="optimizer steps to profile (default 3)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=default("auto"))
+    parser.add_argument(
+        "--python", default=default(sys.executable), help="the interpreter with your torch (default: this one)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=default(600.0), help="seconds before the run is killed (default 600)"
+    )
+    parser.add_argument("--out", type=Path, default=default(Path(".oom_lsp/profile")), help="output folder")
+    parser.add_argument(
+        "--import", dest="import_file", type=Path, metavar="FILE", default=default(None),
+        help="a chrome trace (export_chrome_trace) or memory snapshot pickle (_dump_snapshot) to read instead",
+    )
+
+
+def _split_rest(args: argparse.Namespace) -> str | None:
+    """Parse the options written after SCRIPT into `args`; the part after `--` is the script's. Error or None."""
+    rest = list(args.rest)
+    if "--" in rest:
+        cut = rest.index("--")
+        options, args.script_args = rest[:cut], rest[cut + 1:]
+    else:
+        options, args.script_args = rest, []
+    late = argparse.ArgumentParser(prog="oom-lsp profile", add_help=False)
+    _add_profile_options(late, defaults=False)
+    parsed, unknown = late.parse_known_args(options)
+    if unknown:
+        return f"unknown profile option(s) {' '.join(unknown)}: put the script's own arguments after --"
+    for name, value in vars(parsed).items():
+        setattr(args, name, value)
+    return None
+
+
+def _error(message: str) -> int:
+    print(f"oom-lsp: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+# --- profile -------------------------------------------------------------------------------
+
+
+class ProgressDisplay:
+    """Steps done and elapsed time on stderr: one redrawn line on a terminal, plain lines otherwise."""
+
+    def __init__(self, stream: TextIO, steps: int, label: str) -> None:
+        self.stream = stream
+        self.steps = steps
+        self.label = label
+        self.tty = stream.isatty()
+        self.done = 0
+        self.phase = "starting"
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._ticker = threading.Thread(target=self._tick, daemon=True) if self.tty else None
+
+    def __enter__(self) -> ProgressDisplay:
+        if self._ticker:
+            self._ticker.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        if self._ticker:
+            self._ticker.join()
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def on_progress(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "step":
+            self.done = int(event.get("step", self.done))
+            self.phase = "running"
+        elif kind == "started":
+            self.phase = "running"
+        elif kind == "analysing":
+            self.phase = "analysing"
+        else:
+            return
+        if self.tty:
+            self._draw()
+        elif kind == "step":
+            self._line(f"step {self.done}/{self.steps} done")
+        else:
+            self._line(self.phase)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.5):
+            self._draw()
+
+    def _draw(self) -> None:
+        width = 20
+        filled = width * min(self.done, self.steps) // max(self.steps, 1)
+        bar = "#" * filled + "-" * (width - filled)
+        elapsed = time.monotonic() - self.started
+        with self._lock:
+            self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.steps} steps  {elapsed:5.1f} s  {self.phase} ")
+            self.stream.flush()
+
+    def _line(self, text: str) -> None:
+        elapsed = time.monotonic() - self.started
+        print(f"{self.label}: {text} ({elapsed:.1f} s)", file=self.stream, flush=True)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from oom_lsp.profiling.runner import ProfileError, ProfileRequest, profile
+
+    problem = _split_rest(args)
+    if problem:
+        return _error(problem)
+    if args.import_file is not None:
+        return _import(args)
+    if args.script is None:
+        return _error("profile needs a SCRIPT (or --import FILE)")
+    if not args.script.is_file():
+        return _error(f"{args.script}: no such file")
+    if args.steps < 1:
+        return _error("--steps must be at least 1")
+    request = ProfileRequest(
+        script=args.script, out=args.out, script_args=args.script_args, steps=args.steps,
+        device=args.device, python=args.python, timeout=args.timeout,
+    )
+    display = ProgressDisplay(sys.stderr, args.steps, f"profiling {args.script.name}")
+    try:
+        with display:
+            report = profile(request, on_progress=display.on_progress)
+    except ProfileError as exc:
+        return _error(str(exc))
+    print_summary(report, args.out, sys.stdout)
+    if report.status in ("completed", "finished", "exited"):
+        return EXIT_OK
+    if report.status in ("timeout", "cancelled", "crashed"):
+        return EXIT_ERROR
+    return EXIT_FAILED
+
+
+def _import(args: argparse.Namespace) -> int:
+    from oom_lsp.profiling.importers import ImportFormatError, import_profile
+
+    try:
+        report = import_profile(args.import_file)
+    except FileNotFoundError:
+        return _error(f"{args.import_file}: no such file")
+    except ImportFormatError as exc:
+        return _error(str(exc))
+    report.write(args.out / "report.json")
+    print_summary(report, args.out, sys.stdout)
+    return EXIT_OK
+
+
+def _table(rows: list[list[str]], out: TextIO, right: frozenset[int] | set[int] = frozenset()) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for index, row in enumerate(rows):
+        cells = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row)]
+        print("  " + "  ".join(cells).rstrip(), file=out)
+        if index == 0:
+            print("  " + "  ".join("-" * w for w in widths), file=out)
+
+
+def _where(file: str, line: int) -> str:
+    return f"{file}:{line}"
+
+
+def print_summary(report: Report, out_dir: Path, out: TextIO) -> None:
+    device = report.device
+    device_text = device.type + (f" ({device.name})" if device.name else "")
+    if device.total_memory:
+        device_text += f", {format_bytes(device.total_memory)}"
+    print(f"status: {report.status}" + (f" (exit code {report.exit_code})" if report.status == "exited" else ""), file=out)
+    print(f"device: {device_text}" + (f"; torch {report.torch_version}" if report.torch_version else ""), file=out)
+    if report.batch_size is not None:
+        print(f"batch size seen: {report.batch_size} (input shape {report.input_shape})", file=out)
+    if report.steps:
+        rows = [["step", "peak allocated", "peak reserved", "wall time"]]
+        for step in report.steps:
+            rows.append([
+                f"{step.index}" + ("" if step.complete else " (cut short)"),
+                format_bytes(step.peak_allocated),
+                format_bytes(step.peak_reserved) if step.peak_reserved is not None else "-",
+                f"{step.wall_time:.2f} s" if step.wall_time is not None else "-",
+            ])
+        print("", file=out)
+        _table(rows, out, right={1, 2, 3})
+    if report.peak_allocated is not None:
+        print(f"\npeak allocated: {format_bytes(report.peak_allocated)}", file=out)
+    if report.top_lines:
+        print("\ntop lines by memory live at the peak:", file=out)
+        rows = [["bytes", "line", "code"]]
+        for usage in report.top_lines[:TABLE_LINES]:
+            rows.append([format_bytes(usage.bytes), _where(usage.file, usage.line), (usage.code or usage.function or "")[:60]])
+        _table(rows, out, right={0})
+    if report.top_modules:
+        print("\ntop modules:", file=out)
+        rows = [["bytes", "module", "type"]]
+        rows += [[format_bytes(m.bytes), m.name, m.type] for m in report.top_modules[:5]]
+        _table(rows, out, right={0})
+    if report.oom:
+        print("\nout of memory:", file=out)
+        for label, value in describe(report.oom.error):
+            print(f"  {label}: {value}", file=out)
+    if report.error:
+        print(f"\nerror: {report.error}", file=out)
+    for note in report.notes:
+        print(f"note: {note}", file=out)
+    files = [name for name in (report.artifacts.trace, report.artifacts.stacks, report.artifacts.snapshot) if name]
+    print(f"\nreport: {out_dir / 'report.json'}" + (f" (also {', '.join(files)})" if files else ""), file=out)
+
+
+# --- explain -------------------------------------------------------------------------------
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    if args.log == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(args.log).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            return _error(f"{args.log}: {exc.strerror or exc}")
+    ooms = find_ooms(text)
+    if args.format == "json":
+        print(json.dumps({"ooms": [oom.to_dict() for oom in ooms]}, indent=2))
+    elif not ooms:
+        print("no out-of-memory error found", file=sys.stderr)
+    else:
+        for number, oom in enumerate(ooms, 1):
+            if number > 1:
+                print()
+            print(f"out-of-memory error {number} of {len(ooms)} (line {oom.log_line}):")
+            for label, value in describe(oom):
+                print(f"  {label}: {value}")
+    return EXIT_OK if ooms else EXIT_FAILED
+
+
+# --- compare -------------------------------------------------------------------------------
+
+
+def _change(before: int | None, after: int | None) -> str:
+    if before is None or after is None:
+        return "-"
+    delta = after - before
+    text = ("+" if delta > 0 else "") + format_bytes(delta)
+    if before:
+        text += f" ({100 * delta / before:+.1f} %)"
+    return text
+
+
+def compare_reports(before: Report, after: Report) -> dict[str, Any]:
+    """Peaks per step and per top line; lines are matched by file and code text, then by line number."""
+    steps = []
+    for index in range(max(len(before.steps), len(after.steps))):
+        b = before.steps[index].peak_allocated if index < len(before.steps) else None
+        a = after.steps[index].peak_allocated if index < len(after.steps) else None
+        steps.append({"step": index + 1, "before": b, "after": a})
+
+    def key(usage: Any) -> tuple[str, str | int]:
+        return (usage.file, usage.code) if usage.code else (usage.file, usage.line)
+
+    rows: dict[tuple[str, str | int], dict[str, Any]] = {}
+    for side, report in (("before", before), ("after", after)):
+        for usage in report.top_lines:
+            row = rows.setdefault(key(usage), {"file": usage.file, "code": usage.code, "before": None, "after": None})
+            row[side] = usage.bytes
+            row[f"{side}_line"] = usage.line
+    lines = sorted(rows.values(), key=lambda r: -max(r["before"] or 0, r["after"] or 0))
+    return {
+        "peak": {"before": before.peak_allocated, "after": after.peak_allocated},
+        "steps": steps,
+        "lines": lines,
+    }
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    try:
+        before, after = read_report(args.before), read_report(args.after)
+    except ReportError as exc:
+        return _error(str(exc))
+    result = compare_reports(before, after)
+    if args.format == "json":
+        print(json.dumps(result, indent=2))
+        return EXIT_OK
+    out = sys.stdout
+    peak = result["peak"]
+    print(f"peak allocated: {format_bytes(peak['before'])} -> {format_bytes(peak['after'])}  "
+          f"{_change(peak['before'], peak['after'])}", file=out)
+    rows = [["step", "before", "after", "change"]]
+    for step in result["steps"]:
+        rows.append([str(step["step"]), format_bytes(step["before"]), format_bytes(step["after"]),
+                     _change(step["before"], step["after"])])
+    print("", file=out)
+    _table(rows, out, right={1, 2})
+    if result["lines"]:
+        rows = [["line", "before", "after", "change", "code"]]
+        for line in result["lines"][:TABLE_LINES * 2]:
+            number = line.get("after_line", line.get("before_line"))
+            rows.append([_where(line["file"], number), format_bytes(line["before"]) if line["before"] is not None else "-",
+                         format_bytes(line["after"]) if line["after"] is not None else "-",
+                         _change(line["before"] or 0, line["after"] or 0), (line["code"] or "")[:50]])
+        print("\ntop lines:", file=out)
+        _table(rows, out, right={1, 2})
+    return EXIT_OK

@@ -1,0 +1,310 @@
+"""`oom-lsp profile --import FILE`: a report from a profile someone already recorded.
+
+No torch import: the files are read as data.
+
+Supported:
+* PyTorch chrome traces (`prof.export_chrome_trace(...)` with `profile_memory=True`): the
+  "[memory]" instant events are replayed in time order (as the harness does with the live
+  event tree). Steps come from oom-lsp's own step markers or from `ProfilerStep#N` spans
+  (`torch.profiler.schedule` + `prof.step()`); otherwise the whole trace is one step. Lines come
+  from the innermost user-file `python_function` span around each allocation (needs
+  `with_stack=True`): a chrome trace names a function by its `def` line, not by the line that
+  allocated, so `top_lines` point at functions here.
+* CUDA memory snapshots (`torch.cuda.memory._dump_snapshot`, pickle with "segments" and
+  "device_traces"): alloc / free_completed events give allocated bytes, segment_alloc /
+  segment_free give reserved bytes, and each allocation's innermost user frame gives the exact
+  line. Memory allocated before recording started is counted from the segments' active blocks
+  where the trace does not explain it.
+
+Not supported: Nsight Systems exports (`nsys export --type json` / sqlite). Their CUDA memory
+records (with `--cuda-memory-usage=true`) carry neither the caching allocator's view nor
+Python frames, so they cannot fill this report honestly; they are refused with that reason.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import pickle
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from oom_lsp.profiling.oom_messages import is_user_file
+from oom_lsp.profiling.report import Artifacts, DeviceInfo, LineUsage, Report, StepStats
+
+STEP_MARKER = re.compile(r"^oom_lsp\.step_end\.(\d+)$")
+PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+PYTHON_FUNCTION = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
+TOP_LINES = 20
+
+
+class ImportFormatError(ValueError):
+    """The file is not a profile this importer can read; the message says why."""
+
+
+def import_profile(path: Path) -> Report:
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    if raw[:1] == b"\x80":
+        return import_snapshot(_load_pickle(raw, path), path)
+    if raw[:6] == b"SQLite":
+        raise ImportFormatError(_NSYS_REFUSAL)
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        data = _json_lines(raw)
+    if isinstance(data, dict) and "traceEvents" in data:
+        return import_chrome_trace(data, path)
+    if isinstance(data, list) and data and isinstance(data[0], dict) and "traceEvents" not in data[0]:
+        if any(k in data[0] for k in ("Type", "TraceProcessEvent", "CudaEvent", "data")):
+            raise ImportFormatError(_NSYS_REFUSAL)
+    raise ImportFormatError(
+        f"{path}: not a PyTorch chrome trace (no traceEvents) nor a CUDA memory snapshot pickle"
+    )
+
+
+_NSYS_REFUSAL = (
+    "Nsight Systems exports are not supported: their CUDA memory records have neither the PyTorch "
+    "caching allocator's view (allocated vs reserved) nor Python frames. Record a PyTorch chrome trace "
+    "(torch.profiler with profile_memory=True, then export_chrome_trace) or a memory snapshot "
+    "(torch.cuda.memory._record_memory_history + _dump_snapshot) instead."
+)
+
+
+def _json_lines(raw: bytes) -> Any:
+    try:
+        return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ImportFormatError(f"not JSON, JSON lines nor a pickle: {exc}") from exc
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    """Snapshots are plain dicts and lists: refuse every class, so a hostile pickle runs nothing."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise ImportFormatError(f"a memory snapshot holds only plain data; this pickle wants {module}.{name}")
+
+
+def _load_pickle(raw: bytes, path: Path) -> Any:
+    import io
+
+    try:
+        return _SnapshotUnpickler(io.BytesIO(raw)).load()
+    except (pickle.UnpicklingError, EOFError) as exc:
+        raise ImportFormatError(f"{path}: unreadable pickle: {exc}") from exc
+
+
+def _replay(ops: list[tuple[int, int, Any]], baseline: int = 0) -> tuple[list[int], int, list[tuple[int, Any]]]:
+    """Live bytes after each (address, +size or -1 for a free, attribution) op.
+
+    Returns the running totals, the peak, and the (size, attribution) of the blocks live at
+    the peak. Two passes, so a long climb to the peak costs no copies of the live set.
+    """
+    live: dict[int, int] = {}
+    total, peak, peak_index = baseline, baseline, -1
+    totals = []
+    for index, (address, size, _) in enumerate(ops):
+        if size >= 0:
+            live[address] = size
+            total += size
+        elif address in live:  # a free of a block allocated before recording started
+            total -= live.pop(address)
+        totals.append(total)
+        if total > peak:
+            peak, peak_index = total, index
+    at_peak: dict[int, tuple[int, Any]] = {}
+    for address, size, where in ops[: peak_index + 1]:
+        if size >= 0:
+            at_peak[address] = (size, where)
+        else:
+            at_peak.pop(address, None)
+    return totals, peak, list(at_peak.values())
+
+
+def _top_lines(live: Iterable[tuple[int, Any]]) -> list[LineUsage]:
+    lines: dict[tuple[str, int], LineUsage] = {}
+    for size, where in live:
+        if where is None:
+            continue
+        file, line, function = where
+        usage = lines.setdefault((file, line), LineUsage(file, line, 0, function))
+        usage.bytes += size
+        usage.allocations += 1
+    return sorted(lines.values(), key=lambda u: (-u.bytes, u.file, u.line))[:TOP_LINES]
+
+
+def import_chrome_trace(data: dict[str, Any], path: Path) -> Report:
+    events = data["traceEvents"]
+    memory = [e for e in events if e.get("name") == "[memory]" and "Bytes" in e.get("args", {})]
+    if not memory:
+        raise ImportFormatError(f"{path}: a chrome trace without memory events: record it with profile_memory=True")
+    cuda = any(e["args"].get("Device Type") == 1 for e in memory)
+    device_type = 1 if cuda else 0
+    memory = [e for e in memory if e["args"].get("Device Type") == device_type]
+    memory.sort(key=lambda e: (e["ts"], e["args"]["Bytes"] > 0))
+
+    markers = sorted(
+        (int(m.group(1)), e["ts"]) for e in events if (m := STEP_MARKER.match(e.get("name", "")))
+    )
+    spans = sorted(
+        (int(m.group(1)), e["ts"], e["ts"] + e.get("dur", 0))
+        for e in events if (m := PROFILER_STEP.match(e.get("name", "")))
+    )
+    if markers:
+        windows = [(float("-inf") if i == 0 else markers[i - 1][1], ts) for i, (_, ts) in enumerate(markers)]
+        steps_from = "oom-lsp step markers"
+    elif spans:
+        windows = [(start, end) for _, start, end in spans]
+        steps_from = "ProfilerStep spans"
+    else:
+        windows = [(float("-inf"), float("inf"))]
+        steps_from = None
+
+    functions = _user_functions(events)
+    ops = [
+        (e["args"]["Addr"], e["args"]["Bytes"], functions.innermost(e.get("tid"), e["ts"]))
+        if e["args"]["Bytes"] > 0 else (e["args"]["Addr"], -1, None)
+        for e in memory
+    ]
+    totals, peak, at_peak = _replay(ops)
+    times = [e["ts"] for e in memory]
+    step_peaks = []
+    for start, end in windows:
+        first, last = bisect.bisect_right(times, start), bisect.bisect_right(times, end)
+        before = totals[first - 1] if first > 0 else 0  # what is live when the step starts
+        step_peaks.append(max([before, *totals[first:last]]))
+
+    notes = ["imported from a chrome trace: top_lines name the enclosing function (its def line)"]
+    if steps_from:
+        notes.append(f"steps from {steps_from}")
+    else:
+        notes.append("no step markers or ProfilerStep spans: the whole trace is one step")
+    if not functions.any:
+        notes.append("no python_function events (recorded without with_stack=True): no per-line attribution")
+    props = data.get("deviceProperties") or []
+    device = DeviceInfo("cuda" if cuda else "cpu")
+    if cuda and props:
+        device = DeviceInfo("cuda", props[0].get("name"), props[0].get("id"), props[0].get("totalGlobalMem"))
+    return Report(
+        script=None,
+        status="imported",
+        device=device,
+        measured_with="chrome-trace",
+        steps=[StepStats(i + 1, peak) for i, peak in enumerate(step_peaks)],
+        peak_allocated=peak,
+        top_lines=_top_lines(at_peak),
+        artifacts=Artifacts(source=str(path)),
+        notes=notes,
+    )
+
+
+class _UserFunctions:
+    """The innermost user-file python_function span around a moment, per thread."""
+
+    def __init__(self) -> None:
+        self.by_thread: dict[Any, tuple[list[float], list[tuple[float, float, tuple[str, int, str]]]]] = {}
+        self.any = False
+
+    def innermost(self, tid: Any, ts: float) -> tuple[str, int, str] | None:
+        starts, spans = self.by_thread.get(tid, ([], []))
+        index = bisect.bisect_right(starts, ts) - 1
+        while index >= 0:  # the latest-starting span that still covers ts is the innermost
+            start, end, where = spans[index]
+            if end >= ts:
+                return where
+            index -= 1
+        return None
+
+
+def _user_functions(events: list[dict[str, Any]]) -> _UserFunctions:
+    result = _UserFunctions()
+    per_thread: dict[Any, list[tuple[float, float, tuple[str, int, str]]]] = {}
+    for event in events:
+        if event.get("cat") != "python_function":
+            continue
+        result.any = True
+        match = PYTHON_FUNCTION.match(event.get("name", ""))
+        if not match or not is_user_file(match["file"]) or "/oom_lsp/profiling/" in match["file"]:
+            continue
+        where = (match["file"], int(match["line"]), match["function"])
+        per_thread.setdefault(event.get("tid"), []).append((event["ts"], event["ts"] + event.get("dur", 0), where))
+    for tid, spans in per_thread.items():
+        spans.sort(key=lambda s: s[0])
+        result.by_thread[tid] = ([s[0] for s in spans], spans)
+    return result
+
+
+def import_snapshot(data: Any, path: Path) -> Report:
+    if not isinstance(data, dict) or "device_traces" not in data or "segments" not in data:
+        raise ImportFormatError(f"{path}: a pickle, but not a CUDA memory snapshot (no segments/device_traces)")
+    traces = data["device_traces"]
+    busiest = max(range(len(traces)), key=lambda i: len(traces[i]), default=None)
+    if busiest is None or not traces[busiest]:
+        raise ImportFormatError(
+            f"{path}: the snapshot has no trace events: record with torch.cuda.memory._record_memory_history() "
+            "before the step"
+        )
+    trace = traces[busiest]
+    segments = [s for s in data["segments"] if s.get("device") == busiest]
+    free_action = "free_completed" if any(e.get("action") == "free_completed" for e in trace) else "free_requested"
+
+    traced_alloc = sum(e["size"] for e in trace if e.get("action") == "alloc")
+    traced_free = sum(e["size"] for e in trace if e.get("action") == free_action)
+    active_at_end = sum(
+        b["size"] for s in segments for b in s.get("blocks", []) if b.get("state") == "active_allocated"
+    )
+    baseline = max(0, active_at_end - (traced_alloc - traced_free))
+    reserved_at_end = sum(s.get("total_size", 0) for s in segments)
+    traced_segments = sum(
+        e["size"] if e.get("action") == "segment_alloc" else -e["size"]
+        for e in trace if e.get("action") in ("segment_alloc", "segment_free")
+    )
+    reserved = max(0, reserved_at_end - traced_segments)
+    peak_reserved = reserved
+
+    ops = []
+    oom_events = 0
+    for event in trace:
+        action = event.get("action")
+        if action == "alloc":
+            ops.append((event["addr"], event["size"], _innermost_user_frame(event.get("frames", ()))))
+        elif action == free_action:
+            ops.append((event["addr"], -1, None))
+        elif action == "segment_alloc":
+            reserved += event["size"]
+            peak_reserved = max(peak_reserved, reserved)
+        elif action == "segment_free":
+            reserved -= event["size"]
+        elif action == "oom":
+            oom_events += 1
+
+    _, peak, at_peak = _replay(ops, baseline)
+    notes = ["imported from a CUDA memory snapshot: the whole recording is one step"]
+    if baseline:
+        notes.append(f"{baseline} bytes were allocated before recording started (no frames for them)")
+    if oom_events:
+        notes.append(f"the allocator recorded {oom_events} out-of-memory event(s)")
+    return Report(
+        script=None,
+        status="imported",
+        device=DeviceInfo("cuda", index=busiest),
+        measured_with="memory-snapshot",
+        steps=[StepStats(1, peak, peak_reserved)],
+        peak_allocated=peak,
+        peak_reserved=peak_reserved,
+        top_lines=_top_lines(at_peak),
+        artifacts=Artifacts(snapshot=str(path), source=str(path)),
+        notes=notes,
+    )
+
+
+def _innermost_user_frame(frames: Iterable[dict[str, Any]]) -> tuple[str, int, str] | None:
+    # Snapshot frames are innermost first (memory_viz reverses them to draw flame graphs).
+    for frame in frames:
+        filename = frame.get("filename", "")
+        if filename and is_user_file(filename) and not filename.endswith((".cpp", ".h", ".cu", ".cuh")):
+            return filename, int(frame.get("line", 0)), frame.get("name", "")
+    return None
