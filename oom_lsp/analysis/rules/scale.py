@@ -387,6 +387,7 @@ class NoGradientCheckpointing(Rule):
         self._candidates: list[_Candidate] = []
         self._trains = False
         self._trainer_built = False
+        self._train_or_fit_called = False
         self._trained_names: set[str] = set()
         self._frozen_names: set[str] = set()
         # `.eval()` alone freezes nothing (training scripts validate too);
@@ -502,12 +503,13 @@ class NoGradientCheckpointing(Rule):
             receiver_name = dotted_name(receiver)
             if method == "backward" or (method == "step" and _is_optimizer_like(receiver)):
                 self._trains = True
-            elif method in ("train", "fit") and receiver_name is not None:
-                if method == "train" and not (node.args and is_false(node.args[0].value)):
+            elif method in ("train", "fit"):
+                self._train_or_fit_called = True
+                if method == "train" and receiver_name is not None and not (
+                    node.args and is_false(node.args[0].value)
+                ):
                     self._trained_names.add(receiver_name)
                     self._train_mode_names.add(receiver_name)
-                if self._trainer_built:
-                    self._trains = True
             elif method == "eval" and receiver_name is not None:
                 self._eval_mode_names.add(receiver_name)
             elif method == "requires_grad_" and receiver_name is not None:
@@ -543,7 +545,8 @@ class NoGradientCheckpointing(Rule):
             self._trained_names.add(name)
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        if not self._candidates or not self._trains or _CHECKPOINTING_RE.search(self.context.source):
+        trains = self._trains or (self._trainer_built and self._train_or_fit_called)
+        if not self._candidates or not trains or _CHECKPOINTING_RE.search(self.context.source):
             return
         for candidate in self._candidates:
             if candidate.is_stack:
