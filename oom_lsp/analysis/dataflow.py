@@ -979,7 +979,14 @@ def assigned_names(statement: cst.CSTNode) -> Iterator[tuple[str, cst.BaseExpres
     while targets:
         target, value = targets.pop()
         if isinstance(target, (cst.Tuple, cst.List)):
-            targets.extend((element.value, None) for element in target.elements)
+            values: list[cst.BaseExpression | None] = [None] * len(target.elements)
+            if (
+                isinstance(value, (cst.Tuple, cst.List))
+                and len(value.elements) == len(target.elements)
+                and not any(isinstance(element, cst.StarredElement) for element in value.elements)
+            ):
+                values = [element.value for element in value.elements]
+            targets.extend((element.value, source) for element, source in zip(target.elements, values))
         elif isinstance(target, cst.StarredElement):
             targets.append((target.value, None))
         else:
@@ -1030,13 +1037,36 @@ def contains_backward(node: cst.CSTNode, context: FileContext) -> bool:
     return any(is_backward_call(inner, context) for inner in iter_nodes(node))
 
 
-def binds_inside(loop: cst.For | cst.While, dotted: str, *, besides: cst.CSTNode | None = None) -> bool:
-    """Whether the loop's body rebinds `dotted` (or the object it is an
-    attribute of) with a plain binding, other than the statement `besides`."""
-    heads = {dotted}
+def _heads(dotted: str) -> set[str]:
+    """`a.b.c` -> {"a", "a.b", "a.b.c"}: rebinding any of them rebinds `a.b.c`."""
     parts = dotted.split(".")
-    heads |= {".".join(parts[:index]) for index in range(1, len(parts))}
-    for node in iter_nodes(loop.body):
+    return {".".join(parts[:index]) for index in range(1, len(parts) + 1)}
+
+
+def rebinds_every_iteration(
+    body: cst.BaseSuite, dotted: str, *, besides: cst.CSTNode | None = None
+) -> bool:
+    """Whether a statement directly in the loop body (so: in every
+    iteration) rebinds `dotted`, other than `besides`. A reset inside an `if`
+    (`if step % 100 == 0: total = 0`) does not count: the value then
+    outlives the iterations in between."""
+    heads = _heads(dotted)
+    for statement in _block(body):
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if small is not besides and any(name in heads for name, _ in assigned_names(small)):
+                return True
+    return False
+
+
+def binds_inside(loop: cst.CSTNode, dotted: str, *, besides: cst.CSTNode | None = None) -> bool:
+    """Whether anything in the loop's body rebinds `dotted` (or the object
+    it is an attribute of) with a plain binding, other than the statement
+    `besides`."""
+    heads = _heads(dotted)
+    body = getattr(loop, "body")
+    for node in iter_nodes(body):
         if node is besides:
             continue
         if any(name in heads for name, _ in assigned_names(node)):

@@ -19,7 +19,9 @@ from oom_lsp.analysis.dataflow import (
     ScopeSummary,
     assigned_names,
     binds_inside,
+    rebinds_every_iteration,
     contains_backward,
+    dotted_names_in,
     facts_for,
     is_backward_call,
     iter_nodes,
@@ -27,7 +29,7 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
+from oom_lsp.analysis.rule import DeleteStatement, FixSpec, InsertAfter, InsertBefore, Invalid, Rule, Valid
 from oom_lsp.fixes import detach as detach_fix
 from oom_lsp.fixes import hidden_state, inference_mode, retain_graph
 
@@ -59,7 +61,21 @@ class _AutogradRule(Rule):
     def _summary(self) -> ScopeSummary:
         return facts_for(self.context).summary(self.context.tracker.current_function)
 
-    def _kept_on_purpose(self, holder: str, loop: cst.For | cst.While) -> bool:
+    def _iteration(self, holder: str) -> cst.For | cst.While | cst.FunctionDef | None:
+        """What runs once per step around the current node: the innermost
+        loop, or a Lightning `training_step` (called once per batch) when
+        `holder` is an attribute of the module, which outlives the call."""
+        tracker = self.context.tracker
+        if tracker.in_loop:
+            return tracker.loops[-1]
+        function = tracker.current_function
+        if function is None or function.name.value != "training_step" or not holder.startswith("self."):
+            return None
+        facts = facts_for(self.context)
+        owner = facts.class_of.get(function)
+        return function if owner is not None and owner.name.value in facts.module_classes else None
+
+    def _kept_on_purpose(self, holder: str, loop: cst.For | cst.While | cst.FunctionDef) -> bool:
         """The graph is wanted: the holder feeds a backward pass, or it is
         returned from a loop that does not train (a loss summed over heads or
         chunks, backpropagated by the caller)."""
@@ -365,17 +381,18 @@ class LossAccumulatedWithGraph(_AutogradRule):
             self._check(node, node.targets[0].target, value.left)
 
     def _check(self, node: cst.CSTNode, target: cst.BaseExpression, operand: cst.BaseExpression) -> None:
-        tracker = self.context.tracker
-        if not tracker.in_loop or tracker.in_no_grad:
+        if self.context.tracker.in_no_grad:
             return
         holder = _holder(target)
         if holder is None:
             return
+        iteration = self._iteration(holder)
+        if iteration is None:
+            return
         kind = self._flow().kind_of(operand)
         if not kind.attached:
             return
-        loop = tracker.loops[-1]
-        if binds_inside(loop, holder, besides=node) or self._kept_on_purpose(holder, loop):
+        if rebinds_every_iteration(iteration.body, holder, besides=node) or self._kept_on_purpose(holder, iteration):
             return
         method = "item" if kind is Kind.GRAPH_SCALAR and not self._used_as_tensor(holder) else "detach"
         self.report(
@@ -619,20 +636,20 @@ class TensorKeptAcrossIterations(_AutogradRule):
                 self._check(node, target.target.value, node.value)
 
     def _check(self, node: cst.CSTNode, container: cst.BaseExpression, stored: cst.BaseExpression) -> None:
-        tracker = self.context.tracker
-        if not tracker.in_loop or tracker.in_no_grad:
+        if self.context.tracker.in_no_grad:
             return
         holder = dotted_name(container)
         if holder is None:
             return
-        flow = self._flow()
-        attached = _attached_parts(stored, flow)
+        iteration = self._iteration(holder)
+        if iteration is None:
+            return
+        attached = _attached_parts(stored, self._flow())
         if not attached:
             return
-        loop = tracker.loops[-1]
-        if binds_inside(loop, holder) or not self._holds_a_container(holder):
+        if rebinds_every_iteration(iteration.body, holder) or not self._holds_a_container(holder):
             return
-        if self._kept_on_purpose(holder, loop):
+        if self._kept_on_purpose(holder, iteration):
             return
         indent = self._indent()
         edits = tuple(edit for part in attached for edit in detach_fix.detach(part, indent, self.context.module))
@@ -958,15 +975,11 @@ class EvalWithoutNoGrad(_AutogradRule):
         flow = self._flow()
         callee = flow.callee(node.func)
         by_name = function is not None and callee.role is Role.MODULE and self._is_eval_function(function)
-        switched = dotted_name(node.func)
-        after_eval = (
-            switched is not None
-            and self._eval_mode.get(function, {}).get(switched, False)
-            and callee.role in (Role.MODULE, Role.UNKNOWN)
-        )
-        if not (by_name or after_eval):
-            return
-        if self._summary().backward_calls:
+        switched = self._switched_to_eval(node.func, callee.role)
+        if by_name:
+            if self._summary().backward_calls:
+                return  # gradients are computed here: not inference code
+        elif switched is None or self._computes_gradients_around():
             return
         reference = self.context.imports.reference_to("torch.inference_mode")
         imports: tuple[str, ...] = ()
@@ -990,6 +1003,33 @@ class EvalWithoutNoGrad(_AutogradRule):
             "a backward pass would need. Run it under `torch.inference_mode()` (or `torch.no_grad()`).",
             fix=fix,
         )
+
+    def _switched_to_eval(self, func: cst.BaseExpression, role: Role) -> str | None:
+        """The model switched to eval mode that `func` runs: `model` for
+        `model(x)` (unless known to be no module) and, for a known submodule
+        call, `model.encoder(x)`."""
+        called = dotted_name(func)
+        if called is None:
+            return None
+        modes = self._eval_mode.get(self.context.tracker.current_function, {})
+        if modes.get(called) and role in (Role.MODULE, Role.UNKNOWN):
+            return called
+        if role is Role.MODULE:
+            parts = called.split(".")
+            for end in range(len(parts) - 1, 0, -1):
+                prefix = ".".join(parts[:end])
+                if modes.get(prefix):
+                    return prefix
+        return None
+
+    def _computes_gradients_around(self) -> bool:
+        """A backward pass in the loop around the call (or, outside loops,
+        anywhere in the scope): a frozen eval-mode backbone being trained
+        through, an adversarial attack."""
+        tracker = self.context.tracker
+        if tracker.loops:
+            return contains_backward(tracker.loops[-1].body, self.context)
+        return bool(self._summary().backward_calls)
 
     def _switches_mode(self, node: cst.Call) -> bool:
         """Records `model.eval()` / `model.train(...)`; True for such a call."""
@@ -1058,17 +1098,22 @@ class RetainGraphInLoop(_AutogradRule):
     """
     ## What it does
     Flags `backward(retain_graph=True)` (a tensor's, `accelerator.backward`,
-    `torch.autograd.backward`) in a training loop: a loop whose body also
-    steps an optimizer, when no other backward pass follows it in the same
-    iteration.
+    `torch.autograd.backward`) in a training loop: a loop that computes a
+    new loss every iteration, or steps an optimizer. Loops over several
+    losses of one graph (`for loss in losses: loss.backward(retain_graph=True)`)
+    and higher-order gradients (`create_graph=True`) are not reported.
 
     ## Why is this bad?
     `retain_graph=True` keeps the graph's saved activations after the
-    backward pass instead of freeing them. In a training loop that is usually
-    a workaround for "Trying to backward through the graph a second time",
-    whose real cause is a tensor carried from one iteration to the next (a
-    hidden state, an accumulated loss): the retained graphs then chain
-    across iterations and memory grows every step.
+    backward pass instead of freeing them as it goes. In a training loop it
+    is usually a workaround for "Trying to backward through the graph a
+    second time", whose real cause is a tensor carried from one iteration to
+    the next (a hidden state, an accumulated loss): the retained graphs then
+    chain across iterations and memory grows every step. When a second
+    backward pass in the same step goes through the same graph (two losses
+    of one forward pass), every activation stays allocated until it ends:
+    summing the losses and calling `backward()` once frees them
+    progressively, with the same gradients.
 
     ## Example
     ```python
@@ -1087,16 +1132,18 @@ class RetainGraphInLoop(_AutogradRule):
     ```
 
     ## Fix safety
-    Unsafe: the argument is dropped. If a later backward pass really goes
-    through the same graph (a second loss computed from shared activations,
-    in another function), it will then fail with "Trying to backward through
-    the graph a second time"; the fix for that is to detach what is carried
-    across iterations, not to retain the graph.
+    Unsafe. When no other backward pass follows in the iteration, the
+    argument is dropped; if a backward pass elsewhere (another function)
+    goes through the same graph, it will then fail with "Trying to backward
+    through the graph a second time", and the remedy is to detach what is
+    carried across iterations. When `a.backward(retain_graph=True)` is
+    followed by `b.backward()`, the two become `(a + b).backward()` (the same
+    gradients, summed once). Other cases are reported without a fix.
     """
 
     code = "OOM304"
     name = "retain-graph-in-loop"
-    summary = "`backward(retain_graph=True)` in a training loop keeps every step's graph and activations."
+    summary = "`backward(retain_graph=True)` in a training loop keeps the step's graph and activations alive."
     fix_applicability = Applicability.UNSAFE
 
     VALID = [
@@ -1109,24 +1156,22 @@ class RetainGraphInLoop(_AutogradRule):
                 optimizer.step()
             """
         ),
-        # Two losses share the graph: the first backward must retain it.
-        Valid(
-            """
-            import torch
-            for x, y in loader:
-                out = model(x)
-                loss_a, loss_b = crit_a(out, y), crit_b(out, y)
-                loss_a.backward(retain_graph=True)
-                loss_b.backward()
-                optimizer.step()
-            """
-        ),
         Valid("import torch\nloss.backward(retain_graph=True)\n"),
         Valid("import torch\nfor x in loader:\n    loss.backward(retain_graph=keep)\n    opt.step()\n"),
         Valid("import torch\nfor x in loader:\n    loss.backward(**backward_options)\n    opt.step()\n"),
-        # Not a training loop (no optimizer step): backward over several losses.
+        # Backward over the losses of one graph, not a training loop.
         Valid("import torch\nfor loss in losses:\n    loss.backward(retain_graph=True)\n"),
         Valid("import torch\nfor x in loader:\n    loss.backward(None, False)\n    opt.step()\n"),
+        # Higher-order gradients need the graph.
+        Valid(
+            """
+            import torch
+            for x in loader:
+                loss = model(x).sum()
+                loss.backward(create_graph=True, retain_graph=True)
+                opt.step()
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -1151,7 +1196,7 @@ class RetainGraphInLoop(_AutogradRule):
             import torch
             from torch import autograd
             while True:
-                scaler.scale(loss).backward(None, True)
+                loss = model(batch).mean()
                 autograd.backward(
                     [loss],
                     retain_graph=True,
@@ -1164,7 +1209,7 @@ class RetainGraphInLoop(_AutogradRule):
             import torch
             from torch import autograd
             while True:
-                scaler.scale(loss).backward(None, True)
+                loss = model(batch).mean()
                 autograd.backward(
                     [loss],
                 )
@@ -1187,6 +1232,43 @@ class RetainGraphInLoop(_AutogradRule):
                 optimizer.step()
             """,
         ),
+        # Two losses of one forward pass: summed, one backward.
+        Invalid(
+            """
+            import torch
+            for x, y in loader:
+                logits = model(x)
+                bce, dice = bce_loss(logits, y), dice_loss(logits, y)
+                optimizer.zero_grad()
+                bce.backward(retain_graph=True)  # both losses
+                dice.backward()
+                optimizer.step()
+            """,
+            line=7,
+            expected_fix="""
+            import torch
+            for x, y in loader:
+                logits = model(x)
+                bce, dice = bce_loss(logits, y), dice_loss(logits, y)
+                optimizer.zero_grad()
+                (bce + dice).backward()
+                optimizer.step()
+            """,
+        ),
+        # A later backward pass through the same graph: reported, no fix.
+        Invalid(
+            """
+            import torch
+            for real in loader:
+                fake = netG(noise)
+                err_fake = criterion(netD(fake), zeros)
+                err_fake.backward(retain_graph=True)
+                optimizerD.step()
+                criterion(netD(fake), ones).backward()
+                optimizerG.step()
+            """,
+            line=6,
+        ),
     ]
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -1195,28 +1277,94 @@ class RetainGraphInLoop(_AutogradRule):
             return
         if self.context.call_name(node) == "torch.autograd.backward":
             retain = get_arg(node, "retain_graph", 2)
+            graph_args = node.args[:1]
         elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
             # Tensor.backward(gradient, retain_graph, ...); other objects' backward: by keyword only.
-            tensor_like = self.context.qualified_name(node.func.value) is None and len(node.args) <= 4
-            retain = get_arg(node, "retain_graph", 1 if tensor_like and _positional_only_args(node) else None)
+            tensor_like = self.context.qualified_name(node.func.value) is None and _positional_only_args(node)
+            retain = get_arg(node, "retain_graph", 1 if tensor_like else None)
+            graph_args = node.args[:1] if not tensor_like else []
         else:
             return
         if not isinstance(retain, cst.Arg) or not is_true(retain.value):
             return
+        if get_arg(node, "create_graph", 2 if self.context.call_name(node) is None else 3) is not None:
+            return  # present (higher-order gradients) or maybe present
         loop = tracker.loops[-1]
-        if not _steps_optimizer(loop) or self._backward_follows(node, loop):
-            return
-        self.report(
-            node,
-            "`retain_graph=True` keeps this step's graph and activations alive after the backward pass; in a "
-            "training loop they pile up across iterations. Drop it and detach what is carried between steps.",
-            fix=FixSpec("Drop `retain_graph=True`", retain_graph.drop_argument(node, retain, self._indent(), self.context.module), Applicability.UNSAFE),
+        graph_names = set().union(
+            *(dotted_names_in(arg.value) for arg in graph_args),
+            dotted_names_in(node.func.value) if isinstance(node.func, cst.Attribute) else set(),
         )
+        if not (_steps_optimizer(loop) or _assigned_in(loop, graph_names)):
+            return
+        later = self._next_backward(node, loop)
+        if later is None:
+            fix = FixSpec(
+                "Drop `retain_graph=True`",
+                retain_graph.drop_argument(node, retain, self._indent(), self.context.module),
+                Applicability.UNSAFE,
+            )
+            message = (
+                "`retain_graph=True` keeps this step's graph and activations alive after the backward pass; in a "
+                "training loop they pile up across iterations. Drop it and detach what is carried between steps."
+            )
+        else:
+            edits = self._sum_losses(node, later, loop)
+            fix = FixSpec("Sum the losses, backward once", edits, Applicability.UNSAFE) if edits else None
+            message = (
+                "`retain_graph=True` keeps every activation of this graph allocated until the next backward pass "
+                "of the step. Sum the losses and call `backward()` once, or detach the tensor both graphs share."
+            )
+        self.report(node, message, fix=fix)
 
-    def _backward_follows(self, node: cst.Call, loop: cst.For | cst.While) -> bool:
-        """Another backward pass later in the same iteration needs the graph."""
+    def _next_backward(self, node: cst.Call, loop: cst.For | cst.While) -> cst.Call | None:
         calls = [inner for inner in iter_nodes(loop.body) if is_backward_call(inner, self.context)]
-        return any(call is node for call in calls) and calls[-1] is not node
+        for index, call in enumerate(calls):
+            if call is node:
+                return calls[index + 1] if index + 1 < len(calls) else None
+        return None
+
+    def _sum_losses(self, first: cst.Call, second: cst.Call, loop: cst.For | cst.While):  # type: ignore[no-untyped-def]
+        """`a.backward(retain_graph=True); b.backward()` -> `(a + b).backward()`,
+        when both are plain statements of their own and one follows the other."""
+        first_statement = self.context.tracker.current_statement
+        statements = list(loop.body.body) if isinstance(loop.body, cst.IndentedBlock) else []
+        for index, statement in enumerate(statements[:-1]):
+            if statement is not first_statement:
+                continue
+            following = statements[index + 1]
+            if not (_sole_call(statement) is first and _sole_call(following) is second):
+                return None
+            if len(first.args) != 1 or second.args:
+                return None
+            if not isinstance(first.func, cst.Attribute) or not isinstance(second.func, cst.Attribute):
+                return None
+            first_loss, second_loss = first.func.value, second.func.value
+            if not isinstance(first_loss, cst.Name) or not isinstance(second_loss, cst.Name):
+                return None
+            return (
+                DeleteStatement(statement),
+                InsertBefore(second_loss, f"({first_loss.value} + "),
+                InsertAfter(second_loss, ")"),
+            )
+        return None
+
+
+def _sole_call(statement: cst.CSTNode) -> cst.BaseExpression | None:
+    """The call a statement consists of (`loss.backward()`), if so."""
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        small = statement.body[0]
+        if isinstance(small, cst.Expr):
+            return small.value
+    return None
+
+
+def _assigned_in(loop: cst.For | cst.While, names: set[str]) -> bool:
+    """A value of `names` is computed in the loop body (not only iterated over)."""
+    return any(
+        name in names and value is not None
+        for node in iter_nodes(loop.body)
+        for name, value in assigned_names(node)
+    )
 
 
 def _positional_only_args(call: cst.Call) -> bool:
