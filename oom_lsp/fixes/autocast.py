@@ -30,6 +30,7 @@ _DATA_MOVES = {
     "to", "cuda", "float", "long", "int", "contiguous", "pin_memory", "squeeze", "unsqueeze",
     "items", "keys", "values", "size", "dim", "numel",
 }  # fmt: skip
+_DATA_FUNCTIONS = {"next", "iter", "len", "tuple", "list", "dict"}
 
 
 def read_names(node: cst.CSTNode) -> set[str]:
@@ -104,6 +105,12 @@ def _binds_any(statement: cst.BaseStatement, names: set[str]) -> bool:
     return False
 
 
+def _is_data_access(func: cst.BaseExpression) -> bool:
+    if isinstance(func, cst.Attribute):
+        return func.attr.value in _DATA_MOVES
+    return isinstance(func, cst.Name) and func.value in _DATA_FUNCTIONS
+
+
 def _computes(expr: cst.CSTNode) -> bool:
     """Whether an expression does work autocast applies to: a call that is not
     a data move, or arithmetic (index arithmetic in a subscript is not)."""
@@ -112,10 +119,8 @@ def _computes(expr: cst.CSTNode) -> bool:
         current = stack.pop()
         if isinstance(current, cst.BinaryOperation):
             return True
-        if isinstance(current, cst.Call):
-            func = current.func
-            if not (isinstance(func, cst.Attribute) and func.attr.value in _DATA_MOVES):
-                return True
+        if isinstance(current, cst.Call) and not _is_data_access(current.func):
+            return True
         if isinstance(current, cst.Subscript):
             stack.append(current.value)
         else:

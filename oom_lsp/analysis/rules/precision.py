@@ -60,13 +60,13 @@ def file_uses_cuda(context: FileContext) -> bool:
     """Whether the file puts anything on a CUDA device: `.cuda()`, a "cuda"
     device string (`device="cuda"`, `torch.device("cuda:0")`, `.to("cuda")`,
     `"cuda" if ... else "cpu"`), `f"cuda:{rank}"`, or any `torch.cuda.*` API."""
-    return "cuda" in context.source and search(context, _CudaFinder(context))
+    return "cuda" in context.source and search(context.module, _CudaFinder(context))
 
 
-def search(context: FileContext, finder: cst.BatchableCSTVisitor) -> bool:
-    """Run `finder` over the file; True when it raised `_Found`."""
+def search(root: cst.CSTNode, finder: cst.BatchableCSTVisitor) -> bool:
+    """Run `finder` over `root` and its descendants; True when it raised `_Found`."""
     try:
-        walk(context.module, [finder], before_visit=_ignore, after_leave=_ignore, hooked_types=())
+        walk(root, [finder], before_visit=_ignore, after_leave=_ignore, hooked_types=())
     except _Found:
         return True
     return False
@@ -109,15 +109,12 @@ def deferred_report(
 # from `amp.initialize`. The file alone cannot tell, so the rule stays silent.
 _PRECISION_OWNING_PACKAGES = ("accelerate", "deepspeed", "lightning", "pytorch_lightning", "apex", "colossalai")
 # Identifiers that show the file already deals with reduced precision.
+# (`autocast` is looked for in each loop: one loop under autocast says
+# nothing about the others.)
 _MIXED_PRECISION_IDENTIFIERS = {
-    "autocast",
     "gradscaler",
-    "half",
-    "bfloat16",
-    "float16",
     "fp16",
     "bf16",
-    "amp",
     "use_amp",
     "enable_amp",
     "amp_dtype",
@@ -125,14 +122,42 @@ _MIXED_PRECISION_IDENTIFIERS = {
 }
 _MIXED_PRECISION_KEYWORDS = {"precision", "mixed_precision", "fp16", "bf16", "amp", "use_amp"}
 _MIXED_PRECISION_STRINGS = {"fp16", "bf16", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "float16", "bfloat16", "amp"}
+_TORCH_NAMESPACES = {"torch", "torch.cuda", "torch.cpu"}
+_REDUCED_DTYPES = {"torch.bfloat16", "torch.float16", "torch.half"}
+_REDUCED_PRECISION_METHODS = {"half", "bfloat16"}
 # Callees whose result is a loss when assigned: `l = criterion(out, y)`.
 _LOSS_FUNCTION_RE = re.compile(r"loss|criterion|cross_entropy|nll|mse|bce|l1", re.IGNORECASE)
 
 
 class _MixedPrecisionFinder(cst.BatchableCSTVisitor):
+    def __init__(self, context: FileContext) -> None:
+        super().__init__()
+        self.context = context
+        # Inside the arguments of an autocast call, whose dtype is the
+        # autocast's own, not the model's.
+        self._autocast_depth = 0
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.context.tracker.is_autocast(node):
+            self._autocast_depth += 1
+        called = method_call(node)
+        if called is not None and called[1] in _REDUCED_PRECISION_METHODS and not node.args:
+            raise _Found
+
+    def leave_Call(self, original_node: cst.Call) -> None:
+        if self.context.tracker.is_autocast(original_node):
+            self._autocast_depth -= 1
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        # `args.amp`, `cfg.amp`, not torch's own `torch.cuda.amp` namespace.
+        if node.attr.value == "amp" and self.context.qualified_name(node.value) not in _TORCH_NAMESPACES:
+            raise _Found
+        if not self._autocast_depth and self.context.qualified_name(node) in _REDUCED_DTYPES:
+            raise _Found
+
     def visit_Name(self, node: cst.Name) -> None:
-        # Attribute names and keywords are Name nodes too: `.half()`,
-        # `torch.bfloat16`, `GradScaler`, `fp16=True`, `args.amp`.
+        # Attribute names and keywords are Name nodes too: `GradScaler`,
+        # `fp16=True`, `args.use_amp`.
         if node.value.lower() in _MIXED_PRECISION_IDENTIFIERS:
             raise _Found
 
@@ -149,7 +174,33 @@ class _MixedPrecisionFinder(cst.BatchableCSTVisitor):
 def _file_handles_precision(context: FileContext) -> bool:
     if any(context.imports.is_bound(package) for package in _PRECISION_OWNING_PACKAGES):
         return True
-    return search(context, _MixedPrecisionFinder())
+    return search(context.module, _MixedPrecisionFinder(context))
+
+
+class _AutocastFinder(cst.BatchableCSTVisitor):
+    """Autocast in a loop: `torch.autocast(...)`, `amp.autocast()`, or, in a
+    file that mentions autocast at all, a `with` over a context the analysis
+    cannot resolve (nanoGPT's `ctx = torch.amp.autocast(...)`, then `with ctx:`)."""
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__()
+        self.context = context
+        self.file_mentions_autocast = "autocast" in context.source
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == "autocast":
+            raise _Found
+
+    def visit_With(self, node: cst.With) -> None:
+        if not self.file_mentions_autocast:
+            return
+        for item in node.items:
+            if not self.context.tracker.is_grad_disabling(item.item) and not _is_open_call(item.item):
+                raise _Found
+
+
+def _is_open_call(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "open"
 
 
 def _is_loss_like(expr: cst.BaseExpression, loss_names: set[str]) -> bool:
@@ -446,6 +497,8 @@ class NoMixedPrecision(Rule):
         tracker = self.context.tracker
         if not tracker.in_loop or tracker.in_no_grad or tracker.in_autocast:
             return
+        if any(tracker.is_autocast(decorator.decorator) for f in tracker.functions for decorator in f.decorators):
+            return
         receiver = called[0]
         if not _is_loss_like(receiver, self._loss_names):
             return
@@ -464,6 +517,8 @@ class NoMixedPrecision(Rule):
         if not self._loops or not file_uses_cuda(self.context) or _file_handles_precision(self.context):
             return
         for training in self._loops:
+            if search(training.loop, _AutocastFinder(self.context)):
+                continue
             self.context.add_report(
                 deferred_report(
                     self,
@@ -503,6 +558,15 @@ class NoMixedPrecision(Rule):
 _DOUBLE_DTYPES = {"torch.float64", "torch.double"}
 _DOUBLE_TENSOR_TYPES = {"torch.cuda.DoubleTensor", "torch.DoubleTensor"}
 _DTYPE_KEYWORDS = {"dtype", "torch_dtype"}
+# Functions that create a tensor from nothing or from host data: on the CPU
+# unless given a device (ops like `torch.sum(x, dtype=...)` follow `x`).
+_CPU_FACTORIES = {
+    f"torch.{name}"
+    for name in (
+        "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "rand", "randn", "randint",
+        "randperm", "arange", "linspace", "logspace", "eye", "Tensor",
+    )
+}  # fmt: skip
 # Methods whose positional argument may be a dtype: `x.to(torch.float64)`.
 _DTYPE_METHODS = {"to", "type"}
 # A `.double()` reduced at once to a scalar or moved off the GPU costs nothing
@@ -730,8 +794,8 @@ class Float64OnGpu(Rule):
             return
         if _mentions_cpu(node):
             return
-        if qualified is not None and qualified.startswith("torch.") and qualified != "torch.set_default_dtype":
-            # A torch factory creates on the CPU unless told otherwise.
+        if qualified in _CPU_FACTORIES:
+            # Created on the CPU unless given a device or moved at once.
             device = get_arg(node, "device")
             on_device = node in self._on_device or (
                 isinstance(device, cst.Arg) and is_device_expression(device.value, self.context)
@@ -765,10 +829,8 @@ class Float64OnGpu(Rule):
         if isinstance(receiver, cst.Call) and node not in self._on_device:
             created = self.context.call_name(receiver)
             device = get_arg(receiver, "device")
-            if (
-                created is not None
-                and created.startswith("torch.")
-                and not (isinstance(device, cst.Arg) and is_device_expression(device.value, self.context))
+            if created in _CPU_FACTORIES and not (
+                isinstance(device, cst.Arg) and is_device_expression(device.value, self.context)
             ):
                 return  # `torch.from_numpy(a).double()`: a CPU tensor
         self._candidate(node, double_call_to_float(node))

@@ -102,11 +102,49 @@ def test_one_report_per_loop_on_its_header() -> None:
         "if args.amp:\n    pass",
         "from accelerate import Accelerator",
         "import deepspeed",
-        "ctx = torch.autocast(device_type='cuda')",
+        "half_model = model.half()",
+        "dtype = torch.float16",
     ],
 )
 def test_any_sign_of_reduced_precision_silences(marker: str) -> None:
     assert _lines(marker + "\n" + TRAIN, OOM201) == []
+
+
+def test_autocast_is_looked_for_per_loop() -> None:
+    source = """\
+    import torch
+    model.cuda()
+    for x in warmup:
+        with torch.cuda.amp.autocast(dtype=torch.float16):
+            loss = model(x).mean()
+        loss.backward()
+    for x in loader:
+        loss = model(x).mean()
+        loss.backward()
+    """
+    assert _lines(source, OOM201) == [7]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # nanoGPT: the autocast context lives in a variable.
+        "import torch\nctx = torch.amp.autocast(device_type='cuda')\nfor x in loader:\n"
+        "    with ctx:\n        loss = model(x.cuda())\n    loss.backward()\n",
+        # The whole function runs under autocast.
+        "import torch\n@torch.autocast('cuda')\ndef train():\n    for x in loader:\n"
+        "        loss = model(x.cuda())\n        loss.backward()\n",
+        # The loop runs inside an autocast region.
+        "from torch import autocast\nwith autocast('cuda'):\n    for x in loader:\n"
+        "        loss = model(x.cuda())\n        loss.backward()\n",
+    ],
+)
+def test_autocast_around_the_forward_silences(source: str) -> None:
+    assert _lines(source, OOM201) == []
+
+
+def test_an_unused_autocast_context_does_not_silence() -> None:
+    assert _lines("import torch\nctx = torch.autocast(device_type='cuda')\n" + TRAIN, OOM201) == [5]
 
 
 @pytest.mark.parametrize(
