@@ -1,0 +1,197 @@
+"""Editor latency benchmark: from `didChange` to the diagnostics of that version.
+
+A benchmark, not a test: it prints figures and never asserts on them.
+
+For fixtures of about 200, 1,000 and 5,000 lines (the risky training scripts
+of fixtures/ repeated until long enough), it starts the real server over
+stdio (`python -m oom_lsp`), opens the file and makes N edits, one at a time
+(a comment line inserted in the middle of the file, then removed again: the
+file is re-checked whole either way). For each edit it times:
+
+- push: `didChange` -> the `publishDiagnostics` carrying that version, with
+  the debounce set to 0 (a client without pull diagnostics: Neovim 0.7);
+- pull: `didChange` + `textDocument/diagnostic` -> its answer (VS Code,
+  Neovim 0.11);
+
+and prints p50 / p95 next to, on the same texts in the same run,
+`libcst.parse_module` alone and the whole in-process analysis
+(`oom_lsp.analysis.analyze`), so the server's own overhead is visible.
+Goals: p95 < 150 ms at 1,000 lines; the pipeline at most 3x the bare parse.
+The default 75 ms debounce (`oomLsp.debounceMs`) comes on top in push mode.
+
+    .venv/bin/python bench/lsp_latency.py [--edits 30] [--sizes 200 1000 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+import libcst
+from lsprotocol import types
+from pygls.lsp.client import LanguageClient
+
+from oom_lsp.analysis import analyze, default_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+
+
+def realistic_text(lines: int) -> str:
+    """Risky training scripts from fixtures/, repeated up to about `lines`."""
+    sources = [path.read_text() for path in sorted(FIXTURES.glob("*_risky.py"))]
+    if not sources:
+        raise SystemExit(f"no *_risky.py training scripts in {FIXTURES}")
+    chunks: list[str] = []
+    total = 0
+    index = 0
+    while total < lines:
+        source = sources[index % len(sources)]
+        chunks.append(source if source.endswith("\n") else source + "\n")
+        total += source.count("\n") + 1
+        index += 1
+    return "\n".join(chunks)
+
+
+def edited(text: str, edit: int, middle: int) -> tuple[str, types.TextDocumentContentChangePartial]:
+    """Edit number `edit`: even ones insert a comment line before line
+    `middle`, odd ones remove it again."""
+    start = types.Position(line=middle, character=0)
+    if edit % 2 == 0:
+        inserted = f"# edit {edit}\n"
+        change = types.TextDocumentContentChangePartial(range=types.Range(start=start, end=start), text=inserted)
+        lines = text.splitlines(keepends=True)
+        return "".join([*lines[:middle], inserted, *lines[middle:]]), change
+    end = types.Position(line=middle + 1, character=0)
+    change = types.TextDocumentContentChangePartial(range=types.Range(start=start, end=end), text="")
+    lines = text.splitlines(keepends=True)
+    return "".join([*lines[:middle], *lines[middle + 1 :]]), change
+
+
+def middle_line(text: str) -> int:
+    return text.count("\n") // 2
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def capabilities(pull: bool) -> types.ClientCapabilities:
+    text_document = types.TextDocumentClientCapabilities(
+        publish_diagnostics=types.PublishDiagnosticsClientCapabilities(version_support=True),
+        diagnostic=types.DiagnosticClientCapabilities() if pull else None,
+    )
+    return types.ClientCapabilities(text_document=text_document)
+
+
+async def measure_server(text: str, edits: int, pull: bool, workspace: Path) -> list[float]:
+    client = LanguageClient("oom-lsp-bench", "1")
+    published: dict[int, asyncio.Event] = {}
+
+    @client.feature(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    def on_publish(params: types.PublishDiagnosticsParams) -> None:
+        if params.version is not None:
+            published.setdefault(params.version, asyncio.Event()).set()
+
+    @client.feature(types.WINDOW_LOG_MESSAGE)
+    def on_log(params: types.LogMessageParams) -> None:
+        pass
+
+    await client.start_io(sys.executable, "-m", "oom_lsp")
+    await client.initialize_async(
+        types.InitializeParams(
+            capabilities=capabilities(pull),
+            root_uri=workspace.as_uri(),
+            initialization_options={"debounceMs": 0},
+        )
+    )
+    client.initialized(types.InitializedParams())
+    uri = (workspace / f"bench_{len(text)}.py").as_uri()
+    document = types.TextDocumentIdentifier(uri=uri)
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+        )
+    )
+    if pull:
+        await client.text_document_diagnostic_async(types.DocumentDiagnosticParams(text_document=document))
+    else:
+        await published.setdefault(1, asyncio.Event()).wait()
+    timings = []
+    current = text
+    for edit in range(edits):
+        version = edit + 2
+        current, change = edited(current, edit, middle_line(text))
+        started = time.perf_counter()
+        client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                content_changes=[change],
+            )
+        )
+        if pull:
+            await client.text_document_diagnostic_async(types.DocumentDiagnosticParams(text_document=document))
+        else:
+            await asyncio.wait_for(published.setdefault(version, asyncio.Event()).wait(), 120)
+        timings.append(time.perf_counter() - started)
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+    return timings
+
+
+def measure_in_process(text: str, edits: int) -> tuple[list[float], list[float]]:
+    parse, analysis = [], []
+    settings = default_settings()
+    current = text
+    for edit in range(edits):
+        current, _ = edited(current, edit, middle_line(text))
+        started = time.perf_counter()
+        libcst.parse_module(current)
+        parse.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        analyze(current, settings, "bench.py")
+        analysis.append(time.perf_counter() - started)
+    return parse, analysis
+
+
+def row(label: str, values: list[float], parse_p50: float) -> str:
+    p50, p95 = percentile(values, 0.5) * 1000, percentile(values, 0.95) * 1000
+    return f"  {label:<34} p50 {p50:8.1f} ms   p95 {p95:8.1f} ms   p50/parse {p50 / (parse_p50 * 1000):5.2f}x"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--edits", type=int, default=30, help="edits per fixture and mode (default 30)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[200, 1000, 5000], help="fixture sizes in lines")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="oom-lsp-bench-") as folder:
+        workspace = Path(folder)
+        (workspace / "pyproject.toml").write_text('[project]\nname = "bench"\n')
+        load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+        print(f"python {sys.version.split()[0]}, libcst {metadata.version('libcst')}, {os.cpu_count()} CPUs, load average {load}")
+        for size in args.sizes:
+            text = realistic_text(size)
+            findings = analyze(text, default_settings(), "bench.py")
+            parse, analysis = measure_in_process(text, args.edits)
+            push = await measure_server(text, args.edits, pull=False, workspace=workspace)
+            pull = await measure_server(text, args.edits, pull=True, workspace=workspace)
+            parse_p50 = percentile(parse, 0.5)
+            print(f"\n{text.count(chr(10))} lines, {len(findings)} findings, {args.edits} edits")
+            print(row("libcst.parse_module alone", parse, parse_p50))
+            print(row("analyze() in process", analysis, parse_p50))
+            print(row("server, push (debounce 0)", push, parse_p50))
+            print(row("server, pull", pull, parse_p50))
+            print(f"  mean push {statistics.mean(push) * 1000:.1f} ms, mean pull {statistics.mean(pull) * 1000:.1f} ms")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
