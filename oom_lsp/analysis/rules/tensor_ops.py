@@ -10,6 +10,7 @@ from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
 from oom_lsp.analysis.rules._scan import (
+    SCOPES,
     descendants,
     enclosing_block,
     free_name,
@@ -124,6 +125,16 @@ class CatInLoop(Rule):
                 return items[0]
             for y in ys:
                 x = cat([x, y])
+            """
+        ),
+        # Restarted from a fresh tensor at every iteration: nothing accumulates.
+        Valid(
+            """\
+            import torch
+            for batch in loader:
+                feats = backbone(batch)
+                feats = torch.cat([feats, extra(batch)], dim=1)
+            last = feats
             """
         ),
         # Concatenating other tensors in a loop does not grow anything.
@@ -405,11 +416,16 @@ def _repeated_parts(loop: cst.For | cst.While) -> list[cst.CSTNode]:
     return [header, loop.body]
 
 
-def _only_first_piece_idiom(loop: cst.CSTNode, accumulator: str, others: list[cst.BaseExpression]) -> bool:
-    """Whether every reference in `others` is a `x is None` / `x is not None`
-    test or the target of an assignment that does not read `x`."""
-    allowed: set[int] = set()
-    for node in descendants(loop):
+def _only_first_piece_idiom(body: cst.CSTNode, accumulator: str, others: list[cst.BaseExpression]) -> bool:
+    """Whether the references in `others` are those of the first-piece idiom:
+    `x is None` / `x is not None` tests, and assignments that do not read `x`
+    made under an `if` (an unconditional `x = f(batch)` restarts `x` at every
+    iteration: then nothing accumulates)."""
+    if not others:
+        return True
+    tests: set[int] = set()
+    conditional_targets: set[int] = set()
+    for node in descendants(body):
         if (
             isinstance(node, cst.Comparison)
             and len(node.comparisons) == 1
@@ -417,10 +433,14 @@ def _only_first_piece_idiom(loop: cst.CSTNode, accumulator: str, others: list[cs
             and isinstance(node.comparisons[0].comparator, cst.Name)
             and node.comparisons[0].comparator.value == "None"
         ):
-            allowed.add(id(node.left))
-        elif isinstance(node, cst.Assign) and not references(node.value, accumulator):
-            allowed.update(id(target.target) for target in node.targets)
-    return all(id(reference) in allowed for reference in others)
+            tests.add(id(node.left))
+        elif isinstance(node, cst.If):
+            for inner in descendants(node, skip=SCOPES):
+                if isinstance(inner, cst.Assign) and not references(inner.value, accumulator):
+                    conditional_targets.update(id(target.target) for target in inner.targets)
+    return any(id(reference) in tests for reference in others) and all(
+        id(reference) in tests or id(reference) in conditional_targets for reference in others
+    )
 
 
 def _assigned_just_before(block: object, loop: cst.CSTNode, accumulator: str) -> bool:
