@@ -108,7 +108,28 @@ def _binds_any(statement: cst.BaseStatement, names: set[str]) -> bool:
 def _is_data_access(func: cst.BaseExpression) -> bool:
     if isinstance(func, cst.Attribute):
         return func.attr.value in _DATA_MOVES
-    return isinstance(func, cst.Name) and func.value in _DATA_FUNCTIONS
+    # `get_batch(split)`, `next_batch()`: the script's own data helpers.
+    return isinstance(func, cst.Name) and (func.value in _DATA_FUNCTIONS or "batch" in func.value.lower())
+
+
+def _bound_anywhere(statement: cst.CSTNode) -> set[str]:
+    """Every name a statement may bind, nested blocks included."""
+    bound: set[str] = set()
+    stack: list[cst.CSTNode] = [statement]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.AssignTarget):
+            bound |= read_names(current.target)
+        elif isinstance(current, (cst.AnnAssign, cst.AugAssign)):
+            bound |= read_names(current.target)
+        elif isinstance(current, (cst.For, cst.CompFor)):
+            bound |= read_names(current.target)
+        elif isinstance(current, cst.AsName):
+            bound |= read_names(current.name)
+        elif isinstance(current, cst.NamedExpr):
+            bound |= read_names(current.target)
+        stack.extend(current.children)
+    return bound
 
 
 def _computes(expr: cst.CSTNode) -> bool:
@@ -170,6 +191,16 @@ def forward_and_loss(
         chain.insert(0, (statement, assignment[1]))  # type: ignore[arg-type]
         needed = (needed - assignment[0]) | read_names(assignment[1])
         position -= 1
+    # The forward must be in the region: nothing earlier in the body may
+    # compute what the region still reads (`logits, h = model(x, h)`, then
+    # `h = h.detach()`, then the loss: not consecutive, no fix).
+    for statement in statements[: position + 1]:
+        if isinstance(statement, cst.SimpleStatementLine):
+            assignment = _assignment(statement)
+            if assignment is not None and not _computes(assignment[1]):
+                continue
+        if _bound_anywhere(statement) & needed:
+            return None
     # Leading data preparation (`x, y = batch`, `x = x.to(device)`) stays
     # outside: autocast has nothing to do there.
     while chain and not _computes(chain[0][1]):

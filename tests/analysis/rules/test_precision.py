@@ -257,6 +257,9 @@ def test_fix_keeps_the_layout_of_a_multiline_call_in_a_nested_block() -> None:
         "    loss = criterion(model(x.cuda()), y)\n    if step % 2 == 0:\n        loss.backward()\n",
         # Only data preparation precedes the backward.
         "    loss = batch['loss'].cuda()\n    loss.backward()\n",
+        # The forward and the loss are not consecutive: wrapping the loss
+        # alone would leave the forward's activations in float32.
+        "    out, h = model(x.cuda(), h)\n    h = h.detach()\n    loss = criterion(out, y)\n    loss.backward()\n",
     ],
 )
 def test_no_fix_outside_the_simple_shape(body: str) -> None:
@@ -264,6 +267,27 @@ def test_no_fix_outside_the_simple_shape(body: str) -> None:
     findings = analyze(source, OOM201)
     assert [f.line for f in findings] == [2]
     assert findings[0].fix is None
+
+
+def test_data_helpers_stay_outside_the_region() -> None:
+    source = """\
+    import torch
+    for i in range(steps):
+        x, y = get_batch("train")
+        logits = model(x.cuda())
+        loss = criterion(logits, y.cuda())
+        loss.backward()
+    """
+    expected = """\
+    import torch
+    for i in range(steps):
+        x, y = get_batch("train")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x.cuda())
+            loss = criterion(logits, y.cuda())
+        loss.backward()
+    """
+    assert _fixed(source, OOM201) == textwrap.dedent(expected)
 
 
 def test_fix_is_unsafe_and_titled() -> None:
