@@ -536,9 +536,10 @@ class NoGradientCheckpointing(Rule):
                         self._note_trained(parameters[0])
 
     def _note_trained(self, expr: cst.BaseExpression) -> None:
-        if isinstance(expr, cst.Call) and _loaded_model(expr) is not None:
+        loaded = _loaded_model(expr)
+        if loaded is not None:
             # `Trainer(AutoModel.from_pretrained(...))`: the call itself is trained.
-            self._trained_names.add(f"<call {id(_loaded_model(expr))}>")
+            self._trained_names.add(_call_reference(loaded))
             return
         name = dotted_name(expr)
         if name is not None:
@@ -594,7 +595,7 @@ class NoGradientCheckpointing(Rule):
             name = self._constants.get(candidate.model_constant or "")
         if name is None or not is_large_model_name(name):
             return
-        reference = candidate.target or f"<call {id(candidate.call)}>"
+        reference = candidate.target or _call_reference(candidate.call)
         if reference not in self._trained_names or reference in self._frozen_names:
             return
         if reference in self._eval_mode_names and reference not in self._train_mode_names:
@@ -632,6 +633,12 @@ class NoGradientCheckpointing(Rule):
 def _is_optimizer_like(receiver: cst.BaseExpression) -> bool:
     last = (_last_segment(receiver) or "").lower()
     return "optim" in last or last in ("opt", "scaler")
+
+
+def _call_reference(call: cst.Call) -> str:
+    """A key for a model that is never assigned to a name, which no dotted
+    name can collide with."""
+    return f"<call {id(call)}>"
 
 
 def _loaded_model(expr: cst.BaseExpression) -> cst.Call | None:

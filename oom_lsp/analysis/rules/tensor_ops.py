@@ -820,7 +820,8 @@ class NaiveAttention(Rule):
 
     # --- the fix --------------------------------------------------------------
     def _fix(self, softmax: cst.Call, source: cst.BaseExpression) -> FixSpec | None:
-        expected_arguments = 2 if method_call(softmax) is None or self.context.call_name(softmax) else 1
+        # Input and dim for `torch.softmax(x, dim)`, dim alone for `x.softmax(dim)`.
+        expected_arguments = 2 if self.context.call_name(softmax) in _SOFTMAX else 1
         if has_splat(softmax) or len(softmax.args) != expected_arguments:
             return None
         tracker = self.context.tracker
