@@ -56,12 +56,24 @@ _CONFIG_CALLEE_RE = re.compile(
 )
 _ARGPARSE_METHODS = {"add_argument"}
 # Words that name an evaluation split: `test_loader = DataLoader(val_set, ...)`.
-_EVALUATION_WORDS = {"test", "val", "valid", "validation", "eval", "evaluation", "dev"}
+_EVALUATION_WORDS = {
+    "test", "val", "valid", "validation", "eval", "evaluation", "dev",
+    "testset", "valset", "evalset", "devset", "testloader", "valloader", "evalloader", "testdata", "valdata",
+}  # fmt: skip
 _CLI_OPTION_FUNCTIONS = {"click.option", "typer.Option"}
 
 
 def _option_name(text: str) -> str:
     return text.lstrip("-").lower().replace("-", "_")
+
+
+def _words(name: str) -> set[str]:
+    """`val_loader` -> {val, loader}; `EvalConfig` -> {eval, config}."""
+    return {word.lower() for word in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", name)}
+
+
+def _names_evaluation(name: str | None) -> bool:
+    return name is not None and bool(_EVALUATION_WORDS & _words(name))
 
 
 @dataclass
@@ -300,6 +312,8 @@ class LargeBatchSize(Rule):
         # name -> the first batch-size setting it reaches; resolved against
         # the constants once the whole file has been seen.
         self._flows: dict[str, str] = {}
+        # Dict literals nested under an evaluation key.
+        self._evaluation_dicts: set[cst.Dict] = set()
 
     # --- which names are constants ------------------------------------------
     def _bind(self, name: str, constant: _Constant | None = None) -> None:
@@ -358,27 +372,27 @@ class LargeBatchSize(Rule):
         if (called is not None and called[1] in _ARGPARSE_METHODS) or qualified in _CLI_OPTION_FUNCTIONS:
             self._check_option(node)
             return
-        if self._is_config_callee(node, qualified) and not self._for_evaluation():
+        if self._is_config_callee(node, qualified) and not self._for_evaluation(node):
             for arg in node.args:
                 if arg.keyword is not None and arg.keyword.value.lower() in _BATCH_SIZE_FIELDS:
                     self._check(arg.value, f"`{arg.keyword.value}`")
 
     def _for_evaluation(self, call: cst.Call | None = None) -> bool:
         """Whether the setting is for evaluation, by the name it is assigned
-        to (`test_kwargs = {...}`, `val_loader = DataLoader(...)`) or the name
-        of the dataset a loader reads (`DataLoader(test_set, ...)`):
-        evaluation keeps no activations for backward."""
+        to (`test_kwargs = {...}`, `val_loader = DataLoader(...)`), the name
+        of the callee (`EvalConfig(...)`) or of the dataset a loader reads
+        (`DataLoader(test_set, ...)`): evaluation keeps no activations for
+        backward."""
         names = []
         if call is not None:
+            names.append(dotted_name(call.func))
             dataset = get_arg(call, "dataset", 0)
             if isinstance(dataset, cst.Arg):
                 names.append(dotted_name(dataset.value))
         statement = self.context.tracker.current_statement
         if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign):
             names.extend(dotted_name(target.target) for target in statement.body[0].targets)
-        return any(
-            name is not None and _EVALUATION_WORDS.intersection(re.split(r"[._]", name.lower())) for name in names
-        )
+        return any(_names_evaluation(name) for name in names)
 
     def _is_config_callee(self, node: cst.Call, qualified: str | None) -> bool:
         if qualified is not None:
@@ -388,26 +402,26 @@ class LargeBatchSize(Rule):
             return False  # `self.make(...)`, `ds.map(...)`: unknown receivers
         name = node.func.value
         if name == "dict":
-            return "dict" not in self._constants
+            return "dict" not in self._constants  # not rebound in this file: the builtin
         return _CONFIG_CALLEE_RE.search(name) is not None
 
     def _check_option(self, node: cst.Call) -> None:
         names = [string_value(arg.value) for arg in node.args if arg.keyword is None and not arg.star]
-        if not any(name is not None and _option_name(name) in _BATCH_SIZE_OPTIONS for name in names):
-            return
+        option = next((name for name in names if name is not None and _option_name(name) in _BATCH_SIZE_OPTIONS), None)
         default = get_arg(node, "default")
-        if default is not None and default is not UNKNOWN:
-            option = next(name for name in names if name is not None and _option_name(name) in _BATCH_SIZE_OPTIONS)
+        if option is not None and isinstance(default, cst.Arg):
             self._check(default.value, f"the default of `{option}`")
 
     def visit_Dict(self, node: cst.Dict) -> None:
         keys = {string_value(element.key) for element in node.elements if isinstance(element, cst.DictElement)}
-        if "batched" in keys or self._for_evaluation():
+        if "batched" in keys or node in self._evaluation_dicts or self._for_evaluation():
             return  # `datasets.map` keyword arguments (CPU preprocessing), evaluation settings
         for element in node.elements:
             if not isinstance(element, cst.DictElement):
                 continue
             key = string_value(element.key)
+            if isinstance(element.value, cst.Dict) and _names_evaluation(key):
+                self._evaluation_dicts.add(element.value)  # {"eval": {"batch_size": 256}}
             if key is None or key.lower() not in _BATCH_SIZE_FIELDS:
                 continue
             if key == "train_batch_size" and keys & _DEEPSPEED_KEYS:
@@ -415,7 +429,7 @@ class LargeBatchSize(Rule):
             self._check(element.value, f'`"{key}"`')
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        if not isinstance(node.body, cst.IndentedBlock):
+        if not isinstance(node.body, cst.IndentedBlock) or _names_evaluation(node.name.value):
             return
         for statement in node.body.body:
             if not isinstance(statement, cst.SimpleStatementLine):

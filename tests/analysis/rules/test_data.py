@@ -78,6 +78,10 @@ def test_large_batch_settings_are_reported(line: str) -> None:
         "import torch\ndef make(batch_size=256):\n    return torch.utils.data.DataLoader(ds, batch_size=batch_size)",
         "import torch\nclass Net:\n    hidden_size = 4096",
         "from config import BATCH_SIZE\nimport torch\nloader = torch.utils.data.DataLoader(ds, batch_size=BATCH_SIZE)",
+        "import torch\ncfg = {'train': {'batch_size': 16}, 'eval': {'batch_size': 512}}",
+        "import torch\nclass EvalConfig:\n    batch_size: int = 512",
+        "import torch\ntestloader = torch.utils.data.DataLoader(testset, batch_size=1000)",
+        "from myproject import EvalArgs\nargs = EvalArgs(batch_size=512)",
     ],
 )
 def test_other_settings_are_silent(line: str) -> None:
