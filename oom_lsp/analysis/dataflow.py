@@ -124,7 +124,19 @@ _MODULE_BASES = frozenset(
 _NOT_MODULE_CLASSES = frozenset({"Parameter", "ParameterList", "ParameterDict", "Buffer", "Module"})
 # `model.to(device)` and friends return the module itself.
 _MODULE_RETURNING_METHODS = frozenset(
-    {"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16", "double", "requires_grad_", "to_empty"}
+    {
+        "to",
+        "cuda",
+        "cpu",
+        "train",
+        "eval",
+        "half",
+        "float",
+        "bfloat16",
+        "double",
+        "requires_grad_",
+        "to_empty",
+    }
 )
 _FRAMEWORKS = ("torch", "transformers", "lightning", "pytorch_lightning", "accelerate")
 
@@ -151,7 +163,9 @@ _SCALAR_KEEPING_METHODS = frozenset(
     {"cpu", "cuda", "to", "float", "half", "double", "bfloat16", "clone", "contiguous", "squeeze", "abs", "sqrt",
      "exp", "log", "neg", "type_as"}
 )  # fmt: skip
-_REDUCTIONS = frozenset({"mean", "sum", "norm", "prod", "max", "min", "amax", "amin", "std", "var", "logsumexp"})
+_REDUCTIONS = frozenset(
+    {"mean", "sum", "norm", "prod", "max", "min", "amax", "amin", "std", "var", "logsumexp"}
+)
 _GRAPH_KEEPING_METHODS = _SCALAR_KEEPING_METHODS | frozenset(
     {
         "view", "view_as", "reshape", "reshape_as", "unsqueeze", "flatten", "permute", "transpose", "expand",
@@ -162,7 +176,19 @@ _GRAPH_KEEPING_METHODS = _SCALAR_KEEPING_METHODS | frozenset(
     }
 ) | _REDUCTIONS  # fmt: skip
 _METADATA_ATTRIBUTES = frozenset(
-    {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf", "grad_fn", "data", "grad", "layout"}
+    {
+        "shape",
+        "dtype",
+        "device",
+        "ndim",
+        "requires_grad",
+        "is_cuda",
+        "is_leaf",
+        "grad_fn",
+        "data",
+        "grad",
+        "layout",
+    }
 )
 _SHAPE_ATTRIBUTES = frozenset({"shape"})
 _TORCH_CREATION = frozenset(
@@ -174,7 +200,16 @@ _TORCH_CREATION = frozenset(
     }
 )  # fmt: skip
 _LOSS_OPTIONS = frozenset(
-    {"reduction", "weight", "ignore_index", "label_smoothing", "reduce", "size_average", "pos_weight", "blank"}
+    {
+        "reduction",
+        "weight",
+        "ignore_index",
+        "label_smoothing",
+        "reduce",
+        "size_average",
+        "pos_weight",
+        "blank",
+    }
 )
 _NUMBER_BUILTINS = frozenset({"float", "int", "len", "bool", "round"})
 _GRAD_ENABLING = frozenset({"torch.enable_grad", "torch.autograd.enable_grad"})
@@ -248,7 +283,11 @@ class FileFacts:
             if qualified in _MODULE_BASES:
                 return True
             head, _, last = qualified.rpartition(".")
-            if head in ("torch.nn", "torch.nn.modules") and last[:1].isupper() and last not in _NOT_MODULE_CLASSES:
+            if (
+                head in ("torch.nn", "torch.nn.modules")
+                and last[:1].isupper()
+                and last not in _NOT_MODULE_CLASSES
+            ):
                 return True
             return qualified.startswith("transformers.") and last.endswith(("PreTrainedModel", "Model"))
         dotted = dotted_name(base)
@@ -261,7 +300,9 @@ class FileFacts:
                 collector = _BindingCollector(self, None, self_attributes=True)
                 for name, callee in collector.collect(_block(statement.body)).items():
                     if name.startswith("self."):
-                        attributes[name[len("self.") :]] = _combine(attributes.get(name[len("self.") :]), callee)
+                        attributes[name[len("self.") :]] = _combine(
+                            attributes.get(name[len("self.") :]), callee
+                        )
         return attributes
 
     def classify_value(self, value: cst.BaseExpression, lookup: dict[str, Callee]) -> Callee | None:
@@ -272,13 +313,15 @@ class FileFacts:
             if value.value in lookup:
                 return lookup[value.value]
             return self.module_bindings.get(value.value, _UNKNOWN_CALLEE)
-        if isinstance(value, cst.Lambda) or isinstance(value, _LITERALS):
+        if isinstance(value, (cst.Lambda, *_LITERALS)):
             return _NOT_MODULE
         if not isinstance(value, cst.Call):
             return _UNKNOWN_CALLEE
         func = value.func
         qualified = self.context.call_name(value)
-        if qualified is not None and not (isinstance(func, cst.Attribute) and func.attr.value == "from_pretrained"):
+        if qualified is not None and not (
+            isinstance(func, cst.Attribute) and func.attr.value == "from_pretrained"
+        ):
             return self._classify_qualified_call(value, qualified, lookup)
         if isinstance(func, cst.Name) and func.value in self.module_classes and func.value not in lookup:
             return Callee(Role.MODULE, func.value)
@@ -287,7 +330,9 @@ class FileFacts:
             if method == "from_pretrained":
                 owner = dotted_name(func.value) or ""
                 last = owner.rsplit(".", 1)[-1]
-                if any(word in last for word in ("Tokenizer", "Processor", "Config", "Scheduler", "Extractor")):
+                if any(
+                    word in last for word in ("Tokenizer", "Processor", "Config", "Scheduler", "Extractor")
+                ):
                     return _NOT_MODULE
                 if "Model" in last or "For" in last or "Net" in last:
                     return Callee(Role.MODULE, owner + ".from_pretrained")
@@ -308,7 +353,11 @@ class FileFacts:
                     isinstance(reduction, cst.Arg) and string_value(reduction.value) in ("mean", "sum")
                 )
                 return Callee(Role.CRITERION, qualified, reduces=reduces)
-            if last[:1].isupper() and last not in _NOT_MODULE_CLASSES and not head.startswith("torch.nn.utils"):
+            if (
+                last[:1].isupper()
+                and last not in _NOT_MODULE_CLASSES
+                and not head.startswith("torch.nn.utils")
+            ):
                 return Callee(Role.MODULE, qualified)
         return _UNKNOWN_CALLEE
 
@@ -433,7 +482,9 @@ class _BindingCollector:
         elif self.self_attributes and isinstance(target, cst.Attribute):
             dotted = dotted_name(target)
             if dotted is not None and dotted.count(".") == 1 and dotted.startswith("self."):
-                callee = self.facts.classify_value(value, self.bindings) if value is not None else _UNKNOWN_CALLEE
+                callee = (
+                    self.facts.classify_value(value, self.bindings) if value is not None else _UNKNOWN_CALLEE
+                )
                 self._bind(dotted, callee)
 
     def _statement(self, statement: cst.CSTNode) -> None:
@@ -446,7 +497,9 @@ class _BindingCollector:
                     self._bind_target(small.target, small.value)
                 elif isinstance(small, cst.AugAssign):
                     self._bind_target(small.target, None)
-                elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(
+                    small.names, cst.ImportStar
+                ):
                     for alias in small.names:
                         bound = alias.asname.name if alias.asname is not None else alias.name
                         if isinstance(bound, cst.Name):
@@ -579,7 +632,9 @@ class _Interpreter:
             for handler in statement.handlers:
                 merged = _merge_states(merged, self.run_block(_block(handler.body), dict(state), no_grad))
             if statement.orelse is not None:
-                merged = _merge_states(merged, self.run_block(_block(statement.orelse.body), after_body, no_grad))
+                merged = _merge_states(
+                    merged, self.run_block(_block(statement.orelse.body), after_body, no_grad)
+                )
             if statement.finalbody is not None:
                 merged = self.run_block(_block(statement.finalbody.body), merged, no_grad)
             return merged
@@ -596,7 +651,9 @@ class _Interpreter:
         qualified = self.context.qualified_name(target)
         if qualified in _GRAD_ENABLING:
             return True
-        if qualified in ("torch.set_grad_enabled", "torch.autograd.set_grad_enabled") and isinstance(expr, cst.Call):
+        if qualified in ("torch.set_grad_enabled", "torch.autograd.set_grad_enabled") and isinstance(
+            expr, cst.Call
+        ):
             first = expr.args[0].value if expr.args else None
             return isinstance(first, cst.Name) and first.value == "True"
         return False
@@ -668,11 +725,14 @@ class _Interpreter:
     ) -> State:
         if isinstance(target, (cst.Tuple, cst.List)):
             elements = [element.value for element in target.elements]
-            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(elements):
-                if not any(isinstance(element, cst.StarredElement) for element in value.elements):
-                    for element, source in zip(elements, value.elements):
-                        state = self._assign(element, source.value, self.kind_of(source.value), state, no_grad)
-                    return state
+            if (
+                isinstance(value, (cst.Tuple, cst.List))
+                and len(value.elements) == len(elements)
+                and not any(isinstance(element, cst.StarredElement) for element in value.elements)
+            ):
+                for element, source in zip(elements, value.elements):
+                    state = self._assign(element, source.value, self.kind_of(source.value), state, no_grad)
+                return state
             for element in elements:
                 state = self._bind(element, _element_kind(kind), state)
             return state
@@ -903,7 +963,9 @@ def _loss_result(call: cst.Call, arg_kinds: list[Kind], no_grad: bool) -> Kind:
         if arg.keyword is None or arg.keyword.value not in _LOSS_OPTIONS
     ]
     if any(kind.attached for kind in tensor_kinds):
-        reduction = next((arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "reduction"), None)
+        reduction = next(
+            (arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "reduction"), None
+        )
         if reduction is None:
             return Kind.GRAPH_SCALAR
         value = string_value(reduction.value)
@@ -934,6 +996,30 @@ def iter_scope_nodes(body: Iterable[cst.CSTNode]) -> Iterator[cst.CSTNode]:
     for statement in body:
         if not isinstance(statement, _SCOPES):
             yield from iter_nodes(statement)
+
+
+def uses_of(
+    body: Iterable[cst.CSTNode], dotted: str
+) -> Iterator[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]:
+    """Each mention of `dotted` in a scope, with its ancestors (outermost
+    first), not entering nested scopes."""
+
+    def walk(
+        node: cst.CSTNode, ancestors: tuple[cst.CSTNode, ...]
+    ) -> Iterator[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]:
+        if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) == dotted:
+            yield node, ancestors
+            return
+        inner = (*ancestors, node)
+        for field in dataclasses.fields(node):
+            value = getattr(node, field.name)
+            for child in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(child, cst.CSTNode) and not isinstance(child, _SCOPES):
+                    yield from walk(child, inner)
+
+    for statement in body:
+        if not isinstance(statement, _SCOPES):
+            yield from walk(statement, ())
 
 
 def dotted_names_in(expr: cst.CSTNode) -> set[str]:
@@ -1043,9 +1129,7 @@ def _heads(dotted: str) -> set[str]:
     return {".".join(parts[:index]) for index in range(1, len(parts) + 1)}
 
 
-def rebinds_every_iteration(
-    body: cst.BaseSuite, dotted: str, *, besides: cst.CSTNode | None = None
-) -> bool:
+def rebinds_every_iteration(body: cst.BaseSuite, dotted: str, *, besides: cst.CSTNode | None = None) -> bool:
     """Whether a statement directly in the loop body (so: in every
     iteration) rebinds `dotted`, other than `besides`. A reset inside an `if`
     (`if step % 100 == 0: total = 0`) does not count: the value then
@@ -1065,7 +1149,7 @@ def binds_inside(loop: cst.CSTNode, dotted: str, *, besides: cst.CSTNode | None 
     it is an attribute of) with a plain binding, other than the statement
     `besides`."""
     heads = _heads(dotted)
-    body = getattr(loop, "body")
+    body = loop.body
     for node in iter_nodes(body):
         if node is besides:
             continue

@@ -14,7 +14,9 @@ _ATOMS = (cst.Name, cst.Attribute, cst.Subscript, cst.Call)
 _TRANSFERS = frozenset({"cpu", "cuda", "to"})
 
 
-def call_method(expr: cst.BaseExpression, method: str, indent: str, module: cst.Module) -> tuple[NodeEdit, ...]:
+def call_method(
+    expr: cst.BaseExpression, method: str, indent: str, module: cst.Module
+) -> tuple[NodeEdit, ...]:
     """`expr.method()`, parenthesising `expr` when it is not an atom
     (`indent`: the indentation of the statement around `expr`)."""
     if isinstance(expr, _ATOMS):

@@ -38,8 +38,7 @@ def wrap(
     # The edit replaces the statement's range: from after its indentation to
     # the end of its last token (its trailing comment and newline stay).
     text = text[len(indent) :]
-    if text.endswith(module.default_newline):
-        text = text[: -len(module.default_newline)]
+    text = text.removesuffix(module.default_newline)
     return (Replace(statement, text),)
 
 

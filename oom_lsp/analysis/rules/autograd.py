@@ -19,13 +19,13 @@ from oom_lsp.analysis.dataflow import (
     ScopeSummary,
     assigned_names,
     binds_inside,
-    rebinds_every_iteration,
     contains_backward,
     dotted_names_in,
     facts_for,
     is_backward_call,
     iter_nodes,
-    iter_scope_nodes,
+    rebinds_every_iteration,
+    uses_of,
 )
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
@@ -87,9 +87,13 @@ class _AutogradRule(Rule):
 
 _ACCUMULATING = (cst.AddAssign, cst.SubtractAssign)
 # Using any of these on the accumulator needs it to stay a tensor.
-_TENSOR_USES = frozenset(
-    {"item", "cpu", "cuda", "to", "detach", "numpy", "tolist", "backward", "mean", "sum", "float", "clone", "size"}
-)
+# Consumers that take a Python number as well as a tensor: an accumulator
+# only used by them can become a float (`.item()`).
+_NUMBER_CONSUMERS = frozenset(
+    {"print", "float", "int", "round", "str", "format", "add_scalar", "log", "info", "debug", "warning", "write",
+     "set_postfix", "set_description", "log_metrics"}
+)  # fmt: skip
+_ARITHMETIC = (cst.BinaryOperation, cst.UnaryOperation, cst.Comparison, cst.FormattedStringExpression)
 
 
 def _holder(target: cst.BaseExpression) -> str | None:
@@ -136,16 +140,21 @@ class LossAccumulatedWithGraph(_AutogradRule):
     ## Fix safety
     Safe. The accumulated operand becomes `loss.item()` when the analysis
     knows it is a scalar loss (a criterion with a reducing `reduction`,
-    `outputs.loss`, `.mean()`, arithmetic of those with numbers) and the
-    accumulator is never used as a tensor (`total.item()`, `total.cpu()`...);
-    otherwise it becomes `loss.detach()`, which keeps a tensor of the same
-    shape and device. Accumulators that feed a `backward()` call, or that a
+    `outputs.loss`, `.mean()`, arithmetic of those with numbers) and every
+    use of the accumulator also works with a float (its own updates,
+    arithmetic, f-strings, `print`, logging calls). Otherwise (a tensor of
+    several values, or an accumulator that is returned, stored or used as a
+    tensor, as in `total.item()`) it becomes `loss.detach()`, which keeps a
+    tensor of the same shape and device. `.item()` waits for the GPU once
+    per step; `.detach()` does not. Accumulators that feed a `backward()` call, or that a
     non-training loop returns, are not reported: their graph is wanted.
     """
 
     code = "OOM301"
     name = "loss-accumulated-with-graph"
-    summary = "A graph-attached loss or output is accumulated across iterations, keeping every step's graph alive."
+    summary = (
+        "A graph-attached loss or output is accumulated across iterations, keeping every step's graph alive."
+    )
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -255,7 +264,9 @@ class LossAccumulatedWithGraph(_AutogradRule):
                 total += loss
             """
         ),
-        Valid("import torch\ntotal = 0\nfor batch in loader:\n    out = model(**batch)\n    total += out.loss.detach()\n"),
+        Valid(
+            "import torch\ntotal = 0\nfor batch in loader:\n    out = model(**batch)\n    total += out.loss.detach()\n"
+        ),
     ]
     INVALID = [
         Invalid(
@@ -392,9 +403,11 @@ class LossAccumulatedWithGraph(_AutogradRule):
         kind = self._flow().kind_of(operand)
         if not kind.attached:
             return
-        if rebinds_every_iteration(iteration.body, holder, besides=node) or self._kept_on_purpose(holder, iteration):
+        if rebinds_every_iteration(iteration.body, holder, besides=node) or self._kept_on_purpose(
+            holder, iteration
+        ):
             return
-        method = "item" if kind is Kind.GRAPH_SCALAR and not self._used_as_tensor(holder) else "detach"
+        method = "item" if kind is Kind.GRAPH_SCALAR and self._stays_a_number(holder) else "detach"
         self.report(
             node,
             f"`{holder}` accumulates a graph-attached tensor, so it keeps the autograd graph of every "
@@ -406,17 +419,37 @@ class LossAccumulatedWithGraph(_AutogradRule):
             ),
         )
 
-    def _used_as_tensor(self, holder: str) -> bool:
-        for node in iter_scope_nodes(self._summary().body):
-            if (
-                isinstance(node, cst.Attribute)
-                and node.attr.value in _TENSOR_USES
-                and dotted_name(node.value) == holder
-            ):
-                return True
-        return False
+    def _stays_a_number(self, holder: str) -> bool:
+        """Every use of the accumulator works with a float as well: its own
+        updates and resets, arithmetic, f-strings, printing and logging.
+        Anything else (returned, stored, `total.item()`) may need a tensor."""
+        for use, ancestors in uses_of(self._summary().body, holder):
+            index = len(ancestors) - 1
+            child: cst.CSTNode = use
+            while index >= 0 and isinstance(ancestors[index], _ARITHMETIC):
+                child, index = ancestors[index], index - 1
+            consumer = ancestors[index] if index >= 0 else None
+            if isinstance(consumer, (cst.AugAssign, cst.AssignTarget)) and child is use:
+                continue  # `total += ...`, `total = 0.0`
+            if isinstance(consumer, cst.Assign) and _assigns_to(consumer, holder):
+                continue  # `total = total + loss`
+            if isinstance(consumer, cst.AugAssign) and dotted_name(consumer.target) == holder:
+                continue
+            if isinstance(consumer, cst.FormattedString):
+                continue
+            if isinstance(consumer, cst.Arg) and index >= 1 and isinstance(ancestors[index - 1], cst.Call):
+                call = ancestors[index - 1]
+                called = (
+                    call.func.attr.value if isinstance(call.func, cst.Attribute) else dotted_name(call.func)
+                )
+                if called in _NUMBER_CONSUMERS:
+                    continue
+            return False
+        return True
 
 
+def _assigns_to(statement: cst.Assign, holder: str) -> bool:
+    return any(dotted_name(target.target) == holder for target in statement.targets)
 
 
 _CONTAINER_FACTORIES = frozenset(
@@ -472,7 +505,9 @@ class TensorKeptAcrossIterations(_AutogradRule):
 
     code = "OOM302"
     name = "tensor-kept-across-iterations"
-    summary = "Graph-attached tensors stored in a list or dict that outlives the iteration keep every step's graph."
+    summary = (
+        "Graph-attached tensors stored in a list or dict that outlives the iteration keep every step's graph."
+    )
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -652,7 +687,9 @@ class TensorKeptAcrossIterations(_AutogradRule):
         if self._kept_on_purpose(holder, iteration):
             return
         indent = self._indent()
-        edits = tuple(edit for part in attached for edit in detach_fix.detach(part, indent, self.context.module))
+        edits = tuple(
+            edit for part in attached for edit in detach_fix.detach(part, indent, self.context.module)
+        )
         self.report(
             node,
             f"`{holder}` keeps graph-attached tensors across iterations, and with them the autograd graph and "
@@ -989,7 +1026,9 @@ class EvalWithoutNoGrad(_AutogradRule):
         if by_name:
             assert function is not None
             edits = inference_mode.decorate(function, reference)
-            fix = FixSpec("Decorate the function with `@torch.inference_mode()`", edits, Applicability.SAFE, imports)
+            fix = FixSpec(
+                "Decorate the function with `@torch.inference_mode()`", edits, Applicability.SAFE, imports
+            )
         else:
             target = self._wrap_target()
             indent = self._indent_of(target) if target is not None else None
@@ -1045,7 +1084,9 @@ class EvalWithoutNoGrad(_AutogradRule):
             mode = get_arg(node, "mode", 0)
             if mode is None or (isinstance(mode, cst.Arg) and is_true(mode.value)):
                 modes[receiver] = False
-            elif isinstance(mode, cst.Arg) and isinstance(mode.value, cst.Name) and mode.value.value == "False":
+            elif (
+                isinstance(mode, cst.Arg) and isinstance(mode.value, cst.Name) and mode.value.value == "False"
+            ):
                 modes[receiver] = True
             else:
                 modes.pop(receiver, None)  # unknown mode
@@ -1057,7 +1098,9 @@ class EvalWithoutNoGrad(_AutogradRule):
             return False
         if name.startswith("test"):
             owner = facts_for(self.context).class_of.get(function)
-            if _TEST_FILE_RE.search(self.context.path) or (owner is not None and owner.name.value.startswith("Test")):
+            if _TEST_FILE_RE.search(self.context.path) or (
+                owner is not None and owner.name.value.startswith("Test")
+            ):
                 return False
             if not function.params.params:
                 return False  # a pytest test function: its fixtures come as parameters, a bare one has none
@@ -1381,7 +1424,14 @@ def _steps_optimizer(loop: cst.For | cst.While) -> bool:
 
 
 _RECURRENT_STATES = frozenset(
-    {"torch.nn.LSTM", "torch.nn.LSTMCell", "torch.nn.GRU", "torch.nn.GRUCell", "torch.nn.RNN", "torch.nn.RNNCell"}
+    {
+        "torch.nn.LSTM",
+        "torch.nn.LSTMCell",
+        "torch.nn.GRU",
+        "torch.nn.GRUCell",
+        "torch.nn.RNN",
+        "torch.nn.RNNCell",
+    }
 )
 
 
@@ -1506,7 +1556,9 @@ class HiddenStateCarriedAcrossBatches(_AutogradRule):
         ),
         # Not a module call.
         Valid("import torch\nfor x in loader:\n    out, state = step_fn(x, state)\n    out.backward()\n"),
-        Valid("import torch\nfor x in loader:\n    out, hidden = model(x, hidden.detach())\n    out.backward()\n"),
+        Valid(
+            "import torch\nfor x in loader:\n    out, hidden = model(x, hidden.detach())\n    out.backward()\n"
+        ),
     ]
     INVALID = [
         Invalid(
@@ -1633,8 +1685,9 @@ class HiddenStateCarriedAcrossBatches(_AutogradRule):
         if any(self._cut_in_loop(name, loop, node) for names in carried for name in names):
             return
         lines = [
-            hidden_state.detach_names_line(names) if len(names) > 1 else
-            hidden_state.detach_line(names[0], self._state_constructor(callee))
+            hidden_state.detach_names_line(names)
+            if len(names) > 1
+            else hidden_state.detach_line(names[0], self._state_constructor(callee))
             for names in carried
         ]
         maybe_none = [name for names in carried for name in names if self._may_be_none(name)]
@@ -1644,7 +1697,9 @@ class HiddenStateCarriedAcrossBatches(_AutogradRule):
             node,
             f"`{state}` is carried from one training step into the next without `.detach()`, so its graph and "
             "activations span every batch so far. Detach it at the top of each step.",
-            fix=FixSpec("Detach the hidden state at the top of the step", edits, Applicability.SAFE) if edits else None,
+            fix=FixSpec("Detach the hidden state at the top of the step", edits, Applicability.SAFE)
+            if edits
+            else None,
         )
 
     def _cut_in_loop(self, name: str, loop: cst.For | cst.While, call_statement: cst.Assign) -> bool:
@@ -1667,7 +1722,9 @@ class HiddenStateCarriedAcrossBatches(_AutogradRule):
         facts = facts_for(self.context)
         for class_def, attributes in facts.class_attributes.items():
             if class_def.name.value == callee.constructor:
-                kinds = {attr.constructor for attr in attributes.values() if attr.constructor in _RECURRENT_STATES}
+                kinds = {
+                    attr.constructor for attr in attributes.values() if attr.constructor in _RECURRENT_STATES
+                }
                 tuple_kinds = {kind for kind in kinds if kind is not None and "LSTM" in kind}
                 if len(kinds) >= 1 and (tuple_kinds == kinds or not tuple_kinds):
                     return next(iter(kinds))
@@ -1675,7 +1732,9 @@ class HiddenStateCarriedAcrossBatches(_AutogradRule):
 
     def _may_be_none(self, name: str) -> bool:
         summary = self._summary()
-        if any(isinstance(value, cst.Name) and value.value == "None" for value in summary.bindings.get(name, ())):
+        if any(
+            isinstance(value, cst.Name) and value.value == "None" for value in summary.bindings.get(name, ())
+        ):
             return True
         function = self.context.tracker.current_function
         if function is None:
