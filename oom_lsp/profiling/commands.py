@@ -311,6 +311,15 @@ def _change(before: int | None, after: int | None) -> str:
     return text
 
 
+def _line_change(before: int | None, after: int | None) -> str:
+    # A line absent from one report's top lines may still hold memory below the cut: no number then.
+    if before is None:
+        return "new in the top lines"
+    if after is None:
+        return "left the top lines"
+    return _change(before, after)
+
+
 def compare_reports(before: Report, after: Report) -> dict[str, Any]:
     """Peaks per step and per top line; lines are matched by file and code text, then by line number."""
     steps = []
@@ -361,7 +370,7 @@ def run_compare(args: argparse.Namespace) -> int:
             number = line.get("after_line", line.get("before_line"))
             rows.append([_where(line["file"], number), format_bytes(line["before"]) if line["before"] is not None else "-",
                          format_bytes(line["after"]) if line["after"] is not None else "-",
-                         _change(line["before"] or 0, line["after"] or 0), (line["code"] or "")[:50]])
+                         _line_change(line["before"], line["after"]), (line["code"] or "")[:50]])
         print("\ntop lines:", file=out)
         _table(rows, out, right={1, 2})
     return EXIT_OK

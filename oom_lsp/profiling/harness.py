@@ -354,7 +354,8 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
         report.exit_code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except Exception as exc:  # the user's failure is the result: record it, print it like Python would
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)  # from the script's frame on
-        oom = from_exception(exc, _frames_of(exc.__traceback__))
+        frames = [f for f in _frames_of(exc.__traceback__) if not f.file.startswith(_PACKAGE_ROOT)]
+        oom = from_exception(exc, frames)
         if oom is not None:
             report.status = "oom"
             report.oom = OomFailure(oom, _memory_state(torch, use_cuda), step=len(recorder.steps) + 1)

@@ -305,6 +305,6 @@ def _innermost_user_frame(frames: Iterable[dict[str, Any]]) -> tuple[str, int, s
     # Snapshot frames are innermost first (memory_viz reverses them to draw flame graphs).
     for frame in frames:
         filename = frame.get("filename", "")
-        if filename and is_user_file(filename) and not filename.endswith((".cpp", ".h", ".cu", ".cuh")):
+        if filename.endswith(".py") and is_user_file(filename):  # C++ frames have no .py file
             return filename, int(frame.get("line", 0)), frame.get("name", "")
     return None

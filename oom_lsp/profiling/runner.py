@@ -128,7 +128,7 @@ class ProfileRun:
         if self._process is None:
             raise ProfileError("wait() before start()")
         process = self._process
-        deadline = time.monotonic() + self.request.timeout if self.request.timeout is not None else None
+        deadline = time.monotonic() + self.request.timeout if self.request.timeout is not None else None  # from wait()
         outcome = None
         while process.poll() is None:
             if self._cancelled.is_set():
