@@ -1,0 +1,8 @@
+"""Inference helpers."""
+from torch import nn
+
+net = nn.Linear(8, 2)
+
+
+def infer(batch):
+    return net(batch).softmax(-1)

@@ -1,0 +1,10 @@
+"""Inference helpers."""
+from torch import nn
+import torch
+
+net = nn.Linear(8, 2)
+
+
+@torch.inference_mode()
+def infer(batch):
+    return net(batch).softmax(-1)
