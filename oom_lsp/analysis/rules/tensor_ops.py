@@ -43,9 +43,8 @@ class CatInLoop(Rule):
     """
     ## What it does
     Flags a tensor grown by concatenation inside a loop,
-    `x = torch.cat([x, y])`, where `x` is only accumulated in the loop (a
-    tensor that the loop also reads, like the tokens of a generation loop, is
-    left alone).
+    `x = torch.cat([x, y])`, where `x` carries over from one iteration to the
+    next (a loop that sets `x` afresh at every iteration grows nothing).
 
     ## Why is this bad?
     Each `torch.cat` allocates a new tensor holding everything accumulated so
@@ -53,7 +52,9 @@ class CatInLoop(Rule):
     the old and the new accumulator are alive together, so the peak is twice
     the final size plus the fragmentation left by n ever-larger blocks. On the
     GPU, collecting predictions this way over an evaluation set is a classic
-    late OOM.
+    late OOM. When the loop needs the whole tensor at every iteration (the
+    tokens of a generation loop), preallocate it at its final size and fill
+    slices instead.
 
     ## Example
     ```python
@@ -98,16 +99,6 @@ class CatInLoop(Rule):
             preds = torch.cat(parts)
             """
         ),
-        # A generation loop reads the whole sequence each step: not an accumulator.
-        Valid(
-            """\
-            import torch
-            for _ in range(max_new_tokens):
-                logits = model(idx)[:, -1, :]
-                idx_next = torch.multinomial(logits.softmax(-1), 1)
-                idx = torch.cat((idx, idx_next), dim=1)
-            """
-        ),
         # A sliding window keeps a fixed size.
         Valid(
             """\
@@ -125,6 +116,16 @@ class CatInLoop(Rule):
                 return items[0]
             for y in ys:
                 x = cat([x, y])
+            """
+        ),
+        # A U-Net decoder: `x` is transformed at every level, it does not grow.
+        Valid(
+            """\
+            import torch
+            for up, decode, skip in zip(ups, decoders, reversed(skips)):
+                x = up(x)
+                x = torch.cat([x, skip], dim=1)
+                x = decode(x)
             """
         ),
         # Restarted from a fresh tensor at every iteration: nothing accumulates.
@@ -224,6 +225,18 @@ class CatInLoop(Rule):
             """,
             line=4,
         ),
+        # A generation loop reads the whole sequence each step: reported
+        # (preallocate and fill), no fix.
+        Invalid(
+            """\
+            import torch
+            for _ in range(max_new_tokens):
+                logits = model(idx)[:, -1, :]
+                idx_next = torch.multinomial(logits.softmax(-1), 1)
+                idx = torch.cat((idx, idx_next), dim=1)
+            """,
+            line=5,
+        ),
         # The first-piece idiom: reported, no fix (the loop tests the accumulator).
         Invalid(
             """\
@@ -301,24 +314,35 @@ class CatInLoop(Rule):
         loop = tracker.loops[-1]
         # The loop reads the accumulator nowhere else (but the first-piece
         # idiom `if x is None: x = y else: x = cat([x, y])` is accumulation too).
-        repeated = _repeated_parts(loop)
         others = [
             reference
-            for part in repeated
+            for part in _repeated_parts(loop)
             for reference in references(part, accumulator)
             if reference is not node.targets[0].target and reference is not elements[position].value
         ]
-        if not _only_first_piece_idiom(loop.body, accumulator, others):
-            return
         short = function.rsplit(".", 1)[-1]
+        growth = (
+            f"`{accumulator}` is grown with `{short}` inside a loop: every iteration copies everything "
+            "accumulated so far into a new tensor, so the copies are quadratic and the old and new "
+            "tensors are alive together."
+        )
+        if not _only_first_piece_idiom(loop.body, accumulator, others):
+            if _rebinds(loop, accumulator, others):
+                # Set or transformed elsewhere in the loop (`x = up(x)`, `x = f(batch)`):
+                # nothing says it grows from one iteration to the next.
+                return
+            # The loop reads the whole tensor: a list would not do.
+            self.report(
+                node,
+                f"{growth} The loop reads it, so preallocate it at its final size once and fill slices.",
+            )
+            return
         fix = None
         if not others and position == 0 and len(elements) == 2 and isinstance(elements[1], cst.Element):
             fix = self._fix(node, call, loop, accumulator, function, elements[1].value)
         self.report(
             node,
-            f"`{accumulator}` is grown with `{short}` inside a loop: every iteration copies everything "
-            "accumulated so far into a new tensor, so the copies are quadratic and the old and new "
-            f"tensors are alive together. Append the pieces to a list and `{short}` once after the loop.",
+            f"{growth} Append the pieces to a list and `{short}` once after the loop.",
             fix=fix,
         )
 
@@ -408,6 +432,21 @@ class CatInLoop(Rule):
                 break
             outer.append(statement)
         return outer
+
+
+def _rebinds(loop: cst.For | cst.While, accumulator: str, others: list[cst.BaseExpression]) -> bool:
+    """Whether one of `others` is a binding of `accumulator` (an assignment,
+    a loop target, a `with ... as`, a walrus) rather than a read."""
+    targets: list[cst.CSTNode] = [loop.target] if isinstance(loop, cst.For) else []
+    for node in descendants(loop.body):
+        if isinstance(node, cst.Assign):
+            targets.extend(target.target for target in node.targets)
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For, cst.CompFor)):
+            targets.append(node.target)
+        elif isinstance(node, cst.AsName):
+            targets.append(node.name)
+    bindings = {id(reference) for target in targets for reference in references(target, accumulator)}
+    return any(id(reference) in bindings for reference in others)
 
 
 def _repeated_parts(loop: cst.For | cst.While) -> list[cst.CSTNode]:

@@ -80,8 +80,23 @@ def test_reported_on_the_assignment_line_with_the_function_as_spelled() -> None:
     assert "`acc`" in finding.message and "`cat`" in finding.message
 
 
-def test_read_in_the_loop_is_not_an_accumulator() -> None:
+def test_read_in_the_loop_suggests_preallocation_without_fix() -> None:
     source = "import torch\nfor y in ys:\n    acc = torch.cat([acc, y])\n    print(acc.shape)\n"
+    [finding] = _findings(source, "OOM401")
+    assert finding.fix is None
+    assert "preallocate" in finding.message
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\nfor acc in accs:\n    acc = torch.cat([acc, pad])\n",
+        "import torch\nfor b in loader:\n    acc = f(b)\n    acc = torch.cat([acc, pad])\n    use(acc)\n",
+        "import torch\nfor b in loader:\n    acc = torch.cat([acc, pad])\n    acc = f(b)\n",
+    ],
+    ids=["loop-target", "set-before", "set-after"],
+)
+def test_a_tensor_set_afresh_each_iteration_does_not_grow(source: str) -> None:
     assert _findings(source, "OOM401") == []
 
 
