@@ -323,7 +323,7 @@ class FileFacts:
             isinstance(func, cst.Attribute) and func.attr.value == "from_pretrained"
         ):
             return self._classify_qualified_call(value, qualified, lookup)
-        if isinstance(func, cst.Name) and func.value in self.module_classes and func.value not in lookup:
+        if isinstance(func, cst.Name) and func.value in self.module_classes:
             return Callee(Role.MODULE, func.value)
         if isinstance(func, cst.Attribute):
             method = func.attr.value

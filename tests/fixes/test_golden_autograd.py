@@ -58,7 +58,9 @@ def test_fix_matches_golden_output(case: Path) -> None:
     ids=lambda path: path.name.removesuffix(".in.py"),
 )
 def test_safe_fixes_apply_without_unsafe_fixes(case: Path) -> None:
-    assert fix_source(case.read_text(encoding="utf-8"), _settings(case), unsafe=False).source == _expected(case)
+    assert fix_source(case.read_text(encoding="utf-8"), _settings(case), unsafe=False).source == _expected(
+        case
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,383 @@
+"""The graph-attachment data flow behind OOM301..OOM305.
+
+`_probes(source)` returns the kind of the argument of every `probe(...)`
+call, in source order, as the flow of the enclosing function sees it there.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from oom_lsp.analysis.context import FileContext
+from oom_lsp.analysis.dataflow import (
+    Kind,
+    Role,
+    facts_for,
+    merge,
+    model_name_heuristic,
+    rebinds_every_iteration,
+)
+from oom_lsp.analysis.settings import default_settings
+
+G, S, D, N, U = Kind.GRAPH, Kind.GRAPH_SCALAR, Kind.DETACHED, Kind.NUMBER, Kind.UNKNOWN
+
+
+def _context(source: str, path: str = "train.py") -> FileContext:
+    source = textwrap.dedent(source)
+    return FileContext(source=source, module=cst.parse_module(source), settings=default_settings(), path=path)
+
+
+class _ProbeFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.functions: list[cst.FunctionDef | None] = [None]
+        self.found: list[tuple[cst.FunctionDef | None, cst.BaseExpression]] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.functions.pop()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value == "probe":
+            self.found.append((self.functions[-1], node.args[0].value))
+
+
+def _probes(source: str) -> list[Kind]:
+    context = _context(source)
+    finder = _ProbeFinder()
+    context.module.visit(finder)
+    facts = facts_for(context)
+    return [facts.flow(function).kind_of(expr) for function, expr in finder.found]
+
+
+# --- where graphs come from ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import torch.nn as nn\nlayer = nn.Linear(4, 2)\nprobe(layer(x))\n", G),
+        (
+            "from torch import nn\nlstm = nn.LSTM(4, 8).cuda()\nout, state = lstm(x)\nprobe(out)\nprobe(state)\n",
+            [G, G],
+        ),
+        (
+            "import torch.nn as nn\nclass Net(nn.Module):\n    pass\nclass Deeper(Net):\n    pass\n"
+            "net2 = Deeper().to('cuda')\nprobe(net2(x))\n",
+            G,
+        ),
+        (
+            "from transformers import AutoModelForCausalLM\nlm = AutoModelForCausalLM.from_pretrained('gpt2')\n"
+            "probe(lm(**batch))\n",
+            G,
+        ),
+        # Model-like names, when the file uses torch.
+        ("import torch\nprobe(model(x))\nprobe(self_attention(x))\n", [G, U]),
+        ("import torch\ndef f(encoder, x):\n    probe(encoder(x))\n    probe(encoder.forward(x))\n", [G, G]),
+        ("import numpy\nprobe(model(x))\n", U),
+        # A local def, a lambda, an import: not modules.
+        ("import torch\ndef model(x):\n    return x\nprobe(model(x))\n", U),
+        ("import torch\nmodel = lambda x: x\nprobe(model(x))\n", U),
+        ("import torch\nfrom mylib import model\nprobe(model(x))\n", U),
+        # Conflicting bindings: cannot tell.
+        (
+            "import torch\nimport torch.nn as nn\nnet = nn.Linear(2, 2)\nnet = nn.MSELoss()\nprobe(net(x))\n",
+            U,
+        ),
+        (
+            "import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n"
+            "        self.rnn = nn.GRU(2, 2)\n    def forward(self, x):\n        probe(self.rnn(x))\n"
+            "        probe(self(x))\n",
+            [G, G],
+        ),
+        # `self` of a class that is not a module.
+        ("import torch\nclass Trainer:\n    def step(self, x):\n        probe(self(x))\n", U),
+    ],
+)
+def test_module_calls(source: str, expected: Kind | list[Kind]) -> None:
+    assert _probes(source) == (expected if isinstance(expected, list) else [expected])
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import torch.nn as nn\ncrit = nn.CrossEntropyLoss()\nprobe(crit(model(x), y))\n", S),
+        (
+            "import torch.nn as nn\ncrit = nn.CrossEntropyLoss(reduction='none')\nprobe(crit(model(x), y))\n",
+            G,
+        ),
+        ("import torch.nn.functional as F\nprobe(F.mse_loss(model(x), y))\n", S),
+        ("from torch.nn.functional import cross_entropy as ce\nprobe(ce(model(x), y))\n", S),
+        ("import torch.nn.functional as F\nprobe(F.l1_loss(model(x), y, reduction='none'))\n", G),
+        ("import torch.nn.functional as F\nprobe(F.mse_loss(input=model(x), target=y))\n", S),
+        # A loss of detached values, or of values the analysis does not know.
+        ("import torch.nn.functional as F\nprobe(F.mse_loss(model(x).detach(), y.detach()))\n", D),
+        ("import torch.nn.functional as F\nprobe(F.mse_loss(pred, target))\n", U),
+        ("import torch\nprobe(criterion(model(x), y))\nprobe(loss_fn(z, y))\n", [S, U]),
+        (
+            "import torch\nout = model(**batch)\nprobe(out.loss)\nprobe(out['loss'])\nprobe(out.logits)\n",
+            [S, S, G],
+        ),
+    ],
+)
+def test_losses(source: str, expected: Kind | list[Kind]) -> None:
+    assert _probes(source) == (expected if isinstance(expected, list) else [expected])
+
+
+# --- how graphs propagate and end -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("loss_a + 0.1 * loss_b", S),
+        ("loss_a * out", G),
+        ("-loss_a", S),
+        ("loss_a / len(batch)", S),
+        ("loss_a * x.size(0)", S),
+        ("loss_a * x.shape[0]", S),
+        ("out[0]", G),
+        ("out.cpu()", G),
+        ("out.to('cpu', non_blocking=True)", G),
+        ("out.mean()", S),
+        ("out.mean(dim=0)", G),
+        ("out.softmax(-1).view(-1)", G),
+        ("torch.stack([loss_a, loss_b])", G),
+        ("[out, 1]", G),
+        ("{'loss': loss_a}", G),
+        ("out.detach()", D),
+        ("out.detach().cpu()", D),
+        ("out.data", D),
+        ("out.shape", D),
+        ("out.argmax(-1)", D),
+        ("loss_a.item()", N),
+        ("float(loss_a)", N),
+        ("out.tolist()", D),
+        ("out.cpu().numpy()", D),
+        ("torch.zeros_like(out)", D),
+        ("out > 0", D),
+        ("loss_a if flag else loss_b", S),
+        ("loss_a if flag else loss_a.item()", U),
+    ],
+)
+def test_propagation(expression: str, expected: Kind) -> None:
+    source = f"""
+        import torch
+        import torch.nn.functional as F
+        out = model(x)
+        loss_a = F.cross_entropy(out, y)
+        loss_b = out.pow(2).mean()
+        probe({expression})
+    """
+    assert _probes(source) == [expected]
+
+
+def test_a_local_float_shadows_the_builtin() -> None:
+    assert _probes("import torch\ndef float(x):\n    return x\nprobe(float(model(x)))\n") == [U]
+
+
+# --- grad-disabled regions ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\nwith torch.no_grad():\n    probe(model(x))\n",
+        "import torch as T\nwith T.inference_mode():\n    probe(model(x))\n",
+        "from torch import no_grad\nwith no_grad(), open('f') as handle:\n    probe(model(x))\n",
+        "import torch\nwith torch.set_grad_enabled(False):\n    probe(model(x))\n",
+        "import torch\n@torch.no_grad()\ndef f(x):\n    probe(model(x))\n",
+        "from torch import inference_mode\n@inference_mode()\ndef f(x):\n    probe(model(x) + 1)\n",
+        "import torch\nout = model(x)\nwith torch.no_grad():\n    probe(out.cpu())\n",
+    ],
+)
+def test_no_grad_regions_detach(source: str) -> None:
+    assert _probes(source) == [D]
+
+
+def test_enable_grad_inside_no_grad() -> None:
+    source = "import torch\nwith torch.no_grad():\n    with torch.enable_grad():\n        probe(model(x))\n"
+    assert _probes(source) == [G]
+
+
+def test_values_made_before_no_grad_keep_their_graph() -> None:
+    assert _probes("import torch\nout = model(x)\nwith torch.no_grad():\n    probe(out)\n") == [G]
+
+
+# --- flow -----------------------------------------------------------------------
+
+
+def test_statements_run_in_order() -> None:
+    source = """
+        import torch
+        loss = criterion(model(x), y)
+        probe(loss)
+        loss = loss.item()
+        probe(loss)
+        del loss
+        probe(loss)
+    """
+    assert _probes(source) == [S, N, U]
+
+
+def test_branches_merge() -> None:
+    source = """
+        import torch
+        out = model(x)
+        if flag:
+            value = out
+        else:
+            value = out.detach()
+        probe(value)
+        if flag:
+            other = out
+        probe(other)
+        if flag:
+            third = out.mean()
+        elif other_flag:
+            third = out.sum()
+        else:
+            third = out
+        probe(third)
+    """
+    assert _probes(source) == [U, G, G]
+
+
+def test_a_loop_carries_values_into_the_next_iteration() -> None:
+    source = """
+        import torch
+        hidden = None
+        for x in loader:
+            probe(hidden)
+            out, hidden = rnn(x, hidden)
+        probe(hidden)
+        state = model(x0)
+        for x in loader:
+            probe(state)
+            state = model(x)
+    """
+    assert _probes(source) == [U, U, G]
+
+
+def test_a_loop_carries_a_graph() -> None:
+    source = """
+        import torch
+        total = model(x0)
+        for x in loader:
+            probe(total)
+            total = total + model(x)
+        probe(total)
+    """
+    assert _probes(source) == [G, G]
+
+
+def test_tuple_assignments_pair_up() -> None:
+    source = (
+        "import torch\na, b = model(x), 1\nprobe(a)\nprobe(b)\n(c, d), e = model(x)\nprobe(c)\nprobe(e)\n"
+    )
+    assert _probes(source) == [G, N, G, G]
+
+
+def test_in_place_detach_and_walrus() -> None:
+    source = """
+        import torch
+        hidden = model(x)
+        hidden.detach_()
+        probe(hidden)
+        if (out := model(x)) is not None:
+            probe(out)
+    """
+    assert _probes(source) == [D, G]
+
+
+def test_attributes_of_self_are_tracked() -> None:
+    source = """
+        import torch
+        class Trainer:
+            def step(self, x):
+                self.last = self.model(x)
+                probe(self.last)
+                self.last = self.last.detach()
+                probe(self.last)
+    """
+    assert _probes(source) == [G, D]
+
+
+def test_try_and_match() -> None:
+    source = """
+        import torch
+        try:
+            out = model(x)
+        except RuntimeError:
+            out = None
+        probe(out)
+        match mode:
+            case "train":
+                res = model(x)
+            case _:
+                res = model(x).detach()
+        probe(res)
+    """
+    assert _probes(source) == [U, U]
+
+
+# --- lattice and helpers ----------------------------------------------------------
+
+
+def test_merge() -> None:
+    assert merge(S, S) is S
+    assert merge(S, G) is G
+    assert merge(D, N) is D
+    assert merge(G, D) is U
+    assert merge(U, G) is U
+
+
+@pytest.mark.parametrize(
+    ("name", "role"),
+    [
+        ("model", Role.MODULE),
+        ("teacher_model", Role.MODULE),
+        ("netD", Role.MODULE),
+        ("criterion", Role.CRITERION),
+        ("loss_fct", Role.CRITERION),
+        ("criterion_mse", Role.CRITERION),
+        ("metric", Role.UNKNOWN),
+        ("models", Role.UNKNOWN),
+    ],
+)
+def test_model_name_heuristic(name: str, role: Role) -> None:
+    assert model_name_heuristic(name) is role
+
+
+def test_scope_summary_follows_values_into_backward() -> None:
+    context = _context(
+        """
+        import torch
+        def step(losses, extra):
+            total = sum(losses)
+            scaled = total / 4
+            scaler.scale(scaled).backward()
+            log = extra
+            return log
+        """
+    )
+    function = context.module.body[1]
+    summary = facts_for(context).summary(function)
+    assert {"scaled", "total", "losses", "scaler"} <= summary.feeds_backward
+    assert "extra" not in summary.feeds_backward
+    assert summary.returned == {"log"}
+    assert len(summary.backward_calls) == 1
+
+
+def test_rebinds_every_iteration_ignores_conditional_resets() -> None:
+    loop = cst.parse_statement(
+        "for x in y:\n    if i % 10 == 0:\n        total = 0\n    total += loss\n    acc = []\n"
+    )
+    assert isinstance(loop, cst.For)
+    assert not rebinds_every_iteration(loop.body, "total")
+    assert rebinds_every_iteration(loop.body, "acc")
+    assert rebinds_every_iteration(loop.body, "acc.items")
