@@ -117,6 +117,8 @@ async def _fix_all(ls: OomLanguageServer, document: TextDocument, converter: Pos
     await ls.settings_ready.wait()
     source, version = document.source, document.version
     settings = ls.settings_for_uri(document.uri)
+    if settings is None:
+        return None  # excluded by the project's configuration
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(ls.analysis_executor, lambda: fix_source(source, settings, path=document.path or document.uri))
     if result.applied == 0 or document.version != version:

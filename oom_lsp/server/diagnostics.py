@@ -150,7 +150,8 @@ def on_did_close(ls: OomLanguageServer, params: types.DidCloseTextDocumentParams
 
 
 def _result_id(analysis: Analysis) -> str:
-    return f"{analysis.version}:{analysis.settings.fingerprint()}:{hash(analysis.source)}"
+    settings = analysis.settings.fingerprint() if analysis.settings is not None else "excluded"
+    return f"{analysis.version}:{settings}:{hash(analysis.source)}"
 
 
 async def on_document_diagnostic(

@@ -38,7 +38,7 @@ class Analysis:
     uri: str
     version: int | None
     source: str
-    settings: LintSettings
+    settings: LintSettings | None  # None: the file is excluded
     findings: list[Finding]
 
     def converter(self, encoding: str) -> PositionConverter:
@@ -120,7 +120,8 @@ class OomLanguageServer(LanguageServer):
         else:
             self._analyses.pop(uri, None)
 
-    def settings_for_uri(self, uri: str) -> LintSettings:
+    def settings_for_uri(self, uri: str) -> LintSettings | None:
+        """None when the project's configuration excludes the file."""
         path = to_fs_path(uri)
         return self.lint_settings.for_path(Path(path) if path else None)
 
@@ -132,9 +133,12 @@ class OomLanguageServer(LanguageServer):
         cached = self._analyses.get(uri)
         if cached is not None and cached.version == version and cached.source == source and cached.settings == settings:
             return cached
-        path = to_fs_path(uri) or uri
-        loop = asyncio.get_running_loop()
-        findings = await loop.run_in_executor(self.analysis_executor, analyze, source, settings, path)
+        if settings is None:
+            findings: list[Finding] = []
+        else:
+            path = to_fs_path(uri) or uri
+            loop = asyncio.get_running_loop()
+            findings = await loop.run_in_executor(self.analysis_executor, analyze, source, settings, path)
         analysis = Analysis(uri, version, source, settings, findings)
         if uri in self.workspace.text_documents:
             self._analyses[uri] = analysis

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from oom_lsp.analysis import LintSettings, default_settings
-from oom_lsp.config import ConfigError, ConfigResolver, parse_config_table
+from oom_lsp.config import ConfigError, ConfigResolver, ProjectConfig, parse_config_table
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ class LintSettingsSource:
         self._watch = ConfigFilesWatch()
         self._reported: set[str] = set()
         self._editor_lint: dict[str, Any] = {}
+        self._excluded_folders: dict[Path, bool] = {}
         self._resolver = self._make_resolver({})
 
     def _make_resolver(self, lint: dict[str, Any]) -> ConfigResolver:
@@ -133,26 +134,45 @@ class LintSettingsSource:
     def update_editor_settings(self, editor: EditorSettings) -> None:
         self._editor_lint = editor.lint
         self._reported.clear()
+        self._excluded_folders.clear()
         self._resolver = self._make_resolver(editor.lint)
 
     def invalidate(self) -> None:
         """Forget every configuration read so far (a config file changed)."""
         self._reported.clear()
+        self._excluded_folders.clear()
         self._resolver.invalidate()
 
-    def for_path(self, path: Path | None) -> LintSettings:
+    def for_path(self, path: Path | None) -> LintSettings | None:
         """Settings for a file on disk, or for a buffer with no path (an
-        `untitled:` document): the editor settings alone."""
+        `untitled:` document: the editor settings alone); None for a file the
+        configuration excludes (`exclude`, `extend-exclude`: a virtualenv's
+        torch sources opened by go-to-definition get no diagnostics)."""
         if path is None:
             return self._editor_only(Path("untitled.py"))
         if self._watch.changed(path):
             logger.info("A configuration file above %s changed; reloading the configuration", path)
             self.invalidate()
         try:
-            return self._resolver.resolve(path).settings_for(path)
+            config = self._resolver.resolve(path)
         except ConfigError as error:
             self._report(f"{error}; using the editor settings for {path.name}")
             return self._editor_only(path)
+        if self._excluded(config, path):
+            return None
+        return config.settings_for(path)
+
+    def _excluded(self, config: ProjectConfig, path: Path) -> bool:
+        """Whether the file or a folder between it and the project root
+        matches `exclude`, as the CLI's discovery would have skipped it. Above
+        a file outside the root nothing is checked: the folder names of an
+        unrelated path (a `build/` in the home folder) say nothing."""
+        folder = path.parent
+        if folder not in self._excluded_folders:
+            chain = [folder, *folder.parents]
+            inside = chain[: chain.index(config.root)] if config.root in chain else []
+            self._excluded_folders[folder] = any(config.is_excluded(parent) for parent in inside)
+        return self._excluded_folders[folder] or config.is_excluded(path)
 
     def _editor_only(self, path: Path) -> LintSettings:
         root = self._root or Path.cwd()

@@ -176,3 +176,11 @@ async def test_a_cancelled_request_leaves_the_server_serving(client: LanguageCli
     await diagnostics_for(client, uri, 1, since)
     hover = await client.text_document_hover_async(params)
     assert hover is not None and "OOM501" in hover.contents.value
+
+
+async def test_files_the_configuration_excludes_get_no_diagnostics(client: LanguageClient):
+    # `venv` is in the default `exclude`: sources opened by go-to-definition stay quiet.
+    uri = (client.root / "venv" / "lib" / f"vendored{next(_names)}.py").as_uri()
+    since = len(client.published)
+    open_document(client, uri, LOAD)
+    assert await diagnostics_for(client, uri, 1, since) == []
