@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import re
 import tokenize
+import traceback
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -62,6 +63,8 @@ class FileResult:
     fixes_applied: int = 0
     fixed_codes: dict[str, int] = field(default_factory=dict)
     error: str | None = None  # the file could not be read at all
+    # The analysis itself failed on this file: a bug in oom-lsp, exit code 2.
+    internal_error: str | None = None
     from_cache: bool = False
 
     @property
@@ -399,9 +402,20 @@ class JobResult:
     fixed_source: str | None = None
     fixes_applied: int = 0
     fixed_codes: dict[str, int] = field(default_factory=dict)
+    internal_error: str | None = None
 
 
 def run_job(job: Job) -> JobResult:
+    """Analyse (and fix) one file. A crash of the analysis is a bug in
+    oom-lsp: it is reported for this file, with its traceback, and the other
+    files are still checked (as Ruff reports a panic)."""
+    try:
+        return _run_job(job)
+    except Exception:  # noqa: BLE001 - reported in full, never swallowed
+        return JobResult(job.index, [], internal_error=traceback.format_exc())
+
+
+def _run_job(job: Job) -> JobResult:
     findings = analyze(job.source, job.settings, job.path)
     if not job.fix or not has_applicable_fix(findings, job.unsafe_fixes):
         return JobResult(job.index, findings)
@@ -525,6 +539,9 @@ def check_files(
 
 def _record(item: _Pending, outcome: JobResult, write: bool) -> None:
     result = item.result
+    if outcome.internal_error is not None:
+        result.internal_error = outcome.internal_error
+        return  # nothing is cached, so the next run tries again
     result.findings = outcome.findings
     original = item.decoded.text or ""
     result.source = outcome.fixed_source if outcome.fixed_source is not None else original

@@ -6,7 +6,8 @@
     oom-lsp rule OOM501          a rule's documentation (`--all`, `--format json`)
 
 Exit codes follow `ruff check`: 0 clean (or everything fixed), 1 findings,
-2 a usage or configuration error (a message on stderr, never a traceback).
+2 a usage or configuration error (a message on stderr, never a traceback),
+or a crash of the analysis on some file (reported, the other files checked).
 Other features add subcommands through FEATURE_COMMANDS: each module there
 has `add_parsers(subparsers)`, and each parser it adds sets `handler=` (a
 function of the parsed arguments returning the exit code).
@@ -244,9 +245,7 @@ def _check_paths(args: argparse.Namespace, resolver: Any, paths: list[Path], sta
         write=not args.diff,
     )
     results = [*missing, *run.results]
-    for result in results:
-        if result.error is not None:
-            _error(f"{result.display}: {result.error}")
+    _report_file_errors(results, verbose=args.verbose)
     if args.verbose:
         elapsed = time.perf_counter() - started
         print(
@@ -259,6 +258,21 @@ def _check_paths(args: argparse.Namespace, resolver: Any, paths: list[Path], sta
     return _exit_code(args, results)
 
 
+def _report_file_errors(results: list[Any], *, verbose: bool) -> None:
+    for result in results:
+        if result.error is not None:
+            _error(f"{result.display}: {result.error}")
+        if result.internal_error is not None:
+            last_line = result.internal_error.strip().splitlines()[-1]
+            _error(
+                f"{result.display}: oom-lsp failed while checking this file ({last_line}). "
+                "This is a bug in oom-lsp; please report it with the file"
+                + (":" if verbose else " (-v shows the traceback).")
+            )
+            if verbose:
+                print(result.internal_error, file=sys.stderr, end="")
+
+
 def _check_stdin(args: argparse.Namespace, resolver: Any) -> int:
     from oom_lsp import checker
 
@@ -269,6 +283,7 @@ def _check_stdin(args: argparse.Namespace, resolver: Any) -> int:
     result = checker.check_source(
         raw, path, display, resolver, fix=args.fix or args.diff, unsafe_fixes=args.unsafe_fixes
     )
+    _report_file_errors([result], verbose=args.verbose)
     if args.diff:
         return _report_diff(args, [result])
     if args.fix:
@@ -281,6 +296,8 @@ def _check_stdin(args: argparse.Namespace, resolver: Any) -> int:
 
 
 def _exit_code(args: argparse.Namespace, results: list[Any]) -> int:
+    if any(result.internal_error is not None for result in results):
+        return EXIT_ERROR
     if args.exit_non_zero_on_fix and any(result.fixes_applied for result in results):
         return EXIT_FINDINGS
     if args.exit_zero:
@@ -383,6 +400,8 @@ def _report_diff(args: argparse.Namespace, results: list[Any]) -> int:
     if not args.quiet:
         message = f"Would fix {_plural(fixes, 'error')}." if fixes else "No errors would be fixed."
         print(message, file=sys.stderr)
+    if any(result.internal_error is not None for result in results):
+        return EXIT_ERROR
     if changed or any(result.error is not None for result in results):
         return EXIT_FINDINGS
     return EXIT_CLEAN

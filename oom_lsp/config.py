@@ -583,13 +583,39 @@ class ConfigResolver:
         """The configuration for the files in `folder`."""
         folder = Path(os.path.abspath(folder))
         config = self._by_folder.get(folder)
-        if config is None:
-            pyproject = self._config_file or find_pyproject(folder)
-            config = self._by_file.get(pyproject)
-            if config is None:
-                config = self._build(pyproject)
-                self._by_file[pyproject] = config
+        if config is not None:
+            return config
+        if self._config_file is not None:
+            config = self._config_at(self._config_file)
             self._by_folder[folder] = config
+            return config
+        # Walk up until a folder already resolved or a pyproject with the
+        # table; every folder passed on the way shares the answer, so a tree
+        # walk reads each pyproject.toml once.
+        passed = []
+        current = folder
+        while True:
+            known = self._by_folder.get(current)
+            if known is not None:
+                config = known
+                break
+            passed.append(current)
+            candidate = current / "pyproject.toml"
+            if candidate.is_file() and _has_tool_table(candidate):
+                config = self._config_at(candidate)
+                break
+            if current.parent == current:
+                config = self._config_at(None)
+                break
+            current = current.parent
+        for visited in passed:
+            self._by_folder[visited] = config
+        return config
+
+    def _config_at(self, config_path: Path | None) -> ProjectConfig:
+        config = self._by_file.get(config_path)
+        if config is None:
+            config = self._by_file[config_path] = self._build(config_path)
         return config
 
     def _build(self, config_path: Path | None) -> ProjectConfig:

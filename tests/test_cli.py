@@ -307,6 +307,31 @@ def test_unreadable_and_missing_files_are_reported_and_the_run_goes_on(
     assert locked.exists()
 
 
+def test_a_crash_on_one_file_is_reported_and_the_others_are_checked(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_analyze = checker.analyze
+
+    def analyze(source: str, settings: object, path: str = "<stdin>") -> list:
+        if path.endswith("crash.py"):
+            raise AttributeError("'Rule' object has no attribute 'state'")
+        return real_analyze(source, settings, path)
+
+    monkeypatch.setattr(checker, "analyze", analyze)
+    write(project / "crash.py", RISKY)
+    write(project / "risky.py", RISKY)
+    code, out, err = run(capsys, "--check", *SELECT, ".")
+    assert code == 2
+    assert out.startswith("risky.py:2:9: OOM501")
+    assert err.startswith("error: crash.py: oom-lsp failed while checking this file (AttributeError: ")
+    assert "This is a bug in oom-lsp" in err and "Traceback" not in err
+    code, _, err = run(capsys, "--check", *SELECT, "-v", "crash.py")
+    assert code == 2 and "Traceback (most recent call last)" in err  # -v shows it
+    monkeypatch.setattr(checker, "analyze", real_analyze)
+    code, _, _ = run(capsys, "--check", *SELECT, "crash.py")
+    assert code == 1, "a crash is never cached"
+
+
 def test_gitignore_and_exclude(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (project / ".git").mkdir()
     write(project / ".gitignore", "generated/\n*_tmp.py\n!keep_tmp.py\n/rootonly.py\n")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from oom_lsp.analysis.findings import Finding, Fix
+if TYPE_CHECKING:  # the parser imports this package; keep libcst out of `--help`
+    from oom_lsp.analysis.findings import Finding, Fix
 
 DOCS_URL = "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md"
 
