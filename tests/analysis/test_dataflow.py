@@ -66,13 +66,17 @@ def _probes(source: str) -> list[Kind]:
             [G, G],
         ),
         (
-            "import torch.nn as nn\nclass Net(nn.Module):\n    pass\nclass Deeper(Net):\n    pass\n"
-            "net2 = Deeper().to('cuda')\nprobe(net2(x))\n",
+            (
+                "import torch.nn as nn\nclass Net(nn.Module):\n    pass\nclass Deeper(Net):\n    pass\n"
+                "net2 = Deeper().to('cuda')\nprobe(net2(x))\n"
+            ),
             G,
         ),
         (
-            "from transformers import AutoModelForCausalLM\nlm = AutoModelForCausalLM.from_pretrained('gpt2')\n"
-            "probe(lm(**batch))\n",
+            (
+                "from transformers import AutoModelForCausalLM\nlm = AutoModelForCausalLM.from_pretrained('gpt2')\n"
+                "probe(lm(**batch))\n"
+            ),
             G,
         ),
         # Model-like names, when the file uses torch.
@@ -89,9 +93,11 @@ def _probes(source: str) -> list[Kind]:
             U,
         ),
         (
-            "import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n"
-            "        self.rnn = nn.GRU(2, 2)\n    def forward(self, x):\n        probe(self.rnn(x))\n"
-            "        probe(self(x))\n",
+            (
+                "import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n"
+                "        self.rnn = nn.GRU(2, 2)\n    def forward(self, x):\n        probe(self.rnn(x))\n"
+                "        probe(self(x))\n"
+            ),
             [G, G],
         ),
         # `self` of a class that is not a module.
