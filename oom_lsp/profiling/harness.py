@@ -48,16 +48,8 @@ from typing import Any
 
 from oom_lsp.profiling.keepalive import KeepCodeAlive
 from oom_lsp.profiling.oom_messages import Frame, from_exception, is_user_file
+from oom_lsp.profiling.report import DeviceInfo, LineUsage, ModuleUsage, OomFailure, Report, StepStats
 from oom_lsp.profiling.runner import NO_TORCH_EXIT
-from oom_lsp.profiling.report import (
-    Artifacts,
-    DeviceInfo,
-    LineUsage,
-    ModuleUsage,
-    OomFailure,
-    Report,
-    StepStats,
-)
 
 STEP_MARKER_PREFIX = "oom_lsp.step_end."
 TOP_LINES = 20
@@ -405,6 +397,8 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
             [s.peak_reserved or 0 for s in recorder.steps] + [int(torch.cuda.max_memory_reserved())]
         )
         report.memory_summary = torch.cuda.memory_summary()
+        if report.peak_allocated == 0:
+            notes.append("no CUDA memory was allocated: the script ran on the CPU (profile it with --device cpu)")
         snapshot = out / "snapshot.pickle"
         torch.cuda.memory._dump_snapshot(str(snapshot))
         torch.cuda.memory._record_memory_history(enabled=None)

@@ -31,7 +31,7 @@ same binary units, so those are read as powers of 1024 too.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 _UNITS = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 
@@ -212,3 +213,10 @@ def test_import_chrome_trace_with_profiler_steps(tmp_path):
     assert (report.device.type, report.device.name) == ("cuda", "NVIDIA H100")
     assert [(u.line, u.function, u.bytes) for u in report.top_lines] == [(30, "train_step", 8 * MiB)]
     assert "steps from ProfilerStep spans" in report.notes
+
+
+def test_the_parent_side_imports_no_torch():
+    modules = "oom_lsp.profiling.commands, oom_lsp.profiling.runner, oom_lsp.profiling.importers"
+    probe = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pygls', 'lsprotocol')))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
