@@ -1,0 +1,218 @@
+"""`oom-lsp estimate`: predict a training step's peak GPU memory without a GPU.
+
+    oom-lsp estimate train.py [--device cuda|cpu] [--gpu NAME | --gpu-memory 24GiB]
+        [--batch-size N] [--dtype bf16] [--python PATH] [--format text|json]
+        [--find-max-batch] [--timeout S] -- ARGS...
+
+Exit codes: 0 the step fits (or no target was given), 1 it is predicted to run
+out of memory (or not even batch size 1 fits), 2 the estimate failed.
+No torch import here: the script runs under --python in a child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+EXIT_FITS, EXIT_OOM, EXIT_ERROR = 0, 1, 2
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+def add_parsers(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "estimate",
+        help="predict a training step's peak GPU memory without a GPU",
+        description="Run SCRIPT (unchanged) on fake tensors through two optimizer steps and predict the peak "
+        "GPU memory of a training step, its breakdown, and whether it fits the target GPU.",
+    )
+    parser.add_argument("script", nargs="?", type=Path, help="the training script")
+    parser.add_argument("script_args", nargs="*", help="the script's own arguments, after --")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cuda (default): predict the GPU; cpu: the trace as a real CPU step measures it")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--gpu", help='target GPU by name, e.g. "RTX 3090", "A100 80GB", "H100" (see --list-gpus)')
+    target.add_argument("--gpu-memory", help='target memory, e.g. "24GiB", "80 GB" (default: gpu-memory in '
+                        "[tool.oom-lsp])")
+    parser.add_argument("--batch-size", type=int, help="override the script's batch size (argparse option or "
+                        "DataLoader batch_size)")
+    parser.add_argument("--dtype", choices=DTYPES, help="trace the step under torch.autocast with this dtype")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter with your torch "
+                        "(default: this one)")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--find-max-batch", action="store_true",
+                        help="the largest batch size that fits the target (two fake traces and a check)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is killed "
+                        "(default 300)")
+    parser.add_argument("--list-gpus", action="store_true", help="print the GPU catalogue and exit")
+    parser.set_defaults(handler=run_estimate)
+
+
+def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    from oom_lsp.estimate.gpus import CATALOGUE, UnknownGpuError, custom_gpu, find_gpu, format_bytes
+
+    if args.list_gpus:
+        for gpu in CATALOGUE:
+            aliases = f"  ({', '.join(gpu.aliases)})" if gpu.aliases else ""
+            out.write(f"{gpu.name:<34} {format_bytes(gpu.memory):>11}{aliases}\n")
+        return EXIT_FITS
+    if args.script is None:
+        err.write("oom-lsp estimate: give the training script to estimate\n")
+        return EXIT_ERROR
+    if not args.script.is_file():
+        err.write(f"oom-lsp estimate: {args.script}: no such file\n")
+        return EXIT_ERROR
+    try:
+        if args.gpu:
+            gpu = find_gpu(args.gpu)
+        elif args.gpu_memory:
+            gpu = custom_gpu(args.gpu_memory)
+        else:
+            gpu = _configured_gpu(args.script)
+    except (UnknownGpuError, ValueError) as error:
+        err.write(f"oom-lsp estimate: {error}\n")
+        return EXIT_ERROR
+
+    from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, find_max_batch
+
+    script_args = list(args.script_args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    options = EstimateOptions(
+        script=args.script,
+        script_args=script_args,
+        device=args.device,
+        gpu=gpu,
+        batch_size=args.batch_size,
+        python=args.python,
+        timeout=args.timeout,
+        autocast_dtype=args.dtype,
+    )
+
+    def progress(message: str) -> None:
+        if args.format == "text":
+            err.write(f"oom-lsp estimate: {message}\n")
+
+    try:
+        if args.find_max_batch:
+            outcome = find_max_batch(options, progress)
+            prediction, max_batch = outcome["estimate"], outcome["max_batch"]
+        else:
+            prediction, max_batch = estimate(options, progress), None
+    except EstimateError as error:
+        if args.format == "json":
+            out.write(json.dumps({"error": str(error)}) + "\n")
+        else:
+            err.write(f"oom-lsp estimate: {error}\n")
+        return EXIT_ERROR
+    prediction["max_batch"] = max_batch
+    if args.format == "json":
+        out.write(json.dumps(prediction, indent=2) + "\n")
+    else:
+        write_text(prediction, out)
+    if max_batch is not None and max_batch.get("max_batch") == 0:
+        return EXIT_OOM
+    if max_batch is None and prediction.get("verdict") == "will run out of memory":
+        return EXIT_OOM
+    return EXIT_FITS
+
+
+def _configured_gpu(script: Path):
+    from oom_lsp.config import ConfigResolver
+    from oom_lsp.estimate.gpus import custom_gpu
+
+    memory = ConfigResolver().resolve(script).gpu_memory
+    return custom_gpu(memory) if memory else None
+
+
+def _rel(path: str | None) -> str:
+    if not path:
+        return "-"
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
+def write_text(prediction: dict[str, Any], out: TextIO) -> None:
+    from oom_lsp.estimate.gpus import format_bytes
+
+    def row(label: str, value: str, note: str = "") -> None:
+        out.write(f"  {label:<18} {value:>11}{'   ' + note if note else ''}\n")
+
+    batch = prediction.get("batch_size")
+    out.write(
+        f"{_rel(prediction['script'])}: batch size {batch if batch else 'as in the script'}, "
+        f"device {prediction['device']}, torch {prediction.get('torch')}\n"
+    )
+    out.write(f"  method: {prediction['method']}\n")
+    if prediction.get("fallback"):
+        out.write(f"  why: {prediction['fallback']['reason']}\n  uncertainty: {prediction['fallback']['uncertainty']}\n")
+    cuda = prediction["device"] == "cuda"
+    row("peak allocated", format_bytes(prediction["peak_bytes"]),
+        "what torch.cuda.max_memory_allocated() would show" if cuda else "live tensor storage, as a CPU step holds it")
+    for category, size in prediction["breakdown"].items():
+        if size > 0:
+            row("  " + category.replace("_", " "), format_bytes(size))
+    if prediction.get("reserved_bytes") is not None:
+        row("reserved", format_bytes(prediction["reserved_bytes"]), "caching allocator segments (modelled)")
+        row("+ CUDA context", format_bytes(prediction["context_bytes"]),
+            f"= {format_bytes(prediction['process_bytes'])} process total (nvidia-smi)")
+    where = prediction["peak_at"]
+    location = f"{_rel(where['file'])}:{where['line']}" if where.get("file") else "-"
+    out.write(
+        f"  peak at: {where.get('op') or '-'} during the {where.get('phase') or '-'}"
+        f"{', in module ' + where['module'] if where.get('module') else ''}, {location}\n"
+    )
+    modules = [(name, size) for name, size in prediction.get("top_modules", []) if name]
+    if modules:
+        out.write("  top modules at the peak (memory they allocated that is still live):\n")
+        for name, size in modules[:5]:
+            out.write(f"    {format_bytes(size):>11}  {name}\n")
+    lines = prediction.get("top_lines", [])
+    if lines:
+        out.write("  top lines at the peak:\n")
+        for place, size in lines[:5]:
+            file, _, line = place.rpartition(":")
+            out.write(f"    {format_bytes(size):>11}  {_rel(file)}:{line}\n")
+    gpu = prediction.get("gpu")
+    if gpu:
+        needed = prediction["peak_bytes"] + (prediction.get("context_bytes") or 0)
+        share = 100 * (prediction.get("process_bytes") or needed) / gpu["memory"]
+        out.write(f"  target: {gpu['name']}, {format_bytes(gpu['memory'])}\n")
+        out.write(f"  verdict: {prediction['verdict'].upper()} ({share:.0f}% of the GPU)\n")
+    else:
+        out.write("  target: none (pass --gpu NAME or --gpu-memory SIZE, or set gpu-memory in [tool.oom-lsp])\n")
+    if prediction.get("warning"):
+        out.write(f"  warning: {prediction['warning']}\n")
+    if prediction["corrections"]:
+        out.write("  applied:\n")
+        for note in prediction["corrections"]:
+            size = f" [{format_bytes(note['bytes'])}]" if note.get("bytes") else ""
+            out.write(f"    - {note['detail']}{size}\n")
+    max_batch = prediction.get("max_batch")
+    if max_batch is not None:
+        fit = max_batch["fit"]
+        out.write(
+            f"  fit: peak = {format_bytes(fit['intercept_bytes'])} + {format_bytes(fit['bytes_per_sample'])} "
+            f"x batch (traced at {fit['batch_sizes'][0]} and {fit['batch_sizes'][1]})\n"
+        )
+        if max_batch.get("max_batch"):
+            verified = max_batch["verified"]
+            out.write(
+                f"  largest batch that fits: {max_batch['max_batch']} (checked: "
+                f"{format_bytes(verified['peak_bytes'])} allocated, {verified['verdict']})\n"
+            )
+        else:
+            out.write(f"  largest batch that fits: none ({max_batch.get('reason')})\n")
+        accumulation = max_batch.get("gradient_accumulation")
+        if accumulation:
+            out.write(
+                f"  the script's batch {max_batch['script_batch_size']} does not fit: use batch "
+                f"{accumulation['micro_batch']} with {accumulation['steps']} gradient accumulation steps "
+                f"(effective batch {accumulation['effective_batch']})\n"
+            )

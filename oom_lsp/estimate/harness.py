@@ -1,0 +1,969 @@
+"""Runs a user's training script, unchanged, and measures the peak memory of
+its first two optimizer steps. Executed INSIDE the user's interpreter by
+`oom-lsp estimate`: it imports torch, and nothing from oom_lsp (the user's
+environment need not have oom_lsp installed), so it is run by file path.
+
+    python harness.py --request request.json
+
+Modes (`mode` in the request):
+- "fake": the script runs under FakeTensorMode on the fake *cpu* device
+  (faking `cuda` on a CPU-only wheel aborts the process in backward, see
+  docs/estimate.md). Tensors have shapes and dtypes but no storage; a
+  dispatcher-level live-storage tracker counts what a real run would hold.
+- "real": the same shims and tracker on real CPU tensors (the fallback when
+  something cannot be faked), optionally with the profiler's alloc/free
+  replay (`profile_replay`), the ground truth of tests and benchmarks.
+
+The script believes it has a GPU: `torch.cuda.is_available()` is True, and
+`device="cuda"`, `.cuda()`, `.to("cuda")`, `autocast("cuda")` are rewritten to
+the CPU. With `count="device"` only storages the script put on the GPU (and
+whatever is computed from them, or allocated inside a training step) count;
+with `count="all"` every storage counts (what a real CPU step measures).
+
+The result is one JSON object written to `output`; the script's own stdout
+and stderr are left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+import weakref
+
+NO_TORCH_EXIT = 3  # what oom_lsp.profiling.runner reads as "this interpreter has no torch"
+
+try:
+    import torch
+except ImportError:
+    sys.stderr.write(f"oom-lsp estimate: {sys.executable} cannot import torch\n")
+    sys.exit(NO_TORCH_EXIT)
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "inputs", "other")
+BATCH_OPTION_NAMES = {
+    "batch_size",
+    "bs",
+    "batch",
+    "train_batch_size",
+    "per_device_train_batch_size",
+    "micro_batch_size",
+}
+CUDA_BLOCK = 512
+SHADOW_NUMEL_LIMIT = 50_000_000
+HARNESS_FILE = os.path.abspath(__file__)
+
+
+class StopEstimate(BaseException):
+    """Raised from the optimizer's step post hook after the last traced step.
+    A BaseException so that the user's `except Exception` does not swallow it."""
+
+
+def _tensors(tree):
+    return [leaf for leaf in pytree.tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
+
+
+def _is_cuda(device) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.split(":")[0].strip() == "cuda"
+    # A bare integer is a CUDA ordinal in .to(0) / device=0.
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class Record:
+    __slots__ = ("serial", "nbytes", "device", "category", "module", "line", "counted")
+
+    def __init__(self, serial, nbytes, device, category, module, line):
+        self.serial = serial
+        self.nbytes = nbytes
+        self.device = device
+        self.category = category
+        self.module = module
+        self.line = line
+        self.counted = False
+
+
+class Context:
+    """Where the script is: phase (forward/backward/optimizer), module, line."""
+
+    def __init__(self, user_dir: str):
+        self.user_dir = user_dir + os.sep
+        self.forward_depth = 0
+        self.in_backward = 0
+        self.in_optimizer = 0
+        self.module_tracker = None
+
+    @property
+    def in_step(self) -> bool:
+        return self.forward_depth > 0 or self.in_backward > 0 or self.in_optimizer > 0
+
+    def module(self) -> str:
+        if self.module_tracker is None:
+            return ""
+        parents = [name for name in self.module_tracker.parents if name != "Global"]
+        return max(parents, key=lambda name: name.count(".")) if parents else ""
+
+    def user_line(self) -> tuple[str, int] | None:
+        frame = sys._getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename.startswith(self.user_dir) and filename != HARNESS_FILE:
+                return filename, frame.f_lineno
+            frame = frame.f_back
+        return None
+
+    def default_category(self) -> str:
+        if self.in_optimizer:
+            return "temporaries"
+        if self.in_backward:
+            return "temporaries"
+        if self.forward_depth > 0:
+            return "activations" if torch.is_grad_enabled() else "temporaries"
+        return "other"
+
+
+class StorageTracker(TorchDispatchMode):
+    """Counts live storages at the dispatcher: each op output's untyped
+    storage is registered once, and a weakref finaliser subtracts it when the
+    storage dies (PyTorch keeps one Python object per StorageImpl)."""
+
+    def __init__(self, context: Context, count_all: bool, round_cuda: bool, cuda_models: dict):
+        super().__init__()
+        self.context = context
+        self.count_all = count_all
+        self.round_cuda = round_cuda
+        self.cuda_models = cuda_models
+        self.live: dict[int, Record] = {}
+        self.current = 0
+        self.peak = 0
+        self.peak_info: dict = {}
+        self.by_category = collections.Counter()
+        self.by_module = collections.Counter()
+        self.by_line = collections.Counter()
+        self.events: list[list[int]] = []  # [serial, signed size] of counted allocations, in order
+        self.registered = 0
+        self.paused = 0
+        self.device_scope = 0
+        self.stubbed_scalars = 0
+        # Fake integer/bool tensors computed outside the training step (token
+        # arrays, random indices, their slices) keep a real twin, so that
+        # `data[i : i + block]` reads real indices instead of a stubbed 0.
+        self.shadows = None
+        self.op_counts = collections.Counter()
+
+    # -- accounting --------------------------------------------------------
+
+    def _size(self, storage, device: bool) -> int:
+        nbytes = storage.nbytes()
+        if device and self.round_cuda:
+            return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
+        return nbytes
+
+    def _count(self, record: Record, op: str) -> None:
+        record.counted = True
+        self.current += record.nbytes
+        self.by_category[record.category] += record.nbytes
+        self.by_module[record.module] += record.nbytes
+        self.by_line[record.line] += record.nbytes
+        self.events.append([record.serial, record.nbytes])
+        # ">=": a later step that reaches the same peak has its optimizer
+        # state categorised (the first step creates it as temporaries).
+        if self.current >= self.peak:
+            self.peak = self.current
+            self.peak_info = {
+                "op": op,
+                "module": self.context.module(),
+                "line": self.context.user_line(),
+                "phase": self._phase(),
+                "by_category": dict(self.by_category),
+                "by_module": dict(self.by_module),
+                "by_line": dict(self.by_line),
+            }
+
+    def _uncount(self, record: Record) -> None:
+        self.current -= record.nbytes
+        self.by_category[record.category] -= record.nbytes
+        self.by_module[record.module] -= record.nbytes
+        self.by_line[record.line] -= record.nbytes
+        self.events.append([record.serial, -record.nbytes])
+
+    def _phase(self) -> str:
+        if self.context.in_optimizer:
+            return "optimizer step"
+        if self.context.in_backward:
+            return "backward"
+        if self.context.forward_depth:
+            return "forward"
+        return "outside the step"
+
+    def _finalize(self, key: int) -> None:
+        record = self.live.pop(key, None)
+        if record is not None and record.counted:
+            self._uncount(record)
+
+    def register(self, tensor: torch.Tensor, device: bool, op: str, category: str | None = None, extra: int = 0):
+        """Registers `tensor`'s storage if new; returns its record."""
+        if tensor.is_nested or tensor.layout != torch.strided:
+            return None
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        record = self.live.get(key)
+        if record is not None:
+            return record
+        line = self.context.user_line()
+        record = Record(
+            self.registered,
+            self._size(storage, device) + extra,
+            device,
+            category or self.context.default_category(),
+            self.context.module(),
+            f"{line[0]}:{line[1]}" if line else "",
+        )
+        self.live[key] = record
+        self.registered += 1
+        weakref.finalize(storage, self._finalize, key)
+        if device or self.count_all:
+            self._count(record, op)
+        return record
+
+    def mark_device(self, tensor: torch.Tensor, op: str) -> None:
+        """The script put `tensor` on the GPU (.to("cuda") returned it as is on the CPU)."""
+        record = self.register(tensor, True, op)
+        if record is None or record.device:
+            return
+        record.device = True
+        if record.category == "other":
+            self._recategorise(record, "inputs")
+        if not record.counted:
+            if self.round_cuda and record.nbytes:
+                record.nbytes = -(-record.nbytes // CUDA_BLOCK) * CUDA_BLOCK
+            self._count(record, op)
+
+    def set_category(self, tensor: torch.Tensor, category: str) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            return
+        record = self.register(tensor, self.device_scope > 0 or self.context.in_step, "", category)
+        if record is not None:
+            self._recategorise(record, category)
+
+    def _recategorise(self, record: Record, category: str) -> None:
+        if record.counted:
+            self.by_category[record.category] -= record.nbytes
+            self.by_category[category] += record.nbytes
+        record.category = category
+
+    def is_device(self, tensor: torch.Tensor) -> bool:
+        record = self.live.get(id(tensor.untyped_storage()))
+        return record is not None and record.device
+
+    # -- dispatch ----------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
+        if func is aten._local_scalar_dense.default:
+            return self._local_scalar(func, args, kwargs)
+        out = func(*args, **kwargs)
+        name = func.__name__ if hasattr(func, "__name__") else str(func)
+        op = f"aten.{name}"
+        self.op_counts[func.overloadpacket.__name__] += 1
+        inputs = _tensors((args, kwargs))
+        device = (
+            self.device_scope > 0
+            or (self.context.in_step and not self.count_all)
+            or any(self.is_device(t) for t in inputs)
+        )
+        outputs = _tensors(out)
+        if self.shadows is not None and not self.context.in_step:
+            self._shadow(func, args, kwargs, inputs, outputs)
+        workspace_extra = self.cuda_models.get("rnn_workspace")
+        if workspace_extra is not None and func in (aten.mkldnn_rnn_layer.default,):
+            extra = workspace_extra(self, args, outputs)
+            for tensor in outputs[:-1]:
+                self.register(tensor, device, op)
+            self.register(outputs[-1], device, op, extra=extra)
+            return out
+        for tensor in outputs:
+            self.register(tensor, device, op)
+        return out
+
+    def _shadow(self, func, args, kwargs, inputs, outputs):
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        if not outputs or any(t.dtype.is_floating_point or t.dtype.is_complex for t in outputs):
+            return
+        if sum(t.numel() for t in outputs) > SHADOW_NUMEL_LIMIT:
+            return
+        real = {}
+        for tensor in inputs:
+            twin = self.shadows.get(tensor) if isinstance(tensor, FakeTensor) else tensor
+            if twin is None:
+                return
+            real[id(tensor)] = twin
+
+        def to_real(leaf):
+            return real[id(leaf)] if isinstance(leaf, torch.Tensor) else leaf
+
+        self.paused += 1
+        try:
+            with unset_fake_temporarily():
+                real_out = func(*pytree.tree_map(to_real, args), **pytree.tree_map(to_real, kwargs))
+        finally:
+            self.paused -= 1
+        for fake, twin in zip(outputs, _tensors(real_out)):
+            self.shadows[fake] = twin
+
+    def _local_scalar(self, func, args, kwargs):
+        from torch._subclasses.fake_tensor import DataDependentOutputException
+
+        if self.shadows is not None and args[0] in self.shadows:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            self.paused += 1
+            try:
+                with unset_fake_temporarily():
+                    return self.shadows[args[0]].item()
+            finally:
+                self.paused -= 1
+        try:
+            return func(*args, **kwargs)
+        except DataDependentOutputException:
+            # `.item()` / `bool(t)` on a value only a real run knows: answer a
+            # neutral value; a data-dependent branch then goes one way.
+            self.stubbed_scalars += 1
+            dtype = args[0].dtype
+            if dtype == torch.bool:
+                return False
+            if dtype.is_floating_point or dtype.is_complex:
+                return 0.0
+            return 0
+
+
+class CudaRedirect(TorchFunctionMode):
+    """The script asks for `cuda`; it gets the CPU, and the tracker learns that
+    the result lives on the GPU."""
+
+    def __init__(self, tracker: StorageTracker, sdpa_route):
+        super().__init__()
+        self.tracker = tracker
+        self.sdpa_route = sdpa_route
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        wants_device = False
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs["device"] = "cpu"
+            wants_device = True
+        if func is torch.Tensor.cuda:
+            func, args, kwargs = torch.Tensor.to, (args[0], "cpu"), {"non_blocking": kwargs.get("non_blocking", False)}
+            wants_device = True
+        elif func is torch.Tensor.to and len(args) > 1 and not isinstance(args[1], (torch.Tensor, torch.dtype)):
+            if _is_cuda(args[1]):
+                args = (args[0], "cpu", *args[2:])
+                wants_device = True
+        elif func is torch.Tensor.pin_memory:
+            return args[0]
+        elif func is torch.Tensor.is_pinned:
+            return False
+        elif func is torch.nn.functional.scaled_dot_product_attention and self.sdpa_route is not None:
+            routed = self.sdpa_route(*args, **kwargs)
+            if routed is not None:
+                return routed
+        if not wants_device:
+            return func(*args, **kwargs)
+        self.tracker.device_scope += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.tracker.device_scope -= 1
+        for tensor in _tensors(out):
+            self.tracker.mark_device(tensor, f"{getattr(func, '__name__', 'to')}(cuda)")
+        return out
+
+
+# --- CUDA kernel emulation -------------------------------------------------------
+
+
+def make_sdpa_route(notes: dict):
+    """F.scaled_dot_product_attention as CUDA would run it: flash attention for
+    fp16/bf16, memory-efficient attention otherwise; both keep only the output
+    and a logsumexp, where the CPU math path keeps B x H x L x S scores."""
+
+    def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if enable_gqa or attn_mask is not None or query.dim() != 4 or key.shape[-3] != query.shape[-3]:
+            notes["sdpa_math_kept"] = notes.get("sdpa_math_kept", 0) + 1
+            return None
+        head_dim = query.shape[-1]
+        if query.dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256:
+            out = aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)
+            notes["sdpa_flash"] = notes.get("sdpa_flash", 0) + 1
+            return out[0]
+        needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        out = aten._scaled_dot_product_efficient_attention(
+            query, key, value, None, needs_lse, dropout_p, is_causal, scale=scale
+        )
+        notes["sdpa_mem_efficient"] = notes.get("sdpa_mem_efficient", 0) + 1
+        return out[0]
+
+    return route
+
+
+def make_rnn_workspace(kind: str, notes: dict):
+    """The RNN workspace that the meta kernel reports as 0 bytes.
+
+    "onednn": the real oneDNN LSTM layer is run on zeros at sequence lengths 1
+    and 2 (its workspace is affine in the sequence length) and extrapolated.
+    "cudnn": cuDNN's training reserve space, modelled as the per-timestep gate
+    activations, cell and hidden states (6 x hidden per element, not yet
+    calibrated on a GPU)."""
+    cache: dict[tuple, int] = {}
+
+    def onednn(tracker, args, outputs):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        inp = args[0]
+        seq, batch, input_size = inp.shape
+        hidden = outputs[1].shape[-1]
+        key = (tuple(inp.shape), hidden, inp.dtype, tuple(str(a) for a in args[7:]))
+        if key not in cache:
+            sizes = []
+            tracker.paused += 1  # the probe's real tensors are not the script's
+            try:
+                # The workspace exists only when autograd will need it.
+                with unset_fake_temporarily(), torch.enable_grad():
+                    for length in (1, 2):
+                        real_args = [
+                            torch.zeros((length, batch, input_size), dtype=inp.dtype)
+                            if index == 0
+                            else torch.zeros(a.shape, dtype=a.dtype, requires_grad=a.dtype.is_floating_point)
+                            if isinstance(a, torch.Tensor)
+                            else a
+                            for index, a in enumerate(args)
+                        ]
+                        sizes.append(aten.mkldnn_rnn_layer.default(*real_args)[3].untyped_storage().nbytes())
+            finally:
+                tracker.paused -= 1
+            cache[key] = sizes[0] + (sizes[1] - sizes[0]) * (seq - 1)
+        notes["bytes"] = max(notes.get("bytes", 0), cache[key])
+        notes["calls"] = notes.get("calls", 0) + 1
+        return cache[key]
+
+    def cudnn(tracker, args, outputs):
+        inp = args[0]
+        seq, batch, _ = inp.shape
+        hidden = outputs[1].shape[-1]
+        reserve = 6 * seq * batch * hidden * inp.element_size()
+        notes["bytes"] = max(notes.get("bytes", 0), reserve)
+        notes["calls"] = notes.get("calls", 0) + 1
+        return reserve
+
+    return onednn if kind == "onednn" else cudnn
+
+
+# --- Shims -----------------------------------------------------------------------
+
+
+class Shims:
+    """Everything patched around the script, restored by `undo()`."""
+
+    def __init__(self):
+        self._undo: list = []
+
+    def patch(self, owner, name, value):
+        original = getattr(owner, name)
+        setattr(owner, name, value)
+        self._undo.append((owner, name, original))
+        return original
+
+    def undo(self):
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+
+
+def fake_apply(self, fn, recurse=True):
+    """nn.Module._apply for modules built under fake mode: torch's version
+    fails to swap fake parameters ("Couldn't swap Linear.weight")."""
+    if recurse:
+        for module in self.children():
+            module._apply(fn)
+    for key, param in self._parameters.items():
+        if param is None:
+            continue
+        with torch.no_grad():
+            applied = fn(param)
+        if applied is not param:
+            new = nn.Parameter(applied, param.requires_grad)
+            if param.grad is not None:
+                new.grad = fn(param.grad)
+            self._parameters[key] = new
+    for key, buffer in self._buffers.items():
+        if buffer is not None:
+            self._buffers[key] = fn(buffer)
+    return self
+
+
+class FakeCudaProperties:
+    def __init__(self, name, total_memory):
+        self.name = name
+        self.total_memory = total_memory
+        self.major, self.minor = 9, 0
+        self.multi_processor_count = 132
+
+
+def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context: Context, state: dict):
+    fake_mode = state.get("fake_mode")
+    batch_override = request.get("batch_size")
+    gpu_name = request.get("gpu_name") or "oom-lsp estimated GPU"
+    gpu_memory = request.get("gpu_memory") or 80 * 2**30
+
+    # torch.cuda: the script takes its GPU path.
+    cuda = torch.cuda
+    shims.patch(cuda, "is_available", lambda: True)
+    shims.patch(cuda, "device_count", lambda: 1)
+    shims.patch(cuda, "current_device", lambda: 0)
+    shims.patch(cuda, "set_device", lambda device: None)
+    shims.patch(cuda, "synchronize", lambda device=None: None)
+    shims.patch(cuda, "empty_cache", lambda: None)
+    shims.patch(cuda, "manual_seed", lambda seed: None)
+    shims.patch(cuda, "manual_seed_all", lambda seed: None)
+    shims.patch(cuda, "get_device_name", lambda device=None: gpu_name)
+    shims.patch(cuda, "get_device_capability", lambda device=None: (9, 0))
+    shims.patch(cuda, "get_device_properties", lambda device=None: FakeCudaProperties(gpu_name, gpu_memory))
+    shims.patch(cuda, "is_bf16_supported", lambda *a, **k: True)
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        shims.patch(cuda, name, lambda device=None: 0)
+    for name in ("reset_peak_memory_stats", "reset_max_memory_allocated"):
+        shims.patch(cuda, name, lambda device=None: None)
+    shims.patch(cuda, "mem_get_info", lambda device=None: (gpu_memory, gpu_memory))
+    shims.patch(torch, "save", lambda *a, **k: None)
+
+    # autocast("cuda", dtype) -> autocast("cpu", same dtype); CUDA's default is fp16.
+    autocast_cls = torch.amp.autocast_mode.autocast
+    original_autocast_init = autocast_cls.__init__
+
+    def autocast_init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        if device_type == "cuda":
+            dtype = dtype or torch.float16
+            device_type = "cpu"
+            if enabled:
+                state["autocast_regions"] = state.get("autocast_regions", 0) + 1
+                state.setdefault("autocast_dtypes", set()).add(str(dtype).replace("torch.", ""))
+        original_autocast_init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    shims.patch(autocast_cls, "__init__", autocast_init)
+    scaler_cls = torch.amp.GradScaler
+    original_scaler_init = scaler_cls.__init__
+
+    def scaler_init(self, device="cuda", *args, **kwargs):
+        original_scaler_init(self, "cpu" if _is_cuda(device) else device, *args, **kwargs)
+
+    shims.patch(scaler_cls, "__init__", scaler_init)
+    if hasattr(torch.cuda.amp, "GradScaler"):
+        shims.patch(torch.cuda.amp.GradScaler, "__init__", lambda self, *a, **k: scaler_init(self, "cpu", *a, **k))
+
+    # Module.cuda()/to("cuda") reach Tensor.to through CudaRedirect; under
+    # fake mode parameters must be re-registered rather than swapped.
+    if fake_mode is not None:
+        shims.patch(nn.Module, "_apply", fake_apply)
+
+    # Parameters and buffers are categorised when they are registered.
+    original_register_parameter = nn.Module.register_parameter
+
+    def register_parameter(self, name, param):
+        original_register_parameter(self, name, param)
+        if param is not None:
+            tracker.set_category(param, "parameters")
+
+    shims.patch(nn.Module, "register_parameter", register_parameter)
+    original_register_buffer = nn.Module.register_buffer
+
+    def register_buffer(self, name, tensor, persistent=True):
+        original_register_buffer(self, name, tensor, persistent)
+        if tensor is not None:
+            tracker.set_category(tensor, "parameters")
+
+    shims.patch(nn.Module, "register_buffer", register_buffer)
+
+    # Forward phase: global module hooks.
+    def forward_pre(module, inputs):
+        context.forward_depth += 1
+
+    def forward_post(module, inputs, output):
+        context.forward_depth -= 1
+
+    state["hooks"] = [
+        nn.modules.module.register_module_forward_pre_hook(forward_pre),
+        nn.modules.module.register_module_forward_hook(forward_post, always_call=True),
+    ]
+
+    # Backward phase.
+    original_backward = torch.autograd.backward
+
+    def backward(*args, **kwargs):
+        context.in_backward += 1
+        try:
+            return original_backward(*args, **kwargs)
+        finally:
+            context.in_backward -= 1
+
+    shims.patch(torch.autograd, "backward", backward)
+
+    # Optimizer: parameters, gradients, state; CUDA's foreach default; stop after N steps.
+    import torch.optim.optimizer as optimizer_module
+
+    original_add_param_group = torch.optim.Optimizer.add_param_group
+
+    def add_param_group(self, param_group):
+        original_add_param_group(self, param_group)
+        for param in self.param_groups[-1]["params"]:
+            tracker.set_category(param, "parameters")
+            if param.requires_grad and id(param) not in state["grad_hooked"]:
+                state["grad_hooked"].add(id(param))
+                param.register_post_accumulate_grad_hook(lambda p: tracker.set_category(p.grad, "gradients"))
+
+    state["grad_hooked"] = set()
+    shims.patch(torch.optim.Optimizer, "add_param_group", add_param_group)
+
+    if request.get("cuda_foreach"):
+        # CUDA parameters default to the foreach implementation; CPU and fake
+        # parameters silently get the per-tensor loop.
+        def default_to_fused_or_foreach(params, differentiable, use_fused=False):
+            if differentiable:
+                return False, False
+            return use_fused, not use_fused
+
+        for module in list(sys.modules.values()):
+            name = getattr(module, "__name__", "")
+            if name.startswith("torch.optim") and hasattr(module, "_default_to_fused_or_foreach"):
+                shims.patch(module, "_default_to_fused_or_foreach", default_to_fused_or_foreach)
+        state["foreach_pinned"] = True
+
+    def step_pre(optimizer, args, kwargs):
+        context.in_optimizer += 1
+
+    def step_post(optimizer, args, kwargs):
+        context.in_optimizer -= 1
+        for param_state in optimizer.state.values():
+            for value in param_state.values():
+                if isinstance(value, torch.Tensor):
+                    tracker.set_category(value, "optimizer_state")
+        state["steps"] += 1
+        state["step_ends"].append(time.perf_counter())
+        if state["steps"] >= request.get("steps", 2):
+            raise StopEstimate()
+
+    state["steps"] = 0
+    state["step_ends"] = []
+    state["hooks"] += [
+        optimizer_module.register_optimizer_step_pre_hook(step_pre),
+        optimizer_module.register_optimizer_step_post_hook(step_post),
+    ]
+
+    # DataLoader: in-process, unpinned, the batch size overridden; under fake
+    # mode one real batch is fetched outside it and replayed as fake tensors.
+    from torch.utils.data import DataLoader
+
+    original_loader_init = DataLoader.__init__
+
+    def loader_init(self, dataset, batch_size=1, *args, **kwargs):
+        kwargs["num_workers"] = 0
+        kwargs["pin_memory"] = False
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+        if batch_override is not None and kwargs.get("batch_sampler") is None and batch_size is not None:
+            batch_size = batch_override
+            state["override_applied"].append("DataLoader(batch_size=...)")
+        if batch_size is not None and kwargs.get("batch_sampler") is None:
+            state["batch_knobs"].append("DataLoader(batch_size=...)")
+            if state.get("script_batch_size") is None:
+                state["script_batch_size"] = batch_size
+        original_loader_init(self, dataset, batch_size, *args, **kwargs)
+
+    shims.patch(DataLoader, "__init__", loader_init)
+
+    if fake_mode is not None:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        original_iter = DataLoader.__iter__
+
+        def loader_iter(self):
+            tracker.paused += 1
+            try:
+                with unset_fake_temporarily():
+                    try:
+                        real_batch = next(iter(original_iter(self)))
+                    except StopIteration:
+                        return
+            finally:
+                tracker.paused -= 1
+            for _ in range(len(self) if hasattr(self.dataset, "__len__") else 1_000_000):
+                batch = pytree.tree_map(
+                    lambda leaf: fake_mode.from_tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, real_batch
+                )
+                for fake, real in zip(_tensors(batch), _tensors(real_batch)):
+                    tracker.register(fake, False, "DataLoader", "inputs")
+                    if not (real.dtype.is_floating_point or real.dtype.is_complex):
+                        tracker.shadows[fake] = real
+                yield batch
+
+        shims.patch(DataLoader, "__iter__", loader_iter)
+
+    # argparse: the batch-size option's default becomes the override.
+    original_add_argument = argparse._ActionsContainer.add_argument
+
+    def add_argument(self, *args, **kwargs):
+        names = {arg.lstrip("-").replace("-", "_") for arg in args if isinstance(arg, str)}
+        if kwargs.get("dest"):
+            names.add(kwargs["dest"])
+        if names & BATCH_OPTION_NAMES:
+            state["batch_knobs"].append(f"argparse {args[0] if args else kwargs.get('dest')}")
+            if state.get("script_batch_size") is None and isinstance(kwargs.get("default"), int):
+                state["argparse_batch_default"] = kwargs["default"]
+            if batch_override is not None:
+                kwargs["default"] = batch_override
+                kwargs.pop("required", None)
+                state["override_applied"].append(f"argparse {sorted(args)[0] if args else kwargs.get('dest')}")
+        return original_add_argument(self, *args, **kwargs)
+
+    state["override_applied"] = []
+    state["batch_knobs"] = []
+    shims.patch(argparse._ActionsContainer, "add_argument", add_argument)
+
+
+# --- Running -----------------------------------------------------------------------
+
+
+def _user_frame(tb, script_dir: str):
+    """The innermost traceback frame in the user's files."""
+    found = None
+    for frame, lineno in traceback.walk_tb(tb):
+        filename = frame.f_code.co_filename
+        if filename.startswith(script_dir + os.sep) and filename != HARNESS_FILE:
+            found = {"file": filename, "line": lineno, "code": _source_line(filename, lineno)}
+    return found
+
+
+def _source_line(filename: str, lineno: int) -> str:
+    try:
+        with open(filename, encoding="utf-8") as handle:
+            for number, text in enumerate(handle, 1):
+                if number == lineno:
+                    return text.strip()
+    except OSError:
+        return ""
+    return ""
+
+
+def classify_failure(error: BaseException) -> str:
+    from torch._subclasses import fake_tensor
+
+    if isinstance(error, (fake_tensor.DynamicOutputShapeException, fake_tensor.DataDependentOutputException)):
+        return "data-dependent"
+    if isinstance(error, fake_tensor.UnsupportedOperatorException):
+        return "unsupported-operator"
+    if isinstance(error, NotImplementedError) and ("meta" in str(error).lower() or "fake" in str(error).lower()):
+        return "unsupported-operator"
+    return "script-error"
+
+
+def profile_replay_peak(prof) -> int:
+    """Peak of the running sum of the profiler's allocation events in time
+    order: every c10 CPU allocation, kernel scratch included."""
+    events = sorted(
+        (event.start_ns(), index, event.nbytes())
+        for index, event in enumerate(prof.profiler.kineto_results.events())
+        if event.name() == "[memory]"
+    )
+    current = peak = 0
+    for _, _, size in events:
+        current += size
+        peak = max(peak, current)
+    return peak
+
+
+def run(request: dict) -> dict:
+    script = os.path.abspath(request["script"])
+    script_dir = os.path.dirname(script)
+    mode = request.get("mode", "fake")
+    cuda = request.get("device", "cuda") == "cuda"
+    torch.set_num_threads(max(1, int(request.get("threads", 1))))
+    context = Context(script_dir)
+    sdpa_notes: dict = {}
+    rnn_notes: dict = {}
+    models: dict = {}
+    if mode == "fake":
+        models["rnn_workspace"] = make_rnn_workspace("cudnn" if cuda else "onednn", rnn_notes)
+    elif cuda:
+        models["rnn_workspace"] = make_rnn_workspace("cudnn", rnn_notes)
+    tracker = StorageTracker(context, count_all=not cuda, round_cuda=cuda, cuda_models=models)
+    state: dict = {}
+    shims = Shims()
+    result: dict = {"mode": mode, "device": "cuda" if cuda else "cpu", "torch": torch.__version__}
+
+    fake_mode = None
+    if mode == "fake":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        state["fake_mode"] = fake_mode
+        tracker.shadows = WeakIdKeyDictionary()
+    request = dict(request, cuda_foreach=cuda)
+    install_shims(shims, request, tracker, context, state)
+
+    from torch.utils.module_tracker import ModuleTracker
+
+    module_tracker = ModuleTracker()
+    context.module_tracker = module_tracker
+    redirect = CudaRedirect(tracker, make_sdpa_route(sdpa_notes) if cuda and mode == "fake" else None)
+
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = [script, *request.get("args", [])]
+    sys.path.insert(0, script_dir)
+    prof = None
+    if request.get("profile_replay"):
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    status = "finished"
+    failure = None
+    started = time.perf_counter()
+    try:
+        if prof is not None:
+            prof.start()
+        try:
+            with module_tracker, _script_autocast(request.get("autocast_dtype")):
+                if fake_mode is not None:
+                    with fake_mode, tracker, redirect:
+                        runpy.run_path(script, run_name="__main__")
+                else:
+                    with tracker, redirect:
+                        runpy.run_path(script, run_name="__main__")
+        finally:
+            if prof is not None:
+                prof.stop()
+    except StopEstimate:
+        status = "stopped"
+    except SystemExit as exit_:
+        status = "finished" if exit_.code in (None, 0) else "script-exit"
+        if status == "script-exit":
+            failure = {"kind": "script-error", "message": f"the script called sys.exit({exit_.code!r})"}
+    except Exception as error:  # noqa: BLE001 - the user's code: every failure is reported, classified
+        status = "failed"
+        failure = {
+            "kind": classify_failure(error),
+            "type": type(error).__name__,
+            "message": str(error).strip().splitlines()[0][:500] if str(error).strip() else type(error).__name__,
+            "where": _user_frame(error.__traceback__, script_dir),
+            "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))[-4000:],
+        }
+    finally:
+        elapsed = time.perf_counter() - started
+        sys.argv, sys.path[:] = old_argv, old_path
+        for hook in state.get("hooks", []):
+            hook.remove()
+        shims.undo()
+
+    peak = tracker.peak_info
+    result.update(
+        status=status,
+        failure=failure,
+        steps=state["steps"],
+        seconds=elapsed,
+        step_seconds=_step_seconds(started, state["step_ends"]),
+        peak_bytes=tracker.peak,
+        breakdown={category: peak.get("by_category", {}).get(category, 0) for category in CATEGORIES},
+        peak_op=peak.get("op", ""),
+        peak_module=peak.get("module", ""),
+        peak_phase=peak.get("phase", ""),
+        peak_line=list(peak["line"]) if peak.get("line") else None,
+        top_modules=_top(peak.get("by_module", {})),
+        top_lines=_top(peak.get("by_line", {})),
+        events=tracker.events,
+        matmuls=sum(tracker.op_counts[name] for name in ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul")),
+        convolutions=sum(tracker.op_counts[name] for name in ("convolution", "mkldnn_convolution", "_convolution")),
+        stubbed_scalars=tracker.stubbed_scalars,
+        sdpa=sdpa_notes,
+        rnn_workspace=rnn_notes,
+        autocast_regions=state.get("autocast_regions", 0),
+        autocast_dtypes=sorted(state.get("autocast_dtypes", ())),
+        foreach_pinned=bool(state.get("foreach_pinned")),
+        batch_size=request.get("batch_size") or state.get("script_batch_size") or state.get("argparse_batch_default"),
+        script_batch_size=state.get("script_batch_size") or state.get("argparse_batch_default"),
+        override_applied=state["override_applied"],
+        batch_knobs=sorted(set(state["batch_knobs"])),
+    )
+    if prof is not None:
+        result["profile_replay_peak"] = profile_replay_peak(prof)
+    return result
+
+
+def _script_autocast(dtype_name: str | None):
+    """`--dtype bf16`: the whole script as if under torch.autocast (on the CPU,
+    where the trace runs); backward and optimizer ops are not autocast ops."""
+    import contextlib
+
+    if dtype_name in (None, "fp32", "float32"):
+        return contextlib.nullcontext()
+    dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}[
+        dtype_name
+    ]
+    return torch.autocast("cpu", dtype=dtype)
+
+
+def _step_seconds(started: float, step_ends: list[float]) -> float | None:
+    return step_ends[-1] - started if step_ends else None
+
+
+def _top(counter: dict, limit: int = 8) -> list[list]:
+    items = [(name, size) for name, size in counter.items() if size > 0]
+    items.sort(key=lambda item: -item[1])
+    return [[name, size] for name, size in items[:limit]]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--request", required=True, help="JSON file: script, args, mode, device, runs, output")
+    parser.add_argument("--progress-fd", type=int, default=None, help="write one JSON line per finished run here")
+    options = parser.parse_args()
+    with open(options.request, encoding="utf-8") as handle:
+        request = json.load(handle)
+    progress = os.fdopen(options.progress_fd, "w", buffering=1) if options.progress_fd is not None else None
+    results = []
+    previous_batch = None
+    # Each run executes the script afresh; "double" asks for twice the
+    # previous run's batch size (known only once the script has run).
+    for run_request in request.get("runs", [{}]):
+        batch_size = run_request.get("batch_size")
+        if batch_size == "double":
+            if not previous_batch:
+                break
+            batch_size = 2 * previous_batch
+        result = run({**request, **run_request, "batch_size": batch_size})
+        results.append(result)
+        if progress is not None:
+            progress.write(json.dumps({"event": "run", "batch_size": result["batch_size"], "status": result["status"]}) + "\n")
+        if result["status"] == "failed":
+            break
+        previous_batch = result["batch_size"]
+    with open(request["output"], "w", encoding="utf-8") as handle:
+        json.dump({"runs": results}, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
