@@ -22,6 +22,7 @@ from oom_lsp.profiling.report import Report, ReportError, read_report
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 TABLE_LINES = 10
+OUTPUT_LINES = 15
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -266,6 +267,10 @@ def print_summary(report: Report, out_dir: Path, out: TextIO) -> None:
             print(f"  {label}: {value}", file=out)
     if report.error:
         print(f"\nerror: {report.error}", file=out)
+    if report.status in ("oom", "error", "timeout", "crashed") and report.output_tail:
+        print("\nlast lines of the script's output:", file=out)
+        for line in report.output_tail.splitlines()[-OUTPUT_LINES:]:
+            print(f"  | {line}", file=out)
     for note in report.notes:
         print(f"note: {note}", file=out)
     files = [name for name in (report.artifacts.trace, report.artifacts.stacks, report.artifacts.snapshot) if name]
