@@ -162,6 +162,13 @@ async def on_document_diagnostic(
     if document is None:
         return types.RelatedFullDocumentDiagnosticReport(items=[])
     analysis = await ls.analysis_of(document)
+    while not ls.is_current(analysis):
+        # Edited while it was analysed: answer for the text the client has now
+        # (ranges of the older text would land in the wrong places).
+        document = ls.open_document(params.text_document.uri)
+        if document is None:
+            return types.RelatedFullDocumentDiagnosticReport(items=[])
+        analysis = await ls.analysis_of(document)
     result_id = _result_id(analysis)
     if params.previous_result_id == result_id:
         return types.RelatedUnchangedDocumentDiagnosticReport(result_id=result_id)

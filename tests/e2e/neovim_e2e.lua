@@ -115,7 +115,33 @@ if not hover or not hover.contents.value:find("torch-load-without-map-location",
 end
 step("hover shows the rule docs")
 
+-- Fix all on save, with the BufWritePre autocommand docs/editors.md shows.
+vim.api.nvim_create_autocmd("BufWritePre", {
+  pattern = "*.py",
+  callback = function(args)
+    local oom = vim.lsp.get_clients({ bufnr = args.buf, name = "oom_lsp" })[1]
+    if not oom then return end
+    local range_params = vim.lsp.util.make_range_params(0, oom.offset_encoding)
+    range_params.context = { only = { "source.fixAll.oom-lsp" }, diagnostics = {} }
+    local response = oom:request_sync("textDocument/codeAction", range_params, 3000, args.buf)
+    for _, action in ipairs(response and response.result or {}) do
+      if action.edit then
+        vim.lsp.util.apply_workspace_edit(action.edit, oom.offset_encoding)
+      end
+    end
+  end,
+})
+local last = vim.api.nvim_buf_line_count(buf)
+vim.api.nvim_buf_set_lines(buf, last, last, true, { 'best = torch.load("best.pt")' })
+wait_for("a diagnostic on the new line", function()
+  return #oom_diagnostics("OOM501") == 1
+end)
 vim.cmd.write()
+if line(last) ~= 'best = torch.load("best.pt", map_location="cpu")' then
+  fail("fix all on save did not fix the new line: " .. line(last))
+end
+step("fix all on save: " .. line(last))
+
 client:stop()
 wait_for("the server to stop", function()
   return client:is_stopped()

