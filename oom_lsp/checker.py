@@ -359,7 +359,10 @@ class ResultsCache:
 
     def put(self, settings: LintSettings, relative: str, key: str, findings: list[Finding]) -> None:
         fingerprint = settings.fingerprint()
-        self._table(fingerprint)[relative] = {"key": key, "findings": [finding.to_dict() for finding in findings]}
+        self._table(fingerprint)[relative] = {
+            "key": key,
+            "findings": [finding.to_dict() for finding in findings],
+        }
         self._dirty.add(fingerprint)
 
     def save(self) -> None:
@@ -422,7 +425,9 @@ def _run_job(job: Job) -> JobResult:
     fixed = fix_source(job.source, job.settings, unsafe=job.unsafe_fixes, path=job.path)
     if fixed.source == job.source:
         return JobResult(job.index, findings)
-    return JobResult(job.index, fixed.remaining, fixed.source, fixed.applied, _removed_codes(findings, fixed.remaining))
+    return JobResult(
+        job.index, fixed.remaining, fixed.source, fixed.applied, _removed_codes(findings, fixed.remaining)
+    )
 
 
 def _removed_codes(before: list[Finding], after: list[Finding]) -> dict[str, int]:
@@ -557,7 +562,12 @@ def _record(item: _Pending, outcome: JobResult, write: bool) -> None:
                 result.error = f"cannot write the fixes: {error.strerror or error}"
                 return
             if item.cache is not None:
-                item.cache.put(item.settings, item.relative, cache_key(new_raw, item.settings, item.relative), result.findings)
+                item.cache.put(
+                    item.settings,
+                    item.relative,
+                    cache_key(new_raw, item.settings, item.relative),
+                    result.findings,
+                )
         return
     if not result.findings:
         result.source = None

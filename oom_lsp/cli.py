@@ -66,7 +66,9 @@ def _add_check_parser(subparsers: Any) -> None:
         help="check files for GPU out-of-memory risks (also spelled `oom-lsp --check`)",
         description="Check Python files and folders (recursively) for GPU out-of-memory risks.",
     )
-    check.add_argument("paths", nargs="*", metavar="PATH", help="files or folders to check (default: .); `-` reads stdin")
+    check.add_argument(
+        "paths", nargs="*", metavar="PATH", help="files or folders to check (default: .); `-` reads stdin"
+    )
     check.add_argument(
         "--format",
         "--output-format",
@@ -75,7 +77,9 @@ def _add_check_parser(subparsers: Any) -> None:
         default="text",
         help="output format (default: text, one line per finding)",
     )
-    check.add_argument("--statistics", action="store_true", help="print the number of findings per code instead")
+    check.add_argument(
+        "--statistics", action="store_true", help="print the number of findings per code instead"
+    )
     check.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
     check.add_argument(
         "--exit-non-zero-on-fix",
@@ -87,14 +91,24 @@ def _add_check_parser(subparsers: Any) -> None:
         ("--extend-select", "rules to enable on top of the configured set"),
         ("--ignore", "rules to disable"),
     ):
-        check.add_argument(flag, type=_selectors, action="append", metavar="CODES", help=help_text + "; comma-separated")
-    check.add_argument("--config", type=Path, metavar="PATH", help="configuration file to use instead of discovery")
+        check.add_argument(
+            flag, type=_selectors, action="append", metavar="CODES", help=help_text + "; comma-separated"
+        )
+    check.add_argument(
+        "--config", type=Path, metavar="PATH", help="configuration file to use instead of discovery"
+    )
     check.add_argument("--stdin-filename", metavar="PATH", help="the name of the file read from stdin")
     check.add_argument("--no-cache", action="store_true", help="neither read nor write .oom_lsp_cache/")
     check.add_argument("--fix", action="store_true", help="apply safe fixes")
-    check.add_argument("--unsafe-fixes", action="store_true", help="also apply (and show as fixable) unsafe fixes")
-    check.add_argument("--diff", action="store_true", help="print the fixes as a unified diff instead of applying them")
-    check.add_argument("--show-fixes", action="store_true", help="list the fixes applied (or each finding's fix title)")
+    check.add_argument(
+        "--unsafe-fixes", action="store_true", help="also apply (and show as fixable) unsafe fixes"
+    )
+    check.add_argument(
+        "--diff", action="store_true", help="print the fixes as a unified diff instead of applying them"
+    )
+    check.add_argument(
+        "--show-fixes", action="store_true", help="list the fixes applied (or each finding's fix title)"
+    )
     check.add_argument(
         "--force-exclude",
         action="store_true",
@@ -106,8 +120,12 @@ def _add_check_parser(subparsers: Any) -> None:
 
 
 def _add_rule_parser(subparsers: Any) -> None:
-    rule = subparsers.add_parser("rule", help="print a rule's documentation", description="Print rule documentation.")
-    rule.add_argument("rule", nargs="?", metavar="RULE", help="a code (OOM501) or name (torch-load-without-map-location)")
+    rule = subparsers.add_parser(
+        "rule", help="print a rule's documentation", description="Print rule documentation."
+    )
+    rule.add_argument(
+        "rule", nargs="?", metavar="RULE", help="a code (OOM501) or name (torch-load-without-map-location)"
+    )
     rule.add_argument("--all", action="store_true", help="every rule")
     rule.add_argument("--format", "--output-format", dest="format", choices=["text", "json"], default="text")
     rule.set_defaults(handler=run_rule)
@@ -116,7 +134,9 @@ def _add_rule_parser(subparsers: Any) -> None:
 def _add_server_parser(subparsers: Any) -> None:
     server = subparsers.add_parser("server", help="start the language server (the default)")
     server.add_argument("--stdio", action="store_true", help="talk over stdin/stdout (the default)")
-    server.add_argument("--tcp", type=_tcp_address, metavar="HOST:PORT", help="listen on a TCP address instead")
+    server.add_argument(
+        "--tcp", type=_tcp_address, metavar="HOST:PORT", help="listen on a TCP address instead"
+    )
     server.add_argument("--log-file", metavar="FILE", help="write the server's log to FILE")
     server.set_defaults(handler=run_server)
 
@@ -288,7 +308,9 @@ def _check_stdin(args: argparse.Namespace, resolver: Any) -> int:
         return _report_diff(args, [result])
     if args.fix:
         # As Ruff: the fixed source on stdout, what remains on stderr.
-        sys.stdout.write(result.source if result.source is not None else raw.decode("utf-8", errors="replace"))
+        sys.stdout.write(
+            result.source if result.source is not None else raw.decode("utf-8", errors="replace")
+        )
         _report(args, [result], sys.stderr)
     else:
         _report(args, [result], sys.stdout)
@@ -335,10 +357,18 @@ def _summary(results: list[Any], options: Any, *, fixing: bool) -> str:
     if not findings:
         return "All checks passed!\n"
     lines = [f"Found {_plural(len(findings), 'error')}."]
-    fixable = sum(1 for finding in findings if finding.fix is not None and (finding.fix.is_safe or options.unsafe_fixes))
-    hidden = sum(1 for finding in findings if finding.fix is not None and not finding.fix.is_safe) if not options.unsafe_fixes else 0
+    fixable = sum(
+        1 for finding in findings if finding.fix is not None and (finding.fix.is_safe or options.unsafe_fixes)
+    )
+    hidden = (
+        sum(1 for finding in findings if finding.fix is not None and not finding.fix.is_safe)
+        if not options.unsafe_fixes
+        else 0
+    )
     hidden_note = (
-        f"{_plural(hidden, 'hidden fix', 'hidden fixes')} can be enabled with the `--unsafe-fixes` option" if hidden else ""
+        f"{_plural(hidden, 'hidden fix', 'hidden fixes')} can be enabled with the `--unsafe-fixes` option"
+        if hidden
+        else ""
     )
     if fixable:
         tail = f" ({hidden_note})." if hidden_note else "."
@@ -354,7 +384,9 @@ def _statistics(results: list[Any], options: Any, output_format: str) -> str:
     counts: dict[str, dict[str, Any]] = {}
     for result in results:
         for finding in result.findings:
-            entry = counts.setdefault(finding.code, {"code": finding.code, "name": finding.name, "count": 0, "fixable": False})
+            entry = counts.setdefault(
+                finding.code, {"code": finding.code, "name": finding.name, "count": 0, "fixable": False}
+            )
             entry["count"] += 1
             entry["fixable"] = entry["fixable"] or applicable_fix(finding, options) is not None
     rows = sorted(counts.values(), key=lambda entry: (-entry["count"], entry["code"]))
@@ -364,7 +396,8 @@ def _statistics(results: list[Any], options: Any, output_format: str) -> str:
         return ""
     width = max(len(str(row["count"])) for row in rows)
     return "".join(
-        f"{row['count']:>{width}}\t{row['code']}\t{'[*]' if row['fixable'] else '[ ]'} {row['name']}\n" for row in rows
+        f"{row['count']:>{width}}\t{row['code']}\t{'[*]' if row['fixable'] else '[ ]'} {row['name']}\n"
+        for row in rows
     )
 
 
@@ -431,7 +464,9 @@ def run_rule(args: argparse.Namespace) -> int:
     if args.all == (args.rule is not None):
         raise UsageError("give either a rule (code or name) or --all")
     if args.all:
-        rules = sorted([*registry.all_rules().values(), *registry.META_RULES.values()], key=lambda rule: rule.code)
+        rules = sorted(
+            [*registry.all_rules().values(), *registry.META_RULES.values()], key=lambda rule: rule.code
+        )
         if args.format == "json":
             print(json.dumps([_rule_json(rule) for rule in rules], indent=2, ensure_ascii=False))
         else:
@@ -461,5 +496,7 @@ def run_server(args: argparse.Namespace) -> int:
         raise UsageError(f"the language server cannot start: {error}") from None
     start_server = getattr(server_module, "start_server", None)
     if start_server is None:
-        raise UsageError("the language server is not available in this installation (oom_lsp.server.start_server)")
+        raise UsageError(
+            "the language server is not available in this installation (oom_lsp.server.start_server)"
+        )
     return int(start_server(args.tcp, args.log_file))

@@ -20,10 +20,11 @@ import difflib
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.findings import Severity
@@ -130,8 +131,7 @@ class GlobPattern:
     @cached_property
     def _regex(self) -> re.Pattern[str]:
         text = self.pattern.strip().rstrip("/")
-        if text.startswith("./"):
-            text = text[2:]
+        text = text.removeprefix("./")
         return re.compile(_glob_to_regex(text.lstrip("/")) + r"\Z", re.DOTALL)
 
     @cached_property
@@ -178,14 +178,14 @@ def parse_memory_size(value: str | int) -> int:
     `nvidia-smi` reports MiB, marketing sheets GB.
     """
     if isinstance(value, bool):
-        raise ValueError("expected a size such as \"24GiB\", got a boolean")
+        raise TypeError('expected a size such as "24GiB", got a boolean')
     if isinstance(value, int):
         if value <= 0:
             raise ValueError(f"expected a positive number of bytes, got {value}")
         return value
     match = _SIZE_RE.match(value)
     if not match:
-        raise ValueError(f"expected a size such as \"24GiB\", \"24 GB\" or \"24000MiB\", got {value!r}")
+        raise ValueError(f'expected a size such as "24GiB", "24 GB" or "24000MiB", got {value!r}')
     number = float(match.group(1))
     unit = (match.group(2) or "B").lower()
     size = int(number * _SIZE_UNITS[unit])
@@ -287,10 +287,10 @@ def _per_file_ignores(origin: str, key: str, value: object) -> dict[str, tuple[s
 
 def _memory(origin: str, key: str, value: object) -> int:
     if not isinstance(value, (str, int)):
-        raise ConfigError(origin, key, f"expected a size such as \"24GiB\", got {_type_name(value)}")
+        raise ConfigError(origin, key, f'expected a size such as "24GiB", got {_type_name(value)}')
     try:
         return parse_memory_size(value)
-    except ValueError as error:
+    except (TypeError, ValueError) as error:
         raise ConfigError(origin, key, str(error)) from None
 
 
@@ -313,7 +313,9 @@ def _llm_table(origin: str, key: str, value: object) -> dict[str, Any]:
         elif not isinstance(item, str):
             raise ConfigError(origin, entry_key, f"expected a string, got {_type_name(item)}")
         elif name == "response-format" and item not in LLM_RESPONSE_FORMATS:
-            raise ConfigError(origin, entry_key, f"expected one of {', '.join(LLM_RESPONSE_FORMATS)}, got {item!r}")
+            raise ConfigError(
+                origin, entry_key, f"expected one of {', '.join(LLM_RESPONSE_FORMATS)}, got {item!r}"
+            )
     return table
 
 
@@ -405,7 +407,10 @@ class ProjectConfig:
     @cached_property
     def _per_file_patterns(self) -> list[tuple[GlobPattern, frozenset[str]]]:
         return [
-            (GlobPattern(glob), frozenset(code for selector in codes for code in registry.expand_selector(selector)))
+            (
+                GlobPattern(glob),
+                frozenset(code for selector in codes for code in registry.expand_selector(selector)),
+            )
             for glob, codes in self.per_file_ignores.items()
         ]
 
@@ -447,7 +452,9 @@ class ProjectConfig:
 _FIELD_OF_KEY = {key: key.replace("-", "_") for key in KNOWN_KEYS}
 
 
-def parse_config_table(table: dict[str, Any], origin: str, root: Path, path: Path | None = None) -> ProjectConfig:
+def parse_config_table(
+    table: dict[str, Any], origin: str, root: Path, path: Path | None = None
+) -> ProjectConfig:
     """A ProjectConfig from a `[tool.oom-lsp]`-shaped table. Pure.
 
     `origin` prefixes error messages, e.g. "pyproject.toml: [tool.oom-lsp]"
@@ -475,7 +482,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except OSError as error:
         raise ConfigError(_display(path), None, f"cannot read: {error.strerror or error}") from None
     except UnicodeDecodeError as error:
-        raise ConfigError(_display(path), None, f"not valid UTF-8 ({error.reason} at byte {error.start})") from None
+        raise ConfigError(
+            _display(path), None, f"not valid UTF-8 ({error.reason} at byte {error.start})"
+        ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

@@ -42,7 +42,9 @@ def write(path: Path, text: str | bytes = RISKY) -> Path:
         (["name.py   "], "name.py", False, True),  # trailing spaces are dropped
     ],
 )
-def test_gitignore_semantics(lines: list[str], path: str, is_dir: bool, ignored: bool | None, tmp_path: Path) -> None:
+def test_gitignore_semantics(
+    lines: list[str], path: str, is_dir: bool, ignored: bool | None, tmp_path: Path
+) -> None:
     ignore = checker.GitIgnore(tmp_path, lines)
     assert ignore.verdict(tmp_path / path, is_dir) is ignored
 
@@ -74,7 +76,10 @@ def test_nested_pyproject_excludes_apply_to_its_folder(tmp_path: Path) -> None:
     write(tmp_path / "pkg" / "main.py")
     write(tmp_path / "vendored" / "kept.py")
     files, _ = checker.discover_files([tmp_path], ConfigResolver(fallback_root=tmp_path))
-    assert sorted(file.relative_to(tmp_path).as_posix() for file in files) == ["pkg/main.py", "vendored/kept.py"]
+    assert sorted(file.relative_to(tmp_path).as_posix() for file in files) == [
+        "pkg/main.py",
+        "vendored/kept.py",
+    ]
 
 
 def test_explicit_files_of_any_name_are_checked_once(tmp_path: Path) -> None:

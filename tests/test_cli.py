@@ -62,7 +62,11 @@ def test_clean_exits_0(project: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_findings_exit_1_both_spellings(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write(project / "risky.py", RISKY)
-    for argv in (["--check", *SELECT, "risky.py"], ["check", *SELECT, "risky.py"], [*SELECT, "--check", "risky.py"]):
+    for argv in (
+        ["--check", *SELECT, "risky.py"],
+        ["check", *SELECT, "risky.py"],
+        [*SELECT, "--check", "risky.py"],
+    ):
         code, out, _ = run(capsys, *argv)
         assert code == 1
         assert out.splitlines()[0].startswith("risky.py:2:9: OOM501 [*] ")
@@ -110,7 +114,10 @@ def test_broken_config_exits_2_naming_file_and_key(project: Path, capsys: pytest
     write(project / "pyproject.toml", '[tool.oom-lsp]\nselect = ["OOM501"]\nmax-batch-size = "big"\n')
     code, out, err = run(capsys, "--check", "risky.py")
     assert code == 2 and out == ""
-    assert err == "error: pyproject.toml: [tool.oom-lsp] max-batch-size: expected a positive integer, got 'big'\n"
+    assert (
+        err
+        == "error: pyproject.toml: [tool.oom-lsp] max-batch-size: expected a positive integer, got 'big'\n"
+    )
     write(project / "pyproject.toml", "[tool.oom-lsp]\nselect = [OOM501]\n")
     code, _, err = run(capsys, "--check", "risky.py")
     assert code == 2 and err.startswith("error: pyproject.toml: invalid TOML: ") and "line" in err
@@ -119,7 +126,9 @@ def test_broken_config_exits_2_naming_file_and_key(project: Path, capsys: pytest
     assert code == 2 and "selct: unknown key; did you mean 'select'?" in err
 
 
-def test_pyproject_configures_and_cli_flags_override(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pyproject_configures_and_cli_flags_override(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write(project / "risky.py", RISKY)
     write(project / "tests" / "test_load.py", RISKY)
     write(
@@ -170,7 +179,9 @@ def test_stdin_fix_writes_the_fixed_source(
     assert code == 0 and "1 fixed, 0 remaining" in err
 
 
-def test_stdin_diff(project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stdin_diff(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     feed_stdin(monkeypatch, RISKY.encode())
     code, out, _ = run(capsys, "--check", *SELECT, "--diff", "-")
     assert code == 1 and '+state = torch.load("x.pt", map_location="cpu")' in out
@@ -250,7 +261,9 @@ def test_json_and_statistics(project: Path, capsys: pytest.CaptureFixture[str]) 
     code, out, _ = run(capsys, "--check", *SELECT, "--statistics", ".")
     assert out.splitlines()[0] == "3\tOOM501\t[*] torch-load-without-map-location"
     code, out, _ = run(capsys, "--check", *SELECT, "--statistics", "--format", "json", ".")
-    assert json.loads(out) == [{"code": "OOM501", "name": "torch-load-without-map-location", "count": 3, "fixable": True}]
+    assert json.loads(out) == [
+        {"code": "OOM501", "name": "torch-load-without-map-location", "count": 3, "fixable": True}
+    ]
 
 
 def test_quiet_and_full(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -280,7 +293,9 @@ def test_special_files_never_crash(project: Path, capsys: pytest.CaptureFixture[
     assert code == 1 and err == ""
     lines = out.splitlines()
     assert lines[0] == "a_binary.py:1:13: OOM000 SyntaxError: source code cannot contain null bytes"
-    assert lines[1].startswith("b_latin1.py:1:6: OOM000 SyntaxError: (unicode error) 'utf-8' codec can't decode byte 0xe9")
+    assert lines[1].startswith(
+        "b_latin1.py:1:6: OOM000 SyntaxError: (unicode error) 'utf-8' codec can't decode byte 0xe9"
+    )
     assert lines[2].startswith("d_syntax.py:2:") and " OOM000 SyntaxError: " in lines[2]
     assert lines[3].startswith("e_risky.py:2:9: OOM501")
     assert "c_empty.py" not in out
@@ -354,7 +369,8 @@ def test_gitignore_and_exclude(project: Path, capsys: pytest.CaptureFixture[str]
     code, out, _ = run(capsys, "--check", "-q", "--no-cache", ".")
     checked = sorted({line.split(":")[0] for line in out.splitlines()})
     assert checked == sorted(
-        os.path.normpath(name) for name in ("main.py", "src/keep_tmp.py", "src/rootonly.py", "stubs/types.pyi")
+        os.path.normpath(name)
+        for name in ("main.py", "src/keep_tmp.py", "src/rootonly.py", "stubs/types.pyi")
     )
     # Named explicitly, an excluded file is checked unless --force-exclude.
     code, out, _ = run(capsys, "--check", "-q", "legacy/old.py")
@@ -423,7 +439,13 @@ def test_rule_docs(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "rule", "OOM501")
     assert code == 0
     assert out.startswith("# torch-load-without-map-location (OOM501)\n")
-    for section in ("## What it does", "## Why is this bad?", "## Example", "## Use instead", "## Fix safety"):
+    for section in (
+        "## What it does",
+        "## Why is this bad?",
+        "## Example",
+        "## Use instead",
+        "## Fix safety",
+    ):
         assert section in out
     assert run(capsys, "rule", "torch-load-without-map-location")[1] == out
     assert run(capsys, "rule", "oom501")[1] == out
@@ -439,7 +461,16 @@ def test_rule_all_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert [rule["code"] for rule in rules] == registry.all_codes()
     for rule in rules:
-        assert set(rule) == {"code", "name", "summary", "severity", "default_enabled", "fix", "explanation", "url"}
+        assert set(rule) == {
+            "code",
+            "name",
+            "summary",
+            "severity",
+            "default_enabled",
+            "fix",
+            "explanation",
+            "url",
+        }
         assert rule["explanation"].startswith(f"# {rule['name']} ({rule['code']})")
     by_code = {rule["code"]: rule for rule in rules}
     assert by_code["OOM501"]["fix"] == "safe" and by_code["OOM000"]["fix"] is None
@@ -452,7 +483,9 @@ def test_rule_all_json(capsys: pytest.CaptureFixture[str]) -> None:
 # --- server and feature commands ------------------------------------------------------------------------------------------------
 
 
-def test_server_is_started_with_its_options(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_server_is_started_with_its_options(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     started: list[tuple[str | None, str | None]] = []
     fake = types.ModuleType("oom_lsp.server")
     fake.start_server = lambda tcp, log_file: started.append((tcp, log_file)) or 0  # type: ignore[attr-defined]
@@ -463,7 +496,9 @@ def test_server_is_started_with_its_options(capsys: pytest.CaptureFixture[str], 
     assert started == [("127.0.0.1:2087", "s.log"), (None, None), (None, None)]
 
 
-def test_server_missing_is_a_clear_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_server_missing_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "oom_lsp.server", types.ModuleType("oom_lsp.server"))
     code, _, err = run(capsys, "server")
     assert code == 2 and err.startswith("error: the language server is not available")
@@ -492,11 +527,21 @@ def test_console_script_entry_point(project: Path) -> None:
     write(project / "risky.py", RISKY)
     write(project / "clean.py", CLEAN)
     script = VENV_BIN / "oom-lsp"
-    risky = subprocess.run([str(script), "--check", *SELECT, "risky.py"], capture_output=True, text=True, timeout=120)
+    risky = subprocess.run(
+        [str(script), "--check", *SELECT, "risky.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert risky.returncode == 1 and "risky.py:2:9: OOM501" in risky.stdout
-    clean = subprocess.run([str(script), "check", *SELECT, "clean.py"], capture_output=True, text=True, timeout=120)
+    clean = subprocess.run(
+        [str(script), "check", *SELECT, "clean.py"], capture_output=True, text=True, timeout=120, check=False
+    )
     assert (clean.returncode, clean.stdout) == (0, "All checks passed!\n")
-    version = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120)
+    version = subprocess.run(
+        [str(script), "--version"], capture_output=True, text=True, timeout=120, check=False
+    )
     assert version.stdout.startswith("oom-lsp ")
 
 
@@ -509,6 +554,8 @@ def test_check_imports_neither_pygls_lsprotocol_nor_torch(project: Path) -> None
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pygls', 'lsprotocol', 'torch'))\n"
         "print('HEAVY', heavy, code, file=sys.stderr)\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
     assert "HEAVY [] 1" in done.stderr, done.stderr
     assert json.loads(done.stdout)

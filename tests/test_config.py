@@ -155,7 +155,8 @@ def test_unknown_code() -> None:
         ({"severity": ["OOM501"]}, "severity: expected a table of code = severity, got an array"),
         ({"per-file-ignores": ["x"]}, "per-file-ignores: expected a table of glob = [codes], got an array"),
         ({"gpu-memory": "lots"}, "gpu-memory: expected a size such as"),
-        ({"gpu-memory": 1.5}, "gpu-memory: expected a size such as \"24GiB\", got a number"),
+        ({"gpu-memory": 1.5}, 'gpu-memory: expected a size such as "24GiB", got a number'),
+        ({"gpu-memory": True}, 'gpu-memory: expected a size such as "24GiB", got a boolean'),
         ({"llm": {"enabled": "yes"}}, "llm.enabled: expected a boolean, got a string"),
         ({"llm": {"base-url": 3}}, "llm.base-url: expected a string, got an integer"),
         ({"llm": {"timeout": "10"}}, "llm.timeout: expected a positive number of seconds"),
@@ -280,7 +281,9 @@ def test_glob_pattern(pattern: str, path: str, matches: bool) -> None:
 
 def test_load_config_and_bad_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    good = write(tmp_path / "a" / "pyproject.toml", '[tool.oom-lsp]\nselect = ["OOM501"]\nmax-batch-size = 16\n')
+    good = write(
+        tmp_path / "a" / "pyproject.toml", '[tool.oom-lsp]\nselect = ["OOM501"]\nmax-batch-size = 16\n'
+    )
     config = load_config(good)
     assert config.path == good and config.root == good.parent.resolve()
     assert config.max_batch_size == 16
@@ -338,7 +341,10 @@ def test_resolver_nearest_pyproject_and_cache(tmp_path: Path) -> None:
 
 
 def test_resolver_overrides_layer_over_the_pyproject(tmp_path: Path) -> None:
-    write(tmp_path / "pyproject.toml", '[tool.oom-lsp]\nselect = ["OOM5"]\nignore = ["OOM000"]\nmax-batch-size = 8\n')
+    write(
+        tmp_path / "pyproject.toml",
+        '[tool.oom-lsp]\nselect = ["OOM5"]\nignore = ["OOM000"]\nmax-batch-size = 8\n',
+    )
     file = tmp_path / "a.py"
     assert ConfigResolver().resolve(file).settings_for(file).enabled == OOM5
     ignoring = ConfigResolver(overrides={"ignore": ["OOM501"]}).resolve(file)

@@ -29,10 +29,12 @@ def _head_with_hooks() -> str | None:
     """The committed HEAD, when it has the hooks manifest."""
     if not (REPO / ".git").exists():
         return None
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False)
     if head.returncode != 0:
         return None
-    manifest = subprocess.run(["git", "cat-file", "-e", "HEAD:.pre-commit-hooks.yaml"], cwd=REPO, capture_output=True)
+    manifest = subprocess.run(
+        ["git", "cat-file", "-e", "HEAD:.pre-commit-hooks.yaml"], cwd=REPO, capture_output=True, check=False
+    )
     return head.stdout.strip() if manifest.returncode == 0 else None
 
 
@@ -43,7 +45,13 @@ def test_manifest_declares_both_hooks() -> None:
     assert set(hooks) == {"oom-lsp-check", "oom-lsp-fix"}
     check, fix = hooks["oom-lsp-check"], hooks["oom-lsp-fix"]
     assert check["entry"] == "oom-lsp --check --force-exclude"
-    assert fix["entry"].split() == ["oom-lsp", "--check", "--force-exclude", "--fix", "--exit-non-zero-on-fix"]
+    assert fix["entry"].split() == [
+        "oom-lsp",
+        "--check",
+        "--force-exclude",
+        "--fix",
+        "--exit-non-zero-on-fix",
+    ]
     for hook in (check, fix):
         assert hook["language"] == "python"
         assert hook["types_or"] == ["python", "pyi"]
@@ -77,6 +85,7 @@ def try_repo(user_repo: Path, *args: str) -> tuple[int, str]:
         text=True,
         env=env,
         timeout=600,
+        check=False,
     )
     return done.returncode, done.stdout + done.stderr
 

@@ -31,7 +31,10 @@ def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:
 def _block(file: CheckedFile, finding: Finding, options: RenderOptions) -> str:
     fix = applicable_fix(finding, options)
     marker = " [*]" if fix is not None else ""
-    out = [f"{finding.code}{marker} {finding.message}", f" --> {file.display}:{finding.line}:{finding.column + 1}"]
+    out = [
+        f"{finding.code}{marker} {finding.message}",
+        f" --> {file.display}:{finding.line}:{finding.column + 1}",
+    ]
     lines = (file.source or "").splitlines()
     if lines:
         out.extend(_frame(lines, finding))

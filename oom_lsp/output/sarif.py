@@ -33,7 +33,9 @@ _LEVEL = {
 
 
 def _first_paragraph(markdown: str, heading: str) -> str | None:
-    match = re.search(rf"^## {re.escape(heading)}\s*\n+(.+?)(?:\n\s*\n|\Z)", markdown, re.MULTILINE | re.DOTALL)
+    match = re.search(
+        rf"^## {re.escape(heading)}\s*\n+(.+?)(?:\n\s*\n|\Z)", markdown, re.MULTILINE | re.DOTALL
+    )
     return " ".join(match.group(1).split()) if match else None
 
 

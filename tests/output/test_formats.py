@@ -23,7 +23,9 @@ class Checked:
     source: str | None = None
 
 
-def _finding(code: str, name: str, line: int, start: int, end: int, severity: Severity, fix: Fix | None) -> Finding:
+def _finding(
+    code: str, name: str, line: int, start: int, end: int, severity: Severity, fix: Fix | None
+) -> Finding:
     return Finding(
         code=code,
         name=name,
@@ -40,7 +42,9 @@ SAFE_FIX = Fix(
     (TextEdit(Range(Position(2, 25), Position(2, 25)), ', map_location="cpu"'),),
     Applicability.SAFE,
 )
-UNSAFE_FIX = Fix("Lower the batch size", (TextEdit(Range(Position(3, 8), Position(3, 11)), "32"),), Applicability.UNSAFE)
+UNSAFE_FIX = Fix(
+    "Lower the batch size", (TextEdit(Range(Position(3, 8), Position(3, 11)), "32"),), Applicability.UNSAFE
+)
 
 LOAD = _finding("OOM501", "torch-load-without-map-location", 2, 8, 26, Severity.WARNING, SAFE_FIX)
 BATCH = _finding("OOM101", "large-batch-size", 3, 8, 11, Severity.ERROR, UNSAFE_FIX)
@@ -98,7 +102,19 @@ def test_json_fields() -> None:
     records = json.loads(render("json"))
     assert len(records) == 3
     first = records[0]
-    required = {"path", "line", "column", "end_line", "end_column", "code", "name", "message", "severity", "fix", "url"}
+    required = {
+        "path",
+        "line",
+        "column",
+        "end_line",
+        "end_column",
+        "code",
+        "name",
+        "message",
+        "severity",
+        "fix",
+        "url",
+    }
     assert required <= set(first)
     assert first["path"] == "src/train.py"
     assert (first["line"], first["column"], first["end_line"], first["end_column"]) == (2, 9, 2, 27)
@@ -106,7 +122,11 @@ def test_json_fields() -> None:
     assert first["fix"]["title"] == 'Pass `map_location="cpu"`'
     assert first["fix"]["applicability"] == "safe"
     assert first["fix"]["edits"] == [
-        {"content": ', map_location="cpu"', "location": {"row": 2, "column": 26}, "end_location": {"row": 2, "column": 26}}
+        {
+            "content": ', map_location="cpu"',
+            "location": {"row": 2, "column": 26},
+            "end_location": {"row": 2, "column": 26},
+        }
     ]
     assert first["url"] == rule_url("OOM501", "torch-load-without-map-location")
     # Ruff's names too.
@@ -182,6 +202,7 @@ def test_sarif_absolute_paths_become_file_uris(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", FORMATS)
 def test_every_format_renders_every_severity(name: str) -> None:
     files = [
-        Checked("a.py", [_finding("OOM501", "x", 1, 0, 1, severity, None)], "import torch\n") for severity in Severity
+        Checked("a.py", [_finding("OOM501", "x", 1, 0, 1, severity, None)], "import torch\n")
+        for severity in Severity
     ]
     assert render(name, files)
