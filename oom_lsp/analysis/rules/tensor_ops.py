@@ -773,11 +773,14 @@ class NaiveAttention(Rule):
         names = self._scores[-1]
         is_score = self._is_scores(value)
         for target in targets:
+            if isinstance(target, cst.Name):
+                names.discard(target.value)
+                if is_score:
+                    names.add(target.value)
+                continue
             for node in descendants(target):
                 if isinstance(node, cst.Name):
                     names.discard(node.value)
-            if is_score and isinstance(target, cst.Name):
-                names.add(target.value)
 
     # --- recognising the score matrix --------------------------------------
     def _key_of_transposed(self, expr: cst.BaseExpression) -> cst.BaseExpression | None:
