@@ -121,7 +121,13 @@ async def flat_client(lsp_client: LanguageClient, tmp_path_factory: pytest.TempP
         lsp_client,
         "neovim-0.7.2",
         root,
-        initialization_options={"ignore": ["OOM501"], "logFile": str(lsp_client.log_path), "logLevel": "debug"},
+        initialization_options={
+            "ignore": ["OOM501"],
+            "logFile": str(lsp_client.log_path),
+            "logLevel": "debug",
+            # Long enough that a loaded machine still sends every edit inside it.
+            "debounceMs": 500,
+        },
     )
     yield
     await lsp_client.shutdown_session()
@@ -136,3 +142,15 @@ async def test_flat_initialization_options_and_log_file(flat_client: LanguageCli
     # At debug level the file gets pygls' message log; the client never does.
     assert "textDocument/didOpen" in log
     assert not any("Sending data" in message.message for message in flat_client.log_messages)
+
+
+async def test_debounce_publishes_only_the_last_of_quick_edits(flat_client: LanguageClient):
+    uri = (flat_client.root / "typing.py").as_uri()
+    since = len(flat_client.published)
+    open_document(flat_client, uri, "import torch\n")
+    await wait_for_published(flat_client, uri, 1, since)
+    for version in range(2, 7):
+        replace_text(flat_client, uri, version, "import torch\n" + "x = 1\n" * version)
+    await wait_for_published(flat_client, uri, 6, since)
+    versions = [params.version for params in flat_client.published[since:] if params.uri == uri]
+    assert versions == [1, 6]
