@@ -608,7 +608,8 @@ class NaiveAttention(Rule):
     Masks and dropout between the softmax and `@ v` get no fix either: a mask
     maps onto `attn_mask`/`is_causal` only when its content is known. Results
     agree up to floating-point rounding (the fused kernels sum in another
-    order). `scale=` needs torch >= 2.1.
+    order). `scaled_dot_product_attention` needs torch >= 2.0, its `scale=`
+    torch >= 2.1.
     """
 
     code = "OOM402"
