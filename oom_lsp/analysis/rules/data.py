@@ -468,9 +468,9 @@ class LargeBatchSize(Rule):
         limit = self._limit
         steps = -(-number // limit)
         message = (
-            f"Batch size {number} ({reaches}) is above the limit of {limit}: the activations a training step "
-            f"keeps for backward grow linearly with the batch, about {number / limit:.1f}x those of a batch of "
-            f"{limit}. Lower it to {limit} and accumulate gradients over {steps} steps to keep the effective batch."
+            f"Batch size {number} ({reaches}) is above the limit of {limit}: activation memory grows linearly "
+            f"with the batch, to about {number / limit:.1f}x that of a batch of {limit}. Lower it to {limit} and "
+            f"accumulate gradients over {steps} steps to keep the effective batch."
         )
         assert isinstance(literal, cst.Integer)
         fix = FixSpec(
@@ -706,9 +706,12 @@ class DatasetOnDevice(Rule):
                 return True
             return expr.attr.value in _DATA_ATTRIBUTES and self._holds_dataset(expr.value)
         if isinstance(expr, cst.Subscript):
-            # `data[:, :-1]` is still all the samples; `X[i : i + 32]` is a batch.
-            return self._holds_dataset(expr.value) and not any(
-                isinstance(node, cst.Name) for element in expr.slice for node in _descendants(element)
+            # `data[:, :-1]` still holds all the samples; `X[i : i + 32]` is a
+            # batch and `dataset[0]` one sample.
+            return (
+                isinstance(expr.slice[0].slice, cst.Slice)
+                and not any(isinstance(node, cst.Name) for element in expr.slice for node in _descendants(element))
+                and self._holds_dataset(expr.value)
             )
         if isinstance(expr, cst.Call):
             qualified = self.context.call_name(expr)

@@ -24,7 +24,7 @@ def test_message_names_the_number_the_limit_and_the_remedy() -> None:
     source = "from torch.utils.data import DataLoader\nloader = DataLoader(ds, batch_size=256)\n"
     (finding,) = analyze(source, OOM101)
     assert "256" in finding.message and "32" in finding.message
-    assert "linearly" in finding.message
+    assert "grows linearly with the batch" in finding.message
     assert "accumulate gradients over 8 steps" in finding.message
     assert finding.fix is not None and not finding.fix.is_safe
     assert fix_source(source, OOM101, unsafe=False).source == source
@@ -176,6 +176,7 @@ def test_whole_datasets_are_reported(code: str) -> None:
         "data = data.to(device)",
         "inputs = torch.tensor([1, 2, 3]).cuda()",
         "def training_step(self, batch):\n    X_train = batch.cuda()",
+        "graph = dataset[0].to(device)",
         "def get_batch(split):\n    data = train_data if split == 'train' else val_data\n    ix = torch.randint(len(data), (8,))\n    return data[ix].to(device)",
     ],
 )
