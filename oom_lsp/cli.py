@@ -23,6 +23,7 @@ import difflib
 import importlib
 import importlib.util
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -168,13 +169,18 @@ def build_parser(with_features: bool = True) -> argparse.ArgumentParser:
 
 
 def _normalize_argv(argv: list[str]) -> list[str]:
-    """`--check` anywhere means the check command; no command means the server."""
+    """`--check` among the leading options means the check command; no
+    command means the server. (A subcommand's own arguments may contain
+    `--check`, e.g. a profiled script's: only options before any command
+    or `--` count.)"""
     if not argv:
         return ["server"]
-    if argv[0] not in BUILTIN_COMMANDS and "--check" in argv:
-        rest = list(argv)
-        rest.remove("--check")
-        return ["check", *rest]
+    if argv[0].startswith("-"):
+        options = argv[: argv.index("--")] if "--" in argv else argv
+        if "--check" in options:
+            rest = list(argv)
+            rest.remove("--check")
+            return ["check", *rest]
     if argv[0] in ("--stdio", "--tcp", "--log-file") or argv[0].startswith(("--tcp=", "--log-file=")):
         return ["server", *argv]
     return argv
@@ -198,8 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(error))
         return EXIT_ERROR
     except BrokenPipeError:  # `oom-lsp --check . | head`
-        sys.stderr.close()
-        return EXIT_CLEAN
+        # Point stdout at devnull so the interpreter's final flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FINDINGS
     except KeyboardInterrupt:
         return 130
 

@@ -73,6 +73,24 @@ def test_findings_exit_1_both_spellings(project: Path, capsys: pytest.CaptureFix
         assert out.splitlines()[-2:] == ["Found 1 error.", "[*] 1 fixable with the `--fix` option."]
 
 
+def test_check_flag_only_among_leading_options(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli._normalize_argv(["--check", "a.py"]) == ["check", "a.py"]
+    assert cli._normalize_argv(["--select", "OOM501", "--check", "a.py"]) == [
+        "check",
+        "--select",
+        "OOM501",
+        "a.py",
+    ]
+    assert cli._normalize_argv(["profile", "train.py", "--", "--check"]) == [
+        "profile",
+        "train.py",
+        "--",
+        "--check",
+    ]
+    assert cli._normalize_argv([]) == ["server"]
+    assert cli._normalize_argv(["--stdio"]) == ["server", "--stdio"]
+
+
 def test_exit_zero(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write(project / "risky.py", RISKY)
     code, out, _ = run(capsys, "--check", *SELECT, "--exit-zero", "risky.py")
