@@ -6,13 +6,17 @@ is preceded (possibly with unrelated simple statements in between, such as
 loss from the forward pass:
 
     for x, y in loader:
+        x = x.to(device)            # data preparation: stays outside
         out = model(x)              # <- wrapped
         loss = criterion(out, y)    # <- wrapped
         optimizer.zero_grad()
         loss.backward()
 
-Anything else (the loss computed inside an `if`, a helper, a `with` block...)
-gets no fix: the diagnostic alone is the answer there.
+Anything else gets no fix, and the diagnostic alone is the answer: the loss
+computed inside an `if` or a `with`, a compound statement between the loss
+and its backward, or a forward that is not right before the loss (something
+earlier in the body computes what the region reads), since wrapping the loss
+alone would leave the forward's activations in float32.
 """
 
 from __future__ import annotations
