@@ -615,6 +615,17 @@ class DatasetOnDevice(Rule):
             X_train = X_train.to(torch.float32)
             """
         ),
+        # Where it goes comes through a splat; a local `cuda` is not the method.
+        Valid(
+            """\
+            import torch
+            model.cuda()
+            X_train = X_train.to(**placement)
+            def cuda(t):
+                return t
+            X_test = cuda(X_test)
+            """
+        ),
         # CPU-only: `device` may well be the CPU.
         Valid(
             """\

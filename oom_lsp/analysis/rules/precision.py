@@ -660,6 +660,14 @@ class Float64OnGpu(Rule):
             z = double(x)
             """
         ),
+        # The dtype comes through a splat.
+        Valid(
+            """\
+            import torch
+            x = torch.randn(8, 8, device="cuda", **factory_kwargs)
+            y = x.to(*target)
+            """
+        ),
         # A torch factory without a device creates on the CPU.
         Valid(
             """\
