@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
@@ -563,6 +565,12 @@ def _swaps_last_two(first: cst.BaseExpression, second: cst.BaseExpression) -> bo
     return (_is_minus(first, 2) and _is_minus(second, 1)) or (_is_minus(first, 1) and _is_minus(second, 2))
 
 
+class _Softmax(NamedTuple):
+    input: cst.BaseExpression
+    last_dim: bool
+    input_and_dim_only: bool
+
+
 def _is_number(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, (cst.Integer, cst.Float))
 
@@ -574,7 +582,8 @@ class NaiveAttention(Rule):
     Flags attention computed by hand: a softmax over the last dimension of
     `q @ k.transpose(-2, -1)` (or `k.mT`, `torch.matmul`), scaled, masked or
     not, directly or through a variable (`scores = q @ k.mT / d ** 0.5`, then
-    `scores.softmax(-1)`).
+    `scores.softmax(-1)`), with `torch.softmax`, `F.softmax`, `.softmax()` or
+    an `nn.Softmax(dim=-1)` module.
 
     ## Why is this bad?
     The score matrix has one entry per pair of positions: batch x heads x
@@ -636,6 +645,18 @@ class NaiveAttention(Rule):
             def softmax(x, dim):
                 return x
             w = softmax(q @ k.transpose(-2, -1), dim=-1)
+            """
+        ),
+        # A softmax module over another dimension.
+        Valid(
+            """\
+            import torch.nn as nn
+            class Attention(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.softmax = nn.Softmax(dim=1)
+                def forward(self, q, k):
+                    return self.softmax(q @ k.transpose(-2, -1))
             """
         ),
         # The scores variable was rebound to something else before the softmax.
@@ -740,6 +761,38 @@ class NaiveAttention(Rule):
             """,
             line=5,
         ),
+        # An `nn.Softmax(dim=-1)` module.
+        Invalid(
+            """\
+            import math
+            import torch.nn as nn
+            import torch.nn.functional as F
+
+            class ScaledDotProductAttention(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.softmax = nn.Softmax(dim=-1)
+
+                def forward(self, q, k, v):
+                    score = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+                    attn = self.softmax(score)
+                    return attn @ v
+            """,
+            line=12,
+            expected_fix="""\
+            import math
+            import torch.nn as nn
+            import torch.nn.functional as F
+
+            class ScaledDotProductAttention(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.softmax = nn.Softmax(dim=-1)
+
+                def forward(self, q, k, v):
+                    return F.scaled_dot_product_attention(q, k, v)
+            """,
+        ),
         # A scale that may be a tensor: reported, no fix.
         Invalid(
             """\
@@ -756,6 +809,9 @@ class NaiveAttention(Rule):
         super().__init__(context)
         # Per function: the local names currently holding a score matrix.
         self._scores: list[set[str]] = [set()]
+        # Names and attributes bound to `nn.Softmax(dim=-1)` (False once bound
+        # to anything else).
+        self._softmax_modules: dict[str, bool] = {}
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._scores.append(set())
@@ -765,6 +821,17 @@ class NaiveAttention(Rule):
 
     def leave_Assign(self, original_node: cst.Assign) -> None:
         self._rebind([target.target for target in original_node.targets], original_node.value)
+        for target in original_node.targets:
+            name = dotted_name(target.target)
+            if name is not None:
+                is_softmax = self._is_last_dim_softmax_module(original_node.value)
+                self._softmax_modules[name] = is_softmax and self._softmax_modules.get(name, True)
+
+    def _is_last_dim_softmax_module(self, value: cst.BaseExpression) -> bool:
+        if not isinstance(value, cst.Call) or self.context.call_name(value) != "torch.nn.Softmax":
+            return False
+        dim = get_arg(value, "dim", 0)
+        return isinstance(dim, cst.Arg) and _is_minus(dim.value, 1)
 
     def leave_AnnAssign(self, original_node: cst.AnnAssign) -> None:
         if original_node.value is not None:
@@ -832,25 +899,33 @@ class NaiveAttention(Rule):
             return self.context.qualified_name(called[0]) is None and self._is_scores(called[0])
         return False
 
-    def _softmax_input(self, call: cst.Call) -> tuple[cst.BaseExpression, cst.Arg] | None:
-        """(input, dim argument) of a softmax call."""
+    def _softmax_input(self, call: cst.Call) -> _Softmax | None:
+        """The input of a softmax call, whether it runs over the last dimension,
+        and whether it has no argument other than the input and the dim."""
+        if has_splat(call):
+            return None
         if self.context.call_name(call) in _SOFTMAX:
             source, dim = get_arg(call, "input", 0), get_arg(call, "dim", 1)
             if isinstance(source, cst.Arg) and isinstance(dim, cst.Arg):
-                return source.value, dim
+                return _Softmax(source.value, _is_minus(dim.value, 1), len(call.args) == 2)
+            return None
+        module = dotted_name(call.func)
+        if module is not None and self._softmax_modules.get(module):
+            # `self.softmax = nn.Softmax(dim=-1)`, then `self.softmax(scores)`.
+            if len(call.args) == 1 and call.args[0].keyword is None:
+                return _Softmax(call.args[0].value, True, True)
             return None
         called = method_call(call)
         if called is None or called[1] != "softmax" or self.context.qualified_name(called[0]) is not None:
             return None
         dim = get_arg(call, "dim", 0)
-        return (called[0], dim) if isinstance(dim, cst.Arg) else None
+        if not isinstance(dim, cst.Arg):
+            return None
+        return _Softmax(called[0], _is_minus(dim.value, 1), len(call.args) == 1)
 
     def visit_Call(self, node: cst.Call) -> None:
-        found = self._softmax_input(node)
-        if found is None:
-            return
-        source, dim = found
-        if not _is_minus(dim.value, 1) or not self._is_scores(source):
+        softmax = self._softmax_input(node)
+        if softmax is None or not softmax.last_dim or not self._is_scores(softmax.input):
             return
         self.report(
             node,
@@ -858,15 +933,11 @@ class NaiveAttention(Rule):
             "head, and autograd keeps it and its softmax until backward: memory grows with the square "
             "of the sequence length. Use `torch.nn.functional.scaled_dot_product_attention`, whose "
             "fused kernels never store it.",
-            fix=self._fix(node, source),
+            fix=self._fix(node, softmax.input) if softmax.input_and_dim_only else None,
         )
 
     # --- the fix --------------------------------------------------------------
     def _fix(self, softmax: cst.Call, source: cst.BaseExpression) -> FixSpec | None:
-        # Input and dim for `torch.softmax(x, dim)`, dim alone for `x.softmax(dim)`.
-        expected_arguments = 2 if self.context.call_name(softmax) in _SOFTMAX else 1
-        if has_splat(softmax) or len(softmax.args) != expected_arguments:
-            return None
         tracker = self.context.tracker
         statement = tracker.current_statement
         weights = _single_assignment(statement)
