@@ -273,7 +273,8 @@ def print_summary(report: Report, out_dir: Path, out: TextIO) -> None:
             print(f"  | {line}", file=out)
     for note in report.notes:
         print(f"note: {note}", file=out)
-    files = [name for name in (report.artifacts.trace, report.artifacts.stacks, report.artifacts.snapshot) if name]
+    artifacts = report.artifacts
+    files = [name for name in (artifacts.trace, artifacts.stacks, artifacts.snapshot) if name]
     print(f"\nreport: {out_dir / 'report.json'}" + (f" (also {', '.join(files)})" if files else ""), file=out)
 
 

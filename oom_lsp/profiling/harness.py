@@ -20,7 +20,8 @@ side is oom_lsp.profiling.runner). What it does:
   way the blocks live at the overall peak are attributed to the innermost user-code frame of
   the call that allocated them (per-line bytes), and to the innermost nn.Module forward;
 * writes report.json (oom_lsp.profiling.report), trace.json (`export_chrome_trace`),
-  stacks.txt (`export_stacks`) and, on CUDA, snapshot.pickle (`_record_memory_history` +
+  stacks.txt (bytes live at the peak per call stack, flame graph format) and, on CUDA,
+  snapshot.pickle (`_record_memory_history` +
   `_dump_snapshot`, for pytorch.org/memory_viz);
 * an out-of-memory error (torch.OutOfMemoryError, or a RuntimeError with an OOM message)
   is parsed with oom_messages and recorded with the allocator state and the user line.
@@ -168,7 +169,7 @@ def _source_line(file: str, line: int) -> str | None:
     return text or None
 
 
-def analyse_allocations(prof: Any, device_type: str, names: ModuleNames) -> dict[str, Any]:
+def analyse_allocations(prof: Any, device_type: str, names: ModuleNames, script: str) -> dict[str, Any]:
     """Replay the profiler's allocation events: peaks per step window and the live set at the peak."""
     from torch._C._profiler import _EventType  # private, present since torch 1.13
 
@@ -219,8 +220,11 @@ def analyse_allocations(prof: Any, device_type: str, names: ModuleNames) -> dict
 
     lines: dict[tuple[str, int], LineUsage] = {}
     modules: dict[str, ModuleUsage] = {}
+    stacks: dict[str, int] = {}
     for node in live_nodes.values():
         size = node.extra_fields.alloc_size
+        stack = _folded_stack(node, _EventType, script)
+        stacks[stack] = stacks.get(stack, 0) + size
         where, module = _attribute(node, _EventType)
         if where is not None:
             usage = lines.get(where[:2])
@@ -239,7 +243,29 @@ def analyse_allocations(prof: Any, device_type: str, names: ModuleNames) -> dict
         "top_lines": sorted(lines.values(), key=lambda u: (-u.bytes, u.file, u.line))[:TOP_LINES],
         "top_modules": sorted(modules.values(), key=lambda m: (-m.bytes, m.name))[:TOP_MODULES],
         "unattributed": peak - sum(u.bytes for u in lines.values()),
+        "memory_stacks": stacks,
     }
+
+
+def _event_name(node: Any) -> str:
+    try:
+        return node.name
+    except UnicodeDecodeError:  # a code object that died outside KeepCodeAlive's reach (keepalive.py)
+        return "[freed frame]"
+
+
+def _folded_stack(node: Any, event_type: Any, script: str) -> str:
+    """'outer;...;inner' from the script's top level down to the op that allocated (flame graph format)."""
+    names = []
+    parent = node.parent
+    while parent is not None:
+        if parent.tag in (event_type.PyCall, event_type.PyCCall, event_type.TorchOp):
+            names.append(_event_name(parent))
+        parent = parent.parent
+    names.reverse()
+    top = f"{script}("  # the script's module frame: the harness's frames above it are dropped
+    start = next((i for i, name in enumerate(names) if name.startswith(top)), 0)
+    return ";".join(name.replace(";", "_").replace(" ", "_") for name in names[start:]) or "[no Python frame]"
 
 
 def _attribute(node: Any, event_type: Any) -> tuple[tuple[str, int, str] | None, int | None]:
@@ -251,8 +277,12 @@ def _attribute(node: Any, event_type: Any) -> tuple[tuple[str, int, str] | None,
         if parent.tag in (event_type.PyCall, event_type.PyCCall):
             fields = parent.extra_fields
             caller = fields.caller
-            if where is None and is_profiled_user_file(caller.file_name):
-                where = (caller.file_name, caller.line_number, caller.function_name)
+            try:
+                file = caller.file_name
+                if where is None and is_profiled_user_file(file):
+                    where = (file, caller.line_number, caller.function_name)
+            except UnicodeDecodeError:
+                pass  # a freed code object (see keepalive.py) cannot be the user's script: skip the frame
             if module is None and parent.tag == event_type.PyCall and fields.module is not None:
                 module = fields.module.self_ptr
         parent = parent.parent
@@ -369,13 +399,7 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
     trace = out / "trace.json"
     profiler.export_chrome_trace(str(trace))
     report.artifacts.trace = trace.name
-    stacks = out / "stacks.txt"
-    try:
-        profiler.export_stacks(str(stacks), "self_cuda_time_total" if use_cuda else "self_cpu_time_total")
-        report.artifacts.stacks = stacks.name
-    except UnicodeDecodeError as exc:  # a code object freed outside KeepCodeAlive's reach (see keepalive.py)
-        notes.append(f"stacks.txt not written: torch returned an undecodable frame name ({exc})")
-    analysis = analyse_allocations(profiler, "cuda" if use_cuda else "cpu", names)
+    analysis = analyse_allocations(profiler, "cuda" if use_cuda else "cpu", names, str(script))
     report.top_lines = analysis["top_lines"]
     report.top_modules = analysis["top_modules"]
     report.batch_size, report.input_shape = names.batch_size, names.input_shape
@@ -417,6 +441,13 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
     if report.status == "finished" and len(report.steps) < steps:
         notes.append(f"the script ended after {len(report.steps)} of {steps} optimizer steps")
 
+    # torch's export_stacks knows only time metrics (and writes nothing unless the profiler ran in
+    # verbose mode, which makes the trace ~4x bigger): the memory flame graph is written here.
+    stacks = out / "stacks.txt"
+    stacks.write_text(
+        "".join(f"{stack} {size}\n" for stack, size in sorted(analysis["memory_stacks"].items())), encoding="utf-8"
+    )
+    report.artifacts.stacks = stacks.name
     report.notes = notes
     report.write(out / "report.json")
     del keep_code, code  # the profile has been read: its code objects may go now

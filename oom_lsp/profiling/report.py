@@ -136,12 +136,17 @@ class Artifacts:
     """Files written beside report.json, relative to its folder; None when not produced."""
 
     trace: str | None = None  # chrome trace (Perfetto, chrome://tracing)
-    stacks: str | None = None  # export_stacks: "frame;frame;... bytes" lines (flame graphs)
+    stacks: str | None = None  # "frame;frame;... bytes": memory live at the peak per stack (flame graph)
     snapshot: str | None = None  # CUDA memory snapshot pickle (pytorch.org/memory_viz)
     source: str | None = None  # `profile --import`: the file the report was made from
 
     def to_dict(self) -> dict[str, Any]:
-        return {"trace": self.trace, "stacks": self.stacks, "snapshot": self.snapshot, "source": self.source}
+        return {
+            "trace": self.trace,
+            "stacks": self.stacks,
+            "snapshot": self.snapshot,
+            "source": self.source,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Artifacts:

@@ -85,7 +85,12 @@ def test_known_tensors_lines(known):
 def test_known_tensors_artifacts_progress_and_round_trip(known):
     report = known.report
     assert (known.out / report.artifacts.trace).stat().st_size > 0
-    assert (known.out / report.artifacts.stacks).exists()
+    stacks = (known.out / report.artifacts.stacks).read_text().splitlines()
+    definition = line_of("known_tensors.py", "def make_buffers")
+    buffers = [line for line in stacks if f"({definition}):_make_buffers;" in line]
+    assert len(buffers) == 1 and buffers[0].endswith(f" {12 * MiB}")  # flame graph: both buffers, one stack
+    assert buffers[0].startswith(f"{FIXTURES / 'known_tensors.py'}(0):_<module>;")
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in stacks) == report.peak_allocated
     on_disk = read_report(known.out / "report.json")
     assert on_disk.to_dict() == report.to_dict()
     assert Report.from_dict(report.to_dict()).to_dict() == report.to_dict()
