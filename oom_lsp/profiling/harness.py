@@ -76,8 +76,8 @@ class Progress:
         payload = {"event": event, "elapsed": round(time.perf_counter() - self.started, 3), **fields}
         try:
             self._stream.write(json.dumps(payload) + "\n")
-        except BrokenPipeError:
-            self._stream = None  # the parent stopped listening; the run itself goes on
+        except OSError:  # the parent stopped listening, or the script closed our descriptor
+            self._stream = None  # the run itself goes on: progress is a convenience
 
 
 def is_profiled_user_file(path: str) -> bool:
@@ -95,7 +95,9 @@ class StepRecorder:
         self.steps: list[StepStats] = []
         self._first_optimizer: weakref.ref[Any] | None = None
         self.step_started = time.perf_counter()
-        self._marker_names: list[str] = []  # the profiler keeps a pointer to each name: keep them alive
+        # Held until the profile is read, as keepalive.py does for code objects: cheap insurance in
+        # case the profiler refers to a marker's name instead of copying it.
+        self._marker_names: list[str] = []
         self.stopping = False
 
     def hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
