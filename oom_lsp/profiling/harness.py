@@ -352,7 +352,7 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
     )
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [str(script), *script_args]
-    sys.path.insert(0, str(script.parent))
+    sys.path[0] = str(script.parent)  # as for `python SCRIPT`: the script's folder, not our working directory
     progress.send("started", device=report.device.type)
     started = time.perf_counter()
     profiler = torch.profiler.profile(

@@ -75,9 +75,10 @@ def test_known_tensors_peaks_per_step(known):
 
 def test_known_tensors_lines(known):
     first, second = known.report.top_lines[:2]
-    assert (first.line, first.bytes, first.function) == (line_of("known_tensors.py", "# 8 MiB"), 8 * MiB, "make_buffers")
-    assert (second.line, second.bytes) == (line_of("known_tensors.py", "# 4 MiB"), 4 * MiB)
-    assert first.file == str(FIXTURES / "known_tensors.py")
+    # make_buffers lives in a module next to the script, imported while profiling.
+    assert (first.line, first.bytes, first.function) == (line_of("known_buffers.py", "# 8 MiB"), 8 * MiB, "make_buffers")
+    assert (second.line, second.bytes) == (line_of("known_buffers.py", "# 4 MiB"), 4 * MiB)
+    assert first.file == second.file == str(FIXTURES / "known_buffers.py")
     assert first.code.startswith("large = torch.ones(")
     assert all(usage.bytes < 1024 for usage in known.report.top_lines[2:])
 
@@ -86,8 +87,8 @@ def test_known_tensors_artifacts_progress_and_round_trip(known):
     report = known.report
     assert (known.out / report.artifacts.trace).stat().st_size > 0
     stacks = (known.out / report.artifacts.stacks).read_text().splitlines()
-    definition = line_of("known_tensors.py", "def make_buffers")
-    buffers = [line for line in stacks if f"({definition}):_make_buffers;" in line]
+    definition = line_of("known_buffers.py", "def make_buffers")
+    buffers = [line for line in stacks if f"known_buffers.py({definition}):_make_buffers;" in line]
     assert len(buffers) == 1 and buffers[0].endswith(f" {12 * MiB}")  # flame graph: both buffers, one stack
     assert buffers[0].startswith(f"{FIXTURES / 'known_tensors.py'}(0):_<module>;")
     assert sum(int(line.rsplit(" ", 1)[1]) for line in stacks) == report.peak_allocated
@@ -106,7 +107,9 @@ def test_chrome_trace_import_reproduces_the_steps(known):
     assert [s.peak_allocated for s in imported.steps] == [s.peak_allocated for s in known.report.steps]
     top = imported.top_lines[0]
     # A chrome trace has no call-site lines: the function that allocated, at its def line.
-    assert (top.function, top.line, top.bytes) == ("make_buffers", line_of("known_tensors.py", "def make_buffers"), 12 * MiB)
+    assert (top.file, top.function, top.line, top.bytes) == (
+        str(FIXTURES / "known_buffers.py"), "make_buffers", line_of("known_buffers.py", "def make_buffers"), 12 * MiB
+    )
 
 
 def test_cnn(cnn):
