@@ -375,9 +375,13 @@ class ResultsCache:
                 (top / ".gitignore").write_text("# Created by oom-lsp automatically.\n*\n")
                 (top / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
             for fingerprint in sorted(self._dirty):
+                table = self._tables[fingerprint]
+                # Files deleted or renamed since they were cached.
+                for relative in [relative for relative in table if not (self.root / relative).exists()]:
+                    del table[relative]
                 target = self.folder / f"{fingerprint}.json"
                 temporary = target.with_suffix(f".{os.getpid()}.tmp")
-                payload = json.dumps({"entries": self._tables[fingerprint]}, separators=(",", ":"))
+                payload = json.dumps({"entries": table}, separators=(",", ":"))
                 temporary.write_text(payload, encoding="utf-8")
                 os.replace(temporary, target)
         except OSError:

@@ -434,6 +434,17 @@ def test_cache_hit_does_not_reanalyse(
     assert len(calls) == 7
 
 
+def test_cache_forgets_deleted_files(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(project / "risky.py", RISKY)
+    gone = write(project / "gone.py", RISKY)
+    run(capsys, "--check", *SELECT, ".")
+    gone.unlink()
+    write(project / "new.py", RISKY)
+    run(capsys, "--check", *SELECT, ".")
+    (cache_file,) = (project / ".oom_lsp_cache").rglob("*.json")
+    assert sorted(json.loads(cache_file.read_text())["entries"]) == ["new.py", "risky.py"]
+
+
 def test_no_cache_writes_nothing(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write(project / "risky.py", RISKY)
     run(capsys, "--check", *SELECT, "--no-cache", ".")
