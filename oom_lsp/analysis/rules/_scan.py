@@ -20,6 +20,14 @@ from oom_lsp.analysis.context import dotted_name
 SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
+_LAYOUT_FIELDS = frozenset(
+    {
+        "lpar", "rpar", "lbracket", "rbracket", "lbrace", "rbrace", "comma", "semicolon",
+        "leading_lines", "header", "footer", "trailing_whitespace", "newline",
+    }
+)  # fmt: skip
+
+
 @lru_cache(maxsize=None)
 def _node_fields(node_class: type) -> tuple[str, ...]:
     """The fields of a node class that can hold nodes other than whitespace
@@ -27,9 +35,7 @@ def _node_fields(node_class: type) -> tuple[str, ...]:
     return tuple(
         field.name
         for field in dataclasses.fields(node_class)
-        if not field.name.startswith("whitespace")
-        and field.name not in ("lpar", "rpar", "lbracket", "rbracket", "lbrace", "rbrace", "comma", "semicolon")
-        and field.name not in ("leading_lines", "header", "footer", "trailing_whitespace", "newline")
+        if not field.name.startswith("whitespace") and field.name not in _LAYOUT_FIELDS
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, is_false, method_call
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
@@ -105,7 +105,7 @@ def _is_optimizer_like(receiver: cst.BaseExpression) -> bool:
     return "optim" in last or last in ("opt", "scaler")
 
 
-def _is_training_step(node: cst.CSTNode, context: object) -> bool:
+def _is_training_step(node: cst.CSTNode, context: FileContext) -> bool:
     """`loss.backward()`, `accelerator.backward(loss)`, `torch.autograd.backward(...)`,
     `optimizer.step()`."""
     if not isinstance(node, cst.Call):
@@ -117,7 +117,7 @@ def _is_training_step(node: cst.CSTNode, context: object) -> bool:
             return True
         if method == "step" and _is_optimizer_like(receiver):
             return True
-    return context.call_name(node) == "torch.autograd.backward"  # type: ignore[attr-defined]
+    return context.call_name(node) == "torch.autograd.backward"
 
 
 @register

@@ -24,7 +24,8 @@ from oom_lsp.fixes.checkpointing import enable_gradient_checkpointing
 # `activation_checkpointing` config). Matched on the text, comments included:
 # when in doubt, stay silent.
 _CHECKPOINTING_RE = re.compile(
-    r"checkpointing|utils\.checkpoint|checkpoint_sequential|prepare_model_for_kbit_training|activation_checkpoint"
+    r"checkpointing|utils\.checkpoint|checkpoint_sequential"
+    r"|prepare_model_for_kbit_training|activation_checkpoint"
 )
 
 # A parameter count in the model name: "7b", "13B", "1.1B", "bloom-1b7", "410m".

@@ -366,7 +366,8 @@ class CatInLoop(Rule):
             return None
         tracker = self.context.tracker
         module = self.context.module
-        if any(isinstance(statement, (cst.Try, cst.TryStar)) for statement in self._enclosing_in_function(loop)):
+        enclosing = self._enclosing_in_function(loop)
+        if any(isinstance(statement, (cst.Try, cst.TryStar)) for statement in enclosing):
             return None
         block = enclosing_block(tracker.statements, module, loop)
         if block is None or not _assigned_just_before(block, loop, accumulator):
@@ -563,6 +564,23 @@ def _is_minus(expr: cst.BaseExpression, value: int) -> bool:
 
 def _swaps_last_two(first: cst.BaseExpression, second: cst.BaseExpression) -> bool:
     return (_is_minus(first, 2) and _is_minus(second, 1)) or (_is_minus(first, 1) and _is_minus(second, 2))
+
+
+# (q, k) of a score product, and with the code of its `scale=` argument.
+_QueryKey = tuple[cst.BaseExpression, cst.BaseExpression]
+_ScaledProduct = tuple[cst.BaseExpression, cst.BaseExpression, "str | None"]
+
+
+def _power_base(expr: cst.BaseExpression, exponent: str) -> cst.BaseExpression | None:
+    """`x` for `x ** 0.5` (exponent "0.5") or `x ** -0.5` ("-0.5")."""
+    if not isinstance(expr, cst.BinaryOperation) or not isinstance(expr.operator, cst.Power):
+        return None
+    power = expr.right
+    if exponent.startswith("-"):
+        if not (isinstance(power, cst.UnaryOperation) and isinstance(power.operator, cst.Minus)):
+            return None
+        power, exponent = power.expression, exponent[1:]
+    return expr.left if isinstance(power, cst.Float) and power.value == exponent else None
 
 
 class _Softmax(NamedTuple):
@@ -941,7 +959,9 @@ class NaiveAttention(Rule):
         tracker = self.context.tracker
         statement = tracker.current_statement
         weights = _single_assignment(statement)
-        if weights is None or weights.value is not softmax or not isinstance(weights.targets[0].target, cst.Name):
+        if weights is None or weights.value is not softmax:
+            return None
+        if not isinstance(weights.targets[0].target, cst.Name):
             return None
         block = enclosing_block(tracker.statements, self.context.module, statement)
         if block is None:
@@ -1004,7 +1024,7 @@ class NaiveAttention(Rule):
             return None
         return right
 
-    def _scaled_product(self, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression, str | None] | None:
+    def _scaled_product(self, expr: cst.BaseExpression) -> _ScaledProduct | None:
         """(q, k, code of `scale=`) when `expr` is `q @ k^T` times a scale
         provably equal to the kernel's (None), or a float."""
         product = self._product(expr)
@@ -1022,63 +1042,53 @@ class NaiveAttention(Rule):
             if self._is_float(divisor):
                 return (*product, f"1 / {self.context.code_for(divisor)}")
             return None
-        if isinstance(expr.operator, cst.Multiply):
-            for factor_side, product_side in ((expr.right, expr.left), (expr.left, expr.right)):
-                product = self._product(product_side)
-                if product is None:
-                    continue
-                factor = factor_side
-                if (
-                    isinstance(factor, cst.BinaryOperation)
-                    and isinstance(factor.operator, cst.Divide)
-                    and _is_number(factor.left)
-                    and factor.left.value in ("1", "1.0")  # type: ignore[attr-defined]
-                    and self._is_sqrt_of_head_dim(factor.right, product)
-                ):
-                    return (*product, None)
-                if self._is_inverse_sqrt_of_head_dim(factor, product):
-                    return (*product, None)
-                if self._is_float(factor):
-                    return (*product, self.context.code_for(factor))
-                return None
+        if not isinstance(expr.operator, cst.Multiply):
+            return None
+        for factor, product_side in ((expr.right, expr.left), (expr.left, expr.right)):
+            product = self._product(product_side)
+            if product is None:
+                continue
+            if self._is_inverse_sqrt_of_head_dim(factor, product):
+                return (*product, None)
+            if self._is_float(factor):
+                return (*product, self.context.code_for(factor))
+            return None
         return None
 
-    def _is_head_dim(self, expr: cst.BaseExpression, product: tuple[cst.BaseExpression, cst.BaseExpression]) -> bool:
+    def _is_head_dim(self, expr: cst.BaseExpression, product: _QueryKey) -> bool:
         """`q.size(-1)` or `q.shape[-1]` (or k's: q and k share the last dimension)."""
         operands = {dotted_name(product[0]), dotted_name(product[1])} - {None}
         called = method_call(expr)
         if called is not None and called[1] == "size" and isinstance(expr, cst.Call) and len(expr.args) == 1:
             return dotted_name(called[0]) in operands and _is_minus(expr.args[0].value, 1)
-        if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Attribute) and expr.value.attr.value == "shape":
-            index = expr.slice[0].slice if len(expr.slice) == 1 else None
-            return (
-                dotted_name(expr.value.value) in operands
-                and isinstance(index, cst.Index)
-                and _is_minus(index.value, 1)
-            )
-        return False
+        if not (isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Attribute)):
+            return False
+        index = expr.slice[0].slice if len(expr.slice) == 1 else None
+        return (
+            expr.value.attr.value == "shape"
+            and dotted_name(expr.value.value) in operands
+            and isinstance(index, cst.Index)
+            and _is_minus(index.value, 1)
+        )
 
-    def _is_sqrt_of_head_dim(self, expr: cst.BaseExpression, product: tuple[cst.BaseExpression, cst.BaseExpression]) -> bool:
+    def _is_sqrt_of_head_dim(self, expr: cst.BaseExpression, product: _QueryKey) -> bool:
+        """`math.sqrt(q.size(-1))`, `q.shape[-1] ** 0.5`."""
         if isinstance(expr, cst.Call) and self.context.call_name(expr) == "math.sqrt" and len(expr.args) == 1:
             return self._is_head_dim(expr.args[0].value, product)
-        return self._is_power(expr, "0.5") and self._is_head_dim(expr.left, product)  # type: ignore[attr-defined]
+        base = _power_base(expr, "0.5")
+        return base is not None and self._is_head_dim(base, product)
 
-    def _is_inverse_sqrt_of_head_dim(self, expr: cst.BaseExpression, product: tuple[cst.BaseExpression, cst.BaseExpression]) -> bool:
-        return self._is_power(expr, "-0.5") and self._is_head_dim(expr.left, product)  # type: ignore[attr-defined]
-
-    @staticmethod
-    def _is_power(expr: cst.BaseExpression, exponent: str) -> bool:
-        if not isinstance(expr, cst.BinaryOperation) or not isinstance(expr.operator, cst.Power):
-            return False
-        right = expr.right
-        if exponent.startswith("-"):
-            return (
-                isinstance(right, cst.UnaryOperation)
-                and isinstance(right.operator, cst.Minus)
-                and isinstance(right.expression, cst.Float)
-                and right.expression.value == exponent[1:]
-            )
-        return isinstance(right, cst.Float) and right.value == exponent
+    def _is_inverse_sqrt_of_head_dim(self, expr: cst.BaseExpression, product: _QueryKey) -> bool:
+        """`q.size(-1) ** -0.5`, `1 / math.sqrt(q.size(-1))`, `1.0 / q.shape[-1] ** 0.5`."""
+        if (
+            isinstance(expr, cst.BinaryOperation)
+            and isinstance(expr.operator, cst.Divide)
+            and isinstance(expr.left, (cst.Integer, cst.Float))
+            and expr.left.value in ("1", "1.0")
+        ):
+            return self._is_sqrt_of_head_dim(expr.right, product)
+        base = _power_base(expr, "-0.5")
+        return base is not None and self._is_head_dim(base, product)
 
     def _is_float(self, expr: cst.BaseExpression) -> bool:
         """A Python number whatever the names in it hold: a literal, `math.sqrt(...)`,
@@ -1087,8 +1097,9 @@ class NaiveAttention(Rule):
             return True
         if isinstance(expr, cst.Call):
             return self.context.call_name(expr) == "math.sqrt"
-        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Divide, cst.Power, cst.Multiply)):
-            return self._is_float(expr.left) and self._is_float(expr.right)
+        if isinstance(expr, cst.BinaryOperation):
+            arithmetic = isinstance(expr.operator, (cst.Divide, cst.Power, cst.Multiply))
+            return arithmetic and self._is_float(expr.left) and self._is_float(expr.right)
         if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
             return self._is_float(expr.expression)
         return False
