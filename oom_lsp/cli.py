@@ -361,7 +361,10 @@ def _summary(results: list[Any], options: Any, *, fixing: bool) -> str:
     if fixing and fixed:
         total = fixed + len(findings)
         return f"Found {_plural(total, 'error')} ({fixed} fixed, {len(findings)} remaining).\n"
+    unchecked = sum(1 for result in results if result.error is not None or result.internal_error is not None)
     if not findings:
+        if unchecked:
+            return f"No findings, but {_plural(unchecked, 'file')} could not be checked.\n"
         return "All checks passed!\n"
     lines = [f"Found {_plural(len(findings), 'error')}."]
     fixable = sum(

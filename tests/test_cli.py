@@ -338,6 +338,8 @@ def test_unreadable_and_missing_files_are_reported_and_the_run_goes_on(
     assert "error: missing.py: No such file or directory\n" in err
     assert out.startswith("risky.py:2:9: OOM501")
     assert locked.exists()
+    code, out, _ = run(capsys, "--check", *SELECT, "locked.py")
+    assert (code, out) == (1, "No findings, but 1 file could not be checked.\n")
 
 
 def test_a_crash_on_one_file_is_reported_and_the_others_are_checked(
