@@ -131,3 +131,13 @@ def is_int_literal(expr: cst.BaseExpression) -> bool:
     if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
         expr = expr.expression
     return isinstance(expr, cst.Integer)
+
+
+def is_optimizer_like(receiver: cst.BaseExpression) -> bool:
+    """Whether `receiver.step()` is an optimizer step: `optimizer`,
+    `self.optim`, `opt`, or a grad scaler (`scaler.step(optimizer)`)."""
+    name = dotted_name(receiver)
+    if name is None:
+        return False
+    last = name.rsplit(".", 1)[-1].lower()
+    return "optim" in last or last in ("opt", "scaler")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.analysis.context import FileContext, dotted_name
+from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.cst_helpers import get_arg, is_false, method_call
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
-from oom_lsp.analysis.rules._scan import SCOPES, descendants, enclosing_block
+from oom_lsp.analysis.rules._scan import SCOPES, descendants, enclosing_block, is_optimizer_like
 from oom_lsp.fixes.empty_cache import remove_call_statement
 from oom_lsp.fixes.map_location import add_map_location
 from oom_lsp.fixes.zero_grad import set_to_none
@@ -96,15 +96,6 @@ class TorchLoadWithoutMapLocation(Rule):
 _EMPTY_CACHE = {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"}
 
 
-def _is_optimizer_like(receiver: cst.BaseExpression) -> bool:
-    """`optimizer`, `self.optim`, `opt`, `scaler` (`scaler.step(optimizer)`)."""
-    name = dotted_name(receiver)
-    if name is None:
-        return False
-    last = name.rsplit(".", 1)[-1].lower()
-    return "optim" in last or last in ("opt", "scaler")
-
-
 def _is_training_step(node: cst.CSTNode, context: FileContext) -> bool:
     """`loss.backward()`, `accelerator.backward(loss)`, `torch.autograd.backward(...)`,
     `optimizer.step()`."""
@@ -115,7 +106,7 @@ def _is_training_step(node: cst.CSTNode, context: FileContext) -> bool:
         receiver, method = called
         if method == "backward":
             return True
-        if method == "step" and _is_optimizer_like(receiver):
+        if method == "step" and is_optimizer_like(receiver):
             return True
     return context.call_name(node) == "torch.autograd.backward"
 

@@ -12,7 +12,7 @@ from oom_lsp.analysis.cst_helpers import get_arg, int_value, is_false, method_ca
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
-from oom_lsp.analysis.rules._scan import descendants
+from oom_lsp.analysis.rules._scan import descendants, is_optimizer_like
 from oom_lsp.fixes.checkpointing import enable_gradient_checkpointing
 
 # --- OOM601 ------------------------------------------------------------------
@@ -502,7 +502,7 @@ class NoGradientCheckpointing(Rule):
         if called is not None:
             receiver, method = called
             receiver_name = dotted_name(receiver)
-            if method == "backward" or (method == "step" and _is_optimizer_like(receiver)):
+            if method == "backward" or (method == "step" and is_optimizer_like(receiver)):
                 self._trains = True
             elif method in ("train", "fit"):
                 self._train_or_fit_called = True
@@ -629,11 +629,6 @@ class NoGradientCheckpointing(Rule):
             statement=candidate.path[-1] if candidate.path else None,
             statement_path=candidate.path,
         )
-
-
-def _is_optimizer_like(receiver: cst.BaseExpression) -> bool:
-    last = (_last_segment(receiver) or "").lower()
-    return "optim" in last or last in ("opt", "scaler")
 
 
 def _call_reference(call: cst.Call) -> str:
