@@ -4,10 +4,13 @@ client applies them."""
 from __future__ import annotations
 
 import itertools
+import textwrap
 
 import pytest
 from lsprotocol import types
 from pytest_lsp import LanguageClient
+
+from oom_lsp.analysis import Applicability, analyze, default_settings, registry
 
 from tests.server.lsp_session import apply_text_edits, diagnostics_for, edits_of, open_document, replace_text
 
@@ -125,3 +128,35 @@ async def test_syntax_errors_get_no_ignore_action(client: LanguageClient):
     uri, diagnostics = await _open(client, "import torch\nx = (\n")
     assert [d.code for d in diagnostics] == ["OOM000"]
     assert await _actions(client, uri, diagnostics) == []
+
+
+def _fix_examples() -> list[tuple[str, str, str]]:
+    """(code, example, expected fix) of each fixable rule's first example that
+    has an expected fix and default settings."""
+    examples = []
+    for code, rule in registry.all_rules().items():
+        for example in rule.INVALID:
+            if example.expected_fix is not None and not example.settings:
+                examples.append((code, textwrap.dedent(example.code), textwrap.dedent(example.expected_fix)))
+                break
+    return examples
+
+
+@pytest.mark.parametrize(("code", "example", "expected"), _fix_examples(), ids=[case[0] for case in _fix_examples()])
+async def test_each_rules_quick_fix(client: LanguageClient, code: str, example: str, expected: str):
+    uri, diagnostics = await _open(client, example)
+    own = [diagnostic for diagnostic in diagnostics if diagnostic.code == code]
+    assert own, f"{code} not reported on its own example"
+    safe = registry.rule_for(code).fix_applicability is Applicability.SAFE
+    actions = await _actions(client, uri, own[:1], only=["quickfix"])
+    fixes = [action for action in actions if "Ignore" not in action.title]
+    assert len(fixes) == 1
+    assert fixes[0].is_preferred is safe
+    fixed = apply_text_edits(example, edits_of(fixes[0], uri), _encoding(client))
+    if len(own) == 1 and len(diagnostics) == 1:
+        assert fixed == expected
+    (fix_all,) = await _actions(client, uri, [], only=["source.fixAll"]) or [None]
+    if not safe and fix_all is not None:
+        # Fix-all never applies an unsafe fix.
+        all_fixed = apply_text_edits(example, edits_of(fix_all, uri), _encoding(client))
+        assert code in [finding.code for finding in analyze(all_fixed, default_settings())]
