@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg, int_value, is_false, method_call, string_value
+from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, int_value, is_false, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
@@ -248,6 +248,16 @@ class NoGradientCheckpointing(Rule):
             config.n_layer = args.layers
             opt = torch.optim.AdamW(Net(config).parameters())
             opt.step()
+            """
+        ),
+        # The model name comes through a splat.
+        Valid(
+            """\
+            import torch
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained(**config)
+            opt = torch.optim.AdamW(model.parameters())
+            model(**batch).loss.backward()
             """
         ),
         # Not transformers' AutoModel.
@@ -739,6 +749,8 @@ class DataParallelGather(Rule):
             model = DDP(model, device_ids=[rank])
             """
         ),
+        # Devices through a splat: maybe a single one.
+        Valid("import torch\nmodel = torch.nn.DataParallel(model, **parallel_options)\n"),
         # A single device: nothing is gathered from other GPUs.
         Valid("import torch\nmodel = torch.nn.DataParallel(model, device_ids=[0])\n"),
         # Unwrapping, not constructing.
@@ -776,6 +788,7 @@ class DataParallelGather(Rule):
             "from torch.nn.parallel import data_parallel\nout = data_parallel(model, batch)\n",
             line=2,
         ),
+        Invalid("from torch.nn import DataParallel as DP\nnet = DP(net, device_ids=[0, 1, 2, 3])\n", line=2),
     ]
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -784,6 +797,8 @@ class DataParallelGather(Rule):
         # data_parallel(module, inputs, device_ids), DataParallel(module, device_ids)
         position = 2 if self.context.call_name(node) == "torch.nn.parallel.data_parallel" else 1
         devices = get_arg(node, "device_ids", position)
+        if devices is UNKNOWN:
+            return
         if isinstance(devices, cst.Arg) and isinstance(devices.value, (cst.List, cst.Tuple)):
             if len(devices.value.elements) == 1:
                 return

@@ -140,6 +140,14 @@ class CatInLoop(Rule):
             last = feats
             """
         ),
+        # The sequence comes through a splat: unknown.
+        Valid(
+            """\
+            import torch
+            for pair in pairs:
+                acc = torch.cat(*pair)
+            """
+        ),
         # Concatenating other tensors in a loop does not grow anything.
         Valid(
             """\
@@ -252,6 +260,16 @@ class CatInLoop(Rule):
                     all_logits = torch.cat((all_logits, logits), dim=0)
             """,
             line=8,
+        ),
+        # Options through a splat: reported, no fix (they may hold anything).
+        Invalid(
+            """\
+            import torch
+            acc = torch.empty(0)
+            for y in ys:
+                acc = torch.cat([acc, y], **options)
+            """,
+            line=4,
         ),
         # torch.stack grows too; stacking once would give another shape: no fix.
         Invalid(
@@ -665,6 +683,8 @@ class NaiveAttention(Rule):
             w = softmax(q @ k.transpose(-2, -1), dim=-1)
             """
         ),
+        # The dim may come through a splat.
+        Valid("import torch\nw = torch.softmax(q @ k.transpose(-2, -1), **options)\n"),
         # A softmax module over another dimension.
         Valid(
             """\
