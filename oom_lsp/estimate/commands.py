@@ -5,7 +5,8 @@
         [--find-max-batch] [--timeout S] -- ARGS...
 
 Exit codes: 0 the step fits (or no target was given), 1 it is predicted to run
-out of memory (or not even batch size 1 fits), 2 the estimate failed.
+out of memory at the script's batch size (or, with --find-max-batch, not even
+batch size 1 fits), 2 the estimate failed.
 No torch import here: the script runs under --python in a child process.
 """
 
@@ -29,30 +30,66 @@ def add_parsers(subparsers: Any) -> None:
         "GPU memory of a training step, its breakdown, and whether it fits the target GPU.",
     )
     parser.add_argument("script", nargs="?", type=Path, help="the training script")
-    parser.add_argument("script_args", nargs="*", help="the script's own arguments, after --")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cuda (default): predict the GPU; cpu: the trace as a real CPU step measures it")
-    target = parser.add_mutually_exclusive_group()
-    target.add_argument("--gpu", help='target GPU by name, e.g. "RTX 3090", "A100 80GB", "H100" (see --list-gpus)')
-    target.add_argument("--gpu-memory", help='target memory, e.g. "24GiB", "80 GB" (default: gpu-memory in '
-                        "[tool.oom-lsp])")
-    parser.add_argument("--batch-size", type=int, help="override the script's batch size (argparse option or "
-                        "DataLoader batch_size)")
-    parser.add_argument("--dtype", choices=DTYPES, help="trace the step under torch.autocast with this dtype")
-    parser.add_argument("--python", default=sys.executable, help="the interpreter with your torch "
-                        "(default: this one)")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
-    parser.add_argument("--find-max-batch", action="store_true",
-                        help="the largest batch size that fits the target (two fake traces and a check)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is killed "
-                        "(default 300)")
-    parser.add_argument("--list-gpus", action="store_true", help="print the GPU catalogue and exit")
+    # Everything after SCRIPT: estimate options, then `--` and the script's own arguments
+    # (argparse alone cannot take options after a positional and more positionals after `--`).
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    _add_options(parser, defaults=True)
     parser.set_defaults(handler=run_estimate)
+
+
+def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=default("cuda"),
+                        help="cuda (default): predict the GPU; cpu: the trace as a real CPU step measures it")
+    parser.add_argument("--gpu", default=default(None),
+                        help='target GPU by name, e.g. "RTX 3090", "A100 80GB", "H100" (see --list-gpus)')
+    parser.add_argument("--gpu-memory", default=default(None),
+                        help='target memory, e.g. "24GiB", "80 GB" (default: gpu-memory in [tool.oom-lsp])')
+    parser.add_argument("--batch-size", type=int, default=default(None),
+                        help="override the script's batch size (argparse option or DataLoader batch_size)")
+    parser.add_argument("--dtype", choices=DTYPES, default=default(None),
+                        help="trace the step under torch.autocast with this dtype")
+    parser.add_argument("--python", default=default(sys.executable),
+                        help="the interpreter with your torch (default: this one)")
+    parser.add_argument("--format", choices=("text", "json"), default=default("text"))
+    parser.add_argument("--find-max-batch", action="store_true", default=default(False),
+                        help="the largest batch size that fits the target (two fake traces and a check)")
+    parser.add_argument("--timeout", type=float, default=default(300.0),
+                        help="seconds before the run is killed (default 300)")
+    parser.add_argument("--list-gpus", action="store_true", default=default(False),
+                        help="print the GPU catalogue and exit")
+
+
+def _split_rest(args: argparse.Namespace) -> str | None:
+    """Parse the options written after SCRIPT into `args`; the part after `--` is the script's."""
+    rest = list(args.rest)
+    if "--" in rest:
+        cut = rest.index("--")
+        options, args.script_args = rest[:cut], rest[cut + 1 :]
+    else:
+        options, args.script_args = rest, []
+    late = argparse.ArgumentParser(prog="oom-lsp estimate", add_help=False)
+    _add_options(late, defaults=False)
+    parsed, unknown = late.parse_known_args(options)
+    if unknown:
+        return f"unknown estimate option(s) {' '.join(unknown)}: put the script's own arguments after --"
+    for name, value in vars(parsed).items():
+        setattr(args, name, value)
+    return None
 
 
 def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
+    problem = _split_rest(args)
+    if problem:
+        err.write(f"oom-lsp estimate: {problem}\n")
+        return EXIT_ERROR
+    if args.gpu and args.gpu_memory:
+        err.write("oom-lsp estimate: give --gpu or --gpu-memory, not both\n")
+        return EXIT_ERROR
     from oom_lsp.estimate.gpus import CATALOGUE, UnknownGpuError, custom_gpu, find_gpu, format_bytes
 
     if args.list_gpus:
@@ -79,12 +116,9 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
 
     from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, find_max_batch
 
-    script_args = list(args.script_args)
-    if script_args[:1] == ["--"]:
-        script_args = script_args[1:]
     options = EstimateOptions(
         script=args.script,
-        script_args=script_args,
+        script_args=list(args.script_args),
         device=args.device,
         gpu=gpu,
         batch_size=args.batch_size,
@@ -114,9 +148,9 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         out.write(json.dumps(prediction, indent=2) + "\n")
     else:
         write_text(prediction, out)
-    if max_batch is not None and max_batch.get("max_batch") == 0:
+    if prediction.get("verdict") == "will run out of memory":
         return EXIT_OOM
-    if max_batch is None and prediction.get("verdict") == "will run out of memory":
+    if max_batch is not None and max_batch.get("max_batch") == 0:
         return EXIT_OOM
     return EXIT_FITS
 
@@ -155,6 +189,8 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
     cuda = prediction["device"] == "cuda"
     row("peak allocated", format_bytes(prediction["peak_bytes"]),
         "what torch.cuda.max_memory_allocated() would show" if cuda else "live tensor storage, as a CPU step holds it")
+    if prediction.get("breakdown_batch_size"):
+        out.write(f"    breakdown measured at batch {prediction['breakdown_batch_size']}:\n")
     for category, size in prediction["breakdown"].items():
         if size > 0:
             row("  " + category.replace("_", " "), format_bytes(size))

@@ -225,6 +225,12 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 "convolutions: oneDNN's scratch buffers are allocated inside the kernel and not traced; "
                 "a real CPU step peaks up to ~8% higher on small conv nets (docs/estimate.md)",
             ))
+    if trace.get("batch_padded"):
+        got, wanted = trace["batch_padded"]
+        corrections.append(_note(
+            "batch-shaped",
+            f"the dataset gave batches of {got}; the inputs were shaped as batches of {wanted}",
+        ))
     if trace.get("stubbed_scalars"):
         corrections.append(_note(
             "data-dependent-values",
@@ -383,6 +389,7 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
         scaled = int(intercept + slope * target)
         prediction["peak_bytes"] += scaled - traces[-1]["peak_bytes"]
         prediction["batch_size"] = target
+        prediction["breakdown_batch_size"] = traces[-1]["batch_size"]
         prediction["method"] = (
             f"real CPU steps at batch {FALLBACK_BATCHES[0]} and {FALLBACK_BATCHES[1]}, scaled linearly to {target}"
         )
@@ -411,6 +418,17 @@ def _fit(traces: list[dict[str, Any]]) -> tuple[float, float]:
     (b1, p1), (b2, p2) = ((t["batch_size"], t["peak_bytes"]) for t in traces[:2])
     slope = (p2 - p1) / (b2 - b1)
     return p1 - slope * b1, slope
+
+
+def accumulation_steps(batch: int, largest: int) -> int:
+    """Steps of gradient accumulation so that micro-batches fit: the fewest
+    that divide `batch` exactly (same effective batch) if one is within twice
+    the minimum, else the minimum (effective batch rounded up)."""
+    minimum = math.ceil(batch / largest)
+    for steps in range(minimum, 2 * minimum + 1):
+        if batch % steps == 0:
+            return steps
+    return minimum
 
 
 def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -> dict[str, Any]:
@@ -460,7 +478,7 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
     result.update(max_batch=largest, verified=verified)
     script_batch = base.get("script_batch_size") or options.batch_size
     if script_batch and script_batch > largest:
-        steps = math.ceil(script_batch / largest)
+        steps = accumulation_steps(script_batch, largest)
         micro = math.ceil(script_batch / steps)
         result["gradient_accumulation"] = {
             "micro_batch": micro,

@@ -709,13 +709,29 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
                         return
             finally:
                 tracker.paused -= 1
-            for _ in range(len(self) if hasattr(self.dataset, "__len__") else 1_000_000):
-                batch = pytree.tree_map(
-                    lambda leaf: fake_mode.from_tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, real_batch
-                )
+            wanted = self.batch_size
+            got = _tensors(real_batch)[0].shape[0] if _tensors(real_batch) and _tensors(real_batch)[0].dim() else None
+
+            def to_fake(leaf):
+                if not isinstance(leaf, torch.Tensor):
+                    return leaf
+                if wanted and got and got < wanted and leaf.dim() and leaf.shape[0] == got:
+                    # A dataset smaller than the batch (a sample file, a larger
+                    # --batch-size): the batch the real data would give.
+                    tracker.paused += 1
+                    try:
+                        return torch.empty((wanted, *leaf.shape[1:]), dtype=leaf.dtype)
+                    finally:
+                        tracker.paused -= 1
+                return fake_mode.from_tensor(leaf)
+
+            if wanted and got and got < wanted:
+                state["batch_padded"] = [got, wanted]
+            for _ in range(max(1, len(self)) if hasattr(self.dataset, "__len__") else 1_000_000):
+                batch = pytree.tree_map(to_fake, real_batch)
                 for fake, real in zip(_tensors(batch), _tensors(real_batch)):
                     tracker.register(fake, False, "DataLoader", "inputs")
-                    if not (real.dtype.is_floating_point or real.dtype.is_complex):
+                    if fake.shape == real.shape and not (real.dtype.is_floating_point or real.dtype.is_complex):
                         tracker.shadows[fake] = real
                 yield batch
 
@@ -906,6 +922,7 @@ def run(request: dict) -> dict:
         script_batch_size=state.get("script_batch_size") or state.get("argparse_batch_default"),
         override_applied=state["override_applied"],
         batch_knobs=sorted(set(state["batch_knobs"])),
+        batch_padded=state.get("batch_padded"),
     )
     if prof is not None:
         result["profile_replay_peak"] = profile_replay_peak(prof)
