@@ -831,6 +831,9 @@ class Float64OnGpu(Rule):
     def _check_double_call(self, node: cst.Call, receiver: cst.BaseExpression) -> None:
         if node in self._exempt or self.context.tracker.in_no_grad or isinstance(receiver, cst.Comparison):
             return
+        function = self.context.tracker.current_function
+        if function is not None and function.name.value == "double":
+            return  # the implementation of a `.double()` API itself
         moved = method_call(receiver)
         if moved is not None and moved[1] in ("cpu", "numpy"):
             return
