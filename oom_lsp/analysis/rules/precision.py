@@ -831,9 +831,6 @@ class Float64OnGpu(Rule):
     def _check_double_call(self, node: cst.Call, receiver: cst.BaseExpression) -> None:
         if node in self._exempt or self.context.tracker.in_no_grad or isinstance(receiver, cst.Comparison):
             return
-        function = self.context.tracker.current_function
-        if function is not None and function.name.value == "double":
-            return  # the implementation of a `.double()` API itself
         moved = method_call(receiver)
         if moved is not None and moved[1] in ("cpu", "numpy"):
             return
@@ -847,6 +844,9 @@ class Float64OnGpu(Rule):
         self._candidate(node, double_call_to_float(node))
 
     def _candidate(self, node: cst.CSTNode, edits: tuple[NodeEdit, ...] | None) -> None:
+        function = self.context.tracker.current_function
+        if function is not None and function.name.value == "double":
+            return  # the implementation of a `.double()` API itself
         fix = None
         if edits is not None:
             fix = FixSpec(title="Use float32", edits=edits, applicability=Applicability.SAFE)

@@ -339,6 +339,7 @@ def test_float64_fix_is_safe_and_keeps_the_alias() -> None:
         "a = np.zeros(3, dtype=np.float64)",
         "assert torch.autograd.gradcheck(layer, (x.cuda().double(),))",
         "class Packed:\n    def double(self):\n        return type(self)(self.data.double())",
+        "class Seq:\n    def double(self):\n        return self.to(dtype=torch.double)",
     ],
 )
 def test_float64_that_costs_no_gpu_memory_is_silent(line: str) -> None:
