@@ -66,20 +66,26 @@ local function line(lnum)
   return vim.api.nvim_buf_get_lines(buf, lnum, lnum + 1, true)[1]
 end
 
-local function apply_action(diagnostic, title_pattern)
+-- A filter matching several actions would open a selection prompt, which a
+-- headless run answers with end-of-input and quits: make that a failure.
+vim.ui.select = function(items)
+  fail("code_action matched " .. #items .. " actions instead of one")
+end
+
+local function apply_action(diagnostic, title)
   vim.api.nvim_win_set_cursor(0, { diagnostic.lnum + 1, diagnostic.col })
   vim.lsp.buf.code_action({
     apply = true,
     context = { only = { "quickfix" } },
     filter = function(action)
-      return action.title:find(title_pattern) ~= nil
+      return action.title:find(title, 1, true) ~= nil
     end,
   })
 end
 
 -- The quick fix on the first torch.load.
 local fixed_lnum = first.lnum
-apply_action(first, "map_location")
+apply_action(first, '(OOM501): Pass `map_location="cpu"`')
 wait_for("the quick fix to change the buffer", function()
   return line(fixed_lnum):find('map_location="cpu"', 1, true) ~= nil
 end)
@@ -92,7 +98,7 @@ end)
 -- Ignore the second one for its line.
 local second = oom_diagnostics("OOM501")[1]
 local ignored_lnum = second.lnum
-apply_action(second, "Ignore OOM501 for this line")
+apply_action(second, "(OOM501): Ignore OOM501 for this line")
 wait_for("the ignore comment", function()
   return line(ignored_lnum):find("# oom: ignore[OOM501]", 1, true) ~= nil
 end)
@@ -100,6 +106,17 @@ wait_for("no OOM501 left", function()
   return #oom_diagnostics("OOM501") == 0
 end)
 step("ignored for its line: " .. vim.trim(line(ignored_lnum)))
+
+-- A rule from another family: the loss accumulated with its graph (OOM301).
+wait_for("an OOM301 diagnostic", function()
+  return #oom_diagnostics("OOM301") == 1
+end)
+local accumulated = oom_diagnostics("OOM301")[1]
+apply_action(accumulated, "(OOM301): Accumulate")
+wait_for("the OOM301 quick fix", function()
+  return line(accumulated.lnum):find("total_loss += loss.detach()", 1, true) ~= nil
+end)
+step("OOM301 quick fix applied: " .. vim.trim(line(accumulated.lnum)))
 
 -- Hover on the suppression comment's code shows the rule's docs.
 local ignored_line = line(ignored_lnum)
