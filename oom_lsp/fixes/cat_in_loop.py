@@ -29,3 +29,25 @@ def collect_then_concatenate(
         Replace(grow, f"{parts}.append({piece})"),
         InsertLinesAfter(loop, (f"{accumulator} = {function}({parts}{dim_suffix})",)),
     )
+
+
+def collect_first_pieces(
+    *,
+    loop: cst.For | cst.While,
+    branch: cst.If,
+    accumulator: str,
+    parts: str,
+    piece: str,
+    function: str,
+    dim: str | None,
+) -> tuple[NodeEdit, ...]:
+    """The first-piece idiom, `acc = None` before the loop and
+    `if acc is None: acc = piece / else: acc = cat([acc, piece])` in it,
+    becomes `parts.append(piece)`; after the loop `acc` is the concatenation,
+    or None when the loop did not run, as before."""
+    dim_suffix = f", {dim}" if dim is not None else ""
+    return (
+        InsertLinesBefore(loop, (f"{parts} = []",)),
+        Replace(branch, f"{parts}.append({piece})"),
+        InsertLinesAfter(loop, (f"{accumulator} = {function}({parts}{dim_suffix}) if {parts} else None",)),
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import libcst as cst
 
@@ -21,7 +21,7 @@ from oom_lsp.analysis.rules._scan import (
     scope_of,
 )
 from oom_lsp.fixes.attention import fused_attention
-from oom_lsp.fixes.cat_in_loop import collect_then_concatenate
+from oom_lsp.fixes.cat_in_loop import collect_first_pieces, collect_then_concatenate
 
 # Concatenations, and whether concatenating the collected pieces once gives
 # the same tensor as concatenating them one by one (stack adds a dimension
@@ -83,6 +83,9 @@ class CatInLoop(Rule):
     in-place write in the loop to the appended tensor (the list keeps a
     reference where `cat` took a copy). The list starts with the accumulator's
     initial value, so a loop that runs zero times still gives the same value.
+    The first-piece idiom (`x = None` before the loop, `if x is None: x = y`
+    `else: x = cat([x, y])` in it) becomes an append, and `x` is None after
+    a loop that did not run, as before; comments inside that `if` go with it.
     """
 
     code = "OOM401"
@@ -247,7 +250,7 @@ class CatInLoop(Rule):
             """,
             line=5,
         ),
-        # The first-piece idiom: reported, no fix (the loop tests the accumulator).
+        # The first-piece idiom.
         Invalid(
             """\
             import torch
@@ -260,6 +263,15 @@ class CatInLoop(Rule):
                     all_logits = torch.cat((all_logits, logits), dim=0)
             """,
             line=8,
+            expected_fix="""\
+            import torch
+            all_logits = None
+            all_logits_parts = []
+            for batch in loader:
+                logits = model(**batch).logits
+                all_logits_parts.append(logits)
+            all_logits = torch.cat(all_logits_parts, dim=0) if all_logits_parts else None
+            """,
         ),
         # Options through a splat: reported, no fix (they may hold anything).
         Invalid(
@@ -358,8 +370,8 @@ class CatInLoop(Rule):
             )
             return
         fix = None
-        if not others and position == 0 and len(elements) == 2 and isinstance(elements[1], cst.Element):
-            fix = self._fix(node, call, loop, accumulator, function, elements[1].value)
+        if position == 0 and len(elements) == 2 and isinstance(elements[1], cst.Element):
+            fix = self._fix(node, call, loop, accumulator, function, elements[1].value, others)
         self.report(
             node,
             f"{growth} Append the pieces to a list and `{short}` once after the loop.",
@@ -374,13 +386,12 @@ class CatInLoop(Rule):
         accumulator: str,
         function: str,
         piece: cst.BaseExpression,
+        others: list[cst.BaseExpression],
     ) -> FixSpec | None:
         if not _CONCATENATIONS[function] or not isinstance(node.targets[0].target, cst.Name):
             return None
         literal, dim = self._literal_dim(call, function)
-        if not literal:
-            return None
-        if loop.orelse is not None or not self._is_whole_statement_of(loop, node):
+        if not literal or loop.orelse is not None:
             return None
         tracker = self.context.tracker
         module = self.context.module
@@ -388,28 +399,77 @@ class CatInLoop(Rule):
         if any(isinstance(statement, (cst.Try, cst.TryStar)) for statement in enclosing):
             return None
         block = enclosing_block(tracker.statements, module, loop)
-        if block is None or not _assigned_just_before(block, loop, accumulator):
-            return None
-        if _written_in_place(loop, piece):
+        start = _assignment_just_before(block, loop, accumulator) if block is not None else None
+        if start is None or _written_in_place(loop, piece):
             return None
         function_node = tracker.current_function
         if function_node is None and _read_by_a_definition(module, accumulator):
             return None
         parts = free_name(scope_of(function_node, module), f"{accumulator}_parts")
-        edits = collect_then_concatenate(
-            loop=loop,
-            grow=node,
-            accumulator=accumulator,
-            parts=parts,
-            piece=self.context.code_for(piece),
-            function=self.context.code_for(call.func),
-            dim=dim,
-        )
+        piece_code = self.context.code_for(piece)
+        if not others and self._is_whole_statement_of(loop, node):
+            edits = collect_then_concatenate(
+                loop=loop,
+                grow=node,
+                accumulator=accumulator,
+                parts=parts,
+                piece=piece_code,
+                function=self.context.code_for(call.func),
+                dim=dim,
+            )
+        else:
+            branch = self._first_piece_branch(loop, accumulator, piece_code, others)
+            if branch is None or not (isinstance(start.value, cst.Name) and start.value.value == "None"):
+                return None
+            edits = collect_first_pieces(
+                loop=loop,
+                branch=branch,
+                accumulator=accumulator,
+                parts=parts,
+                piece=piece_code,
+                function=self.context.code_for(call.func),
+                dim=dim,
+            )
         return FixSpec(
             title=f"Collect the pieces in `{parts}` and concatenate once after the loop",
             edits=edits,
             applicability=Applicability.SAFE,
         )
+
+    def _first_piece_branch(
+        self, loop: cst.For | cst.While, accumulator: str, piece: str, others: list[cst.BaseExpression]
+    ) -> cst.If | None:
+        """The `if x is None: x = piece / else: x = cat([x, piece])` statement
+        that holds the current assignment, directly in the loop body, with no
+        other use of `x` in the loop."""
+        statements = self.context.tracker.statements
+        if len(statements) < 3 or statements[-3] is not loop or not isinstance(loop.body, cst.IndentedBlock):
+            return None
+        branch, line = statements[-2], statements[-1]
+        if not isinstance(branch, cst.If) or not any(child is branch for child in loop.body.body):
+            return None
+        test = branch.test
+        if not (
+            isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, (cst.Is, cst.IsNot))
+            and dotted_name(test.left) == accumulator
+            and dotted_name(test.comparisons[0].comparator) == "None"
+            and isinstance(branch.orelse, cst.Else)
+        ):
+            return None
+        first_block, grow_block = branch.body, branch.orelse.body
+        if isinstance(test.comparisons[0].operator, cst.IsNot):
+            first_block, grow_block = grow_block, first_block
+        if not isinstance(grow_block, cst.IndentedBlock) or list(grow_block.body) != [line]:
+            return None
+        first = _single_assignment(first_block.body[0]) if isinstance(first_block, cst.IndentedBlock) else None
+        if first is None or len(first_block.body) != 1 or dotted_name(first.targets[0].target) != accumulator:
+            return None
+        if self.context.code_for(first.value) != piece:
+            return None
+        expected = {id(test.left), id(first.targets[0].target)}
+        return branch if len(others) == 2 and {id(other) for other in others} == expected else None
 
     def _literal_dim(self, call: cst.Call, function: str) -> tuple[bool, str | None]:
         """(True, code of the `dim` argument: "dim=1" or "1", or None when
@@ -503,23 +563,21 @@ def _only_first_piece_idiom(body: cst.CSTNode, accumulator: str, others: list[cs
     )
 
 
-def _assigned_just_before(block: object, loop: cst.CSTNode, accumulator: str) -> bool:
-    """Whether the last statement before `loop` in `block` that mentions
-    `accumulator` is a plain `accumulator = ...`."""
-    statements = list(block)  # type: ignore[call-overload]
+def _assignment_just_before(
+    block: Sequence[cst.BaseStatement], loop: cst.CSTNode, accumulator: str
+) -> cst.Assign | None:
+    """The plain `accumulator = ...` that is the last statement before `loop`
+    in `block` to mention `accumulator`, if it is one."""
+    statements = list(block)
     index = next(i for i, statement in enumerate(statements) if statement is loop)
     for statement in reversed(statements[:index]):
         if not references(statement, accumulator):
             continue
-        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-            return False
-        assign = statement.body[0]
-        return (
-            isinstance(assign, cst.Assign)
-            and len(assign.targets) == 1
-            and dotted_name(assign.targets[0].target) == accumulator
-        )
-    return False
+        assign = _single_assignment(statement)
+        if assign is not None and dotted_name(assign.targets[0].target) == accumulator:
+            return assign
+        return None
+    return None
 
 
 def _base_name(expr: cst.BaseExpression) -> str | None:

@@ -243,3 +243,51 @@ def test_fixed_attention_computes_the_same_output(scale_expression: str, head_di
     exec(compile(source, "<before>", "exec"), before)
     exec(compile(fixed, "<after>", "exec"), after)
     assert torch.allclose(before["out"], after["out"], atol=1e-5)
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+@pytest.mark.parametrize("test", ["is None", "is not None"])
+def test_fixed_first_piece_idiom_computes_the_same_value(count: int, test: str) -> None:
+    torch = pytest.importorskip("torch")
+    first, grow = "acc = piece", "acc = torch.cat([acc, piece], dim=1)"
+    if test == "is not None":
+        first, grow = grow, first
+    source = (
+        f"import torch\ntorch.manual_seed(0)\npieces = [torch.randn(2, 3) for _ in range({count})]\n"
+        f"acc = None\nfor piece in pieces:\n    if acc {test}:\n        {first}\n    else:\n        {grow}\n"
+    )
+    fixed = _fixed(source, "OOM401")
+    assert "acc_parts.append(piece)" in fixed
+    before: dict[str, object] = {}
+    after: dict[str, object] = {}
+    exec(compile(source, "<before>", "exec"), before)
+    exec(compile(fixed, "<after>", "exec"), after)
+    if count == 0:
+        assert before["acc"] is None and after["acc"] is None
+    else:
+        assert torch.equal(before["acc"], after["acc"])
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        (
+            "import torch\nacc = torch.empty(0)\nfor y in ys:\n    if acc is None:\n        acc = y\n"
+            "    else:\n        acc = torch.cat([acc, y])\n",
+            "the start is not None: after zero iterations the value would differ",
+        ),
+        (
+            "import torch\nacc = None\nfor y in ys:\n    if acc is None:\n        acc = y.clone()\n"
+            "    else:\n        acc = torch.cat([acc, y])\n",
+            "the first piece is not the appended one",
+        ),
+        (
+            "import torch\nacc = None\nfor y in ys:\n    if acc is None:\n        acc = y\n"
+            "    elif keep:\n        acc = torch.cat([acc, y])\n",
+            "an elif chain",
+        ),
+    ],
+)
+def test_first_piece_idiom_without_fix(source: str, why: str) -> None:
+    [finding] = _findings(source, "OOM401")
+    assert finding.fix is None, why
