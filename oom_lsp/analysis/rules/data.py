@@ -306,21 +306,25 @@ class LargeBatchSize(Rule):
     def __init__(self, context: FileContext) -> None:
         super().__init__(context)
         self._limit = context.settings.max_batch_size
-        # name -> its integer-literal assignment; None once the name is bound
-        # anywhere else (a second assignment, a parameter, a loop, an import).
-        self._constants: dict[str, _Constant | None] = {}
-        # name -> the first batch-size setting it reaches; resolved against
-        # the constants once the whole file has been seen.
-        self._flows: dict[str, str] = {}
+        # (scope, name) -> its integer-literal assignment; None once the name
+        # is bound again in that scope (an assignment, a parameter, a loop,
+        # an import). The scope is the enclosing function, None for the module.
+        self._constants: dict[tuple[cst.FunctionDef | None, str], _Constant | None] = {}
+        # (scope, name) -> the first batch-size setting it reaches; resolved
+        # against the constants once the whole file has been seen.
+        self._flows: dict[tuple[cst.FunctionDef | None, str], str] = {}
         # Dict literals nested under an evaluation key.
         self._evaluation_dicts: set[cst.Dict] = set()
 
     # --- which names are constants ------------------------------------------
     def _bind(self, name: str, constant: _Constant | None = None) -> None:
-        if name in self._constants or constant is None:
-            self._constants[name] = None
-        else:
-            self._constants[name] = constant
+        key = (self.context.tracker.current_function, name)
+        self._constants[key] = None if key in self._constants else constant
+
+    def visit_Global(self, node: cst.Global) -> None:
+        # `global BATCH_SIZE` in a function: the module constant may change.
+        for item in node.names:
+            self._constants[(None, item.name.value)] = None
 
     def visit_Assign(self, node: cst.Assign) -> None:
         literal = node.value if isinstance(node.value, cst.Integer) else None
@@ -402,7 +406,7 @@ class LargeBatchSize(Rule):
             return False  # `self.make(...)`, `ds.map(...)`: unknown receivers
         name = node.func.value
         if name == "dict":
-            return "dict" not in self._constants  # not rebound in this file: the builtin
+            return not any(name == "dict" for _, name in self._constants)  # not rebound: the builtin
         return _CONFIG_CALLEE_RE.search(name) is not None
 
     def _check_option(self, node: cst.Call) -> None:
@@ -454,7 +458,7 @@ class LargeBatchSize(Rule):
         """A batch-size setting: report a literal above the limit, remember a
         name that may be a constant."""
         if isinstance(value, cst.Name):
-            self._flows.setdefault(value.value, reaches)
+            self._flows.setdefault((self.context.tracker.current_function, value.value), reaches)
             return
         number = int_value(value)
         if number is None or number <= self._limit:
@@ -481,10 +485,14 @@ class LargeBatchSize(Rule):
         return message, fix
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        for name, reaches in self._flows.items():
-            constant = self._constants.get(name)
-            if constant is None:
+        reported: set[int] = set()
+        for (scope, name), reaches in self._flows.items():
+            # A function's own binding first, else the module's.
+            key = (scope, name) if (scope, name) in self._constants else (None, name)
+            constant = self._constants.get(key)
+            if constant is None or id(constant) in reported:
                 continue
+            reported.add(id(constant))
             number = int_value(constant.literal)
             if number is None or number <= self._limit:
                 continue

@@ -104,6 +104,32 @@ def test_constant_is_reported_once_on_its_literal_and_fixed_there() -> None:
     assert fixed.splitlines()[5] == "BATCH = 32  # tuned on an A100"
 
 
+def test_constants_are_scoped_by_function() -> None:
+    source = """\
+    import torch
+    def evaluate(model, batch_size):
+        return batch_size
+    def main():
+        batch_size = 128
+        loader = torch.utils.data.DataLoader(train_set, batch_size=batch_size)
+    def other(batch_size=16):
+        return torch.utils.data.DataLoader(train_set, batch_size=batch_size)
+    """
+    assert _lines(source, OOM101) == [5]
+
+
+def test_a_global_statement_makes_a_constant_variable() -> None:
+    source = """\
+    import torch
+    BATCH = 256
+    def shrink():
+        global BATCH
+        BATCH = 16
+    loader = torch.utils.data.DataLoader(train_set, batch_size=BATCH)
+    """
+    assert _lines(source, OOM101) == []
+
+
 def test_suppression_above_a_multiline_call() -> None:
     source = """\
     import torch
