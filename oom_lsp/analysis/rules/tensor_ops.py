@@ -7,7 +7,7 @@ from typing import NamedTuple, Sequence
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call
+from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
@@ -665,6 +665,29 @@ class _Softmax(NamedTuple):
     input_and_dim_only: bool
 
 
+def _is_query_key_equation(equation: str) -> bool:
+    """`bhid,bhjd->bhij` (or `...id,...jd->...ij`): q @ k^T over the last two
+    dimensions, the leading ones shared."""
+    spec = equation.replace(" ", "")
+    inputs, arrow, output = spec.partition("->")
+    operands = inputs.split(",")
+    if not arrow or len(operands) != 2:
+        return False
+    query, key = operands
+    if not (len(query) == len(key) == len(output) >= 2):
+        return False
+    prefix = query[:-2]
+    i, d, j = query[-2], query[-1], key[-2]
+    letters = (i, j, d)
+    return (
+        key == prefix + j + d
+        and output == prefix + i + j
+        and len(set(letters)) == 3
+        and all(letter.isalpha() for letter in letters)
+        and not set(letters) & set(prefix)
+    )
+
+
 def _is_number(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, (cst.Integer, cst.Float))
 
@@ -674,7 +697,8 @@ class NaiveAttention(Rule):
     """
     ## What it does
     Flags attention computed by hand: a softmax over the last dimension of
-    `q @ k.transpose(-2, -1)` (or `k.mT`, `torch.matmul`), scaled, masked or
+    `q @ k.transpose(-2, -1)` (or `k.mT`, `torch.matmul`, an einsum such as
+    `"bhid,bhjd->bhij"`), scaled, masked or
     not, directly or through a variable (`scores = q @ k.mT / d ** 0.5`, then
     `scores.softmax(-1)`), with `torch.softmax`, `F.softmax`, `.softmax()` or
     an `nn.Softmax(dim=-1)` module.
@@ -743,6 +767,8 @@ class NaiveAttention(Rule):
         ),
         # The dim may come through a splat.
         Valid("import torch\nw = torch.softmax(q @ k.transpose(-2, -1), **options)\n"),
+        # einsum that is not q k^T (a contraction over the sequence).
+        Valid('import torch\nw = torch.einsum("bhid,bhje->bhde", q, k).softmax(-1)\n'),
         # A softmax module over another dimension.
         Valid(
             """\
@@ -889,6 +915,16 @@ class NaiveAttention(Rule):
                     return F.scaled_dot_product_attention(q, k, v)
             """,
         ),
+        # Scores through einsum (the weights are used twice: no fix).
+        Invalid(
+            """\
+            from torch import einsum
+            sim = einsum("b h i d, b h j d -> b h i j", q, k) * self.scale
+            attn = sim.softmax(dim=-1)
+            out = einsum("b h i j, b h j d -> b h i d", attn, v)
+            """,
+            line=3,
+        ),
         # A scale that may be a tensor: reported, no fix.
         Invalid(
             """\
@@ -965,8 +1001,16 @@ class NaiveAttention(Rule):
                 return called[0]
         return None
 
-    def _product(self, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-        """(q, k) for `q @ k^T` / `torch.matmul(q, k^T)`."""
+    def _product(self, expr: cst.BaseExpression) -> _QueryKey | None:
+        """(q, k) for `q @ k^T`, `torch.matmul(q, k^T)`,
+        `torch.einsum("bhid,bhjd->bhij", q, k)`."""
+        if isinstance(expr, cst.Call) and self.context.call_name(expr) == "torch.einsum":
+            if has_splat(expr) or len(expr.args) != 3 or any(arg.keyword for arg in expr.args):
+                return None
+            equation = string_value(expr.args[0].value)
+            if equation is None or not _is_query_key_equation(equation):
+                return None
+            return expr.args[1].value, expr.args[2].value
         if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.MatrixMultiply):
             left, right = expr.left, expr.right
         elif isinstance(expr, cst.Call) and self.context.call_name(expr) in _MATMUL:

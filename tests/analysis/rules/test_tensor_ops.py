@@ -291,3 +291,39 @@ def test_fixed_first_piece_idiom_computes_the_same_value(count: int, test: str) 
 def test_first_piece_idiom_without_fix(source: str, why: str) -> None:
     [finding] = _findings(source, "OOM401")
     assert finding.fix is None, why
+
+
+@pytest.mark.parametrize(
+    ("equation", "is_query_key"),
+    [
+        ("bhid,bhjd->bhij", True),
+        ("b h i d, b h j d -> b h i j", True),
+        ("...id,...jd->...ij", True),
+        ("id,jd->ij", True),
+        ("bhid,bhjd->bhji", False),  # transposed scores
+        ("bhid,bhje->bhij", False),  # no shared contraction
+        ("bhid,bhjd->bhid", False),
+        ("bhij,bhjd->bhid", False),  # weights @ v
+        ("bid,bjd", False),
+    ],
+)
+def test_einsum_query_key_equations(equation: str, is_query_key: bool) -> None:
+    source = f'import torch\nw = torch.einsum("{equation}", q, k).softmax(-1)\n'
+    assert bool(_findings(source, "OOM402")) is is_query_key
+
+
+def test_fixed_einsum_attention_computes_the_same_output() -> None:
+    torch = pytest.importorskip("torch")
+    source = (
+        "import math\nimport torch\nimport torch.nn.functional as F\ntorch.manual_seed(0)\n"
+        "q, k, v = torch.randn(3, 2, 4, 6, 8).unbind(0)\n"
+        'w = torch.softmax(torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(q.size(-1)), dim=-1)\n'
+        "out = w @ v\n"
+    )
+    fixed = _fixed(source, "OOM402")
+    assert "F.scaled_dot_product_attention(q, k, v)" in fixed
+    before: dict[str, object] = {}
+    after: dict[str, object] = {}
+    exec(compile(source, "<before>", "exec"), before)
+    exec(compile(fixed, "<after>", "exec"), after)
+    assert torch.allclose(before["out"], after["out"], atol=1e-5)
