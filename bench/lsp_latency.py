@@ -66,7 +66,9 @@ def edited(text: str, edit: int, middle: int) -> tuple[str, types.TextDocumentCo
     start = types.Position(line=middle, character=0)
     if edit % 2 == 0:
         inserted = f"# edit {edit}\n"
-        change = types.TextDocumentContentChangePartial(range=types.Range(start=start, end=start), text=inserted)
+        change = types.TextDocumentContentChangePartial(
+            range=types.Range(start=start, end=start), text=inserted
+        )
         lines = text.splitlines(keepends=True)
         return "".join([*lines[:middle], inserted, *lines[middle:]]), change
     end = types.Position(line=middle + 1, character=0)
@@ -138,7 +140,9 @@ async def measure_server(text: str, edits: int, pull: bool, workspace: Path) -> 
             )
         )
         if pull:
-            await client.text_document_diagnostic_async(types.DocumentDiagnosticParams(text_document=document))
+            await client.text_document_diagnostic_async(
+                types.DocumentDiagnosticParams(text_document=document)
+            )
         else:
             await asyncio.wait_for(published.setdefault(version, asyncio.Event()).wait(), 120)
         timings.append(time.perf_counter() - started)
@@ -169,15 +173,20 @@ def row(label: str, values: list[float], parse_p50: float) -> str:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--edits", type=int, default=30, help="edits per fixture and mode (default 30)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[200, 1000, 5000], help="fixture sizes in lines")
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=[200, 1000, 5000], help="fixture sizes in lines"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="oom-lsp-bench-") as folder:
         workspace = Path(folder)
         (workspace / "pyproject.toml").write_text('[project]\nname = "bench"\n')
         load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-        print(f"python {sys.version.split()[0]}, libcst {metadata.version('libcst')}, {os.cpu_count()} CPUs, load average {load}")
+        versions = f"python {sys.version.split()[0]}, libcst {metadata.version('libcst')}"
+        print(f"{versions}, {os.cpu_count()} CPUs, load average {load}")
         for size in args.sizes:
             text = realistic_text(size)
             findings = analyze(text, default_settings(), "bench.py")
@@ -190,7 +199,8 @@ async def main() -> None:
             print(row("analyze() in process", analysis, parse_p50))
             print(row("server, push (debounce 0)", push, parse_p50))
             print(row("server, pull", pull, parse_p50))
-            print(f"  mean push {statistics.mean(push) * 1000:.1f} ms, mean pull {statistics.mean(pull) * 1000:.1f} ms")
+            means = f"mean push {statistics.mean(push) * 1000:.1f} ms, mean pull {statistics.mean(pull) * 1000:.1f} ms"
+            print(f"  {means}")
 
 
 if __name__ == "__main__":

@@ -55,18 +55,28 @@ def _finding_of(diagnostic: types.Diagnostic, document: TextDocument) -> Finding
         return None
 
 
-def workspace_edit(ls: OomLanguageServer, document: TextDocument, edits: list[types.TextEdit]) -> types.WorkspaceEdit:
+def workspace_edit(
+    ls: OomLanguageServer, document: TextDocument, edits: list[types.TextEdit]
+) -> types.WorkspaceEdit:
     if ls.client_supports("workspace.workspace_edit.document_changes"):
         identifier = types.OptionalVersionedTextDocumentIdentifier(uri=document.uri, version=document.version)
-        return types.WorkspaceEdit(document_changes=[types.TextDocumentEdit(text_document=identifier, edits=edits)])
+        return types.WorkspaceEdit(
+            document_changes=[types.TextDocumentEdit(text_document=identifier, edits=edits)]
+        )
     return types.WorkspaceEdit(changes={document.uri: edits})
 
 
-def _lsp_edits(edits: tuple[TextEdit, ...] | list[TextEdit], converter: PositionConverter) -> list[types.TextEdit]:
-    return [types.TextEdit(range=converter.range_to_lsp(edit.range), new_text=edit.new_text) for edit in edits]
+def _lsp_edits(
+    edits: tuple[TextEdit, ...] | list[TextEdit], converter: PositionConverter
+) -> list[types.TextEdit]:
+    return [
+        types.TextEdit(range=converter.range_to_lsp(edit.range), new_text=edit.new_text) for edit in edits
+    ]
 
 
-async def on_code_action(ls: OomLanguageServer, params: types.CodeActionParams) -> list[types.CodeAction] | None:
+async def on_code_action(
+    ls: OomLanguageServer, params: types.CodeActionParams
+) -> list[types.CodeAction] | None:
     document = ls.open_document(params.text_document.uri)
     if document is None:
         return None
@@ -113,14 +123,18 @@ async def on_code_action(ls: OomLanguageServer, params: types.CodeActionParams) 
     return actions
 
 
-async def _fix_all(ls: OomLanguageServer, document: TextDocument, converter: PositionConverter) -> types.CodeAction | None:
+async def _fix_all(
+    ls: OomLanguageServer, document: TextDocument, converter: PositionConverter
+) -> types.CodeAction | None:
     await ls.settings_ready.wait()
     source, version = document.source, document.version
     settings = ls.settings_for_uri(document.uri)
     if settings is None:
         return None  # excluded by the project's configuration
     loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(ls.analysis_executor, lambda: fix_source(source, settings, path=document.path or document.uri))
+    result = await loop.run_in_executor(
+        ls.analysis_executor, lambda: fix_source(source, settings, path=document.path or document.uri)
+    )
     if result.applied == 0 or document.version != version:
         return None
     edit = _minimal_edit(source, result.source, converter)

@@ -67,7 +67,9 @@ def register(server: OomLanguageServer) -> None:
 
 
 def register_pull(server: OomLanguageServer) -> None:
-    options = types.DiagnosticOptions(identifier=SOURCE, inter_file_dependencies=False, workspace_diagnostics=False)
+    options = types.DiagnosticOptions(
+        identifier=SOURCE, inter_file_dependencies=False, workspace_diagnostics=False
+    )
     server.feature(types.TEXT_DOCUMENT_DIAGNOSTIC, options)(on_document_diagnostic)
 
 

@@ -78,5 +78,7 @@ async def on_hover(ls: OomLanguageServer, params: types.HoverParams) -> types.Ho
             sections.append(docs[1])
     if not sections:
         return None
-    innermost = min(under, key=lambda finding: (finding.range.end.line - finding.range.start.line, finding.range.end))
+    innermost = min(
+        under, key=lambda finding: (finding.range.end.line - finding.range.start.line, finding.range.end)
+    )
     return _hover("\n\n---\n\n".join(sections), converter.range_to_lsp(innermost.range))

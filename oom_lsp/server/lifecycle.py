@@ -68,10 +68,14 @@ async def _watch_config_files(ls: OomLanguageServer) -> None:
             timeout=5,
         )
     except asyncio.TimeoutError:
-        logger.warning("The client did not answer the file-watcher registration; config changes are found on edit")
+        logger.warning(
+            "The client did not answer the file-watcher registration; config changes are found on edit"
+        )
 
 
-async def on_did_change_configuration(ls: OomLanguageServer, params: types.DidChangeConfigurationParams) -> None:
+async def on_did_change_configuration(
+    ls: OomLanguageServer, params: types.DidChangeConfigurationParams
+) -> None:
     # Clients that answer workspace/configuration often send no settings
     # here (VS Code sends null): ask again; the others send the new values.
     configured = await ls.fetch_configuration()

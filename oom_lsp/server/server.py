@@ -61,7 +61,9 @@ class OomLanguageServer(LanguageServer):
         self.pull_diagnostics = False
         # One worker: analyses queue instead of competing for the GIL, and a
         # request cancelled before its turn costs nothing.
-        self.analysis_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oom-analysis")
+        self.analysis_executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="oom-analysis"
+        )
         self._analyses: dict[str, Analysis] = {}
 
     # --- client capabilities -------------------------------------------------
@@ -94,9 +96,13 @@ class OomLanguageServer(LanguageServer):
             return None
         request = types.ConfigurationParams(items=[types.ConfigurationItem(section=editor_settings.SECTION)])
         try:
-            answer = await asyncio.wait_for(self.workspace_configuration_async(request), CONFIGURATION_TIMEOUT_S)
+            answer = await asyncio.wait_for(
+                self.workspace_configuration_async(request), CONFIGURATION_TIMEOUT_S
+            )
         except asyncio.TimeoutError:
-            logger.warning("The client did not answer workspace/configuration within %.0f s", CONFIGURATION_TIMEOUT_S)
+            logger.warning(
+                "The client did not answer workspace/configuration within %.0f s", CONFIGURATION_TIMEOUT_S
+            )
             return None
         if not answer or not isinstance(answer[0], dict):
             return None  # the user configured nothing under oomLsp
@@ -104,7 +110,9 @@ class OomLanguageServer(LanguageServer):
 
     def show_error(self, message: str) -> None:
         logger.error("%s", message)
-        self.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=f"oom-lsp: {message}"))
+        self.window_show_message(
+            types.ShowMessageParams(type=types.MessageType.Error, message=f"oom-lsp: {message}")
+        )
 
     # --- analysis ------------------------------------------------------------------
 
@@ -131,7 +139,12 @@ class OomLanguageServer(LanguageServer):
         uri, version, source = document.uri, document.version, document.source
         settings = self.settings_for_uri(uri)
         cached = self._analyses.get(uri)
-        if cached is not None and cached.version == version and cached.source == source and cached.settings == settings:
+        if (
+            cached is not None
+            and cached.version == version
+            and cached.source == source
+            and cached.settings == settings
+        ):
             return cached
         if settings is None:
             findings: list[Finding] = []

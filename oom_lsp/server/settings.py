@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from oom_lsp.analysis import LintSettings, default_settings
 from oom_lsp.config import ConfigError, ConfigResolver, ProjectConfig, parse_config_table
@@ -30,7 +30,12 @@ SECTION = "oomLsp"
 # Read by the configuration code when it looks for a project's settings.
 CONFIG_FILE_NAMES = ("pyproject.toml", "oom-lsp.toml", ".oom-lsp.toml")
 DEFAULT_DEBOUNCE_MS = 75
-_LOG_LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG}
+_LOG_LEVELS = {
+    "error": logging.ERROR,
+    "warning": logging.WARNING,
+    "info": logging.INFO,
+    "debug": logging.DEBUG,
+}
 _SERVER_KEYS = ("logLevel", "logFile", "debounceMs")
 
 
@@ -70,7 +75,9 @@ def parse_editor_settings(raw: Mapping[str, Any]) -> EditorSettings:
         log_file = None
     debounce = raw.get("debounceMs", DEFAULT_DEBOUNCE_MS)
     if isinstance(debounce, bool) or not isinstance(debounce, (int, float)) or debounce < 0:
-        logger.warning("oomLsp.debounceMs must be a number >= 0, got %r; using %d", debounce, DEFAULT_DEBOUNCE_MS)
+        logger.warning(
+            "oomLsp.debounceMs must be a number >= 0, got %r; using %d", debounce, DEFAULT_DEBOUNCE_MS
+        )
         debounce = DEFAULT_DEBOUNCE_MS
     return EditorSettings(
         lint=lint,
@@ -177,6 +184,8 @@ class LintSettingsSource:
     def _editor_only(self, path: Path) -> LintSettings:
         root = self._root or Path.cwd()
         try:
-            return parse_config_table(self._editor_lint, "editor settings", root).settings_for(root / path.name)
+            return parse_config_table(self._editor_lint, "editor settings", root).settings_for(
+                root / path.name
+            )
         except ConfigError:
             return default_settings()

@@ -10,7 +10,9 @@ from tests.server.lsp_session import CLIENTS, CONFIG, start_session
 
 
 @pytest_lsp.fixture(scope="module", params=list(CLIENTS), config=CONFIG)
-async def client(request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory):
+async def client(
+    request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory
+):
     root = tmp_path_factory.mktemp("workspace")
     lsp_client.root = root
     lsp_client.client_name = request.param

@@ -121,11 +121,15 @@ async def wait_for_published(
             if params.uri == uri and params.version == version:
                 return params
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"no diagnostics for {uri} version {version}; got {client.published[since:]}")
+            raise AssertionError(
+                f"no diagnostics for {uri} version {version}; got {client.published[since:]}"
+            )
         await asyncio.sleep(0.02)
 
 
-async def diagnostics_for(client: LanguageClient, uri: str, version: int, since: int = 0) -> list[types.Diagnostic]:
+async def diagnostics_for(
+    client: LanguageClient, uri: str, version: int, since: int = 0
+) -> list[types.Diagnostic]:
     """The diagnostics of that version: pulled when the client pulls, else
     the pushed ones for exactly that version."""
     if pulls(client):
@@ -175,7 +179,9 @@ def apply_text_edits(text: str, edits: list[types.TextEdit], encoding: str = "ut
                 units += 1
         return sum(len(previous) for previous in lines[: position.line]) + len(line.rstrip("\r\n"))
 
-    spans = sorted(((offset(edit.range.start), offset(edit.range.end), edit.new_text) for edit in edits), reverse=True)
+    spans = sorted(
+        ((offset(edit.range.start), offset(edit.range.end), edit.new_text) for edit in edits), reverse=True
+    )
     for start, end, new_text in spans:
         text = text[:start] + new_text + text[end:]
     return text

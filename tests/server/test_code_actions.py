@@ -11,7 +11,6 @@ from lsprotocol import types
 from pytest_lsp import LanguageClient
 
 from oom_lsp.analysis import Applicability, analyze, default_settings, registry
-
 from tests.server.lsp_session import apply_text_edits, diagnostics_for, edits_of, open_document, replace_text
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -30,7 +29,11 @@ async def _open(client: LanguageClient, text: str) -> tuple[str, list[types.Diag
 async def _actions(
     client: LanguageClient, uri: str, diagnostics: list[types.Diagnostic], only: list[str] | None = None
 ) -> list[types.CodeAction]:
-    target = diagnostics[0].range if diagnostics else types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=0))
+    target = (
+        diagnostics[0].range
+        if diagnostics
+        else types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=0))
+    )
     result = await client.text_document_code_action_async(
         types.CodeActionParams(
             text_document=types.TextDocumentIdentifier(uri=uri),
@@ -67,7 +70,9 @@ async def test_quick_fix_is_preferred_and_applies(client: LanguageClient):
 
 async def test_ignore_for_this_line(client: LanguageClient):
     uri, diagnostics = await _open(client, LOAD)
-    action = _by_title(await _actions(client, uri, diagnostics), "oom-lsp (OOM501): Ignore OOM501 for this line")
+    action = _by_title(
+        await _actions(client, uri, diagnostics), "oom-lsp (OOM501): Ignore OOM501 for this line"
+    )
     assert not action.is_preferred
     fixed = apply_text_edits(LOAD, edits_of(action, uri), _encoding(client))
     assert fixed == 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM501]\n'
@@ -79,7 +84,9 @@ async def test_ignore_for_this_line(client: LanguageClient):
 async def test_ignore_merges_with_an_existing_comment(client: LanguageClient):
     text = 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM301] reviewed\n'
     uri, diagnostics = await _open(client, text)
-    action = _by_title(await _actions(client, uri, diagnostics), "oom-lsp (OOM501): Ignore OOM501 for this line")
+    action = _by_title(
+        await _actions(client, uri, diagnostics), "oom-lsp (OOM501): Ignore OOM501 for this line"
+    )
     fixed = apply_text_edits(text, edits_of(action, uri), _encoding(client))
     assert fixed == 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM301, OOM501] reviewed\n'
 
@@ -142,7 +149,9 @@ def _fix_examples() -> list[tuple[str, str, str]]:
     return examples
 
 
-@pytest.mark.parametrize(("code", "example", "expected"), _fix_examples(), ids=[case[0] for case in _fix_examples()])
+@pytest.mark.parametrize(
+    ("code", "example", "expected"), _fix_examples(), ids=[case[0] for case in _fix_examples()]
+)
 async def test_each_rules_quick_fix(client: LanguageClient, code: str, example: str, expected: str):
     uri, diagnostics = await _open(client, example)
     own = [diagnostic for diagnostic in diagnostics if diagnostic.code == code]

@@ -15,7 +15,14 @@ from pytest_lsp import LanguageClient
 from oom_lsp.analysis import analyze, default_settings
 from oom_lsp.fixes.apply import FixResult, fix_source
 from oom_lsp.server.positions import PositionConverter
-from tests.server.lsp_session import CONFIG, apply_text_edits, diagnostics_for, edits_of, open_document, start_session
+from tests.server.lsp_session import (
+    CONFIG,
+    apply_text_edits,
+    diagnostics_for,
+    edits_of,
+    open_document,
+    start_session,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -25,10 +32,14 @@ FIXTURES = sorted((Path(__file__).parent.parent.parent / "fixtures").glob("*.py"
 # Two clients cover pull (VS Code) and push (Neovim 0.7); every rule runs on
 # every fixture, so more would only repeat the same analysis.
 @pytest_lsp.fixture(scope="module", params=["vscode-1.139.1", "neovim-0.7.2"], config=CONFIG)
-async def client(request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory):
+async def client(
+    request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory
+):
     root = tmp_path_factory.mktemp("fixtures")
     lsp_client.root = root
-    lsp_client.init_result = await start_session(lsp_client, request.param, root, initialization_options={"debounceMs": 0})
+    lsp_client.init_result = await start_session(
+        lsp_client, request.param, root, initialization_options={"debounceMs": 0}
+    )
     yield
     await lsp_client.shutdown_session()
 
@@ -54,7 +65,9 @@ async def test_fixture_diagnostics_and_fix_all(client: LanguageClient, fixture: 
     actions = await client.text_document_code_action_async(
         types.CodeActionParams(
             text_document=types.TextDocumentIdentifier(uri=uri),
-            range=types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)),
+            range=types.Range(
+                start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)
+            ),
             context=types.CodeActionContext(diagnostics=[], only=["source.fixAll.oom-lsp"]),
         )
     )
@@ -64,4 +77,6 @@ async def test_fixture_diagnostics_and_fix_all(client: LanguageClient, fixture: 
     else:
         (fix_all,) = actions
         assert apply_text_edits(text, edits_of(fix_all, uri), encoding) == expected.source
-    client.text_document_did_close(types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri)))
+    client.text_document_did_close(
+        types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    )

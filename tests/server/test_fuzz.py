@@ -64,12 +64,18 @@ def edit_sequence(draw: st.DrawFn) -> list[str]:
 
 
 @pytest_lsp.fixture(scope="module", params=["vscode-1.139.1", "neovim-0.7.2"], config=CONFIG)
-async def client(request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory):
+async def client(
+    request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory
+):
     root = tmp_path_factory.mktemp("fuzz")
     lsp_client.root = root
     # A real debounce: superseded versions must be dropped, not published late.
     lsp_client.init_result = await start_session(
-        lsp_client, request.param, root, initialization_options={"debounceMs": 10}, configuration={"debounceMs": 10}
+        lsp_client,
+        request.param,
+        root,
+        initialization_options={"debounceMs": 10},
+        configuration={"debounceMs": 10},
     )
     yield
     await lsp_client.shutdown_session()
@@ -77,7 +83,9 @@ async def client(request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp
 
 def _expected(text: str, encoding: str) -> list[tuple[str, types.Range]]:
     converter = PositionConverter(text, encoding)
-    return [(finding.code, converter.range_to_lsp(finding.range)) for finding in analyze(text, default_settings())]
+    return [
+        (finding.code, converter.range_to_lsp(finding.range)) for finding in analyze(text, default_settings())
+    ]
 
 
 def _got(diagnostics: list[types.Diagnostic]) -> list[tuple[str, types.Range]]:
@@ -106,7 +114,9 @@ async def test_random_edits(client: LanguageClient, texts: list[str]):
     everything = types.Range(start=types.Position(line=0, character=0), end=end_of_text)
     hover, actions = await asyncio.wait_for(
         asyncio.gather(
-            client.text_document_hover_async(types.HoverParams(text_document=identifier, position=end_of_text)),
+            client.text_document_hover_async(
+                types.HoverParams(text_document=identifier, position=end_of_text)
+            ),
             client.text_document_code_action_async(
                 types.CodeActionParams(
                     text_document=identifier,

@@ -47,7 +47,9 @@ async def test_hover_on_a_diagnostic_shows_the_rule_docs(client: LanguageClient,
     assert hover.contents.kind == types.MarkupKind.Markdown
     assert hover.contents.value.startswith("# torch-load-without-map-location (OOM501)")
     assert "## Why is this bad?" in hover.contents.value
-    assert hover.range == types.Range(start=types.Position(line=2, character=8), end=types.Position(line=2, character=29))
+    assert hover.range == types.Range(
+        start=types.Position(line=2, character=8), end=types.Position(line=2, character=29)
+    )
 
 
 async def test_hover_on_codes_inside_suppression_comments(client: LanguageClient, document: str):

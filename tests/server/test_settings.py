@@ -28,7 +28,9 @@ LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n'
 
 
 @pytest_lsp.fixture(scope="module", params=list(CLIENTS), config=CONFIG)
-async def client(request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory):
+async def client(
+    request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory
+):
     root = tmp_path_factory.mktemp("settings")
     lsp_client.root = root
     lsp_client.client_name = request.param
@@ -63,7 +65,9 @@ async def test_did_change_configuration_rechecks_open_documents(client: Language
     since = len(client.published)
     refreshes = client.diagnostic_refresh_count
     logs = len(client.log_messages)
-    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"oomLsp": new_settings}))
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"oomLsp": new_settings})
+    )
     if pulls(client):
         deadline = asyncio.get_running_loop().time() + TIMEOUT_S
         if client.capabilities.workspace.diagnostics:

@@ -45,7 +45,12 @@ def _read_until(stream: IO[bytes], predicate) -> list[dict]:
 def _session(tmp_path: Path) -> tuple[list[dict], list[dict], list[dict]]:
     uri = (tmp_path / "train.py").as_uri()
     opening = [
-        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}, "rootUri": tmp_path.as_uri()}},
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"capabilities": {}, "rootUri": tmp_path.as_uri()},
+        },
         {"jsonrpc": "2.0", "method": "initialized", "params": {}},
         {
             "jsonrpc": "2.0",
@@ -69,7 +74,9 @@ def _session(tmp_path: Path) -> tuple[list[dict], list[dict], list[dict]]:
 def test_a_whole_session_writes_nothing_on_stderr(tmp_path: Path):
     """Editors show server stderr as errors (pygls logs every message at INFO)."""
     opening, hover, closing = _session(tmp_path)
-    server = subprocess.Popen(SERVER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    server = subprocess.Popen(
+        SERVER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         server.stdin.write(b"".join(map(_frame, opening)))
         server.stdin.flush()
