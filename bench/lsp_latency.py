@@ -199,8 +199,8 @@ async def main() -> None:
             print(row("analyze() in process", analysis, parse_p50))
             print(row("server, push (debounce 0)", push, parse_p50))
             print(row("server, pull", pull, parse_p50))
-            means = f"mean push {statistics.mean(push) * 1000:.1f} ms, mean pull {statistics.mean(pull) * 1000:.1f} ms"
-            print(f"  {means}")
+            push_mean, pull_mean = statistics.mean(push) * 1000, statistics.mean(pull) * 1000
+            print(f"  mean push {push_mean:.1f} ms, mean pull {pull_mean:.1f} ms")
 
 
 if __name__ == "__main__":
