@@ -8,7 +8,15 @@ from dataclasses import dataclass
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, int_value, is_false, method_call, string_value
+from oom_lsp.analysis.cst_helpers import (
+    UNKNOWN,
+    get_arg,
+    has_splat,
+    int_value,
+    is_false,
+    method_call,
+    string_value,
+)
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
@@ -109,7 +117,10 @@ class NoGradientCheckpointing(Rule):
     training (its parameters given to an optimizer, passed to a Trainer,
     `prepare`, `get_peft_model`, DDP/FSDP, or `.train()`), and nothing in the
     file may mention checkpointing (`gradient_checkpointing`,
-    `torch.utils.checkpoint`, `prepare_model_for_kbit_training`...).
+    `torch.utils.checkpoint`, `prepare_model_for_kbit_training`...). A
+    Trainer whose arguments come from outside the file (`HfArgumentParser`,
+    `TrainingArguments(**config)`, a function parameter) may enable it
+    there: the rule stays silent.
 
     ## Why is this bad?
     Autograd keeps every layer's intermediate activations until backward:
@@ -122,6 +133,7 @@ class NoGradientCheckpointing(Rule):
     ## Example
     ```python
     model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf")
+    args = TrainingArguments("out", per_device_train_batch_size=4)
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.train()
     ```
@@ -130,6 +142,7 @@ class NoGradientCheckpointing(Rule):
     ```python
     model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf")
     model.gradient_checkpointing_enable()
+    args = TrainingArguments("out", per_device_train_batch_size=4)
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.train()
     ```
@@ -273,16 +286,18 @@ class NoGradientCheckpointing(Rule):
     INVALID = [
         Invalid(
             """\
-            from transformers import AutoModelForCausalLM, Trainer
+            from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
             model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf")  # base
+            args = TrainingArguments("out", per_device_train_batch_size=4, bf16=True)
             trainer = Trainer(model=model, args=args, train_dataset=data)
             trainer.train()
             """,
             line=2,
             expected_fix="""\
-            from transformers import AutoModelForCausalLM, Trainer
+            from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
             model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf")  # base
             model.gradient_checkpointing_enable()
+            args = TrainingArguments("out", per_device_train_batch_size=4, bf16=True)
             trainer = Trainer(model=model, args=args, train_dataset=data)
             trainer.train()
             """,
@@ -386,7 +401,7 @@ class NoGradientCheckpointing(Rule):
         Invalid(
             """\
             from transformers import AutoModelForSequenceClassification as Model, Trainer
-            trainer = Trainer(Model.from_pretrained("roberta-large", num_labels=2), args)
+            trainer = Trainer(Model.from_pretrained("roberta-large", num_labels=2))
             trainer.train()
             """,
             line=2,
@@ -412,8 +427,17 @@ class NoGradientCheckpointing(Rule):
         self._assigned_attributes: set[str] = set()
         # Module-level `NAME = "string"`; None when assigned more than once.
         self._constants: dict[str, str | None] = {}
+        # Training arguments given to a Trainer: names, and whether any comes
+        # from somewhere this file cannot read; names bound to a
+        # `TrainingArguments(...)`-like call written out in the file.
+        self._trainer_argument_names: set[str] = set()
+        self._trainer_arguments_unknown = False
+        self._literal_arguments: set[str] = set()
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            if _is_literal_arguments(node.value):
+                self._literal_arguments.add(node.targets[0].target.value)
         for target in node.targets:
             if isinstance(target.target, cst.Attribute):
                 self._assigned_attributes.add(target.target.attr.value)
@@ -535,6 +559,7 @@ class NoGradientCheckpointing(Rule):
             model = get_arg(node, "model", 0)
             if isinstance(model, cst.Arg):
                 self._note_trained(model.value)
+            self._note_trainer_arguments(get_arg(node, "args", 1))
         elif last in _WRAPPERS:
             for argument in node.args:
                 if argument.keyword is None or argument.keyword.value == "model":
@@ -545,6 +570,18 @@ class NoGradientCheckpointing(Rule):
                     parameters = method_call(inner)
                     if parameters is not None and parameters[1] in ("parameters", "named_parameters"):
                         self._note_trained(parameters[0])
+
+    def _note_trainer_arguments(self, arguments: cst.Arg | None | object) -> None:
+        """Training arguments this file cannot read (parsed from the command
+        line or a config file) may turn gradient checkpointing on."""
+        if arguments is None:
+            return
+        if not isinstance(arguments, cst.Arg):
+            self._trainer_arguments_unknown = True
+        elif isinstance(arguments.value, cst.Name):
+            self._trainer_argument_names.add(arguments.value.value)
+        elif not _is_literal_arguments(arguments.value):
+            self._trainer_arguments_unknown = True
 
     def _note_trained(self, expr: cst.BaseExpression) -> None:
         loaded = _loaded_model(expr)
@@ -606,6 +643,8 @@ class NoGradientCheckpointing(Rule):
             name = self._constants.get(candidate.model_constant or "")
         if name is None or not is_large_model_name(name):
             return
+        if self._trainer_arguments_unknown or self._trainer_argument_names - self._literal_arguments:
+            return
         reference = candidate.target or _call_reference(candidate.call)
         if reference not in self._trained_names or reference in self._frozen_names:
             return
@@ -639,6 +678,14 @@ class NoGradientCheckpointing(Rule):
             statement=candidate.path[-1] if candidate.path else None,
             statement_path=candidate.path,
         )
+
+
+def _is_literal_arguments(expr: cst.BaseExpression) -> bool:
+    """`TrainingArguments(...)`, `SFTConfig(...)` with every option written out."""
+    if not isinstance(expr, cst.Call) or has_splat(expr):
+        return False
+    last = _last_segment(expr.func) or ""
+    return last.endswith("Arguments") or last.endswith("Config")
 
 
 def _call_reference(call: cst.Call) -> str:

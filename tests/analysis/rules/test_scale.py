@@ -102,7 +102,7 @@ def test_peft_wrapped_model_is_trained() -> None:
         from transformers import AutoModelForCausalLM, Trainer
         base = AutoModelForCausalLM.from_pretrained("tiiuae/falcon-7b")
         model = get_peft_model(base, lora_config)
-        Trainer(model=model, args=args).train()
+        Trainer(model=model).train()
         """
     [finding] = _findings(source, "OOM601")
     assert finding.line == 3
@@ -177,3 +177,32 @@ def test_data_parallel(source: str, reported: bool) -> None:
     findings = _findings(source, "OOM602")
     assert bool(findings) is reported
     assert all(finding.fix is None for finding in findings)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "reported"),
+    [
+        ('args = TrainingArguments("out", per_device_train_batch_size=4)', True),
+        ("args = TrainingArguments(**config)", False),
+        ("(args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()", False),
+        ("args = load_arguments()", False),
+    ],
+)
+def test_trainer_arguments_from_elsewhere_may_enable_checkpointing(arguments: str, reported: bool) -> None:
+    source = f"""\
+        from transformers import AutoModelForCausalLM, HfArgumentParser, Trainer, TrainingArguments
+        model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf")
+        {arguments}
+        Trainer(model=model, args=args, train_dataset=data).train()
+        """
+    assert bool(_findings(source, "OOM601")) is reported
+
+
+def test_trainer_arguments_parameter_is_unknown() -> None:
+    source = """\
+        from transformers import AutoModelForCausalLM, Trainer
+        def main(training_args):
+            model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf")
+            Trainer(model, training_args).train()
+        """
+    assert _findings(source, "OOM601") == []
