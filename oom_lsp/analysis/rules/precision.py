@@ -56,6 +56,18 @@ class _CudaFinder(cst.BatchableCSTVisitor):
             raise _Found
 
 
+class _DeviceUseFinder(_CudaFinder):
+    """CUDA, or a move to a device chosen elsewhere: `.to(device)`,
+    `.to(self.device)`, `torch.zeros(..., device=device)`."""
+
+    def visit_Call(self, node: cst.Call) -> None:
+        super().visit_Call(node)
+        called = method_call(node)
+        target = get_arg(node, "device", 0) if called is not None and called[1] == "to" else get_arg(node, "device")
+        if isinstance(target, cst.Arg) and is_device_expression(target.value, self.context):
+            raise _Found
+
+
 def file_uses_cuda(context: FileContext) -> bool:
     """Whether the file puts anything on a CUDA device: `.cuda()`, a "cuda"
     device string (`device="cuda"`, `torch.device("cuda:0")`, `.to("cuda")`,
@@ -221,6 +233,8 @@ def _is_loss_like(expr: cst.BaseExpression, loss_names: set[str]) -> bool:
 @dataclass
 class _TrainingLoop:
     loop: cst.For | cst.While
+    # The function the loop is in; None at module level.
+    function: cst.FunctionDef | None
     # Statements enclosing the loop, outermost first, the loop last.
     path: tuple[cst.CSTNode, ...]
     backward_statement: cst.CSTNode | None
@@ -472,6 +486,8 @@ class NoMixedPrecision(Rule):
         super().__init__(context)
         self._loops: list[_TrainingLoop] = []
         self._blocks: list[tuple[cst.IndentedBlock, str]] = []
+        # Whether code outside functions and classes touches the GPU (lazy).
+        self._top_level_device: bool | None = None
         # Names assigned from a loss function (`l = criterion(out, y)`), file-wide.
         self._loss_names: set[str] = set()
 
@@ -511,13 +527,22 @@ class NoMixedPrecision(Rule):
                 indents = tuple(indent for _, indent in self._blocks[: depth + 1])
         path = tuple(tracker.statements)
         path = path[: path.index(loop) + 1]
-        self._loops.append(_TrainingLoop(loop, path, tracker.current_statement, receiver, indents))
+        self._loops.append(
+            _TrainingLoop(loop, tracker.current_function, path, tracker.current_statement, receiver, indents)
+        )
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self._loops or not file_uses_cuda(self.context) or _file_handles_precision(self.context):
             return
         for training in self._loops:
             if search(training.loop, _AutocastFinder(self.context)):
+                continue
+            # In a function, the function itself or the module's top-level
+            # code must touch the GPU: a file of tests may run one test on
+            # CUDA and the next on the CPU.
+            if training.function is not None and not (
+                search(training.function, _DeviceUseFinder(self.context)) or self._top_level_uses_device()
+            ):
                 continue
             self.context.add_report(
                 deferred_report(
@@ -531,6 +556,16 @@ class NoMixedPrecision(Rule):
                     training.path,
                 )
             )
+
+    def _top_level_uses_device(self) -> bool:
+        if self._top_level_device is None:
+            finder = _DeviceUseFinder(self.context)
+            self._top_level_device = any(
+                search(statement, finder)
+                for statement in self.context.module.body
+                if not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
+            )
+        return self._top_level_device
 
     def _fix(self, training: _TrainingLoop) -> FixSpec | None:
         body = training.loop.body

@@ -164,6 +164,37 @@ def test_not_a_cuda_training_loop(source: str) -> None:
     assert _lines(source, OOM201) == []
 
 
+def test_a_cpu_loop_next_to_a_cuda_test_is_silent() -> None:
+    source = """\
+    import torch
+    def test_forward_on_gpu():
+        assert model.cuda()(x.cuda()).is_cuda
+    def test_training_on_cpu():
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+    def test_training_on_device(device):
+        for x, y in loader:
+            loss = criterion(model(x.to(device)), y.to(device))
+            loss.backward()
+    """
+    assert _lines(source, OOM201) == [9]
+
+
+def test_a_device_chosen_at_top_level_counts_for_every_function() -> None:
+    source = """\
+    import torch
+    def train(model, loader):
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+    if __name__ == "__main__":
+        model = Net().cuda()
+        train(model, gpu_loader)
+    """
+    assert _lines(source, OOM201) == [3]
+
+
 def test_loss_named_by_its_criterion() -> None:
     source = """\
     import torch
