@@ -48,7 +48,7 @@ def to_diagnostic(finding: Finding, analysis: Analysis, converter: PositionConve
         message=finding.message,
         tags=[types.DiagnosticTag.Unnecessary] if finding.code in _UNNECESSARY else None,
         # Code actions read the finding (with its fix) back from here.
-        data={"finding": finding.to_dict(), "uri": analysis.uri, "version": analysis.version},
+        data={"finding": finding.to_dict(), "version": analysis.version},
     )
 
 

@@ -158,3 +158,16 @@ async def test_debounce_publishes_only_the_last_of_quick_edits(flat_client: Lang
     await wait_for_published(flat_client, uri, 6, since)
     versions = [params.version for params in flat_client.published[since:] if params.uri == uri]
     assert versions == [1, 6]
+
+
+async def test_invalid_settings_are_reported_and_the_defaults_used(flat_client: LanguageClient):
+    uri = (flat_client.root / "train.py").as_uri()
+    since = len(flat_client.published)
+    flat_client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"oomLsp": {"maxBatchSiz": 3, "debounceMs": 0}})
+    )
+    republished = await wait_for_published(flat_client, uri, 1, since)
+    # The editor's `ignore` went with the broken settings: OOM501 is back.
+    assert [d.code for d in republished.diagnostics] == ["OOM501"]
+    (error,) = [m for m in flat_client.messages if m.type == types.MessageType.Error]
+    assert "maxBatchSiz" in error.message and error.message.startswith("oom-lsp: ")
