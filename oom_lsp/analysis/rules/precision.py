@@ -75,6 +75,35 @@ def file_uses_cuda(context: FileContext) -> bool:
     return "cuda" in context.source and search(context.module, _CudaFinder(context))
 
 
+class DeviceScopes:
+    """Which functions of a file (that uses CUDA) run on the GPU: those that
+    touch it themselves (`.cuda()`, `.to(device)`, `device=...`), or all of
+    them when the top-level code does. A file of tests may run one test on
+    CUDA and the next on the CPU. Computed lazily, once per scope."""
+
+    def __init__(self, context: FileContext) -> None:
+        self.context = context
+        self._functions: dict[cst.FunctionDef, bool] = {}
+        self._top_level: bool | None = None
+
+    def on_gpu(self, function: cst.FunctionDef | None) -> bool:
+        if function is None:
+            return True
+        if function not in self._functions:
+            self._functions[function] = search(function, _DeviceUseFinder(self.context))
+        return self._functions[function] or self._top_level_uses_device()
+
+    def _top_level_uses_device(self) -> bool:
+        if self._top_level is None:
+            finder = _DeviceUseFinder(self.context)
+            self._top_level = any(
+                search(statement, finder)
+                for statement in self.context.module.body
+                if not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
+            )
+        return self._top_level
+
+
 def search(root: cst.CSTNode, finder: cst.BatchableCSTVisitor) -> bool:
     """Run `finder` over `root` and its descendants; True when it raised `_Found`."""
     try:
@@ -486,8 +515,6 @@ class NoMixedPrecision(Rule):
         super().__init__(context)
         self._loops: list[_TrainingLoop] = []
         self._blocks: list[tuple[cst.IndentedBlock, str]] = []
-        # Whether code outside functions and classes touches the GPU (lazy).
-        self._top_level_device: bool | None = None
         # Names assigned from a loss function (`l = criterion(out, y)`), file-wide.
         self._loss_names: set[str] = set()
 
@@ -534,15 +561,11 @@ class NoMixedPrecision(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self._loops or not file_uses_cuda(self.context) or _file_handles_precision(self.context):
             return
+        scopes = DeviceScopes(self.context)
         for training in self._loops:
             if search(training.loop, _AutocastFinder(self.context)):
                 continue
-            # In a function, the function itself or the module's top-level
-            # code must touch the GPU: a file of tests may run one test on
-            # CUDA and the next on the CPU.
-            if training.function is not None and not (
-                search(training.function, _DeviceUseFinder(self.context)) or self._top_level_uses_device()
-            ):
+            if not scopes.on_gpu(training.function):
                 continue
             self.context.add_report(
                 deferred_report(
@@ -556,16 +579,6 @@ class NoMixedPrecision(Rule):
                     training.path,
                 )
             )
-
-    def _top_level_uses_device(self) -> bool:
-        if self._top_level_device is None:
-            finder = _DeviceUseFinder(self.context)
-            self._top_level_device = any(
-                search(statement, finder)
-                for statement in self.context.module.body
-                if not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
-            )
-        return self._top_level_device
 
     def _fix(self, training: _TrainingLoop) -> FixSpec | None:
         body = training.loop.body
@@ -809,7 +822,8 @@ class Float64OnGpu(Rule):
 
     def __init__(self, context: FileContext) -> None:
         super().__init__(context)
-        self._candidates: list[Report] = []
+        # Reports to make if the file uses CUDA, with the function they are in.
+        self._candidates: list[tuple[Report, cst.FunctionDef | None]] = []
         # `.double()` calls whose result is reduced or moved at once.
         self._exempt: set[cst.Call] = set()
         # Calls whose result is moved to the GPU: `torch.zeros(..., dtype=...).cuda()`.
@@ -890,13 +904,17 @@ class Float64OnGpu(Rule):
             "bfloat16, for every tensor it creates (and weights, gradients and optimizer state for a "
             "`.double()` model). Use float32, or bfloat16 under autocast, unless this code truly needs float64."
         )
-        self._candidates.append(deferred_report(self, node, message, fix, tuple(self.context.tracker.statements)))
+        report = deferred_report(self, node, message, fix, tuple(self.context.tracker.statements))
+        self._candidates.append((report, self.context.tracker.current_function))
 
     def leave_Module(self, original_node: cst.Module) -> None:
         # `torch.autograd.gradcheck` needs float64 inputs: a file that runs it
         # uses double precision on purpose.
         if "gradcheck" in self.context.source:
             return
-        if self._candidates and file_uses_cuda(self.context):
-            for report in self._candidates:
+        if not self._candidates or not file_uses_cuda(self.context):
+            return
+        scopes = DeviceScopes(self.context)
+        for report, function in self._candidates:
+            if scopes.on_gpu(function):
                 self.context.add_report(report)

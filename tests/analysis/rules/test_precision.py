@@ -377,6 +377,18 @@ def test_float64_that_costs_no_gpu_memory_is_silent(line: str) -> None:
     assert _lines(f"import torch\nimport numpy as np\nmodel.cuda()\n{line}\n", OOM202) == []
 
 
+def test_float64_in_a_cpu_helper_of_a_cuda_file_is_silent() -> None:
+    source = """\
+    import torch
+    def reference_solution(a, b):
+        return torch.linalg.solve(a.double(), b.to(torch.float64))
+    def train(device):
+        model = Net().to(device)
+        model = model.double()
+    """
+    assert _lines(source, OOM202) == [6]
+
+
 def test_float64_noqa() -> None:
     source = "import torch\nx = torch.zeros(3, device='cuda', dtype=torch.float64)  # noqa: OOM202\n"
     assert _lines(source, OOM202) == []
