@@ -382,8 +382,8 @@ def test_float64_in_a_cpu_helper_of_a_cuda_file_is_silent() -> None:
     import torch
     def reference_solution(a, b):
         return torch.linalg.solve(a.double(), b.to(torch.float64))
-    def train(device):
-        model = Net().to(device)
+    def train():
+        model = Net().cuda()
         model = model.double()
     """
     assert _lines(source, OOM202) == [6]
