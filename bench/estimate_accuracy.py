@@ -1,0 +1,126 @@
+"""Accuracy and speed of `oom-lsp estimate --device cpu` on a zoo of training scripts.
+
+For each script of fixtures/estimate/ at three batch sizes: the estimate (a
+fake-tensor trace of two optimizer steps) and the peak of a real CPU run of
+the same two steps (the profiler's allocation events replayed in time order:
+every c10 CPU allocation, kernel scratch included), the error, and the wall
+time of each (the whole script: imports excluded, model construction
+included; the real run carries the profiler's overhead, the fake run the
+tracker's). Each case runs in its own child interpreter.
+
+    .venv/bin/python bench/estimate_accuracy.py [--cases mlp,gpt_sdpa] [--python PATH] [--json out.json]
+
+Goal (issue 4): within 5% wherever CPU and CUDA run the same kernels, and
+faster than the real step. Known gaps are marked: convolutions (oneDNN's
+scratch lives inside the kernel, invisible to any dispatcher-level tracker)
+and ViT (an unexplained over-estimate inside nn.MultiheadAttention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, run_harness  # noqa: E402
+
+FIXTURES = ROOT / "fixtures" / "estimate"
+MIB = 2**20
+
+# name: (script, script arguments, batch sizes, note)
+ZOO: dict[str, tuple[str, list[str], tuple[int, ...], str]] = {
+    "mlp": ("mlp.py", [], (32, 128, 512), ""),
+    "resnet_cnn": ("cnn.py", ["--width", "16"], (8, 16, 32), "conv"),
+    "unet": ("unet.py", ["--size", "64"], (2, 4, 8), "conv"),
+    "gpt_sdpa": ("gpt.py", [], (2, 4, 8), ""),
+    "gpt_naive": ("gpt.py", ["--naive"], (2, 4, 8), ""),
+    "vit": ("vit.py", [], (8, 16, 32), "MultiheadAttention gap, see docs/estimate.md"),
+    "lstm_lm": ("lstm.py", [], (8, 16, 32), "oneDNN LSTM workspace probed"),
+    "frozen_finetune": ("finetune_frozen.py", [], (16, 32, 64), "conv"),
+    "gpt_bf16": ("gpt.py", ["--bf16"], (2, 4, 8), "autocast bf16"),
+}
+
+
+def run_case(name: str, python: str, timeout: float) -> list[dict]:
+    script, args, batch_sizes, note = ZOO[name]
+    options = EstimateOptions(script=FIXTURES / script, script_args=args, device="cpu", python=python,
+                              timeout=timeout)
+    runs = []
+    for batch in batch_sizes:
+        runs.append({"batch_size": batch, "mode": "fake"})
+        runs.append({"batch_size": batch, "mode": "real", "profile_replay": True})
+    started = time.perf_counter()
+    results = run_harness(options, runs)
+    rows = []
+    for index, batch in enumerate(batch_sizes):
+        fake, real = results[2 * index], results[2 * index + 1]
+        for result in (fake, real):
+            if result["status"] == "failed":
+                raise EstimateError(f"{name} bs {batch} ({result['mode']}): {result['failure']['message']}")
+        truth = real["profile_replay_peak"]
+        rows.append({
+            "case": name,
+            "batch": batch,
+            "real_bytes": truth,
+            "estimate_bytes": fake["peak_bytes"],
+            "error": (fake["peak_bytes"] - truth) / truth,
+            "estimate_s": fake["seconds"],
+            "real_s": real["seconds"],
+            "note": note,
+        })
+    rows[-1]["case_wall_s"] = time.perf_counter() - started
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    header = f"| case | bs | real CPU peak MiB | estimate MiB | error | estimate s | real s | speed-up | note |"
+    print(header)
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['case']} | {row['batch']} | {row['real_bytes'] / MIB:.1f} | {row['estimate_bytes'] / MIB:.1f} "
+            f"| {100 * row['error']:+.1f} % | {row['estimate_s']:.2f} | {row['real_s']:.2f} "
+            f"| {row['real_s'] / row['estimate_s']:.1f}x | {row['note']} |"
+        )
+    same_kernels = [row for row in rows if not row["note"].startswith("conv")]
+    if same_kernels:
+        worst = max(same_kernels, key=lambda row: abs(row["error"]))
+        print(f"\nworst error without convolutions: {100 * worst['error']:+.2f} % ({worst['case']} bs {worst['batch']})")
+    conv = [row for row in rows if row["note"].startswith("conv")]
+    if conv:
+        worst = max(conv, key=lambda row: abs(row["error"]))
+        print(f"worst error with convolutions (oneDNN scratch): {100 * worst['error']:+.2f} % "
+              f"({worst['case']} bs {worst['batch']})")
+    faster = sum(row["estimate_s"] < row["real_s"] for row in rows)
+    print(f"estimate faster than the real run in {faster}/{len(rows)} cases")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(ZOO), help="comma-separated case names")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    options = parser.parse_args()
+    rows: list[dict] = []
+    for name in options.cases.split(","):
+        try:
+            case_rows = run_case(name, options.python, options.timeout)
+        except EstimateError as error:
+            print(f"{name}: failed: {error}", file=sys.stderr)
+            continue
+        rows += case_rows
+        print(f"{name}: done in {case_rows[-1]['case_wall_s']:.1f} s", file=sys.stderr)
+    print_table(rows)
+    if options.json:
+        options.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
