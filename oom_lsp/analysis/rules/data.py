@@ -746,21 +746,24 @@ class DatasetOnDevice(Rule):
                 return self._holds_dataset(called[0])
         return False
 
-    def _builds_named_dataset(self, move: cst.Call, moved: cst.BaseExpression) -> bool:
+    def _named_dataset_built(self, move: cst.Call, moved: cst.BaseExpression) -> str | None:
         """`X_train = torch.from_numpy(load_images(...)).to(device)`: a tensor
-        built from whatever the file's own loader returns, named as a dataset."""
+        built from whatever the file's own loader returns, named as a dataset.
+        The name, or None."""
         statement = self.context.tracker.current_statement
         if not isinstance(statement, cst.SimpleStatementLine) or not isinstance(statement.body[0], cst.Assign):
-            return False
+            return None
         assign = statement.body[0]
         if assign.value is not move or len(assign.targets) != 1:
-            return False
+            return None
         target = assign.targets[0].target
         if not isinstance(target, cst.Name) or not _dataset_named(target.value):
-            return False
+            return None
         while (called := method_call(moved)) is not None and called[1] in _KEEPING_METHODS:
             moved = called[0]
-        return isinstance(moved, cst.Call) and self.context.call_name(moved) in _TENSOR_CONSTRUCTORS
+        if isinstance(moved, cst.Call) and self.context.call_name(moved) in _TENSOR_CONSTRUCTORS:
+            return target.value
+        return None
 
     def visit_Call(self, node: cst.Call) -> None:
         tracker = self.context.tracker
@@ -778,11 +781,17 @@ class DatasetOnDevice(Rule):
             device = get_arg(node, "device")
             if device is not None and device is not UNKNOWN and is_device_expression(device.value, self.context):
                 moved = node.args[0].value
-        if moved is None or not (self._holds_dataset(moved) or self._builds_named_dataset(node, moved)):
+        if moved is None:
             return
-        shown = self.context.code_for(moved)
-        if len(shown) > 40 or "\n" in shown:
-            shown = shown.split("\n", 1)[0][:37] + "..."
+        if self._holds_dataset(moved):
+            shown = self.context.code_for(moved)
+            if len(shown) > 40 or "\n" in shown:
+                shown = shown.split("\n", 1)[0][:37] + "..."
+        else:
+            named = self._named_dataset_built(node, moved)
+            if named is None:
+                return
+            shown = named
         message = (
             f"The whole dataset `{shown}` is moved to the GPU at once, where it stays for the whole run "
             "next to the model, its gradients and every step's activations, and grows with the data, not "
