@@ -16,13 +16,17 @@ _SINGLE_PRECISION = {
 
 def to_float32(expr: cst.BaseExpression) -> tuple[NodeEdit, ...] | None:
     """`T.float64` / `T.double` -> `T.float32`, `torch.cuda.DoubleTensor` ->
-    `torch.cuda.FloatTensor`: only the attribute changes, so the alias stays.
+    `torch.cuda.FloatTensor` (also spelled as a string): only the attribute
+    changes, so the alias stays.
 
     None for a bare imported name (`from torch import float64`): the file
     may have no spelling of `float32` at hand.
     """
     if isinstance(expr, cst.Attribute) and expr.attr.value in _SINGLE_PRECISION:
         return (Replace(expr.attr, _SINGLE_PRECISION[expr.attr.value]),)
+    if isinstance(expr, cst.SimpleString) and "DoubleTensor" in expr.value:
+        # `set_default_tensor_type("torch.cuda.DoubleTensor")`
+        return (Replace(expr, expr.value.replace("DoubleTensor", "FloatTensor")),)
     return None
 
 

@@ -843,7 +843,7 @@ class Float64OnGpu(Rule):
         qualified = self.context.call_name(node)
         if qualified == "torch.set_default_tensor_type" and node.args:
             value = node.args[0].value
-            if self.context.qualified_name(value) in _DOUBLE_TENSOR_TYPES:
+            if self.context.qualified_name(value) in _DOUBLE_TENSOR_TYPES or string_value(value) in _DOUBLE_TENSOR_TYPES:
                 self._candidate(value, to_float32(value))
             return
         if qualified in _DOUBLE_TENSOR_TYPES:

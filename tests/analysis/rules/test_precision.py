@@ -345,6 +345,12 @@ def test_float64_reports_each_spelling_once() -> None:
     assert _lines(source, OOM202) == [4, 5, 6, 7, 8]
 
 
+def test_default_tensor_type_as_a_string() -> None:
+    source = "import torch\ntorch.set_default_tensor_type('torch.cuda.DoubleTensor')\n"
+    fixed = fix_source(source, OOM202, unsafe=False).source
+    assert fixed == "import torch\ntorch.set_default_tensor_type('torch.cuda.FloatTensor')\n"
+
+
 def test_bare_imported_name_is_reported_without_fix() -> None:
     source = "import torch\nfrom torch import float64\nx = y.cuda().to(float64)\n"
     (finding,) = analyze(source, OOM202)
