@@ -36,8 +36,8 @@ class _CudaFinder(cst.BatchableCSTVisitor):
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         value = string_value(node)
-        if value is not None and _CUDA_DEVICE_RE.match(value):
-            raise _Found
+        if value is not None and (_CUDA_DEVICE_RE.match(value) or value.startswith("torch.cuda.")):
+            raise _Found  # "cuda:0", "torch.cuda.FloatTensor"
 
     def visit_FormattedString(self, node: cst.FormattedString) -> None:
         # f"cuda:{local_rank}"
