@@ -9,6 +9,7 @@ the pass, and only when a rule has a candidate to report.
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass
 
 import libcst as cst
@@ -68,13 +69,6 @@ class _DeviceUseFinder(_CudaFinder):
             raise _Found
 
 
-def file_uses_cuda(context: FileContext) -> bool:
-    """Whether the file puts anything on a CUDA device: `.cuda()`, a "cuda"
-    device string (`device="cuda"`, `torch.device("cuda:0")`, `.to("cuda")`,
-    `"cuda" if ... else "cpu"`), `f"cuda:{rank}"`, or any `torch.cuda.*` API."""
-    return "cuda" in context.source and search(context.module, _CudaFinder(context))
-
-
 class DeviceScopes:
     """Which functions of a file (that uses CUDA) run on the GPU: those that
     touch it themselves (`.cuda()`, `.to(device)`, `device=...`), or all of
@@ -102,6 +96,30 @@ class DeviceScopes:
                 if not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
             )
         return self._top_level
+
+
+# Per-file answers shared by the rules of one analysis (OOM102, OOM201 and
+# OOM202 all ask), dropped with the file's context.
+_USES_CUDA: weakref.WeakKeyDictionary[FileContext, bool] = weakref.WeakKeyDictionary()
+_DEVICE_SCOPES: weakref.WeakKeyDictionary[FileContext, DeviceScopes] = weakref.WeakKeyDictionary()
+
+
+def file_uses_cuda(context: FileContext) -> bool:
+    """Whether the file puts anything on a CUDA device: `.cuda()`, a "cuda"
+    device string (`device="cuda"`, `torch.device("cuda:0")`, `.to("cuda")`,
+    `"cuda" if ... else "cpu"`), `f"cuda:{rank}"`, or any `torch.cuda.*` API."""
+    answer = _USES_CUDA.get(context)
+    if answer is None:
+        answer = "cuda" in context.source and search(context.module, _CudaFinder(context))
+        _USES_CUDA[context] = answer
+    return answer
+
+
+def device_scopes(context: FileContext) -> DeviceScopes:
+    scopes = _DEVICE_SCOPES.get(context)
+    if scopes is None:
+        scopes = _DEVICE_SCOPES[context] = DeviceScopes(context)
+    return scopes
 
 
 def search(root: cst.CSTNode, finder: cst.BatchableCSTVisitor) -> bool:
@@ -561,7 +579,7 @@ class NoMixedPrecision(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self._loops or not file_uses_cuda(self.context) or _file_handles_precision(self.context):
             return
-        scopes = DeviceScopes(self.context)
+        scopes = device_scopes(self.context)
         for training in self._loops:
             if search(training.loop, _AutocastFinder(self.context)):
                 continue
@@ -914,7 +932,7 @@ class Float64OnGpu(Rule):
             return
         if not self._candidates or not file_uses_cuda(self.context):
             return
-        scopes = DeviceScopes(self.context)
+        scopes = device_scopes(self.context)
         for report, function in self._candidates:
             if scopes.on_gpu(function):
                 self.context.add_report(report)
