@@ -45,9 +45,7 @@ def read_names(node: cst.CSTNode) -> set[str]:
         current = stack.pop()
         if isinstance(current, cst.Name):
             names.add(current.value)
-        elif isinstance(current, cst.Attribute):
-            stack.append(current.value)
-        elif isinstance(current, cst.Arg):
+        elif isinstance(current, (cst.Attribute, cst.Arg)):
             stack.append(current.value)
         else:
             stack.extend(current.children)
@@ -122,11 +120,7 @@ def _bound_anywhere(statement: cst.CSTNode) -> set[str]:
     stack: list[cst.CSTNode] = [statement]
     while stack:
         current = stack.pop()
-        if isinstance(current, cst.AssignTarget):
-            bound |= read_names(current.target)
-        elif isinstance(current, (cst.AnnAssign, cst.AugAssign)):
-            bound |= read_names(current.target)
-        elif isinstance(current, (cst.For, cst.CompFor)):
+        if isinstance(current, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor)):
             bound |= read_names(current.target)
         elif isinstance(current, cst.AsName):
             bound |= read_names(current.name)

@@ -411,13 +411,17 @@ class LargeBatchSize(Rule):
 
     def _check_option(self, node: cst.Call) -> None:
         names = [string_value(arg.value) for arg in node.args if arg.keyword is None and not arg.star]
-        option = next((name for name in names if name is not None and _option_name(name) in _BATCH_SIZE_OPTIONS), None)
+        option = next(
+            (name for name in names if name is not None and _option_name(name) in _BATCH_SIZE_OPTIONS), None
+        )
         default = get_arg(node, "default")
         if option is not None and isinstance(default, cst.Arg):
             self._check(default.value, f"the default of `{option}`")
 
     def visit_Dict(self, node: cst.Dict) -> None:
-        keys = {string_value(element.key) for element in node.elements if isinstance(element, cst.DictElement)}
+        keys = {
+            string_value(element.key) for element in node.elements if isinstance(element, cst.DictElement)
+        }
         if "batched" in keys or node in self._evaluation_dicts or self._for_evaluation():
             return  # `datasets.map` keyword arguments (CPU preprocessing), evaluation settings
         for element in node.elements:
@@ -504,7 +508,19 @@ class LargeBatchSize(Rule):
 
 # Name parts that say "a split of a dataset" and "what the split holds":
 # `X_train`, `train_x`, `train_data`, `all_inputs`, `val_labels`.
-_SPLIT_WORDS = {"train", "training", "test", "val", "valid", "validation", "eval", "all", "full", "whole", "entire"}
+_SPLIT_WORDS = {
+    "train",
+    "training",
+    "test",
+    "val",
+    "valid",
+    "validation",
+    "eval",
+    "all",
+    "full",
+    "whole",
+    "entire",
+}
 _DATA_WORDS = {
     "x", "y", "data", "inputs", "input", "labels", "label", "targets", "target", "images", "imgs",
     "features", "feats", "tokens", "ids", "samples", "examples", "set", "tensors", "sequences", "texts",
@@ -532,7 +548,9 @@ _PER_BATCH_FUNCTION_RE = re.compile(
     r"(^|_)step$|^(forward|__getitem__|__iter__|__next__)$|collate|^on_|batch", re.IGNORECASE
 )
 # Paths passed to `torch.load` that hold data, not a checkpoint.
-_DATA_FILE_RE = re.compile(r"(^|[/_.-])(train|test|val|valid|data|dataset|features|tokens)([/_.-]|$)", re.IGNORECASE)
+_DATA_FILE_RE = re.compile(
+    r"(^|[/_.-])(train|test|val|valid|data|dataset|features|tokens)([/_.-]|$)", re.IGNORECASE
+)
 _CHECKPOINT_FILE_RE = re.compile(r"model|ckpt|checkpoint|weights|state|optim|epoch", re.IGNORECASE)
 
 
@@ -541,7 +559,9 @@ def _dataset_named(name: str) -> bool:
     if lower in _DATASET_NAMES or lower.endswith("dataset"):
         return True
     words = lower.split("_")
-    return len(words) <= 3 and bool(_SPLIT_WORDS.intersection(words)) and bool(_DATA_WORDS.intersection(words))
+    return (
+        len(words) <= 3 and bool(_SPLIT_WORDS.intersection(words)) and bool(_DATA_WORDS.intersection(words))
+    )
 
 
 @register
@@ -729,7 +749,9 @@ class DatasetOnDevice(Rule):
             # batch and `dataset[0]` one sample.
             return (
                 isinstance(expr.slice[0].slice, cst.Slice)
-                and not any(isinstance(node, cst.Name) for element in expr.slice for node in _descendants(element))
+                and not any(
+                    isinstance(node, cst.Name) for element in expr.slice for node in _descendants(element)
+                )
                 and self._holds_dataset(expr.value)
             )
         if isinstance(expr, cst.Call):
@@ -751,7 +773,9 @@ class DatasetOnDevice(Rule):
         built from whatever the file's own loader returns, named as a dataset.
         The name, or None."""
         statement = self.context.tracker.current_statement
-        if not isinstance(statement, cst.SimpleStatementLine) or not isinstance(statement.body[0], cst.Assign):
+        if not isinstance(statement, cst.SimpleStatementLine) or not isinstance(
+            statement.body[0], cst.Assign
+        ):
             return None
         assign = statement.body[0]
         if assign.value is not move or len(assign.targets) != 1:
@@ -775,11 +799,19 @@ class DatasetOnDevice(Rule):
             moved = called[0]
         elif called is not None and called[1] == "to":
             device = get_arg(node, "device", 0)
-            if device is not None and device is not UNKNOWN and is_device_expression(device.value, self.context):
+            if (
+                device is not None
+                and device is not UNKNOWN
+                and is_device_expression(device.value, self.context)
+            ):
                 moved = called[0]
         elif self.context.call_name(node) in ("torch.tensor", "torch.as_tensor") and node.args:
             device = get_arg(node, "device")
-            if device is not None and device is not UNKNOWN and is_device_expression(device.value, self.context):
+            if (
+                device is not None
+                and device is not UNKNOWN
+                and is_device_expression(device.value, self.context)
+            ):
                 moved = node.args[0].value
         if moved is None:
             return

@@ -43,7 +43,9 @@ class _CudaFinder(cst.BatchableCSTVisitor):
     def visit_FormattedString(self, node: cst.FormattedString) -> None:
         # f"cuda:{local_rank}"
         first = node.parts[0] if node.parts else None
-        if isinstance(first, cst.FormattedStringText) and (first.value == "cuda" or first.value.startswith("cuda:")):
+        if isinstance(first, cst.FormattedStringText) and (
+            first.value == "cuda" or first.value.startswith("cuda:")
+        ):
             raise _Found
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -64,7 +66,11 @@ class _DeviceUseFinder(_CudaFinder):
     def visit_Call(self, node: cst.Call) -> None:
         super().visit_Call(node)
         called = method_call(node)
-        target = get_arg(node, "device", 0) if called is not None and called[1] == "to" else get_arg(node, "device")
+        target = (
+            get_arg(node, "device", 0)
+            if called is not None and called[1] == "to"
+            else get_arg(node, "device")
+        )
         if isinstance(target, cst.Arg) and is_device_expression(target.value, self.context):
             raise _Found
 
@@ -166,7 +172,14 @@ def deferred_report(
 # Packages that own the precision of the loops they drive: Accelerate and
 # DeepSpeed read it from a launcher config, Lightning/Fabric from a flag, apex
 # from `amp.initialize`. The file alone cannot tell, so the rule stays silent.
-_PRECISION_OWNING_PACKAGES = ("accelerate", "deepspeed", "lightning", "pytorch_lightning", "apex", "colossalai")
+_PRECISION_OWNING_PACKAGES = (
+    "accelerate",
+    "deepspeed",
+    "lightning",
+    "pytorch_lightning",
+    "apex",
+    "colossalai",
+)
 # Identifiers that show the file already deals with reduced precision.
 # (`autocast` is looked for in each loop: one loop under autocast says
 # nothing about the others.)
@@ -180,7 +193,9 @@ _MIXED_PRECISION_IDENTIFIERS = {
     "mixed_precision",
 }
 _MIXED_PRECISION_KEYWORDS = {"precision", "mixed_precision", "fp16", "bf16", "amp", "use_amp"}
-_MIXED_PRECISION_STRINGS = {"fp16", "bf16", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "float16", "bfloat16", "amp"}
+_MIXED_PRECISION_STRINGS = {
+    "fp16", "bf16", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "float16", "bfloat16", "amp",
+}  # fmt: skip
 _TORCH_NAMESPACES = {"torch", "torch.cuda", "torch.cpu"}
 _REDUCED_DTYPES = {"torch.bfloat16", "torch.float16", "torch.half"}
 _REDUCED_PRECISION_METHODS = {"half", "bfloat16"}
@@ -558,7 +573,9 @@ class NoMixedPrecision(Rule):
         tracker = self.context.tracker
         if not tracker.in_loop or tracker.in_no_grad or tracker.in_autocast:
             return
-        if any(tracker.is_autocast(decorator.decorator) for f in tracker.functions for decorator in f.decorators):
+        if any(
+            tracker.is_autocast(decorator.decorator) for f in tracker.functions for decorator in f.decorators
+        ):
             return
         receiver = called[0]
         if not _is_loss_like(receiver, self._loss_names):
@@ -602,7 +619,9 @@ class NoMixedPrecision(Rule):
         body = training.loop.body
         if training.block_indents is None or not isinstance(body, cst.IndentedBlock):
             return None
-        if training.backward_statement is None or not isinstance(training.backward_statement, cst.BaseStatement):
+        if training.backward_statement is None or not isinstance(
+            training.backward_statement, cst.BaseStatement
+        ):
             return None
         chain = forward_and_loss(body, training.backward_statement, training.loss)
         if chain is None:
@@ -861,7 +880,8 @@ class Float64OnGpu(Rule):
         qualified = self.context.call_name(node)
         if qualified == "torch.set_default_tensor_type" and node.args:
             value = node.args[0].value
-            if self.context.qualified_name(value) in _DOUBLE_TENSOR_TYPES or string_value(value) in _DOUBLE_TENSOR_TYPES:
+            spelled = self.context.qualified_name(value) or string_value(value)
+            if spelled in _DOUBLE_TENSOR_TYPES:
                 self._candidate(value, to_float32(value))
             return
         if qualified in _DOUBLE_TENSOR_TYPES:

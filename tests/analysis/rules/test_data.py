@@ -184,7 +184,10 @@ def test_dataset_on_device_message_and_no_fix() -> None:
     ],
 )
 def test_whole_datasets_are_reported(code: str) -> None:
-    source = "import numpy as np\nimport pandas as pd\nimport sklearn.datasets\nimport torch\ndevice = 'cuda'\n" + code + "\n"
+    header = (
+        "import numpy as np\nimport pandas as pd\nimport sklearn.datasets\nimport torch\ndevice = 'cuda'\n"
+    )
+    source = header + code + "\n"
     assert len(analyze(source, OOM102)) == 1
 
 

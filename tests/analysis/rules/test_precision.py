@@ -129,14 +129,20 @@ def test_autocast_is_looked_for_per_loop() -> None:
     "source",
     [
         # nanoGPT: the autocast context lives in a variable.
-        "import torch\nctx = torch.amp.autocast(device_type='cuda')\nfor x in loader:\n"
-        "    with ctx:\n        loss = model(x.cuda())\n    loss.backward()\n",
+        (
+            "import torch\nctx = torch.amp.autocast(device_type='cuda')\nfor x in loader:\n"
+            "    with ctx:\n        loss = model(x.cuda())\n    loss.backward()\n"
+        ),
         # The whole function runs under autocast.
-        "import torch\n@torch.autocast('cuda')\ndef train():\n    for x in loader:\n"
-        "        loss = model(x.cuda())\n        loss.backward()\n",
+        (
+            "import torch\n@torch.autocast('cuda')\ndef train():\n    for x in loader:\n"
+            "        loss = model(x.cuda())\n        loss.backward()\n"
+        ),
         # The loop runs inside an autocast region.
-        "from torch import autocast\nwith autocast('cuda'):\n    for x in loader:\n"
-        "        loss = model(x.cuda())\n        loss.backward()\n",
+        (
+            "from torch import autocast\nwith autocast('cuda'):\n    for x in loader:\n"
+            "        loss = model(x.cuda())\n        loss.backward()\n"
+        ),
     ],
 )
 def test_autocast_around_the_forward_silences(source: str) -> None:
