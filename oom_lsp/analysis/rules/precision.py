@@ -304,6 +304,9 @@ class _TrainingLoop:
     # Indentation units of the blocks from the module down to the loop body;
     # None when the loop body is not an indented block.
     block_indents: tuple[str, ...] | None
+    # `.backward()` calls in the loop: with several (a GAN's discriminator
+    # and generator steps), wrapping one forward would be a partial fix.
+    backward_calls: int = 1
 
 
 @register
@@ -581,7 +584,9 @@ class NoMixedPrecision(Rule):
         if not _is_loss_like(receiver, self._loss_names):
             return
         loop = tracker.loops[-1]
-        if any(seen.loop is loop for seen in self._loops):
+        seen = next((training for training in self._loops if training.loop is loop), None)
+        if seen is not None:
+            seen.backward_calls += 1
             return
         indents = None
         for depth, (block, _) in enumerate(self._blocks):
@@ -617,7 +622,11 @@ class NoMixedPrecision(Rule):
 
     def _fix(self, training: _TrainingLoop) -> FixSpec | None:
         body = training.loop.body
-        if training.block_indents is None or not isinstance(body, cst.IndentedBlock):
+        if (
+            training.block_indents is None
+            or not isinstance(body, cst.IndentedBlock)
+            or training.backward_calls > 1
+        ):
             return None
         if training.backward_statement is None or not isinstance(
             training.backward_statement, cst.BaseStatement

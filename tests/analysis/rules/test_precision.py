@@ -292,6 +292,9 @@ def test_fix_keeps_the_layout_of_a_multiline_call_in_a_nested_block() -> None:
         "    loss = criterion(model(x.cuda()), y)\n    if debug:\n        print(loss)\n    loss.backward()\n",
         # The backward is inside a branch, not in the loop body itself.
         "    loss = criterion(model(x.cuda()), y)\n    if step % 2 == 0:\n        loss.backward()\n",
+        # Two backward passes (a GAN): wrapping the first forward alone would
+        # be a partial fix.
+        "    d_loss = crit(D(x.cuda()), real)\n    d_loss.backward()\n    g_loss = crit(D(G(z)), real)\n    g_loss.backward()\n",
         # Only data preparation precedes the backward.
         "    loss = batch['loss'].cuda()\n    loss.backward()\n",
         # The forward and the loss are not consecutive: wrapping the loss
