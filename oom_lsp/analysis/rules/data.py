@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, int_value, method_call, string_value
+from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, int_value, is_false, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
@@ -377,6 +377,9 @@ class LargeBatchSize(Rule):
             self._check_option(node)
             return
         if self._is_config_callee(node, qualified) and not self._for_evaluation(node):
+            auto = get_arg(node, "auto_find_batch_size")
+            if auto is UNKNOWN or (isinstance(auto, cst.Arg) and not is_false(auto.value)):
+                return  # Hugging Face halves the batch itself on an out-of-memory error
             for arg in node.args:
                 if arg.keyword is not None and arg.keyword.value.lower() in _BATCH_SIZE_FIELDS:
                     self._check(arg.value, f"`{arg.keyword.value}`")

@@ -80,6 +80,7 @@ def test_large_batch_settings_are_reported(line: str) -> None:
         "from config import BATCH_SIZE\nimport torch\nloader = torch.utils.data.DataLoader(ds, batch_size=BATCH_SIZE)",
         "import torch\ncfg = {'train': {'batch_size': 16}, 'eval': {'batch_size': 512}}",
         "import torch\nclass EvalConfig:\n    batch_size: int = 512",
+        "from transformers import TrainingArguments\na = TrainingArguments('o', per_device_train_batch_size=64, auto_find_batch_size=True)",
         "import torch\ntestloader = torch.utils.data.DataLoader(testset, batch_size=1000)",
         "from myproject import EvalArgs\nargs = EvalArgs(batch_size=512)",
     ],
