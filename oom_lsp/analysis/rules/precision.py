@@ -562,12 +562,13 @@ class NoMixedPrecision(Rule):
         self._blocks.pop()
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        if isinstance(node.value, cst.Call):
-            callee = dotted_name(node.value.func)
-            if callee is not None and _LOSS_FUNCTION_RE.search(callee.rsplit(".", 1)[-1]):
-                for target in node.targets:
-                    if isinstance(target.target, cst.Name):
-                        self._loss_names.add(target.target.value)
+        # `l = criterion(out, y)`, `total = d_loss + g_loss`
+        callee = dotted_name(node.value.func) if isinstance(node.value, cst.Call) else None
+        from_loss_function = callee is not None and _LOSS_FUNCTION_RE.search(callee.rsplit(".", 1)[-1])
+        if from_loss_function or _is_loss_like(node.value, self._loss_names):
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    self._loss_names.add(target.target.value)
 
     def visit_Call(self, node: cst.Call) -> None:
         called = method_call(node)

@@ -201,14 +201,17 @@ def test_a_device_chosen_at_top_level_counts_for_every_function() -> None:
     assert _lines(source, OOM201) == [3]
 
 
-def test_loss_named_by_its_criterion() -> None:
+def test_loss_named_by_its_criterion_or_its_parts() -> None:
     source = """\
     import torch
     for x, y in loader:
         l = criterion(model(x.cuda()), y.cuda())
         l.backward()
+    for x, y in loader:
+        total = recon_loss(x.cuda()) + 0.1 * kl_loss
+        total.backward()
     """
-    assert _lines(source, OOM201) == [2]
+    assert _lines(source, OOM201) == [2, 5]
 
 
 def test_fix_keeps_comments_blank_lines_and_two_space_indentation() -> None:
