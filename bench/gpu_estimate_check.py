@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from estimate_accuracy import FIXTURES, ZOO  # noqa: E402
+from estimate_accuracy import FIXTURES, ZOO
 
-from oom_lsp.estimate.estimator import EstimateOptions, estimate  # noqa: E402
-from oom_lsp.estimate.gpus import Gpu  # noqa: E402
+from oom_lsp.estimate.estimator import EstimateOptions, estimate
+from oom_lsp.estimate.gpus import Gpu
 
 MIB = 2**20
 
@@ -65,8 +65,11 @@ json.dump({"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cud
 def real_gpu_step(script: Path, args: list[str], batch: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "peak.json"
-        subprocess.run([sys.executable, "-c", GPU_RUNNER, str(script), str(batch), str(out), *args], check=True,
-                       timeout=600)
+        subprocess.run(
+            [sys.executable, "-c", GPU_RUNNER, str(script), str(batch), str(out), *args],
+            check=True,
+            timeout=600,
+        )
         return json.loads(out.read_text())
 
 
@@ -84,14 +87,23 @@ def main() -> int:
         if gpu is None:
             major, minor = real["capability"]
             gpu = Gpu(real["name"], real["memory"], "nvidia", (major, minor))
-        prediction = estimate(EstimateOptions(script=FIXTURES / script, script_args=args, batch_size=batch, gpu=gpu))
-        rows.append({
-            "case": name, "batch": batch,
-            "real_allocated": real["allocated"], "estimate_allocated": prediction["peak_bytes"],
-            "real_reserved": real["reserved"], "estimate_reserved": prediction["reserved_bytes"],
-        })
+        prediction = estimate(
+            EstimateOptions(script=FIXTURES / script, script_args=args, batch_size=batch, gpu=gpu)
+        )
+        rows.append(
+            {
+                "case": name,
+                "batch": batch,
+                "real_allocated": real["allocated"],
+                "estimate_allocated": prediction["peak_bytes"],
+                "real_reserved": real["reserved"],
+                "estimate_reserved": prediction["reserved_bytes"],
+            }
+        )
     print(f"{gpu.name if gpu else '-'}, {datetime.date.today().isoformat()}")
-    print("| case | bs | max_memory_allocated MiB | estimate MiB | error | max_memory_reserved MiB | estimate MiB | error |")
+    print(
+        "| case | bs | max_memory_allocated MiB | estimate MiB | error | max_memory_reserved MiB | estimate MiB | error |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         allocated_error = (row["estimate_allocated"] - row["real_allocated"]) / row["real_allocated"]

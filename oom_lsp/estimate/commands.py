@@ -41,25 +41,52 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     def default(value: Any) -> Any:
         return value if defaults else argparse.SUPPRESS
 
-    parser.add_argument("--device", choices=("cuda", "cpu"), default=default("cuda"),
-                        help="cuda (default): predict the GPU; cpu: the trace as a real CPU step measures it")
-    parser.add_argument("--gpu", default=default(None),
-                        help='target GPU by name, e.g. "RTX 3090", "A100 80GB", "H100" (see --list-gpus)')
-    parser.add_argument("--gpu-memory", default=default(None),
-                        help='target memory, e.g. "24GiB", "80 GB" (default: gpu-memory in [tool.oom-lsp])')
-    parser.add_argument("--batch-size", type=int, default=default(None),
-                        help="override the script's batch size (argparse option or DataLoader batch_size)")
-    parser.add_argument("--dtype", choices=DTYPES, default=default(None),
-                        help="trace the step under torch.autocast with this dtype")
-    parser.add_argument("--python", default=default(sys.executable),
-                        help="the interpreter with your torch (default: this one)")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default=default("cuda"),
+        help="cuda (default): predict the GPU; cpu: the trace as a real CPU step measures it",
+    )
+    parser.add_argument(
+        "--gpu",
+        default=default(None),
+        help='target GPU by name, e.g. "RTX 3090", "A100 80GB", "H100" (see --list-gpus)',
+    )
+    parser.add_argument(
+        "--gpu-memory",
+        default=default(None),
+        help='target memory, e.g. "24GiB", "80 GB" (default: gpu-memory in [tool.oom-lsp])',
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=default(None),
+        help="override the script's batch size (argparse option or DataLoader batch_size)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=default(None),
+        help="trace the step under torch.autocast with this dtype",
+    )
+    parser.add_argument(
+        "--python",
+        default=default(sys.executable),
+        help="the interpreter with your torch (default: this one)",
+    )
     parser.add_argument("--format", choices=("text", "json"), default=default("text"))
-    parser.add_argument("--find-max-batch", action="store_true", default=default(False),
-                        help="the largest batch size that fits the target (two fake traces and a check)")
-    parser.add_argument("--timeout", type=float, default=default(300.0),
-                        help="seconds before the run is killed (default 300)")
-    parser.add_argument("--list-gpus", action="store_true", default=default(False),
-                        help="print the GPU catalogue and exit")
+    parser.add_argument(
+        "--find-max-batch",
+        action="store_true",
+        default=default(False),
+        help="the largest batch size that fits the target (two fake traces and a check)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=default(300.0), help="seconds before the run is killed (default 300)"
+    )
+    parser.add_argument(
+        "--list-gpus", action="store_true", default=default(False), help="print the GPU catalogue and exit"
+    )
 
 
 def _split_rest(args: argparse.Namespace) -> str | None:
@@ -185,10 +212,17 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
     )
     out.write(f"  method: {prediction['method']}\n")
     if prediction.get("fallback"):
-        out.write(f"  why: {prediction['fallback']['reason']}\n  uncertainty: {prediction['fallback']['uncertainty']}\n")
+        out.write(
+            f"  why: {prediction['fallback']['reason']}\n  uncertainty: {prediction['fallback']['uncertainty']}\n"
+        )
     cuda = prediction["device"] == "cuda"
-    row("peak allocated", format_bytes(prediction["peak_bytes"]),
-        "what torch.cuda.max_memory_allocated() would show" if cuda else "live tensor storage, as a CPU step holds it")
+    row(
+        "peak allocated",
+        format_bytes(prediction["peak_bytes"]),
+        "what torch.cuda.max_memory_allocated() would show"
+        if cuda
+        else "live tensor storage, as a CPU step holds it",
+    )
     if prediction.get("breakdown_batch_size"):
         out.write(f"    breakdown measured at batch {prediction['breakdown_batch_size']}:\n")
     for category, size in prediction["breakdown"].items():
@@ -196,8 +230,11 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
             row("  " + category.replace("_", " "), format_bytes(size))
     if prediction.get("reserved_bytes") is not None:
         row("reserved", format_bytes(prediction["reserved_bytes"]), "caching allocator segments (modelled)")
-        row("+ CUDA context", format_bytes(prediction["context_bytes"]),
-            f"= {format_bytes(prediction['process_bytes'])} process total (nvidia-smi)")
+        row(
+            "+ CUDA context",
+            format_bytes(prediction["context_bytes"]),
+            f"= {format_bytes(prediction['process_bytes'])} process total (nvidia-smi)",
+        )
     where = prediction["peak_at"]
     location = f"{_rel(where['file'])}:{where['line']}" if where.get("file") else "-"
     out.write(
@@ -222,7 +259,9 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
         out.write(f"  target: {gpu['name']}, {format_bytes(gpu['memory'])}\n")
         out.write(f"  verdict: {prediction['verdict'].upper()} ({share:.0f}% of the GPU)\n")
     else:
-        out.write("  target: none (pass --gpu NAME or --gpu-memory SIZE, or set gpu-memory in [tool.oom-lsp])\n")
+        out.write(
+            "  target: none (pass --gpu NAME or --gpu-memory SIZE, or set gpu-memory in [tool.oom-lsp])\n"
+        )
     if prediction.get("warning"):
         out.write(f"  warning: {prediction['warning']}\n")
     if prediction["corrections"]:

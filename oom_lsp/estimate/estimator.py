@@ -19,9 +19,10 @@ import math
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from oom_lsp.estimate.allocator import simulate
 from oom_lsp.estimate.gpus import Gpu, format_bytes
@@ -64,7 +65,9 @@ class _HarnessRun(ProfileRun):
     """The profiling runner (process group, timeout, cancellation, output tail)
     with this package's harness and result file."""
 
-    def __init__(self, request: ProfileRequest, payload: dict[str, Any], cancel: threading.Event | None) -> None:
+    def __init__(
+        self, request: ProfileRequest, payload: dict[str, Any], cancel: threading.Event | None
+    ) -> None:
         super().__init__(request, cancel=cancel)
         self.payload = payload
         self.outcome: str | None = None
@@ -73,7 +76,14 @@ class _HarnessRun(ProfileRun):
     def command(self, progress_fd: int) -> list[str]:
         request_file = self.request.out / "request.json"
         request_file.write_text(json.dumps(self.payload), encoding="utf-8")
-        return [self.request.python, str(HARNESS), "--request", str(request_file), "--progress-fd", str(progress_fd)]
+        return [
+            self.request.python,
+            str(HARNESS),
+            "--request",
+            str(request_file),
+            "--progress-fd",
+            str(progress_fd),
+        ]
 
     def _report(self, outcome: str | None, returncode: int) -> Any:
         self.outcome, self.returncode = outcome, returncode
@@ -195,99 +205,132 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
     reserved = context = None
     if trace.get("autocast_regions"):
         dtypes = "/".join(trace.get("autocast_dtypes") or ["float16"])
-        corrections.append(_note("autocast", f"autocast(\"cuda\", {dtypes}) traced as autocast(\"cpu\", {dtypes})"))
+        corrections.append(
+            _note("autocast", f'autocast("cuda", {dtypes}) traced as autocast("cpu", {dtypes})')
+        )
     rnn = trace.get("rnn_workspace") or {}
     if rnn.get("calls"):
         if cuda:
-            corrections.append(_note(
-                "cudnn-rnn-reserve",
-                f"cuDNN LSTM reserve space modelled (6 x hidden per element, not calibrated on a GPU; "
-                f"{format_bytes(rnn['bytes'])} for the largest layer call); the meta kernel reports 0 bytes",
-                rnn["bytes"],
-            ))
+            corrections.append(
+                _note(
+                    "cudnn-rnn-reserve",
+                    f"cuDNN LSTM reserve space modelled (6 x hidden per element, not calibrated on a GPU; "
+                    f"{format_bytes(rnn['bytes'])} for the largest layer call); the meta kernel reports 0 bytes",
+                    rnn["bytes"],
+                )
+            )
         else:
-            corrections.append(_note(
-                "onednn-rnn-workspace",
-                f"oneDNN LSTM workspace measured on the real kernel at sequence lengths 1 and 2 and extrapolated "
-                f"({format_bytes(rnn['bytes'])} for the largest layer call); the meta kernel reports 0 bytes",
-                rnn["bytes"],
-            ))
-    if trace.get("convolutions"):
-        if cuda:
-            corrections.append(_note(
-                "cudnn-conv-workspace",
-                "convolutions: cuDNN's workspaces are allocated inside the kernel and not traced; cuDNN picks "
-                "an algorithm whose workspace fits the free memory, so it shrinks rather than fails",
-            ))
-        else:
-            corrections.append(_note(
+            corrections.append(
+                _note(
+                    "onednn-rnn-workspace",
+                    f"oneDNN LSTM workspace measured on the real kernel at sequence lengths 1 and 2 and extrapolated "
+                    f"({format_bytes(rnn['bytes'])} for the largest layer call); the meta kernel reports 0 bytes",
+                    rnn["bytes"],
+                )
+            )
+    conv = trace.get("conv_scratch") or {}
+    if conv.get("probes"):
+        corrections.append(
+            _note(
                 "onednn-conv-scratch",
-                "convolutions: oneDNN's scratch buffers are allocated inside the kernel and not traced; "
-                "a real CPU step peaks up to ~8% higher on small conv nets (docs/estimate.md)",
-            ))
+                f"oneDNN convolution scratch (allocated inside the kernel, invisible to the trace) measured on "
+                f"the real kernel at batch 2 and 4 for {conv['probes']} distinct convolution(s) and extrapolated "
+                f"(up to {format_bytes(conv['bytes'])} at once)",
+                conv["bytes"],
+            )
+        )
+    if cuda and trace.get("convolutions"):
+        corrections.append(
+            _note(
+                "cudnn-conv-workspace",
+                "convolutions: cuDNN's workspaces are allocated inside the kernel and not modelled; cuDNN picks "
+                "an algorithm whose workspace fits the free memory, so it shrinks rather than fails",
+            )
+        )
     if trace.get("batch_padded"):
         got, wanted = trace["batch_padded"]
-        corrections.append(_note(
-            "batch-shaped",
-            f"the dataset gave batches of {got}; the inputs were shaped as batches of {wanted}",
-        ))
+        corrections.append(
+            _note(
+                "batch-shaped",
+                f"the dataset gave batches of {got}; the inputs were shaped as batches of {wanted}",
+            )
+        )
     if trace.get("stubbed_scalars"):
-        corrections.append(_note(
-            "data-dependent-values",
-            f"{trace['stubbed_scalars']} read(s) of a value only a real run knows (.item(), if tensor:) "
-            "were answered 0/False",
-        ))
+        corrections.append(
+            _note(
+                "data-dependent-values",
+                f"{trace['stubbed_scalars']} read(s) of a value only a real run knows (.item(), if tensor:) "
+                "were answered 0/False",
+            )
+        )
     if cuda:
-        corrections.insert(0, _note(
-            "traced-on-cpu",
-            "traced on the fake CPU device (faking cuda on a CPU-only torch aborts in backward); "
-            "CUDA's kernel choices applied below",
-        ))
+        corrections.insert(
+            0,
+            _note(
+                "traced-on-cpu",
+                "traced on the fake CPU device (faking cuda on a CPU-only torch aborts in backward); "
+                "CUDA's kernel choices applied below",
+            ),
+        )
         sdpa = trace.get("sdpa") or {}
         if sdpa.get("sdpa_flash") or sdpa.get("sdpa_mem_efficient"):
-            corrections.append(_note(
-                "sdpa-cuda-kernels",
-                f"scaled_dot_product_attention routed to CUDA's flash ({sdpa.get('sdpa_flash', 0)} calls) / "
-                f"memory-efficient ({sdpa.get('sdpa_mem_efficient', 0)} calls) kernels instead of the CPU math path",
-            ))
+            corrections.append(
+                _note(
+                    "sdpa-cuda-kernels",
+                    f"scaled_dot_product_attention routed to CUDA's flash ({sdpa.get('sdpa_flash', 0)} calls) / "
+                    f"memory-efficient ({sdpa.get('sdpa_mem_efficient', 0)} calls) kernels instead of the CPU math path",
+                )
+            )
         if sdpa.get("sdpa_math_kept"):
-            corrections.append(_note(
-                "sdpa-math-kept",
-                f"{sdpa['sdpa_math_kept']} attention call(s) with a mask or grouped heads kept on the math path "
-                "(an over-estimate if CUDA picks the memory-efficient kernel)",
-            ))
+            corrections.append(
+                _note(
+                    "sdpa-math-kept",
+                    f"{sdpa['sdpa_math_kept']} attention call(s) with a mask or grouped heads kept on the math path "
+                    "(an over-estimate if CUDA picks the memory-efficient kernel)",
+                )
+            )
         if trace.get("foreach_pinned"):
-            corrections.append(_note(
-                "foreach-optimizer",
-                "optimizers without an explicit foreach/fused use foreach, as CUDA parameters do",
-            ))
-        corrections.append(_note("rounding", "every allocation rounded up to 512 B, as the CUDA caching allocator does"))
+            corrections.append(
+                _note(
+                    "foreach-optimizer",
+                    "optimizers without an explicit foreach/fused use foreach, as CUDA parameters do",
+                )
+            )
+        corrections.append(
+            _note("rounding", "every allocation rounded up to 512 B, as the CUDA caching allocator does")
+        )
         workspaces = cublas_workspaces(options.gpu, trace.get("torch", "")) if trace.get("matmuls") else []
         events = [[-1 - index, size] for index, (_, size) in enumerate(workspaces)] + trace["events"]
         model = simulate(events)
         workspace_bytes = sum(size for _, size in workspaces)
         if workspaces:
-            corrections.append(_note(
-                "cublas-workspace",
-                " + ".join(f"{name} {format_bytes(size)}" for name, size in workspaces)
-                + " of workspace (kept from the first matmul)",
-                workspace_bytes,
-            ))
+            corrections.append(
+                _note(
+                    "cublas-workspace",
+                    " + ".join(f"{name} {format_bytes(size)}" for name, size in workspaces)
+                    + " of workspace (kept from the first matmul)",
+                    workspace_bytes,
+                )
+            )
             breakdown["workspaces"] = workspace_bytes
         allocated += workspace_bytes
         reserved = max(model.peak_reserved, allocated)
-        corrections.append(_note(
-            "allocator-segments",
-            "reserved memory from a model of the caching allocator's segments (2 MiB / 20 MiB / rounded to "
-            "2 MiB; not calibrated on a GPU)",
-            reserved - allocated,
-        ))
+        corrections.append(
+            _note(
+                "allocator-segments",
+                "reserved memory from a model of the caching allocator's segments (2 MiB / 20 MiB / rounded to "
+                "2 MiB; not calibrated on a GPU)",
+                reserved - allocated,
+            )
+        )
         context = CUDA_CONTEXT
-        corrections.append(_note(
-            "cuda-context",
-            f"CUDA context ~{format_bytes(CUDA_CONTEXT)} (outside PyTorch's counters; 200-700 MB by machine)",
-            CUDA_CONTEXT,
-        ))
+        corrections.append(
+            _note(
+                "cuda-context",
+                f"CUDA context ~{format_bytes(CUDA_CONTEXT)} (outside PyTorch's counters; 200-700 MB by machine)",
+                CUDA_CONTEXT,
+            )
+        )
     capacity = options.gpu.memory if options.gpu else None
     required = allocated + (context or 0)
     prediction = {
@@ -319,8 +362,10 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
     }
     if capacity is not None:
         prediction["verdict"] = verdict(required, capacity)
-        if prediction["verdict"] == "fits" and reserved is not None and reserved + (context or 0) > capacity * (
-            1 - TIGHT_MARGIN
+        if (
+            prediction["verdict"] == "fits"
+            and reserved is not None
+            and reserved + (context or 0) > capacity * (1 - TIGHT_MARGIN)
         ):
             prediction["verdict"] = "tight"
     if trace.get("steps", 0) < 2 and trace.get("status") != "stopped":
@@ -344,7 +389,9 @@ def _failure_error(trace: dict[str, Any]) -> EstimateError:
     location = f"{where.get('file')}:{where.get('line')}: " if where else ""
     code = f"\n    {where['code']}" if where.get("code") else ""
     tail = _last_lines(failure.get("traceback", ""), 6)
-    return EstimateError(f"the script crashed: {location}{failure.get('type')}: {failure.get('message')}{code}\n{tail}")
+    return EstimateError(
+        f"the script crashed: {location}{failure.get('type')}: {failure.get('message')}{code}\n{tail}"
+    )
 
 
 # --- Commands ----------------------------------------------------------------------
@@ -444,14 +491,19 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
     if not base.get("batch_knobs") or not base.get("batch_size"):
         raise EstimateError(_NO_KNOB)
     if len(traces) < 2 or traces[1]["status"] == "failed" or not traces[1].get("override_applied"):
-        raise EstimateError("the second trace (at twice the batch size) failed; see --format json of each run")
+        raise EstimateError(
+            "the second trace (at twice the batch size) failed; see --format json of each run"
+        )
     first, second = predict(traces[0], options), predict(traces[1], options)
     slope = (second["peak_bytes"] - first["peak_bytes"]) / (traces[1]["batch_size"] - traces[0]["batch_size"])
     intercept = first["peak_bytes"] - slope * traces[0]["batch_size"]
     budget = options.gpu.memory - (first["context_bytes"] or 0)
     result: dict[str, Any] = {
-        "fit": {"intercept_bytes": int(intercept), "bytes_per_sample": int(slope),
-                "batch_sizes": [traces[0]["batch_size"], traces[1]["batch_size"]]},
+        "fit": {
+            "intercept_bytes": int(intercept),
+            "bytes_per_sample": int(slope),
+            "batch_sizes": [traces[0]["batch_size"], traces[1]["batch_size"]],
+        },
         "script_batch_size": base.get("script_batch_size"),
         "gradient_accumulation": None,
     }
@@ -460,7 +512,9 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
         return {"estimate": first, "max_batch": result}
     largest = math.floor((budget - intercept) / slope)
     if largest < 1:
-        result.update(max_batch=0, reason="even batch size 1 does not fit: the model states alone exceed the GPU")
+        result.update(
+            max_batch=0, reason="even batch size 1 does not fit: the model states alone exceed the GPU"
+        )
         return {"estimate": first, "max_batch": result}
     verified = None
     for _ in range(3):

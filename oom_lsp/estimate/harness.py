@@ -43,7 +43,7 @@ try:
 except ImportError:
     sys.stderr.write(f"oom-lsp estimate: {sys.executable} cannot import torch\n")
     sys.exit(NO_TORCH_EXIT)
-import torch.nn as nn
+from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -83,7 +83,7 @@ def _is_cuda(device) -> bool:
 
 
 class Record:
-    __slots__ = ("serial", "nbytes", "device", "category", "module", "line", "counted")
+    __slots__ = ("category", "counted", "device", "line", "module", "nbytes", "serial")
 
     def __init__(self, serial, nbytes, device, category, module, line):
         self.serial = serial
@@ -139,12 +139,12 @@ class StorageTracker(TorchDispatchMode):
     storage is registered once, and a weakref finaliser subtracts it when the
     storage dies (PyTorch keeps one Python object per StorageImpl)."""
 
-    def __init__(self, context: Context, count_all: bool, round_cuda: bool, cuda_models: dict):
+    def __init__(self, context: Context, count_all: bool, round_cuda: bool, kernel_models: dict):
         super().__init__()
         self.context = context
         self.count_all = count_all
         self.round_cuda = round_cuda
-        self.cuda_models = cuda_models
+        self.kernel_models = kernel_models
         self.live: dict[int, Record] = {}
         self.current = 0
         self.peak = 0
@@ -178,6 +178,9 @@ class StorageTracker(TorchDispatchMode):
         self.by_module[record.module] += record.nbytes
         self.by_line[record.line] += record.nbytes
         self.events.append([record.serial, record.nbytes])
+        self._count_peak(op)
+
+    def _count_peak(self, op: str) -> None:
         # ">=": a later step that reaches the same peak has its optimizer
         # state categorised (the first step creates it as temporaries).
         if self.current >= self.peak:
@@ -213,7 +216,9 @@ class StorageTracker(TorchDispatchMode):
         if record is not None and record.counted:
             self._uncount(record)
 
-    def register(self, tensor: torch.Tensor, device: bool, op: str, category: str | None = None, extra: int = 0):
+    def register(
+        self, tensor: torch.Tensor, device: bool, op: str, category: str | None = None, extra: int = 0
+    ):
         """Registers `tensor`'s storage if new; returns its record."""
         if tensor.is_nested or tensor.layout != torch.strided:
             return None
@@ -289,16 +294,36 @@ class StorageTracker(TorchDispatchMode):
         outputs = _tensors(out)
         if self.shadows is not None and not self.context.in_step:
             self._shadow(func, args, kwargs, inputs, outputs)
-        workspace_extra = self.cuda_models.get("rnn_workspace")
+        workspace_extra = self.kernel_models.get("rnn_workspace")
         if workspace_extra is not None and func in (aten.mkldnn_rnn_layer.default,):
             extra = workspace_extra(self, args, outputs)
             for tensor in outputs[:-1]:
                 self.register(tensor, device, op)
             self.register(outputs[-1], device, op, extra=extra)
             return out
+        if _returns_alias(func):
+            # Views and in-place ops allocate nothing. Checked by schema, not by
+            # storage identity: a deep-copied fake parameter's views report a
+            # storage object of their own (nn.TransformerEncoder copies its layer).
+            return out
         for tensor in outputs:
             self.register(tensor, device, op)
+        scratch = self.kernel_models.get("conv_scratch")
+        if scratch is not None and func in CONVOLUTIONS:
+            self._transient(scratch(self, func, args), op)
         return out
+
+    def _transient(self, size: int, op: str) -> None:
+        """Memory a kernel allocates and frees inside itself: a peak candidate only."""
+        if size <= 0 or self.current + size < self.peak:
+            return
+        self.by_category["temporaries"] += size
+        self.by_module[self.context.module()] += size
+        self.current += size
+        self._count_peak(op)
+        self.current -= size
+        self.by_category["temporaries"] -= size
+        self.by_module[self.context.module()] -= size
 
     def _shadow(self, func, args, kwargs, inputs, outputs):
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -352,6 +377,16 @@ class StorageTracker(TorchDispatchMode):
             return 0
 
 
+_ALIASING: dict = {}
+
+
+def _returns_alias(func) -> bool:
+    aliasing = _ALIASING.get(func)
+    if aliasing is None:
+        aliasing = _ALIASING[func] = any(ret.alias_info is not None for ret in func._schema.returns)
+    return aliasing
+
+
 class CudaRedirect(TorchFunctionMode):
     """The script asks for `cuda`; it gets the CPU, and the tracker learns that
     the result lives on the GPU."""
@@ -368,9 +403,15 @@ class CudaRedirect(TorchFunctionMode):
             kwargs["device"] = "cpu"
             wants_device = True
         if func is torch.Tensor.cuda:
-            func, args, kwargs = torch.Tensor.to, (args[0], "cpu"), {"non_blocking": kwargs.get("non_blocking", False)}
+            func, args, kwargs = (
+                torch.Tensor.to,
+                (args[0], "cpu"),
+                {"non_blocking": kwargs.get("non_blocking", False)},
+            )
             wants_device = True
-        elif func is torch.Tensor.to and len(args) > 1 and not isinstance(args[1], (torch.Tensor, torch.dtype)):
+        elif (
+            func is torch.Tensor.to and len(args) > 1 and not isinstance(args[1], (torch.Tensor, torch.dtype))
+        ):
             if _is_cuda(args[1]):
                 args = (args[0], "cpu", *args[2:])
                 wants_device = True
@@ -402,13 +443,17 @@ def make_sdpa_route(notes: dict):
     fp16/bf16, memory-efficient attention otherwise; both keep only the output
     and a logsumexp, where the CPU math path keeps B x H x L x S scores."""
 
-    def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    def route(
+        query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+    ):
         if enable_gqa or attn_mask is not None or query.dim() != 4 or key.shape[-3] != query.shape[-3]:
             notes["sdpa_math_kept"] = notes.get("sdpa_math_kept", 0) + 1
             return None
         head_dim = query.shape[-1]
         if query.dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256:
-            out = aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)
+            out = aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale
+            )
             notes["sdpa_flash"] = notes.get("sdpa_flash", 0) + 1
             return out[0]
         needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
@@ -419,6 +464,69 @@ def make_sdpa_route(notes: dict):
         return out[0]
 
     return route
+
+
+CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
+
+
+def make_conv_scratch(notes: dict):
+    """oneDNN's convolution scratch (reordered copies of the input, output,
+    gradients), allocated and freed inside the kernel, so no dispatcher-level
+    tracker sees it. Measured on the real kernel: each distinct convolution is
+    run on zeros at batch sizes 2 and 4 under the profiler (after a warm-up
+    call: the first call caches weight layouts), and the transient bytes above
+    the outputs are extrapolated linearly in the batch size."""
+    cache: dict[tuple, tuple[int, int]] = {}
+
+    def measure(func, args, batch, batch_positions):
+        from torch.profiler import ProfilerActivity, profile
+
+        real_args = [
+            torch.zeros((batch, *a.shape[1:]) if index in batch_positions else a.shape, dtype=a.dtype)
+            if isinstance(a, torch.Tensor)
+            else a
+            for index, a in enumerate(args)
+        ]
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            outputs = func(*real_args)
+        del outputs
+        events = sorted(
+            (event.start_ns(), index, event.nbytes())
+            for index, event in enumerate(prof.profiler.kineto_results.events())
+            if event.name() == "[memory]"
+        )
+        current = peak = 0
+        for _, _, size in events:
+            current += size
+            peak = max(peak, current)
+        return peak - max(current, 0)
+
+    def scratch(tracker, func, args):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        batch_positions = (0,) if func is aten.convolution.default else (0, 1)
+        batch = args[0].shape[0]
+        key = (
+            func,
+            tuple(tuple(a.shape[1:]) if isinstance(a, torch.Tensor) else a for a in args[:2]),
+            tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else str(a) for a in args[2:]),
+            args[0].dtype,
+        )
+        if key not in cache:
+            tracker.paused += 1
+            try:
+                with unset_fake_temporarily(), torch.no_grad():
+                    measure(func, args, 2, batch_positions)
+                    cache[key] = (measure(func, args, 2, batch_positions), measure(func, args, 4, batch_positions))
+            finally:
+                tracker.paused -= 1
+        at_2, at_4 = cache[key]
+        size = max(0, int(at_2 + (at_4 - at_2) / 2 * (batch - 2)))
+        notes["probes"] = len(cache)
+        notes["bytes"] = max(notes.get("bytes", 0), size)
+        return size
+
+    return scratch
 
 
 def make_rnn_workspace(kind: str, notes: dict):
@@ -572,7 +680,9 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
 
     shims.patch(scaler_cls, "__init__", scaler_init)
     if hasattr(torch.cuda.amp, "GradScaler"):
-        shims.patch(torch.cuda.amp.GradScaler, "__init__", lambda self, *a, **k: scaler_init(self, "cpu", *a, **k))
+        shims.patch(
+            torch.cuda.amp.GradScaler, "__init__", lambda self, *a, **k: scaler_init(self, "cpu", *a, **k)
+        )
 
     # Module.cuda()/to("cuda") reach Tensor.to through CudaRedirect; under
     # fake mode parameters must be re-registered rather than swapped.
@@ -710,7 +820,11 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
             finally:
                 tracker.paused -= 1
             wanted = self.batch_size
-            got = _tensors(real_batch)[0].shape[0] if _tensors(real_batch) and _tensors(real_batch)[0].dim() else None
+            got = (
+                _tensors(real_batch)[0].shape[0]
+                if _tensors(real_batch) and _tensors(real_batch)[0].dim()
+                else None
+            )
 
             def to_fake(leaf):
                 if not isinstance(leaf, torch.Tensor):
@@ -731,7 +845,9 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
                 batch = pytree.tree_map(to_fake, real_batch)
                 for fake, real in zip(_tensors(batch), _tensors(real_batch)):
                     tracker.register(fake, False, "DataLoader", "inputs")
-                    if fake.shape == real.shape and not (real.dtype.is_floating_point or real.dtype.is_complex):
+                    if fake.shape == real.shape and not (
+                        real.dtype.is_floating_point or real.dtype.is_complex
+                    ):
                         tracker.shadows[fake] = real
                 yield batch
 
@@ -751,7 +867,7 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
             if batch_override is not None:
                 kwargs["default"] = batch_override
                 kwargs.pop("required", None)
-                state["override_applied"].append(f"argparse {sorted(args)[0] if args else kwargs.get('dest')}")
+                state["override_applied"].append(f"argparse {args[0] if args else kwargs.get('dest')}")
         return original_add_argument(self, *args, **kwargs)
 
     state["override_applied"] = []
@@ -790,7 +906,9 @@ def classify_failure(error: BaseException) -> str:
         return "data-dependent"
     if isinstance(error, fake_tensor.UnsupportedOperatorException):
         return "unsupported-operator"
-    if isinstance(error, NotImplementedError) and ("meta" in str(error).lower() or "fake" in str(error).lower()):
+    if isinstance(error, NotImplementedError) and (
+        "meta" in str(error).lower() or "fake" in str(error).lower()
+    ):
         return "unsupported-operator"
     return "script-error"
 
@@ -820,11 +938,13 @@ def run(request: dict) -> dict:
     sdpa_notes: dict = {}
     rnn_notes: dict = {}
     models: dict = {}
+    conv_notes: dict = {}
+    # Real tensors already carry their real workspaces: models only under fake mode.
     if mode == "fake":
         models["rnn_workspace"] = make_rnn_workspace("cudnn" if cuda else "onednn", rnn_notes)
-    elif cuda:
-        models["rnn_workspace"] = make_rnn_workspace("cudnn", rnn_notes)
-    tracker = StorageTracker(context, count_all=not cuda, round_cuda=cuda, cuda_models=models)
+        if not cuda:
+            models["conv_scratch"] = make_conv_scratch(conv_notes)
+    tracker = StorageTracker(context, count_all=not cuda, round_cuda=cuda, kernel_models=models)
     state: dict = {}
     shims = Shims()
     result: dict = {"mode": mode, "device": "cuda" if cuda else "cpu", "torch": torch.__version__}
@@ -832,7 +952,6 @@ def run(request: dict) -> dict:
     fake_mode = None
     if mode == "fake":
         from torch._subclasses.fake_tensor import FakeTensorMode
-
         from torch.utils.weak import WeakIdKeyDictionary
 
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -883,7 +1002,9 @@ def run(request: dict) -> dict:
         failure = {
             "kind": classify_failure(error),
             "type": type(error).__name__,
-            "message": str(error).strip().splitlines()[0][:500] if str(error).strip() else type(error).__name__,
+            "message": str(error).strip().splitlines()[0][:500]
+            if str(error).strip()
+            else type(error).__name__,
             "where": _user_frame(error.__traceback__, script_dir),
             "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))[-4000:],
         }
@@ -910,15 +1031,22 @@ def run(request: dict) -> dict:
         top_modules=_top(peak.get("by_module", {})),
         top_lines=_top(peak.get("by_line", {})),
         events=tracker.events,
-        matmuls=sum(tracker.op_counts[name] for name in ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul")),
-        convolutions=sum(tracker.op_counts[name] for name in ("convolution", "mkldnn_convolution", "_convolution")),
+        matmuls=sum(
+            tracker.op_counts[name] for name in ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul")
+        ),
+        convolutions=sum(
+            tracker.op_counts[name] for name in ("convolution", "mkldnn_convolution", "_convolution")
+        ),
         stubbed_scalars=tracker.stubbed_scalars,
         sdpa=sdpa_notes,
         rnn_workspace=rnn_notes,
+        conv_scratch=conv_notes,
         autocast_regions=state.get("autocast_regions", 0),
         autocast_dtypes=sorted(state.get("autocast_dtypes", ())),
         foreach_pinned=bool(state.get("foreach_pinned")),
-        batch_size=request.get("batch_size") or state.get("script_batch_size") or state.get("argparse_batch_default"),
+        batch_size=request.get("batch_size")
+        or state.get("script_batch_size")
+        or state.get("argparse_batch_default"),
         script_batch_size=state.get("script_batch_size") or state.get("argparse_batch_default"),
         override_applied=state["override_applied"],
         batch_knobs=sorted(set(state["batch_knobs"])),
@@ -936,9 +1064,12 @@ def _script_autocast(dtype_name: str | None):
 
     if dtype_name in (None, "fp32", "float32"):
         return contextlib.nullcontext()
-    dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}[
-        dtype_name
-    ]
+    dtype = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+    }[dtype_name]
     return torch.autocast("cpu", dtype=dtype)
 
 
@@ -954,8 +1085,12 @@ def _top(counter: dict, limit: int = 8) -> list[list]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--request", required=True, help="JSON file: script, args, mode, device, runs, output")
-    parser.add_argument("--progress-fd", type=int, default=None, help="write one JSON line per finished run here")
+    parser.add_argument(
+        "--request", required=True, help="JSON file: script, args, mode, device, runs, output"
+    )
+    parser.add_argument(
+        "--progress-fd", type=int, default=None, help="write one JSON line per finished run here"
+    )
     options = parser.parse_args()
     with open(options.request, encoding="utf-8") as handle:
         request = json.load(handle)
@@ -973,7 +1108,10 @@ def main() -> int:
         result = run({**request, **run_request, "batch_size": batch_size})
         results.append(result)
         if progress is not None:
-            progress.write(json.dumps({"event": "run", "batch_size": result["batch_size"], "status": result["status"]}) + "\n")
+            progress.write(
+                json.dumps({"event": "run", "batch_size": result["batch_size"], "status": result["status"]})
+                + "\n"
+            )
         if result["status"] == "failed":
             break
         previous_batch = result["batch_size"]
