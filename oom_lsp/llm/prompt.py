@@ -73,9 +73,12 @@ class FixRequest:
         if self.finding is not None:
             return self.finding.line
         error = self.error
-        for frame in reversed(error.frames if error else ()):
-            if _same_file(frame.file, self.path):
-                return frame.line
+        frames = [frame for frame in (error.frames if error else ()) if _same_file(frame.file, self.path)]
+        if frames:
+            # The allocation fails deep inside the model; the fix is usually in the step that
+            # called it (batch size, autocast, what is kept), so skip `forward` frames.
+            outside_forward = [frame for frame in frames if frame.function != "forward"]
+            return (outside_forward or frames)[-1].line
         for usage in self.report.top_lines if self.report else ():
             if _same_file(usage.file, self.path):
                 return usage.line
@@ -93,12 +96,8 @@ class FixRequest:
 
 
 def _same_file(frame_file: str, path: str) -> bool:
-    frame, target = Path(frame_file), Path(path)
-    if frame.is_absolute() and target.is_absolute():
-        return frame == target
-    return frame.name == target.name and (
-        str(frame).endswith(str(target)) or str(target).endswith(str(frame)) or frame.name == str(frame)
-    )
+    # Logs and reports often come from another machine: the file name is what can be compared.
+    return Path(frame_file).name == Path(path).name
 
 
 @dataclass(frozen=True)

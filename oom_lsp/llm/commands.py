@@ -1,0 +1,366 @@
+"""`oom-lsp prompt`, `oom-lsp fix --ai` and `oom-lsp validate`.
+
+    oom-lsp prompt train.py [--error LOG] [--profile REPORT.json] [--line N] [--system]
+    oom-lsp fix --ai train.py [--error LOG] [--profile REPORT.json] [--line N] [--dry-run]
+    oom-lsp validate train.py --before REPORT.json [--after REPORT.json]
+
+Added to the CLI through `add_parsers(subparsers)`. Light at import time: openai,
+pydantic, libcst and torch are loaded only when a command runs (the user's torch only
+ever in a subprocess).
+
+Exit codes: 0 success (a prompt printed, an edit applied or shown, a peak that did not
+grow); 1 no edit (diagnosis only, or every proposed edit refused) or a peak that grew or
+still ran out of memory; 2 usage, configuration, model-server or measurement errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+EXIT_OK, EXIT_NO_FIX, EXIT_ERROR = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A problem to report on stderr with exit code 2."""
+
+
+def add_parsers(subparsers: Any) -> None:
+    prompt = subparsers.add_parser(
+        "prompt",
+        help="print the AI-fix prompt for a script (the seven sections), without sending it",
+        description="Print, in Markdown, the prompt `fix --ai` would send: context, error, profiling, "
+        "diagnosis, solutions, validation, documentation, filled from the script, an OOM log and a profile "
+        "or estimate report. Nothing is sent anywhere.",
+    )
+    _add_inputs(prompt)
+    prompt.add_argument("--system", action="store_true", help="also print the system message")
+    prompt.set_defaults(handler=run_prompt)
+
+    fix = subparsers.add_parser(
+        "fix",
+        help="ask the configured model for a memory fix (--ai) and apply it after checking it",
+        description="Build the prompt, ask the OpenAI-compatible model configured in [tool.oom-lsp.llm], "
+        "check the proposed SEARCH/REPLACE edits (unique match in the function sent, the file still parses), "
+        "print the diff, apply it unless --dry-run, and log it in the fix log.",
+    )
+    fix.add_argument("--ai", action="store_true", help="use the configured model (required)")
+    _add_inputs(fix)
+    fix.add_argument("--dry-run", action="store_true", help="print the diff, change nothing, log nothing")
+    fix.add_argument("--fix-log", type=Path, metavar="PATH", help="the fix log (default: fix-log in the settings)")
+    fix.set_defaults(handler=run_fix)
+
+    validate = subparsers.add_parser(
+        "validate",
+        help="measure a script again and compare its peak with a report from before a fix",
+        description="Re-run what produced --before (`oom-lsp profile` for a profile report, `oom-lsp estimate` "
+        "for an estimate) on the script as it is now, print the peak before, after and the change, and record "
+        "the figures in the fix log entry of the script that has none yet.",
+    )
+    validate.add_argument("script", type=Path)
+    validate.add_argument("--before", type=Path, required=True, metavar="REPORT.json",
+                          help="a profile report.json or an `estimate --format json` output")
+    validate.add_argument("--after", type=Path, metavar="REPORT.json", help="compare with this report instead of re-running")
+    validate.add_argument("--python", default=sys.executable, help="the interpreter with your torch (default: this one)")
+    validate.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is killed (default 600)")
+    validate.add_argument("--out", type=Path, default=Path(".oom_lsp/validate"), help="output folder of a profile run")
+    validate.add_argument("--fix-log", type=Path, metavar="PATH", help="the fix log (default: fix-log in the settings)")
+    validate.add_argument("--no-log", action="store_true", help="do not record the figures in the fix log")
+    validate.set_defaults(handler=run_validate)
+
+
+def _add_inputs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("script", type=Path, help="the training script")
+    parser.add_argument("--error", type=Path, metavar="LOG", help="a log or traceback with the OOM error")
+    parser.add_argument("--profile", type=Path, metavar="REPORT.json",
+                        help="a profile report.json, or the output of `oom-lsp estimate --format json`")
+    parser.add_argument("--line", type=int, metavar="N", help="the line to fix (default: the error's, the profile's or the first finding's)")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter whose torch/CUDA/Python versions go in the prompt (default: this one)")
+
+
+def _fail(message: str, err: TextIO) -> int:
+    err.write(f"oom-lsp: {message}\n")
+    return EXIT_ERROR
+
+
+# --- Inputs --------------------------------------------------------------------------------
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CommandError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise CommandError(f"{path}: not a UTF-8 text file ({what})") from None
+    except OSError as error:
+        raise CommandError(f"{path}: {error.strerror or error}") from None
+
+
+def _read_measurement(path: Path) -> tuple[str, Any]:
+    """("profile", Report) or ("estimate", prediction dict)."""
+    from oom_lsp.profiling.report import Report, ReportError
+
+    try:
+        data = json.loads(_read_text(path, "a report"))
+    except json.JSONDecodeError as error:
+        raise CommandError(f"{path}: not JSON ({error.msg}, line {error.lineno})") from None
+    if isinstance(data, dict) and "schema_version" in data:
+        try:
+            return "profile", Report.from_dict(data)
+        except ReportError as error:
+            raise CommandError(f"{path}: {error}") from None
+    if isinstance(data, dict) and isinstance(data.get("peak_bytes"), int):
+        return "estimate", data
+    raise CommandError(f"{path}: neither a profile report.json nor an `oom-lsp estimate --format json` output")
+
+
+def _config(script: Path) -> Any:
+    from oom_lsp.config import ConfigError, ConfigResolver
+
+    try:
+        return ConfigResolver().resolve(script)
+    except ConfigError as error:
+        raise CommandError(str(error)) from None
+
+
+def _build_request(args: argparse.Namespace, config: Any) -> Any:
+    from oom_lsp.analysis.engine import analyze
+    from oom_lsp.llm.context import probe_environment
+    from oom_lsp.llm.prompt import FixRequest, PromptError
+    from oom_lsp.profiling.oom_messages import find_ooms
+
+    text = _read_text(args.script, "the script")
+    oom = None
+    if args.error is not None:
+        ooms = find_ooms(_read_text(args.error, "the log"))
+        if not ooms:
+            raise CommandError(f"{args.error}: no out-of-memory error found in it")
+        in_script = [found for found in ooms if any(Path(f.file).name == args.script.name for f in found.frames)]
+        oom = (in_script or ooms)[-1]
+    report = estimate = None
+    if args.profile is not None:
+        kind, measurement = _read_measurement(args.profile)
+        report, estimate = (measurement, None) if kind == "profile" else (None, measurement)
+    settings = config.settings_for(args.script)
+    request = FixRequest(
+        path=str(args.script),
+        text=text,
+        line=args.line,
+        oom=oom,
+        report=report,
+        estimate=estimate,
+        gpu_memory=config.gpu_memory,
+        lint_settings=settings,
+    )
+    findings = [f for f in analyze(text, settings, str(args.script)) if f.code != "OOM000"]
+    try:
+        line = request.target_line()
+    except PromptError:
+        if not findings:
+            raise CommandError(
+                f"{args.script}: no finding, error or profile points at a line to fix; give one with --line N"
+            ) from None
+        line = findings[0].line
+    finding = next((f for f in findings if f.line == line), None)
+    environment = probe_environment(args.python)
+    return FixRequest(
+        path=request.path, text=text, line=line, finding=finding, oom=oom, report=report, estimate=estimate,
+        environment=environment, gpu_memory=config.gpu_memory, lint_settings=settings,
+    )
+
+
+# --- prompt --------------------------------------------------------------------------------
+
+
+def run_prompt(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    from oom_lsp.llm.prompt import PromptError, build_prompt
+    from oom_lsp.llm.settings import LlmSettings
+
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        config = _config(args.script)
+        request = _build_request(args, config)
+        prompt = build_prompt(request, LlmSettings.from_table(config.llm).response_format)
+    except (CommandError, PromptError) as error:
+        return _fail(str(error), err)
+    out.write(prompt.markdown(include_system=args.system))
+    err.write(f"oom-lsp: ~{prompt.tokens} tokens (characters / 4); nothing was sent\n")
+    return EXIT_OK
+
+
+# --- fix --ai ------------------------------------------------------------------------------
+
+
+def run_fix(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    from oom_lsp.llm.settings import LlmSettings, NotReady
+
+    out, err = out or sys.stdout, err or sys.stderr
+    if not args.ai:
+        return _fail("`fix` needs --ai (deterministic fixes: `oom-lsp check --fix`)", err)
+    try:
+        config = _config(args.script)
+        settings = LlmSettings.from_table(config.llm)
+        settings.check_ready()
+        settings.api_key()
+    except NotReady as problem:
+        return _fail(str(problem), err)
+    except CommandError as error:
+        return _fail(str(error), err)
+    from oom_lsp.llm.fixer import FixError, propose_fix
+    from oom_lsp.llm.prompt import PromptError
+
+    try:
+        request = _build_request(args, config)
+    except (CommandError, PromptError) as error:
+        return _fail(str(error), err)
+    err.write(f"oom-lsp: asking {settings.model} at {settings.host} about {request.subject} "
+              f"({args.script}, line {request.line})\n")
+    result = asyncio.run(propose_fix(request, settings, on_progress=lambda message: err.write(f"oom-lsp: {message}\n")))
+    if isinstance(result, FixError):
+        return _fail(result.message, err)
+    out.write("Diagnosis:\n")
+    for number, cause in enumerate(result.fix.causes, 1):
+        out.write(f"  {number}. {cause.title} ({cause.likelihood.value}): {cause.evidence}\n")
+    if result.fix.validation.step:
+        out.write(f"Validation: {result.fix.validation.step}\n")
+    if result.edit is None:
+        out.write(f"No edit: {result.problem}. {args.script} was not changed.\n")
+        return EXIT_NO_FIX
+    out.write(result.edit.diff(str(args.script)))
+    out.write(f"Changelog: {result.changelog}\n")
+    if args.dry_run:
+        out.write(f"--dry-run: {args.script} was not changed.\n")
+        return EXIT_OK
+    return _apply(args, config, settings, result, out, err)
+
+
+def _apply(args: argparse.Namespace, config: Any, settings: Any, result: Any, out: TextIO, err: TextIO) -> int:
+    from oom_lsp.llm import fixlog
+
+    try:
+        current = _read_text(args.script, "the script")
+    except CommandError as error:
+        return _fail(str(error), err)
+    if current != result.request.text:
+        return _fail(f"{args.script} changed while the model was answering; nothing was written: run again", err)
+    with open(args.script, "w", encoding="utf-8", newline="") as stream:  # keep the file's own line endings
+        stream.write(result.edit.new_text)
+    log = args.fix_log or settings.fix_log_path(config.root)
+    display = _display(args.script, config.root)
+    fixlog.append_entry(log, fixlog.entry_from_proposal(result, display, settings.host))
+    out.write(f"Applied to {args.script}; logged in {log}.\n")
+    out.write(f"Measure it: oom-lsp validate {args.script} --before REPORT.json\n")
+    return EXIT_OK
+
+
+def _display(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+# --- validate ------------------------------------------------------------------------------
+
+
+def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        if not args.script.is_file():
+            raise CommandError(f"{args.script}: no such file")
+        kind, before = _read_measurement(args.before)
+        if args.after is not None:
+            after_kind, after = _read_measurement(args.after)
+            if after_kind != kind:
+                raise CommandError(f"--before is a {kind} and --after a {after_kind}: compare like with like")
+        else:
+            err.write(f"oom-lsp: re-running the {kind} of {args.script}\n")
+            after = _profile_again(args, before) if kind == "profile" else _estimate_again(args, before)
+        before_peak, after_peak = _peak(kind, before), _peak(kind, after)
+    except CommandError as error:
+        return _fail(str(error), err)
+    from oom_lsp.llm.fixlog import Figures
+
+    out.write(f"peak before: {_format(before_peak)} ({kind}, {args.before})\n")
+    if after_peak is None:
+        status = getattr(after, "status", "failed")
+        out.write(f"peak after:  not measured (the run ended with status `{status}`)\n")
+        return EXIT_NO_FIX
+    after_source = args.after or (args.out / "report.json" if kind == "profile" else "estimate")
+    out.write(f"peak after:  {_format(after_peak)} ({kind}, {after_source})\n")
+    figures = Figures(before_peak, after_peak, "measured by profile" if kind == "profile" else "estimated")
+    if before_peak is not None:
+        out.write(f"change:      {figures.render().split(', ', 1)[1]}\n")
+    still_oom = kind == "profile" and getattr(after, "status", None) == "oom"
+    if still_oom:
+        out.write("the run still ran out of memory\n")
+    if not args.no_log and before_peak is not None:
+        _record(args, figures, out)
+    if still_oom or (before_peak is not None and after_peak > before_peak):
+        return EXIT_NO_FIX
+    return EXIT_OK
+
+
+def _format(size: int | None) -> str:
+    from oom_lsp.profiling.oom_messages import format_bytes
+
+    return format_bytes(size) if size is not None else "unknown"
+
+
+def _peak(kind: str, measurement: Any) -> int | None:
+    return measurement.peak_allocated if kind == "profile" else measurement.get("peak_bytes")
+
+
+def _record(args: argparse.Namespace, figures: Any, out: TextIO) -> None:
+    from oom_lsp.llm import fixlog
+    from oom_lsp.llm.settings import LlmSettings
+
+    config = _config(args.script)
+    log = args.fix_log or LlmSettings.from_table(config.llm).fix_log_path(config.root)
+    entry = fixlog.record_figures(log, _display(args.script, config.root), figures)
+    if entry:
+        out.write(f"recorded in {log} (entry {entry})\n")
+
+
+def _profile_again(args: argparse.Namespace, before: Any) -> Any:
+    from oom_lsp.profiling.runner import ProfileError, ProfileRequest, profile
+
+    device = before.device.type if before.device.type in ("cpu", "cuda") else "auto"
+    request = ProfileRequest(
+        script=args.script, out=args.out, script_args=list(before.argv), steps=before.steps_requested or 3,
+        device=device, python=args.python, timeout=args.timeout,
+    )
+    try:
+        return profile(request)
+    except ProfileError as error:
+        raise CommandError(str(error)) from None
+
+
+def _estimate_again(args: argparse.Namespace, before: dict[str, Any]) -> dict[str, Any]:
+    from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate
+    from oom_lsp.estimate.gpus import UnknownGpuError, custom_gpu, find_gpu
+
+    target = before.get("gpu")
+    gpu = None
+    if target:
+        try:
+            gpu = find_gpu(target["name"])  # the catalogue entry knows the architecture, too
+        except UnknownGpuError:
+            gpu = custom_gpu(target["memory"])
+    options = EstimateOptions(
+        script=args.script,
+        device=before.get("device", "cuda"),
+        gpu=gpu,
+        python=args.python,
+        timeout=args.timeout,
+    )
+    try:
+        return estimate(options)
+    except EstimateError as error:
+        raise CommandError(str(error)) from None
