@@ -208,6 +208,12 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
         corrections.append(
             _note("autocast", f'autocast("cuda", {dtypes}) traced as autocast("cpu", {dtypes})')
         )
+    if trace.get("script_autocast"):
+        corrections.append(
+            _note(
+                "dtype", f"--dtype {trace['script_autocast']}: the whole script traced under torch.autocast"
+            )
+        )
     rnn = trace.get("rnn_workspace") or {}
     if rnn.get("calls"):
         if cuda:

@@ -517,7 +517,10 @@ def make_conv_scratch(notes: dict):
             try:
                 with unset_fake_temporarily(), torch.no_grad():
                     measure(func, args, 2, batch_positions)
-                    cache[key] = (measure(func, args, 2, batch_positions), measure(func, args, 4, batch_positions))
+                    cache[key] = (
+                        measure(func, args, 2, batch_positions),
+                        measure(func, args, 4, batch_positions),
+                    )
             finally:
                 tracker.paused -= 1
         at_2, at_4 = cache[key]
@@ -797,7 +800,7 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
             batch_size = batch_override
             state["override_applied"].append("DataLoader(batch_size=...)")
         if batch_size is not None and kwargs.get("batch_sampler") is None:
-            state["batch_knobs"].append("DataLoader(batch_size=...)")
+            _add_knob(state, context, "DataLoader(batch_size=...)")
             if state.get("script_batch_size") is None:
                 state["script_batch_size"] = batch_size
         original_loader_init(self, dataset, batch_size, *args, **kwargs)
@@ -861,7 +864,7 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
         if kwargs.get("dest"):
             names.add(kwargs["dest"])
         if names & BATCH_OPTION_NAMES:
-            state["batch_knobs"].append(f"argparse {args[0] if args else kwargs.get('dest')}")
+            _add_knob(state, context, f"argparse {args[0] if args else kwargs.get('dest')}")
             if state.get("script_batch_size") is None and isinstance(kwargs.get("default"), int):
                 state["argparse_batch_default"] = kwargs["default"]
             if batch_override is not None:
@@ -871,8 +874,20 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
         return original_add_argument(self, *args, **kwargs)
 
     state["override_applied"] = []
-    state["batch_knobs"] = []
+    state["batch_knobs"] = {}
     shims.patch(argparse._ActionsContainer, "add_argument", add_argument)
+
+
+def _add_knob(state: dict, context: Context, kind: str) -> None:
+    """Where the script sets its batch size: what the editor decorates."""
+    where = context.user_line()
+    key = (kind, where)
+    if key not in state["batch_knobs"]:
+        state["batch_knobs"][key] = {
+            "kind": kind,
+            "file": where[0] if where else None,
+            "line": where[1] if where else None,
+        }
 
 
 # --- Running -----------------------------------------------------------------------
@@ -1041,6 +1056,9 @@ def run(request: dict) -> dict:
         sdpa=sdpa_notes,
         rnn_workspace=rnn_notes,
         conv_scratch=conv_notes,
+        script_autocast=request.get("autocast_dtype")
+        if request.get("autocast_dtype") not in (None, "fp32")
+        else None,
         autocast_regions=state.get("autocast_regions", 0),
         autocast_dtypes=sorted(state.get("autocast_dtypes", ())),
         foreach_pinned=bool(state.get("foreach_pinned")),
@@ -1049,7 +1067,7 @@ def run(request: dict) -> dict:
         or state.get("argparse_batch_default"),
         script_batch_size=state.get("script_batch_size") or state.get("argparse_batch_default"),
         override_applied=state["override_applied"],
-        batch_knobs=sorted(set(state["batch_knobs"])),
+        batch_knobs=list(state["batch_knobs"].values()),
         batch_padded=state.get("batch_padded"),
     )
     if prof is not None:

@@ -45,6 +45,9 @@ def _runs():
                 "profile_replay": True,
             }
         )
+    vit = {"script": str(FIXTURES / "vit.py"), "args": [], "mode": "fake", "device": "cpu"}
+    runs.append({"case": "vit", **vit})
+    runs.append({"case": "vit_dtype_bf16", **vit, "autocast_dtype": "bf16"})
     for name in ("mlp", "gpt", "lstm"):
         script, args = CASES[name]
         runs.append(
@@ -109,6 +112,23 @@ def test_peak_is_located(traces):
     # AdamW: exp_avg and exp_avg_sq per parameter, plus a 4-byte step counter each.
     assert 0 <= mlp["breakdown"]["optimizer_state"] - 2 * mlp["breakdown"]["parameters"] < 1024
     assert sum(mlp["breakdown"].values()) == mlp["peak_bytes"]
+
+
+def test_dtype_traces_the_script_under_autocast(traces):
+    fp32, bf16 = traces[("vit", "fake", "cpu")], traces[("vit_dtype_bf16", "fake", "cpu")]
+    assert bf16["script_autocast"] == "bf16"
+    assert bf16["breakdown"]["parameters"] == fp32["breakdown"]["parameters"]  # weights stay fp32
+    assert bf16["breakdown"]["activations"] < fp32["breakdown"]["activations"]
+
+
+def test_batch_size_knobs_are_located(traces):
+    (knob,) = traces[("gpt", "fake", "cpu")]["batch_knobs"]
+    assert knob["kind"] == "argparse --batch-size"
+    assert knob["file"].endswith("gpt.py")
+    source = Path(knob["file"]).read_text().splitlines()[knob["line"] - 1]
+    assert '"--batch-size"' in source
+    kinds = {knob["kind"] for knob in traces[("mlp", "fake", "cpu")]["batch_knobs"]}
+    assert kinds == {"argparse --batch-size", "DataLoader(batch_size=...)"}
 
 
 def test_cuda_sdpa_kernels_lower_the_gpt_peak(traces):
