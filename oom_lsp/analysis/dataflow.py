@@ -246,6 +246,7 @@ class FileFacts:
         self._classes: list[cst.ClassDef] = []
         self._find_classes(context.module.body, None)
         self._find_module_classes()
+        self.module_bindings: dict[str, Callee] = {}
         self.module_bindings = _BindingCollector(self, None).collect(context.module.body)
         for class_def in self._classes:
             self.class_attributes[class_def] = self._self_attributes(class_def)
@@ -544,8 +545,10 @@ class ScopeFlow:
     def kind_of(self, node: cst.BaseExpression) -> Kind:
         return self.kinds.get(node, Kind.UNKNOWN)
 
-    def callee(self, func: cst.BaseExpression) -> Callee:
-        """What calling `func` does in this scope."""
+    def callee(self, func: cst.BaseExpression, call: cst.Call | None = None) -> Callee:
+        """What calling `func` does in this scope. With `call`, the naming
+        heuristics also want an argument: a forward pass takes an input
+        (`solver.model()` is no forward pass)."""
         if isinstance(func, cst.Name):
             name = func.value
             if name == "self" and self.class_def is not None:
@@ -559,7 +562,7 @@ class ScopeFlow:
                 bound = self.facts.module_bindings.get(name)
             if bound is not None and bound.role is not Role.UNKNOWN:
                 return bound
-            return self._by_name(name)
+            return self._by_name(name, call)
         if isinstance(func, cst.Attribute):
             if self.context.qualified_name(func) is not None:
                 return _NOT_MODULE
@@ -567,15 +570,19 @@ class ScopeFlow:
             if dotted is None:
                 return _UNKNOWN_CALLEE
             attribute = func.attr.value
-            if dotted == f"self.{attribute}" and self.class_def is not None:
-                bound = self.facts.class_attributes.get(self.class_def, {}).get(attribute)
-                if bound is not None and bound.role is not Role.UNKNOWN:
-                    return bound
-            return self._by_name(attribute)
+            if dotted == f"self.{attribute}":
+                if self.class_def is not None:
+                    bound = self.facts.class_attributes.get(self.class_def, {}).get(attribute)
+                    if bound is not None and bound.role is not Role.UNKNOWN:
+                        return bound
+                return self._by_name(attribute, call)
+            # `model.encoder(x)`: a submodule of a module; `solver.model()` is not one.
+            if self.callee(func.value).role is Role.MODULE:
+                return self._by_name(attribute, call)
         return _UNKNOWN_CALLEE
 
-    def _by_name(self, name: str) -> Callee:
-        if not self.facts.uses_framework:
+    def _by_name(self, name: str, call: cst.Call | None) -> Callee:
+        if not self.facts.uses_framework or (call is not None and not call.args):
             return _UNKNOWN_CALLEE
         return Callee(model_name_heuristic(name))
 
@@ -868,7 +875,7 @@ class _Interpreter:
                 if callee.role is Role.MODULE:
                     return Kind.DETACHED if no_grad else Kind.GRAPH
                 return Kind.UNKNOWN
-        callee = self.flow.callee(func)
+        callee = self.flow.callee(func, node)
         if callee.role is Role.MODULE:
             return Kind.DETACHED if no_grad else Kind.GRAPH
         if callee.role is Role.CRITERION:
@@ -1103,6 +1110,8 @@ class ScopeSummary:
             for name, value in assigned_names(node):
                 self.bindings.setdefault(name, []).append(value)
         self.feeds_backward = self._closure(seeds)
+        # What a return statement hands back, and every name it is made of.
+        self.returned = self._closure(self.returned)
 
     def _closure(self, seeds: set[str]) -> set[str]:
         """The names whose values flow into `seeds` through assignments."""

@@ -375,7 +375,7 @@ def test_scope_summary_follows_values_into_backward() -> None:
     summary = facts_for(context).summary(function)
     assert {"scaled", "total", "losses", "scaler"} <= summary.feeds_backward
     assert "extra" not in summary.feeds_backward
-    assert summary.returned == {"log"}
+    assert summary.returned == {"log", "extra"}
     assert len(summary.backward_calls) == 1
 
 

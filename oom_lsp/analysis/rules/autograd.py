@@ -66,9 +66,11 @@ class _AutogradRule(Rule):
         loop, or a Lightning `training_step` (called once per batch) when
         `holder` is an attribute of the module, which outlives the call."""
         tracker = self.context.tracker
+        function = tracker.current_function
+        if function is not None and function.name.value in _FORWARD_METHODS:
+            return None  # a forward pass keeps what its backward pass needs
         if tracker.in_loop:
             return tracker.loops[-1]
-        function = tracker.current_function
         if function is None or function.name.value != "training_step" or not holder.startswith("self."):
             return None
         facts = facts_for(self.context)
@@ -86,6 +88,7 @@ class _AutogradRule(Rule):
 
 
 _ACCUMULATING = (cst.AddAssign, cst.SubtractAssign)
+_FORWARD_METHODS = frozenset({"forward", "__call__", "_forward", "forward_features"})
 # Using any of these on the accumulator needs it to stay a tensor.
 # Consumers that take a Python number as well as a tensor: an accumulator
 # only used by them can become a float (`.item()`).
@@ -1001,16 +1004,31 @@ class EvalWithoutNoGrad(_AutogradRule):
     def leave_Lambda(self, original_node: cst.Lambda) -> None:
         self._lambda_depth -= 1
 
-    def visit_Call(self, node: cst.Call) -> None:
-        if self._lambda_depth:
+    def leave_Assign(self, original_node: cst.Assign) -> None:
+        """Rebinding a model name forgets its mode, unless the new value is
+        the same model switched (`model = model.eval()`, `net = net.to(dev)`)."""
+        modes = self._eval_mode.get(self.context.tracker.current_function)
+        if not modes:
             return
+        for target in original_node.targets:
+            name = dotted_name(target.target)
+            if name is not None and name in modes:
+                switched = _mode_after_chain(original_node.value, name, modes[name])
+                if switched is None:
+                    del modes[name]
+                else:
+                    modes[name] = switched
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self._lambda_depth or _TEST_FILE_RE.search(self.context.path):
+            return  # tests run models for their outputs, not to serve predictions
         if self._switches_mode(node):
             return
         if self.context.tracker.in_no_grad:
             return
         function = self.context.tracker.current_function
         flow = self._flow()
-        callee = flow.callee(node.func)
+        callee = flow.callee(node.func, node)
         by_name = function is not None and callee.role is Role.MODULE and self._is_eval_function(function)
         switched = self._switched_to_eval(node.func, callee.role)
         if by_name:
@@ -1125,6 +1143,27 @@ class EvalWithoutNoGrad(_AutogradRule):
             if any(inner is statement for inner in self._blocks[depth].body):
                 return self._indent(depth + 1)
         return None
+
+
+def _mode_after_chain(value: cst.BaseExpression, name: str, mode: bool) -> bool | None:
+    """The eval mode of `name` after `name = value`, when `value` is `name`
+    through module-returning methods (`name.eval()`, `name.to(device)`);
+    None when it is something else."""
+    chain: list[str] = []
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+        chain.append(value.func.attr.value)
+        value = value.func.value
+    if dotted_name(value) != name or not all(method in _MODULE_CHAIN_METHODS for method in chain):
+        return None
+    for method in reversed(chain):
+        if method in ("eval", "train"):
+            mode = method == "eval"
+    return mode
+
+
+_MODULE_CHAIN_METHODS = frozenset(
+    {"eval", "train", "to", "cuda", "cpu", "half", "float", "bfloat16", "double"}
+)
 
 
 def _switches_any_mode(node: cst.CSTNode) -> bool:
@@ -1671,7 +1710,7 @@ class HiddenStateCarriedAcrossBatches(_AutogradRule):
         target, call = node.targets[0].target, node.value
         if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(call, cst.Call):
             return
-        callee = self._flow().callee(call.func)
+        callee = self._flow().callee(call.func, call)
         if callee.role is not Role.MODULE:
             return
         loop = tracker.loops[-1]

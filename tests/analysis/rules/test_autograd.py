@@ -484,3 +484,50 @@ def test_a_one_line_loop_body_is_reported_without_a_fix() -> None:
 )
 def test_hidden_state_not_reported(source: str) -> None:
     assert _findings(source, "OOM305") == []
+
+
+# --- false positives found on torch's own sources ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "code"),
+    [
+        # z3's `solver.model()` is no forward pass.
+        ("import torch\ndef validate(solver):\n    return solver.model()\n", "OOM303"),
+        # Rebinding forgets the eval mode: a frozen TorchScript warm-up.
+        (
+            "import torch\ndef compile_it(f, inps):\n    f = torch.jit.freeze(f.eval())\n    f(*inps)\n",
+            "OOM303",
+        ),
+        # An unrolled forward pass keeps its outputs on purpose.
+        (
+            (
+                "import torch\nimport torch.nn as nn\nclass Seq(nn.Module):\n    def forward(self, x, hidden=None):\n"
+                "        result = []\n        for step in x:\n            hidden = self.cell(step, hidden)\n"
+                "            result.append(hidden[0])\n        return torch.stack(result)\n"
+            ),
+            "OOM302",
+        ),
+        # What the function returns, through an assignment, is kept on purpose.
+        (
+            (
+                "import torch\ndef heads(model, x):\n    outs = []\n    for head in range(3):\n"
+                "        outs.append(model(x))\n    stacked = torch.stack(outs)\n    return stacked\n"
+            ),
+            "OOM302",
+        ),
+    ],
+)
+def test_torch_sources_false_positives(source: str, code: str) -> None:
+    assert _findings(source, code) == []
+
+
+def test_a_model_rebound_to_itself_keeps_its_mode() -> None:
+    source = "import torch\ndef run(model, x):\n    model = model.eval().to('cuda')\n    return model(x)\n"
+    assert _lines(source, "OOM303") == [4]
+
+
+def test_eval_code_in_test_files_is_not_reported() -> None:
+    source = "import torch\ndef check(model, x):\n    model.eval()\n    return model(x)\n"
+    assert _lines(source, "OOM303", "train.py") == [4]
+    assert _lines(source, "OOM303", "pkg/distributed_test.py") == []
