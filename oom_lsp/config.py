@@ -294,7 +294,7 @@ def _memory(origin: str, key: str, value: object) -> int:
         raise ConfigError(origin, key, str(error)) from None
 
 
-LLM_KEYS = ["enabled", "base-url", "model", "api-key-env", "timeout", "response-format"]
+LLM_KEYS = ["enabled", "base-url", "model", "api-key-env", "timeout", "response-format", "fix-log"]
 LLM_RESPONSE_FORMATS = ("text", "json_schema")
 
 
