@@ -214,6 +214,14 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 "dtype", f"--dtype {trace['script_autocast']}: the whole script traced under torch.autocast"
             )
         )
+    if trace.get("compiled"):
+        corrections.append(
+            _note(
+                "torch-compile",
+                "torch.compile traced eagerly: compiled (fused) kernels keep fewer intermediates, "
+                "so the real peak may be lower",
+            )
+        )
     rnn = trace.get("rnn_workspace") or {}
     if rnn.get("calls"):
         if cuda:

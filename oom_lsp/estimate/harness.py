@@ -535,39 +535,46 @@ def make_conv_scratch(notes: dict):
 def make_rnn_workspace(kind: str, notes: dict):
     """The RNN workspace that the meta kernel reports as 0 bytes.
 
-    "onednn": the real oneDNN LSTM layer is run on zeros at sequence lengths 1
-    and 2 (its workspace is affine in the sequence length) and extrapolated.
+    "onednn": the real oneDNN LSTM layer is run on zeros: at the real sequence
+    length up to 32 steps, else at 16 and 32 steps and extrapolated (the
+    workspace grows by a page-rounded size per step, so short probes
+    under-estimate the slope).
     "cudnn": cuDNN's training reserve space, modelled as the per-timestep gate
     activations, cell and hidden states (6 x hidden per element, not yet
     calibrated on a GPU)."""
     cache: dict[tuple, int] = {}
 
+    def probe(args, seq_dim, length):
+        shape = list(args[0].shape)
+        shape[seq_dim] = length
+        real_args = [
+            torch.zeros(shape, dtype=a.dtype, requires_grad=True)
+            if index == 0
+            else torch.zeros(a.shape, dtype=a.dtype, requires_grad=a.dtype.is_floating_point)
+            if isinstance(a, torch.Tensor)
+            else a
+            for index, a in enumerate(args)
+        ]
+        return aten.mkldnn_rnn_layer.default(*real_args)[3].untyped_storage().nbytes()
+
     def onednn(tracker, args, outputs):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        inp = args[0]
-        seq, batch, input_size = inp.shape
-        hidden = outputs[1].shape[-1]
-        key = (tuple(inp.shape), hidden, inp.dtype, tuple(str(a) for a in args[7:]))
+        seq_dim = 1 if args[14] else 0  # batch_first
+        seq = args[0].shape[seq_dim]
+        key = (tuple(args[0].shape), tuple(outputs[1].shape), args[0].dtype, tuple(str(a) for a in args[7:]))
         if key not in cache:
-            sizes = []
             tracker.paused += 1  # the probe's real tensors are not the script's
             try:
                 # The workspace exists only when autograd will need it.
                 with unset_fake_temporarily(), torch.enable_grad():
-                    for length in (1, 2):
-                        real_args = [
-                            torch.zeros((length, batch, input_size), dtype=inp.dtype)
-                            if index == 0
-                            else torch.zeros(a.shape, dtype=a.dtype, requires_grad=a.dtype.is_floating_point)
-                            if isinstance(a, torch.Tensor)
-                            else a
-                            for index, a in enumerate(args)
-                        ]
-                        sizes.append(aten.mkldnn_rnn_layer.default(*real_args)[3].untyped_storage().nbytes())
+                    if seq <= 32:
+                        cache[key] = probe(args, seq_dim, seq)
+                    else:
+                        at_16, at_32 = probe(args, seq_dim, 16), probe(args, seq_dim, 32)
+                        cache[key] = at_32 + (at_32 - at_16) * (seq - 32) // 16
             finally:
                 tracker.paused -= 1
-            cache[key] = sizes[0] + (sizes[1] - sizes[0]) * (seq - 1)
         notes["bytes"] = max(notes.get("bytes", 0), cache[key])
         notes["calls"] = notes.get("calls", 0) + 1
         return cache[key]
@@ -626,6 +633,28 @@ def fake_apply(self, fn, recurse=True):
     return self
 
 
+class CudaEvent:
+    """torch.cuda.Event for timing code: records nothing, measures 0 ms."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def wait(self, stream=None):
+        pass
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, other):
+        return 0.0
+
+
 class FakeCudaProperties:
     def __init__(self, name, total_memory):
         self.name = name
@@ -659,7 +688,20 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
     for name in ("reset_peak_memory_stats", "reset_max_memory_allocated"):
         shims.patch(cuda, name, lambda device=None: None)
     shims.patch(cuda, "mem_get_info", lambda device=None: (gpu_memory, gpu_memory))
+    shims.patch(cuda, "set_per_process_memory_fraction", lambda fraction, device=None: None)
+    shims.patch(cuda, "memory_summary", lambda *a, **k: "")
+    shims.patch(cuda, "Event", CudaEvent)
     shims.patch(torch, "save", lambda *a, **k: None)
+
+    # torch.compile: traced eagerly (fake tensors through dynamo are out of
+    # scope); fused kernels keep fewer intermediates, so this over-estimates.
+    def compile_eagerly(model=None, **kwargs):
+        state["compiled"] = state.get("compiled", 0) + 1
+        if model is None:
+            return lambda fn: fn
+        return model
+
+    shims.patch(torch, "compile", compile_eagerly)
 
     # autocast("cuda", dtype) -> autocast("cpu", same dtype); CUDA's default is fp16.
     autocast_cls = torch.amp.autocast_mode.autocast
@@ -756,13 +798,13 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
         def default_to_fused_or_foreach(params, differentiable, use_fused=False):
             if differentiable:
                 return False, False
+            state["foreach_pinned"] = True
             return use_fused, not use_fused
 
         for module in list(sys.modules.values()):
             name = getattr(module, "__name__", "")
             if name.startswith("torch.optim") and hasattr(module, "_default_to_fused_or_foreach"):
                 shims.patch(module, "_default_to_fused_or_foreach", default_to_fused_or_foreach)
-        state["foreach_pinned"] = True
 
     def step_pre(optimizer, args, kwargs):
         context.in_optimizer += 1
@@ -1056,6 +1098,7 @@ def run(request: dict) -> dict:
         sdpa=sdpa_notes,
         rnn_workspace=rnn_notes,
         conv_scratch=conv_notes,
+        compiled=state.get("compiled", 0),
         script_autocast=request.get("autocast_dtype")
         if request.get("autocast_dtype") not in (None, "fp32")
         else None,

@@ -48,6 +48,15 @@ def _runs():
     vit = {"script": str(FIXTURES / "vit.py"), "args": [], "mode": "fake", "device": "cpu"}
     runs.append({"case": "vit", **vit})
     runs.append({"case": "vit_dtype_bf16", **vit, "autocast_dtype": "bf16"})
+    runs.append(
+        {
+            "case": "compiled",
+            "script": str(FIXTURES / "compiled.py"),
+            "args": [],
+            "mode": "fake",
+            "device": "cuda",
+        }
+    )
     for name in ("mlp", "gpt", "lstm"):
         script, args = CASES[name]
         runs.append(
@@ -119,6 +128,15 @@ def test_dtype_traces_the_script_under_autocast(traces):
     assert bf16["script_autocast"] == "bf16"
     assert bf16["breakdown"]["parameters"] == fp32["breakdown"]["parameters"]  # weights stay fp32
     assert bf16["breakdown"]["activations"] < fp32["breakdown"]["activations"]
+
+
+def test_compile_events_and_memory_queries_are_shimmed(traces):
+    compiled = traces[("compiled", "fake", "cuda")]
+    assert compiled["steps"] == 2
+    assert compiled["compiled"] == 1
+    assert not compiled["foreach_pinned"]  # fused=True was explicit: nothing to pin
+    prediction = predict(compiled, EstimateOptions(script=FIXTURES / "compiled.py", gpu=find_gpu("L4")))
+    assert "torch-compile" in {note["name"] for note in prediction["corrections"]}
 
 
 def test_batch_size_knobs_are_located(traces):
