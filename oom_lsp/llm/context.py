@@ -123,14 +123,25 @@ _DTYPES = {
     "torch.double": "float64",
 }
 _DTYPE_METHODS = {"half": "float16", "bfloat16": "bfloat16", "double": "float64"}
-# Keyword arguments of HF TrainingArguments, Lightning Trainer and accelerate that turn on AMP.
-_AMP_KEYWORDS = {"fp16", "bf16", "mixed_precision", "precision"}
+# Keyword arguments of HF TrainingArguments (fp16/bf16=True), Lightning's Trainer
+# (precision="16-mixed") and accelerate (mixed_precision="bf16") that turn on AMP.
+_AMP_FLAGS = {"fp16", "bf16"}
+_AMP_MODES = {"mixed_precision", "precision"}
 _BATCH_NAME = re.compile(r"^(?:per_device_)?(?:train_|eval_|micro_)?batch_?size$|^bs$", re.I)
 _SEQUENCE_NAME = re.compile(
     r"^(?:max_)?(?:seq(?:uence)?_?len(?:gth)?|block_size|context_length|max_length|max_len|n_ctx|n_positions)$", re.I
 )
 _ARGPARSE_BATCH = re.compile(r"^--?(?:per[_-]device[_-])?(?:train[_-])?batch[_-]?size$|^--bs$", re.I)
 _ARGPARSE_SEQUENCE = re.compile(r"^--(?:max[_-])?(?:seq(?:uence)?[_-]?len(?:gth)?|block[_-]size|max[_-]length)$", re.I)
+
+
+def _turns_on_amp(keyword: str, value: cst.BaseExpression) -> bool:
+    if keyword in _AMP_FLAGS:
+        return isinstance(value, cst.Name) and value.value == "True"
+    if keyword in _AMP_MODES and isinstance(value, cst.SimpleString):
+        mode = value.evaluated_value
+        return isinstance(mode, str) and ("16" in mode or "mixed" in mode)
+    return False
 
 
 def _int_literal(node: cst.BaseExpression | None) -> str | None:
@@ -179,9 +190,7 @@ class _FactFinder(cst.CSTVisitor):
                 self._add(self.facts.batch_size, f"{keyword}={literal}", arg)
             elif literal and _SEQUENCE_NAME.match(keyword):
                 self._add(self.facts.sequence_length, f"{keyword}={literal}", arg)
-            elif keyword in _AMP_KEYWORDS and not isinstance(arg.value, cst.Name) or (
-                keyword in ("fp16", "bf16") and isinstance(arg.value, cst.Name) and arg.value.value == "True"
-            ):
+            elif _turns_on_amp(keyword, arg.value):
                 self._add(self.facts.amp, f"{keyword}={cst.Module([]).code_for_node(arg.value)}", arg)
 
     def _argparse_option(self, node: cst.Call) -> None:
