@@ -15,13 +15,13 @@ import logging
 from lsprotocol import types
 
 from oom_lsp.analysis import Finding, Severity
+from oom_lsp.output import rule_url
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.server import Analysis, OomLanguageServer
 
 logger = logging.getLogger(__name__)
 
 SOURCE = "oom-lsp"
-DOCS_URL = "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md#{anchor}"
 _SEVERITIES = {
     Severity.ERROR: types.DiagnosticSeverity.Error,
     Severity.WARNING: types.DiagnosticSeverity.Warning,
@@ -34,16 +34,13 @@ _UNNECESSARY = {"OOM900"}
 _pending: dict[str, asyncio.Task[None]] = {}
 
 
-def docs_url(code: str) -> str:
-    return DOCS_URL.format(anchor=code.lower())
-
-
 def to_diagnostic(finding: Finding, analysis: Analysis, converter: PositionConverter) -> types.Diagnostic:
     return types.Diagnostic(
         range=converter.range_to_lsp(finding.range),
         severity=_SEVERITIES[finding.severity],
         code=finding.code,
-        code_description=types.CodeDescription(href=docs_url(finding.code)),
+        # The same link as the CLI's output (docs/rules.md, `oom-lsp rule --all`).
+        code_description=types.CodeDescription(href=rule_url(finding.code, finding.name)),
         source=SOURCE,
         message=finding.message,
         tags=[types.DiagnosticTag.Unnecessary] if finding.code in _UNNECESSARY else None,

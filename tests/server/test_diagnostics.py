@@ -54,7 +54,9 @@ async def test_risky_file_gets_a_complete_diagnostic(client: LanguageClient):
     assert diagnostic.range == types.Range(
         start=types.Position(line=2, character=8), end=types.Position(line=2, character=29)
     )
-    assert diagnostic.code_description.href.endswith("#oom501")
+    assert diagnostic.code_description.href == (
+        "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md#torch-load-without-map-location-oom501"
+    )
     assert "map_location" in diagnostic.message
     finding = diagnostic.data["finding"]
     assert finding["code"] == "OOM501" and finding["fix"]["applicability"] == "safe"
