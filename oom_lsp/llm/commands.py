@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -102,24 +101,6 @@ def _read_text(path: Path, what: str) -> str:
         raise CommandError(f"{path}: {error.strerror or error}") from None
 
 
-def _read_measurement(path: Path) -> tuple[str, Any]:
-    """("profile", Report) or ("estimate", prediction dict)."""
-    from oom_lsp.profiling.report import Report, ReportError
-
-    try:
-        data = json.loads(_read_text(path, "a report"))
-    except json.JSONDecodeError as error:
-        raise CommandError(f"{path}: not JSON ({error.msg}, line {error.lineno})") from None
-    if isinstance(data, dict) and "schema_version" in data:
-        try:
-            return "profile", Report.from_dict(data)
-        except ReportError as error:
-            raise CommandError(f"{path}: {error}") from None
-    if isinstance(data, dict) and isinstance(data.get("peak_bytes"), int):
-        return "estimate", data
-    raise CommandError(f"{path}: neither a profile report.json nor an `oom-lsp estimate --format json` output")
-
-
 def _config(script: Path) -> Any:
     from oom_lsp.config import ConfigError, ConfigResolver
 
@@ -145,8 +126,13 @@ def _build_request(args: argparse.Namespace, config: Any) -> Any:
         oom = (in_script or ooms)[-1]
     report = estimate = None
     if args.profile is not None:
-        kind, measurement = _read_measurement(args.profile)
-        report, estimate = (measurement, None) if kind == "profile" else (None, measurement)
+        from oom_lsp.llm.validation import MeasurementError, read_measurement
+
+        try:
+            measurement = read_measurement(args.profile)
+        except MeasurementError as error:
+            raise CommandError(str(error)) from None
+        report, estimate = (measurement.data, None) if measurement.kind == "profile" else (None, measurement.data)
     settings = config.settings_for(args.script)
     request = FixRequest(
         path=str(args.script),
@@ -270,39 +256,38 @@ def _display(path: Path, root: Path) -> str:
 
 
 def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    from oom_lsp.llm.validation import MeasurementError, figures, measure_again, read_measurement
+
     out, err = out or sys.stdout, err or sys.stderr
     try:
         if not args.script.is_file():
             raise CommandError(f"{args.script}: no such file")
-        kind, before = _read_measurement(args.before)
+        before = read_measurement(args.before)
         if args.after is not None:
-            after_kind, after = _read_measurement(args.after)
-            if after_kind != kind:
-                raise CommandError(f"--before is a {kind} and --after a {after_kind}: compare like with like")
+            after = read_measurement(args.after)
+            if after.kind != before.kind:
+                raise CommandError(f"--before is a {before.kind} and --after a {after.kind}: compare like with like")
         else:
-            err.write(f"oom-lsp: re-running the {kind} of {args.script}\n")
-            after = _profile_again(args, before) if kind == "profile" else _estimate_again(args, before)
-        before_peak, after_peak = _peak(kind, before), _peak(kind, after)
-    except CommandError as error:
+            err.write(f"oom-lsp: re-running the {before.kind} of {args.script}\n")
+            after = measure_again(args.script, before, python=args.python, timeout=args.timeout, out=args.out)
+    except (CommandError, MeasurementError) as error:
         return _fail(str(error), err)
-    from oom_lsp.llm.fixlog import Figures
-
-    out.write(f"peak before: {_format(before_peak)} ({kind}, {args.before})\n")
-    if after_peak is None:
-        status = getattr(after, "status", "failed")
-        out.write(f"peak after:  not measured (the run ended with status `{status}`)\n")
+    out.write(f"peak before: {_format(before.peak)} ({before.kind}, {before.source})\n")
+    if after.peak is None:
+        out.write(f"peak after:  not measured (the run ended with status `{after.status}`)\n")
         return EXIT_NO_FIX
-    after_source = args.after or (args.out / "report.json" if kind == "profile" else "estimate")
-    out.write(f"peak after:  {_format(after_peak)} ({kind}, {after_source})\n")
-    figures = Figures(before_peak, after_peak, "measured by profile" if kind == "profile" else "estimated")
-    if before_peak is not None:
-        out.write(f"change:      {figures.render().split(', ', 1)[1]}\n")
-    still_oom = kind == "profile" and getattr(after, "status", None) == "oom"
-    if still_oom:
-        out.write("the run still ran out of memory\n")
-    if not args.no_log and before_peak is not None:
-        _record(args, figures, out)
-    if still_oom or (before_peak is not None and after_peak > before_peak):
+    out.write(f"peak after:  {_format(after.peak)} ({after.kind}, {after.source})\n")
+    change = figures(before, after)
+    if change is not None:
+        out.write(f"change:      {change.render().split(', ', 1)[1]}\n")
+    if after.ran_out_of_memory:
+        out.write("it still runs out of memory\n")
+    if change is not None and not args.no_log:
+        try:
+            _record(args, change, out)
+        except CommandError as error:
+            return _fail(str(error), err)
+    if after.ran_out_of_memory or (change is not None and change.after > change.before):
         return EXIT_NO_FIX
     return EXIT_OK
 
@@ -311,10 +296,6 @@ def _format(size: int | None) -> str:
     from oom_lsp.profiling.oom_messages import format_bytes
 
     return format_bytes(size) if size is not None else "unknown"
-
-
-def _peak(kind: str, measurement: Any) -> int | None:
-    return measurement.peak_allocated if kind == "profile" else measurement.get("peak_bytes")
 
 
 def _record(args: argparse.Namespace, figures: Any, out: TextIO) -> None:
@@ -326,41 +307,3 @@ def _record(args: argparse.Namespace, figures: Any, out: TextIO) -> None:
     entry = fixlog.record_figures(log, _display(args.script, config.root), figures)
     if entry:
         out.write(f"recorded in {log} (entry {entry})\n")
-
-
-def _profile_again(args: argparse.Namespace, before: Any) -> Any:
-    from oom_lsp.profiling.runner import ProfileError, ProfileRequest, profile
-
-    device = before.device.type if before.device.type in ("cpu", "cuda") else "auto"
-    request = ProfileRequest(
-        script=args.script, out=args.out, script_args=list(before.argv), steps=before.steps_requested or 3,
-        device=device, python=args.python, timeout=args.timeout,
-    )
-    try:
-        return profile(request)
-    except ProfileError as error:
-        raise CommandError(str(error)) from None
-
-
-def _estimate_again(args: argparse.Namespace, before: dict[str, Any]) -> dict[str, Any]:
-    from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate
-    from oom_lsp.estimate.gpus import UnknownGpuError, custom_gpu, find_gpu
-
-    target = before.get("gpu")
-    gpu = None
-    if target:
-        try:
-            gpu = find_gpu(target["name"])  # the catalogue entry knows the architecture, too
-        except UnknownGpuError:
-            gpu = custom_gpu(target["memory"])
-    options = EstimateOptions(
-        script=args.script,
-        device=before.get("device", "cuda"),
-        gpu=gpu,
-        python=args.python,
-        timeout=args.timeout,
-    )
-    try:
-        return estimate(options)
-    except EstimateError as error:
-        raise CommandError(str(error)) from None

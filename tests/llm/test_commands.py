@@ -214,7 +214,7 @@ def test_validate_reruns_the_estimate(tmp_path: Path, monkeypatch: pytest.Monkey
     assert run("validate", "mlp.py", "--before", "before.json", "--timeout", "240") == 0
     out = capsys.readouterr().out
     assert "peak before: 953.67 MiB (estimate, before.json)" in out
-    assert "peak after:  " in out and "(estimate, estimate)" in out and "change:      -" in out
+    assert "peak after:  " in out and "(estimate, a new estimate)" in out and "change:      -" in out
 
 
 def test_validate_reads_reports_written_by_the_profiler(project: Path) -> None:
