@@ -51,9 +51,11 @@ class PositionConverter:
             return Position(position.line + 1, min(position.character, len(text)))
         units = 0
         for column, char in enumerate(text):
-            if units >= position.character:
+            width = _units(char, self.encoding)
+            if units + width > position.character:
+                # At the character, or inside its encoding (half a surrogate pair).
                 return Position(position.line + 1, column)
-            units += _units(char, self.encoding)
+            units += width
         return Position(position.line + 1, len(text))
 
     def end(self) -> types.Position:
