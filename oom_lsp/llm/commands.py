@@ -210,9 +210,7 @@ def run_fix(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
     result = asyncio.run(propose_fix(request, settings, on_progress=lambda message: err.write(f"oom-lsp: {message}\n")))
     if isinstance(result, FixError):
         return _fail(result.message, err)
-    out.write("Diagnosis:\n")
-    for number, cause in enumerate(result.fix.causes, 1):
-        out.write(f"  {number}. {cause.title} ({cause.likelihood.value}): {cause.evidence}\n")
+    out.write("Diagnosis:\n" + "".join(f"  {line}\n" for line in result.diagnosis().splitlines()))
     if result.fix.validation.step:
         out.write(f"Validation: {result.fix.validation.step}\n")
     if result.edit is None:

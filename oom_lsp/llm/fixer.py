@@ -50,6 +50,13 @@ class Proposal:
     def changelog(self) -> str:
         return self.fix.changelog
 
+    def diagnosis(self) -> str:
+        """The causes as numbered lines, for a message or a hover."""
+        return "\n".join(
+            f"{number}. {cause.title} ({cause.likelihood.value}): {cause.evidence}"
+            for number, cause in enumerate(self.fix.causes, 1)
+        )
+
     @property
     def text_hash(self) -> str:
         """Of the text the edit was computed on: compare before applying."""
