@@ -6,7 +6,8 @@ Quick fixes come from the finding carried in the diagnostic's `data`, so no
 analysis runs; a diagnostic computed for an older version of the document is
 skipped (its edits would land in the wrong place). Edits are versioned
 `TextDocumentEdit`s where the client supports `documentChanges`, so a client
-rejects them if the document changed in between.
+rejects them if the document changed in between. Fix-all offered in the
+light-bulb list comes without its edit, computed on `codeAction/resolve`.
 """
 
 from __future__ import annotations
@@ -30,13 +31,17 @@ from oom_lsp.server.server import OomLanguageServer
 logger = logging.getLogger(__name__)
 
 FIX_ALL_KIND = "source.fixAll.oom-lsp"
+FIX_ALL_TITLE = "oom-lsp: Fix all auto-fixable problems"
 # A syntax error cannot be suppressed: the file is not checked at all.
 _UNSUPPRESSIBLE = {"OOM000"}
 
 
 def register(server: OomLanguageServer) -> None:
-    options = types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND])
+    options = types.CodeActionOptions(
+        code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND], resolve_provider=True
+    )
     server.feature(types.TEXT_DOCUMENT_CODE_ACTION, options)(on_code_action)
+    server.feature(types.CODE_ACTION_RESOLVE)(on_code_action_resolve)
 
 
 def _wanted(only: list[str] | None, kind: str) -> bool:
@@ -115,12 +120,54 @@ async def on_code_action(
                         edit=workspace_edit(ls, document, _lsp_edits([edit], converter)),
                     )
                 )
-    explicit_fix_all = only is not None and _wanted(only, FIX_ALL_KIND)
-    if explicit_fix_all or (only is None and has_safe_fix):
+    if only is not None and _wanted(only, FIX_ALL_KIND):
+        # Asked for by name (codeActionsOnSave, a fix-on-save hook): the edit
+        # comes with the answer, so a single request is enough.
         fix_all = await _fix_all(ls, document, converter)
         if fix_all is not None:
             actions.append(fix_all)
+    elif only is None and has_safe_fix:
+        # The light bulb asks on every cursor move: fixing the whole file each
+        # time would keep the analysis thread busy, so the edit waits for
+        # codeAction/resolve when the client can ask for it.
+        if _resolves_edits(ls):
+            actions.append(_fix_all_action(document, edit=None))
+        else:
+            fix_all = await _fix_all(ls, document, converter)
+            if fix_all is not None:
+                actions.append(fix_all)
     return actions
+
+
+def _resolves_edits(ls: OomLanguageServer) -> bool:
+    support = ls.client_capabilities.text_document
+    support = support.code_action if support else None
+    support = support.resolve_support if support else None
+    return support is not None and "edit" in support.properties
+
+
+def _fix_all_action(document: TextDocument, edit: types.WorkspaceEdit | None) -> types.CodeAction:
+    return types.CodeAction(
+        title=FIX_ALL_TITLE,
+        kind=FIX_ALL_KIND,
+        edit=edit,
+        data=None if edit is not None else {"uri": document.uri, "version": document.version},
+    )
+
+
+async def on_code_action_resolve(ls: OomLanguageServer, action: types.CodeAction) -> types.CodeAction:
+    """Computes the fix-all edit listed without one. Returns the action
+    unchanged (nothing to apply) when its document changed or closed since."""
+    data: Any = action.data
+    if action.kind != FIX_ALL_KIND or not isinstance(data, dict):
+        return action
+    document = ls.open_document(str(data.get("uri")))
+    if document is None or document.version != data.get("version"):
+        return action
+    resolved = await _fix_all(ls, document, PositionConverter(document.source, ls.position_encoding))
+    if resolved is not None:
+        action.edit = resolved.edit
+    return action
 
 
 async def _fix_all(
@@ -138,11 +185,7 @@ async def _fix_all(
     if result.applied == 0 or document.version != version:
         return None
     edit = _minimal_edit(source, result.source, converter)
-    return types.CodeAction(
-        title="oom-lsp: Fix all auto-fixable problems",
-        kind=FIX_ALL_KIND,
-        edit=workspace_edit(ls, document, [edit]),
-    )
+    return _fix_all_action(document, workspace_edit(ls, document, [edit]))
 
 
 def _minimal_edit(old: str, new: str, converter: PositionConverter) -> types.TextEdit:

@@ -109,6 +109,31 @@ async def test_fix_all_applies_every_safe_fix_as_one_edit(client: LanguageClient
     assert "oom-lsp: Fix all auto-fixable problems" in titles
 
 
+async def test_fix_all_in_the_light_bulb_is_resolved_lazily(client: LanguageClient):
+    text = 'import torch\n\nfirst = torch.load("a.pt")\n'
+    uri, diagnostics = await _open(client, text)
+    assert client.init_result.capabilities.code_action_provider.resolve_provider is True
+    fix_all = _by_title(await _actions(client, uri, diagnostics), "oom-lsp: Fix all auto-fixable problems")
+    resolve_support = client.capabilities.text_document.code_action.resolve_support
+    if resolve_support is not None and "edit" in resolve_support.properties:
+        assert fix_all.edit is None, "the whole-file fix waits for codeAction/resolve"
+        fix_all = await client.code_action_resolve_async(fix_all)
+    fixed = apply_text_edits(text, edits_of(fix_all, uri), _encoding(client))
+    assert fixed == 'import torch\n\nfirst = torch.load("a.pt", map_location="cpu")\n'
+
+
+async def test_resolving_after_an_edit_gives_no_edit(client: LanguageClient):
+    uri, diagnostics = await _open(client, LOAD)
+    fix_all = _by_title(await _actions(client, uri, diagnostics), "oom-lsp: Fix all auto-fixable problems")
+    if fix_all.edit is not None:
+        pytest.skip("this client cannot resolve edits: fix-all came with its edit")
+    since = len(client.published)
+    replace_text(client, uri, 2, "# edited\n" + LOAD)
+    await diagnostics_for(client, uri, 2, since)
+    resolved = await client.code_action_resolve_async(fix_all)
+    assert resolved.edit is None
+
+
 async def test_fix_all_on_a_clean_file_offers_nothing(client: LanguageClient):
     uri, diagnostics = await _open(client, "import torch\n\nx = torch.zeros(3)\n")
     assert diagnostics == []
