@@ -67,8 +67,16 @@ class ChatClient:
         await self._client.close()
 
     def _arguments(self, messages: list[dict[str, str]]) -> dict[str, Any]:
-        token_field = "max_completion_tokens" if _uses_openai_token_field(self.settings.base_url or "") else "max_tokens"
-        return {"model": self.settings.model, "messages": messages, token_field: self.settings.max_output_tokens}
+        token_field = (
+            "max_completion_tokens"
+            if _uses_openai_token_field(self.settings.base_url or "")
+            else "max_tokens"
+        )
+        return {
+            "model": self.settings.model,
+            "messages": messages,
+            token_field: self.settings.max_output_tokens,
+        }
 
     async def complete(
         self,
@@ -143,7 +151,10 @@ class ChatClient:
         if isinstance(error, openai.ContentFilterFinishReasonError):
             return ModelError("refused", f"the model at {host} refused to answer (content filter)")
         if isinstance(error, openai.APITimeoutError):
-            return ModelError("timeout", f"no answer from {host} within {settings.timeout:g} s (timeout in [tool.oom-lsp.llm])")
+            return ModelError(
+                "timeout",
+                f"no answer from {host} within {settings.timeout:g} s (timeout in [tool.oom-lsp.llm])",
+            )
         if isinstance(error, openai.APIConnectionError):
             return ModelError("connection", f"cannot reach {settings.base_url}: is the server running?")
         if not isinstance(error, openai.APIStatusError):
@@ -154,16 +165,27 @@ class ChatClient:
             return FormatRejected(detail)
         if status in (401, 403):
             return ModelError(
-                "auth", f"the server at {host} refused the API key (HTTP {status}): check the environment "
-                f"variable {settings.api_key_env}"
+                "auth",
+                f"the server at {host} refused the API key (HTTP {status}): check the environment "
+                f"variable {settings.api_key_env}",
             )
         if status == 404:
-            return ModelError("not-found", f"model {settings.model!r} not found at {host} (HTTP 404): {detail}")
+            return ModelError(
+                "not-found", f"model {settings.model!r} not found at {host} (HTTP 404): {detail}"
+            )
         if status == 429:
-            return ModelError("busy", f"the server at {host} is busy (HTTP 429, still after {settings.max_retries} retries); try again later")
+            return ModelError(
+                "busy",
+                f"the server at {host} is busy (HTTP 429, still after {settings.max_retries} retries); try again later",
+            )
         if status >= 500:
-            return ModelError("server", f"the server at {host} failed (HTTP {status}, still after {settings.max_retries} retries): {detail}")
-        return ModelError("bad-request", f"the server at {host} rejected the request (HTTP {status}): {detail}")
+            return ModelError(
+                "server",
+                f"the server at {host} failed (HTTP {status}, still after {settings.max_retries} retries): {detail}",
+            )
+        return ModelError(
+            "bad-request", f"the server at {host} rejected the request (HTTP {status}): {detail}"
+        )
 
 
 def _detail(error: openai.APIStatusError) -> str:

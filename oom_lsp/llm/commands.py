@@ -50,7 +50,9 @@ def add_parsers(subparsers: Any) -> None:
     fix.add_argument("--ai", action="store_true", help="use the configured model (required)")
     _add_inputs(fix)
     fix.add_argument("--dry-run", action="store_true", help="print the diff, change nothing, log nothing")
-    fix.add_argument("--fix-log", type=Path, metavar="PATH", help="the fix log (default: fix-log in the settings)")
+    fix.add_argument(
+        "--fix-log", type=Path, metavar="PATH", help="the fix log (default: fix-log in the settings)"
+    )
     fix.set_defaults(handler=run_fix)
 
     validate = subparsers.add_parser(
@@ -61,13 +63,28 @@ def add_parsers(subparsers: Any) -> None:
         "the figures in the fix log entry of the script that has none yet.",
     )
     validate.add_argument("script", type=Path)
-    validate.add_argument("--before", type=Path, required=True, metavar="REPORT.json",
-                          help="a profile report.json or an `estimate --format json` output")
-    validate.add_argument("--after", type=Path, metavar="REPORT.json", help="compare with this report instead of re-running")
-    validate.add_argument("--python", default=sys.executable, help="the interpreter with your torch (default: this one)")
-    validate.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is killed (default 600)")
-    validate.add_argument("--out", type=Path, default=Path(".oom_lsp/validate"), help="output folder of a profile run")
-    validate.add_argument("--fix-log", type=Path, metavar="PATH", help="the fix log (default: fix-log in the settings)")
+    validate.add_argument(
+        "--before",
+        type=Path,
+        required=True,
+        metavar="REPORT.json",
+        help="a profile report.json or an `estimate --format json` output",
+    )
+    validate.add_argument(
+        "--after", type=Path, metavar="REPORT.json", help="compare with this report instead of re-running"
+    )
+    validate.add_argument(
+        "--python", default=sys.executable, help="the interpreter with your torch (default: this one)"
+    )
+    validate.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds before the run is killed (default 600)"
+    )
+    validate.add_argument(
+        "--out", type=Path, default=Path(".oom_lsp/validate"), help="output folder of a profile run"
+    )
+    validate.add_argument(
+        "--fix-log", type=Path, metavar="PATH", help="the fix log (default: fix-log in the settings)"
+    )
     validate.add_argument("--no-log", action="store_true", help="do not record the figures in the fix log")
     validate.set_defaults(handler=run_validate)
 
@@ -75,11 +92,23 @@ def add_parsers(subparsers: Any) -> None:
 def _add_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script", type=Path, help="the training script")
     parser.add_argument("--error", type=Path, metavar="LOG", help="a log or traceback with the OOM error")
-    parser.add_argument("--profile", type=Path, metavar="REPORT.json",
-                        help="a profile report.json, or the output of `oom-lsp estimate --format json`")
-    parser.add_argument("--line", type=int, metavar="N", help="the line to fix (default: the error's, the profile's or the first finding's)")
-    parser.add_argument("--python", default=sys.executable,
-                        help="the interpreter whose torch/CUDA/Python versions go in the prompt (default: this one)")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="REPORT.json",
+        help="a profile report.json, or the output of `oom-lsp estimate --format json`",
+    )
+    parser.add_argument(
+        "--line",
+        type=int,
+        metavar="N",
+        help="the line to fix (default: the error's, the profile's or the first finding's)",
+    )
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter whose torch/CUDA/Python versions go in the prompt (default: this one)",
+    )
 
 
 def _fail(message: str, err: TextIO) -> int:
@@ -122,7 +151,9 @@ def _build_request(args: argparse.Namespace, config: Any) -> Any:
         ooms = find_ooms(_read_text(args.error, "the log"))
         if not ooms:
             raise CommandError(f"{args.error}: no out-of-memory error found in it")
-        in_script = [found for found in ooms if any(Path(f.file).name == args.script.name for f in found.frames)]
+        in_script = [
+            found for found in ooms if any(Path(f.file).name == args.script.name for f in found.frames)
+        ]
         oom = (in_script or ooms)[-1]
     report = estimate = None
     if args.profile is not None:
@@ -132,7 +163,9 @@ def _build_request(args: argparse.Namespace, config: Any) -> Any:
             measurement = read_measurement(args.profile)
         except MeasurementError as error:
             raise CommandError(str(error)) from None
-        report, estimate = (measurement.data, None) if measurement.kind == "profile" else (None, measurement.data)
+        report, estimate = (
+            (measurement.data, None) if measurement.kind == "profile" else (None, measurement.data)
+        )
     settings = config.settings_for(args.script)
     request = FixRequest(
         path=str(args.script),
@@ -156,8 +189,16 @@ def _build_request(args: argparse.Namespace, config: Any) -> Any:
     finding = next((f for f in findings if f.line == line), None)
     environment = probe_environment(args.python)
     return FixRequest(
-        path=request.path, text=text, line=line, finding=finding, oom=oom, report=report, estimate=estimate,
-        environment=environment, gpu_memory=config.gpu_memory, lint_settings=settings,
+        path=request.path,
+        text=text,
+        line=line,
+        finding=finding,
+        oom=oom,
+        report=report,
+        estimate=estimate,
+        environment=environment,
+        gpu_memory=config.gpu_memory,
+        lint_settings=settings,
     )
 
 
@@ -205,9 +246,13 @@ def run_fix(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
         request = _build_request(args, config)
     except (CommandError, PromptError) as error:
         return _fail(str(error), err)
-    err.write(f"oom-lsp: asking {settings.model} at {settings.host} about {request.subject} "
-              f"({args.script}, line {request.line})\n")
-    result = asyncio.run(propose_fix(request, settings, on_progress=lambda message: err.write(f"oom-lsp: {message}\n")))
+    err.write(
+        f"oom-lsp: asking {settings.model} at {settings.host} about {request.subject} "
+        f"({args.script}, line {request.line})\n"
+    )
+    result = asyncio.run(
+        propose_fix(request, settings, on_progress=lambda message: err.write(f"oom-lsp: {message}\n"))
+    )
     if isinstance(result, FixError):
         return _fail(result.message, err)
     out.write("Diagnosis:\n" + "".join(f"  {line}\n" for line in result.diagnosis().splitlines()))
@@ -224,7 +269,9 @@ def run_fix(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
     return _apply(args, config, settings, result, out, err)
 
 
-def _apply(args: argparse.Namespace, config: Any, settings: Any, result: Any, out: TextIO, err: TextIO) -> int:
+def _apply(
+    args: argparse.Namespace, config: Any, settings: Any, result: Any, out: TextIO, err: TextIO
+) -> int:
     from oom_lsp.llm import fixlog
 
     try:
@@ -232,7 +279,9 @@ def _apply(args: argparse.Namespace, config: Any, settings: Any, result: Any, ou
     except CommandError as error:
         return _fail(str(error), err)
     if current != result.request.text:
-        return _fail(f"{args.script} changed while the model was answering; nothing was written: run again", err)
+        return _fail(
+            f"{args.script} changed while the model was answering; nothing was written: run again", err
+        )
     with open(args.script, "w", encoding="utf-8", newline="") as stream:  # keep the file's own line endings
         stream.write(result.edit.new_text)
     log = args.fix_log or settings.fix_log_path(config.root)
@@ -264,7 +313,9 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         if args.after is not None:
             after = read_measurement(args.after)
             if after.kind != before.kind:
-                raise CommandError(f"--before is a {before.kind} and --after a {after.kind}: compare like with like")
+                raise CommandError(
+                    f"--before is a {before.kind} and --after a {after.kind}: compare like with like"
+                )
         else:
             err.write(f"oom-lsp: re-running the {before.kind} of {args.script}\n")
             after = measure_again(args.script, before, python=args.python, timeout=args.timeout, out=args.out)

@@ -129,10 +129,13 @@ _AMP_FLAGS = {"fp16", "bf16"}
 _AMP_MODES = {"mixed_precision", "precision"}
 _BATCH_NAME = re.compile(r"^(?:per_device_)?(?:train_|eval_|micro_)?batch_?size$|^bs$", re.I)
 _SEQUENCE_NAME = re.compile(
-    r"^(?:max_)?(?:seq(?:uence)?_?len(?:gth)?|block_size|context_length|max_length|max_len|n_ctx|n_positions)$", re.I
+    r"^(?:max_)?(?:seq(?:uence)?_?len(?:gth)?|block_size|context_length|max_length|max_len|n_ctx|n_positions)$",
+    re.I,
 )
 _ARGPARSE_BATCH = re.compile(r"^--?(?:per[_-]device[_-])?(?:train[_-])?batch[_-]?size$|^--bs$", re.I)
-_ARGPARSE_SEQUENCE = re.compile(r"^--(?:max[_-])?(?:seq(?:uence)?[_-]?len(?:gth)?|block[_-]size|max[_-]length)$", re.I)
+_ARGPARSE_SEQUENCE = re.compile(
+    r"^--(?:max[_-])?(?:seq(?:uence)?[_-]?len(?:gth)?|block[_-]size|max[_-]length)$", re.I
+)
 
 
 def _turns_on_amp(keyword: str, value: cst.BaseExpression) -> bool:
@@ -166,8 +169,11 @@ class _FactFinder(cst.CSTVisitor):
         name = self.imports.qualified_name(node.func)
         if name in _AMP_CALLS:
             dtype = next(
-                (_DTYPES.get(self.imports.qualified_name(arg.value) or "") for arg in node.args
-                 if arg.keyword is not None and arg.keyword.value == "dtype"),
+                (
+                    _DTYPES.get(self.imports.qualified_name(arg.value) or "")
+                    for arg in node.args
+                    if arg.keyword is not None and arg.keyword.value == "dtype"
+                ),
                 None,
             )
             self._add(self.facts.amp, _AMP_CALLS[name] + (f" ({dtype})" if dtype else ""), node)
@@ -194,9 +200,14 @@ class _FactFinder(cst.CSTVisitor):
                 self._add(self.facts.amp, f"{keyword}={cst.Module([]).code_for_node(arg.value)}", arg)
 
     def _argparse_option(self, node: cst.Call) -> None:
-        flags = [arg.value.evaluated_value for arg in node.args
-                 if arg.keyword is None and isinstance(arg.value, cst.SimpleString)]
-        default = next((arg.value for arg in node.args if arg.keyword and arg.keyword.value == "default"), None)
+        flags = [
+            arg.value.evaluated_value
+            for arg in node.args
+            if arg.keyword is None and isinstance(arg.value, cst.SimpleString)
+        ]
+        default = next(
+            (arg.value for arg in node.args if arg.keyword and arg.keyword.value == "default"), None
+        )
         literal = _int_literal(default)
         if not literal:
             return
@@ -211,10 +222,14 @@ class _FactFinder(cst.CSTVisitor):
         if name in _DTYPES:
             self._add(self.facts.dtype, _DTYPES[name], node)
 
-    def _assigned(self, target: cst.BaseExpression, value: cst.BaseExpression | None, node: cst.CSTNode) -> None:
+    def _assigned(
+        self, target: cst.BaseExpression, value: cst.BaseExpression | None, node: cst.CSTNode
+    ) -> None:
         literal = _int_literal(value)
-        name = target.value if isinstance(target, cst.Name) else (
-            target.attr.value if isinstance(target, cst.Attribute) else None
+        name = (
+            target.value
+            if isinstance(target, cst.Name)
+            else (target.attr.value if isinstance(target, cst.Attribute) else None)
         )
         if not literal or name is None:
             return
@@ -306,7 +321,11 @@ def code_region(module: cst.Module, line: int) -> CodeRegion:
 
     while first > 0 and joinable(first - 1) and spans[index][0] - spans[first - 1][0] <= MODULE_LEVEL_WINDOW:
         first -= 1
-    while last + 1 < len(spans) and joinable(last + 1) and spans[last + 1][1] - spans[index][1] <= MODULE_LEVEL_WINDOW:
+    while (
+        last + 1 < len(spans)
+        and joinable(last + 1)
+        and spans[last + 1][1] - spans[index][1] <= MODULE_LEVEL_WINDOW
+    ):
         last += 1
     region = Region(spans[first][0], spans[last][1]) if spans else Region(1, max(line, 1))
     return CodeRegion(region, "module-level code", tuple(import_lines))

@@ -64,7 +64,9 @@ class EditRefused(Exception):
 
     def feedback(self) -> str:
         """What to tell the model on the retry."""
-        return self.reason + (f"\nDid you mean to match some of these actual lines?\n{self.hint}" if self.hint else "")
+        return self.reason + (
+            f"\nDid you mean to match some of these actual lines?\n{self.hint}" if self.hint else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,9 @@ def apply_blocks(
         raise EditRefused("the edit changes nothing (REPLACE is the same as SEARCH)")
     leftover = set(PLACEHOLDER_RE.findall(new_text)) - set(PLACEHOLDER_RE.findall(text))
     if leftover:
-        raise EditRefused(f"the edit contains the placeholder {sorted(leftover)[0]}, which is not in the file")
+        raise EditRefused(
+            f"the edit contains the placeholder {sorted(leftover)[0]}, which is not in the file"
+        )
     try:
         ast.parse(new_text)
     except SyntaxError as error:
@@ -130,9 +134,7 @@ def _split(block_text: str) -> list[str]:
     return lines
 
 
-def _locate(
-    lines: list[str], search: str, replace: str, region: Region, label: str, newline: str
-) -> _Match:
+def _locate(lines: list[str], search: str, replace: str, region: Region, label: str, newline: str) -> _Match:
     search_lines = _split(search)
     if not search_lines:
         raise EditRefused(f"{label} has an empty SEARCH: copy at least one existing line to anchor it")
@@ -152,7 +154,9 @@ def _locate(
     shifted = _find_shifted(bare, wanted, first, last)
     if len(shifted) == 1:
         start, shift = shifted[0]
-        return _Match(start, start + len(wanted), _with_endings(_reindent(replace_lines, shift, label), newline))
+        return _Match(
+            start, start + len(wanted), _with_endings(_reindent(replace_lines, shift, label), newline)
+        )
     if len(shifted) > 1:
         raise EditRefused(
             f"the SEARCH text of {label} matches {len(shifted)} places in the function; "
@@ -168,9 +172,7 @@ def _locate(
 
 def _find(bare: list[str], wanted: list[str], first: int, last: int) -> list[int]:
     return [
-        start
-        for start in range(first, last - len(wanted) + 1)
-        if bare[start : start + len(wanted)] == wanted
+        start for start in range(first, last - len(wanted) + 1) if bare[start : start + len(wanted)] == wanted
     ]
 
 
@@ -178,7 +180,9 @@ def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
-def _find_shifted(bare: list[str], wanted: list[str], first: int, last: int) -> list[tuple[int, tuple[str, str]]]:
+def _find_shifted(
+    bare: list[str], wanted: list[str], first: int, last: int
+) -> list[tuple[int, tuple[str, str]]]:
     """Starts where the lines match after one uniform indentation change, with the shift
     (file prefix, search prefix): one of the two is empty. Blank lines are not compared."""
     found = []
@@ -252,7 +256,9 @@ def line_edits(old: str, new: str) -> tuple[TextEdit, ...]:
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
-        edits.append(TextEdit(Range(_line_start(old_lines, i1), _line_start(old_lines, i2)), "".join(new_lines[j1:j2])))
+        edits.append(
+            TextEdit(Range(_line_start(old_lines, i1), _line_start(old_lines, i2)), "".join(new_lines[j1:j2]))
+        )
     return tuple(edits)
 
 
@@ -266,6 +272,9 @@ def _line_start(lines: list[str], index: int) -> Position:
 def unified_diff(old: str, new: str, path: str) -> str:
     return "".join(
         difflib.unified_diff(
-            old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}"
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=f"a/{path}",
+            tofile=f"b/{path}",
         )
     )

@@ -100,7 +100,11 @@ async def propose_fix(
         settings.check_ready()
         api_key = settings.api_key(environ)
     except NotReady as problem:
-        kind = "disabled" if not settings.enabled else ("no-key" if "API key" in str(problem) else "not-configured")
+        kind = (
+            "disabled"
+            if not settings.enabled
+            else ("no-key" if "API key" in str(problem) else "not-configured")
+        )
         return FixError(kind, str(problem))
     progress("building the prompt")
     try:
@@ -153,7 +157,10 @@ async def _converse(
                     on_text=lambda count: progress(f"receiving the answer ({count} characters)"),
                 )
                 answer = completion.text
-                for name, value in (("prompt_tokens", completion.prompt_tokens), ("completion_tokens", completion.completion_tokens)):
+                for name, value in (
+                    ("prompt_tokens", completion.prompt_tokens),
+                    ("completion_tokens", completion.completion_tokens),
+                ):
                     if value is not None:
                         usage[name] = usage.get(name, 0) + value
                 fix = completion.parsed or parse_answer(answer, "json_schema" if json_schema else "text")
@@ -167,20 +174,39 @@ async def _converse(
             except ParseError as error:
                 exchanges.append(Exchange(list(messages), answer))
                 last_problem = str(error)
-                messages = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": _retry_note(str(error))}]
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": _retry_note(str(error))},
+                ]
                 continue
             exchanges.append(Exchange(list(messages), answer))
             if not fix.edits:
-                return Proposal(request, prompt, fix, None, "the model proposed no edit", tuple(exchanges), settings.model or "", usage)
+                return Proposal(
+                    request,
+                    prompt,
+                    fix,
+                    None,
+                    "the model proposed no edit",
+                    tuple(exchanges),
+                    settings.model or "",
+                    usage,
+                )
             progress("checking the proposed edit")
             try:
                 edit = apply_blocks(request.text, fix.blocks, prompt.region, prompt.secrets)
             except EditRefused as refusal:
                 if attempt < MAX_ATTEMPTS:
-                    messages = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": _retry_note(refusal.feedback())}]
+                    messages = [
+                        *messages,
+                        {"role": "assistant", "content": answer},
+                        {"role": "user", "content": _retry_note(refusal.feedback())},
+                    ]
                     continue
                 problem = f"could not apply the proposed change: {refusal.reason}"
-                return Proposal(request, prompt, fix, None, problem, tuple(exchanges), settings.model or "", usage)
+                return Proposal(
+                    request, prompt, fix, None, problem, tuple(exchanges), settings.model or "", usage
+                )
             return Proposal(request, prompt, fix, edit, None, tuple(exchanges), settings.model or "", usage)
     except ModelError as error:
         return FixError(error.kind, error.message)

@@ -132,11 +132,17 @@ def record_figures(log: Path, file: str, figures: Figures, entry_id: str | None 
         line = _FIGURES_LINE.search(body)
         if line is None:
             continue
-        wanted = marker["id"] == entry_id if entry_id else (marker["file"] == file and "not measured yet" in line.group(0))
+        wanted = (
+            marker["id"] == entry_id
+            if entry_id
+            else (marker["file"] == file and "not measured yet" in line.group(0))
+        )
         if not wanted:
             continue
         start = marker.end() + line.start()
-        updated = text[:start] + f"- Peak before / after: {figures.render()}" + text[marker.end() + line.end() :]
+        updated = (
+            text[:start] + f"- Peak before / after: {figures.render()}" + text[marker.end() + line.end() :]
+        )
         log.write_text(updated, encoding="utf-8")
         return marker["id"]
     return None

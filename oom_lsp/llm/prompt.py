@@ -82,7 +82,9 @@ class FixRequest:
         for usage in self.report.top_lines if self.report else ():
             if _same_file(usage.file, self.path):
                 return usage.line
-        raise PromptError("no line to fix: give one (--line N), or an error log or profile that points into this file")
+        raise PromptError(
+            "no line to fix: give one (--line N), or an error log or profile that points into this file"
+        )
 
     @property
     def subject(self) -> str:
@@ -198,7 +200,9 @@ def build_prompt(request: FixRequest, response_format: str = "text", budget: int
     try:
         module = cst.parse_module(request.text)
     except cst.ParserSyntaxError as error:
-        raise PromptError(f"{request.path} does not parse (line {error.raw_line}): fix the syntax first") from None
+        raise PromptError(
+            f"{request.path} does not parse (line {error.raw_line}): fix the syntax first"
+        ) from None
     line = request.target_line()
     total_lines = len(request.text.splitlines()) or 1
     if not 1 <= line <= total_lines:
@@ -211,8 +215,13 @@ def build_prompt(request: FixRequest, response_format: str = "text", budget: int
     for limits in _shrinking_limits():
         region = located.region
         if limits.code_window is not None:
-            region = Region(max(region.start_line, line - limits.code_window), min(region.end_line, line + limits.code_window))
-        user = _user_message(request, facts, findings, region, located.name, located.import_lines, line, limits)
+            region = Region(
+                max(region.start_line, line - limits.code_window),
+                min(region.end_line, line + limits.code_window),
+            )
+        user = _user_message(
+            request, facts, findings, region, located.name, located.import_lines, line, limits
+        )
         redaction = redact(user)
         prompt = Prompt(
             system=system,
@@ -269,15 +278,19 @@ def _context(request: FixRequest, facts: CodeFacts, region_name: str, line: int)
     rows = [f"- File: `{Path(request.path).name}`, line {line} ({region_name})"]
     env = request.environment
     report = request.report
-    torch_version = (env.torch if env else None) or (report.torch_version if report else None) or (
-        request.estimate.get("torch") if request.estimate else None
+    torch_version = (
+        (env.torch if env else None)
+        or (report.torch_version if report else None)
+        or (request.estimate.get("torch") if request.estimate else None)
     )
     if torch_version:
         cuda = (env.cuda if env else None) or (report.cuda_version if report else None)
         hip = env.hip if env else None
         accelerator = f", CUDA {cuda}" if cuda else (f", ROCm/HIP {hip}" if hip else "")
         python = (env.python if env else None) or (report.python_version if report else None)
-        rows.append(f"- Framework: PyTorch {torch_version}{accelerator}" + (f"; Python {python}" if python else ""))
+        rows.append(
+            f"- Framework: PyTorch {torch_version}{accelerator}" + (f"; Python {python}" if python else "")
+        )
     elif env and env.python:
         rows.append(f"- Python {env.python}; PyTorch not importable there ({env.problem or 'not installed'})")
     gpu = _gpu(request)
@@ -318,10 +331,14 @@ def _error(request: FixRequest, limits: _Limits) -> str:
         if request.report is not None and request.report.error:
             return f"The profiled run failed: `{request.report.error[:MAX_MESSAGE_CHARS]}`"
         return ""
-    message = error.message if len(error.message) <= MAX_MESSAGE_CHARS else error.message[:MAX_MESSAGE_CHARS] + " …"
+    message = (
+        error.message if len(error.message) <= MAX_MESSAGE_CHARS else error.message[:MAX_MESSAGE_CHARS] + " …"
+    )
     kind = error.exception_type or "Error"
     rows = ["```text", f"{kind}: {message}", "```"]
-    facts = [f"{label}: {value}" for label, value in describe(error)[1:] if label not in ("hint", "failed at")]
+    facts = [
+        f"{label}: {value}" for label, value in describe(error)[1:] if label not in ("hint", "failed at")
+    ]
     if facts:
         rows.append("Facts: " + "; ".join(facts) + ".")
     frames = error.frames[-limits.frames :] if limits.frames else ()
@@ -356,7 +373,9 @@ def _measured(report: Report, limits: _Limits) -> str:
         f"`{report.status}`, {len(report.steps)} of {report.steps_requested or '?'} steps recorded."
     ]
     if report.peak_allocated is not None:
-        reserved = f", reserved {format_bytes(report.peak_reserved)}" if report.peak_reserved is not None else ""
+        reserved = (
+            f", reserved {format_bytes(report.peak_reserved)}" if report.peak_reserved is not None else ""
+        )
         rows.append(f"- Peak allocated: {format_bytes(report.peak_allocated)} (measured){reserved}")
     if report.oom is not None and report.oom.step is not None:
         rows.append(f"- Out of memory during step {report.oom.step}")
@@ -365,21 +384,41 @@ def _measured(report: Report, limits: _Limits) -> str:
         rows.append(f"- Batch size seen by the model: {report.batch_size} (measured{shape})")
     if report.steps and limits.table_rows:
         rows.append("")
-        rows.extend(_table(("step", "peak allocated", "complete"), [
-            (str(step.index), format_bytes(step.peak_allocated), "yes" if step.complete else "no")
-            for step in report.steps[: limits.table_rows]
-        ]))
+        rows.extend(
+            _table(
+                ("step", "peak allocated", "complete"),
+                [
+                    (str(step.index), format_bytes(step.peak_allocated), "yes" if step.complete else "no")
+                    for step in report.steps[: limits.table_rows]
+                ],
+            )
+        )
     if report.top_lines and limits.table_rows:
         rows.append("\nTop lines by memory live at the peak (measured):")
-        rows.extend(_table(("memory", "line", "code"), [
-            (format_bytes(usage.bytes), f"{Path(usage.file).name}:{usage.line}", f"`{usage.code}`" if usage.code else "")
-            for usage in report.top_lines[: limits.table_rows]
-        ]))
+        rows.extend(
+            _table(
+                ("memory", "line", "code"),
+                [
+                    (
+                        format_bytes(usage.bytes),
+                        f"{Path(usage.file).name}:{usage.line}",
+                        f"`{usage.code}`" if usage.code else "",
+                    )
+                    for usage in report.top_lines[: limits.table_rows]
+                ],
+            )
+        )
     if report.top_modules and limits.table_rows:
         rows.append("\nTop modules by memory live at the peak (measured):")
-        rows.extend(_table(("memory", "module", "type"), [
-            (format_bytes(module.bytes), module.name, module.type) for module in report.top_modules[: limits.table_rows]
-        ]))
+        rows.extend(
+            _table(
+                ("memory", "module", "type"),
+                [
+                    (format_bytes(module.bytes), module.name, module.type)
+                    for module in report.top_modules[: limits.table_rows]
+                ],
+            )
+        )
     return "\n".join(rows)
 
 
@@ -394,22 +433,31 @@ def _estimated(prediction: dict[str, Any], limits: _Limits) -> str:
         rows.append(f"- Target {target['name']} ({format_bytes(target['memory'])}): {verdict}")
     breakdown = [(name, size) for name, size in (prediction.get("breakdown") or {}).items() if size]
     if breakdown and limits.table_rows:
-        rows.append("- Breakdown at the peak: " + ", ".join(
-            f"{name.replace('_', ' ')} {format_bytes(size)}" for name, size in breakdown
-        ))
+        rows.append(
+            "- Breakdown at the peak: "
+            + ", ".join(f"{name.replace('_', ' ')} {format_bytes(size)}" for name, size in breakdown)
+        )
     lines = prediction.get("top_lines") or []
     if lines and limits.table_rows:
         rows.append("\nTop lines at the peak (estimated):")
-        rows.extend(_table(("memory", "line"), [
-            (format_bytes(size), f"{Path(place.rpartition(':')[0]).name}:{place.rpartition(':')[2]}")
-            for place, size in lines[: limits.table_rows]
-        ]))
+        rows.extend(
+            _table(
+                ("memory", "line"),
+                [
+                    (format_bytes(size), f"{Path(place.rpartition(':')[0]).name}:{place.rpartition(':')[2]}")
+                    for place, size in lines[: limits.table_rows]
+                ],
+            )
+        )
     modules = [(name, size) for name, size in prediction.get("top_modules") or [] if name]
     if modules and limits.table_rows:
         rows.append("\nTop modules at the peak (estimated):")
-        rows.extend(_table(("memory", "module"), [
-            (format_bytes(size), name) for name, size in modules[: limits.table_rows]
-        ]))
+        rows.extend(
+            _table(
+                ("memory", "module"),
+                [(format_bytes(size), name) for name, size in modules[: limits.table_rows]],
+            )
+        )
     return "\n".join(rows)
 
 
@@ -450,7 +498,9 @@ def _solutions(
     if inside:
         rows.append("Static findings of oom-lsp on this code:")
         for finding in inside:
-            rows.append(f"- line {finding.line} `{lines[finding.line - 1].strip()}`: {finding.code} {finding.name}: {finding.message}")
+            rows.append(
+                f"- line {finding.line} `{lines[finding.line - 1].strip()}`: {finding.code} {finding.name}: {finding.message}"
+            )
     rows.append(
         "For each cause that this code can fix, give one concrete change (for example a smaller batch with "
         "gradient accumulation, mixed precision, in-place operations, torch.no_grad, .detach()/.item(), "

@@ -93,7 +93,9 @@ class FixProposal(BaseModel):
 
 # --- text ------------------------------------------------------------------------------------
 
-_SECTION = re.compile(r"^#{2,3}\s*(?:\d+[.)]\s*)?(Diagnosis|Edits|Validation|Changelog)\s*:?\s*$", re.I | re.M)
+_SECTION = re.compile(
+    r"^#{2,3}\s*(?:\d+[.)]\s*)?(Diagnosis|Edits|Validation|Changelog)\s*:?\s*$", re.I | re.M
+)
 _CAUSE = re.compile(r"^\s*\d+[.)]\s*(.+?)\s*\(\s*(high|medium|low)\s*\)\s*:\s*(.+)$", re.I)
 _BLOCK = re.compile(
     r"^[ \t]*<{5,9}[ \t]*SEARCH[ \t]*\r?\n(?P<search>.*?)^[ \t]*={5,9}[ \t]*\r?\n(?P<replace>.*?)^[ \t]*>{5,9}[ \t]*REPLACE[ \t]*$",
@@ -110,7 +112,9 @@ def parse_text(answer: str) -> FixProposal:
         match = _CAUSE.match(line.replace("**", ""))
         if match:
             title, likelihood, evidence = match.groups()
-            causes.append(Cause(title=title.strip(), evidence=evidence.strip(), likelihood=likelihood.lower()))
+            causes.append(
+                Cause(title=title.strip(), evidence=evidence.strip(), likelihood=likelihood.lower())
+            )
     if not causes:
         raise ParseError(
             "no cause found: the ## Diagnosis section must list causes as "
@@ -122,9 +126,13 @@ def parse_text(answer: str) -> FixProposal:
         for match in _BLOCK.finditer(edits_text)
     ]
     if not blocks and re.search(r"^[ \t]*<{5,9}[ \t]*SEARCH", edits_text, re.M):
-        raise ParseError("a SEARCH/REPLACE block is not closed: each needs `=======` and `>>>>>>> REPLACE` lines")
+        raise ParseError(
+            "a SEARCH/REPLACE block is not closed: each needs `=======` and `>>>>>>> REPLACE` lines"
+        )
     validation = _unfence(sections.get("validation", "")).strip()
-    changelog = next((line.strip(" -*`") for line in sections.get("changelog", "").splitlines() if line.strip()), "")
+    changelog = next(
+        (line.strip(" -*`") for line in sections.get("changelog", "").splitlines() if line.strip()), ""
+    )
     if not changelog:
         raise ParseError("the ## Changelog section is missing or empty: end with one changelog line")
     try:

@@ -61,9 +61,12 @@ def redact(text: str, secrets: dict[str, str] | None = None) -> Redaction:
 
     for pattern in _KNOWN_FORMATS:
         text = pattern.sub(lambda match: placeholder_for(match.group(0)), text)
+
     def replace_secret(match: re.Match[str]) -> str:
         secret = match.group("secret")
-        if PLACEHOLDER_RE.fullmatch(secret) or ("name" in match.re.groupindex and not _is_sensitive(match["name"])):
+        if PLACEHOLDER_RE.fullmatch(secret) or (
+            "name" in match.re.groupindex and not _is_sensitive(match["name"])
+        ):
             return match.group(0)
         start, end = match.start("secret") - match.start(0), match.end("secret") - match.start(0)
         return match.group(0)[:start] + placeholder_for(secret) + match.group(0)[end:]

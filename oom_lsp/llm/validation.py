@@ -53,7 +53,9 @@ def parse_measurement(data: object, source: str) -> Measurement:
             raise MeasurementError(f"{source}: {error}") from None
     if isinstance(data, dict) and isinstance(data.get("peak_bytes"), int):
         return Measurement("estimate", data, source)
-    raise MeasurementError(f"{source}: neither a profile report.json nor an `oom-lsp estimate --format json` output")
+    raise MeasurementError(
+        f"{source}: neither a profile report.json nor an `oom-lsp estimate --format json` output"
+    )
 
 
 def read_measurement(path: Path) -> Measurement:
@@ -85,16 +87,25 @@ def figures(before: Measurement, after: Measurement) -> Figures | None:
     """None when either peak is unknown (a run that ended before its first step)."""
     if before.peak is None or after.peak is None:
         return None
-    return Figures(before.peak, after.peak, "measured by profile" if before.kind == "profile" else "estimated")
+    return Figures(
+        before.peak, after.peak, "measured by profile" if before.kind == "profile" else "estimated"
+    )
 
 
-def _profile(script: Path, report: Any, python: str, timeout: float, out: Path, cancel: threading.Event | None) -> Measurement:
+def _profile(
+    script: Path, report: Any, python: str, timeout: float, out: Path, cancel: threading.Event | None
+) -> Measurement:
     from oom_lsp.profiling.runner import ProfileError, ProfileRequest, profile
 
     device = report.device.type if report.device.type in ("cpu", "cuda") else "auto"
     request = ProfileRequest(
-        script=script, out=out, script_args=list(report.argv), steps=report.steps_requested or 3,
-        device=device, python=python, timeout=timeout,
+        script=script,
+        out=out,
+        script_args=list(report.argv),
+        steps=report.steps_requested or 3,
+        device=device,
+        python=python,
+        timeout=timeout,
     )
     try:
         return Measurement("profile", profile(request, cancel=cancel), str(out / "report.json"))
@@ -102,7 +113,9 @@ def _profile(script: Path, report: Any, python: str, timeout: float, out: Path, 
         raise MeasurementError(str(error)) from None
 
 
-def _estimate(script: Path, prediction: dict[str, Any], python: str, timeout: float, cancel: threading.Event | None) -> Measurement:
+def _estimate(
+    script: Path, prediction: dict[str, Any], python: str, timeout: float, cancel: threading.Event | None
+) -> Measurement:
     from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate
     from oom_lsp.estimate.gpus import UnknownGpuError, custom_gpu, find_gpu
 
@@ -114,7 +127,9 @@ def _estimate(script: Path, prediction: dict[str, Any], python: str, timeout: fl
         except UnknownGpuError:
             gpu = custom_gpu(target["memory"])
     # The script's own batch size, not the one estimated before: the fix may have changed it.
-    options = EstimateOptions(script=script, device=prediction.get("device", "cuda"), gpu=gpu, python=python, timeout=timeout)
+    options = EstimateOptions(
+        script=script, device=prediction.get("device", "cuda"), gpu=gpu, python=python, timeout=timeout
+    )
     if cancel is not None and cancel.is_set():
         raise MeasurementError("cancelled")
     try:

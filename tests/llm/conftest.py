@@ -6,7 +6,7 @@ import pytest
 
 from tests.llm.fake_server import FakeModelServer
 
-TRAIN = '''import torch
+TRAIN = """import torch
 
 API_KEY = "sk-proj-abcdefghijklmnopqrstuvwxyz012345"
 
@@ -29,7 +29,7 @@ def evaluate(model, loader):
     for inputs, labels in loader:
         total_loss += model(inputs.cuda(), labels.cuda())
     return total_loss
-'''
+"""
 TARGET_LINE = 15  # total_loss += loss
 
 GOOD_ANSWER = """## Diagnosis
@@ -49,7 +49,9 @@ The peak of one step stays flat across steps instead of growing.
 Accumulate the training loss with .item() so each step's graph is freed
 """
 FIXED_LINE = "        total_loss += loss.item()\n"
-NO_MATCH_ANSWER = GOOD_ANSWER.replace("        total_loss += loss\n=", "        total_loss = total_loss + loss\n=")
+NO_MATCH_ANSWER = GOOD_ANSWER.replace(
+    "        total_loss += loss\n=", "        total_loss = total_loss + loss\n="
+)
 AMBIGUOUS_ANSWER = GOOD_ANSWER.replace(
     "        optimizer.zero_grad()\n        total_loss += loss\n=======\n        optimizer.zero_grad()\n        total_loss += loss.item()\n",
     "optimizer.zero_grad()\n=======\noptimizer.zero_grad(set_to_none=True)\n",

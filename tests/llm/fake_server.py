@@ -37,22 +37,37 @@ class FakeModelServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with owner._lock:
-                    owner.requests.append({"path": self.path, "body": body, "headers": {name.lower(): value for name, value in self.headers.items()}})
-                    turn = owner.turns.popleft() if owner.turns else {"status": 500, "error": "no scripted turn left"}
+                    owner.requests.append(
+                        {
+                            "path": self.path,
+                            "body": body,
+                            "headers": {name.lower(): value for name, value in self.headers.items()},
+                        }
+                    )
+                    turn = (
+                        owner.turns.popleft()
+                        if owner.turns
+                        else {"status": 500, "error": "no scripted turn left"}
+                    )
                 if self.path != "/v1/chat/completions":
                     turn = {"status": 404, "error": f"no route {self.path}"}
                 if turn.get("delay"):
                     if owner._stop.wait(turn["delay"]):
                         return
                 if "status" in turn:
-                    self._send(turn["status"], {"error": {"message": turn.get("error", "error"), "type": "test"}},
-                               turn.get("headers", {}))
+                    self._send(
+                        turn["status"],
+                        {"error": {"message": turn.get("error", "error"), "type": "test"}},
+                        turn.get("headers", {}),
+                    )
                 elif body.get("stream"):
                     self._stream(body, turn)
                 else:
                     self._send(200, _completion(body, turn))
 
-            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+            def _send(
+                self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
+            ) -> None:
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -71,10 +86,17 @@ class FakeModelServer:
                 for index, piece in enumerate(pieces):
                     last = index == len(pieces) - 1
                     chunk = {
-                        "id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0,
+                        "id": "chatcmpl-test",
+                        "object": "chat.completion.chunk",
+                        "created": 0,
                         "model": body.get("model", "test"),
-                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": piece},
-                                     "finish_reason": turn.get("finish_reason", "stop") if last else None}],
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"role": "assistant", "content": piece},
+                                "finish_reason": turn.get("finish_reason", "stop") if last else None,
+                            }
+                        ],
                     }
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
@@ -114,10 +136,12 @@ def _completion(body: dict[str, Any], turn: dict[str, Any]) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model", "test"),
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": turn["content"]},
-            "finish_reason": turn.get("finish_reason", "stop"),
-        }],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": turn["content"]},
+                "finish_reason": turn.get("finish_reason", "stop"),
+            }
+        ],
         "usage": {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150},
     }

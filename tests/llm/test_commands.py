@@ -27,7 +27,13 @@ from tests.llm.fake_server import FakeModelServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
-FACTS = {"python": "3.11.9", "torch": "2.5.1+cu124", "cuda": "12.4", "gpu_name": "NVIDIA L4", "gpu_memory": 23_580_639_232}
+FACTS = {
+    "python": "3.11.9",
+    "torch": "2.5.1+cu124",
+    "cuda": "12.4",
+    "gpu_name": "NVIDIA L4",
+    "gpu_memory": 23_580_639_232,
+}
 
 
 def pyproject(folder: Path, **llm: object) -> None:
@@ -39,7 +45,11 @@ def pyproject(folder: Path, **llm: object) -> None:
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeModelServer) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OOM_TEST_KEY", "secret-test-key")
-    pyproject(tmp_path, enabled=True, **{"base-url": fake.base_url, "model": "test-model", "api-key-env": "OOM_TEST_KEY"})
+    pyproject(
+        tmp_path,
+        enabled=True,
+        **{"base-url": fake.base_url, "model": "test-model", "api-key-env": "OOM_TEST_KEY"},
+    )
     (tmp_path / "train.py").write_text(TRAIN)
     # A stand-in for the user's interpreter: answers the environment probe without importing torch.
     python = tmp_path / "fake-python"
@@ -52,11 +62,16 @@ def run(*argv: str) -> int:
     return cli.main(list(argv))
 
 
-def test_prompt_prints_the_sections_and_sends_nothing(project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]) -> None:
+def test_prompt_prints_the_sections_and_sends_nothing(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert run("prompt", "train.py", "--python", "./fake-python") == 0
     out, err = capsys.readouterr()
     assert out.startswith("## Context\n- File: `train.py`, line 10 (function `train`)\n")
-    assert "- Framework: PyTorch 2.5.1+cu124, CUDA 12.4; Python 3.11.9\n- GPU: NVIDIA L4, 21.96 GiB (from the interpreter)" in out
+    assert (
+        "- Framework: PyTorch 2.5.1+cu124, CUDA 12.4; Python 3.11.9\n- GPU: NVIDIA L4, 21.96 GiB (from the interpreter)"
+        in out
+    )
     assert "## Error" not in out and "## Profiling" not in out
     assert "Start from the finding OOM201" in out  # the first finding gives the line
     assert "tokens (characters / 4); nothing was sent" in err and fake.requests == []
@@ -64,13 +79,28 @@ def test_prompt_prints_the_sections_and_sends_nothing(project: Path, fake: FakeM
 
 def test_prompt_with_log_and_profile(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     shutil.copy(ROOT / "fixtures" / "cnn_cifar_risky.py", project / "cnn_cifar_risky.py")
-    code = run("prompt", "cnn_cifar_risky.py", "--error", str(DATA / "cnn_oom.log"),
-               "--profile", str(DATA / "cnn_report.json"), "--python", "./fake-python", "--system")
+    code = run(
+        "prompt",
+        "cnn_cifar_risky.py",
+        "--error",
+        str(DATA / "cnn_oom.log"),
+        "--profile",
+        str(DATA / "cnn_report.json"),
+        "--python",
+        "./fake-python",
+        "--system",
+    )
     out, _ = capsys.readouterr()
     assert code == 0
     assert out.startswith("<!-- system message -->\nYou are a PyTorch GPU-memory expert.")
     assert [line for line in out.splitlines() if line.startswith("## ") and "<" not in line][-7:] == [
-        "## Context", "## Error", "## Profiling", "## Diagnosis", "## Solutions", "## Validation", "## Documentation"
+        "## Context",
+        "## Error",
+        "## Profiling",
+        "## Diagnosis",
+        "## Solutions",
+        "## Validation",
+        "## Documentation",
     ]
     assert "line 102 (module-level code)" in out
 
@@ -83,23 +113,34 @@ def test_prompt_with_log_and_profile(project: Path, capsys: pytest.CaptureFixtur
         (["--line", "99"], "line 99 is outside train.py"),
     ],
 )
-def test_prompt_input_errors(project: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], message: str) -> None:
+def test_prompt_input_errors(
+    project: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], message: str
+) -> None:
     assert run("prompt", "train.py", "--python", "./fake-python", *arguments) == 2
     assert message in capsys.readouterr().err
 
 
-def test_fix_dry_run_prints_the_diff_and_changes_nothing(project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fix_dry_run_prints_the_diff_and_changes_nothing(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake.script({"content": GOOD_ANSWER})
-    assert run("fix", "--ai", "train.py", "--line", str(TARGET_LINE), "--dry-run", "--python", "./fake-python") == 0
+    assert (
+        run("fix", "--ai", "train.py", "--line", str(TARGET_LINE), "--dry-run", "--python", "./fake-python")
+        == 0
+    )
     out, err = capsys.readouterr()
     assert "-        total_loss += loss\n+" + FIXED_LINE in out
-    assert "1. Loss accumulated with its graph (high)" in out and "--dry-run: train.py was not changed." in out
+    assert (
+        "1. Loss accumulated with its graph (high)" in out and "--dry-run: train.py was not changed." in out
+    )
     assert "asking test-model at 127.0.0.1:" in err
     assert (project / "train.py").read_text() == TRAIN and not (project / "OOM_FIXES.md").exists()
     assert fake.requests[0]["headers"]["authorization"] == "Bearer secret-test-key"
 
 
-def test_fix_applies_and_logs(project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fix_applies_and_logs(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake.script({"content": GOOD_ANSWER})
     assert run("fix", "--ai", "train.py", "--line", "15", "--python", "./fake-python") == 0
     out, _ = capsys.readouterr()
@@ -117,14 +158,23 @@ def test_fix_applies_and_logs(project: Path, fake: FakeModelServer, capsys: pyte
 @pytest.mark.parametrize(
     ("turns", "code", "message"),
     [
-        ([NO_MATCH_ANSWER, NO_MATCH_ANSWER], 1, "No edit: could not apply the proposed change: the SEARCH text"),
+        (
+            [NO_MATCH_ANSWER, NO_MATCH_ANSWER],
+            1,
+            "No edit: could not apply the proposed change: the SEARCH text",
+        ),
         ([AMBIGUOUS_ANSWER, AMBIGUOUS_ANSWER], 1, "matches 2 places"),
         ([BROKEN_ANSWER, BROKEN_ANSWER], 1, "does not parse"),
         ([GARBAGE, GARBAGE], 2, "could not be read, twice"),
     ],
 )
 def test_bad_answers_never_change_the_file(
-    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str], turns: list[str], code: int, message: str
+    project: Path,
+    fake: FakeModelServer,
+    capsys: pytest.CaptureFixture[str],
+    turns: list[str],
+    code: int,
+    message: str,
 ) -> None:
     fake.script(*({"content": turn} for turn in turns))
     assert run("fix", "--ai", "train.py", "--python", "./fake-python") == code
@@ -133,14 +183,18 @@ def test_bad_answers_never_change_the_file(
     assert (project / "train.py").read_text() == TRAIN and not (project / "OOM_FIXES.md").exists()
 
 
-def test_server_failure_never_changes_the_file(project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]) -> None:
+def test_server_failure_never_changes_the_file(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake.script(*[{"status": 500, "error": "overloaded", "headers": {"retry-after-ms": "5"}}] * 3)
     assert run("fix", "--ai", "train.py", "--python", "./fake-python") == 2
     assert "failed (HTTP 500" in capsys.readouterr().err
     assert (project / "train.py").read_text() == TRAIN
 
 
-def test_fix_disabled_says_how_to_enable(project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fix_disabled_says_how_to_enable(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     pyproject(project, **{"base-url": fake.base_url, "model": "test-model"})
     assert run("fix", "--ai", "train.py") == 2
     err = capsys.readouterr().err
@@ -148,8 +202,14 @@ def test_fix_disabled_says_how_to_enable(project: Path, fake: FakeModelServer, c
     assert fake.requests == []
 
 
-def test_fix_without_key_names_the_variable(project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    pyproject(project, enabled=True, **{"base-url": "https://llm.example.com/v1", "model": "m", "api-key-env": "MY_LLM_KEY"})
+def test_fix_without_key_names_the_variable(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pyproject(
+        project,
+        enabled=True,
+        **{"base-url": "https://llm.example.com/v1", "model": "m", "api-key-env": "MY_LLM_KEY"},
+    )
     monkeypatch.delenv("MY_LLM_KEY", raising=False)
     assert run("fix", "--ai", "train.py") == 2
     assert "no API key: set the environment variable MY_LLM_KEY" in capsys.readouterr().err
@@ -161,8 +221,16 @@ def test_fix_needs_ai(project: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_fix_log_setting(project: Path, fake: FakeModelServer) -> None:
-    pyproject(project, enabled=True, **{"base-url": fake.base_url, "model": "m", "api-key-env": "OOM_TEST_KEY",
-                                        "fix-log": "docs/memory-fixes.md"})
+    pyproject(
+        project,
+        enabled=True,
+        **{
+            "base-url": fake.base_url,
+            "model": "m",
+            "api-key-env": "OOM_TEST_KEY",
+            "fix-log": "docs/memory-fixes.md",
+        },
+    )
     fake.script({"content": GOOD_ANSWER})
     assert run("fix", "--ai", "train.py", "--python", "./fake-python") == 0
     assert "OOM201 no-mixed-precision" in (project / "docs" / "memory-fixes.md").read_text()
@@ -179,7 +247,9 @@ def _reports(project: Path, after_peak: int) -> tuple[Path, Path]:
     return project / "before.json", project / "after.json"
 
 
-def test_validate_compares_and_records_in_the_fix_log(project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_compares_and_records_in_the_fix_log(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake.script({"content": GOOD_ANSWER})
     assert run("fix", "--ai", "train.py", "--python", "./fake-python") == 0
     before, after = _reports(project, 3 * 2**30)
@@ -201,15 +271,25 @@ def test_validate_reports_a_peak_that_grew(project: Path, capsys: pytest.Capture
 
 def test_validate_refuses_mixed_kinds(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before, _ = _reports(project, 1)
-    assert run("validate", "train.py", "--before", str(before), "--after", str(DATA / "gpt_estimate.json")) == 2
+    assert (
+        run("validate", "train.py", "--before", str(before), "--after", str(DATA / "gpt_estimate.json")) == 2
+    )
     assert "compare like with like" in capsys.readouterr().err
 
 
-def test_validate_reruns_the_estimate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_reruns_the_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     script = tmp_path / "mlp.py"
     shutil.copy(ROOT / "fixtures" / "estimate" / "mlp.py", script)
-    before = {"script": str(script), "device": "cpu", "peak_bytes": 10**9, "method": "fake-tensor trace", "gpu": None}
+    before = {
+        "script": str(script),
+        "device": "cpu",
+        "peak_bytes": 10**9,
+        "method": "fake-tensor trace",
+        "gpu": None,
+    }
     (tmp_path / "before.json").write_text(json.dumps(before))
     assert run("validate", "mlp.py", "--before", "before.json", "--timeout", "240") == 0
     out = capsys.readouterr().out

@@ -13,7 +13,7 @@ from oom_lsp.llm.settings import LOCAL_PLACEHOLDER_KEY, LlmSettings, NotReady
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CODE = '''import argparse
+CODE = """import argparse
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -39,28 +39,41 @@ def main():
 
 x = 1
 y = 2
-'''
+"""
 
 
 def test_code_facts() -> None:
     facts = detect_code_facts(cst.parse_module(CODE))
-    assert [(f.value, f.line) for f in facts.amp] == [("GradScaler", 17), ("torch.autocast (float16)", 18), ("bf16=True", 20)]
-    assert len(facts.amp) == 3  # at most three per kind; precision=32 and fp16=args.fp16 are not AMP
-    assert not any(f.value.startswith(("precision=32", "fp16=")) for f in detect_code_facts(
-        cst.parse_module("Trainer(precision=32, fp16=args.fp16, bf16=False)\n")).amp)
-    assert [f.value for f in detect_code_facts(cst.parse_module('Trainer(precision="bf16-mixed")\n')).amp] == [
-        'precision="bf16-mixed"'
+    assert [(f.value, f.line) for f in facts.amp] == [
+        ("GradScaler", 17),
+        ("torch.autocast (float16)", 18),
+        ("bf16=True", 20),
     ]
+    assert len(facts.amp) == 3  # at most three per kind; precision=32 and fp16=args.fp16 are not AMP
+    assert not any(
+        f.value.startswith(("precision=32", "fp16="))
+        for f in detect_code_facts(
+            cst.parse_module("Trainer(precision=32, fp16=args.fp16, bf16=False)\n")
+        ).amp
+    )
+    assert [
+        f.value for f in detect_code_facts(cst.parse_module('Trainer(precision="bf16-mixed")\n')).amp
+    ] == ['precision="bf16-mixed"']
     assert [(f.value, f.line) for f in facts.compile] == [("torch.compile", 16)]
     assert [f.value for f in facts.distributed] == ["DistributedDataParallel"]
-    assert [f.value for f in facts.batch_size] == ["--batch-size default 64", "per_device_train_batch_size=16"]
+    assert [f.value for f in facts.batch_size] == [
+        "--batch-size default 64",
+        "per_device_train_batch_size=16",
+    ]
     assert [f.value for f in facts.sequence_length] == ["SEQ_LEN = 2048"]
     assert [f.value for f in facts.dtype] == ["float16", "bfloat16"]
 
 
 def test_regions() -> None:
     module = cst.parse_module(CODE)
-    assert code_region(module, 10).name == "method `Net.forward`" and code_region(module, 10).region == Region(9, 10)
+    assert code_region(module, 10).name == "method `Net.forward`" and code_region(
+        module, 10
+    ).region == Region(9, 10)
     region = code_region(module, 16)
     assert (region.name, region.region, region.import_lines) == ("function `main`", Region(13, 22), (1, 2, 3))
     assert code_region(module, 26).region == Region(25, 26)  # neighbouring top-level statements
@@ -87,10 +100,19 @@ def test_probe_failures(tmp_path: Path) -> None:
 
 def test_settings_from_table() -> None:
     settings = LlmSettings.from_table(
-        {"enabled": True, "baseUrl": "http://localhost:11434/v1", "model": "qwen", "responseFormat": "json_schema", "timeout": 30}
+        {
+            "enabled": True,
+            "baseUrl": "http://localhost:11434/v1",
+            "model": "qwen",
+            "responseFormat": "json_schema",
+            "timeout": 30,
+        }
     )
     assert (settings.base_url, settings.response_format, settings.timeout, settings.api_key_env) == (
-        "http://localhost:11434/v1", "json_schema", 30.0, "OPENAI_API_KEY"
+        "http://localhost:11434/v1",
+        "json_schema",
+        30.0,
+        "OPENAI_API_KEY",
     )
     assert settings.host == "localhost:11434" and settings.is_local
     assert settings.api_key({}) == LOCAL_PLACEHOLDER_KEY and settings.api_key({"OPENAI_API_KEY": "k"}) == "k"

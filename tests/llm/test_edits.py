@@ -36,7 +36,12 @@ def test_exact_match() -> None:
 
 
 def test_search_dedented_by_the_model_is_reindented() -> None:
-    new = apply(("for x in loader:\n    out = model(x)\n", "for x in loader:\n    with torch.no_grad():\n        out = model(x)\n"))
+    new = apply(
+        (
+            "for x in loader:\n    out = model(x)\n",
+            "for x in loader:\n    with torch.no_grad():\n        out = model(x)\n",
+        )
+    )
     assert "    for x in loader:\n        with torch.no_grad():\n            out = model(x)\n" in new
 
 
@@ -52,7 +57,10 @@ def test_replace_indented_less_than_a_too_deep_search_is_refused() -> None:
 
 def test_blank_lines_are_not_compared_but_must_be_blank() -> None:
     text = "def f():\n    a = 1\n\n    b = 2\n"
-    assert apply(("a = 1\n\nb = 2\n", "a = 1\n\nb = 3\n"), text=text, region=Region(1, 4)) == "def f():\n    a = 1\n\n    b = 3\n"
+    assert (
+        apply(("a = 1\n\nb = 2\n", "a = 1\n\nb = 3\n"), text=text, region=Region(1, 4))
+        == "def f():\n    a = 1\n\n    b = 3\n"
+    )
 
 
 def test_match_only_outside_the_region() -> None:
@@ -67,7 +75,9 @@ def test_ambiguous_inside_the_region() -> None:
 
 
 def test_the_same_text_outside_the_region_is_no_ambiguity() -> None:
-    assert "def train(model, loader):\n    total = 0.0\n" in apply(("    total = 0\n    for x in loader:\n", "    total = 0.0\n    for x in loader:\n"))
+    assert "def train(model, loader):\n    total = 0.0\n" in apply(
+        ("    total = 0\n    for x in loader:\n", "    total = 0.0\n    for x in loader:\n")
+    )
     assert apply(("    total = 0\n", "    total = 0.0\n")).count("total = 0.0") == 1
 
 
@@ -85,7 +95,10 @@ def test_refusals() -> None:
     with pytest.raises(EditRefused, match="does not parse"):
         apply(("    return total\n", "    return (total\n"))
     with pytest.raises(EditRefused, match="change the same lines"):
-        apply(("    total = 0\n    for x in loader:\n", "    total = 0.0\n    for x in loader:\n"), ("    for x in loader:\n", "    for y in loader:\n"))
+        apply(
+            ("    total = 0\n    for x in loader:\n", "    total = 0.0\n    for x in loader:\n"),
+            ("    for x in loader:\n", "    for y in loader:\n"),
+        )
     with pytest.raises(EditRefused, match="too many edits"):
         apply(*[("    return total\n", "    return 1\n")] * 6)
     with pytest.raises(EditRefused, match="no SEARCH/REPLACE block"):
@@ -93,7 +106,10 @@ def test_refusals() -> None:
 
 
 def test_several_blocks_and_deletion() -> None:
-    new = apply(("    total = 0\n", "    total = 0.0\n"), ("        out = model(x)\n        total += out.sum()\n", "        total += model(x).sum().item()\n"))
+    new = apply(
+        ("    total = 0\n", "    total = 0.0\n"),
+        ("        out = model(x)\n        total += out.sum()\n", "        total += model(x).sum().item()\n"),
+    )
     assert "        out = model(x)\n" not in new and "total += model(x).sum().item()" in new
 
 

@@ -31,7 +31,12 @@ ENV = {"TEST_LLM_KEY": "test-key-123"}
 
 def settings_for(fake: FakeModelServer, **changes: object) -> LlmSettings:
     base = LlmSettings(
-        enabled=True, base_url=fake.base_url, model="test-model", api_key_env="TEST_LLM_KEY", timeout=10, max_retries=1
+        enabled=True,
+        base_url=fake.base_url,
+        model="test-model",
+        api_key_env="TEST_LLM_KEY",
+        timeout=10,
+        max_retries=1,
     )
     return dataclasses.replace(base, **changes)
 
@@ -71,7 +76,9 @@ def test_streamed_answer_reports_progress(fake: FakeModelServer) -> None:
     seen: list[str] = []
     assert_fixed(ask(fake, stream=True, on_progress=seen.append))
     assert fake.requests[0]["body"]["stream"] is True
-    assert seen[0] == "building the prompt" and any(message.startswith("receiving the answer") for message in seen)
+    assert seen[0] == "building the prompt" and any(
+        message.startswith("receiving the answer") for message in seen
+    )
 
 
 def test_search_that_does_not_match_is_retried_with_the_closest_lines(fake: FakeModelServer) -> None:
@@ -86,7 +93,9 @@ def test_search_that_never_matches_leaves_the_diagnosis_without_an_edit(fake: Fa
     fake.script({"content": NO_MATCH_ANSWER}, {"content": NO_MATCH_ANSWER})
     result = ask(fake)
     assert isinstance(result, Proposal) and result.edit is None
-    assert result.problem.startswith("could not apply the proposed change: the SEARCH text of the edit was not found")
+    assert result.problem.startswith(
+        "could not apply the proposed change: the SEARCH text of the edit was not found"
+    )
     assert result.fix.causes[0].title == "Loss accumulated with its graph"
 
 
@@ -138,9 +147,13 @@ def test_rate_limit_that_persists(fake: FakeModelServer) -> None:
 
 
 def test_server_error_is_retried_then_reported(fake: FakeModelServer) -> None:
-    fake.script({"status": 500, "error": "boom", "headers": {"retry-after-ms": "10"}}, {"content": GOOD_ANSWER})
+    fake.script(
+        {"status": 500, "error": "boom", "headers": {"retry-after-ms": "10"}}, {"content": GOOD_ANSWER}
+    )
     assert_fixed(ask(fake))
-    fake.script(*[{"status": 500, "error": "CUDA error on the server", "headers": {"retry-after-ms": "10"}}] * 2)
+    fake.script(
+        *[{"status": 500, "error": "CUDA error on the server", "headers": {"retry-after-ms": "10"}}] * 2
+    )
     result = ask(fake)
     assert isinstance(result, FixError) and result.kind == "server"
     assert "HTTP 500" in result.message and "CUDA error on the server" in result.message
@@ -216,7 +229,9 @@ def test_missing_key_names_the_variable_and_sends_nothing(fake: FakeModelServer)
 
 def test_loopback_server_needs_no_key(fake: FakeModelServer) -> None:
     fake.script({"content": GOOD_ANSWER})
-    result = asyncio.run(propose_fix(FixRequest("train.py", TRAIN, TARGET_LINE), settings_for(fake), environ={}))
+    result = asyncio.run(
+        propose_fix(FixRequest("train.py", TRAIN, TARGET_LINE), settings_for(fake), environ={})
+    )
     assert_fixed(result)
     assert fake.requests[0]["headers"]["authorization"] == "Bearer not-needed"
 
@@ -224,11 +239,18 @@ def test_loopback_server_needs_no_key(fake: FakeModelServer) -> None:
 def test_diagnosis_without_edit(fake: FakeModelServer) -> None:
     fake.script({"content": GOOD_ANSWER.split("## Edits")[0] + "## Changelog\nNothing to change here\n"})
     result = ask(fake)
-    assert isinstance(result, Proposal) and result.edit is None and result.problem == "the model proposed no edit"
+    assert (
+        isinstance(result, Proposal)
+        and result.edit is None
+        and result.problem == "the model proposed no edit"
+    )
 
 
 def test_edit_outside_the_region_sent_is_refused(fake: FakeModelServer) -> None:
-    outside = GOOD_ANSWER.replace("        optimizer.zero_grad()\n        total_loss += loss\n=", "        total_loss += model(inputs.cuda(), labels.cuda())\n=")
+    outside = GOOD_ANSWER.replace(
+        "        optimizer.zero_grad()\n        total_loss += loss\n=",
+        "        total_loss += model(inputs.cuda(), labels.cuda())\n=",
+    )
     fake.script({"content": outside}, {"content": outside})
     result = ask(fake)
     assert isinstance(result, Proposal) and result.edit is None
@@ -236,16 +258,21 @@ def test_edit_outside_the_region_sent_is_refused(fake: FakeModelServer) -> None:
 
 
 def test_redacted_line_is_restored_when_edited(fake: FakeModelServer) -> None:
-    text = TRAIN.replace("    model.train()\n", "    model.train()\n    token = \"hf_abcdefghijklmnopqrstuvwxyz\"\n")
+    text = TRAIN.replace(
+        "    model.train()\n", '    model.train()\n    token = "hf_abcdefghijklmnopqrstuvwxyz"\n'
+    )
     answer = GOOD_ANSWER.replace(
         "        optimizer.zero_grad()\n        total_loss += loss\n=======\n        optimizer.zero_grad()\n",
-        "    token = \"__REDACTED_1__\"\n    optimizer.zero_grad()\n=======\n    token = \"__REDACTED_1__\"\n    optimizer.zero_grad(set_to_none=True)\n",
+        '    token = "__REDACTED_1__"\n    optimizer.zero_grad()\n=======\n    token = "__REDACTED_1__"\n    optimizer.zero_grad(set_to_none=True)\n',
     ).replace("        total_loss += loss.item()\n>", ">")
     fake.script({"content": answer})
     request = FixRequest(path="train.py", text=text, line=TARGET_LINE + 1)
     result = asyncio.run(propose_fix(request, settings_for(fake), environ=ENV))
     assert isinstance(result, Proposal) and result.edit is not None, result
-    assert '    token = "hf_abcdefghijklmnopqrstuvwxyz"\n    optimizer.zero_grad(set_to_none=True)\n' in result.edit.new_text
+    assert (
+        '    token = "hf_abcdefghijklmnopqrstuvwxyz"\n    optimizer.zero_grad(set_to_none=True)\n'
+        in result.edit.new_text
+    )
     assert "hf_abcdefghijklmnopqrstuvwxyz" not in json.dumps(fake.requests[0]["body"])
     assert result.prompt.secrets == {"__REDACTED_1__": "hf_abcdefghijklmnopqrstuvwxyz"}
 
@@ -265,7 +292,9 @@ def test_json_schema_mode(fake: FakeModelServer) -> None:
 
 
 def test_json_schema_rejected_falls_back_to_text(fake: FakeModelServer) -> None:
-    fake.script({"status": 400, "error": "response_format json_schema is not supported"}, {"content": GOOD_ANSWER})
+    fake.script(
+        {"status": 400, "error": "response_format json_schema is not supported"}, {"content": GOOD_ANSWER}
+    )
     assert_fixed(ask(fake, settings=settings_for(fake, response_format="json_schema")))
     assert "response_format" not in fake.requests[1]["body"]
     assert "## Diagnosis" in fake.requests[1]["body"]["messages"][0]["content"]

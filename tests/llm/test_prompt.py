@@ -23,7 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
 GOLDEN = Path(__file__).parent / "golden"
 ENVIRONMENT = EnvironmentFacts(
-    python="3.11.9", torch="2.5.1+cu124", cuda="12.4", gpu_name="NVIDIA GeForce RTX 3070 Laptop GPU",
+    python="3.11.9",
+    torch="2.5.1+cu124",
+    cuda="12.4",
+    gpu_name="NVIDIA GeForce RTX 3070 Laptop GPU",
     gpu_memory=8_190_427_136,
 )
 SECTIONS = ["Context", "Error", "Profiling", "Diagnosis", "Solutions", "Validation", "Documentation"]
@@ -71,7 +74,14 @@ def test_method_with_an_estimate() -> None:
     )
     prompt = build_prompt(request)
     check_golden("gpt_estimate", prompt.markdown(include_system=True))
-    assert headings(prompt.user) == ["Context", "Profiling", "Diagnosis", "Solutions", "Validation", "Documentation"]
+    assert headings(prompt.user) == [
+        "Context",
+        "Profiling",
+        "Diagnosis",
+        "Solutions",
+        "Validation",
+        "Documentation",
+    ]
     assert prompt.tokens < TOKEN_BUDGET
     assert prompt.region_name == "method `CausalSelfAttention.forward`"
     assert "def generate" not in prompt.user and "class Block" not in prompt.user
@@ -99,7 +109,9 @@ def test_json_schema_contract_in_the_system_message() -> None:
 
 
 def test_a_huge_function_is_cut_to_a_window_around_the_line() -> None:
-    body = "".join(f"    x{i} = torch.zeros({i}, device='cuda')  # step {i} of the long setup\n" for i in range(600))
+    body = "".join(
+        f"    x{i} = torch.zeros({i}, device='cuda')  # step {i} of the long setup\n" for i in range(600)
+    )
     text = f"import torch\n\n\ndef train():\n{body}    return x0\n"
     prompt = build_prompt(FixRequest(path="long.py", text=text, line=300))
     assert prompt.tokens <= TOKEN_BUDGET

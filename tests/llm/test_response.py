@@ -37,7 +37,11 @@ Peak stays flat.
 
 def test_text_with_fences_numbered_headings_and_deletions() -> None:
     proposal = parse_text(TEXT)
-    assert [cause.title for cause in proposal.causes] == ["Graph kept alive", "Batch of 512", "Float32 activations"]
+    assert [cause.title for cause in proposal.causes] == [
+        "Graph kept alive",
+        "Batch of 512",
+        "Float32 activations",
+    ]
     assert proposal.causes[0].likelihood.value == "high"
     assert [(edit.search, edit.replace) for edit in proposal.edits] == [
         ("    total += loss\n", "    total += loss.item()\n"),
@@ -83,9 +87,23 @@ def test_json() -> None:
     [
         ("{", "not valid JSON"),
         (json.dumps({"causes": []}), "edits"),
-        (json.dumps({"causes": [], "edits": [], "validation": {"step": "", "expected": ""}, "changelog": "x"}), "between 1 and 3 causes"),
-        (json.dumps({"causes": [{"title": "t", "evidence": "e", "likelihood": "sure"}], "edits": [],
-                     "validation": {"step": "", "expected": ""}, "changelog": "x"}), "likelihood"),
+        (
+            json.dumps(
+                {"causes": [], "edits": [], "validation": {"step": "", "expected": ""}, "changelog": "x"}
+            ),
+            "between 1 and 3 causes",
+        ),
+        (
+            json.dumps(
+                {
+                    "causes": [{"title": "t", "evidence": "e", "likelihood": "sure"}],
+                    "edits": [],
+                    "validation": {"step": "", "expected": ""},
+                    "changelog": "x",
+                }
+            ),
+            "likelihood",
+        ),
     ],
 )
 def test_json_errors(data: str, message: str) -> None:

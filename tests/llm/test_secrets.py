@@ -37,7 +37,7 @@ def test_redacted_and_restored(line: str, secret: str) -> None:
         'password = "short"',  # under 8 characters
         "api_key = os.environ['OPENAI_API_KEY']",  # not a literal
         'monkey = "abcdefghijklmnop"',  # "key" inside another word
-        'batch_size = 32',
+        "batch_size = 32",
     ],
 )
 def test_left_alone(line: str) -> None:
@@ -67,7 +67,10 @@ def test_an_edit_touching_a_redacted_line_keeps_the_real_value() -> None:
         '    wandb.login(key="__REDACTED_1__")\n    with torch.no_grad():\n        run()\n',
     )
     result = apply_blocks(text, [block], Region(1, 3), secrets)
-    assert result.new_text == 'def train():\n    wandb.login(key="0123456789abcdef")\n    with torch.no_grad():\n        run()\n'
+    assert (
+        result.new_text
+        == 'def train():\n    wandb.login(key="0123456789abcdef")\n    with torch.no_grad():\n        run()\n'
+    )
 
 
 def test_an_edit_cannot_introduce_a_placeholder() -> None:
