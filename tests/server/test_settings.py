@@ -115,6 +115,21 @@ async def test_pyproject_change_is_picked_up_without_restart(client: LanguageCli
     assert [d.code for d in await diagnostics_for(client, client.uri, version + 1, since)] == ["OOM501"]
 
 
+async def test_a_broken_pyproject_is_reported_once_and_checking_goes_on(client: LanguageClient):
+    pyproject = client.root / "pyproject.toml"
+    pyproject.write_text('[tool.oom-lsp]\nmax-batch-size = "big"\n')
+    errors_before = len([m for m in client.messages if m.type == types.MessageType.Error])
+    for version in (10, 11):
+        since = len(client.published)
+        replace_text(client, client.uri, version, LOAD)
+        diagnostics = await diagnostics_for(client, client.uri, version, since)
+        # The editor settings apply meanwhile.
+        assert [d.code for d in diagnostics] == ["OOM501"]
+    errors = [m for m in client.messages if m.type == types.MessageType.Error][errors_before:]
+    assert len(errors) == 1
+    assert "pyproject.toml" in errors[0].message and "max-batch-size" in errors[0].message
+
+
 @pytest_lsp.fixture(scope="module", config=CONFIG)
 async def flat_client(lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("flat")
