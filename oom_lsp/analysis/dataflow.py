@@ -239,7 +239,9 @@ class FileFacts:
 
     def __init__(self, context: FileContext) -> None:
         self.context = context
-        self.uses_framework = any(context.imports.is_bound(framework) for framework in _FRAMEWORKS)
+        self.uses_framework = any(
+            bound.partition(".")[0] in _FRAMEWORKS for bound in context.imports.bindings.values()
+        )
         self.module_classes: set[str] = set()
         self.class_of: dict[cst.FunctionDef, cst.ClassDef] = {}
         self.class_attributes: dict[cst.ClassDef, dict[str, Callee]] = {}
@@ -987,12 +989,22 @@ def _loss_result(call: cst.Call, arg_kinds: list[Kind], no_grad: bool) -> Kind:
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(node: cst.CSTNode) -> tuple[str, ...]:
+    names = _FIELDS.get(type(node))
+    if names is None:
+        names = _FIELDS[type(node)] = tuple(field.name for field in dataclasses.fields(node))
+    return names
+
+
 def iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """`node` and its descendants in source order, not entering nested
     functions, classes and lambdas (other scopes)."""
     yield node
-    for field in dataclasses.fields(node):
-        value = getattr(node, field.name)
+    for name in _fields(node):
+        value = getattr(node, name)
         children = value if isinstance(value, (tuple, list)) else (value,)
         for child in children:
             if isinstance(child, cst.CSTNode) and not isinstance(child, _SCOPES):
@@ -1018,8 +1030,8 @@ def uses_of(
             yield node, ancestors
             return
         inner = (*ancestors, node)
-        for field in dataclasses.fields(node):
-            value = getattr(node, field.name)
+        for name in _fields(node):
+            value = getattr(node, name)
             for child in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(child, cst.CSTNode) and not isinstance(child, _SCOPES):
                     yield from walk(child, inner)

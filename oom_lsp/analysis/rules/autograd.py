@@ -997,6 +997,9 @@ class EvalWithoutNoGrad(_AutogradRule):
         # Per scope: the models switched to eval mode so far, in source order.
         self._eval_mode: dict[cst.FunctionDef | None, dict[str, bool]] = {}
         self._lambda_depth = 0
+        self._eval_functions: dict[cst.FunctionDef, bool] = {}
+        # Tests run models for their outputs, not to serve predictions.
+        self._in_test_file = _TEST_FILE_RE.search(context.path) is not None
 
     def visit_Lambda(self, node: cst.Lambda) -> None:
         self._lambda_depth += 1
@@ -1020,16 +1023,18 @@ class EvalWithoutNoGrad(_AutogradRule):
                     modes[name] = switched
 
     def visit_Call(self, node: cst.Call) -> None:
-        if self._lambda_depth or _TEST_FILE_RE.search(self.context.path):
-            return  # tests run models for their outputs, not to serve predictions
+        if self._lambda_depth or self._in_test_file:
+            return
         if self._switches_mode(node):
             return
         if self.context.tracker.in_no_grad:
             return
         function = self.context.tracker.current_function
-        flow = self._flow()
-        callee = flow.callee(node.func, node)
-        by_name = function is not None and callee.role is Role.MODULE and self._is_eval_function(function)
+        eval_function = function is not None and self._is_eval_function(function)
+        if not eval_function and not any(self._eval_mode.get(function, {}).values()):
+            return  # the common case, decided without the data flow
+        callee = self._flow().callee(node.func, node)
+        by_name = eval_function and callee.role is Role.MODULE
         switched = self._switched_to_eval(node.func, callee.role)
         if by_name:
             if self._summary().backward_calls:
@@ -1111,17 +1116,21 @@ class EvalWithoutNoGrad(_AutogradRule):
         return True
 
     def _is_eval_function(self, function: cst.FunctionDef) -> bool:
+        known = self._eval_functions.get(function)
+        if known is None:
+            known = self._eval_functions[function] = self._looks_like_evaluation(function)
+        return known
+
+    def _looks_like_evaluation(self, function: cst.FunctionDef) -> bool:
         name = function.name.value
         if not _is_eval_name(name):
             return False
         if name.startswith("test"):
             owner = facts_for(self.context).class_of.get(function)
-            if _TEST_FILE_RE.search(self.context.path) or (
-                owner is not None and owner.name.value.startswith("Test")
-            ):
+            if self._in_test_file or (owner is not None and owner.name.value.startswith("Test")):
                 return False
             if not function.params.params:
-                return False  # a pytest test function: its fixtures come as parameters, a bare one has none
+                return False  # `def test_x():` without parameters is a pytest test, not an evaluation routine
         return True
 
     def _wrap_target(self) -> cst.CSTNode | None:
