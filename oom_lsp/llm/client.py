@@ -22,6 +22,7 @@ from oom_lsp.llm.response import FixProposal, ParseError, from_validation_error
 from oom_lsp.llm.settings import LlmSettings
 
 TextProgress = Callable[[int], None]  # characters received so far
+PROGRESS_EVERY = 200  # characters between two progress reports of a streamed answer
 
 
 class ModelError(Exception):
@@ -109,7 +110,7 @@ class ChatClient:
 
     async def _stream(self, messages: list[dict[str, str]], on_text: TextProgress | None) -> Completion:
         pieces: list[str] = []
-        received = 0
+        received = reported = 0
         finish_reason = None
         stream = await self._client.chat.completions.create(**self._arguments(messages), stream=True)
         async with stream:
@@ -120,8 +121,9 @@ class ChatClient:
                 if choice.delta and choice.delta.content:
                     pieces.append(choice.delta.content)
                     received += len(choice.delta.content)
-                    if on_text:
+                    if on_text and received - reported >= PROGRESS_EVERY:
                         on_text(received)
+                        reported = received
                 finish_reason = choice.finish_reason or finish_reason
         completion = Completion("".join(pieces), finish_reason)
         _check_finish(completion)

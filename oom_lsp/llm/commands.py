@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -187,18 +188,8 @@ def _build_request(args: argparse.Namespace, config: Any) -> Any:
             ) from None
         line = findings[0].line
     finding = next((f for f in findings if f.line == line), None)
-    environment = probe_environment(args.python)
-    return FixRequest(
-        path=request.path,
-        text=text,
-        line=line,
-        finding=finding,
-        oom=oom,
-        report=report,
-        estimate=estimate,
-        environment=environment,
-        gpu_memory=config.gpu_memory,
-        lint_settings=settings,
+    return dataclasses.replace(
+        request, line=line, finding=finding, environment=probe_environment(args.python)
     )
 
 

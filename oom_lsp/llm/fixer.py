@@ -9,7 +9,6 @@ Nothing here touches a file or an editor: the caller shows the proposal, applies
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,11 +56,6 @@ class Proposal:
             for number, cause in enumerate(self.fix.causes, 1)
         )
 
-    @property
-    def text_hash(self) -> str:
-        """Of the text the edit was computed on: compare before applying."""
-        return text_hash(self.request.text)
-
 
 @dataclass(frozen=True)
 class FixError:
@@ -71,10 +65,6 @@ class FixError:
     kind: str
     message: str
     answer: str | None = None
-
-
-def text_hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def apply_proposal(text: str, proposal: Proposal, region: Region | None = None) -> EditResult:

@@ -29,7 +29,12 @@ _CAMEL_TO_KEBAB = {
 
 
 class NotReady(Exception):
-    """LLM fixes cannot run with these settings; the message tells the user what to set."""
+    """LLM fixes cannot run with these settings; the message tells the user what to set.
+    `kind`: "disabled", "not-configured" or "no-key"."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -78,18 +83,20 @@ class LlmSettings:
         """Raise NotReady with what to set, before anything is built or sent."""
         if not self.enabled:
             raise NotReady(
+                "disabled",
                 "AI fixes are disabled, and nothing was sent. To enable them, add to pyproject.toml:\n"
                 "    [tool.oom-lsp.llm]\n"
                 "    enabled = true\n"
                 '    base-url = "http://localhost:11434/v1"   # any OpenAI-compatible server\n'
                 '    model = "qwen2.5-coder:14b"\n'
-                "(docs/ai-fixes.md lists examples for OpenAI, Azure, Ollama, vLLM, llama.cpp and LM Studio)"
+                "(docs/ai-fixes.md lists examples for OpenAI, Azure, Ollama, vLLM, llama.cpp and LM Studio)",
             )
         missing = [key for key, value in (("base-url", self.base_url), ("model", self.model)) if not value]
         if missing:
             raise NotReady(
+                "not-configured",
                 f"AI fixes are enabled but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
-                "not set in [tool.oom-lsp.llm]; nothing was sent"
+                "not set in [tool.oom-lsp.llm]; nothing was sent",
             )
 
     def api_key(self, environ: Mapping[str, str] | None = None) -> str:
@@ -101,8 +108,9 @@ class LlmSettings:
         if self.is_local:
             return LOCAL_PLACEHOLDER_KEY
         raise NotReady(
+            "no-key",
             f"no API key: set the environment variable {self.api_key_env} "
-            f"(api-key-env in [tool.oom-lsp.llm]) for {self.host}; nothing was sent"
+            f"(api-key-env in [tool.oom-lsp.llm]) for {self.host}; nothing was sent",
         )
 
     def fix_log_path(self, root: Path) -> Path:
