@@ -36,7 +36,6 @@ CUDA_CONTEXT = 400 * MIB
 TIGHT_MARGIN = 0.10
 CUBLAS_WORKSPACE_PRE_HOPPER = 8_519_680  # CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8
 CUBLAS_WORKSPACE_HOPPER = 32 * MIB
-FALLBACK_BATCHES = (1, 2)
 _NO_KNOB = (
     "cannot change the script's batch size: it is set neither by an argparse option (--batch-size, "
     "--batch_size, --bs...) nor by DataLoader(batch_size=...); pass it one of those ways"
@@ -59,6 +58,8 @@ class EstimateOptions:
     cwd: Path | None = None
     threads: int = 1
     autocast_dtype: str | None = None  # --dtype bf16/fp16: the step as if under torch.autocast
+    # Set from another thread (the editor) to stop every run of this estimate.
+    cancel: threading.Event | None = None
 
 
 class _HarnessRun(ProfileRun):
@@ -126,7 +127,7 @@ def run_harness(
             timeout=options.timeout,
             cwd=options.cwd,
         )
-        run = _HarnessRun(request, payload, cancel)
+        run = _HarnessRun(request, payload, cancel or options.cancel)
         try:
             run.start()
         except ProfileError as error:
@@ -429,8 +430,8 @@ def estimate(options: EstimateOptions, progress: Progress | None = None) -> dict
 
 
 def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str, Any]:
-    """Real CPU steps at batch 1 and 2, peak scaled linearly to the target batch
-    (peaks are affine in the batch size for a fixed model)."""
+    """Real CPU steps at a quarter and half of the target batch, the peak
+    scaled linearly to the target."""
     failure = fake_trace["failure"]
     where = failure.get("where") or {}
     reason = (
@@ -440,8 +441,9 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
         else f"{failure.get('type')}: {failure.get('message')}"
     )
     target = options.batch_size or fake_trace.get("script_batch_size")
-    if fake_trace.get("batch_knobs") and target:
-        traces = run_harness(options, [{"batch_size": size} for size in FALLBACK_BATCHES], mode="real")
+    if fake_trace.get("batch_knobs") and target and target >= 4:
+        sizes = fallback_batches(target)
+        traces = run_harness(options, [{"batch_size": size} for size in sizes], mode="real")
         for trace in traces:
             if trace["status"] == "failed":
                 raise _failure_error(trace)
@@ -452,11 +454,12 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
         prediction["batch_size"] = target
         prediction["breakdown_batch_size"] = traces[-1]["batch_size"]
         prediction["method"] = (
-            f"real CPU steps at batch {FALLBACK_BATCHES[0]} and {FALLBACK_BATCHES[1]}, scaled linearly to {target}"
+            f"real CPU steps at batch {sizes[0]} and {sizes[1]}, scaled linearly to {target}"
         )
         uncertainty = (
-            "CPU kernels, not CUDA's (attention math path, no cuDNN), and a linear extrapolation: "
-            "treat as +-20%, not validated on a GPU"
+            "a lower bound: the peak is the largest of several phases, each linear in the batch, so a line "
+            "through two smaller batches can only fall short when another phase takes over; CPU kernels, "
+            "not CUDA's (attention math path, no cuDNN)"
         )
     else:
         (trace,) = run_harness(options, [{"batch_size": options.batch_size}], mode="real")
@@ -464,7 +467,7 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
             raise _failure_error(trace)
         prediction = predict(trace, options)
         prediction["method"] = "a real CPU step at the script's own batch size"
-        uncertainty = "CPU kernels, not CUDA's (attention math path, no cuDNN): treat as +-20%"
+        uncertainty = "CPU kernels, not CUDA's (attention math path, no cuDNN)"
     if options.gpu is not None:
         context = prediction["context_bytes"] or 0
         prediction["verdict"] = verdict(prediction["peak_bytes"] + context, options.gpu.memory)
@@ -473,6 +476,12 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
             prediction["process_bytes"] = prediction["reserved_bytes"] + context
     prediction["fallback"] = {"reason": reason, "uncertainty": uncertainty}
     return prediction
+
+
+def fallback_batches(target: int) -> tuple[int, int]:
+    """A quarter and a half of the target: close enough that the phase holding
+    the peak is the same as at the target, small enough to run on a CPU."""
+    return max(1, target // 4), max(2, target // 2)
 
 
 def _fit(traces: list[dict[str, Any]]) -> tuple[float, float]:

@@ -223,11 +223,18 @@ def test_json_output_has_the_documented_fields(capsys):
 
 
 def test_unfakeable_script_falls_back_to_scaled_real_cpu_steps():
-    options = EstimateOptions(script=FIXTURES / "data_dependent.py", device="cpu", batch_size=64, timeout=120)
+    # Boolean-mask indexing has a data-dependent shape: real CPU steps at a
+    # quarter and half of the batch, scaled to it. Measured against a real
+    # step at 1024 (ground truth) in the same child interpreter.
+    options = EstimateOptions(
+        script=FIXTURES / "data_dependent.py", device="cpu", batch_size=1024, timeout=120
+    )
     prediction = estimate(options)
-    assert "real CPU steps at batch 1 and 2" in prediction["method"]
+    assert prediction["method"] == "real CPU steps at batch 256 and 512, scaled linearly to 1024"
     assert "data_dependent.py:17" in prediction["fallback"]["reason"]
-    assert prediction["batch_size"] == 64
+    assert "lower bound" in prediction["fallback"]["uncertainty"]
+    (real,) = run_harness(options, [{"batch_size": 1024, "mode": "real", "profile_replay": True}])
+    assert abs(prediction["peak_bytes"] - real["profile_replay_peak"]) / real["profile_replay_peak"] < 0.05
 
 
 def test_a_crashing_script_reports_its_line():
@@ -256,3 +263,14 @@ def test_unknown_gpu_is_a_usage_error(capsys):
 
 def test_custom_memory_target():
     assert custom_gpu("24GiB").memory == 24 * 2**30
+
+
+def test_an_estimate_can_be_cancelled_from_another_thread():
+    import threading
+
+    cancel = threading.Event()
+    timer = threading.Timer(1.0, cancel.set)
+    timer.start()
+    with pytest.raises(EstimateError, match="cancelled"):
+        estimate(EstimateOptions(script=FIXTURES / "hangs.py", timeout=60, cancel=cancel))
+    timer.cancel()
