@@ -589,6 +589,29 @@ class ScopeFlow:
         return Callee(model_name_heuristic(name))
 
 
+_SET_GRAD_ENABLED = frozenset(
+    {"torch.set_grad_enabled", "torch.autograd.set_grad_enabled", "torch.autograd.grad_mode.set_grad_enabled"}
+)
+
+
+def maybe_grad_disabling(expr: cst.BaseExpression, context: FileContext) -> bool:
+    """A context manager that may turn autograd off, depending on a value:
+    `torch.set_grad_enabled(is_train)`, `torch.no_grad() if eval else nullcontext()`."""
+    if isinstance(expr, cst.IfExp):
+        return any(
+            context.tracker.is_grad_disabling(branch) or maybe_grad_disabling(branch, context)
+            for branch in (expr.body, expr.orelse)
+        )
+    if not isinstance(expr, cst.Call) or context.call_name(expr) not in _SET_GRAD_ENABLED:
+        return False
+    mode = get_arg(expr, "mode", 0)
+    return not (
+        isinstance(mode, cst.Arg)
+        and isinstance(mode.value, cst.Name)
+        and mode.value.value in ("True", "False")
+    )
+
+
 class _Interpreter:
     """Runs a scope's statements over abstract states (name -> Kind)."""
 
@@ -628,7 +651,11 @@ class _Interpreter:
             inner_no_grad = no_grad
             for item in statement.items:
                 self.evaluate(item.item, state, no_grad)
-                if self.context.tracker.is_grad_disabling(item.item):
+                # A grad mode that depends on a value (`set_grad_enabled(train)`)
+                # counts as disabled: precision first.
+                if self.context.tracker.is_grad_disabling(item.item) or maybe_grad_disabling(
+                    item.item, self.context
+                ):
                     inner_no_grad = True
                 elif self._is_grad_enabling(item.item):
                     inner_no_grad = False

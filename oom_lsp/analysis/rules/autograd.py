@@ -24,6 +24,7 @@ from oom_lsp.analysis.dataflow import (
     facts_for,
     is_backward_call,
     iter_nodes,
+    maybe_grad_disabling,
     rebinds_every_iteration,
     uses_of,
 )
@@ -997,9 +998,19 @@ class EvalWithoutNoGrad(_AutogradRule):
         # Per scope: the models switched to eval mode so far, in source order.
         self._eval_mode: dict[cst.FunctionDef | None, dict[str, bool]] = {}
         self._lambda_depth = 0
+        # `with` blocks whose grad mode depends on a value: cannot tell.
+        self._maybe_no_grad: list[cst.With] = []
         self._eval_functions: dict[cst.FunctionDef, bool] = {}
         # Tests run models for their outputs, not to serve predictions.
         self._in_test_file = _TEST_FILE_RE.search(context.path) is not None
+
+    def visit_With(self, node: cst.With) -> None:
+        if any(maybe_grad_disabling(item.item, self.context) for item in node.items):
+            self._maybe_no_grad.append(node)
+
+    def leave_With(self, original_node: cst.With) -> None:
+        if self._maybe_no_grad and self._maybe_no_grad[-1] is original_node:
+            self._maybe_no_grad.pop()
 
     def visit_Lambda(self, node: cst.Lambda) -> None:
         self._lambda_depth += 1
@@ -1023,7 +1034,7 @@ class EvalWithoutNoGrad(_AutogradRule):
                     modes[name] = switched
 
     def visit_Call(self, node: cst.Call) -> None:
-        if self._lambda_depth or self._in_test_file:
+        if self._lambda_depth or self._in_test_file or self._maybe_no_grad:
             return
         if self._switches_mode(node):
             return

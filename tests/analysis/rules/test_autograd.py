@@ -531,3 +531,17 @@ def test_eval_code_in_test_files_is_not_reported() -> None:
     source = "import torch\ndef check(model, x):\n    model.eval()\n    return model(x)\n"
     assert _lines(source, "OOM303", "train.py") == [4]
     assert _lines(source, "OOM303", "pkg/distributed_test.py") == []
+
+
+@pytest.mark.parametrize(
+    "context",
+    ["torch.set_grad_enabled(train)", "torch.no_grad() if not train else contextlib.nullcontext()"],
+)
+def test_a_grad_mode_that_depends_on_a_value_is_not_judged(context: str) -> None:
+    source = (
+        "import torch\nimport contextlib\ndef evaluate_or_train(model, loader, train):\n    total = 0\n"
+        f"    for x, y in loader:\n        with {context}:\n            loss = criterion(model(x), y)\n"
+        "            total += loss\n"
+    )
+    for code in ("OOM301", "OOM303"):
+        assert _findings(source, code) == []
