@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 EXIT_OK, EXIT_NO_FIX, EXIT_ERROR = 0, 1, 2
+LAST_PROFILE = Path(".oom_lsp/profile/report.json")  # `oom-lsp profile`'s default output
 
 
 class CommandError(Exception):
@@ -97,7 +98,8 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
         "--profile",
         type=Path,
         metavar="REPORT.json",
-        help="a profile report.json, or the output of `oom-lsp estimate --format json`",
+        help="a profile report.json, or the output of `oom-lsp estimate --format json` "
+        "(default: the last `oom-lsp profile` of the script, if .oom_lsp/profile/report.json is its)",
     )
     parser.add_argument(
         "--line",
@@ -140,6 +142,24 @@ def _config(script: Path) -> Any:
         raise CommandError(str(error)) from None
 
 
+def _last_profile(script: Path) -> Path | None:
+    """The report of the last `oom-lsp profile` of this script (its default --out), if any."""
+    from oom_lsp.llm.validation import MeasurementError, read_measurement
+
+    path = LAST_PROFILE
+    if not path.is_file():
+        return None
+    try:
+        measurement = read_measurement(path)
+    except MeasurementError:
+        return None  # a stale or foreign file: ignored, as if absent
+    profiled = measurement.data.script if measurement.kind == "profile" else None
+    if profiled is None or Path(profiled).resolve() != script.resolve():
+        return None
+    sys.stderr.write(f"oom-lsp: using the last profile of {script}: {path} (--profile to choose another)\n")
+    return path
+
+
 def _build_request(args: argparse.Namespace, config: Any) -> Any:
     from oom_lsp.analysis.engine import analyze
     from oom_lsp.llm.context import probe_environment
@@ -157,11 +177,12 @@ def _build_request(args: argparse.Namespace, config: Any) -> Any:
         ]
         oom = (in_script or ooms)[-1]
     report = estimate = None
-    if args.profile is not None:
+    profile = args.profile or _last_profile(args.script)
+    if profile is not None:
         from oom_lsp.llm.validation import MeasurementError, read_measurement
 
         try:
-            measurement = read_measurement(args.profile)
+            measurement = read_measurement(profile)
         except MeasurementError as error:
             raise CommandError(str(error)) from None
         report, estimate = (

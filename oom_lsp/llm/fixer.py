@@ -20,6 +20,8 @@ from oom_lsp.llm.settings import LlmSettings, NotReady
 
 Progress = Callable[[str], None]
 MAX_ATTEMPTS = 2  # the first answer and one retry that says what was wrong
+# (base_url, model) pairs whose server rejected json_schema: asked in the text format from then on.
+_TEXT_ONLY: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,11 @@ async def _converse(
     messages = prompt.messages()
     exchanges: list[Exchange] = []
     usage: dict[str, int] = {}
-    json_schema = settings.response_format == "json_schema"
+    server = (settings.base_url or "", settings.model or "")
+    json_schema = settings.response_format == "json_schema" and server not in _TEXT_ONLY
+    if settings.response_format == "json_schema" and not json_schema:
+        prompt = await asyncio.to_thread(build_prompt, request, "text")
+        messages = prompt.messages()
     last_problem = ""
     try:
         attempt = 0
@@ -157,6 +163,7 @@ async def _converse(
             except FormatRejected:
                 # The server does not take json_schema: ask again once in the text format.
                 progress("the server does not accept json_schema; asking for the text format")
+                _TEXT_ONLY.add(server)
                 json_schema, attempt = False, attempt - 1
                 prompt = await asyncio.to_thread(build_prompt, request, "text")
                 messages = prompt.messages()

@@ -300,3 +300,21 @@ def test_validate_reruns_the_estimate(
 def test_validate_reads_reports_written_by_the_profiler(project: Path) -> None:
     before, _ = _reports(project, 1)
     assert read_report(before).peak_allocated == 7_190 * 2**20
+
+
+def test_prompt_uses_the_last_profile_of_the_script(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.llm.data.make_reports import cnn_report
+
+    report = cnn_report()
+    report.script = str(project / "train.py")
+    report.write(project / ".oom_lsp" / "profile" / "report.json")
+    assert run("prompt", "train.py", "--python", "./fake-python") == 0
+    out, err = capsys.readouterr()
+    assert "## Profiling\nMeasured by `oom-lsp profile`" in out
+    assert "using the last profile of train.py: .oom_lsp/profile/report.json" in err
+    report.script = str(project / "other.py")  # another script's profile is not used
+    report.write(project / ".oom_lsp" / "profile" / "report.json")
+    assert run("prompt", "train.py", "--python", "./fake-python") == 0
+    assert "## Profiling" not in capsys.readouterr().out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import time
 
 import pytest
@@ -298,6 +299,10 @@ def test_json_schema_rejected_falls_back_to_text(fake: FakeModelServer) -> None:
     assert_fixed(ask(fake, settings=settings_for(fake, response_format="json_schema")))
     assert "response_format" not in fake.requests[1]["body"]
     assert "## Diagnosis" in fake.requests[1]["body"]["messages"][0]["content"]
+    # Remembered for this server and model: the next request is in the text format at once.
+    fake.script({"content": GOOD_ANSWER})
+    assert_fixed(ask(fake, settings=settings_for(fake, response_format="json_schema")))
+    assert len(fake.requests) == 3 and "response_format" not in fake.requests[2]["body"]
 
 
 def test_apply_proposal_rechecks_against_a_changed_text(fake: FakeModelServer) -> None:
@@ -309,3 +314,23 @@ def test_apply_proposal_rechecks_against_a_changed_text(fake: FakeModelServer) -
 
     with pytest.raises(EditRefused):
         apply_proposal(changed, proposal)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("OOM_LSP_TEST_LLM_BASE_URL"),
+    reason="a real model server: set OOM_LSP_TEST_LLM_BASE_URL (and OOM_LSP_TEST_LLM_MODEL, OPENAI_API_KEY)",
+)
+def test_real_model_server() -> None:
+    """Opt-in smoke test against a real OpenAI-compatible server."""
+    settings = LlmSettings(
+        enabled=True,
+        base_url=os.environ["OOM_LSP_TEST_LLM_BASE_URL"],
+        model=os.environ.get("OOM_LSP_TEST_LLM_MODEL", "default"),
+        timeout=600,
+        response_format=os.environ.get("OOM_LSP_TEST_LLM_FORMAT", "text"),
+    )
+    result = asyncio.run(propose_fix(FixRequest(path="train.py", text=TRAIN, line=TARGET_LINE), settings))
+    # A real model may answer badly; the transport and the checks must not fail.
+    assert isinstance(result, Proposal) or result.kind == "unparsable", result
+    if isinstance(result, Proposal) and result.edit is not None:
+        compile(result.edit.new_text, "train.py", "exec")
