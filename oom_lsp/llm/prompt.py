@@ -524,6 +524,6 @@ def _validation(request: FixRequest) -> str:
 
 
 _DOCUMENTATION = (
-    "End with a one-line changelog entry in the imperative mood (under 200 characters), "
-    "e.g. `Accumulate the running loss with .item() so each step's graph is freed`."
+    "End with a one-line changelog entry in the imperative mood, under 200 characters, "
+    "of the form `<Verb> <what changed> so <what it does to memory>`."
 )
