@@ -10,9 +10,10 @@ import re
 
 import libcst as cst
 
-from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, is_true
 from oom_lsp.analysis.dataflow import (
+    Callee,
     Kind,
     Role,
     ScopeFlow,
@@ -30,7 +31,16 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import DeleteStatement, FixSpec, InsertAfter, InsertBefore, Invalid, Rule, Valid
+from oom_lsp.analysis.rule import (
+    DeleteStatement,
+    FixSpec,
+    InsertAfter,
+    InsertBefore,
+    Invalid,
+    NodeEdit,
+    Rule,
+    Valid,
+)
 from oom_lsp.fixes import detach as detach_fix
 from oom_lsp.fixes import hidden_state, inference_mode, retain_graph
 
@@ -39,7 +49,7 @@ class _AutogradRule(Rule):
     """Shared access to the file's data flow, and the indentation of the
     current statement (for edits that generate multi-line code)."""
 
-    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, context: FileContext) -> None:
         super().__init__(context)
         self._blocks: list[cst.IndentedBlock] = []
 
@@ -90,7 +100,6 @@ class _AutogradRule(Rule):
 
 _ACCUMULATING = (cst.AddAssign, cst.SubtractAssign)
 _FORWARD_METHODS = frozenset({"forward", "__call__", "_forward", "forward_features"})
-# Using any of these on the accumulator needs it to stay a tensor.
 # Consumers that take a Python number as well as a tensor: an accumulator
 # only used by them can become a float (`.item()`).
 _NUMBER_CONSUMERS = frozenset(
@@ -993,7 +1002,7 @@ class EvalWithoutNoGrad(_AutogradRule):
         ),
     ]
 
-    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, context: FileContext) -> None:
         super().__init__(context)
         # Per scope: the models switched to eval mode so far, in source order.
         self._eval_mode: dict[cst.FunctionDef | None, dict[str, bool]] = {}
@@ -1059,10 +1068,12 @@ class EvalWithoutNoGrad(_AutogradRule):
         fix = None
         if by_name:
             assert function is not None
-            edits = inference_mode.decorate(function, reference)
-            fix = FixSpec(
-                "Decorate the function with `@torch.inference_mode()`", edits, Applicability.SAFE, imports
-            )
+            # On an `async def`, a decorator would only cover creating the coroutine, not running it.
+            if function.asynchronous is None:
+                edits = inference_mode.decorate(function, reference)
+                fix = FixSpec(
+                    "Decorate the function with `@torch.inference_mode()`", edits, Applicability.SAFE, imports
+                )
         else:
             target = self._wrap_target()
             indent = self._indent_of(target) if target is not None else None
@@ -1136,6 +1147,11 @@ class EvalWithoutNoGrad(_AutogradRule):
         name = function.name.value
         if not _is_eval_name(name):
             return False
+        if any(
+            self.context.qualified_name(_callee_of(d.decorator)) in _GRAD_ENABLING
+            for d in function.decorators
+        ):
+            return False  # gradients are asked for explicitly
         if name.startswith("test"):
             owner = facts_for(self.context).class_of.get(function)
             if self._in_test_file or (owner is not None and owner.name.value.startswith("Test")):
@@ -1163,6 +1179,13 @@ class EvalWithoutNoGrad(_AutogradRule):
             if any(inner is statement for inner in self._blocks[depth].body):
                 return self._indent(depth + 1)
         return None
+
+
+_GRAD_ENABLING = frozenset({"torch.enable_grad", "torch.autograd.enable_grad"})
+
+
+def _callee_of(expr: cst.BaseExpression) -> cst.BaseExpression:
+    return expr.func if isinstance(expr, cst.Call) else expr
 
 
 def _mode_after_chain(value: cst.BaseExpression, name: str, mode: bool) -> bool | None:
@@ -1425,7 +1448,9 @@ class RetainGraphInLoop(_AutogradRule):
                 return calls[index + 1] if index + 1 < len(calls) else None
         return None
 
-    def _sum_losses(self, first: cst.Call, second: cst.Call, loop: cst.For | cst.While):  # type: ignore[no-untyped-def]
+    def _sum_losses(
+        self, first: cst.Call, second: cst.Call, loop: cst.For | cst.While
+    ) -> tuple[NodeEdit, ...] | None:
         """`a.backward(retain_graph=True); b.backward()` -> `(a + b).backward()`,
         when both are plain statements of their own and one follows the other."""
         first_statement = self.context.tracker.current_statement
@@ -1773,7 +1798,7 @@ class HiddenStateCarriedAcrossBatches(_AutogradRule):
             for node in iter_nodes(loop.body)
         )
 
-    def _state_constructor(self, callee) -> str | None:  # type: ignore[no-untyped-def]
+    def _state_constructor(self, callee: Callee) -> str | None:
         """The recurrent module behind the call: `torch.nn.LSTM` directly, or
         the one kind of recurrent layer a model class of the file holds."""
         if callee.constructor in _RECURRENT_STATES:

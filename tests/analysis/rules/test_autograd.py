@@ -545,3 +545,17 @@ def test_a_grad_mode_that_depends_on_a_value_is_not_judged(context: str) -> None
     )
     for code in ("OOM301", "OOM303"):
         assert _findings(source, code) == []
+
+
+def test_an_async_evaluation_function_is_reported_without_a_fix() -> None:
+    [finding] = _findings("import torch\nasync def predict(model, x):\n    return model(x)\n", "OOM303")
+    assert finding.fix is None
+
+
+def test_an_evaluation_function_that_enables_grad_is_not_reported() -> None:
+    assert (
+        _findings(
+            "import torch\n@torch.enable_grad()\ndef evaluate(model, x):\n    return model(x)\n", "OOM303"
+        )
+        == []
+    )
