@@ -1,7 +1,8 @@
 """Apply a proposal's SEARCH/REPLACE blocks to a document, or refuse with a reason.
 
 Pure functions over text. A block applies only if:
-- its SEARCH text is not empty and matches exactly once inside the region that was sent
+- its SEARCH text is not empty and matches exactly once inside the code that was sent
+  (the region, plus the import lines shown above it)
   (whole lines; trailing whitespace ignored), or, failing that, once with one uniform
   indentation shift (the model dropped or added a level): REPLACE is re-indented by it;
 - it does not overlap another block;
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import ast
 import difflib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from oom_lsp.analysis.findings import Position, Range, TextEdit
@@ -81,8 +82,10 @@ def apply_blocks(
     blocks: Sequence[SearchReplace],
     region: Region,
     secrets: dict[str, str] | None = None,
+    shown_lines: Collection[int] = (),
 ) -> EditResult:
-    """The checked result of applying every block to `text`; raises EditRefused."""
+    """The checked result of applying every block to `text`; raises EditRefused.
+    `shown_lines`: other 1-based lines that were sent and may change (the imports)."""
     if not blocks:
         raise EditRefused("the answer contains no SEARCH/REPLACE block")
     if len(blocks) > MAX_BLOCKS:
@@ -94,7 +97,9 @@ def apply_blocks(
         search = restore(block.search, secrets or {})
         replace = restore(block.replace, secrets or {})
         label = f"edit {number}" if len(blocks) > 1 else "the edit"
-        matches.append(_locate(lines, search, replace, region, label, newline))
+        matches.append(
+            _locate(lines, search, replace, _Scope(region, frozenset(shown_lines)), label, newline)
+        )
     matches.sort(key=lambda match: match.start)
     for before, after in zip(matches, matches[1:]):
         if after.start < before.stop:
@@ -134,24 +139,38 @@ def _split(block_text: str) -> list[str]:
     return lines
 
 
-def _locate(lines: list[str], search: str, replace: str, region: Region, label: str, newline: str) -> _Match:
+@dataclass(frozen=True)
+class _Scope:
+    region: Region
+    shown_lines: frozenset[int]
+
+    def allows(self, start: int, count: int) -> bool:
+        """Whether the 0-based lines start..start+count-1 were all sent."""
+        return all(
+            self.region.start_line <= line <= self.region.end_line or line in self.shown_lines
+            for line in range(start + 1, start + count + 1)
+        )
+
+
+def _locate(lines: list[str], search: str, replace: str, scope: _Scope, label: str, newline: str) -> _Match:
     search_lines = _split(search)
     if not search_lines:
         raise EditRefused(f"{label} has an empty SEARCH: copy at least one existing line to anchor it")
     replace_lines = _split(replace) if replace.strip() else []
     bare = [line.rstrip("\r\n").rstrip() for line in lines]
     wanted = [line.rstrip() for line in search_lines]
-    first, last = region.start_line - 1, min(region.end_line, len(lines))
-    exact = _find(bare, wanted, 0, len(bare))
-    inside = [start for start in exact if first <= start and start + len(wanted) <= last]
+    exact = _find(bare, wanted)
+    inside = [start for start in exact if scope.allows(start, len(wanted))]
     if len(inside) == 1:
         return _Match(inside[0], inside[0] + len(wanted), _with_endings(replace_lines, newline))
     if len(inside) > 1:
         raise EditRefused(
-            f"the SEARCH text of {label} matches {len(inside)} places in the function; "
+            f"the SEARCH text of {label} matches {len(inside)} places in the code sent; "
             "include more context lines so that it matches exactly once"
         )
-    shifted = _find_shifted(bare, wanted, first, last)
+    shifted = [
+        (start, shift) for start, shift in _find_shifted(bare, wanted) if scope.allows(start, len(wanted))
+    ]
     if len(shifted) == 1:
         start, shift = shifted[0]
         return _Match(
@@ -159,20 +178,21 @@ def _locate(lines: list[str], search: str, replace: str, region: Region, label: 
         )
     if len(shifted) > 1:
         raise EditRefused(
-            f"the SEARCH text of {label} matches {len(shifted)} places in the function; "
+            f"the SEARCH text of {label} matches {len(shifted)} places in the code sent; "
             "include more context lines so that it matches exactly once"
         )
     if exact:
         raise EditRefused(f"the SEARCH text of {label} matches only outside the code that was sent")
+    sent = [line for index, line in enumerate(bare) if scope.allows(index, 1)]
     raise EditRefused(
         f"the SEARCH text of {label} was not found in the code; copy the lines exactly",
-        _closest_lines(bare[first:last], wanted),
+        _closest_lines(sent, wanted),
     )
 
 
-def _find(bare: list[str], wanted: list[str], first: int, last: int) -> list[int]:
+def _find(bare: list[str], wanted: list[str]) -> list[int]:
     return [
-        start for start in range(first, last - len(wanted) + 1) if bare[start : start + len(wanted)] == wanted
+        start for start in range(len(bare) - len(wanted) + 1) if bare[start : start + len(wanted)] == wanted
     ]
 
 
@@ -180,14 +200,12 @@ def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
-def _find_shifted(
-    bare: list[str], wanted: list[str], first: int, last: int
-) -> list[tuple[int, tuple[str, str]]]:
+def _find_shifted(bare: list[str], wanted: list[str]) -> list[tuple[int, tuple[str, str]]]:
     """Starts where the lines match after one uniform indentation change, with the shift
     (file prefix, search prefix): one of the two is empty. Blank lines are not compared."""
     found = []
     anchor = next(index for index, line in enumerate(wanted) if line.strip())
-    for start in range(first, last - len(wanted) + 1):
+    for start in range(len(bare) - len(wanted) + 1):
         window = bare[start : start + len(wanted)]
         file_indent, search_indent = _indent(window[anchor]), _indent(wanted[anchor])
         if file_indent.startswith(search_indent):

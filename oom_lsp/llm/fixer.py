@@ -72,7 +72,10 @@ class FixError:
 def apply_proposal(text: str, proposal: Proposal, region: Region | None = None) -> EditResult:
     """The proposal's blocks applied to `text` (raises EditRefused): for a caller that
     re-checks against the text it is about to change."""
-    return apply_blocks(text, proposal.fix.blocks, region or proposal.prompt.region, proposal.prompt.secrets)
+    prompt = proposal.prompt
+    return apply_blocks(
+        text, proposal.fix.blocks, region or prompt.region, prompt.secrets, prompt.import_lines
+    )
 
 
 async def propose_fix(
@@ -191,7 +194,9 @@ async def _converse(
                 )
             progress("checking the proposed edit")
             try:
-                edit = apply_blocks(request.text, fix.blocks, prompt.region, prompt.secrets)
+                edit = apply_blocks(
+                    request.text, fix.blocks, prompt.region, prompt.secrets, prompt.import_lines
+                )
             except EditRefused as refusal:
                 if attempt < MAX_ATTEMPTS:
                     messages = [

@@ -106,11 +106,12 @@ def _same_file(frame_file: str, path: str) -> bool:
 class Prompt:
     system: str
     user: str
-    region: Region  # the lines a SEARCH may match
+    region: Region  # the code a SEARCH may match ...
     region_name: str
     target_line: int
     subject: str
     response_format: str
+    import_lines: tuple[int, ...] = ()  # ... and the import lines shown above it
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -231,6 +232,7 @@ def build_prompt(request: FixRequest, response_format: str = "text", budget: int
             target_line=line,
             subject=request.subject,
             response_format=response_format,
+            import_lines=tuple(number for number in located.import_lines if number < region.start_line),
             secrets=redaction.secrets,
         )
         if prompt.tokens <= budget:

@@ -128,3 +128,20 @@ def test_line_edits_are_minimal_and_handle_a_missing_final_newline() -> None:
     assert edit.range.end == Position(3, 1)  # the end of the last line, which has no newline
     (middle,) = line_edits("a\nb\nc\n", "a\nB\nc\n")
     assert (middle.range.start, middle.range.end, middle.new_text) == (Position(2, 0), Position(3, 0), "B\n")
+
+
+def test_shown_import_lines_may_change_too() -> None:
+    result = apply_blocks(
+        CODE,
+        [SearchReplace("import torch\n", "import torch\nfrom torch.utils.checkpoint import checkpoint\n")],
+        REGION,
+        shown_lines=(1,),
+    )
+    assert result.new_text.startswith("import torch\nfrom torch.utils.checkpoint import checkpoint\n\n")
+    with pytest.raises(EditRefused, match="only outside"):  # not shown: not editable
+        apply(("import torch\n", "import torch\nimport os\n"))
+
+
+def test_a_match_straddling_the_region_is_outside() -> None:
+    with pytest.raises(EditRefused, match="only outside"):
+        apply(("    return total\n\n\ndef other():\n", "    return total\n\n\ndef other2():\n"))

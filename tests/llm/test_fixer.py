@@ -334,3 +334,15 @@ def test_real_model_server() -> None:
     assert isinstance(result, Proposal) or result.kind == "unparsable", result
     if isinstance(result, Proposal) and result.edit is not None:
         compile(result.edit.new_text, "train.py", "exec")
+
+
+def test_an_import_can_be_added(fake: FakeModelServer) -> None:
+    answer = GOOD_ANSWER.replace(
+        "## Validation",
+        "<<<<<<< SEARCH\nimport torch\n=======\nimport torch\nimport torch.utils.checkpoint\n>>>>>>> REPLACE\n## Validation",
+    )
+    fake.script({"content": answer})
+    result = ask(fake)
+    assert isinstance(result, Proposal) and result.edit is not None, result
+    assert result.edit.new_text.startswith("import torch\nimport torch.utils.checkpoint\n")
+    assert result.prompt.import_lines == (1,)
