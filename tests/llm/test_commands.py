@@ -318,3 +318,26 @@ def test_prompt_uses_the_last_profile_of_the_script(
     report.write(project / ".oom_lsp" / "profile" / "report.json")
     assert run("prompt", "train.py", "--python", "./fake-python") == 0
     assert "## Profiling" not in capsys.readouterr().out
+
+
+def test_fix_an_oom_error_from_a_log(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    original = (ROOT / "fixtures" / "cnn_cifar_risky.py").read_text()
+    (project / "cnn_cifar_risky.py").write_text(original)
+    answer = GOOD_ANSWER.replace(
+        "        optimizer.zero_grad()\n        total_loss += loss\n=======\n        optimizer.zero_grad()\n",
+        "        optimizer.step()\n\n        total_loss += loss\n=======\n        optimizer.step()\n\n",
+    )
+    fake.script({"content": answer})
+    code = run(
+        "fix", "--ai", "cnn_cifar_risky.py", "--error", str(DATA / "cnn_oom.log"), "--python", "./fake-python"
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "about CUDA out of memory (cnn_cifar_risky.py, line 102)" in err
+    fixed = (project / "cnn_cifar_risky.py").read_text()
+    assert fixed == original.replace("        total_loss += loss\n", FIXED_LINE, 1)
+    assert " · CUDA out of memory · `cnn_cifar_risky.py`" in (project / "OOM_FIXES.md").read_text()
+    sent = fake.requests[0]["body"]["messages"][1]["content"]
+    assert "## Error" in sent and "OutOfMemoryError" in sent
