@@ -572,6 +572,9 @@ class ScopeFlow:
             if dotted is None:
                 return _UNKNOWN_CALLEE
             attribute = func.attr.value
+            if attribute == "forward":
+                inner = self.callee(func.value)
+                return inner if inner.role is Role.MODULE else _UNKNOWN_CALLEE
             if dotted == f"self.{attribute}":
                 if self.class_def is not None:
                     bound = self.facts.class_attributes.get(self.class_def, {}).get(attribute)
@@ -899,11 +902,6 @@ class _Interpreter:
             tensor_result = self._method(method, receiver, bool(node.args), no_grad)
             if tensor_result is not None:
                 return tensor_result
-            if method == "forward":
-                callee = self.flow.callee(func.value)
-                if callee.role is Role.MODULE:
-                    return Kind.DETACHED if no_grad else Kind.GRAPH
-                return Kind.UNKNOWN
         callee = self.flow.callee(func, node)
         if callee.role is Role.MODULE:
             return Kind.DETACHED if no_grad else Kind.GRAPH

@@ -559,3 +559,8 @@ def test_an_evaluation_function_that_enables_grad_is_not_reported() -> None:
         )
         == []
     )
+
+
+def test_an_explicit_forward_call_is_a_forward_pass() -> None:
+    source = "import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    def predict(self, x):\n        self.eval()\n        return self.forward(x)\n"
+    assert _lines(source, "OOM303") == [6]
