@@ -51,9 +51,8 @@ class FakeModelServer:
                     )
                 if self.path != "/v1/chat/completions":
                     turn = {"status": 404, "error": f"no route {self.path}"}
-                if turn.get("delay"):
-                    if owner._stop.wait(turn["delay"]):
-                        return
+                if turn.get("delay") and owner._stop.wait(turn["delay"]):
+                    return  # the test is over
                 if "status" in turn:
                     self._send(
                         turn["status"],

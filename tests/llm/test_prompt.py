@@ -144,7 +144,7 @@ def test_errors() -> None:
         build_prompt(FixRequest(path="t.py", text="def (:\n", line=1))
     with pytest.raises(PromptError, match="no line to fix"):
         build_prompt(FixRequest(path="t.py", text="import torch\n"))
-    with pytest.raises(PromptError, match="outside t.py"):
+    with pytest.raises(PromptError, match=r"outside t\.py"):
         build_prompt(FixRequest(path="t.py", text="import torch\n", line=9))
 
 
