@@ -238,7 +238,9 @@ class FileFacts:
     module-level names and of `self.x` attributes, and each scope's flow."""
 
     def __init__(self, context: FileContext) -> None:
-        self.context = context
+        # A proxy: `_FACTS` is keyed by the context, and a strong reference
+        # from its value would keep every analysed file alive.
+        self.context: FileContext = weakref.proxy(context)
         self.uses_framework = any(
             bound.partition(".")[0] in _FRAMEWORKS for bound in context.imports.bindings.values()
         )

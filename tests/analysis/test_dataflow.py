@@ -387,3 +387,17 @@ def test_rebinds_every_iteration_ignores_conditional_resets() -> None:
     assert not rebinds_every_iteration(loop.body, "total")
     assert rebinds_every_iteration(loop.body, "acc")
     assert rebinds_every_iteration(loop.body, "acc.items")
+
+
+def test_the_facts_cache_does_not_keep_files_alive() -> None:
+    import gc
+
+    from oom_lsp.analysis import dataflow
+
+    context = _context("import torch\nfor x in loader:\n    total += model(x)\n")
+    facts_for(context).flow(None)
+    assert context in dataflow._FACTS
+    before = len(dataflow._FACTS)
+    del context
+    gc.collect()
+    assert len(dataflow._FACTS) == before - 1
