@@ -6,11 +6,13 @@ call, in source order, as the flow of the enclosing function sees it there.
 
 from __future__ import annotations
 
+import gc
 import textwrap
 
 import libcst as cst
 import pytest
 
+from oom_lsp.analysis import dataflow
 from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.dataflow import (
     Kind,
@@ -390,10 +392,6 @@ def test_rebinds_every_iteration_ignores_conditional_resets() -> None:
 
 
 def test_the_facts_cache_does_not_keep_files_alive() -> None:
-    import gc
-
-    from oom_lsp.analysis import dataflow
-
     context = _context("import torch\nfor x in loader:\n    total += model(x)\n")
     facts_for(context).flow(None)
     assert context in dataflow._FACTS
