@@ -440,7 +440,7 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
         if where
         else f"{failure.get('type')}: {failure.get('message')}"
     )
-    target = options.batch_size or fake_trace.get("script_batch_size")
+    target = options.batch_size or fake_trace.get("batch_size")
     if fake_trace.get("batch_knobs") and target and target >= 4:
         sizes = fallback_batches(target)
         traces = run_harness(options, [{"batch_size": size} for size in sizes], mode="real")
@@ -527,7 +527,7 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
             "bytes_per_sample": int(slope),
             "batch_sizes": [traces[0]["batch_size"], traces[1]["batch_size"]],
         },
-        "script_batch_size": base.get("script_batch_size"),
+        "script_batch_size": base.get("batch_size"),
         "gradient_accumulation": None,
     }
     if slope <= 0:
@@ -553,7 +553,7 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
         largest = max(1, largest - max(1, math.ceil(overshoot / slope)))
     assert verified is not None
     result.update(max_batch=largest, verified=verified)
-    script_batch = base.get("script_batch_size") or options.batch_size
+    script_batch = base.get("batch_size")
     if script_batch and script_batch > largest:
         steps = accumulation_steps(script_batch, largest)
         micro = math.ceil(script_batch / steps)

@@ -843,8 +843,8 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
             state["override_applied"].append("DataLoader(batch_size=...)")
         if batch_size is not None and kwargs.get("batch_sampler") is None:
             _add_knob(state, context, "DataLoader(batch_size=...)")
-            if state.get("script_batch_size") is None:
-                state["script_batch_size"] = batch_size
+            if state.get("loader_batch") is None:
+                state["loader_batch"] = batch_size
         original_loader_init(self, dataset, batch_size, *args, **kwargs)
 
     shims.patch(DataLoader, "__init__", loader_init)
@@ -898,26 +898,36 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
 
         shims.patch(DataLoader, "__iter__", loader_iter)
 
-    # argparse: the batch-size option's default becomes the override.
+    # argparse: the batch-size option's parsed value is read, and replaced by
+    # the override (whatever the command line said).
     original_add_argument = argparse._ActionsContainer.add_argument
 
     def add_argument(self, *args, **kwargs):
-        names = {arg.lstrip("-").replace("-", "_") for arg in args if isinstance(arg, str)}
-        if kwargs.get("dest"):
-            names.add(kwargs["dest"])
+        action = original_add_argument(self, *args, **kwargs)
+        names = {arg.lstrip("-").replace("-", "_") for arg in args if isinstance(arg, str)} | {action.dest}
         if names & BATCH_OPTION_NAMES:
-            _add_knob(state, context, f"argparse {args[0] if args else kwargs.get('dest')}")
-            if state.get("script_batch_size") is None and isinstance(kwargs.get("default"), int):
-                state["argparse_batch_default"] = kwargs["default"]
-            if batch_override is not None:
-                kwargs["default"] = batch_override
-                kwargs.pop("required", None)
-                state["override_applied"].append(f"argparse {args[0] if args else kwargs.get('dest')}")
-        return original_add_argument(self, *args, **kwargs)
+            _add_knob(state, context, f"argparse {args[0] if args else action.dest}")
+            state["batch_dests"].add(action.dest)
+        return action
+
+    original_parse_known_args = argparse.ArgumentParser.parse_known_args
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = original_parse_known_args(self, args, namespace)
+        for dest in state["batch_dests"]:
+            if hasattr(parsed, dest):
+                if batch_override is not None:
+                    setattr(parsed, dest, batch_override)
+                    state["override_applied"].append(f"argparse {dest}")
+                if isinstance(getattr(parsed, dest), int):
+                    state["argparse_batch"] = getattr(parsed, dest)
+        return parsed, extras
 
     state["override_applied"] = []
     state["batch_knobs"] = {}
+    state["batch_dests"] = set()
     shims.patch(argparse._ActionsContainer, "add_argument", add_argument)
+    shims.patch(argparse.ArgumentParser, "parse_known_args", parse_known_args)
 
 
 def _add_knob(state: dict, context: Context, kind: str) -> None:
@@ -1105,10 +1115,7 @@ def run(request: dict) -> dict:
         autocast_regions=state.get("autocast_regions", 0),
         autocast_dtypes=sorted(state.get("autocast_dtypes", ())),
         foreach_pinned=bool(state.get("foreach_pinned")),
-        batch_size=request.get("batch_size")
-        or state.get("script_batch_size")
-        or state.get("argparse_batch_default"),
-        script_batch_size=state.get("script_batch_size") or state.get("argparse_batch_default"),
+        batch_size=state.get("loader_batch") or state.get("argparse_batch"),
         override_applied=state["override_applied"],
         batch_knobs=list(state["batch_knobs"].values()),
         batch_padded=state.get("batch_padded"),

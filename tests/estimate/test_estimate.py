@@ -46,6 +46,16 @@ def _runs():
             }
         )
     vit = {"script": str(FIXTURES / "vit.py"), "args": [], "mode": "fake", "device": "cpu"}
+    runs.append(
+        {
+            "case": "gpt_override",
+            "script": str(FIXTURES / "gpt.py"),
+            "args": ["--batch-size", "4096"],
+            "batch_size": 3,
+            "mode": "fake",
+            "device": "cpu",
+        }
+    )
     runs.append({"case": "vit", **vit})
     runs.append({"case": "vit_dtype_bf16", **vit, "autocast_dtype": "bf16"})
     runs.append(
@@ -137,6 +147,13 @@ def test_compile_events_and_memory_queries_are_shimmed(traces):
     assert not compiled["foreach_pinned"]  # fused=True was explicit: nothing to pin
     prediction = predict(compiled, EstimateOptions(script=FIXTURES / "compiled.py", gpu=find_gpu("L4")))
     assert "torch-compile" in {note["name"] for note in prediction["corrections"]}
+
+
+def test_the_batch_size_override_beats_the_scripts_own_arguments(traces):
+    override = traces[("gpt_override", "fake", "cpu")]
+    assert override["batch_size"] == 3
+    assert override["override_applied"] == ["argparse batch_size"]
+    assert traces[("gpt", "fake", "cpu")]["batch_size"] == 4  # the script's default
 
 
 def test_batch_size_knobs_are_located(traces):
