@@ -93,8 +93,11 @@ class FixProposal(BaseModel):
 
 # --- text ------------------------------------------------------------------------------------
 
+# "## Diagnosis", "### 1. Diagnosis", and the bold "**Diagnosis:**" that small models write.
 _SECTION = re.compile(
-    r"^#{2,3}\s*(?:\d+[.)]\s*)?(Diagnosis|Edits|Validation|Changelog)\s*:?\s*$", re.I | re.M
+    r"^(?:#{2,3}\s*(?:\d+[.)]\s*)?(?P<heading>Diagnosis|Edits|Validation|Changelog)\s*:?"
+    r"|\*\*\s*(?:\d+[.)]\s*)?(?P<bold>Diagnosis|Edits|Validation|Changelog)\s*:?\s*\*\*:?)\s*$",
+    re.IGNORECASE | re.MULTILINE,
 )
 _CAUSE = re.compile(r"^\s*\d+[.)]\s*(.+?)\s*\(\s*(high|medium|low)\s*\)\s*:\s*(.+)$", re.I)
 _BLOCK = re.compile(
@@ -151,7 +154,8 @@ def _sections(answer: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for heading, following in zip(headings, [*headings[1:], None]):
         end = following.start() if following else len(answer)
-        found.setdefault(heading.group(1).lower(), answer[heading.end() : end])
+        name = heading["heading"] or heading["bold"]
+        found.setdefault(name.lower(), answer[heading.end() : end])
     if "diagnosis" not in found:
         raise ParseError("the answer has no `## Diagnosis` section: use the four headings of the format")
     return found

@@ -116,3 +116,13 @@ def test_schema_is_strict_friendly() -> None:
     assert list(schema["properties"]) == ["causes", "edits", "validation", "changelog"]
     assert schema["additionalProperties"] is False
     assert "minItems" not in json.dumps(schema) and "maxLength" not in json.dumps(schema)
+
+
+def test_bold_headings() -> None:
+    answer = "**Diagnosis:**\n1. a (high): b\n**Edits**\n<<<<<<< SEARCH\nx\n=======\ny\n>>>>>>> REPLACE\n**Changelog**\nDo it\n"
+    proposal = parse_text(answer)
+    assert (
+        proposal.causes[0].title == "a"
+        and proposal.edits[0].replace == "y\n"
+        and proposal.changelog == "Do it"
+    )
