@@ -291,3 +291,21 @@ def test_an_estimate_can_be_cancelled_from_another_thread():
     with pytest.raises(EstimateError, match="cancelled"):
         estimate(EstimateOptions(script=FIXTURES / "hangs.py", timeout=60, cancel=cancel))
     timer.cancel()
+
+
+def test_the_default_target_comes_from_the_project_config(tmp_path, capsys):
+    (tmp_path / "pyproject.toml").write_text('[tool.oom-lsp]\ngpu-memory = "410MiB"\n')
+    script = tmp_path / "train.py"
+    script.write_text((FIXTURES / "mlp.py").read_text())
+    code = cli_main(["estimate", str(script), "--format", "json", "--", "--width", "256"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["gpu"] == {"name": "GPU with 410.00 MiB", "memory": 410 * MIB}
+    # ~2 MiB of model, but the CUDA context (400 MiB) and cuBLAS workspace leave no room.
+    assert (code, result["verdict"]) == (1, "will run out of memory")
+
+
+def test_list_gpus(capsys):
+    assert cli_main(["estimate", "--list-gpus"]) == 0
+    listing = capsys.readouterr().out
+    assert "GeForce RTX 3090" in listing
+    assert len(listing.splitlines()) >= 25
