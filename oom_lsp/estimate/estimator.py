@@ -207,7 +207,11 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
     if trace.get("autocast_regions"):
         dtypes = "/".join(trace.get("autocast_dtypes") or ["float16"])
         corrections.append(
-            _note("autocast", f'autocast("cuda", {dtypes}) traced as autocast("cpu", {dtypes})')
+            _note(
+                "autocast",
+                f'autocast("cuda", {dtypes}) traced as autocast("cpu", {dtypes}), whose weight-cast cache '
+                "works as CUDA's (one low-precision copy per weight per autocast region)",
+            )
         )
     if trace.get("script_autocast"):
         corrections.append(
