@@ -191,12 +191,14 @@ _METADATA_ATTRIBUTES = frozenset(
     }
 )
 _SHAPE_ATTRIBUTES = frozenset({"shape"})
-_TORCH_CREATION = frozenset(
+# torch functions whose result never carries a graph: factories (a copy,
+# for `torch.tensor(x)`) and integer-valued results.
+_TORCH_GRAPHLESS = frozenset(
     {
         "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace", "logspace",
         "tensor", "as_tensor", "from_numpy", "eye", "zeros_like", "ones_like", "empty_like", "full_like",
         "rand_like", "randn_like", "randint_like", "argmax", "argmin", "argsort", "eq", "isnan", "isinf",
-        "numel", "manual_seed", "no_grad", "inference_mode",
+        "numel",
     }
 )  # fmt: skip
 _LOSS_OPTIONS = frozenset(
@@ -921,7 +923,7 @@ class _Interpreter:
             return _loss_result(node, arg_kinds, no_grad)
         if not qualified.startswith("torch."):
             return Kind.UNKNOWN
-        if last in _TORCH_CREATION:
+        if last in _TORCH_GRAPHLESS:
             return Kind.DETACHED
         if any(kind.attached for kind in arg_kinds):
             return Kind.DETACHED if no_grad else Kind.GRAPH
