@@ -103,7 +103,7 @@ _MODEL_NAMES = frozenset(
     {
         "model", "net", "network", "encoder", "decoder", "generator", "discriminator", "backbone",
         "classifier", "rnn", "lstm", "gru", "transformer", "teacher", "student", "unet", "vae",
-        "netg", "netd", "critic", "actor", "policy",
+        "netg", "netd", "critic", "actor", "policy", "module",
     }
 )  # fmt: skip
 _MODEL_SUFFIXES = ("_model", "_net", "_encoder", "_decoder", "_rnn", "_lstm", "_gru")

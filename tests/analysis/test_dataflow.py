@@ -399,3 +399,9 @@ def test_the_facts_cache_does_not_keep_files_alive() -> None:
     del context
     gc.collect()
     assert len(dataflow._FACTS) == before - 1
+
+
+def test_the_module_wrapped_by_ddp_is_a_module() -> None:
+    assert _probes(
+        "import torch\ndef f(model, x):\n    probe(model.module(x))\n    probe(solver.module(x))\n"
+    ) == [G, U]
