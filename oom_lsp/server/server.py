@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,7 +152,15 @@ class OomLanguageServer(LanguageServer):
         else:
             path = to_fs_path(uri) or uri
             loop = asyncio.get_running_loop()
+            started = time.perf_counter()
             findings = await loop.run_in_executor(self.analysis_executor, analyze, source, settings, path)
+            logger.debug(
+                "%s v%s: %d findings in %.0f ms (queue + analysis)",
+                uri,
+                version,
+                len(findings),
+                (time.perf_counter() - started) * 1000,
+            )
         analysis = Analysis(uri, version, source, settings, findings)
         if uri in self.workspace.text_documents:
             self._analyses[uri] = analysis

@@ -160,6 +160,7 @@ async def test_flat_initialization_options_and_log_file(flat_client: LanguageCli
     assert "push diagnostics" in log
     # At debug level the file gets pygls' message log; the client never does.
     assert "textDocument/didOpen" in log
+    assert "train.py v1: 0 findings in" in log
     assert not any("Sending data" in message.message for message in flat_client.log_messages)
 
 
