@@ -966,15 +966,27 @@ def _source_line(filename: str, lineno: int) -> str:
     return ""
 
 
+_NO_FAKE_KERNEL = (
+    "no fake impl",
+    "'Meta' backend",
+    "meta kernel",
+    "meta function",
+    "FakeTensor",
+    "fake tensor",
+)
+
+
 def classify_failure(error: BaseException) -> str:
+    """ "data-dependent" and "unsupported-operator" are what fake tensors cannot
+    run (the estimate falls back to real CPU steps); anything else is the script's."""
     from torch._subclasses import fake_tensor
 
     if isinstance(error, (fake_tensor.DynamicOutputShapeException, fake_tensor.DataDependentOutputException)):
         return "data-dependent"
     if isinstance(error, fake_tensor.UnsupportedOperatorException):
         return "unsupported-operator"
-    if isinstance(error, NotImplementedError) and (
-        "meta" in str(error).lower() or "fake" in str(error).lower()
+    if isinstance(error, (RuntimeError, NotImplementedError)) and any(
+        marker.lower() in str(error).lower() for marker in _NO_FAKE_KERNEL
     ):
         return "unsupported-operator"
     return "script-error"
@@ -1180,9 +1192,7 @@ def main() -> int:
                 json.dumps({"event": "run", "batch_size": result["batch_size"], "status": result["status"]})
                 + "\n"
             )
-        if result["status"] == "failed":
-            break
-        previous_batch = result["batch_size"]
+        previous_batch = result["batch_size"] if result["status"] != "failed" else None
     with open(request["output"], "w", encoding="utf-8") as handle:
         json.dump({"runs": results}, handle)
     return 0

@@ -56,6 +56,15 @@ def _runs():
             "device": "cpu",
         }
     )
+    runs.append(
+        {
+            "case": "custom_op",
+            "script": str(FIXTURES / "custom_op.py"),
+            "args": [],
+            "mode": "fake",
+            "device": "cuda",
+        }
+    )
     runs.append({"case": "vit", **vit})
     runs.append({"case": "vit_dtype_bf16", **vit, "autocast_dtype": "bf16"})
     runs.append(
@@ -80,7 +89,8 @@ def traces():
     runs = _runs()
     options = EstimateOptions(script=FIXTURES / "mlp.py", timeout=240)
     results = run_harness(options, runs)
-    assert [r["status"] for r in results] == ["stopped"] * len(runs), [r.get("failure") for r in results]
+    expected = ["failed" if run["case"] == "custom_op" else "stopped" for run in runs]
+    assert [r["status"] for r in results] == expected, [r.get("failure") for r in results]
     return {(run["case"], run["mode"], run["device"]): result for run, result in zip(runs, results)}
 
 
@@ -252,6 +262,13 @@ def test_unfakeable_script_falls_back_to_scaled_real_cpu_steps():
     assert "lower bound" in prediction["fallback"]["uncertainty"]
     (real,) = run_harness(options, [{"batch_size": 1024, "mode": "real", "profile_replay": True}])
     assert abs(prediction["peak_bytes"] - real["profile_replay_peak"]) / real["profile_replay_peak"] < 0.05
+
+
+def test_an_operator_without_a_fake_kernel_is_reported_with_its_line(traces):
+    failure = traces[("custom_op", "fake", "cuda")]["failure"]
+    assert failure["kind"] == "unsupported-operator"  # the estimate falls back to real CPU steps
+    assert failure["where"]["line"] == 33
+    assert "scaled_tanh(hidden, 2.0)" in failure["where"]["code"]
 
 
 def test_a_crashing_script_reports_its_line():
