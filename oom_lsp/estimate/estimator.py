@@ -304,8 +304,8 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
             corrections.append(
                 _note(
                     "sdpa-math-kept",
-                    f"{sdpa['sdpa_math_kept']} attention call(s) with a mask or grouped heads kept on the math path "
-                    "(an over-estimate if CUDA picks the memory-efficient kernel)",
+                    f"{sdpa['sdpa_math_kept']} attention call(s) with grouped-query heads kept on the math path "
+                    "(an over-estimate if CUDA picks a fused kernel)",
                 )
             )
         if trace.get("foreach_pinned"):

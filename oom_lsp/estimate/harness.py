@@ -440,25 +440,37 @@ class CudaRedirect(TorchFunctionMode):
 
 def make_sdpa_route(notes: dict):
     """F.scaled_dot_product_attention as CUDA would run it: flash attention for
-    fp16/bf16, memory-efficient attention otherwise; both keep only the output
-    and a logsumexp, where the CPU math path keeps B x H x L x S scores."""
+    fp16/bf16 without a mask, memory-efficient attention otherwise (a mask
+    becomes its additive bias; a boolean one is converted to a float bias
+    first, as CUDA does); both keep only the output and a logsumexp, where the
+    CPU math path keeps B x H x L x S scores. Grouped-query attention keeps the
+    math path."""
 
     def route(
         query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
     ):
-        if enable_gqa or attn_mask is not None or query.dim() != 4 or key.shape[-3] != query.shape[-3]:
+        if enable_gqa or query.dim() != 4 or key.shape[-3] != query.shape[-3]:
             notes["sdpa_math_kept"] = notes.get("sdpa_math_kept", 0) + 1
             return None
         head_dim = query.shape[-1]
-        if query.dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256:
+        flash_dtype = query.dtype in (torch.float16, torch.bfloat16)
+        if attn_mask is None and flash_dtype and head_dim % 8 == 0 and head_dim <= 256:
             out = aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale
             )
             notes["sdpa_flash"] = notes.get("sdpa_flash", 0) + 1
             return out[0]
+        bias = None
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill(
+                    attn_mask.logical_not(), float("-inf")
+                )
+            batch, heads, length = query.shape[:3]
+            bias = attn_mask.expand(batch, heads, length, key.shape[-2])
         needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         out = aten._scaled_dot_product_efficient_attention(
-            query, key, value, None, needs_lse, dropout_p, is_causal, scale=scale
+            query, key, value, bias, needs_lse, dropout_p, is_causal, scale=scale
         )
         notes["sdpa_mem_efficient"] = notes.get("sdpa_mem_efficient", 0) + 1
         return out[0]
