@@ -575,6 +575,18 @@ class TensorKeptAcrossIterations(_AutogradRule):
         Valid("import torch\nkept = []\nkept.append(model(x))\n"),
         # Unknown value.
         Valid("import torch\nkept = []\nfor x in loader:\n    kept.append(transform(x))\n"),
+        # A local function called `model` is no module.
+        Valid(
+            """
+            import torch
+            def model(batch):
+                return [len(batch)]
+            kept = []
+            for batch in loader:
+                kept.append(model(batch))
+            """
+        ),
+        Valid("import torch\nkept = []\nfor x in loader:\n    kept.append(**model(x))\n"),
     ]
     INVALID = [
         Invalid(
@@ -1643,6 +1655,18 @@ class HiddenStateCarriedAcrossBatches(_AutogradRule):
         Valid(
             "import torch\nfor x in loader:\n    out, hidden = model(x, hidden.detach())\n    out.backward()\n"
         ),
+        # A local function called `rnn` is no module.
+        Valid(
+            """
+            import torch
+            def rnn(x, state):
+                return x, state
+            for x in loader:
+                out, state = rnn(x, state)
+                out.backward()
+            """
+        ),
+        Valid("import torch\nfor x in loader:\n    out, hidden = model(x, **hidden)\n    out.backward()\n"),
     ]
     INVALID = [
         Invalid(
