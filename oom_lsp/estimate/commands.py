@@ -255,9 +255,16 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
     gpu = prediction.get("gpu")
     if gpu:
         needed = prediction["peak_bytes"] + (prediction.get("context_bytes") or 0)
-        share = 100 * (prediction.get("process_bytes") or needed) / gpu["memory"]
+        shares = f"{100 * needed / gpu['memory']:.0f}% of the GPU allocated"
+        if prediction.get("process_bytes") is not None:
+            shares += f", {100 * prediction['process_bytes'] / gpu['memory']:.0f}% reserved"
         out.write(f"  target: {gpu['name']}, {format_bytes(gpu['memory'])}\n")
-        out.write(f"  verdict: {prediction['verdict'].upper()} ({share:.0f}% of the GPU)\n")
+        out.write(f"  verdict: {prediction['verdict'].upper()} ({shares}, CUDA context included)\n")
+        if needed <= gpu["memory"] < (prediction.get("process_bytes") or 0):
+            out.write(
+                "  the allocated peak fits but the modelled reserved memory does not: the allocator frees "
+                "its cache and retries before failing, so fragmentation decides\n"
+            )
     else:
         out.write(
             "  target: none (pass --gpu NAME or --gpu-memory SIZE, or set gpu-memory in [tool.oom-lsp])\n"
