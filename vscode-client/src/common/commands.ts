@@ -1,0 +1,256 @@
+/**
+ * The server's on-request features (docs/server-commands.md): their ids, the
+ * argument each palette command sends, and how each result is told to the user.
+ * Pure: no VS Code, no processes.
+ */
+import type { ExtensionSettings } from "./settings";
+
+export const SERVER_COMMANDS = {
+  profile: "oom-lsp.profile",
+  estimate: "oom-lsp.estimate",
+  explainOom: "oom-lsp.explainOom",
+  askAi: "oom-lsp.askAi",
+  validateFix: "oom-lsp.validateFix",
+  showReport: "oom-lsp.showReport",
+} as const;
+
+export type ServerCommandId = (typeof SERVER_COMMANDS)[keyof typeof SERVER_COMMANDS];
+
+/** What each server command does, for messages ("... cannot profile memory"). */
+export const COMMAND_PURPOSE: Record<ServerCommandId, string> = {
+  "oom-lsp.profile": "profile memory",
+  "oom-lsp.estimate": "estimate peak memory",
+  "oom-lsp.explainOom": "explain an OOM error",
+  "oom-lsp.askAi": "ask AI to fix",
+  "oom-lsp.validateFix": "validate the last fix",
+  "oom-lsp.showReport": "show the memory report",
+};
+
+export interface ProfileArguments {
+  uri: string;
+  steps: number;
+  args?: string[];
+  python?: string;
+}
+
+export function profileArguments(settings: ExtensionSettings, uri: string, python: string | null): ProfileArguments {
+  const argument: ProfileArguments = { uri, steps: settings.profile.steps };
+  if (settings.profile.args.length > 0) {
+    argument.args = settings.profile.args;
+  }
+  if (python !== null) {
+    argument.python = python;
+  }
+  return argument;
+}
+
+export interface EstimateArguments {
+  uri: string;
+  gpu?: string;
+  gpuMemory?: string;
+  args?: string[];
+  python?: string;
+}
+
+export function estimateArguments(settings: ExtensionSettings, uri: string, python: string | null): EstimateArguments {
+  const argument: EstimateArguments = { uri };
+  if (settings.gpu !== null) {
+    argument.gpu = settings.gpu;
+  }
+  if (settings.gpuMemory !== null) {
+    argument.gpuMemory = settings.gpuMemory;
+  }
+  if (settings.profile.args.length > 0) {
+    argument.args = settings.profile.args;
+  }
+  if (python !== null) {
+    argument.python = python;
+  }
+  return argument;
+}
+
+const GIB = 2 ** 30;
+
+/** Bytes as GiB with one decimal ("14.2", "24"). */
+export function formatGiB(bytes: number): string {
+  const rounded = (bytes / GIB).toFixed(1);
+  return rounded.endsWith(".0") ? rounded.slice(0, -2) : rounded;
+}
+
+/** The `oomLsp/memoryStatus` notification. */
+export interface MemoryStatus {
+  uri: string;
+  peakBytes: number | null;
+  gpuMemoryBytes?: number | null;
+  gpuName?: string | null;
+  source?: string;
+  reportPath?: string | null;
+  exceedsGpu?: boolean;
+}
+
+export interface StatusBarView {
+  text: string;
+  tooltip: string;
+  warning: boolean;
+}
+
+/** The status bar for a file's last result; null when there is none to show. */
+export function memoryStatusView(status: MemoryStatus): StatusBarView | null {
+  if (typeof status.peakBytes !== "number") {
+    return null;
+  }
+  const peak = formatGiB(status.peakBytes);
+  const capacity = typeof status.gpuMemoryBytes === "number" ? status.gpuMemoryBytes : null;
+  const text = capacity !== null ? `OOM: ${peak} / ${formatGiB(capacity)} GiB` : `OOM: ${peak} GiB`;
+  const gpu = status.gpuName ? ` on ${status.gpuName}` : "";
+  const origin = status.source === "profile" ? "Profiled" : "Estimated";
+  const verdict = status.exceedsGpu ? " (more than the GPU has)" : "";
+  return {
+    text,
+    tooltip: `${origin} peak: ${peak} GiB${gpu}${verdict}. Click to open the report.`,
+    warning: status.exceedsGpu === true,
+  };
+}
+
+export interface ProfileResult {
+  reportPath: string;
+  peakBytes: number;
+  reservedBytes?: number;
+  device: string;
+  steps: number;
+  oom?: unknown;
+}
+
+export function describeProfile(result: ProfileResult): string {
+  if (result.oom) {
+    return `Profiling ran out of memory on ${result.device}; the report explains where.`;
+  }
+  const reserved = typeof result.reservedBytes === "number" ? ` (${formatGiB(result.reservedBytes)} GiB reserved)` : "";
+  return `Profiled ${result.steps} step${result.steps === 1 ? "" : "s"} on ${result.device}: peak ${formatGiB(result.peakBytes)} GiB${reserved}.`;
+}
+
+export interface EstimateResult {
+  reportPath: string;
+  peakBytes: number;
+  reservedBytes?: number;
+  gpuName?: string;
+  gpuMemoryBytes: number;
+  verdict: "fits" | "tight" | "oom";
+  maxBatch?: number;
+}
+
+const VERDICT: Record<EstimateResult["verdict"], string> = {
+  fits: "fits",
+  tight: "is tight",
+  oom: "does not fit",
+};
+
+export function describeEstimate(result: EstimateResult): string {
+  const gpu = result.gpuName ? `${result.gpuName}, ` : "";
+  const maxBatch = typeof result.maxBatch === "number" ? ` Largest batch that fits: ${result.maxBatch}.` : "";
+  return `Estimated peak ${formatGiB(result.peakBytes)} GiB on ${gpu}${formatGiB(result.gpuMemoryBytes)} GiB: ${VERDICT[result.verdict] ?? result.verdict}.${maxBatch}`;
+}
+
+export interface ValidationResult {
+  before: number;
+  after: number;
+  change: number;
+  source: "profile" | "estimate";
+}
+
+export function describeValidation(result: ValidationResult): string {
+  const percent = result.before > 0 ? ` (${((100 * (result.after - result.before)) / result.before).toFixed(0)}%)` : "";
+  const direction = result.after < result.before ? "down" : result.after > result.before ? "up" : "unchanged";
+  return `Peak memory ${direction}: ${formatGiB(result.before)} GiB before, ${formatGiB(result.after)} GiB after${percent}, by ${result.source}.`;
+}
+
+export interface OomFrame {
+  path?: string;
+  line?: number;
+  function?: string;
+  code?: string;
+}
+
+export interface OomError {
+  triedToAllocate?: number | null;
+  totalCapacity?: number | null;
+  allocated?: number | null;
+  reserved?: number | null;
+  free?: number | null;
+  device?: string | null;
+  hint?: string | null;
+  frame?: OomFrame | null;
+}
+
+function gib(bytes: number | null | undefined): string | null {
+  return typeof bytes === "number" ? `${formatGiB(bytes)} GiB` : null;
+}
+
+/** A Markdown explanation of the OOM errors found in a log. */
+export function explainMarkdown(errors: OomError[]): string {
+  if (errors.length === 0) {
+    return "# No CUDA out-of-memory error found\n\nThe text did not contain a `torch.OutOfMemoryError` (`CUDA out of memory`) message.\n";
+  }
+  const sections = errors.map((error, index) => {
+    const lines = [`## OOM ${index + 1}${error.device ? ` on ${error.device}` : ""}`, ""];
+    const numbers: [string, string | null][] = [
+      ["Tried to allocate", gib(error.triedToAllocate)],
+      ["Total capacity", gib(error.totalCapacity)],
+      ["Allocated by PyTorch", gib(error.allocated)],
+      ["Reserved by PyTorch", gib(error.reserved)],
+      ["Free", gib(error.free)],
+    ];
+    for (const [label, value] of numbers) {
+      if (value !== null) {
+        lines.push(`- ${label}: ${value}`);
+      }
+    }
+    if (error.frame?.path) {
+      const where = `${error.frame.path}${error.frame.line ? `:${error.frame.line}` : ""}`;
+      lines.push("", `Failing line, in \`${error.frame.function ?? "?"}\` at ${where}:`);
+      if (error.frame.code) {
+        lines.push("", "```python", error.frame.code, "```");
+      }
+    }
+    if (error.hint) {
+      lines.push("", error.hint);
+    }
+    return lines.join("\n");
+  });
+  return `# CUDA out-of-memory explained\n\n${sections.join("\n\n")}\n`;
+}
+
+export type CommandFailure =
+  | { kind: "cancelled" }
+  | { kind: "unavailable"; message: string }
+  | { kind: "failed"; message: string };
+
+/** JSON-RPC error codes that matter here. */
+export const METHOD_NOT_FOUND = -32601;
+export const INVALID_PARAMS = -32602;
+export const REQUEST_CANCELLED = -32800;
+
+/** How a failed `workspace/executeCommand` is told to the user. */
+export function describeCommandError(
+  command: ServerCommandId,
+  error: { code?: number; message?: string },
+): CommandFailure {
+  const message = error.message ?? String(error);
+  if (error.code === REQUEST_CANCELLED) {
+    return { kind: "cancelled" };
+  }
+  if (error.code === METHOD_NOT_FOUND || /command .*not found|unknown command|no such command/i.test(message)) {
+    return { kind: "unavailable", message: unavailableMessage(command) };
+  }
+  if (error.code === INVALID_PARAMS) {
+    return {
+      kind: "failed",
+      message: `oom-lsp could not ${COMMAND_PURPOSE[command]}: the server did not accept the request (${message}). The extension and the server may be from different versions.`,
+    };
+  }
+  return { kind: "failed", message: `oom-lsp could not ${COMMAND_PURPOSE[command]}: ${message}` };
+}
+
+export function unavailableMessage(command: ServerCommandId): string {
+  return `This oom-lsp server cannot ${COMMAND_PURPOSE[command]} (it has no "${command}" command). Update oom-lsp in the environment the server runs from.`;
+}

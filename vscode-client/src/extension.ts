@@ -1,0 +1,539 @@
+/**
+ * The oom-lsp extension: starts the language server, keeps its settings in
+ * step, offers the server's on-request features as palette commands with
+ * cancellable progress, and shows the last memory estimate in the status bar.
+ */
+import { randomUUID } from "node:crypto";
+import * as os from "node:os";
+import * as path from "node:path";
+import * as vscode from "vscode";
+import {
+  ConfigurationParams,
+  DidChangeConfigurationNotification,
+  ExecuteCommandRequest,
+  LanguageClient,
+  LanguageClientOptions,
+  NotificationType,
+  RevealOutputChannelOn,
+  ServerOptions,
+  TransportKind,
+  WorkDoneProgress,
+  WorkDoneProgressBegin,
+  WorkDoneProgressReport,
+} from "vscode-languageclient/node";
+import {
+  COMMAND_PURPOSE,
+  EstimateResult,
+  MemoryStatus,
+  OomError,
+  ProfileResult,
+  SERVER_COMMANDS,
+  ServerCommandId,
+  ValidationResult,
+  describeCommandError,
+  describeEstimate,
+  describeProfile,
+  describeValidation,
+  estimateArguments,
+  explainMarkdown,
+  memoryStatusView,
+  profileArguments,
+  unavailableMessage,
+} from "./common/commands";
+import { nodeProbes } from "./common/probes";
+import { onDidChangeInterpreter, selectedInterpreter } from "./common/python";
+import { ServerCommand, expandPathSetting, resolveServerCommand } from "./common/server";
+import {
+  RESTART_SETTINGS,
+  SECTION,
+  buildInitializationOptions,
+  buildServerSettings,
+  configurationFor,
+  readSettings,
+} from "./common/settings";
+
+const CLIENT_ID = "oomLsp"; // the languageclient reads `oomLsp.trace.server`
+const CLIENT_NAME = "oom-lsp";
+const MEMORY_STATUS = new NotificationType<MemoryStatus>("oomLsp/memoryStatus");
+const DEFAULT_FIX_LOG = "OOM_FIXES.md";
+
+export interface OomLspApi {
+  /** The running client, for tests that drive the extension. */
+  getClient(): LanguageClient | undefined;
+  getServerCommand(): ServerCommand | undefined;
+}
+
+class OomLspExtension implements vscode.Disposable {
+  private client: LanguageClient | undefined;
+  private server: ServerCommand | undefined;
+  private readonly outputChannel = vscode.window.createOutputChannel(CLIENT_NAME, { log: true });
+  private readonly statusBar = vscode.window.createStatusBarItem("oomLsp.memory", vscode.StatusBarAlignment.Right, 100);
+  private readonly memoryStatuses = new Map<string, MemoryStatus>();
+  private readonly disposables: vscode.Disposable[] = [this.outputChannel, this.statusBar];
+  // Starts and restarts run one after the other: settings can change mid-start.
+  private lifecycle: Promise<void> = Promise.resolve();
+  private memoryStatusSubscription: vscode.Disposable | undefined;
+
+  constructor() {
+    this.statusBar.name = "oom-lsp memory";
+    this.statusBar.command = "oomLsp.showReport";
+  }
+
+  async activate(): Promise<void> {
+    const register = (id: string, handler: () => Promise<unknown>) =>
+      this.disposables.push(vscode.commands.registerCommand(id, () => handler()));
+    register("oomLsp.profileFile", () => this.profile());
+    register("oomLsp.estimateFile", () => this.estimate());
+    register("oomLsp.explainOomFromFile", () => this.explainFromFile());
+    register("oomLsp.explainOomFromClipboard", () => this.explainFromClipboard());
+    register("oomLsp.askAi", () => this.askAi());
+    register("oomLsp.validateFix", () => this.validateFix());
+    register("oomLsp.showReport", () => this.showReport());
+    register("oomLsp.showFixLog", () => this.showFixLog());
+    register("oomLsp.restartServer", () => this.restart());
+    register("oomLsp.showServerLog", async () => this.outputChannel.show());
+
+    this.disposables.push(
+      vscode.workspace.onDidChangeConfiguration((event) => this.onDidChangeConfiguration(event)),
+      vscode.window.onDidChangeActiveTextEditor(() => this.updateStatusBar()),
+    );
+    const interpreterWatch = await onDidChangeInterpreter(() => {
+      // The Python extension's choice matters only when no setting overrides it.
+      const settings = readSettings(configurationFor());
+      if (settings.path.length === 0 && settings.interpreter.length === 0) {
+        void this.restart();
+      }
+    });
+    if (interpreterWatch !== null) {
+      this.disposables.push(interpreterWatch);
+    }
+    await this.restart();
+  }
+
+  api(): OomLspApi {
+    return { getClient: () => this.client, getServerCommand: () => this.server };
+  }
+
+  // --- server lifecycle ----------------------------------------------------------
+
+  restart(): Promise<void> {
+    const next = async () => {
+      await this.stop();
+      await this.start();
+    };
+    // A failed start must not block the restarts after it.
+    this.lifecycle = this.lifecycle.then(next, next);
+    return this.lifecycle;
+  }
+
+  private async stop(): Promise<void> {
+    const client = this.client;
+    this.client = undefined;
+    this.server = undefined;
+    this.memoryStatusSubscription?.dispose();
+    this.memoryStatusSubscription = undefined;
+    if (client !== undefined) {
+      try {
+        await client.stop();
+      } catch (error) {
+        this.outputChannel.warn(`Stopping the server: ${String(error)}`);
+      }
+    }
+  }
+
+  private workspaceResource(): vscode.Uri | undefined {
+    return vscode.window.activeTextEditor?.document.uri ?? vscode.workspace.workspaceFolders?.[0]?.uri;
+  }
+
+  private async start(): Promise<void> {
+    const resource = this.workspaceResource();
+    const settings = readSettings(configurationFor(resource));
+    const variables = {
+      workspaceFolder: (resource && vscode.workspace.getWorkspaceFolder(resource)?.uri.fsPath) ?? null,
+      home: os.homedir(),
+    };
+    const resolution = await resolveServerCommand(
+      {
+        path: expandPathSetting(settings.path, variables),
+        interpreter: expandPathSetting(settings.interpreter, variables),
+        pythonExtensionInterpreter: await selectedInterpreter(resource),
+      },
+      nodeProbes,
+    );
+    if (!resolution.ok) {
+      this.outputChannel.error(resolution.problem.message);
+      this.notifyError(resolution.problem.message);
+      return;
+    }
+    const server = resolution.server;
+    this.outputChannel.info(`Starting ${[server.command, ...server.args].join(" ")} (from ${server.source})`);
+    const serverOptions: ServerOptions = {
+      command: server.command,
+      args: server.args,
+      transport: TransportKind.stdio,
+      options: { env: { ...process.env, PYTHONUNBUFFERED: "1" } },
+    };
+    const client = new LanguageClient(CLIENT_ID, CLIENT_NAME, serverOptions, this.clientOptions());
+    this.memoryStatusSubscription = client.onNotification(MEMORY_STATUS, (status) => this.onMemoryStatus(status));
+    try {
+      await client.start();
+    } catch (error) {
+      this.outputChannel.error(`The server did not start: ${String(error)}`);
+      this.notifyError(
+        `oom-lsp: the language server (${[server.command, ...server.args].join(" ")}, from ${server.source}) did not start. The server log says why.`,
+      );
+      return;
+    }
+    this.client = client;
+    this.server = server;
+  }
+
+  private clientOptions(): LanguageClientOptions {
+    return {
+      documentSelector: [
+        { scheme: "file", language: "python" },
+        { scheme: "untitled", language: "python" },
+        { scheme: "vscode-notebook-cell", language: "python" },
+      ],
+      initializationOptions: buildInitializationOptions(configurationFor()),
+      outputChannel: this.outputChannel,
+      revealOutputChannelOn: RevealOutputChannelOn.Never,
+      middleware: {
+        workspace: {
+          // The server gets exactly the payload of buildServerSettings, never
+          // the raw section: it rejects keys it does not know (path, trace, ...).
+          configuration: async (params: ConfigurationParams, token, next) => {
+            const answers = await next(params, token);
+            if (!Array.isArray(answers)) {
+              return answers;
+            }
+            return params.items.map((item, index) =>
+              item.section === SECTION
+                ? buildServerSettings(readSettings(configurationFor(item.scopeUri ? vscode.Uri.parse(item.scopeUri) : undefined)))
+                : answers[index],
+            );
+          },
+        },
+      },
+    };
+  }
+
+  private onDidChangeConfiguration(event: vscode.ConfigurationChangeEvent): void {
+    if (RESTART_SETTINGS.some((key) => event.affectsConfiguration(key))) {
+      void this.restart();
+    } else if (event.affectsConfiguration(SECTION) && this.client?.isRunning()) {
+      void this.client.sendNotification(DidChangeConfigurationNotification.type, {
+        settings: { [SECTION]: buildServerSettings(readSettings(configurationFor())) },
+      });
+    }
+  }
+
+  /** Not awaited: activation must not wait for the user to read it. */
+  private notifyError(message: string): void {
+    void vscode.window.showErrorMessage(message, "Open Settings", "Show Server Log").then((choice) => {
+      if (choice === "Open Settings") {
+        void vscode.commands.executeCommand("workbench.action.openSettings", "@ext:oom-lsp.oom-lsp");
+      } else if (choice === "Show Server Log") {
+        this.outputChannel.show();
+      }
+    });
+  }
+
+  // --- server commands -------------------------------------------------------------
+
+  /** Runs a server command with cancellable progress in the notification area;
+   * undefined when it failed, was cancelled or is not available (the user has
+   * been told). */
+  private async runServerCommand<T>(command: ServerCommandId, title: string, argument: object): Promise<T | undefined> {
+    const client = this.client;
+    if (client === undefined || !client.isRunning()) {
+      const choice = await vscode.window.showErrorMessage(
+        `oom-lsp: the language server is not running, so it cannot ${COMMAND_PURPOSE[command]}.`,
+        "Restart Server",
+        "Show Server Log",
+      );
+      if (choice === "Restart Server") {
+        await this.restart();
+      } else if (choice === "Show Server Log") {
+        this.outputChannel.show();
+      }
+      return undefined;
+    }
+    const provided = client.initializeResult?.capabilities.executeCommandProvider?.commands ?? [];
+    if (!provided.includes(command)) {
+      void vscode.window.showWarningMessage(`oom-lsp: ${unavailableMessage(command)}`);
+      return undefined;
+    }
+    let failure: ReturnType<typeof describeCommandError> | undefined;
+    const result = await vscode.window.withProgress(
+      { location: vscode.ProgressLocation.Notification, title: `oom-lsp: ${title}`, cancellable: true },
+      async (progress, token) => {
+        // The server reports its progress on our token, shown in this notification.
+        const workDoneToken = randomUUID();
+        let percentage = 0;
+        const reports = client.onProgress(WorkDoneProgress.type, workDoneToken, (value) => {
+          if (value.kind === "end") {
+            return;
+          }
+          const update = value as WorkDoneProgressBegin | WorkDoneProgressReport;
+          const increment =
+            typeof update.percentage === "number" && update.percentage > percentage ? update.percentage - percentage : undefined;
+          percentage = Math.max(percentage, update.percentage ?? 0);
+          progress.report({ message: update.message, increment });
+        });
+        try {
+          return (await client.sendRequest(
+            ExecuteCommandRequest.type,
+            { command, arguments: [argument], workDoneToken },
+            token,
+          )) as T;
+        } catch (error) {
+          failure = token.isCancellationRequested ? { kind: "cancelled" } : describeCommandError(command, error as object);
+          return undefined;
+        } finally {
+          reports.dispose();
+        }
+      },
+    );
+    if (failure === undefined) {
+      return result ?? undefined;
+    }
+    if (failure.kind === "cancelled") {
+      this.outputChannel.info(`${command} cancelled`);
+    } else if (failure.kind === "unavailable") {
+      void vscode.window.showWarningMessage(`oom-lsp: ${failure.message}`);
+    } else {
+      this.outputChannel.error(failure.message);
+      void vscode.window.showErrorMessage(failure.message, "Show Server Log").then((choice) => {
+        if (choice) {
+          this.outputChannel.show();
+        }
+      });
+    }
+    return undefined;
+  }
+
+  /** The active Python file, saved (the server's subprocesses read it from disk). */
+  private async activePythonFile(purpose: string): Promise<vscode.TextDocument | undefined> {
+    const document = vscode.window.activeTextEditor?.document;
+    if (document === undefined || document.languageId !== "python") {
+      void vscode.window.showInformationMessage(`oom-lsp: open a Python file to ${purpose}.`);
+      return undefined;
+    }
+    if (document.uri.scheme !== "file") {
+      void vscode.window.showInformationMessage(`oom-lsp: save the file first to ${purpose}.`);
+      return undefined;
+    }
+    if (document.isDirty && !(await document.save())) {
+      return undefined;
+    }
+    return document;
+  }
+
+  private async openReportOffer(message: string, reportPath: string | undefined): Promise<void> {
+    if (!reportPath) {
+      void vscode.window.showInformationMessage(message);
+      return;
+    }
+    if ((await vscode.window.showInformationMessage(message, "Open Report")) === "Open Report") {
+      await this.openFile(reportPath);
+    }
+  }
+
+  private async openFile(file: string): Promise<void> {
+    await vscode.window.showTextDocument(vscode.Uri.file(file), { preview: true });
+  }
+
+  private async profile(): Promise<void> {
+    const settings = readSettings(configurationFor(this.workspaceResource()));
+    let uri: vscode.Uri;
+    if (settings.profile.entryPoint !== null) {
+      const folder = vscode.workspace.getWorkspaceFolder(this.workspaceResource() ?? vscode.Uri.file("/"));
+      const entryPoint = settings.profile.entryPoint;
+      uri = vscode.Uri.file(path.isAbsolute(entryPoint) || !folder ? entryPoint : path.join(folder.uri.fsPath, entryPoint));
+    } else {
+      const document = await this.activePythonFile("profile its memory");
+      if (document === undefined) {
+        return;
+      }
+      uri = document.uri;
+    }
+    const argument = profileArguments(settings, uri.toString(), this.server?.python ?? null);
+    const result = await this.runServerCommand<ProfileResult>(
+      SERVER_COMMANDS.profile,
+      `Profiling ${path.basename(uri.fsPath)}`,
+      argument,
+    );
+    if (result) {
+      await this.openReportOffer(`oom-lsp: ${describeProfile(result)}`, result.reportPath);
+    }
+  }
+
+  private async estimate(): Promise<void> {
+    const document = await this.activePythonFile("estimate its peak memory");
+    if (document === undefined) {
+      return;
+    }
+    const settings = readSettings(configurationFor(document.uri));
+    const argument = estimateArguments(settings, document.uri.toString(), this.server?.python ?? null);
+    const result = await this.runServerCommand<EstimateResult>(
+      SERVER_COMMANDS.estimate,
+      `Estimating the peak memory of ${path.basename(document.uri.fsPath)}`,
+      argument,
+    );
+    if (result) {
+      await this.openReportOffer(`oom-lsp: ${describeEstimate(result)}`, result.reportPath);
+    }
+  }
+
+  private async explain(argument: { text: string } | { path: string }): Promise<void> {
+    const result = await this.runServerCommand<{ errors: OomError[] }>(
+      SERVER_COMMANDS.explainOom,
+      "Explaining the out-of-memory error",
+      argument,
+    );
+    if (result) {
+      const document = await vscode.workspace.openTextDocument({ language: "markdown", content: explainMarkdown(result.errors) });
+      await vscode.window.showTextDocument(document, { preview: true, viewColumn: vscode.ViewColumn.Beside });
+    }
+  }
+
+  private async explainFromFile(): Promise<void> {
+    const picked = await vscode.window.showOpenDialog({
+      canSelectMany: false,
+      openLabel: "Explain OOM",
+      title: "A log with a CUDA out-of-memory error",
+      filters: { Logs: ["log", "txt", "out", "err"], "All files": ["*"] },
+    });
+    if (picked?.[0]) {
+      await this.explain({ path: picked[0].fsPath });
+    }
+  }
+
+  private async explainFromClipboard(): Promise<void> {
+    const text = await vscode.env.clipboard.readText();
+    if (text.trim() === "") {
+      void vscode.window.showInformationMessage("oom-lsp: the clipboard is empty. Copy the traceback of the OOM error first.");
+      return;
+    }
+    await this.explain({ text });
+  }
+
+  private async askAi(): Promise<void> {
+    const editor = vscode.window.activeTextEditor;
+    const document = await this.activePythonFile("ask AI to fix it");
+    if (document === undefined || editor === undefined) {
+      return;
+    }
+    const result = await this.runServerCommand<{ applied: boolean; message: string }>(
+      SERVER_COMMANDS.askAi,
+      "Asking AI for a fix",
+      // 1-based, like every line number oom-lsp reports.
+      { uri: document.uri.toString(), line: editor.selection.active.line + 1 },
+    );
+    if (result) {
+      const show = result.applied ? vscode.window.showInformationMessage : vscode.window.showWarningMessage;
+      void show(`oom-lsp: ${result.message}`);
+    }
+  }
+
+  private async validateFix(): Promise<void> {
+    const document = await this.activePythonFile("validate its last fix");
+    if (document === undefined) {
+      return;
+    }
+    const result = await this.runServerCommand<ValidationResult>(
+      SERVER_COMMANDS.validateFix,
+      "Validating the last fix",
+      { uri: document.uri.toString() },
+    );
+    if (result) {
+      void vscode.window.showInformationMessage(`oom-lsp: ${describeValidation(result)}`);
+    }
+  }
+
+  private async showReport(): Promise<void> {
+    const uri = vscode.window.activeTextEditor?.document.uri;
+    if (uri === undefined) {
+      void vscode.window.showInformationMessage("oom-lsp: open a Python file to see its memory report.");
+      return;
+    }
+    const known = this.memoryStatuses.get(uri.toString())?.reportPath;
+    if (known) {
+      await this.openFile(known);
+      return;
+    }
+    const result = await this.runServerCommand<{ reportPath: string | null }>(
+      SERVER_COMMANDS.showReport,
+      "Finding the memory report",
+      { uri: uri.toString() },
+    );
+    if (result?.reportPath) {
+      await this.openFile(result.reportPath);
+    } else if (result) {
+      void vscode.window.showInformationMessage("oom-lsp: no estimate or profile of this file yet.");
+    }
+  }
+
+  private async showFixLog(): Promise<void> {
+    const resource = this.workspaceResource();
+    const folder = resource ? vscode.workspace.getWorkspaceFolder(resource) : undefined;
+    const fixLog = readSettings(configurationFor(resource)).llm.fixLog ?? DEFAULT_FIX_LOG;
+    const file = path.isAbsolute(fixLog) || folder === undefined ? fixLog : path.join(folder.uri.fsPath, fixLog);
+    try {
+      await vscode.workspace.fs.stat(vscode.Uri.file(file));
+    } catch {
+      void vscode.window.showInformationMessage(
+        `oom-lsp: no fix log yet (${file}). Fixes applied with "Ask AI to fix" are recorded there.`,
+      );
+      return;
+    }
+    await this.openFile(file);
+  }
+
+  // --- status bar ---------------------------------------------------------------------
+
+  private onMemoryStatus(status: MemoryStatus): void {
+    if (typeof status.peakBytes === "number") {
+      this.memoryStatuses.set(status.uri, status);
+    } else {
+      this.memoryStatuses.delete(status.uri);
+    }
+    this.updateStatusBar();
+  }
+
+  private updateStatusBar(): void {
+    const uri = vscode.window.activeTextEditor?.document.uri.toString();
+    const status = uri !== undefined ? this.memoryStatuses.get(uri) : undefined;
+    const view = status !== undefined ? memoryStatusView(status) : null;
+    if (view === null) {
+      this.statusBar.hide();
+      return;
+    }
+    this.statusBar.text = `$(pulse) ${view.text}`;
+    this.statusBar.tooltip = view.tooltip;
+    this.statusBar.backgroundColor = view.warning ? new vscode.ThemeColor("statusBarItem.warningBackground") : undefined;
+    this.statusBar.show();
+  }
+
+  async dispose(): Promise<void> {
+    await this.lifecycle;
+    await this.stop();
+    for (const disposable of this.disposables) {
+      disposable.dispose();
+    }
+  }
+}
+
+let extension: OomLspExtension | undefined;
+
+export async function activate(): Promise<OomLspApi> {
+  extension = new OomLspExtension();
+  await extension.activate();
+  return extension.api();
+}
+
+export async function deactivate(): Promise<void> {
+  await extension?.dispose();
+  extension = undefined;
+}

@@ -1,0 +1,115 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import {
+  describeCommandError,
+  describeEstimate,
+  describeValidation,
+  estimateArguments,
+  explainMarkdown,
+  formatGiB,
+  memoryStatusView,
+  profileArguments,
+} from "../src/common/commands";
+import { readSettings } from "../src/common/settings";
+
+function settingsOf(values: Record<string, unknown>) {
+  return readSettings({ get: <T>(key: string) => values[key] as T | undefined });
+}
+
+test("GiB with one decimal, whole numbers bare", () => {
+  assert.equal(formatGiB(15_246_000_000), "14.2");
+  assert.equal(formatGiB(25_769_803_776), "24");
+  assert.equal(formatGiB(0), "0");
+});
+
+test("the status bar reads like the docs' example and warns when the GPU is too small", () => {
+  const status = {
+    uri: "file:///w/train.py",
+    peakBytes: 15_246_000_000,
+    gpuMemoryBytes: 25_769_803_776,
+    gpuName: "RTX 3090",
+    source: "estimate",
+    reportPath: "/w/.oom_lsp/estimate/report.json",
+    exceedsGpu: false,
+  };
+  assert.deepEqual(memoryStatusView(status), {
+    text: "OOM: 14.2 / 24 GiB",
+    tooltip: "Estimated peak: 14.2 GiB on RTX 3090. Click to open the report.",
+    warning: false,
+  });
+  const over = memoryStatusView({ ...status, peakBytes: 30 * 2 ** 30, exceedsGpu: true, source: "profile" });
+  assert.equal(over?.text, "OOM: 30 / 24 GiB");
+  assert.equal(over?.warning, true);
+  assert.match(over?.tooltip ?? "", /^Profiled peak: 30 GiB on RTX 3090 \(more than the GPU has\)/);
+  assert.equal(memoryStatusView({ ...status, peakBytes: null }), null);
+  assert.equal(memoryStatusView({ uri: status.uri, peakBytes: 2 ** 30 })?.text, "OOM: 1 GiB");
+});
+
+test("profile and estimate arguments carry the settings the server commands read", () => {
+  const settings = settingsOf({
+    "profile.steps": 2,
+    "profile.args": ["--epochs", "1"],
+    gpu: "A100-80GB",
+    gpuMemory: "80GiB",
+  });
+  assert.deepEqual(profileArguments(settings, "file:///w/train.py", "/w/.venv/bin/python"), {
+    uri: "file:///w/train.py",
+    steps: 2,
+    args: ["--epochs", "1"],
+    python: "/w/.venv/bin/python",
+  });
+  assert.deepEqual(estimateArguments(settings, "file:///w/train.py", null), {
+    uri: "file:///w/train.py",
+    gpu: "A100-80GB",
+    gpuMemory: "80GiB",
+    args: ["--epochs", "1"],
+  });
+  assert.deepEqual(profileArguments(settingsOf({}), "file:///w/t.py", null), { uri: "file:///w/t.py", steps: 3 });
+});
+
+test("results are told in one sentence", () => {
+  assert.equal(
+    describeEstimate({
+      reportPath: "/r.json",
+      peakBytes: 15_246_000_000,
+      gpuName: "RTX 3090",
+      gpuMemoryBytes: 25_769_803_776,
+      verdict: "fits",
+      maxBatch: 96,
+    }),
+    "Estimated peak 14.2 GiB on RTX 3090, 24 GiB: fits. Largest batch that fits: 96.",
+  );
+  assert.equal(
+    describeValidation({ before: 20 * 2 ** 30, after: 15 * 2 ** 30, change: -5 * 2 ** 30, source: "estimate" }),
+    "Peak memory down: 20 GiB before, 15 GiB after (-25%), by estimate.",
+  );
+});
+
+test("a server without the command, a cancel and a bad request are told apart", () => {
+  assert.deepEqual(describeCommandError("oom-lsp.profile", { code: -32800, message: "cancelled" }), { kind: "cancelled" });
+  const missing = describeCommandError("oom-lsp.askAi", { code: -32601, message: "Unhandled method" });
+  assert.equal(missing.kind, "unavailable");
+  assert.match(missing.kind === "unavailable" ? missing.message : "", /cannot ask AI to fix \(it has no "oom-lsp.askAi" command\)/);
+  assert.equal(describeCommandError("oom-lsp.estimate", { code: -32603, message: 'Command "oom-lsp.estimate" not found' }).kind, "unavailable");
+  const invalid = describeCommandError("oom-lsp.estimate", { code: -32602, message: "uri: missing" });
+  assert.equal(invalid.kind, "failed");
+  assert.match(invalid.kind === "failed" ? invalid.message : "", /did not accept the request \(uri: missing\)/);
+});
+
+test("an OOM explanation lists the numbers and the failing line", () => {
+  const markdown = explainMarkdown([
+    {
+      triedToAllocate: 2 * 2 ** 30,
+      totalCapacity: 24 * 2 ** 30,
+      allocated: 21.5 * 2 ** 30,
+      free: 0.5 * 2 ** 30,
+      device: "cuda:0",
+      hint: "Lower the batch size.",
+      frame: { path: "train.py", line: 42, function: "train", code: "loss = model(x)" },
+    },
+  ]);
+  assert.match(markdown, /## OOM 1 on cuda:0/);
+  assert.match(markdown, /- Tried to allocate: 2 GiB\n- Total capacity: 24 GiB\n- Allocated by PyTorch: 21.5 GiB\n- Free: 0.5 GiB/);
+  assert.match(markdown, /in `train` at train.py:42:\n\n```python\nloss = model\(x\)\n```\n\nLower the batch size\./);
+  assert.match(explainMarkdown([]), /No CUDA out-of-memory error found/);
+});
