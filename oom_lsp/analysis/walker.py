@@ -69,6 +69,29 @@ def _child_fields(node_class: type) -> tuple[str, ...]:
     )
 
 
+_HOOK_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _hook_names(visitor_class: type) -> tuple[str, ...]:
+    """The visit_/leave_ method names of a visitor class, computed once per
+    class: libcst's `get_visitors` inspects every member of every instance."""
+    names = _HOOK_NAMES.get(visitor_class)
+    if names is None:
+        names = tuple(
+            name
+            for name in dir(visitor_class)
+            if (name.startswith("visit_") or name.startswith("leave_"))
+            and callable(getattr(visitor_class, name))
+            # libcst's typed base class defines every hook as a marked no-op.
+            and not getattr(getattr(visitor_class, name), "_is_no_op", False)
+        )
+        for name in names:
+            if "_" in name.partition("_")[2]:
+                raise TypeError(f"{visitor_class.__name__}.{name}: attribute hooks are not supported")
+        _HOOK_NAMES[visitor_class] = names
+    return names
+
+
 def walk(
     root: cst.CSTNode,
     visitors: Iterable[cst.BatchableCSTVisitor],
@@ -82,10 +105,9 @@ def walk(
     visit_methods: dict[str, list[Hook]] = {}
     leave_methods: dict[str, list[Hook]] = {}
     for visitor in visitors:
-        for name, method in visitor.get_visitors().items():
+        for name in _hook_names(type(visitor)):
             kind, _, type_name = name.partition("_")
-            if "_" in type_name:
-                raise TypeError(f"{type(visitor).__name__}.{name}: attribute hooks are not supported")
+            method = getattr(visitor, name)
             (visit_methods if kind == "visit" else leave_methods).setdefault(type_name, []).append(method)
 
     plans: dict[type, tuple[tuple[str, ...], list[Hook], list[Hook], bool]] = {}
