@@ -115,11 +115,12 @@ def refresh_all(ls: OomLanguageServer) -> None:
         if ls.client_supports("workspace.diagnostics.refresh_support"):
             ls.workspace_diagnostic_refresh(None)
         return
-    for uri in list(ls.workspace.text_documents):
-        schedule(ls, uri, 0)
+    for document in ls.open_documents():
+        schedule(ls, document.uri, 0)
 
 
 def on_did_open(ls: OomLanguageServer, params: types.DidOpenTextDocumentParams) -> None:
+    ls.adopt_document(params.text_document.uri)
     schedule(ls, params.text_document.uri, 0)
 
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -44,6 +47,21 @@ class Analysis:
 
     def converter(self, encoding: str) -> PositionConverter:
         return PositionConverter(self.source, encoding)
+
+
+_LSP_LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+class LspLinesTextDocument(TextDocument):
+    """pygls' document with the LSP's lines: only `\\n`, `\\r\\n` and `\\r` end
+    a line. pygls splits with `str.splitlines`, which also breaks at form
+    feeds, `\\x1c`-`\\x1e`, `\\x85`, `\\u2028`...; an incremental edit after
+    such a character would land on the wrong line and the server's copy of
+    the document would silently differ from the editor's."""
+
+    @property
+    def lines(self) -> Sequence[str]:
+        return tuple(_LSP_LINE_RE.findall(self.source))
 
 
 class OomLanguageServer(LanguageServer):
@@ -120,8 +138,18 @@ class OomLanguageServer(LanguageServer):
     def open_document(self, uri: str) -> TextDocument | None:
         """The document if the client opened it. `workspace.get_text_document`
         would read a file never opened from disk, which a request for an
-        unknown document must not do."""
-        return self.workspace.text_documents.get(uri)
+        unknown document must not do. (pygls keys documents by unquoted URI.)"""
+        return self.workspace.text_documents.get(unquote(uri))
+
+    def adopt_document(self, uri: str) -> None:
+        """Give a just-opened document the LSP's line splitting (pygls
+        creates the instance; its class is the one thing to change)."""
+        document = self.open_document(uri)
+        if document is not None and type(document) is TextDocument:
+            document.__class__ = LspLinesTextDocument
+
+    def open_documents(self) -> list[TextDocument]:
+        return list(self.workspace.text_documents.values())
 
     def forget_analyses(self, uri: str | None = None) -> None:
         if uri is None:
@@ -162,7 +190,7 @@ class OomLanguageServer(LanguageServer):
                 (time.perf_counter() - started) * 1000,
             )
         analysis = Analysis(uri, version, source, settings, findings)
-        if uri in self.workspace.text_documents:
+        if self.open_document(uri) is not None:
             self._analyses[uri] = analysis
         return analysis
 

@@ -106,6 +106,21 @@ async def test_only_the_last_of_rapid_edits_is_reported(client: LanguageClient):
         assert versions == sorted(versions)
 
 
+async def test_uris_with_escapes(client: LanguageClient):
+    # pygls keys its documents by the unquoted URI; answers use the client's.
+    uri = (client.root / f"my training {next(_names)} é.py").as_uri()
+    assert "%20" in uri
+    since = len(client.published)
+    open_document(client, uri, LOAD)
+    assert codes(await diagnostics_for(client, uri, 1, since)) == ["OOM501"]
+    hover = await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=2, character=12)
+        )
+    )
+    assert hover is not None
+
+
 async def test_untitled_document(client: LanguageClient):
     uri = f"untitled:Untitled-{next(_names)}"
     since = len(client.published)
@@ -188,3 +203,25 @@ async def test_files_the_configuration_excludes_get_no_diagnostics(client: Langu
     since = len(client.published)
     open_document(client, uri, LOAD)
     assert await diagnostics_for(client, uri, 1, since) == []
+
+
+async def test_incremental_edits_after_a_form_feed_line(client: LanguageClient):
+    # Emacs page breaks: str.splitlines (pygls' line split) would count an
+    # extra line here and apply the client's edit one line too high.
+    uri = new_uri(client)
+    since = len(client.published)
+    text = "import torch\n\x0c\nstate = torch.load('a')\n"
+    open_document(client, uri, text)
+    assert codes(await diagnostics_for(client, uri, 1, since)) == ["OOM501"]
+    at = types.Position(line=2, character=len("state = torch.load('a'"))
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(start=at, end=at), text=", map_location='cpu'"
+                )
+            ],
+        )
+    )
+    assert await diagnostics_for(client, uri, 2, since) == []

@@ -37,7 +37,8 @@ _names = itertools.count()
 
 @st.composite
 def edit(draw: st.DrawFn, length: int) -> tuple[int, int, str]:
-    """(start, end, replacement) on a text of `length` code points."""
+    """(start, end, replacement) on a text of `length` code points. Lone
+    `\\r`, form feeds and U+2028 test that both sides agree on the lines."""
     start = draw(st.integers(0, length))
     kind = draw(st.sampled_from(["insert", "delete", "replace", "garbage"]))
     end = start if kind in ("insert", "garbage") else draw(st.integers(start, min(length, start + 40)))
@@ -45,22 +46,29 @@ def edit(draw: st.DrawFn, length: int) -> tuple[int, int, str]:
         raw = draw(st.binary(min_size=1, max_size=16))
         return start, end, raw.decode("latin-1")
     text = draw(
-        st.text(alphabet=st.sampled_from(list("torch.load()[]:,= \n\t\"'#x1é😀")), max_size=20)
+        st.text(alphabet=st.sampled_from(list("torch.load()[]:,= \n\t\"'#x1é😀\r\x0c\u2028")), max_size=20)
         | st.sampled_from(['torch.load("a")\n', "    ", "def f(:\n", "(", '"""', "\\\n", "for x in y:\n"])
     )
     return start, end, text
 
 
+def _not_inside_crlf(text: str, offset: int) -> int:
+    """An LSP position cannot point between the two characters of `\\r\\n`."""
+    return offset - 1 if 0 < offset < len(text) and text[offset - 1 : offset + 1] == "\r\n" else offset
+
+
 @st.composite
-def edit_sequence(draw: st.DrawFn) -> list[str]:
-    """The texts of successive versions."""
-    texts = []
+def edit_sequence(draw: st.DrawFn) -> list[tuple[int, int, str, str]]:
+    """Successive edits: (start, end, replacement) on the previous text, and
+    the text after it."""
+    edits = []
     current = SEED
     for _ in range(draw(st.integers(1, 6))):
         start, end, replacement = draw(edit(len(current)))
+        start, end = _not_inside_crlf(current, start), _not_inside_crlf(current, end)
         current = current[:start] + replacement + current[end:]
-        texts.append(current)
-    return texts
+        edits.append((start, end, replacement, current))
+    return edits
 
 
 @pytest_lsp.fixture(scope="module", params=["vscode-1.139.1", "neovim-0.7.2"], config=CONFIG)
@@ -93,19 +101,30 @@ def _got(diagnostics: list[types.Diagnostic]) -> list[tuple[str, types.Range]]:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(texts=edit_sequence())
-async def test_random_edits(client: LanguageClient, texts: list[str]):
+@given(edits=edit_sequence())
+async def test_random_edits(client: LanguageClient, edits: list[tuple[int, int, str, str]]):
     encoding = client.init_result.capabilities.position_encoding
     uri = (client.root / f"fuzz{next(_names)}.py").as_uri()
     since = len(client.published)
     open_document(client, uri, SEED)
     versions = {1: SEED}
-    for version, text in enumerate(texts, start=2):
+    texts = [SEED]
+    for version, (start, end, replacement, text) in enumerate(edits, start=2):
+        # Incremental changes, positions in the negotiated encoding.
+        before = PositionConverter(versions[version - 1], encoding)
+        change = types.TextDocumentContentChangePartial(
+            range=types.Range(
+                start=before.offset_to_lsp(start, versions[version - 1]),
+                end=before.offset_to_lsp(end, versions[version - 1]),
+            ),
+            text=replacement,
+        )
         versions[version] = text
+        texts.append(text)
         client.text_document_did_change(
             types.DidChangeTextDocumentParams(
                 text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-                content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)],
+                content_changes=[change],
             )
         )
     last = max(versions)
