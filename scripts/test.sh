@@ -16,5 +16,14 @@ fi
 "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
 "$VENV/bin/python" -m pip install --quiet -e ".[test]"
 
+# The VS Code extension: type check, unit tests (they also write the settings
+# fixture that tests/server/test_vscode_init_options.py replays), bundle, .vsix.
+if command -v npm >/dev/null 2>&1; then
+    (cd vscode-client && npm ci --no-audit --no-fund --loglevel=error && npm run --silent check \
+        && npm test --silent && npm run --silent package)
+else
+    echo "scripts/test.sh: npm not found: skipping the VS Code extension's build and tests (needs Node 20)" >&2
+fi
+
 # pytest exits 5 when it collected no test: that is a failure for us too.
 "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"

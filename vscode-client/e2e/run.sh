@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The VS Code end-to-end test: the packaged extension in a real VS Code
+# (code-server 4.139.1 = VS Code 1.139.1), driven in Debian's Chromium.
+#
+#   vscode-client/e2e/run.sh
+#
+# Environment:
+#   OOM_E2E_CACHE      the install cache (default /tmp/oom-e2e-cache; reused when complete)
+#   OOM_E2E_ARTIFACTS  screenshots, logs (default vscode-client/e2e/.work)
+#   OOM_E2E_PYTHON     the Python with oom-lsp installed (default .venv/bin/python)
+#   OOM_E2E_PORT       code-server's port on 127.0.0.1 (default 18080)
+# Exit status 0 when every check passed.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+CLIENT="$(dirname "$HERE")"
+REPO="$(dirname "$CLIENT")"
+export OOM_E2E_CACHE="${OOM_E2E_CACHE:-/tmp/oom-e2e-cache}"
+ARTIFACTS="${OOM_E2E_ARTIFACTS:-$HERE/.work}"
+PYTHON="${OOM_E2E_PYTHON:-$REPO/.venv/bin/python}"
+PORT="${OOM_E2E_PORT:-18080}"
+
+"$HERE/install.sh"
+NODE24="$OOM_E2E_CACHE/node24/node_modules/node/bin/node"
+CODE_SERVER_ENTRY="$OOM_E2E_CACHE/code-server/node_modules/code-server/out/node/entry.js"
+
+if [[ ! -f "$CLIENT/oom-lsp.vsix" || -n "$(find "$CLIENT/src" "$CLIENT/package.json" -newer "$CLIENT/oom-lsp.vsix" -print -quit)" ]]; then
+  (cd "$CLIENT" && { [[ -d node_modules ]] || npm ci --no-audit --no-fund; } && npm run --silent package)
+fi
+"$PYTHON" -c "import oom_lsp" || { echo "e2e: $PYTHON cannot import oom_lsp (set OOM_E2E_PYTHON)" >&2; exit 1; }
+
+# A fresh state, workspace copy and screenshot folder for every run.
+rm -rf "$ARTIFACTS"
+STATE="$ARTIFACTS/state"
+WORKSPACE="$ARTIFACTS/workspace"
+SCREENSHOTS="$ARTIFACTS/screenshots"
+mkdir -p "$STATE/data/User" "$STATE/extensions" "$SCREENSHOTS" "$WORKSPACE/.vscode"
+cp "$HERE/workspace/train.py" "$WORKSPACE/"
+cp "$HERE/user-settings.json" "$STATE/data/User/settings.json"
+"$PYTHON" - "$WORKSPACE/.vscode/settings.json" "$PYTHON" "$ARTIFACTS/server.log" <<'EOF'
+import json, sys
+settings_file, python, log_file = sys.argv[1:]
+json.dump({"oomLsp.interpreter": [python], "oomLsp.logFile": log_file, "oomLsp.trace.server": "messages"},
+          open(settings_file, "w"), indent=2)
+EOF
+# --config keeps code-server from writing a config file into the home folder.
+printf 'bind-addr: 127.0.0.1:%s\nauth: none\ncert: false\n' "$PORT" > "$STATE/config.yaml"
+CODE_SERVER=("$NODE24" "$CODE_SERVER_ENTRY" --config "$STATE/config.yaml"
+  --user-data-dir "$STATE/data" --extensions-dir "$STATE/extensions")
+healthy() {
+  "$NODE24" -e "fetch('http://127.0.0.1:$PORT/healthz').then(r => process.exit(r.ok ? 0 : 1), () => process.exit(1))"
+}
+if healthy; then
+  echo "e2e: something already serves 127.0.0.1:$PORT; stop it or set OOM_E2E_PORT" >&2
+  exit 1
+fi
+
+"${CODE_SERVER[@]}" --install-extension "$CLIENT/oom-lsp.vsix" --force > "$ARTIFACTS/install-extension.log" 2>&1
+
+# Its own process group, so that the extension host and the language server go with it.
+setsid "${CODE_SERVER[@]}" --disable-telemetry --disable-update-check --disable-workspace-trust \
+  --disable-getting-started-override --bind-addr "127.0.0.1:$PORT" --auth none "$WORKSPACE" \
+  > "$ARTIFACTS/code-server.log" 2>&1 &
+CODE_SERVER_PID=$!
+trap 'kill -- "-$CODE_SERVER_PID" 2>/dev/null || true; wait "$CODE_SERVER_PID" 2>/dev/null || true' EXIT
+
+for _ in $(seq 120); do
+  healthy && break
+  kill -0 "$CODE_SERVER_PID" 2>/dev/null || { echo "e2e: code-server exited" >&2; cat "$ARTIFACTS/code-server.log" >&2; exit 1; }
+  sleep 0.5
+done
+
+status=0
+OOM_E2E_URL="http://127.0.0.1:$PORT/?folder=$WORKSPACE" \
+OOM_E2E_WORKSPACE="$WORKSPACE" \
+OOM_E2E_SCREENSHOTS="$SCREENSHOTS" \
+OOM_E2E_PLAYWRIGHT="$OOM_E2E_CACHE/playwright/node_modules/playwright-core" \
+  "$NODE24" "$HERE/ui.mjs" || status=$?
+
+echo "e2e: screenshots in $SCREENSHOTS, logs in $ARTIFACTS (exit $status)"
+exit "$status"
