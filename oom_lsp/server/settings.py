@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,19 @@ def parse_editor_settings(raw: Mapping[str, Any]) -> EditorSettings:
     )
 
 
+def _kebab(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"-\1", key).lower()
+
+
+def _top_level_key(lint: dict[str, Any], error_key: str | None) -> str | None:
+    """The editor key a ConfigError is about (`maxBatchSize` for
+    `max-batch-size`, `severity` for `severity.OOM1`)."""
+    if error_key is None:
+        return None
+    top = error_key.split(".", 1)[0]
+    return next((key for key in lint if key == top or _kebab(key) == _kebab(top)), None)
+
+
 class ConfigFilesWatch:
     """Notices a changed, created or deleted config file next to (or above) a
     file before it is analysed: the reload path for clients that cannot
@@ -126,11 +140,23 @@ class LintSettingsSource:
         self._resolver = self._make_resolver({})
 
     def _make_resolver(self, lint: dict[str, Any]) -> ConfigResolver:
-        try:
-            return ConfigResolver(defaults=lint, fallback_root=self._root)
-        except ConfigError as error:
-            self._report(f"Ignoring the editor settings: {error}")
-            return ConfigResolver(fallback_root=self._root)
+        """A resolver over the editor settings, without the ones it rejects
+        (each reported): one bad or unknown key, say from a newer editor
+        extension, must not throw away the rest."""
+        while True:
+            try:
+                resolver = ConfigResolver(defaults=lint, fallback_root=self._root)
+            except ConfigError as error:
+                culprit = _top_level_key(lint, error.key)
+                if culprit is None:
+                    self._report(f"Ignoring the editor settings: {error}")
+                    lint = {}
+                    continue
+                self._report(f"Ignoring oomLsp.{culprit}: {error}")
+                lint = {key: value for key, value in lint.items() if key != culprit}
+                continue
+            self._editor_lint = lint
+            return resolver
 
     def _report(self, message: str) -> None:
         # A broken file is reported once, not on every keystroke.
@@ -139,7 +165,6 @@ class LintSettingsSource:
             self._report_error(message)
 
     def update_editor_settings(self, editor: EditorSettings) -> None:
-        self._editor_lint = editor.lint
         self._reported.clear()
         self._excluded_folders.clear()
         self._resolver = self._make_resolver(editor.lint)

@@ -176,14 +176,18 @@ async def test_debounce_publishes_only_the_last_of_quick_edits(flat_client: Lang
     assert versions == [1, 6]
 
 
-async def test_invalid_settings_are_reported_and_the_defaults_used(flat_client: LanguageClient):
+async def test_an_invalid_setting_is_reported_and_the_others_kept(flat_client: LanguageClient):
     uri = (flat_client.root / "train.py").as_uri()
     since = len(flat_client.published)
+    settings = {"maxBatchSiz": 3, "severity": {"OOM501": "error"}, "debounceMs": 0}
     flat_client.workspace_did_change_configuration(
-        types.DidChangeConfigurationParams(settings={"oomLsp": {"maxBatchSiz": 3, "debounceMs": 0}})
+        types.DidChangeConfigurationParams(settings={"oomLsp": settings})
     )
     republished = await wait_for_published(flat_client, uri, 1, since)
-    # The editor's `ignore` went with the broken settings: OOM501 is back.
-    assert [d.code for d in republished.diagnostics] == ["OOM501"]
+    # The earlier `ignore` is gone with the old settings; `severity` survived the typo next to it.
+    assert [(d.code, d.severity) for d in republished.diagnostics] == [
+        ("OOM501", types.DiagnosticSeverity.Error)
+    ]
     (error,) = [m for m in flat_client.messages if m.type == types.MessageType.Error]
-    assert "maxBatchSiz" in error.message and error.message.startswith("oom-lsp: ")
+    assert error.message.startswith("oom-lsp: Ignoring oomLsp.maxBatchSiz: ")
+    assert "did you mean" in error.message
