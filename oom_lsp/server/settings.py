@@ -9,7 +9,8 @@ The lint keys are those of `[tool.oom-lsp]` in camelCase (`select`,
 `extendSelect`, `ignore`, `severity`, `maxBatchSize`, ...). They are the
 defaults under a project's `pyproject.toml`: the project's configuration wins
 for everything it sets, so the editor and CI agree. `logLevel`, `logFile` and
-`debounceMs` belong to the server only.
+`debounceMs` belong to the server only; `gpu`, `interpreter` and `profile` to
+the server commands (`EditorSettings.commands`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ _LOG_LEVELS = {
     "debug": logging.DEBUG,
 }
 _SERVER_KEYS = ("logLevel", "logFile", "debounceMs")
+# Read by the server commands (docs/server-commands.md), not by the analysis.
+COMMAND_KEYS = ("gpu", "interpreter", "profile")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class EditorSettings:
     log_level: int = logging.INFO
     log_file: str | None = None
     debounce_seconds: float = DEFAULT_DEBOUNCE_MS / 1000
+    commands: dict[str, Any] = field(default_factory=dict)  # COMMAND_KEYS, as sent
 
 
 def unwrap(payload: Any) -> dict[str, Any] | None:
@@ -64,7 +68,7 @@ def unwrap(payload: Any) -> dict[str, Any] | None:
 def parse_editor_settings(raw: Mapping[str, Any]) -> EditorSettings:
     """Typed editor settings; a bad server-only value is logged and replaced
     by its default (the lint keys are checked by the configuration code)."""
-    lint = {key: value for key, value in raw.items() if key not in _SERVER_KEYS}
+    lint = {key: value for key, value in raw.items() if key not in _SERVER_KEYS and key not in COMMAND_KEYS}
     level_name = raw.get("logLevel", "info")
     log_level = _LOG_LEVELS.get(str(level_name).lower()) if level_name is not None else logging.INFO
     if log_level is None:
@@ -85,6 +89,7 @@ def parse_editor_settings(raw: Mapping[str, Any]) -> EditorSettings:
         log_level=log_level,
         log_file=os.path.expanduser(log_file) if log_file else None,
         debounce_seconds=debounce / 1000,
+        commands={key: raw[key] for key in COMMAND_KEYS if key in raw},
     )
 
 
