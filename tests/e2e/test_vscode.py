@@ -1,8 +1,9 @@
 """The VS Code end-to-end test (vscode-client/e2e/run.sh): the packaged
 extension in code-server 4.139.1 (VS Code 1.139.1), driven in Debian's
-Chromium: the Problems panel, a quick fix from the light-bulb menu saved to
-disk, fix-all on save, the server log. Opt-in: the first install compiles for
-~12 minutes on 2 cores (cached in $OOM_E2E_CACHE afterwards)."""
+Chromium: the Problems panel with the workspace settings applied, a quick fix
+from the light-bulb menu saved to disk, a settings change without a restart,
+fix-all on save, the server log, a server command. Opt-in: the first install
+compiles native modules for several minutes (cached in $OOM_E2E_CACHE)."""
 
 from __future__ import annotations
 
@@ -41,4 +42,5 @@ def test_vscode_ui_end_to_end(tmp_path: Path):
         "05-quick-fix-saved.png",
         "06-fix-all-on-save.png",
         "07-server-log.png",
+        "08-show-report.png",
     ]

@@ -40,9 +40,12 @@ cp "$HERE/user-settings.json" "$STATE/data/User/settings.json"
 "$PYTHON" - "$WORKSPACE/.vscode/settings.json" "$PYTHON" "$ARTIFACTS/server.log" <<'EOF'
 import json, sys
 settings_file, python, log_file = sys.argv[1:]
-json.dump({"oomLsp.interpreter": [python], "oomLsp.logFile": log_file, "oomLsp.trace.server": "messages"},
+json.dump({"oomLsp.interpreter": [python], "oomLsp.logFile": log_file, "oomLsp.trace.server": "messages",
+           "oomLsp.maxBatchSize": 256, "oomLsp.severity": {"OOM5": "error"}},
           open(settings_file, "w"), indent=2)
 EOF
+# Which server commands this checkout's server offers (some are newer than others).
+SERVER_COMMANDS="$("$PYTHON" -c "from oom_lsp.server.server import create_server; print(' '.join(sorted(create_server().protocol.fm.commands)))")"
 # --config keeps code-server from writing a config file into the home folder.
 printf 'bind-addr: 127.0.0.1:%s\nauth: none\ncert: false\n' "$PORT" > "$STATE/config.yaml"
 CODE_SERVER=("$NODE24" "$CODE_SERVER_ENTRY" --config "$STATE/config.yaml"
@@ -74,6 +77,7 @@ status=0
 OOM_E2E_URL="http://127.0.0.1:$PORT/?folder=$WORKSPACE" \
 OOM_E2E_WORKSPACE="$WORKSPACE" \
 OOM_E2E_SCREENSHOTS="$SCREENSHOTS" \
+OOM_E2E_SERVER_COMMANDS="$SERVER_COMMANDS" \
 OOM_E2E_PLAYWRIGHT="$OOM_E2E_CACHE/playwright/node_modules/playwright-core" \
   "$NODE24" "$HERE/ui.mjs" || status=$?
 

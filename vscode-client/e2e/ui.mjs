@@ -89,6 +89,14 @@ try {
   if (!loadRow.includes("oom-lsp") || !loadRow.includes("map_location")) {
     throw new Error(`the OOM501 row lacks its source or message: ${loadRow}`);
   }
+  // The workspace settings reached the server: oomLsp.maxBatchSize 256, oomLsp.severity OOM5 = error.
+  const batchRow = await batch.first().innerText();
+  if (!batchRow.includes("limit of 256")) {
+    throw new Error(`oomLsp.maxBatchSize did not reach the server: ${batchRow}`);
+  }
+  if ((await load.first().locator(".codicon-error").count()) !== 1) {
+    throw new Error(`oomLsp.severity did not make OOM501 an error: ${await load.first().innerHTML()}`);
+  }
   console.log(`problems: ${(await problems.allInnerTexts()).map((row) => row.replace(/\s+/g, " ")).join(" | ")}`);
   await shot(page, "problems");
 
@@ -108,12 +116,14 @@ try {
   await page.locator(".markers-panel .monaco-tl-contents", { hasText: "OOM501" }).waitFor({ state: "detached", timeout: 20_000 });
   await shot(page, "quick-fix-saved");
 
-  // 3. Fix all on save: turn it on for the workspace, type a new risky line, save.
+  // 3. Settings change without a restart (a larger oomLsp.maxBatchSize silences
+  // OOM101), and fix all on save: turn it on, type a new risky line, save.
   const settingsFile = path.join(workspace, ".vscode", "settings.json");
   const settings = JSON.parse(await fs.readFile(settingsFile, "utf8"));
+  settings["oomLsp.maxBatchSize"] = 1024;
   settings["[python]"] = { "editor.codeActionsOnSave": { "source.fixAll.oom-lsp": "explicit" } };
   await fs.writeFile(settingsFile, JSON.stringify(settings, null, 2));
-  await page.waitForTimeout(3_000); // VS Code reloads the workspace settings from disk
+  await page.locator(".markers-panel .monaco-tl-contents", { hasText: "OOM101" }).waitFor({ state: "detached", timeout: 30_000 });
   await editor(page).click();
   await page.keyboard.press("Control+End");
   await page.keyboard.press("Enter");
@@ -141,6 +151,26 @@ try {
     .first()
     .waitFor({ timeout: 20_000 });
   await shot(page, "server-log");
+
+  // 5. A command the server may not offer yet: "Show memory report" either says
+  // there is no report (the server has oom-lsp.showReport) or that the server
+  // cannot do it; never an error.
+  await page.keyboard.press("F1");
+  await page.keyboard.type("oom-lsp: Show memory report");
+  await page.locator(".quick-input-widget .monaco-list-row", { hasText: "Show memory report" }).first().waitFor({ timeout: 10_000 });
+  await page.keyboard.press("Enter");
+  const expected = process.env.OOM_E2E_SERVER_COMMANDS.split(" ").includes("oom-lsp.showReport")
+    ? "no estimate or profile of this file yet"
+    : 'cannot show the memory report (it has no "oom-lsp.showReport" command)';
+  await page.locator(".notifications-toasts .notification-toast", { hasText: expected }).waitFor({ timeout: 20_000 });
+  await page.waitForTimeout(700); // the toast fades in
+  await shot(page, "show-report");
+  const errors = page.locator(".notifications-toasts .notification-toast", { hasText: "oom-lsp" }).filter({
+    has: page.locator(".codicon-error"),
+  });
+  if ((await errors.count()) > 0) {
+    throw new Error(`oom-lsp showed an error: ${await errors.allInnerTexts()}`);
+  }
   console.log("PASS");
 } catch (error) {
   failed = true;
