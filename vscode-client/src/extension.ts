@@ -14,12 +14,13 @@ import {
   LanguageClient,
   LanguageClientOptions,
   NotificationType,
+  ProgressToken,
   RevealOutputChannelOn,
   ServerOptions,
   TransportKind,
   WorkDoneProgress,
-  WorkDoneProgressBegin,
-  WorkDoneProgressReport,
+  WorkDoneProgressCancelNotification,
+  WorkDoneProgressCreateRequest,
 } from "vscode-languageclient/node";
 import {
   COMMAND_PURPOSE,
@@ -27,6 +28,8 @@ import {
   MemoryStatus,
   OomError,
   ProfileResult,
+  ProgressRelay,
+  ProgressUpdate,
   SERVER_COMMANDS,
   ServerCommandId,
   ValidationResult,
@@ -72,7 +75,9 @@ class OomLspExtension implements vscode.Disposable {
   private readonly disposables: vscode.Disposable[] = [this.outputChannel, this.statusBar];
   // Starts and restarts run one after the other: settings can change mid-start.
   private lifecycle: Promise<void> = Promise.resolve();
-  private memoryStatusSubscription: vscode.Disposable | undefined;
+  private clientSubscriptions: vscode.Disposable[] = [];
+  // Commands waiting for the progress token the server creates for them.
+  private readonly progressAdopters: ((token: ProgressToken) => void)[] = [];
 
   constructor() {
     this.statusBar.name = "oom-lsp memory";
@@ -130,8 +135,9 @@ class OomLspExtension implements vscode.Disposable {
     const client = this.client;
     this.client = undefined;
     this.server = undefined;
-    this.memoryStatusSubscription?.dispose();
-    this.memoryStatusSubscription = undefined;
+    for (const subscription of this.clientSubscriptions.splice(0)) {
+      subscription.dispose();
+    }
     if (client !== undefined) {
       try {
         await client.stop();
@@ -174,9 +180,22 @@ class OomLspExtension implements vscode.Disposable {
       options: { env: { ...process.env, PYTHONUNBUFFERED: "1" } },
     };
     const client = new LanguageClient(CLIENT_ID, CLIENT_NAME, serverOptions, this.clientOptions());
-    this.memoryStatusSubscription = client.onNotification(MEMORY_STATUS, (status) => this.onMemoryStatus(status));
+    this.clientSubscriptions.push(client.onNotification(MEMORY_STATUS, (status) => this.onMemoryStatus(status)));
     try {
       await client.start();
+      // Replaces the client's own handler (registered by start): progress the
+      // server creates for one of our commands is shown in that command's
+      // notification, not as a second indicator.
+      this.clientSubscriptions.push(
+        client.onRequest(WorkDoneProgressCreateRequest.type, ({ token }) => {
+          const adopt = this.progressAdopters.shift();
+          if (adopt !== undefined) {
+            adopt(token);
+          } else {
+            showWindowProgress(client, token);
+          }
+        }),
+      );
     } catch (error) {
       this.outputChannel.error(`The server did not start: ${String(error)}`);
       this.notifyError(
@@ -268,18 +287,30 @@ class OomLspExtension implements vscode.Disposable {
     const result = await vscode.window.withProgress(
       { location: vscode.ProgressLocation.Notification, title: `oom-lsp: ${title}`, cancellable: true },
       async (progress, token) => {
-        // The server reports its progress on our token, shown in this notification.
+        // The server reports progress on the token we pass, or on one it creates
+        // (adopted below); both are shown in this notification.
+        const relay = new ProgressRelay();
+        const listen = (progressToken: ProgressToken) =>
+          client.onProgress(WorkDoneProgress.type, progressToken, (value) => {
+            const update = relay.update(value);
+            if (update !== null) {
+              progress.report(update);
+            }
+          });
         const workDoneToken = randomUUID();
-        let percentage = 0;
-        const reports = client.onProgress(WorkDoneProgress.type, workDoneToken, (value) => {
-          if (value.kind === "end") {
-            return;
+        const adoptedTokens: ProgressToken[] = [];
+        const listeners = [listen(workDoneToken)];
+        const adopt = (progressToken: ProgressToken) => {
+          adoptedTokens.push(progressToken);
+          listeners.push(listen(progressToken));
+        };
+        this.progressAdopters.push(adopt);
+        // Cancelling the request stops the command; the progress is cancelled too
+        // for a server that watches only that.
+        const onCancel = token.onCancellationRequested(() => {
+          for (const adopted of adoptedTokens) {
+            void client.sendNotification(WorkDoneProgressCancelNotification.type, { token: adopted });
           }
-          const update = value as WorkDoneProgressBegin | WorkDoneProgressReport;
-          const increment =
-            typeof update.percentage === "number" && update.percentage > percentage ? update.percentage - percentage : undefined;
-          percentage = Math.max(percentage, update.percentage ?? 0);
-          progress.report({ message: update.message, increment });
         });
         try {
           return (await client.sendRequest(
@@ -291,7 +322,14 @@ class OomLspExtension implements vscode.Disposable {
           failure = token.isCancellationRequested ? { kind: "cancelled" } : describeCommandError(command, error as object);
           return undefined;
         } finally {
-          reports.dispose();
+          const waiting = this.progressAdopters.indexOf(adopt);
+          if (waiting >= 0) {
+            this.progressAdopters.splice(waiting, 1);
+          }
+          onCancel.dispose();
+          for (const listener of listeners) {
+            listener.dispose();
+          }
         }
       },
     );
@@ -523,6 +561,36 @@ class OomLspExtension implements vscode.Disposable {
       disposable.dispose();
     }
   }
+}
+
+/** Server progress outside our commands, in the status bar as the client
+ * would show it. Listening starts at once: `begin` may come before VS Code
+ * runs the progress callback. */
+function showWindowProgress(client: LanguageClient, token: ProgressToken): void {
+  const relay = new ProgressRelay();
+  const pending: ProgressUpdate[] = [];
+  let target: vscode.Progress<ProgressUpdate> | undefined;
+  let finish: (() => void) | undefined;
+  let ended = false;
+  const listener = client.onProgress(WorkDoneProgress.type, token, (value) => {
+    const update = relay.update(value);
+    if (update === null) {
+      ended = true;
+      listener.dispose();
+      finish?.();
+    } else if (target !== undefined) {
+      target.report(update);
+    } else {
+      pending.push(update);
+    }
+  });
+  void vscode.window.withProgress({ location: vscode.ProgressLocation.Window, title: CLIENT_NAME }, (progress) => {
+    target = progress;
+    for (const update of pending.splice(0)) {
+      progress.report(update);
+    }
+    return ended ? Promise.resolve() : new Promise<void>((resolve) => (finish = resolve));
+  });
 }
 
 let extension: OomLspExtension | undefined;

@@ -9,6 +9,7 @@ import {
   formatGiB,
   memoryStatusView,
   profileArguments,
+  ProgressRelay,
 } from "../src/common/commands";
 import { readSettings } from "../src/common/settings";
 
@@ -112,4 +113,19 @@ test("an OOM explanation lists the numbers and the failing line", () => {
   assert.match(markdown, /- Tried to allocate: 2 GiB\n- Total capacity: 24 GiB\n- Allocated by PyTorch: 21.5 GiB\n- Free: 0.5 GiB/);
   assert.match(markdown, /in `train` at train.py:42:\n\n```python\nloss = model\(x\)\n```\n\nLower the batch size\./);
   assert.match(explainMarkdown([]), /No CUDA out-of-memory error found/);
+});
+
+test("server progress becomes increments and messages; the end closes it", () => {
+  const relay = new ProgressRelay();
+  assert.deepEqual(relay.update({ kind: "begin", title: "Profiling", percentage: 0 }), { message: "Profiling" });
+  assert.deepEqual(relay.update({ kind: "report", message: "step 1/2", percentage: 40 }), {
+    message: "step 1/2",
+    increment: 40,
+  });
+  assert.deepEqual(relay.update({ kind: "report", percentage: 30 }), {});
+  assert.deepEqual(relay.update({ kind: "report", message: "step 2/2", percentage: 150 }), {
+    message: "step 2/2",
+    increment: 60,
+  });
+  assert.equal(relay.update({ kind: "end", message: "done" }), null);
 });

@@ -254,3 +254,41 @@ export function describeCommandError(
 export function unavailableMessage(command: ServerCommandId): string {
   return `This oom-lsp server cannot ${COMMAND_PURPOSE[command]} (it has no "${command}" command). Update oom-lsp in the environment the server runs from.`;
 }
+
+/** A `$/progress` value of the LSP work-done protocol. */
+export interface WorkDoneValue {
+  kind: "begin" | "report" | "end";
+  title?: string;
+  message?: string;
+  percentage?: number;
+}
+
+export interface ProgressUpdate {
+  message?: string;
+  increment?: number;
+}
+
+/** Turns work-done values (absolute percentages) into VS Code progress updates
+ * (increments); null at the end. */
+export class ProgressRelay {
+  private reported = 0;
+
+  update(value: WorkDoneValue): ProgressUpdate | null {
+    if (value.kind === "end") {
+      return null;
+    }
+    const update: ProgressUpdate = {};
+    const message = value.message ?? (value.kind === "begin" ? value.title : undefined);
+    if (message !== undefined) {
+      update.message = message;
+    }
+    if (typeof value.percentage === "number") {
+      const percentage = Math.max(0, Math.min(100, value.percentage));
+      if (percentage > this.reported) {
+        update.increment = percentage - this.reported;
+        this.reported = percentage;
+      }
+    }
+    return update;
+  }
+}
