@@ -60,6 +60,8 @@ class FixRequest:
     gpu_memory: int | None = None  # [tool.oom-lsp] gpu-memory
     lint_settings: LintSettings | None = None  # for the static findings shown with the code
     version: int | None = None  # the editor's document version, echoed in the proposal
+    # Figures measured in the process that failed (the in-script OOM guard), one line each.
+    runtime_facts: tuple[str, ...] = ()
 
     @property
     def error(self) -> OomError | None:
@@ -361,11 +363,17 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def _profiling(request: FixRequest, limits: _Limits) -> str:
+    parts = []
     if request.report is not None:
-        return _measured(request.report, limits)
-    if request.estimate is not None:
-        return _estimated(request.estimate, limits)
-    return ""
+        parts.append(_measured(request.report, limits))
+    elif request.estimate is not None:
+        parts.append(_estimated(request.estimate, limits))
+    if request.runtime_facts:
+        parts.append(
+            "Measured in the failing process by `oom_guard` when the error was raised:\n"
+            + "\n".join(f"- {fact}" for fact in request.runtime_facts)
+        )
+    return "\n\n".join(parts)
 
 
 def _measured(report: Report, limits: _Limits) -> str:
