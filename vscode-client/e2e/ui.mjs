@@ -171,6 +171,15 @@ try {
   if ((await errors.count()) > 0) {
     throw new Error(`oom-lsp showed an error: ${await errors.allInnerTexts()}`);
   }
+  // 6. Pointing oomLsp.interpreter at a Python that does not exist restarts the
+  // server and ends in one notification that says what to fix.
+  const broken = JSON.parse(await fs.readFile(settingsFile, "utf8"));
+  broken["oomLsp.interpreter"] = ["${workspaceFolder}/missing/bin/python"];
+  await fs.writeFile(settingsFile, JSON.stringify(broken, null, 2));
+  const notice = `oomLsp.interpreter names "${path.join(workspace, "missing/bin/python")}", which cannot be run`;
+  await page.locator(".notifications-toasts .notification-toast", { hasText: notice }).waitFor({ timeout: 30_000 });
+  await page.waitForTimeout(700); // the toast fades in
+  await shot(page, "no-server-notification");
   console.log("PASS");
 } catch (error) {
   failed = true;

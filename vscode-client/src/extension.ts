@@ -147,15 +147,24 @@ class OomLspExtension implements vscode.Disposable {
     }
   }
 
+  /** The workspace folder of the active file, else the first one. The active
+   * editor may be no file at all (an output channel has focus). */
+  private workspaceFolder(): vscode.WorkspaceFolder | undefined {
+    const active = vscode.window.activeTextEditor?.document.uri;
+    return (active && vscode.workspace.getWorkspaceFolder(active)) || vscode.workspace.workspaceFolders?.[0];
+  }
+
+  /** The scope for reading settings: the active file when it is in the workspace. */
   private workspaceResource(): vscode.Uri | undefined {
-    return vscode.window.activeTextEditor?.document.uri ?? vscode.workspace.workspaceFolders?.[0]?.uri;
+    const active = vscode.window.activeTextEditor?.document.uri;
+    return active && vscode.workspace.getWorkspaceFolder(active) ? active : this.workspaceFolder()?.uri;
   }
 
   private async start(): Promise<void> {
     const resource = this.workspaceResource();
     const settings = readSettings(configurationFor(resource));
     const variables = {
-      workspaceFolder: (resource && vscode.workspace.getWorkspaceFolder(resource)?.uri.fsPath) ?? null,
+      workspaceFolder: this.workspaceFolder()?.uri.fsPath ?? null,
       home: os.homedir(),
     };
     const resolution = await resolveServerCommand(
@@ -386,7 +395,7 @@ class OomLspExtension implements vscode.Disposable {
     const settings = readSettings(configurationFor(this.workspaceResource()));
     let uri: vscode.Uri;
     if (settings.profile.entryPoint !== null) {
-      const folder = vscode.workspace.getWorkspaceFolder(this.workspaceResource() ?? vscode.Uri.file("/"));
+      const folder = this.workspaceFolder();
       const entryPoint = settings.profile.entryPoint;
       uri = vscode.Uri.file(path.isAbsolute(entryPoint) || !folder ? entryPoint : path.join(folder.uri.fsPath, entryPoint));
     } else {
@@ -514,9 +523,8 @@ class OomLspExtension implements vscode.Disposable {
   }
 
   private async showFixLog(): Promise<void> {
-    const resource = this.workspaceResource();
-    const folder = resource ? vscode.workspace.getWorkspaceFolder(resource) : undefined;
-    const fixLog = readSettings(configurationFor(resource)).llm.fixLog ?? DEFAULT_FIX_LOG;
+    const folder = this.workspaceFolder();
+    const fixLog = readSettings(configurationFor(this.workspaceResource())).llm.fixLog ?? DEFAULT_FIX_LOG;
     const file = path.isAbsolute(fixLog) || folder === undefined ? fixLog : path.join(folder.uri.fsPath, fixLog);
     try {
       await vscode.workspace.fs.stat(vscode.Uri.file(file));
