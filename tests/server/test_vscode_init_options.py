@@ -39,7 +39,9 @@ y = 1  # oom: ignore[OOM501]
 """
 
 
-@pytest_lsp.fixture(scope="module", params=["workspace/configuration", "initializationOptions"], config=CONFIG)
+@pytest_lsp.fixture(
+    scope="module", params=["workspace/configuration", "initializationOptions"], config=CONFIG
+)
 async def client(
     request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory
 ):
@@ -61,7 +63,9 @@ async def test_the_payload_is_what_the_extension_test_wrote():
     assert not {"path", "interpreter", "gpu", "profile", "trace"} & set(PAYLOAD["settings"])
 
 
-async def _diagnostics(client: LanguageClient, relative: str) -> list[tuple[str, int, types.DiagnosticSeverity]]:
+async def _diagnostics(
+    client: LanguageClient, relative: str
+) -> list[tuple[str, int, types.DiagnosticSeverity]]:
     path = client.root / relative
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(SOURCE)
