@@ -1,0 +1,20 @@
+import torch
+
+model = torch.nn.Linear(16, 4).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+# Train.
+for epoch in range(5):
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(
+            model(x.cuda()),
+            y.cuda(),
+        )
+        # backward
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    print("""epoch
+done""", epoch)
+
+torch.save(model.state_dict(), "model.pt")

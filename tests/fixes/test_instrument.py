@@ -1,0 +1,119 @@
+"""The "Insert memory monitoring" and "Guard with oom_guard" edits (oom_lsp.fixes.instrument).
+
+Each tests/fixes/golden/instrument_<case>.in.py, edited at the line named in CASES, must equal
+instrument_<case>.out.py byte for byte; the result parses and the action is not offered again.
+`OOM_LSP_UPDATE_GOLDEN=1` rewrites the .out.py files after an intended change.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from oom_lsp.fixes.apply import apply_edits
+from oom_lsp.fixes.instrument import (
+    TrainingCall,
+    TrainingLoop,
+    find_training_calls,
+    find_training_loops,
+    guard_with_oom_guard,
+    insert_memory_monitoring,
+)
+
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+CASES = {
+    # case: (action, text of the line the action is asked for)
+    "instrument_monitor_nested": (insert_memory_monitoring, "for epoch in range(epochs):"),
+    "instrument_monitor_epoch_function": (insert_memory_monitoring, "for inputs, targets in loader:"),
+    "instrument_monitor_single_loop": (insert_memory_monitoring, "loss.backward()"),
+    "instrument_guard_main_call": (guard_with_oom_guard, "fit(model, loader, optimizer, args.epochs)"),
+    "instrument_guard_flat_script": (guard_with_oom_guard, "for epoch in range(5):"),
+}
+
+
+def _line_of(source: str, text: str) -> int:
+    return next(number for number, line in enumerate(source.splitlines(), 1) if text in line)
+
+
+def test_every_golden_file_has_a_case() -> None:
+    assert {path.name.removesuffix(".in.py") for path in GOLDEN_DIR.glob("instrument_*.in.py")} == set(CASES)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_edit_matches_golden_output(case: str) -> None:
+    action, marker = CASES[case]
+    source = (GOLDEN_DIR / f"{case}.in.py").read_text(encoding="utf-8")
+    edits = action(source, _line_of(source, marker))
+    assert edits is not None
+    result = apply_edits(source, edits)
+    expected_path = GOLDEN_DIR / f"{case}.out.py"
+    if os.environ.get("OOM_LSP_UPDATE_GOLDEN"):
+        expected_path.write_text(result, encoding="utf-8")
+    assert result == expected_path.read_text(encoding="utf-8")
+    cst.parse_module(result)
+    assert action(result, _line_of(result, marker)) is None  # offered once
+
+
+def test_the_finders_say_where_the_actions_apply() -> None:
+    source = (GOLDEN_DIR / "instrument_monitor_epoch_function.in.py").read_text(encoding="utf-8")
+    assert find_training_loops(source) == [
+        TrainingLoop(6, 10, "steps", "train_one_epoch"),
+        TrainingLoop(22, 24, "epochs", "main"),
+    ]
+    assert find_training_calls(source) == [
+        TrainingCall(23, 23, "train_one_epoch"),
+        TrainingCall(28, 28, "main"),
+    ]
+    # The same edits from the step loop in train_one_epoch and from the epoch loop in main.
+    assert insert_memory_monitoring(source, 8) == insert_memory_monitoring(source, 22)
+    assert insert_memory_monitoring(source, 14) is None  # evaluate(): no backward, not a training loop
+
+
+def test_monitoring_a_loop_inside_another_function_in_the_epoch_loop() -> None:
+    source = (GOLDEN_DIR / "instrument_monitor_epoch_function.in.py").read_text(encoding="utf-8")
+    edited = apply_edits(source, insert_memory_monitoring(source, 6) or ())
+    assert "monitor.step()" not in edited  # the monitor lives in main(): train_one_epoch cannot see it
+    assert edited.count("monitor.epoch_end()") == 1
+
+
+def test_nothing_is_offered_where_it_does_not_apply() -> None:
+    plain = "import torch\n\nfor x in range(3):\n    print(torch.ones(x))\n"
+    assert find_training_loops(plain) == [] and find_training_calls(plain) == []
+    assert insert_memory_monitoring(plain, 3) is None and guard_with_oom_guard(plain, 3) is None
+    assert insert_memory_monitoring("def broken(:\n", 1) is None
+    assert find_training_loops("def broken(:\n") == []
+    one_line_body = "for x in loader: model(x).sum().backward()\n"
+    assert insert_memory_monitoring(one_line_body, 1) is None
+    nested_function = "for x in loader:\n    def step():\n        model(x).sum().backward()\n    step()\n"
+    assert find_training_loops(nested_function) == []  # the backward belongs to step(), called once per x
+
+
+def test_an_existing_guard_or_monitor_is_respected() -> None:
+    guarded = (
+        "from oom_lsp.runtime import oom_guard\n\nwith oom_guard():\n"
+        "    for x in loader:\n        model(x).sum().backward()\n"
+    )
+    assert find_training_calls(guarded) == [] and guard_with_oom_guard(guarded, 4) is None
+    monitored = (
+        "from oom_lsp.runtime import memory_monitor\n\nm = memory_monitor()\n"
+        "for x in loader:\n    model(x).sum().backward()\n    m.step()\n"
+    )
+    assert insert_memory_monitoring(monitored, 4) is None
+
+
+def test_a_file_without_a_final_newline_and_a_taken_name() -> None:
+    source = "import torch\nmonitor = 1\nfor x in loader:\n    model(x).sum().backward()"
+    edited = apply_edits(source, insert_memory_monitoring(source, 4) or ())
+    assert edited == (
+        "import torch\nfrom oom_lsp.runtime import memory_monitor\nmonitor = 1\n"
+        "monitor_2 = memory_monitor(every_n_steps=100)\nfor x in loader:\n"
+        "    model(x).sum().backward()\n    monitor_2.step()\n"
+    )
+    guarded = apply_edits(source, guard_with_oom_guard(source, 3) or ())
+    assert guarded == (
+        "import torch\nfrom oom_lsp.runtime import oom_guard\nmonitor = 1\nwith oom_guard():\n"
+        "    for x in loader:\n        model(x).sum().backward()"
+    )
