@@ -92,6 +92,11 @@ test("a server without the command, a cancel and a bad request are told apart", 
   assert.equal(missing.kind, "unavailable");
   assert.match(missing.kind === "unavailable" ? missing.message : "", /cannot ask AI to fix \(it has no "oom-lsp.askAi" command\)/);
   assert.equal(describeCommandError("oom-lsp.estimate", { code: -32603, message: 'Command "oom-lsp.estimate" not found' }).kind, "unavailable");
+  const undefinedInPygls = describeCommandError("oom-lsp.validateFix", {
+    code: -32602,
+    message: "Command name 'oom-lsp.validateFix' is not defined",
+  });
+  assert.equal(undefinedInPygls.kind, "unavailable");
   const invalid = describeCommandError("oom-lsp.estimate", { code: -32602, message: "uri: missing" });
   assert.equal(invalid.kind, "failed");
   assert.match(invalid.kind === "failed" ? invalid.message : "", /did not accept the request \(uri: missing\)/);

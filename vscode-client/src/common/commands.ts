@@ -239,7 +239,8 @@ export function describeCommandError(
   if (error.code === REQUEST_CANCELLED) {
     return { kind: "cancelled" };
   }
-  if (error.code === METHOD_NOT_FOUND || /command .*not found|unknown command|no such command/i.test(message)) {
+  // pygls answers an unknown command with InvalidParams: "Command name '...' is not defined".
+  if (error.code === METHOD_NOT_FOUND || /command .*(not found|not defined)|unknown command/i.test(message)) {
     return { kind: "unavailable", message: unavailableMessage(command) };
   }
   if (error.code === INVALID_PARAMS) {
