@@ -46,7 +46,11 @@ def add_parsers(subparsers: Any) -> None:
         description="Read LOG ('-' for stdin) and print, for each OOM error, the allocation that failed, "
         "the device's memory state, the allocator hint and the user-code line that failed.",
     )
-    explain.add_argument("log", help="a log file, or - for stdin")
+    explain.add_argument("log", nargs="?", help="a log file, or - for stdin")
+    explain.add_argument(
+        "--last", action="store_true",
+        help="the last OOM recorded by oom_guard in this project (.oom_lsp/last_oom/report.json)",
+    )
     explain.add_argument("--format", choices=("text", "json"), default="text")
     explain.set_defaults(handler=run_explain)
 
@@ -282,6 +286,12 @@ def print_summary(report: Report, out_dir: Path, out: TextIO) -> None:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    if args.last:
+        from oom_lsp.runtime.reports import run_explain_last
+
+        return run_explain_last(Path.cwd(), args.format, sys.stdout, sys.stderr)
+    if args.log is None:
+        return _error("explain needs a LOG (or - for stdin), or --last")
     if args.log == "-":
         text = sys.stdin.read()
     else:

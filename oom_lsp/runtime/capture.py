@@ -102,8 +102,9 @@ def record_oom(exc: BaseException, options: CaptureOptions) -> Path:
         notes.append("the error message is in a format oom-lsp does not know: its figures were not read")
 
     script = _script_path()
-    failing_file = oom.failing_frame.file if oom.failing_frame else None
-    root = options.project_root or find_project_root(script or failing_file)
+    # The outermost user frame is the user's script even under a launcher (torchrun, python -m ...).
+    outermost = oom.frames[0].file if oom.frames else None
+    root = options.project_root or find_project_root(outermost or script)
     out = options.out or last_oom_dir(root)
     out.mkdir(parents=True, exist_ok=True)
     for stale in (ANSWER_NAME, SNAPSHOT_NAME, PROMPT_NAME):

@@ -142,18 +142,31 @@ def read_tensors(report_path: Path) -> list[dict[str, Any]]:
     return tensors if isinstance(tensors, list) else []
 
 
-def print_last_oom(root: Path, out: TextIO) -> bool:
-    """`oom-lsp explain --last`: the guard's latest report under `root`, as the editor shows it.
-
-    False (nothing printed to `out`) when there is no such report; ReportError when it is unreadable.
-    """
-    report_path = last_oom_dir(root) / REPORT_NAME
+def run_explain_last(start: Path, output_format: str, out: TextIO, err: TextIO) -> int:
+    """`oom-lsp explain --last`: the guard's latest report in the project around `start`, as the
+    editor shows it. Exit 0 when printed, 1 when there is none, 2 when it cannot be read."""
+    report_path = last_oom_dir(find_project_root(start)) / REPORT_NAME
     if not report_path.is_file():
-        return False
-    report = read_report(report_path)
-    diagnostic = latest_oom_diagnostic(report_path)
+        print(f"no out-of-memory report at {report_path} (oom_guard writes one when an OOM happens)", file=err)
+        return 1
+    try:
+        report = read_report(report_path)
+        tensors = read_tensors(report_path)
+        diagnostic = latest_oom_diagnostic(report_path)
+    except ReportError as problem:
+        print(f"oom-lsp: {problem}", file=err)
+        return 2
     if report.oom is None:
-        raise ReportError(f"{report_path}: the report records no out-of-memory error")
+        print(f"oom-lsp: {report_path} records no out-of-memory error", file=err)
+        return 2
+    if output_format == "json":
+        print(json.dumps({
+            "report": str(report_path),
+            "diagnostic": diagnostic._asdict() if diagnostic else None,
+            "ooms": [report.oom.error.to_dict()],
+            TENSORS_KEY: tensors,
+        }, indent=2), file=out)
+        return 0
     if diagnostic is not None:
         print(f"{diagnostic.path}:{diagnostic.line}: {diagnostic.message}", file=out)
     else:
@@ -165,7 +178,6 @@ def print_last_oom(root: Path, out: TextIO) -> bool:
         print(f"  peak allocated: {compact_size(report.peak_allocated)}{reserved}", file=out)
     if report.batch_size is not None:
         print(f"  batch size: {report.batch_size} (input shape {report.input_shape})", file=out)
-    tensors = read_tensors(report_path)
     if tensors:
         print("  tensors in the failing frame:", file=out)
         for tensor in tensors:
@@ -175,7 +187,7 @@ def print_last_oom(root: Path, out: TextIO) -> bool:
     folder = report_path.parent
     written = [name for name in (PROMPT_NAME, ANSWER_NAME, SNAPSHOT_NAME) if (folder / name).is_file()]
     print(f"report: {report_path}" + (f" (also {', '.join(written)})" if written else ""), file=out)
-    return True
+    return 0
 
 
 def describe_tensor(tensor: dict[str, Any]) -> str:

@@ -315,3 +315,43 @@ def test_importing_the_runtime_loads_neither_libcst_nor_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_explain_last(project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from oom_lsp.cli import main
+
+    monkeypatch.chdir(project)
+    monkeypatch.delenv("OOM_LSP_PROJECT_ROOT", raising=False)
+    assert main(["explain", "--last"]) == 1  # the root is found from the current folder
+    assert "no out-of-memory report" in capsys.readouterr().err
+    training = load_training_module(project)
+    with pytest.raises(torch.OutOfMemoryError):
+        with oom_guard(project_root=project, log=lambda message: None):
+            training.train_step(training.Net(), batch())
+    assert main(["explain", "--last"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] == (
+        f"{project / 'training.py'}:{FAILING_LINE}: CUDA out of memory here: tried to allocate 1.5 GiB "
+        "with 1.1 GiB free, batch 64"
+    )
+    assert "    hidden: float32[64, 8] on cpu, 2 KiB (requires grad)" in text
+    assert text.rstrip().endswith("(also prompt.md)")
+    assert main(["explain", "--last", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["diagnostic"]["line"] == FAILING_LINE and data["ooms"][0]["backend"] == "cuda"
+    assert main(["explain"]) == 2
+
+
+def test_project_root_discovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from oom_lsp.runtime.reports import find_project_root
+
+    script = tmp_path / "repo" / "src" / "train.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("", encoding="utf-8")
+    (tmp_path / "repo" / ".git").mkdir()
+    assert find_project_root(script, environ={}) == tmp_path / "repo"
+    (tmp_path / "repo" / "src" / "pyproject.toml").write_text("", encoding="utf-8")
+    assert find_project_root(script, environ={}) == tmp_path / "repo" / "src"
+    assert find_project_root(script, environ={"OOM_LSP_PROJECT_ROOT": str(tmp_path)}) == tmp_path
+    monkeypatch.chdir(tmp_path)
+    assert find_project_root(Path("/"), environ={}) == tmp_path  # no marker anywhere: the current folder
