@@ -104,7 +104,7 @@ class OomLspExtension implements vscode.Disposable {
     );
     const interpreterWatch = await onDidChangeInterpreter(() => {
       // The Python extension's choice matters only when no setting overrides it.
-      const settings = readSettings(configurationFor());
+      const settings = readSettings(configurationFor(this.workspaceResource()));
       if (settings.path.length === 0 && settings.interpreter.length === 0) {
         void this.restart();
       }
