@@ -81,5 +81,10 @@ OOM_E2E_SERVER_COMMANDS="$SERVER_COMMANDS" \
 OOM_E2E_PLAYWRIGHT="$OOM_E2E_CACHE/playwright/node_modules/playwright-core" \
   "$NODE24" "$HERE/ui.mjs" || status=$?
 
+# The server logged no error while the UI drove it.
+if grep -E "^[0-9-]+ [0-9:,]+ ERROR " "$ARTIFACTS/server.log"; then
+  echo "e2e: the server logged errors ($ARTIFACTS/server.log)" >&2
+  status=1
+fi
 echo "e2e: screenshots in $SCREENSHOTS, logs in $ARTIFACTS (exit $status)"
 exit "$status"
