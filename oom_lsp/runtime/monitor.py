@@ -101,9 +101,18 @@ def _live_storage_mode(torch: Any) -> Any:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
-            for value in tree_flatten(out)[0]:
+            # Most ops return a tensor or a flat tuple of them: skip the general pytree walk then.
+            if isinstance(out, torch.Tensor):
+                self._register(out)
+                return out
+            values = out if isinstance(out, (tuple, list)) else tree_flatten(out)[0]
+            for value in values:
                 if isinstance(value, torch.Tensor):
                     self._register(value)
+                elif isinstance(value, (tuple, list, dict)):
+                    for leaf in tree_flatten(value)[0]:
+                        if isinstance(leaf, torch.Tensor):
+                            self._register(leaf)
             return out
 
         def _register(self, tensor: Any) -> None:
