@@ -120,7 +120,8 @@ class _Facts:
     def _training_functions(self) -> set[str]:
         """Module-level functions that hold a step loop, or call (by name) one that does."""
         training = {
-            name for name, function in self.functions.items()
+            name
+            for name, function in self.functions.items()
             if any(self.scope_of(loop) is function for loop in self.step_loops)
         }
         changed = True
@@ -194,7 +195,13 @@ def _uses_runtime(facts: _Facts, name: str) -> bool:
     for node in facts.parents:
         if isinstance(node, cst.Call):
             func = node.func
-            called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
+            called = (
+                func.value
+                if isinstance(func, cst.Name)
+                else func.attr.value
+                if isinstance(func, cst.Attribute)
+                else None
+            )
             if called == name:
                 return True
         if isinstance(node, cst.Decorator):
@@ -223,7 +230,10 @@ def find_training_loops(source: str) -> list[TrainingLoop]:
         if epoch is not None and facts.line_of(epoch) not in found:
             epoch_scope = facts.scope_of(epoch)
             found[facts.line_of(epoch)] = TrainingLoop(
-                facts.line_of(epoch), facts.end_line_of(epoch), "epochs", epoch_scope.name.value if epoch_scope else None
+                facts.line_of(epoch),
+                facts.end_line_of(epoch),
+                "epochs",
+                epoch_scope.name.value if epoch_scope else None,
             )
     return [found[line] for line in sorted(found)]
 
@@ -264,7 +274,8 @@ def find_training_calls(source: str) -> list[TrainingCall]:
     if facts is None:
         return []
     return [
-        TrainingCall(facts.line_of(node), facts.end_line_of(node), name) for node, name in _guard_targets(facts)
+        TrainingCall(facts.line_of(node), facts.end_line_of(node), name)
+        for node, name in _guard_targets(facts)
     ]
 
 
@@ -299,9 +310,14 @@ def _import_edit(facts: _Facts, name: str) -> TextEdit | None:
         is_import = isinstance(statement, cst.SimpleStatementLine) and all(
             isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
         )
-        is_docstring = index == 0 and isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and (
-            isinstance(statement.body[0], cst.Expr)
-            and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+        is_docstring = (
+            index == 0
+            and isinstance(statement, cst.SimpleStatementLine)
+            and len(statement.body) == 1
+            and (
+                isinstance(statement.body[0], cst.Expr)
+                and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+            )
         )
         if is_import or is_docstring:
             anchor = facts.end_line_of(statement)
@@ -385,8 +401,14 @@ def insert_memory_monitoring(source: str, line: int) -> tuple[TextEdit, ...] | N
     if epoch_loop is not None:
         if not _owns_its_lines(facts, epoch_loop):
             return None
-        edits.append(_insert_lines(facts, facts.line_of(epoch_loop), [f"{name} = memory_monitor()"],
-                                   facts.indent_of(facts.line_of(epoch_loop))))
+        edits.append(
+            _insert_lines(
+                facts,
+                facts.line_of(epoch_loop),
+                [f"{name} = memory_monitor()"],
+                facts.indent_of(facts.line_of(epoch_loop)),
+            )
+        )
         epoch_end = _append_to_body(facts, epoch_loop, f"{name}.epoch_end()")
         if epoch_end is None:
             return None
@@ -395,10 +417,14 @@ def insert_memory_monitoring(source: str, line: int) -> tuple[TextEdit, ...] | N
         assert step_loop is not None
         if not _owns_its_lines(facts, step_loop):
             return None
-        edits.append(_insert_lines(
-            facts, facts.line_of(step_loop), [f"{name} = memory_monitor(every_n_steps={DEFAULT_EVERY_N_STEPS})"],
-            facts.indent_of(facts.line_of(step_loop)),
-        ))
+        edits.append(
+            _insert_lines(
+                facts,
+                facts.line_of(step_loop),
+                [f"{name} = memory_monitor(every_n_steps={DEFAULT_EVERY_N_STEPS})"],
+                facts.indent_of(facts.line_of(step_loop)),
+            )
+        )
     if step_loop is not None:
         step = _append_to_body(facts, step_loop, f"{name}.step()")
         if step is None:
@@ -441,7 +467,11 @@ def guard_with_oom_guard(source: str, line: int) -> tuple[TextEdit, ...] | None:
     start = Position(facts.line_of(statement), 0)
     end_line = facts.end_line_of(statement)
     starts = line_starts(source)
-    end = Position(end_line + 1, 0) if end_line < len(starts) else Position(end_line, len(facts.lines[end_line - 1]))
+    end = (
+        Position(end_line + 1, 0)
+        if end_line < len(starts)
+        else Position(end_line, len(facts.lines[end_line - 1]))
+    )
     if end_line >= len(starts):
         code = code.rstrip("\r\n")
     edits = [TextEdit(Range(start, end), code)]

@@ -35,7 +35,9 @@ def lightning_callback(monitor: MemoryMonitor) -> Any:
             super().__init__()
             self.monitor = monitor
 
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
             self.monitor.step()
 
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:

@@ -44,8 +44,21 @@ MAX_TENSORS = 32
 PROMPT_TENSORS = 8
 # Local names that hold a model's input, most telling first; their leading dimension is the batch.
 INPUT_NAMES = (
-    "inputs", "input", "input_ids", "pixel_values", "images", "imgs", "x", "xb", "X", "src", "tokens",
-    "features", "samples", "data", "batch",
+    "inputs",
+    "input",
+    "input_ids",
+    "pixel_values",
+    "images",
+    "imgs",
+    "x",
+    "xb",
+    "X",
+    "src",
+    "tokens",
+    "features",
+    "samples",
+    "data",
+    "batch",
 )
 ASK_TIMEOUT_MARGIN = 30.0  # seconds beyond the request timeout (retries with backoff) before giving up
 
@@ -90,13 +103,17 @@ def _script_path() -> Path | None:
 def record_oom(exc: BaseException, options: CaptureOptions) -> Path:
     """Write the report (and the prompt, snapshot, answer) for `exc`; return report.json's path."""
     notes: list[str] = []
-    entries = [entry for entry in _traceback_entries(exc) if _is_recorded_file(entry.tb_frame.f_code.co_filename)]
+    entries = [
+        entry for entry in _traceback_entries(exc) if _is_recorded_file(entry.tb_frame.f_code.co_filename)
+    ]
     frames = _frames(_traceback_entries(exc))
     oom = from_exception(exc, [frame for frame in frames if not frame.file.startswith(_PACKAGE_ROOT)])
     if oom is None:  # a torch.OutOfMemoryError whose message this version does not know
         kind = type(exc)
         oom = OomError(
-            backend="cuda", message=str(exc), exception_type=f"{kind.__module__}.{kind.__qualname__}",
+            backend="cuda",
+            message=str(exc),
+            exception_type=f"{kind.__module__}.{kind.__qualname__}",
             frames=tuple(frame for frame in frames if _is_recorded_file(frame.file)),
         )
         notes.append("the error message is in a format oom-lsp does not know: its figures were not read")
@@ -128,7 +145,9 @@ def record_oom(exc: BaseException, options: CaptureOptions) -> Path:
             memory_state = _cuda_figures(torch, oom, report, notes)
         else:
             report.device = DeviceInfo(oom.backend)
-            notes.append(f"{oom.backend.upper()} out of memory: the allocator figures are the error message's")
+            notes.append(
+                f"{oom.backend.upper()} out of memory: the allocator figures are the error message's"
+            )
         if options.snapshot:
             _dump_snapshot(torch, out, report, notes)
 
@@ -220,7 +239,11 @@ def _named_values(frame_locals: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _tensors_of(frame: Any, torch: Any) -> list[dict[str, Any]]:
-    found = [entry for name, value in _named_values(dict(frame.f_locals)) if (entry := _tensor_entry(name, value, torch))]
+    found = [
+        entry
+        for name, value in _named_values(dict(frame.f_locals))
+        if (entry := _tensor_entry(name, value, torch))
+    ]
     found.sort(key=lambda entry: (-entry["bytes"], entry["name"]))
     return found[:MAX_TENSORS]
 
@@ -263,8 +286,10 @@ def _prompt_file(oom: OomError) -> Frame | None:
 
 
 def _runtime_facts(
-    report: Report, tensors: list[dict[str, Any]], batch: tuple[int, list[int], str] | None,
-    memory_state: dict[str, int], failing: Frame | None,
+    tensors: list[dict[str, Any]],
+    batch: tuple[int, list[int], str] | None,
+    memory_state: dict[str, int],
+    failing: Frame | None,
 ) -> tuple[str, ...]:
     facts = []
     if memory_state:
@@ -275,7 +300,9 @@ def _runtime_facts(
             "at the failure"
         )
     if batch is not None:
-        facts.append(f"Batch size at the failure: {batch[0]} (leading dimension of `{batch[2]}`, shape {batch[1]})")
+        facts.append(
+            f"Batch size at the failure: {batch[0]} (leading dimension of `{batch[2]}`, shape {batch[1]})"
+        )
     if tensors and failing is not None:
         facts.append(
             f"Largest tensors in `{failing.function}` ({Path(failing.file).name}:{failing.line}) at the failure: "
@@ -285,8 +312,12 @@ def _runtime_facts(
 
 
 def _prepare_request(
-    oom: OomError, report: Report, tensors: list[dict[str, Any]], batch: tuple[int, list[int], str] | None,
-    memory_state: dict[str, int], notes: list[str],
+    oom: OomError,
+    report: Report,
+    tensors: list[dict[str, Any]],
+    batch: tuple[int, list[int], str] | None,
+    memory_state: dict[str, int],
+    notes: list[str],
 ) -> tuple[Any, Any] | None:
     """The FixRequest for this OOM and the project's configuration (None without a pyproject)."""
     target = _prompt_file(oom)
@@ -311,15 +342,20 @@ def _prepare_request(
             notes.append(f"the project configuration could not be read: {problem}")
     device = report.device
     environment = EnvironmentFacts(
-        python=report.python_version, torch=report.torch_version, cuda=report.cuda_version,
+        python=report.python_version,
+        torch=report.torch_version,
+        cuda=report.cuda_version,
         gpu_name=device.name if device.type == "cuda" else None,
         gpu_memory=device.total_memory if device.type == "cuda" else None,
     )
     return FixRequest(
-        path=target.file, text=text, oom=oom, environment=environment,
+        path=target.file,
+        text=text,
+        oom=oom,
+        environment=environment,
         gpu_memory=config.gpu_memory if config else None,
         lint_settings=config.settings_for(Path(target.file)) if config else None,
-        runtime_facts=_runtime_facts(report, tensors, batch, memory_state, oom.failing_frame),
+        runtime_facts=_runtime_facts(tensors, batch, memory_state, oom.failing_frame),
     ), config
 
 
@@ -379,17 +415,32 @@ def _answer_markdown(proposal: Any, settings: Any) -> str:
     lines = [
         "# Diagnosis of the out-of-memory error",
         "",
-        f"Model: `{proposal.model}` at {settings.host}. Nothing was changed: apply a change with "
-        "`oom-lsp fix --ai` or the editor's \"Ask AI to fix this OOM\".",
+        (
+            f"Model: `{proposal.model}` at {settings.host}. Nothing was changed: apply a change with "
+            '`oom-lsp fix --ai` or the editor\'s "Ask AI to fix this OOM".'
+        ),
         "",
         "## Causes",
         proposal.diagnosis(),
         "",
     ]
     if proposal.edit is not None:
-        lines += ["## Proposed change", "```diff", proposal.edit.diff(proposal.request.path).rstrip("\n"), "```", ""]
+        lines += [
+            "## Proposed change",
+            "```diff",
+            proposal.edit.diff(proposal.request.path).rstrip("\n"),
+            "```",
+            "",
+        ]
     elif proposal.problem:
         lines += ["## Proposed change", f"None: {proposal.problem}.", ""]
     validation = proposal.fix.validation
-    lines += ["## Validation", f"{validation.step}: {validation.expected}", "", "## Changelog", proposal.changelog, ""]
+    lines += [
+        "## Validation",
+        f"{validation.step}: {validation.expected}",
+        "",
+        "## Changelog",
+        proposal.changelog,
+        "",
+    ]
     return "\n".join(lines)

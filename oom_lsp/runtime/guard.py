@@ -86,8 +86,12 @@ class OomGuard:
 
     def _options(self) -> dict[str, Any]:
         return {
-            "project_root": self.project_root, "out": self.out, "record_history": self.record_history,
-            "history_entries": self.history_entries, "ask": self.ask, "log": self.log,
+            "project_root": self.project_root,
+            "out": self.out,
+            "record_history": self.record_history,
+            "history_entries": self.history_entries,
+            "ask": self.ask,
+            "log": self.log,
         }
 
     def __enter__(self) -> OomGuard:
@@ -107,13 +111,19 @@ class OomGuard:
         from oom_lsp.runtime.capture import CaptureOptions, record_oom
 
         options = CaptureOptions(
-            project_root=self.project_root, out=self.out, snapshot=self._history_on, ask=self.ask, log=self.log
+            project_root=self.project_root,
+            out=self.out,
+            snapshot=self._history_on,
+            ask=self.ask,
+            log=self.log,
         )
         try:
             self.report_path = record_oom(exc, options)
         except Exception:  # noqa: BLE001 - a bug in the recording must never replace the user's OOM
-            self.log("oom-lsp: could not write the out-of-memory report (the OOM itself follows):\n"
-                     + traceback.format_exc())
+            self.log(
+                "oom-lsp: could not write the out-of-memory report (the OOM itself follows):\n"
+                + traceback.format_exc()
+            )
 
     def __call__(self, func: F) -> F:
         if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):

@@ -254,7 +254,8 @@ class MemoryMonitor:
             message = (
                 f"oom-lsp memory: the peak grew {self.patience} times in a row, "
                 f"{compact_size(first.peak_allocated)} at {first.label} -> {compact_size(peak)} at {label}: "
-                "something is kept from one step to the next. Likely: " + "; ".join(LEAK_RULES)
+                "something is kept from one step to the next. Likely: "
+                + "; ".join(LEAK_RULES)
                 + ". `oom-lsp check` on the training script points at these."
             )
             self.warnings.append(message)
@@ -283,7 +284,9 @@ class MemoryMonitor:
 
 
 def memory_monitor(
-    every_n_steps: int | None = None, log: Callable[[str], Any] | logging.Logger | None = print, **options: Any
+    every_n_steps: int | None = None,
+    log: Callable[[str], Any] | logging.Logger | None = print,
+    **options: Any,
 ) -> MemoryMonitor:
     """A MemoryMonitor: `step()` after each optimizer step, `epoch_end()` after each epoch."""
     return MemoryMonitor(every_n_steps, log, **options)

@@ -84,7 +84,9 @@ def diagnostic_message(report: Report) -> str | None:
     if error.tried_to_allocate is not None:
         allocation.append(f"tried to allocate {compact_size(error.tried_to_allocate)}")
     if error.free is not None:
-        allocation.append(f"with {compact_size(error.free)} free" if allocation else f"{compact_size(error.free)} free")
+        allocation.append(
+            f"with {compact_size(error.free)} free" if allocation else f"{compact_size(error.free)} free"
+        )
     details = [" ".join(allocation)] if allocation else []
     if report.batch_size is not None:
         details.append(f"batch {report.batch_size}")
@@ -147,7 +149,9 @@ def run_explain_last(start: Path, output_format: str, out: TextIO, err: TextIO) 
     editor shows it. Exit 0 when printed, 1 when there is none, 2 when it cannot be read."""
     report_path = last_oom_dir(find_project_root(start)) / REPORT_NAME
     if not report_path.is_file():
-        print(f"no out-of-memory report at {report_path} (oom_guard writes one when an OOM happens)", file=err)
+        print(
+            f"no out-of-memory report at {report_path} (oom_guard writes one when an OOM happens)", file=err
+        )
         return 1
     try:
         report = read_report(report_path)
@@ -160,12 +164,18 @@ def run_explain_last(start: Path, output_format: str, out: TextIO, err: TextIO) 
         print(f"oom-lsp: {report_path} records no out-of-memory error", file=err)
         return 2
     if output_format == "json":
-        print(json.dumps({
-            "report": str(report_path),
-            "diagnostic": diagnostic._asdict() if diagnostic else None,
-            "ooms": [report.oom.error.to_dict()],
-            TENSORS_KEY: tensors,
-        }, indent=2), file=out)
+        print(
+            json.dumps(
+                {
+                    "report": str(report_path),
+                    "diagnostic": diagnostic._asdict() if diagnostic else None,
+                    "ooms": [report.oom.error.to_dict()],
+                    TENSORS_KEY: tensors,
+                },
+                indent=2,
+            ),
+            file=out,
+        )
         return 0
     if diagnostic is not None:
         print(f"{diagnostic.path}:{diagnostic.line}: {diagnostic.message}", file=out)
@@ -174,7 +184,9 @@ def run_explain_last(start: Path, output_format: str, out: TextIO, err: TextIO) 
     for label, value in describe(report.oom.error):
         print(f"  {label}: {value}", file=out)
     if report.peak_allocated is not None:
-        reserved = f", reserved {compact_size(report.peak_reserved)}" if report.peak_reserved is not None else ""
+        reserved = (
+            f", reserved {compact_size(report.peak_reserved)}" if report.peak_reserved is not None else ""
+        )
         print(f"  peak allocated: {compact_size(report.peak_allocated)}{reserved}", file=out)
     if report.batch_size is not None:
         print(f"  batch size: {report.batch_size} (input shape {report.input_shape})", file=out)

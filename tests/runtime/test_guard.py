@@ -31,7 +31,7 @@ OLD_MESSAGE = (
     "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 6.00 GiB total capacity; 5.01 GiB already "
     "allocated; 2.44 MiB free; 5.16 GiB reserved in total by PyTorch)"
 )
-TRAINING_MODULE = '''import torch
+TRAINING_MODULE = """import torch
 
 
 class Net(torch.nn.Module):
@@ -53,7 +53,7 @@ def train_step(model, batch):
     inputs, labels = batch
     out = model(inputs)
     return torch.nn.functional.cross_entropy(out, labels)
-'''
+"""
 FAILING_LINE = 16  # raise torch.OutOfMemoryError(MESSAGE)
 
 
@@ -108,7 +108,9 @@ def test_injected_oom_writes_report_and_prompt_and_reraises_the_same_exception(p
     assert str(error) == MESSAGE
 
     folder = project / ".oom_lsp" / "last_oom"
-    assert messages == [f"oom-lsp: out-of-memory report written to {folder / 'report.json'} (prompt: prompt.md)"]
+    assert messages == [
+        f"oom-lsp: out-of-memory report written to {folder / 'report.json'} (prompt: prompt.md)"
+    ]
     report = read_report(folder / "report.json")
     assert report.status == "oom"
     assert report.oom is not None
@@ -117,7 +119,11 @@ def test_injected_oom_writes_report_and_prompt_and_reraises_the_same_exception(p
     assert (oom.tried_to_allocate, oom.free) == (int(1.5 * 2**30), round(1.10 * 2**30))
     failing = oom.failing_frame
     assert failing is not None
-    assert (Path(failing.file).name, failing.line, failing.function) == ("training.py", FAILING_LINE, "allocate_activations")
+    assert (Path(failing.file).name, failing.line, failing.function) == (
+        "training.py",
+        FAILING_LINE,
+        "allocate_activations",
+    )
     assert [frame.function for frame in oom.frames][-3:] == ["train_step", "forward", "allocate_activations"]
     assert all("oom_lsp" not in Path(frame.file).parts for frame in oom.frames)
     assert (report.batch_size, report.input_shape) == (64, [64, 16])
@@ -127,8 +133,13 @@ def test_injected_oom_writes_report_and_prompt_and_reraises_the_same_exception(p
     tensors = json.loads((folder / "report.json").read_text())["failing_frame_tensors"]
     by_name = {tensor["name"]: tensor for tensor in tensors}
     assert by_name["hidden"] == {
-        "name": "hidden", "shape": [64, 8], "dtype": "float32", "device": "cpu", "bytes": 64 * 8 * 4,
-        "requires_grad": True, "parameter": False,
+        "name": "hidden",
+        "shape": [64, 8],
+        "dtype": "float32",
+        "device": "cpu",
+        "bytes": 64 * 8 * 4,
+        "requires_grad": True,
+        "parameter": False,
     }
     assert by_name["scratch"]["shape"] == [64, 32] and by_name["scratch"]["bytes"] == 64 * 32 * 2
 
@@ -158,7 +169,7 @@ def test_decorator_form_records_and_keeps_the_traceback(project: Path) -> None:
     after = tb_chain(caught.value.__traceback__)
     before = seen["chain"]
     assert caught.value is seen["error"]
-    assert after[-len(before):] == before  # only the callers' frames were added on the way out
+    assert after[-len(before) :] == before  # only the callers' frames were added on the way out
     report = read_report(project / ".oom_lsp" / "last_oom" / "report.json")
     assert report.oom is not None and report.oom.error.failing_frame.line == FAILING_LINE  # type: ignore[union-attr]
 
@@ -216,7 +227,7 @@ def test_other_exceptions_and_normal_exits_write_nothing(project: Path) -> None:
 
 
 def test_a_failing_recording_never_replaces_the_oom(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import oom_lsp.runtime.capture as capture
+    from oom_lsp.runtime import capture
 
     def broken(exc: BaseException, options: object) -> Path:
         raise OSError("disk full")
@@ -257,7 +268,8 @@ def test_the_diagnostic_for_the_language_server(project: Path) -> None:
 
 def _enable_llm(project: Path, base_url: str) -> None:
     (project / "pyproject.toml").write_text(
-        f'[tool.oom-lsp.llm]\nenabled = true\nbase-url = "{base_url}"\nmodel = "test-model"\n', encoding="utf-8"
+        f'[tool.oom-lsp.llm]\nenabled = true\nbase-url = "{base_url}"\nmodel = "test-model"\n',
+        encoding="utf-8",
     )
 
 
@@ -317,7 +329,9 @@ def test_importing_the_runtime_loads_neither_libcst_nor_torch() -> None:
     assert done.stdout.strip() == "[]"
 
 
-def test_explain_last(project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_explain_last(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from oom_lsp.cli import main
 
     monkeypatch.chdir(project)

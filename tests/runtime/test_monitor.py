@@ -15,10 +15,18 @@ from oom_lsp.runtime import memory_monitor
 EPOCHS = 5
 
 
-def make_data(seed: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+def make_data(
+    seed: int,
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
     generator = torch.Generator().manual_seed(seed)
-    train = [(torch.randn(128, 32, generator=generator), torch.randint(0, 10, (128,), generator=generator)) for _ in range(4)]
-    val = [(torch.randn(128, 32, generator=generator), torch.randint(0, 10, (128,), generator=generator)) for _ in range(4)]
+    train = [
+        (torch.randn(128, 32, generator=generator), torch.randint(0, 10, (128,), generator=generator))
+        for _ in range(4)
+    ]
+    val = [
+        (torch.randn(128, 32, generator=generator), torch.randint(0, 10, (128,), generator=generator))
+        for _ in range(4)
+    ]
     return train, val
 
 
@@ -28,7 +36,11 @@ def train(keep_graph: bool, monitor: object) -> None:
     or as a number (`total += loss.item()`)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(32, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+        torch.nn.Linear(32, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     train_batches, val_batches = make_data(0)
@@ -93,7 +105,10 @@ def test_the_counter_follows_storages_to_the_byte() -> None:
 def test_every_n_steps_windows_catch_a_leak_inside_one_epoch(caplog: pytest.LogCaptureFixture) -> None:
     logger = logging.getLogger("training")
     kept = []
-    with caplog.at_level(logging.INFO, logger="training"), memory_monitor(every_n_steps=2, log=logger) as monitor:
+    with (
+        caplog.at_level(logging.INFO, logger="training"),
+        memory_monitor(every_n_steps=2, log=logger) as monitor,
+    ):
         for _ in range(9):
             kept.append(torch.randn(512, 1024, requires_grad=True) * 2)  # 2 MiB kept per step
             monitor.step()
