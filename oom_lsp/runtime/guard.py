@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_HISTORY_ENTRIES = 100_000
+_last_recorded: tuple[int, int] | None = None  # (id of the exception, id of its innermost traceback entry)
 
 
 def _stderr(message: str) -> None:
@@ -108,6 +109,18 @@ class OomGuard:
         return False  # re-raise the original exception, traceback and all
 
     def _record(self, exc: BaseException) -> None:
+        global _last_recorded
+        # Nested guards (a decorated function called inside `with oom_guard()`) see the same
+        # exception: record it once. Exceptions take no weak references and a strong one would keep
+        # the failing frames (and their tensors) alive, so identify it by its id and the id of its
+        # innermost traceback entry, which it keeps alive as long as it lives.
+        innermost = exc.__traceback__
+        while innermost is not None and innermost.tb_next is not None:
+            innermost = innermost.tb_next
+        identity = (id(exc), id(innermost))
+        if identity == _last_recorded:
+            return
+        _last_recorded = identity
         from oom_lsp.runtime.capture import CaptureOptions, record_oom
 
         options = CaptureOptions(

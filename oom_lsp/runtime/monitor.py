@@ -117,12 +117,17 @@ def _live_storage_mode(torch: Any) -> Any:
 
         def _register(self, tensor: Any) -> None:
             # One Python object per StorageImpl: its weakref dies exactly when the storage does.
-            storage = tensor.untyped_storage()
+            try:
+                storage = tensor.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # sparse, nested and other storage-less tensors
+                return
             key = id(storage)
             if key in self._finalizers:
                 return
             size = storage.nbytes()
-            self._finalizers[key] = weakref.finalize(storage, self._release, key, size)
+            finalizer = weakref.finalize(storage, self._release, key, size)
+            finalizer.atexit = False  # nothing to count once the interpreter exits
+            self._finalizers[key] = finalizer
             self.live += size
             if self.live > self.peak:
                 self.peak = self.live

@@ -369,3 +369,21 @@ def test_project_root_discovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert find_project_root(script, environ={"OOM_LSP_PROJECT_ROOT": str(tmp_path)}) == tmp_path
     monkeypatch.chdir(tmp_path)
     assert find_project_root(Path("/"), environ={}) == tmp_path  # no marker anywhere: the current folder
+
+
+def test_nested_guards_record_once(project: Path) -> None:
+    training = load_training_module(project)
+    messages: list[str] = []
+
+    @oom_guard(project_root=project, log=messages.append)
+    def train() -> torch.Tensor:
+        return training.train_step(training.Net(), batch())
+
+    with pytest.raises(torch.OutOfMemoryError):
+        with oom_guard(project_root=project, log=messages.append):
+            train()
+    assert len(messages) == 1
+    # A new error is recorded again, even from the same line.
+    with pytest.raises(torch.OutOfMemoryError):
+        train()
+    assert len(messages) == 2

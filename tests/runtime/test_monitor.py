@@ -102,6 +102,12 @@ def test_the_counter_follows_storages_to_the_byte() -> None:
         monitor.close()
 
 
+def test_the_counter_skips_tensors_without_storage() -> None:
+    with memory_monitor(log=None):
+        sparse = torch.eye(4).to_sparse()  # its untyped_storage() raises NotImplementedError
+        assert (sparse * 2).to_dense().trace().item() == 8.0
+
+
 def test_every_n_steps_windows_catch_a_leak_inside_one_epoch(caplog: pytest.LogCaptureFixture) -> None:
     logger = logging.getLogger("training")
     kept = []
