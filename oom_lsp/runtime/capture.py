@@ -211,19 +211,17 @@ def _tensor_entry(name: str, value: Any, torch: Any) -> dict[str, Any] | None:
     if not isinstance(value, torch.Tensor):
         return None
     try:
-        size = int(value.nelement()) * int(value.element_size())
-        device = str(value.device)
-    except (RuntimeError, TypeError):  # an exotic tensor subclass without storage metadata
+        return {
+            "name": name,
+            "shape": [int(size) for size in value.shape],
+            "dtype": str(value.dtype).removeprefix("torch."),
+            "device": str(value.device),
+            "bytes": int(value.nelement()) * int(value.element_size()),
+            "requires_grad": bool(value.requires_grad),
+            "parameter": isinstance(value, torch.nn.Parameter),
+        }
+    except (RuntimeError, TypeError, NotImplementedError):  # nested or symbolic shapes, exotic subclasses
         return None
-    return {
-        "name": name,
-        "shape": list(value.shape),
-        "dtype": str(value.dtype).removeprefix("torch."),
-        "device": device,
-        "bytes": size,
-        "requires_grad": bool(value.requires_grad),
-        "parameter": isinstance(value, torch.nn.Parameter),
-    }
 
 
 def _named_values(frame_locals: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -273,8 +271,13 @@ def _batch_size(entries: list[Any], torch: Any) -> tuple[int, list[int], str] | 
         for name in names:
             if name in frame_locals:
                 tensor = _leading_tensor(frame_locals[name], torch)
-                if tensor is not None:
-                    return int(tensor.shape[0]), list(tensor.shape), name
+                if tensor is None:
+                    continue
+                try:
+                    shape = [int(size) for size in tensor.shape]
+                except (RuntimeError, TypeError, NotImplementedError):  # nested or symbolic shapes
+                    continue
+                return shape[0], shape, name
     return None
 
 
