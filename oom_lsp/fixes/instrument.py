@@ -124,12 +124,16 @@ class _Facts:
             for name, function in self.functions.items()
             if any(self.scope_of(loop) is function for loop in self.step_loops)
         }
+        # A function decorated with oom_guard trains under its own guard: its callers do not need one.
+        unguarded = {name for name in training if not _is_guarded(self.functions[name])}
         changed = True
         while changed:
             changed = False
             for name, function in self.functions.items():
-                if name not in training and any(call in training for call in _called_names(function)):
+                if name not in training and any(call in unguarded for call in _called_names(function)):
                     training.add(name)
+                    if not _is_guarded(function):
+                        unguarded.add(name)
                     changed = True
         return training
 
@@ -251,20 +255,32 @@ def _guard_targets(facts: _Facts) -> list[tuple[cst.BaseStatement, str | None]]:
                 outermost = ancestor
         if all(target is not outermost for target, _ in targets):
             targets.append((outermost, None))
-    guarded = [target for target in targets if not _inside_guard(facts, target[0])]
+    guarded = [target for target in targets if not _inside_guard(facts, *target)]
     return sorted(guarded, key=lambda target: facts.line_of(target[0]))
 
 
-def _inside_guard(facts: _Facts, node: cst.CSTNode) -> bool:
+def _is_oom_guard(expression: cst.BaseExpression) -> bool:
+    """`oom_guard`, `oom_guard(...)`, `runtime.oom_guard(...)`."""
+    target = expression.func if isinstance(expression, cst.Call) else expression
+    return (isinstance(target, cst.Name) and target.value == "oom_guard") or (
+        isinstance(target, cst.Attribute) and target.attr.value == "oom_guard"
+    )
+
+
+def _is_guarded(function: cst.FunctionDef) -> bool:
+    return any(_is_oom_guard(decorator.decorator) for decorator in function.decorators)
+
+
+def _inside_guard(facts: _Facts, node: cst.CSTNode, callee: str | None) -> bool:
+    """Already guarded: inside `with oom_guard(...)`, in a function decorated with it, or calling one."""
+    called = facts.functions.get(callee) if callee else None
+    if called is not None and _is_guarded(called):
+        return True
     for ancestor in facts.ancestors(node):
-        if isinstance(ancestor, cst.With):
-            for item in ancestor.items:
-                call = item.item
-                target = call.func if isinstance(call, cst.Call) else call
-                if (isinstance(target, cst.Name) and target.value == "oom_guard") or (
-                    isinstance(target, cst.Attribute) and target.attr.value == "oom_guard"
-                ):
-                    return True
+        if isinstance(ancestor, cst.With) and any(_is_oom_guard(item.item) for item in ancestor.items):
+            return True
+        if isinstance(ancestor, cst.FunctionDef) and _is_guarded(ancestor):
+            return True
     return False
 
 

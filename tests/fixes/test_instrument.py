@@ -97,6 +97,11 @@ def test_an_existing_guard_or_monitor_is_respected() -> None:
         "    for x in loader:\n        model(x).sum().backward()\n"
     )
     assert find_training_calls(guarded) == [] and guard_with_oom_guard(guarded, 4) is None
+    decorated = (
+        "from oom_lsp.runtime import oom_guard\n\n@oom_guard(ask=True)\ndef fit(loader):\n"
+        "    for x in loader:\n        model(x).sum().backward()\n\n\ndef main():\n    fit(loader)\n\n\nmain()\n"
+    )
+    assert find_training_calls(decorated) == []
     monitored = (
         "from oom_lsp.runtime import memory_monitor\n\nm = memory_monitor()\n"
         "for x in loader:\n    model(x).sum().backward()\n    m.step()\n"
