@@ -72,18 +72,35 @@ class _Facts:
         self.parents = wrapper.resolve(ParentNodeProvider)
         self.lines = source.splitlines()
         self.step_loops: list[cst.For | cst.While] = []
-        self.calls_backward: set[cst.CSTNode] = set()
         functions: dict[str, cst.FunctionDef] = {}
+        # Module-level functions that run one step: a backward outside any loop of theirs.
+        step_functions: set[str] = set()
+        calls: list[cst.Call] = []
         for node in self.parents:
             if isinstance(node, cst.Call) and _is_backward(node.func):
                 loop = self.enclosing_loop(node)
-                if loop is not None and loop not in self.step_loops:
-                    self.step_loops.append(loop)
+                if loop is not None:
+                    self._add_step_loop(loop)
+                else:
+                    scope = self.scope_of(node)
+                    if scope is not None and self.parents.get(scope) is self.module:
+                        step_functions.add(scope.name.value)
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+                calls.append(node)
             elif isinstance(node, cst.FunctionDef) and isinstance(self.parents.get(node), cst.Module):
                 functions[node.name.value] = node
+        for call in calls:  # `for batch in loader: train_step(batch)`: that loop is a step loop
+            if call.func.value in step_functions:  # type: ignore[attr-defined]
+                loop = self.enclosing_loop(call)
+                if loop is not None:
+                    self._add_step_loop(loop)
         self.step_loops.sort(key=self.line_of)
         self.functions = functions
         self.training_functions = self._training_functions()
+
+    def _add_step_loop(self, loop: cst.For | cst.While) -> None:
+        if loop not in self.step_loops:
+            self.step_loops.append(loop)
 
     def line_of(self, node: cst.CSTNode) -> int:
         return self.positions[node].start.line
@@ -154,6 +171,8 @@ class _Facts:
     def epoch_loop_of(self, step_loop: cst.For | cst.While) -> tuple[cst.For | cst.While | None, bool]:
         """(the epoch loop, whether it is in the step loop's own function)."""
         outer = self.enclosing_loop(step_loop)
+        while outer is not None and outer in self.step_loops:  # a GAN's critic loop inside its batch loop
+            outer = self.enclosing_loop(outer)
         if outer is not None:
             return outer, True
         function = self.scope_of(step_loop)
@@ -413,7 +432,8 @@ def insert_memory_monitoring(source: str, line: int) -> tuple[TextEdit, ...] | N
     if not same_function and epoch_loop is not None:
         step_loop = None  # in another function: the monitor is not visible there
     name = _free_name(facts, "monitor")
-    edits: list[TextEdit] = []
+    import_edit = _import_edit(facts, "memory_monitor")
+    edits: list[TextEdit] = [import_edit] if import_edit is not None else []  # first: above a loop on line 1
     if epoch_loop is not None:
         if not _owns_its_lines(facts, epoch_loop):
             return None
@@ -425,10 +445,6 @@ def insert_memory_monitoring(source: str, line: int) -> tuple[TextEdit, ...] | N
                 facts.indent_of(facts.line_of(epoch_loop)),
             )
         )
-        epoch_end = _append_to_body(facts, epoch_loop, f"{name}.epoch_end()")
-        if epoch_end is None:
-            return None
-        edits.append(epoch_end)
     else:
         assert step_loop is not None
         if not _owns_its_lines(facts, step_loop):
@@ -446,14 +462,17 @@ def insert_memory_monitoring(source: str, line: int) -> tuple[TextEdit, ...] | N
         if step is None:
             return None
         edits.append(step)
-    import_edit = _import_edit(facts, "memory_monitor")
-    if import_edit is not None:
-        edits.append(import_edit)
+    if epoch_loop is not None:
+        # After the step's line: both loops may end on the same line, the inner one's call goes first.
+        epoch_end = _append_to_body(facts, epoch_loop, f"{name}.epoch_end()")
+        if epoch_end is None:
+            return None
+        edits.append(epoch_end)
     return _merged(edits)
 
 
 def _merged(edits: list[TextEdit]) -> tuple[TextEdit, ...]:
-    """Sorted; insertions at the same point joined in order (the epoch's end after the step's)."""
+    """Sorted; insertions at the same point joined in the order they were made."""
     merged: dict[Position, str] = {}
     for edit in edits:
         merged[edit.range.start] = merged.get(edit.range.start, "") + edit.new_text

@@ -29,6 +29,8 @@ CASES = {
     "instrument_monitor_nested": (insert_memory_monitoring, "for epoch in range(epochs):"),
     "instrument_monitor_epoch_function": (insert_memory_monitoring, "for inputs, targets in loader:"),
     "instrument_monitor_single_loop": (insert_memory_monitoring, "loss.backward()"),
+    # The step is a function called from the loop; both loops end on the same line.
+    "instrument_monitor_step_function": (insert_memory_monitoring, "for batch in loader:"),
     "instrument_guard_main_call": (guard_with_oom_guard, "fit(model, loader, optimizer, args.epochs)"),
     "instrument_guard_flat_script": (guard_with_oom_guard, "for epoch in range(5):"),
 }
@@ -121,4 +123,21 @@ def test_a_file_without_a_final_newline_and_a_taken_name() -> None:
     assert guarded == (
         "import torch\nfrom oom_lsp.runtime import oom_guard\nmonitor = 1\nwith oom_guard():\n"
         "    for x in loader:\n        model(x).sum().backward()"
+    )
+
+
+def test_a_critic_loop_inside_the_batch_loop_keeps_the_epoch_loop() -> None:
+    gan = (
+        "for epoch in range(3):\n    for x in loader:\n        for _ in range(5):\n"
+        "            critic(x).mean().backward()\n        generator(x).mean().backward()\n"
+    )
+    assert [(loop.line, loop.kind) for loop in find_training_loops(gan)] == [
+        (1, "epochs"),
+        (2, "steps"),
+        (3, "steps"),
+    ]
+    assert apply_edits(gan, insert_memory_monitoring(gan, 2) or ()) == (
+        "from oom_lsp.runtime import memory_monitor\nmonitor = memory_monitor()\nfor epoch in range(3):\n"
+        "    for x in loader:\n        for _ in range(5):\n            critic(x).mean().backward()\n"
+        "        generator(x).mean().backward()\n        monitor.step()\n    monitor.epoch_end()\n"
     )
