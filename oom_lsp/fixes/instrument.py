@@ -1,9 +1,10 @@
 """The "Insert memory monitoring" and "Guard with oom_guard" code actions. Pure functions over text.
 
-A *step loop* is a `for`/`while` loop whose own body (not a nested function) calls
-`.backward(...)` or `torch.autograd.backward(...)`, the innermost such loop. Its *epoch loop* is
-the loop around it in the same function, or, when the step loop's function is called from a
-loop elsewhere in the file (`for epoch in ...: train_one_epoch(...)`), that loop.
+A *step loop* is the nearest `for`/`while` loop around a `.backward(...)` call in the same
+function (not a nested function), or around a call to a module-level function that runs one step
+(a `.backward(...)` outside any of its loops). Its *epoch loop* is the nearest loop around it in
+the same function that is not itself a step loop, or, when the step loop's function is called
+from a loop elsewhere in the file (`for epoch in ...: train_one_epoch(...)`), that loop.
 
 Insert memory monitoring, for the loop at a line:
 
