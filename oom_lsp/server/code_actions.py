@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lsprotocol import types
@@ -35,10 +36,28 @@ FIX_ALL_TITLE = "oom-lsp: Fix all auto-fixable problems"
 # A syntax error cannot be suppressed: the file is not checked at all.
 _UNSUPPRESSIBLE = {"OOM000"}
 
+# Actions of other feature modules (AI fixes, OOM reports, instrumentation):
+# a provider adds its actions to every codeAction answer (honouring
+# `context.only`); an action listed without its edit carries
+# `data["resolver"]`, the name its resolver was added under.
+ActionProvider = Callable[
+    [OomLanguageServer, types.CodeActionParams, TextDocument], Awaitable[list[types.CodeAction]]
+]
+ActionResolver = Callable[[OomLanguageServer, types.CodeAction], Awaitable[types.CodeAction]]
+_providers: list[ActionProvider] = []
+_resolvers: dict[str, ActionResolver] = {}
+
+
+def add_provider(provider: ActionProvider, resolvers: dict[str, ActionResolver] | None = None) -> None:
+    if provider not in _providers:
+        _providers.append(provider)
+    _resolvers.update(resolvers or {})
+
 
 def register(server: OomLanguageServer) -> None:
     options = types.CodeActionOptions(
-        code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND], resolve_provider=True
+        code_action_kinds=[types.CodeActionKind.QuickFix, types.CodeActionKind.RefactorRewrite, FIX_ALL_KIND],
+        resolve_provider=True,
     )
     server.feature(types.TEXT_DOCUMENT_CODE_ACTION, options)(on_code_action)
     server.feature(types.CODE_ACTION_RESOLVE)(on_code_action_resolve)
@@ -136,6 +155,8 @@ async def on_code_action(
             fix_all = await _fix_all(ls, document, converter)
             if fix_all is not None:
                 actions.append(fix_all)
+    for provider in _providers:
+        actions.extend(await provider(ls, params, document))
     return actions
 
 
@@ -159,6 +180,8 @@ async def on_code_action_resolve(ls: OomLanguageServer, action: types.CodeAction
     """Computes the fix-all edit listed without one. Returns the action
     unchanged (nothing to apply) when its document changed or closed since."""
     data: Any = action.data
+    if isinstance(data, dict) and data.get("resolver") in _resolvers:
+        return await _resolvers[data["resolver"]](ls, action)
     if action.kind != FIX_ALL_KIND or not isinstance(data, dict):
         return action
     document = ls.open_document(str(data.get("uri")))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from lsprotocol import types
 
@@ -32,6 +33,21 @@ _SEVERITIES = {
 _UNNECESSARY = {"OOM900"}
 
 _pending: dict[str, asyncio.Task[None]] = {}
+
+# Diagnostics that come from outside the analysis (an OOM report of the runtime
+# guard, an explained log): feature modules add a source, called with the
+# server and a URI each time that document's diagnostics are sent.
+ExtraDiagnostics = Callable[[OomLanguageServer, str], list[types.Diagnostic]]
+_extra_sources: list[ExtraDiagnostics] = []
+
+
+def add_extra_source(source: ExtraDiagnostics) -> None:
+    if source not in _extra_sources:
+        _extra_sources.append(source)
+
+
+def extra_diagnostics(ls: OomLanguageServer, uri: str) -> list[types.Diagnostic]:
+    return [diagnostic for source in _extra_sources for diagnostic in source(ls, uri)]
 
 
 def to_diagnostic(finding: Finding, analysis: Analysis, converter: PositionConverter) -> types.Diagnostic:
@@ -104,7 +120,9 @@ async def _publish_after(ls: OomLanguageServer, uri: str, delay: float) -> None:
         return  # a newer edit has its own task
     ls.text_document_publish_diagnostics(
         types.PublishDiagnosticsParams(
-            uri=uri, version=analysis.version, diagnostics=to_diagnostics(analysis, ls.position_encoding)
+            uri=uri,
+            version=analysis.version,
+            diagnostics=to_diagnostics(analysis, ls.position_encoding) + extra_diagnostics(ls, uri),
         )
     )
 
@@ -149,9 +167,9 @@ def on_did_close(ls: OomLanguageServer, params: types.DidCloseTextDocumentParams
 # --- pull ----------------------------------------------------------------------
 
 
-def _result_id(analysis: Analysis) -> str:
+def _result_id(analysis: Analysis, extras: list[types.Diagnostic]) -> str:
     settings = analysis.settings.fingerprint() if analysis.settings is not None else "excluded"
-    return f"{analysis.version}:{settings}:{hash(analysis.source)}"
+    return f"{analysis.version}:{settings}:{hash(analysis.source)}:{hash(repr(extras))}"
 
 
 async def on_document_diagnostic(
@@ -169,9 +187,10 @@ async def on_document_diagnostic(
         if document is None:
             return types.RelatedFullDocumentDiagnosticReport(items=[])
         analysis = await ls.analysis_of(document)
-    result_id = _result_id(analysis)
+    extras = extra_diagnostics(ls, params.text_document.uri)
+    result_id = _result_id(analysis, extras)
     if params.previous_result_id == result_id:
         return types.RelatedUnchangedDocumentDiagnosticReport(result_id=result_id)
     return types.RelatedFullDocumentDiagnosticReport(
-        items=to_diagnostics(analysis, ls.position_encoding), result_id=result_id
+        items=to_diagnostics(analysis, ls.position_encoding) + extras, result_id=result_id
     )

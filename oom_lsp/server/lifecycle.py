@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from lsprotocol import types
@@ -15,6 +16,19 @@ from oom_lsp.server import settings as editor_settings
 from oom_lsp.server.server import WATCHED_CONFIG_GLOBS, OomLanguageServer
 
 logger = logging.getLogger(__name__)
+
+# Other files feature modules watch (the runtime guard's OOM reports): their
+# globs join the config files' registration, and each listener gets every
+# didChangeWatchedFiles batch.
+WatchListener = Callable[[OomLanguageServer, list[types.FileEvent]], None]
+_extra_globs: list[str] = []
+_listeners: list[WatchListener] = []
+
+
+def watch_files(globs: list[str], listener: WatchListener) -> None:
+    _extra_globs.extend(glob for glob in globs if glob not in _extra_globs)
+    if listener not in _listeners:
+        _listeners.append(listener)
 
 
 def register(server: OomLanguageServer) -> None:
@@ -56,7 +70,7 @@ async def on_initialized(ls: OomLanguageServer, params: types.InitializedParams)
 
 
 async def _watch_config_files(ls: OomLanguageServer) -> None:
-    watchers = [types.FileSystemWatcher(glob_pattern=glob) for glob in WATCHED_CONFIG_GLOBS]
+    watchers = [types.FileSystemWatcher(glob_pattern=glob) for glob in WATCHED_CONFIG_GLOBS + _extra_globs]
     registration = types.Registration(
         id=str(uuid.uuid4()),
         method=types.WORKSPACE_DID_CHANGE_WATCHED_FILES,
@@ -89,6 +103,8 @@ async def on_did_change_configuration(
 
 
 def on_did_change_watched_files(ls: OomLanguageServer, params: types.DidChangeWatchedFilesParams) -> None:
+    for listener in _listeners:
+        listener(ls, params.changes)
     names = editor_settings.CONFIG_FILE_NAMES
     if not any(change.uri.rsplit("/", 1)[-1] in names for change in params.changes):
         return

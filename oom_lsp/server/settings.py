@@ -199,6 +199,22 @@ class LintSettingsSource:
             return None
         return config.settings_for(path)
 
+    def project_config(self, path: Path | None) -> ProjectConfig:
+        """The whole configuration of a file (root, `gpu-memory`, the `llm`
+        table), for the features beyond linting; the editor settings alone
+        for a buffer without a path or under a broken configuration file."""
+        if path is not None:
+            if self._watch.changed(path):
+                self.invalidate()
+            try:
+                return self._resolver.resolve(path)
+            except ConfigError as error:
+                self._report(f"{error}; using the editor settings for {path.name}")
+        try:
+            return parse_config_table(self._editor_lint, "editor settings", self._root or Path.cwd())
+        except ConfigError:
+            return parse_config_table({}, "defaults", self._root or Path.cwd())
+
     def _excluded(self, config: ProjectConfig, path: Path) -> bool:
         """Whether the file or a folder between it and the project root
         matches `exclude`, as the CLI's discovery would have skipped it. Above

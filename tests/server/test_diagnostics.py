@@ -37,7 +37,11 @@ async def test_capabilities_follow_the_client(client: LanguageClient):
     capabilities = client.init_result.capabilities
     assert (capabilities.diagnostic_provider is not None) == pulls(client)
     assert capabilities.hover_provider
-    assert list(capabilities.code_action_provider.code_action_kinds) == ["quickfix", "source.fixAll.oom-lsp"]
+    assert list(capabilities.code_action_provider.code_action_kinds) == [
+        "quickfix",
+        "refactor.rewrite",
+        "source.fixAll.oom-lsp",
+    ]
     expected_encoding = "utf-8" if client.client_name == "neovim-0.11.4" else "utf-16"
     assert capabilities.position_encoding == expected_encoding
 
