@@ -38,7 +38,6 @@ Functions are analysed lazily, the first time a rule asks about them.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -48,6 +47,7 @@ import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, string_value
+from oom_lsp.analysis.walker import child_fields
 
 
 class Kind(enum.Enum):
@@ -1022,9 +1022,10 @@ _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def _fields(node: cst.CSTNode) -> tuple[str, ...]:
+    # Whitespace, brackets and punctuation never matter to the data flow.
     names = _FIELDS.get(type(node))
     if names is None:
-        names = _FIELDS[type(node)] = tuple(field.name for field in dataclasses.fields(node))
+        names = _FIELDS[type(node)] = child_fields(type(node))
     return names
 
 

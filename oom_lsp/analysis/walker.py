@@ -59,7 +59,8 @@ _ORDER = {
 Hook = Callable[[cst.CSTNode], object]
 
 
-def _child_fields(node_class: type) -> tuple[str, ...]:
+def child_fields(node_class: type) -> tuple[str, ...]:
+    """The fields of a node class that can hold nodes a rule inspects, in source order."""
     if node_class in _ORDER:
         return _ORDER[node_class]
     return tuple(
@@ -114,7 +115,7 @@ def walk(
 
     def plan_for(node_class: type) -> tuple[tuple[str, ...], list[Hook], list[Hook], bool]:
         plan = (
-            _child_fields(node_class),
+            child_fields(node_class),
             visit_methods.get(node_class.__name__, []),
             leave_methods.get(node_class.__name__, []),
             issubclass(node_class, hooked_types),
