@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import re
 import time
@@ -84,6 +85,8 @@ class OomLanguageServer(LanguageServer):
             max_workers=1, thread_name_prefix="oom-analysis"
         )
         self._analyses: dict[str, Analysis] = {}
+        # OOM101's threshold per URI: the largest batch an estimate found to fit.
+        self.max_batch_by_uri: dict[str, int] = {}
 
     # --- client capabilities -------------------------------------------------
 
@@ -160,7 +163,11 @@ class OomLanguageServer(LanguageServer):
     def settings_for_uri(self, uri: str) -> LintSettings | None:
         """None when the project's configuration excludes the file."""
         path = to_fs_path(uri)
-        return self.lint_settings.for_path(Path(path) if path else None)
+        settings = self.lint_settings.for_path(Path(path) if path else None)
+        fitting = self.max_batch_by_uri.get(uri)
+        if settings is None or fitting is None:
+            return settings
+        return dataclasses.replace(settings, max_batch_size=fitting)
 
     async def analysis_of(self, document: TextDocument) -> Analysis:
         """The findings of the document's current text, computed off the event
