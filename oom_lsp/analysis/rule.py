@@ -173,8 +173,11 @@ class Rule(cst.BatchableCSTVisitor):
         header = f"# {cls.name} ({cls.code})\n\n{cls.summary}\n"
         fix_line = {
             None: "Fix: none available.",
-            Applicability.SAFE: "Fix: always available, safe.",
-            Applicability.UNSAFE: "Fix: available, unsafe (review before applying; never part of fix-all).",
+            Applicability.SAFE: "Fix: offered where the rewrite is certain; safe (applied by `--fix` and fix-all).",
+            Applicability.UNSAFE: (
+                "Fix: offered where the rewrite is certain; unsafe (review it: applied only with "
+                "`--unsafe-fixes` or chosen by hand, never by fix-all)."
+            ),
         }[cls.fix_applicability]
         parts = [header, body, fix_line]
         if cls.INVALID:
