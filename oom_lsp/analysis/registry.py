@@ -83,7 +83,42 @@ external = ["OOM"]
     fix_applicability=Applicability.SAFE,
 )
 
-META_RULES: dict[str, MetaRule] = {rule.code: rule for rule in (INVALID_SYNTAX, UNUSED_SUPPRESSION)}
+PREDICTED_OUT_OF_MEMORY = MetaRule(
+    code="OOM100",
+    name="predicted-out-of-memory",
+    summary="An estimate of the training step's peak memory exceeds the target GPU at this batch size.",
+    doc="""
+## What it does
+Reported by the language server after an estimate (the `oom-lsp.estimate`
+command, or the "Estimate peak memory" code lens) predicts that a training
+step of the script needs more memory than the target GPU has, on the batch-size
+literal the estimate changed (an argparse `--batch-size` default, a
+`DataLoader(batch_size=...)`, or the constant that feeds them). The static
+analysis never reports it: it needs the fake-tensor run of `oom-lsp estimate`.
+Any edit to the file removes it until the next estimate.
+
+## Why is this bad?
+The script will stop with `torch.OutOfMemoryError` in its first steps on that
+GPU.
+
+## Example
+```python
+parser.add_argument("--batch-size", type=int, default=512)  # ≈ 30.1 GiB at 512 / 24 GiB
+```
+
+## Use instead
+The largest batch that fits (code action "Set batch size to N (largest that
+fits)"), or that batch with gradient accumulation to keep the effective batch
+("Use gradient accumulation (N x k)", which sets the micro-batch and adds a
+`GRADIENT_ACCUMULATION_STEPS` constant for the training loop to use).
+""",
+    default_severity=Severity.ERROR,
+    default_enabled=True,
+)
+
+META_RULES: dict[str, MetaRule] = {
+    rule.code: rule for rule in (INVALID_SYNTAX, PREDICTED_OUT_OF_MEMORY, UNUSED_SUPPRESSION)
+}
 
 
 def register(rule: type[Rule]) -> type[Rule]:
