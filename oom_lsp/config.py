@@ -294,6 +294,13 @@ def _memory(origin: str, key: str, value: object) -> int:
         raise ConfigError(origin, key, str(error)) from None
 
 
+def _gpus_table(origin: str, key: str, value: object) -> dict[str, int]:
+    """Extra GPUs for `--gpu NAME` and the editor: name = memory size."""
+    if not isinstance(value, dict):
+        raise ConfigError(origin, key, f'expected a table of name = "24GiB", got {_type_name(value)}')
+    return {str(name): _memory(origin, f"{key}.{name!r}", size) for name, size in value.items()}
+
+
 LLM_KEYS = ["enabled", "base-url", "model", "api-key-env", "timeout", "response-format", "fix-log"]
 LLM_RESPONSE_FORMATS = ("text", "json_schema")
 
@@ -330,6 +337,7 @@ _PARSERS: dict[str, Callable[[str, str, Any], Any]] = {
     "max-batch-size": _positive_int,
     "severity": _severity_table,
     "gpu-memory": _memory,
+    "gpus": _gpus_table,
     "llm": _llm_table,
 }
 KNOWN_KEYS = sorted(_PARSERS)
@@ -383,6 +391,7 @@ class ProjectConfig:
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     severity: dict[str, Severity] = field(default_factory=dict)
     gpu_memory: int | None = None
+    gpus: dict[str, int] = field(default_factory=dict)  # name -> bytes, beside the built-in catalogue
     llm: dict[str, Any] = field(default_factory=dict)
     # Command-line --select/--extend-select/--ignore, applied after the above.
     overrides: RuleSelection = field(default_factory=RuleSelection)

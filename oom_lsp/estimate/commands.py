@@ -132,7 +132,9 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         return EXIT_ERROR
     try:
         if args.gpu:
-            gpu = find_gpu(args.gpu)
+            from oom_lsp.config import ConfigResolver
+
+            gpu = find_gpu(args.gpu, ConfigResolver().resolve(args.script).gpus)
         elif args.gpu_memory:
             gpu = custom_gpu(args.gpu_memory)
         else:

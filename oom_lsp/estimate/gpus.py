@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from oom_lsp.config import parse_memory_size
@@ -127,15 +128,18 @@ class UnknownGpuError(ValueError):
     pass
 
 
-def find_gpu(name: str) -> Gpu:
-    """The catalogue entry for `name` (case, spaces and vendor words ignored);
-    UnknownGpuError with a "did you mean" otherwise."""
+def find_gpu(name: str, configured: Mapping[str, int] | None = None) -> Gpu:
+    """The entry for `name` (case, spaces and vendor words ignored) among the
+    `configured` GPUs (`[tool.oom-lsp.gpus]`, name -> bytes, which win) and
+    the catalogue; UnknownGpuError with a "did you mean" otherwise."""
     key = _key(name)
-    gpu = _INDEX.get(key)
+    extra = {_key(known): Gpu(known, size, "nvidia", None) for known, size in (configured or {}).items()}
+    gpu = extra.get(key) or _INDEX.get(key)
     if gpu is not None:
         return gpu
-    close = difflib.get_close_matches(key, list(_INDEX), n=3, cutoff=0.6)
-    names = list(dict.fromkeys(_INDEX[match].name for match in close))
+    index = {**_INDEX, **extra}
+    close = difflib.get_close_matches(key, list(index), n=3, cutoff=0.6)
+    names = list(dict.fromkeys(index[match].name for match in close))
     hint = f"; did you mean {' or '.join(repr(n) for n in names)}?" if names else ""
     raise UnknownGpuError(
         f"unknown GPU {name!r}{hint} (`oom-lsp estimate --list-gpus` lists them; --gpu-memory 24GiB sets any size)"
