@@ -207,9 +207,9 @@ class OomLanguageServer(LanguageServer):
 
 
 def create_server(log_file: str | None = None) -> OomLanguageServer:
-    from oom_lsp.server import ai, code_actions, diagnostics, hover, lifecycle, oom_reports
+    from oom_lsp.server import code_actions, diagnostics, estimate, hover, lenses, lifecycle, profiling
 
     server = OomLanguageServer(log_file)
-    for module in (lifecycle, diagnostics, code_actions, hover, ai, oom_reports):
+    for module in (lifecycle, diagnostics, code_actions, hover, profiling, estimate, lenses):
         module.register(server)
     return server

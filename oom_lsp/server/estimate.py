@@ -1,0 +1,401 @@
+"""`oom-lsp.estimate` in the editor: the predicted peak memory of a training
+step (oom_lsp.estimate, fake tensors in a subprocess, no GPU), shown on the
+batch-size literal the estimate varied.
+
+After an estimate the file gets an inlay hint on that literal (lenses.py
+draws it from the result kept here), the `oomLsp/memoryStatus` notification,
+and, when the step does not fit the target GPU, an Error diagnostic OOM100
+(predicted-out-of-memory) on the literal with two code actions: "Set batch
+size to N (largest that fits)" and "Use gradient accumulation (N x k)". With
+a largest fitting batch, OOM101's threshold for the file becomes that batch.
+Any edit of the file drops the hint, OOM100 and the status (profiling.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import attrs
+from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.workspace import TextDocument
+
+from oom_lsp.analysis import LintSettings, Severity, analyze
+from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, find_max_batch
+from oom_lsp.estimate.gpus import Gpu, UnknownGpuError, custom_gpu, find_gpu
+from oom_lsp.server import code_actions
+from oom_lsp.server.diagnostics import SOURCE
+from oom_lsp.server.positions import split_lines
+from oom_lsp.server.profiling import (
+    FileResult,
+    Job,
+    command_setting,
+    current_results,
+    document_version,
+    interpreter,
+    results_folder,
+    script_of,
+    send_memory_status,
+    store_result,
+)
+from oom_lsp.server.server import OomLanguageServer
+
+logger = logging.getLogger(__name__)
+
+ESTIMATE_COMMAND = "oom-lsp.estimate"
+OOM100 = "OOM100"
+DEFAULT_ESTIMATE_TIMEOUT_S = 300.0
+ACCUMULATION_CONSTANT = "GRADIENT_ACCUMULATION_STEPS"
+_VERDICTS = {"fits": "fits", "tight": "tight", "will run out of memory": "oom"}
+_SEVERITIES = {
+    Severity.ERROR: types.DiagnosticSeverity.Error,
+    Severity.WARNING: types.DiagnosticSeverity.Warning,
+    Severity.INFO: types.DiagnosticSeverity.Information,
+    Severity.HINT: types.DiagnosticSeverity.Hint,
+}
+
+
+@attrs.define
+class EstimateArgs:
+    uri: str
+    batch_size: int | None = attrs.field(default=None, alias="batchSize")
+    gpu: str | None = None
+    gpu_memory: str | None = attrs.field(default=None, alias="gpuMemory")
+    device: str = "cuda"
+    args: list[str] | None = None
+    python: str | None = None
+    find_max_batch: bool | None = attrs.field(default=None, alias="findMaxBatch")
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class BatchLiteral:
+    """Where the script's batch size is written: 1-based line, code-point columns."""
+
+    line: int
+    start: int
+    end: int
+    statement_line: int  # the first line of its statement (where a line can be inserted)
+
+
+def find_batch_literal(
+    source: str, path: str, knob_lines: set[int], batch_size: int | None
+) -> BatchLiteral | None:
+    """The integer literal that sets the batch size: what OOM101 finds
+    (argparse defaults, DataLoader/config keywords, the constants feeding
+    them), on a line the estimate reported as a batch knob, else one whose
+    value is the estimated batch size. None when neither exists."""
+    settings = LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=1)
+    lines = split_lines(source)
+    candidates = []
+    for finding in analyze(source, settings, path):
+        if finding.code != "OOM101" or finding.fix is None or len(finding.fix.edits) != 1:
+            continue
+        span = finding.fix.edits[0].range
+        if span.start.line != span.end.line:
+            continue
+        text = lines[span.start.line - 1][span.start.column : span.end.column]
+        try:
+            value = int(text.replace("_", ""), 0)
+        except ValueError:
+            continue
+        literal = BatchLiteral(span.start.line, span.start.column, span.end.column, finding.statement_line)
+        candidates.append((literal.line in knob_lines, value == batch_size, literal))
+    preferred = [item for item in candidates if item[0]] or [item for item in candidates if item[1]]
+    return preferred[0][2] if preferred else None
+
+
+def _target_gpu(ls: OomLanguageServer, args: EstimateArgs, script: Path) -> Gpu | None:
+    """The argument's GPU or memory, else the `oomLsp.gpu` setting, else
+    `gpu-memory` of the project (or the `oomLsp.gpuMemory` setting)."""
+    config = ls.lint_settings.project_config(script)
+    try:
+        if args.gpu and args.gpu_memory:
+            raise JsonRpcInvalidParams("give gpu or gpuMemory, not both")
+        if args.gpu:
+            return find_gpu(args.gpu, config.gpus)
+        if args.gpu_memory:
+            return custom_gpu(args.gpu_memory)
+        configured = command_setting(ls, "gpu")
+        if isinstance(configured, str) and configured:
+            return find_gpu(configured, config.gpus)
+    except (UnknownGpuError, ValueError) as error:
+        raise JsonRpcInvalidParams(str(error)) from None
+    return custom_gpu(config.gpu_memory) if config.gpu_memory else None
+
+
+def short_size(size: float) -> str:
+    """14.2 GiB, 24 GiB, 9.5 MiB: one decimal, none when it is .0."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            text = f"{size / scale:.1f}"
+            return f"{text.removesuffix('.0')} {unit}"
+    return f"{int(size)} B"
+
+
+def _gpu_label(gpu: dict[str, Any] | None) -> str:
+    if not gpu:
+        return ""
+    name = gpu["name"].removeprefix("GeForce ")
+    memory = short_size(gpu["memory"])
+    return f" / {memory}" if name.startswith("GPU with ") else f" / {memory} {name}"
+
+
+async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+    if args.device not in ("cuda", "cpu"):
+        raise JsonRpcInvalidParams(f"device must be cuda or cpu, not {args.device!r}")
+    script = script_of(args.uri)
+    gpu = _target_gpu(ls, args, script)
+    profile_settings = command_setting(ls, "profile")
+    default_args = profile_settings.get("args") if isinstance(profile_settings, dict) else None
+    job = Job(ls, f"Estimating {script.name}")
+    options = EstimateOptions(
+        script=script,
+        script_args=[str(arg) for arg in (args.args if args.args is not None else default_args or [])],
+        device=args.device,
+        gpu=gpu,
+        batch_size=args.batch_size,
+        python=interpreter(ls, args.python),
+        timeout=args.timeout or DEFAULT_ESTIMATE_TIMEOUT_S,
+        cwd=ls.lint_settings.project_config(script).root,
+        cancel=job.cancel,
+    )
+    # The code actions need the largest batch that fits: searched by default
+    # whenever there is a target to fit.
+    search = args.find_max_batch if args.find_max_batch is not None else gpu is not None
+    if search and gpu is None:
+        raise JsonRpcInvalidParams("findMaxBatch needs a target: gpu, gpuMemory, or oomLsp.gpu / gpu-memory")
+    version = document_version(ls, args.uri)
+
+    def work() -> dict[str, Any]:
+        job.report("tracing two optimizer steps on fake tensors", 10)
+        if search:
+            outcome = find_max_batch(options, lambda message: job.report(message, 60))
+            prediction = outcome["estimate"]
+            prediction["max_batch"] = outcome["max_batch"]
+        else:
+            prediction = estimate(options, lambda message: job.report(message, 50))
+            prediction["max_batch"] = None
+        return prediction
+
+    try:
+        prediction = await job.run(work)
+    except EstimateError as error:
+        raise RuntimeError(f"the estimate failed: {error}") from None
+    folder = results_folder(ls, script, "estimate")
+    folder.mkdir(parents=True, exist_ok=True)
+    report_path = folder / f"{script.stem}.json"
+    report_path.write_text(json.dumps(prediction, indent=2) + "\n", encoding="utf-8")
+    _show_estimate(ls, args.uri, script, prediction, str(report_path), version)
+    result: dict[str, Any] = {
+        "reportPath": str(report_path),
+        "peakBytes": prediction["peak_bytes"],
+        "reservedBytes": prediction.get("reserved_bytes"),
+        "gpuMemoryBytes": gpu.memory if gpu else None,
+        "verdict": _VERDICTS.get(prediction.get("verdict") or ""),
+        "batchSize": prediction.get("batch_size"),
+    }
+    if gpu is not None:
+        result["gpuName"] = gpu.name
+    max_batch = (prediction.get("max_batch") or {}).get("max_batch")
+    if max_batch is not None:
+        result["maxBatch"] = max_batch
+    return result
+
+
+def _show_estimate(
+    ls: OomLanguageServer,
+    uri: str,
+    script: Path,
+    prediction: dict[str, Any],
+    report_path: str,
+    version: int | None,
+) -> None:
+    document: TextDocument = ls.workspace.get_text_document(uri)
+    knobs = {
+        int(knob["line"])
+        for knob in prediction.get("batch_knobs") or []
+        if knob.get("file") and Path(knob["file"]).resolve() == script.resolve()
+    }
+    literal = find_batch_literal(document.source, str(script), knobs, prediction.get("batch_size"))
+    searched = prediction.get("max_batch") or {}
+    fitting = searched.get("max_batch")
+    gpu = prediction.get("gpu")
+    verdict = _VERDICTS.get(prediction.get("verdict") or "")
+    details = {
+        "peakBytes": prediction["peak_bytes"],
+        "batchSize": prediction.get("batch_size"),
+        "gpu": gpu,
+        "verdict": verdict,
+        "maxBatch": fitting,
+        "accumulation": searched.get("gradient_accumulation"),
+        "literal": attrs_dict(literal) if literal else None,
+        "label": f"≈ {short_size(prediction['peak_bytes'])} peak at {prediction.get('batch_size')}"
+        + _gpu_label(gpu),
+    }
+    found = []
+    settings = ls.settings_for_uri(uri)
+    if verdict == "oom" and literal is not None and settings is not None and OOM100 in settings.enabled:
+        found.append(_oom100(ls, document, literal, details, settings))
+    if fitting:
+        ls.max_batch_by_uri[uri] = fitting
+    status = {
+        "uri": uri,
+        "peakBytes": prediction["peak_bytes"],
+        "gpuMemoryBytes": gpu["memory"] if gpu else None,
+        "gpuName": gpu["name"] if gpu else None,
+        "source": "estimate",
+        "reportPath": report_path,
+        "exceedsGpu": verdict == "oom",
+    }
+    store_result(
+        ls,
+        uri,
+        FileResult(
+            kind="estimate",
+            report_path=report_path,
+            version=version,
+            diagnostics=found,
+            status=status,
+            details=details,
+        ),
+    )
+    send_memory_status(ls, status)
+    if ls.client_supports("workspace.inlay_hint.refresh_support"):
+        ls.workspace_inlay_hint_refresh(None)
+
+
+def attrs_dict(literal: BatchLiteral) -> dict[str, int]:
+    return {
+        "line": literal.line,
+        "start": literal.start,
+        "end": literal.end,
+        "statementLine": literal.statement_line,
+    }
+
+
+def literal_range(ls: OomLanguageServer, source: str, literal: dict[str, int]) -> types.Range:
+    from oom_lsp.analysis.findings import Position, Range
+    from oom_lsp.server.positions import PositionConverter
+
+    converter = PositionConverter(source, ls.position_encoding)
+    return converter.range_to_lsp(
+        Range(Position(literal["line"], literal["start"]), Position(literal["line"], literal["end"]))
+    )
+
+
+def _oom100(
+    ls: OomLanguageServer,
+    document: TextDocument,
+    literal: BatchLiteral,
+    details: dict[str, Any],
+    settings: LintSettings,
+) -> types.Diagnostic:
+    from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
+    from oom_lsp.output import rule_url
+
+    gpu = details["gpu"]
+    fitting = details["maxBatch"]
+    advice = f"; the largest batch that fits is {fitting}" if fitting else ""
+    if fitting == 0:
+        advice = "; even batch size 1 does not fit: the model's states alone exceed it"
+    return types.Diagnostic(
+        range=literal_range(ls, document.source, attrs_dict(literal)),
+        severity=_SEVERITIES[settings.severity_of(OOM100, PREDICTED_OUT_OF_MEMORY.default_severity)],
+        code=OOM100,
+        code_description=types.CodeDescription(href=rule_url(OOM100, PREDICTED_OUT_OF_MEMORY.name)),
+        source=SOURCE,
+        message=f"Predicted out of memory: a training step needs ≈ {short_size(details['peakBytes'])} at batch "
+        f"size {details['batchSize']}, more than the {short_size(gpu['memory'])} of {gpu['name']}"
+        f" (CUDA context included){advice}.",
+        data={
+            "kind": "estimate",
+            "version": document.version,
+            "maxBatch": fitting,
+            "accumulation": details["accumulation"],
+            "statementLine": literal.statement_line,
+        },
+    )
+
+
+# --- code actions ------------------------------------------------------------------------
+
+
+async def estimate_actions(
+    ls: OomLanguageServer, params: types.CodeActionParams, document: TextDocument
+) -> list[types.CodeAction]:
+    only = params.context.only
+    if only is not None and not any(
+        types.CodeActionKind.QuickFix == entry or types.CodeActionKind.QuickFix.startswith(entry + ".")
+        for entry in only
+    ):
+        return []
+    actions = []
+    for diagnostic in params.context.diagnostics:
+        data: Any = diagnostic.data
+        if (
+            diagnostic.code != OOM100
+            or diagnostic.source != SOURCE
+            or not isinstance(data, dict)
+            or data.get("version") != document.version
+            or "estimate" not in current_results(ls, document.uri)
+        ):
+            continue
+        fitting = data.get("maxBatch")
+        if fitting:
+            actions.append(
+                types.CodeAction(
+                    title=f"Set batch size to {fitting} (largest that fits)",
+                    kind=types.CodeActionKind.QuickFix,
+                    diagnostics=[diagnostic],
+                    is_preferred=True,
+                    edit=code_actions.workspace_edit(
+                        ls, document, [types.TextEdit(range=diagnostic.range, new_text=str(fitting))]
+                    ),
+                )
+            )
+        accumulation = data.get("accumulation")
+        if accumulation and ACCUMULATION_CONSTANT not in document.source:
+            actions.append(
+                _accumulation_action(ls, document, diagnostic, accumulation, data["statementLine"])
+            )
+    return actions
+
+
+def _accumulation_action(
+    ls: OomLanguageServer,
+    document: TextDocument,
+    diagnostic: types.Diagnostic,
+    accumulation: dict[str, int],
+    statement_line: int,
+) -> types.CodeAction:
+    """The micro-batch on the literal and the number of steps as a constant
+    above its statement; dividing the loss and stepping every k batches is
+    the training loop's part, said in the constant's comment."""
+    micro, steps = accumulation["micro_batch"], accumulation["steps"]
+    text = split_lines(document.source)[statement_line - 1]
+    indent = text[: len(text) - len(text.lstrip())]
+    line = (
+        f"{indent}{ACCUMULATION_CONSTANT} = {steps}  # effective batch {micro} x {steps} = "
+        f"{accumulation['effective_batch']}: divide the loss by it, step the optimizer every {steps} batches\n"
+    )
+    insert_at = types.Position(line=statement_line - 1, character=0)
+    edits = [
+        types.TextEdit(range=types.Range(start=insert_at, end=insert_at), new_text=line),
+        types.TextEdit(range=diagnostic.range, new_text=str(micro)),
+    ]
+    return types.CodeAction(
+        title=f"Use gradient accumulation ({micro} x {steps})",
+        kind=types.CodeActionKind.QuickFix,
+        diagnostics=[diagnostic],
+        edit=code_actions.workspace_edit(ls, document, edits),
+    )
+
+
+def register(server: OomLanguageServer) -> None:
+    server.command(ESTIMATE_COMMAND)(estimate_command)
+    code_actions.add_provider(estimate_actions)

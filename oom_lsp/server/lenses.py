@@ -1,0 +1,92 @@
+"""Code lenses and inlay hints.
+
+Lenses "Estimate peak memory" and "Profile memory" sit above
+`if __name__ == "__main__":` and above the outermost training loops (loops
+that call `.backward()`, and the epoch loops around them:
+`oom_lsp.fixes.instrument.find_training_loops`); each runs the server
+command of that name on the file.
+
+The inlay hint is the last estimate's, after the batch-size literal it
+varied: "≈ 14.2 GiB peak at 64 / 24 GiB RTX 3090". It goes with the first
+edit of the file (profiling.current_results). A profile's per-line figures
+are Information diagnostics, not hints (they carry the allocation count and
+stay readable in the Problems panel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from lsprotocol import types
+
+from oom_lsp.fixes.instrument import find_training_loops
+from oom_lsp.server.estimate import ESTIMATE_COMMAND, literal_range
+from oom_lsp.server.positions import split_lines
+from oom_lsp.server.profiling import PROFILE_COMMAND, current_results
+from oom_lsp.server.server import OomLanguageServer
+
+_MAIN_GUARD = re.compile(r"""^if\s+(__name__\s*==\s*(['"])__main__\2|(['"])__main__\3\s*==\s*__name__)\s*:""")
+LENS_TITLES = {ESTIMATE_COMMAND: "Estimate peak memory", PROFILE_COMMAND: "Profile memory"}
+
+
+def lens_lines(source: str) -> list[int]:
+    """0-based lines that get the lenses: the main guard (at module level)
+    and the outermost training loops."""
+    lines = {index for index, text in enumerate(split_lines(source)) if _MAIN_GUARD.match(text)}
+    loops = find_training_loops(source)
+    for loop in loops:
+        inside_another = any(
+            other.line < loop.line and loop.end_line <= other.end_line for other in loops if other is not loop
+        )
+        if not inside_another:
+            lines.add(loop.line - 1)
+    return sorted(lines)
+
+
+async def on_code_lens(ls: OomLanguageServer, params: types.CodeLensParams) -> list[types.CodeLens] | None:
+    document = ls.open_document(params.text_document.uri)
+    if document is None or document.path is None:
+        return None  # the commands run a file on disk
+    source = document.source
+    lines = await asyncio.get_running_loop().run_in_executor(ls.analysis_executor, lens_lines, source)
+    lenses = []
+    for line in lines:
+        place = types.Range(
+            start=types.Position(line=line, character=0), end=types.Position(line=line, character=0)
+        )
+        for command, title in LENS_TITLES.items():
+            lenses.append(
+                types.CodeLens(
+                    range=place,
+                    command=types.Command(title=title, command=command, arguments=[{"uri": document.uri}]),
+                )
+            )
+    return lenses
+
+
+def on_inlay_hint(ls: OomLanguageServer, params: types.InlayHintParams) -> list[types.InlayHint] | None:
+    document = ls.open_document(params.text_document.uri)
+    if document is None:
+        return None
+    result = current_results(ls, document.uri).get("estimate")
+    if result is None or not result.details.get("literal"):
+        return []
+    place = literal_range(ls, document.source, result.details["literal"])
+    wanted = params.range
+    if place.end.line < wanted.start.line or place.end.line > wanted.end.line:
+        return []
+    return [
+        types.InlayHint(
+            position=place.end,
+            label=result.details["label"],
+            kind=types.InlayHintKind.Type,
+            padding_left=True,
+            tooltip=f"oom-lsp estimate; report: {result.report_path}",
+        )
+    ]
+
+
+def register(server: OomLanguageServer) -> None:
+    server.feature(types.TEXT_DOCUMENT_CODE_LENS)(on_code_lens)
+    server.feature(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintOptions())(on_inlay_hint)
