@@ -207,9 +207,19 @@ class OomLanguageServer(LanguageServer):
 
 
 def create_server(log_file: str | None = None) -> OomLanguageServer:
-    from oom_lsp.server import code_actions, diagnostics, estimate, hover, lenses, lifecycle, profiling
+    from oom_lsp.server import (
+        ai,
+        code_actions,
+        diagnostics,
+        estimate,
+        hover,
+        lenses,
+        lifecycle,
+        oom_reports,
+        profiling,
+    )
 
     server = OomLanguageServer(log_file)
-    for module in (lifecycle, diagnostics, code_actions, hover, profiling, estimate, lenses):
+    for module in (lifecycle, diagnostics, code_actions, hover, ai, oom_reports, profiling, estimate, lenses):
         module.register(server)
     return server
