@@ -24,7 +24,7 @@ import sys
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -505,24 +505,16 @@ async def _find_target(ls: OomLanguageServer, document: TextDocument, args: AskA
 
 # --- oom-lsp.validateFix ---------------------------------------------------------------------
 
-# Feature modules that keep the last estimate or profile of a file register a
-# lookup here: uri -> the report's path, or None.
-MeasurementLookup = Callable[[OomLanguageServer, str], Path | None]
-_measurement_lookups: list[MeasurementLookup] = []
 
-
-def add_measurement_lookup(lookup: MeasurementLookup) -> None:
-    if lookup not in _measurement_lookups:
-        _measurement_lookups.append(lookup)
-
-
-def _before_report(ls: OomLanguageServer, uri: str, path: Path, root: Path) -> Path | None:
+def _before_report(uri: str, root: Path) -> Path | None:
     """The measurement a fix is compared with: the server's last estimate or
-    profile of the file, else the last `oom-lsp profile` of it in the project."""
-    for lookup in _measurement_lookups:
-        found = lookup(ls, uri)
-        if found is not None:
-            return found
+    profile of the file (oom-lsp.estimate, oom-lsp.profile), else the last
+    `oom-lsp profile` run in the project."""
+    from oom_lsp.server.profiling import latest_report
+
+    latest = latest_report(uri)
+    if latest is not None:
+        return Path(latest)
     from oom_lsp.llm.commands import LAST_PROFILE
 
     candidate = root / LAST_PROFILE
@@ -537,7 +529,7 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
     if path is None or not path.is_file():
         raise JsonRpcInternalError(f"{args.uri}: not a file on disk")
     config = _project(ls, args.uri)
-    report = _before_report(ls, args.uri, path, config.root)
+    report = _before_report(args.uri, config.root)
     if report is None:
         raise JsonRpcInternalError(
             f"no estimate or profile of {path.name} to compare with: run oom-lsp.estimate or oom-lsp.profile first"

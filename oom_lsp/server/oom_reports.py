@@ -305,8 +305,8 @@ async def _instrument_actions(
 
 
 async def open_report(ls: OomLanguageServer, args: OpenReportArgs) -> dict[str, Any]:
-    path = Path(args.path)
-    if ls.client_supports("window.show_document"):
+    path = Path(args.path).resolve()
+    if ls.client_supports("window.show_document.support"):
         shown = await ls.window_show_document_async(
             types.ShowDocumentParams(uri=path.as_uri(), take_focus=True)
         )
