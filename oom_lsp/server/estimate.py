@@ -312,9 +312,10 @@ def _oom100(
         message=f"Predicted out of memory: a training step needs ≈ {short_size(details['peakBytes'])} at batch "
         f"size {details['batchSize']}, more than the {short_size(gpu['memory'])} of {gpu['name']}"
         f" (CUDA context included){advice}.",
+        # Not "version": the analysis's quick fixes read diagnostics with that key as theirs.
         data={
             "kind": "estimate",
-            "version": document.version,
+            "documentVersion": document.version,
             "maxBatch": fitting,
             "accumulation": details["accumulation"],
             "statementLine": literal.statement_line,
@@ -341,7 +342,7 @@ async def estimate_actions(
             diagnostic.code != OOM100
             or diagnostic.source != SOURCE
             or not isinstance(data, dict)
-            or data.get("version") != document.version
+            or data.get("documentVersion") != document.version
             or "estimate" not in current_results(ls, document.uri)
         ):
             continue

@@ -1,0 +1,178 @@
+"""oom-lsp.estimate against the real server: a small script estimated on the
+CPU against a GPU too small for its batch size gets OOM100 on the batch
+literal, both code actions and the inlay hint; an edit removes them. Also
+the `gpus` table of [tool.oom-lsp]."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pytest_lsp import LanguageClient
+
+from oom_lsp.config import ConfigError, parse_config_table
+from oom_lsp.estimate.gpus import UnknownGpuError, find_gpu
+from tests.server.lsp_session import (
+    CONFIG,
+    apply_text_edits,
+    diagnostics_for,
+    edits_of,
+    open_document,
+    replace_text,
+    start_session,
+)
+
+in_module_loop = pytest.mark.asyncio(loop_scope="module")
+
+TIMEOUT_S = 120
+SCRIPT = textwrap.dedent(
+    """\
+    import argparse
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--batch-size", type=int, default=64)
+        args = parser.parse_args()
+        data = TensorDataset(torch.randn(256, 1024), torch.randint(0, 10, (256,)))
+        loader = DataLoader(data, batch_size=args.batch_size)
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+BATCH_LINE = 8  # 0-based: the argparse default
+# On the CPU the trace is byte-exact: 10 054 232 B at batch 64, 9 529 432 B + 8 200 B per sample;
+# 9 700 KiB holds batch 49 at most.
+GPU_MEMORY = "9700KiB"
+
+
+@pytest_lsp.fixture(scope="module", params=["vscode-1.139.1"], config=CONFIG)
+async def client(request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp_path_factory):
+    root = tmp_path_factory.mktemp("estimate-workspace")
+    lsp_client.root = root
+    lsp_client.statuses = []
+    lsp_client.feature("oomLsp/memoryStatus")(lambda params: lsp_client.statuses.append(params._asdict()))
+    lsp_client.hint_refreshes = 0
+
+    @lsp_client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)
+    def refresh_hints(params: None) -> None:
+        lsp_client.hint_refreshes += 1
+
+    lsp_client.init_result = await start_session(
+        lsp_client,
+        request.param,
+        root,
+        initialization_options={"settings": {"debounceMs": 0}},
+        configuration={"debounceMs": 0},
+    )
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def execute(client: LanguageClient, command: str, argument: dict):
+    params = types.ExecuteCommandParams(command=command, arguments=[argument])
+    return await asyncio.wait_for(client.workspace_execute_command_async(params), TIMEOUT_S)
+
+
+async def hints(client: LanguageClient, uri: str) -> list[types.InlayHint]:
+    whole = types.Range(start=types.Position(line=0, character=0), end=types.Position(line=100, character=0))
+    result = await client.text_document_inlay_hint_async(
+        types.InlayHintParams(text_document=types.TextDocumentIdentifier(uri=uri), range=whole)
+    )
+    return list(result or [])
+
+
+@in_module_loop
+async def test_estimate_over_the_gpu(client: LanguageClient):
+    script = client.root / "train.py"
+    script.write_text(SCRIPT)
+    uri = script.as_uri()
+    open_document(client, uri, SCRIPT)
+    before = {str(d.code) for d in await diagnostics_for(client, uri, 1)}
+    assert "OOM100" not in before and "OOM101" in before  # 64 > the default limit of 32
+
+    result = await execute(client, "oom-lsp.estimate", {"uri": uri, "gpuMemory": GPU_MEMORY, "device": "cpu"})
+
+    assert result["verdict"] == "oom" and result["maxBatch"] == 49
+    assert result["peakBytes"] == 10_054_232 and result["gpuMemoryBytes"] == 9700 * 1024
+    assert Path(result["reportPath"]) == client.root / ".oom_lsp" / "estimate" / "train.json"
+    assert client.statuses[-1]["exceedsGpu"] is True and client.statuses[-1]["peakBytes"] == result["peakBytes"]
+    shown = await execute(client, "oom-lsp.showReport", {"uri": uri})
+    assert shown == {"reportPath": result["reportPath"]}
+
+    found = await diagnostics_for(client, uri, 1)
+    (oom100,) = [d for d in found if d.code == "OOM100"]
+    literal = SCRIPT.splitlines()[BATCH_LINE].index("64")
+    assert oom100.severity == types.DiagnosticSeverity.Error
+    assert (oom100.range.start.line, oom100.range.start.character, oom100.range.end.character) == (
+        BATCH_LINE,
+        literal,
+        literal + 2,
+    )
+    assert "largest batch that fits is 49" in oom100.message
+    (oom101,) = [d for d in found if d.code == "OOM101"]
+    assert "limit of 49" in oom101.message  # the estimate's largest batch, not 32
+
+    assert client.hint_refreshes >= 1
+    (hint,) = await hints(client, uri)
+    assert hint.position == oom100.range.end
+    assert hint.label == "≈ 9.6 MiB peak at 64 / 9.5 MiB"
+
+    actions = await client.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=oom100.range,
+            context=types.CodeActionContext(diagnostics=[oom100]),
+        )
+    )
+    by_title = {action.title: action for action in actions or []}
+    assert {"Set batch size to 49 (largest that fits)", "Use gradient accumulation (32 x 2)"} <= set(by_title)
+    accumulated = apply_text_edits(SCRIPT, edits_of(by_title["Use gradient accumulation (32 x 2)"], uri))
+    assert "    GRADIENT_ACCUMULATION_STEPS = 2  # effective batch 32 x 2 = 64" in accumulated
+    assert 'parser.add_argument("--batch-size", type=int, default=32)' in accumulated
+    fitted = apply_text_edits(SCRIPT, edits_of(by_title["Set batch size to 49 (largest that fits)"], uri))
+    assert fitted == SCRIPT.replace("default=64", "default=49")
+
+    # Applying it is an edit: the hint, OOM100 and the status go; OOM101 keeps the estimate's limit.
+    replace_text(client, uri, 2, fitted)
+    after = await diagnostics_for(client, uri, 2)
+    assert [str(d.code) for d in after if d.code in ("OOM100", "OOM101")] == []
+    assert await hints(client, uri) == []
+    assert client.statuses[-1] == {"uri": uri, "peakBytes": None, "source": "estimate"}
+
+
+@in_module_loop
+async def test_estimate_needs_a_file_on_disk(client: LanguageClient):
+    with pytest.raises(Exception, match="no such file"):
+        await execute(client, "oom-lsp.estimate", {"uri": (client.root / "missing.py").as_uri()})
+
+
+def test_gpus_table_extends_the_catalogue(tmp_path: Path):
+    config = parse_config_table({"gpus": {"Lab Card 20G": "20GiB", "Tiny": 1024}}, "pyproject.toml", tmp_path)
+    assert config.gpus == {"Lab Card 20G": 20 * 2**30, "Tiny": 1024}
+    assert find_gpu("lab card 20g", config.gpus).memory == 20 * 2**30
+    assert find_gpu("RTX 3090", config.gpus).name == "GeForce RTX 3090"
+    with pytest.raises(UnknownGpuError, match="did you mean 'Lab Card 20G'"):
+        find_gpu("Lab Crd 20G", config.gpus)
+
+
+@pytest.mark.parametrize("value", [{"Lab": "lots"}, {"Lab": True}, ["Lab"]])
+def test_gpus_table_rejects_bad_sizes(tmp_path: Path, value):
+    with pytest.raises(ConfigError, match="gpus"):
+        parse_config_table({"gpus": value}, "pyproject.toml", tmp_path)
