@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Union
@@ -76,6 +77,10 @@ async def client(
             value, types.Command if isinstance(value.get("command"), str) else types.CodeAction
         ),
     )
+
+    # Sent after an estimate (oom-lsp.validateFix's "before"); nothing to check here.
+    lsp_client.feature("oomLsp/memoryStatus")(lambda params: None)
+    lsp_client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)(lambda params: None)
 
     @lsp_client.feature(types.WORKSPACE_APPLY_EDIT)
     def apply_edit(params: types.ApplyWorkspaceEditParams) -> types.ApplyWorkspaceEditResult:
@@ -315,3 +320,55 @@ async def _until(condition: Any) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.02)
+
+
+ESTIMATED_SCRIPT = textwrap.dedent(
+    """\
+    import argparse
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--batch-size", type=int, default=64)
+        args = parser.parse_args()
+        data = TensorDataset(torch.randn(256, 1024), torch.randint(0, 10, (256,)))
+        loader = DataLoader(data, batch_size=args.batch_size)
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+async def test_validate_fix_measures_again_and_compares(client: LanguageClient):
+    if client.client_name != "vscode-1.139.1":
+        pytest.skip("the command does not depend on the client; one estimate run is enough")
+    script = client.root / "estimated.py"
+    script.write_text(ESTIMATED_SCRIPT, encoding="utf-8")
+    uri = script.as_uri()
+    open_document(client, uri, ESTIMATED_SCRIPT)
+    estimate = types.Command(
+        title="estimate", command="oom-lsp.estimate", arguments=[{"uri": uri, "device": "cpu"}]
+    )
+    before = await asyncio.wait_for(_run(client, estimate), 120)
+    # The fix, saved: half the batch.
+    script.write_text(ESTIMATED_SCRIPT.replace("default=64", "default=32"), encoding="utf-8")
+
+    validate = types.Command(title="validate", command="oom-lsp.validateFix", arguments=[{"uri": uri}])
+    result = await asyncio.wait_for(_run(client, validate), 120)
+
+    assert result["source"] == "estimate"
+    assert result["before"] == before["peakBytes"]
+    assert result["after"] < result["before"]
+    assert result["change"] == result["after"] - result["before"]
