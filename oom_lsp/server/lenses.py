@@ -46,7 +46,7 @@ def lens_lines(source: str) -> list[int]:
 
 async def on_code_lens(ls: OomLanguageServer, params: types.CodeLensParams) -> list[types.CodeLens] | None:
     document = ls.open_document(params.text_document.uri)
-    if document is None or document.path is None:
+    if document is None or not document.uri.startswith("file:"):
         return None  # the commands run a file on disk
     source = document.source
     lines = await asyncio.get_running_loop().run_in_executor(ls.analysis_executor, lens_lines, source)

@@ -108,7 +108,9 @@ async def test_oom_during_profiling_is_an_error_on_the_failing_line(client: Lang
     failing = line_of(script, "raise RuntimeError(MESSAGE)")
     assert result["oom"]["frame"]["line"] == failing + 1
     errors = [
-        d for d in await diagnostics_for(client, script.as_uri(), 1) if d.severity == types.DiagnosticSeverity.Error
+        d
+        for d in await diagnostics_for(client, script.as_uri(), 1)
+        if d.severity == types.DiagnosticSeverity.Error
     ]
     assert [d.range.start.line for d in errors] == [failing]
     assert "Out of memory here" in errors[0].message and "2.00 GiB" in errors[0].message
