@@ -77,6 +77,8 @@ class FileResult:
 
 # uri -> kind -> result
 _results: dict[str, dict[str, FileResult]] = {}
+# uri -> kind -> the latest report, kept after an edit (showReport, validateFix compare with it).
+_last_reports: dict[str, dict[str, tuple[float, str]]] = {}
 # URIs whose results were published while the file was closed.
 _pushed_closed: set[str] = set()
 
@@ -116,12 +118,16 @@ def store_result(ls: OomLanguageServer, uri: str, result: FileResult) -> None:
     """Keep the result and show its diagnostics (and nothing of a previous
     result of the same kind)."""
     _results.setdefault(uri, {})[result.kind] = result
+    if result.report_path:
+        _last_reports.setdefault(uri, {})[result.kind] = (result.when, result.report_path)
     republish(ls, uri)
 
 
-def latest_report(uri: str) -> str | None:
-    results = [result for result in _results.get(uri, {}).values() if result.report_path]
-    return max(results, key=lambda result: result.when).report_path if results else None
+def latest_report(uri: str, kinds: tuple[str, ...] = ("estimate", "profile")) -> str | None:
+    """The file's most recent report of those kinds, even if the file changed
+    since (oom-lsp.validateFix compares a fix with the measurement before it)."""
+    reports = [report for kind, report in _last_reports.get(uri, {}).items() if kind in kinds]
+    return max(reports)[1] if reports else None
 
 
 def _extra_diagnostics(ls: OomLanguageServer, uri: str) -> list[types.Diagnostic]:
@@ -227,9 +233,11 @@ class Job:
             self.cancel.set()
             self.end("cancelled")
             raise
-        except BaseException:
-            self.end("failed")
-            raise
+        except Exception:
+            if not self.cancel.is_set():
+                self.end("failed")
+                raise
+            # Stopped because it was cancelled: answer that, not how it stopped.
         if self.cancel.is_set():
             self.end("cancelled")
             # An error answer, not a cancelled task: pygls chains the command
@@ -479,7 +487,8 @@ def oom_diagnostic(ls: OomLanguageServer, uri: str, oom: OomError, origin: str) 
         source=SOURCE,
         message=f"Out of memory here{where} ({origin}): {', '.join(facts) or oom.message}"
         + (f". {oom.hint}" if oom.hint else ""),
-        data={"kind": "oom", "origin": origin},
+        # `error`: what "Ask AI to fix this OOM" (server/ai.py) sends to the model.
+        data={"kind": "oom", "origin": origin, "error": oom.to_dict()},
     )
 
 
@@ -557,7 +566,7 @@ class ShowReportArgs:
 
 
 def show_report_command(ls: OomLanguageServer, args: ShowReportArgs) -> dict[str, Any]:
-    return {"reportPath": latest_report(args.uri)}
+    return {"reportPath": latest_report(args.uri, ("estimate", "profile", "oom"))}
 
 
 def register(server: OomLanguageServer) -> None:

@@ -130,23 +130,47 @@ async def test_cancel_request_kills_the_process_tree(client: LanguageClient):
     request = asyncio.ensure_future(
         execute(client, "oom-lsp.profile", {"uri": script.as_uri(), "device": "cpu"}, msg_id="profile-hangs")
     )
+    child = await _child_of_hangs(client, since)
+    client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="profile-hangs"))
+    with pytest.raises(JsonRpcException):
+        await request
+    await _gone(child)
+
+
+async def _child_of_hangs(client: LanguageClient, since: int) -> int:
+    """The pid of the sleeping child hangs.py starts, from the script's output in the log."""
     deadline = asyncio.get_running_loop().time() + 60
-    child = None
-    while child is None:
+    while True:
         assert asyncio.get_running_loop().time() < deadline, "the script never started its child"
         for message in client.log_messages[since:]:
             match = re.search(r"\[hangs.py\] child (\d+)", message.message)
             if match:
                 child = int(match.group(1))
+                assert _alive(child)
+                return child
         await asyncio.sleep(0.1)
-    assert _alive(child)
-    client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="profile-hangs"))
-    with pytest.raises(JsonRpcException):
-        await request
+
+
+async def _gone(pid: int) -> None:
     deadline = asyncio.get_running_loop().time() + 10
-    while _alive(child):
-        assert asyncio.get_running_loop().time() < deadline, f"process {child} outlived the cancel"
+    while _alive(pid):
+        assert asyncio.get_running_loop().time() < deadline, f"process {pid} outlived the cancel"
         await asyncio.sleep(0.1)
+
+
+async def test_cancel_from_the_progress_kills_the_process_tree(client: LanguageClient):
+    script = client.root / "hangs.py"
+    since, known_tokens = len(client.log_messages), set(client.progress_reports)
+    request = asyncio.ensure_future(
+        execute(client, "oom-lsp.profile", {"uri": script.as_uri(), "device": "cpu"})
+    )
+    child = await _child_of_hangs(client, since)
+    (token,) = set(client.progress_reports) - known_tokens
+    client.window_work_done_progress_cancel(types.WorkDoneProgressCancelParams(token=token))
+    with pytest.raises(JsonRpcException, match="cancelled"):
+        await request
+    assert client.progress_reports[token][-1].kind == "end"
+    await _gone(child)
 
 
 async def test_explain_oom_puts_an_error_on_the_failing_line(client: LanguageClient):
