@@ -372,3 +372,42 @@ async def test_validate_fix_measures_again_and_compares(client: LanguageClient):
     assert result["before"] == before["peakBytes"]
     assert result["after"] < result["before"]
     assert result["change"] == result["after"] - result["before"]
+
+
+def _oom_log(path: Path) -> str:
+    return (
+        "Traceback (most recent call last):\n"
+        f'  File "{path}", line 11, in train\n'
+        "    loss = model(inputs.cuda(), labels.cuda())\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity "
+        "of 23.65 GiB of which 1.10 GiB is free. Of the allocated memory 21.80 GiB is allocated by PyTorch, "
+        "and 344.56 MiB is reserved by PyTorch but unallocated.\n"
+    )
+
+
+async def test_ask_ai_to_fix_an_explained_oom(client: LanguageClient, fake: FakeModelServer):
+    uri, _ = await _open(client)
+    since = len(client.published)
+    explain = types.Command(
+        title="explain",
+        command="oom-lsp.explainOom",
+        arguments=[{"text": _oom_log(Path(uri[len("file://") :]))}],
+    )
+    await _run(client, explain)
+    (oom,) = [
+        d
+        for d in await diagnostics_for(client, uri, 1, since)
+        if d.severity == types.DiagnosticSeverity.Error and d.code is None
+    ]
+    assert oom.range.start.line == 10
+    actions = await _actions(client, uri, oom)
+    assert [action.title for action in actions] == [f"Ask AI to fix this OOM via {_host(client)}"]
+    fake.script({"content": GOOD_ANSWER})
+
+    result = await _choose(client, actions[0])
+
+    assert result["applied" if client.client_name == NO_RESOLVE else "logged"] is True
+    assert client.texts[uri][1] == TRAIN.replace("        total_loss += loss\n", FIXED_LINE)
+    prompt_sent = fake.requests[-1]["body"]["messages"][-1]["content"]
+    assert "Tried to allocate 1.50 GiB" in prompt_sent
+    assert "· CUDA out of memory ·" in _fix_log(client).read_text(encoding="utf-8")
