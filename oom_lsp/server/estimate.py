@@ -14,7 +14,6 @@ Any edit of the file drops the hint, OOM100 and the status (profiling.py).
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,14 @@ from pygls.exceptions import JsonRpcInvalidParams
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import LintSettings, Severity, analyze
+from oom_lsp.analysis.findings import Position, Range
+from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
 from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, find_max_batch
 from oom_lsp.estimate.gpus import Gpu, UnknownGpuError, custom_gpu, find_gpu
+from oom_lsp.output import rule_url
 from oom_lsp.server import code_actions
 from oom_lsp.server.diagnostics import SOURCE
-from oom_lsp.server.positions import split_lines
+from oom_lsp.server.positions import PositionConverter, split_lines
 from oom_lsp.server.profiling import (
     FileResult,
     Job,
@@ -43,8 +45,6 @@ from oom_lsp.server.profiling import (
     store_result,
 )
 from oom_lsp.server.server import OomLanguageServer
-
-logger = logging.getLogger(__name__)
 
 ESTIMATE_COMMAND = "oom-lsp.estimate"
 OOM100 = "OOM100"
@@ -233,7 +233,7 @@ def _show_estimate(
         "verdict": verdict,
         "maxBatch": fitting,
         "accumulation": searched.get("gradient_accumulation"),
-        "literal": attrs_dict(literal) if literal else None,
+        "literal": literal_dict(literal) if literal else None,
         "label": f"≈ {short_size(prediction['peak_bytes'])} peak at {prediction.get('batch_size')}"
         + _gpu_label(gpu),
     }
@@ -269,7 +269,7 @@ def _show_estimate(
         ls.workspace_inlay_hint_refresh(None)
 
 
-def attrs_dict(literal: BatchLiteral) -> dict[str, int]:
+def literal_dict(literal: BatchLiteral) -> dict[str, int]:
     return {
         "line": literal.line,
         "start": literal.start,
@@ -279,9 +279,6 @@ def attrs_dict(literal: BatchLiteral) -> dict[str, int]:
 
 
 def literal_range(ls: OomLanguageServer, source: str, literal: dict[str, int]) -> types.Range:
-    from oom_lsp.analysis.findings import Position, Range
-    from oom_lsp.server.positions import PositionConverter
-
     converter = PositionConverter(source, ls.position_encoding)
     return converter.range_to_lsp(
         Range(Position(literal["line"], literal["start"]), Position(literal["line"], literal["end"]))
@@ -295,16 +292,13 @@ def _oom100(
     details: dict[str, Any],
     settings: LintSettings,
 ) -> types.Diagnostic:
-    from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
-    from oom_lsp.output import rule_url
-
     gpu = details["gpu"]
     fitting = details["maxBatch"]
     advice = f"; the largest batch that fits is {fitting}" if fitting else ""
     if fitting == 0:
         advice = "; even batch size 1 does not fit: the model's states alone exceed it"
     return types.Diagnostic(
-        range=literal_range(ls, document.source, attrs_dict(literal)),
+        range=literal_range(ls, document.source, literal_dict(literal)),
         severity=_SEVERITIES[settings.severity_of(OOM100, PREDICTED_OUT_OF_MEMORY.default_severity)],
         code=OOM100,
         code_description=types.CodeDescription(href=rule_url(OOM100, PREDICTED_OUT_OF_MEMORY.name)),
