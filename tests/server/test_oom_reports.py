@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import itertools
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -159,9 +160,15 @@ def _line(number: int) -> types.Range:
     )
 
 
-def _run_failing_script(path: Path) -> None:
+def _run_failing_script(path: Path, environ: dict[str, str] | None = None) -> None:
     done = subprocess.run(
-        [sys.executable, path.name], check=False, cwd=path.parent, capture_output=True, text=True, timeout=60
+        [sys.executable, path.name],
+        check=False,
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(environ or {})},
     )
     assert done.returncode == 1 and "OutOfMemoryError" in done.stderr, done.stderr
 
@@ -273,3 +280,70 @@ async def _until(condition) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.02)
+
+
+ESTIMATED_AND_GUARDED = """import argparse
+import os
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from oom_lsp.runtime import oom_guard
+
+MESSAGE = "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.10 GiB is free."
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args()
+    data = TensorDataset(torch.randn(256, 1024), torch.randint(0, 10, (256,)))
+    loader = DataLoader(data, batch_size=args.batch_size)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        if os.environ.get("SIMULATE_OOM"):
+            raise torch.OutOfMemoryError(MESSAGE)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+if __name__ == "__main__":
+    with oom_guard():
+        main()
+"""
+RAISE_LINE = 22  # raise torch.OutOfMemoryError(MESSAGE)
+
+
+async def test_set_batch_size_from_the_estimate_on_the_oom(client: LanguageClient):
+    if client.client_name != "vscode-1.139.1":
+        pytest.skip("the action does not depend on the client; one estimate run is enough")
+    client.feature("oomLsp/memoryStatus")(lambda params: None)
+    client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)(lambda params: None)
+    folder = client.root / "estimated"
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text("[project]\nname = 'estimated'\n", encoding="utf-8")
+    path = folder / "train_batch.py"
+    path.write_text(ESTIMATED_AND_GUARDED, encoding="utf-8")
+    _run_failing_script(path, {"SIMULATE_OOM": "1"})
+    uri = path.as_uri()
+    open_document(client, uri, ESTIMATED_AND_GUARDED)
+    estimate = types.ExecuteCommandParams(
+        command="oom-lsp.estimate", arguments=[{"uri": uri, "gpuMemory": "9700KiB", "device": "cpu"}]
+    )
+    result = await asyncio.wait_for(client.workspace_execute_command_async(estimate), 120)
+    assert result["maxBatch"] == 49
+    (oom,) = [
+        d
+        for d in await diagnostics_for(client, uri, 1)
+        if d.severity == types.DiagnosticSeverity.Error and d.code is None
+    ]
+    assert oom.range.start.line + 1 == RAISE_LINE
+
+    actions = await _actions(client, uri, oom.range, [oom])
+
+    (batch,) = [action for action in actions if action.title == "oom-lsp: Set batch size to 49"]
+    fixed = apply_text_edits(ESTIMATED_AND_GUARDED, edits_of(batch, uri), _encoding(client))
+    assert fixed == ESTIMATED_AND_GUARDED.replace("default=64", "default=49")
