@@ -200,6 +200,17 @@ async def test_explain_oom_puts_an_error_on_the_failing_line(client: LanguageCli
     shown = await execute(client, "oom-lsp.showReport", {"uri": script.as_uri()})
     assert Path(shown["reportPath"]).is_file()
 
+    # The same log read from a file, with the script open: the Error comes with its analysis.
+    log_file = client.root / "train.log"
+    log_file.write_text("epoch 1\n" + log + "done\n")
+    open_document(client, script.as_uri(), script.read_text())
+    result = await execute(client, "oom-lsp.explainOom", {"path": str(log_file)})
+    assert [error["frame"]["line"] for error in result["errors"]] == [5]
+    found = await diagnostics_for(client, script.as_uri(), 1)
+    assert [(d.severity, d.range.start.line) for d in found if d.source == "oom-lsp" and d.code is None] == [
+        (types.DiagnosticSeverity.Error, 4)
+    ]
+
 
 async def test_explain_oom_without_text_or_path_is_invalid(client: LanguageClient):
     with pytest.raises(JsonRpcException):
