@@ -152,7 +152,7 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     gpu = _target_gpu(ls, args, script)
     profile_settings = command_setting(ls, "profile")
     default_args = profile_settings.get("args") if isinstance(profile_settings, dict) else None
-    job = Job(ls, f"Estimating {script.name}")
+    job = Job(ls, f"Estimating {script.name}", "estimate", script)
     options = EstimateOptions(
         script=script,
         script_args=[str(arg) for arg in (args.args if args.args is not None else default_args or [])],

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import attrs
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInvalidParams, JsonRpcRequestCancelled
+from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams, JsonRpcRequestCancelled
 from pygls.uris import from_fs_path, to_fs_path
 
 from oom_lsp.analysis.findings import Position, Range
@@ -167,12 +167,20 @@ def send_memory_status(ls: OomLanguageServer, status: dict[str, Any]) -> None:
 # --- jobs: progress and cancellation -------------------------------------------------
 
 
+# (kind, script) of the jobs running: a second run of the same kind on the
+# same script would write over the first one's output folder.
+_running_jobs: set[tuple[str, Path]] = set()
+
+
 class Job:
     """One long command: its cancel event (set by `$/cancelRequest`, by the
     progress' cancel button, or when the server cancels the task) and its
     work-done progress, reported from any thread."""
 
-    def __init__(self, ls: OomLanguageServer, title: str) -> None:
+    def __init__(self, ls: OomLanguageServer, title: str, kind: str, script: Path) -> None:
+        self.key = (kind, script.resolve())
+        if self.key in _running_jobs:
+            raise JsonRpcInternalError(f"{title}: already running; cancel it or wait for it")
         self.ls = ls
         self.title = title
         self.cancel = threading.Event()
@@ -226,6 +234,13 @@ class Job:
 
     async def run(self, work: Callable[[], T]) -> T:
         """`work` in a thread; it must stop soon after `self.cancel` is set."""
+        _running_jobs.add(self.key)
+        try:
+            return await self._run(work)
+        finally:
+            _running_jobs.discard(self.key)
+
+    async def _run(self, work: Callable[[], T]) -> T:
         await self.begin()
         try:
             result = await asyncio.to_thread(work)
@@ -361,7 +376,7 @@ async def profile_command(ls: OomLanguageServer, args: ProfileArgs) -> dict[str,
         cwd=ls.lint_settings.project_config(script).root,
     )
     version = document_version(ls, args.uri)
-    job = Job(ls, f"Profiling {script.name}")
+    job = Job(ls, f"Profiling {script.name}", "profile", script)
 
     def on_progress(event: dict[str, Any]) -> None:
         if event.get("event") == "step":

@@ -166,6 +166,8 @@ async def test_cancel_from_the_progress_kills_the_process_tree(client: LanguageC
     )
     child = await _child_of_hangs(client, since)
     (token,) = set(client.progress_reports) - known_tokens
+    with pytest.raises(JsonRpcException, match="already running"):
+        await execute(client, "oom-lsp.profile", {"uri": script.as_uri(), "device": "cpu"})
     client.window_work_done_progress_cancel(types.WorkDoneProgressCancelParams(token=token))
     with pytest.raises(JsonRpcException, match="cancelled"):
         await request
