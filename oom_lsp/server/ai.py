@@ -191,7 +191,20 @@ async def list_actions(
     try:
         settings.check_ready()
     except NotReady as problem:
-        return [_not_ready_action(ls, document, targets, str(problem))]
+        # Only where the client shows it disabled, with the reason (VS Code keeps it out of the
+        # light bulb): an action that merely says "not enabled" in every quick-fix menu of
+        # the other clients would be noise. Their users get the reason from oom-lsp.askAi.
+        if not ls.client_supports("text_document.code_action.disabled_support"):
+            return []
+        first = targets[0][1]
+        return [
+            types.CodeAction(
+                title=_title(first) + " (not enabled)",
+                kind=types.CodeActionKind.QuickFix,
+                diagnostics=[diagnostic for diagnostic, _ in targets],
+                disabled=types.CodeActionDisabled(reason=str(problem)),
+            )
+        ]
     actions = []
     for diagnostic, target in targets:
         data = {"resolver": RESOLVER, "uri": document.uri, "version": document.version, **target.to_data()}
@@ -212,31 +225,6 @@ async def list_actions(
             action.data = None
         actions.append(action)
     return actions
-
-
-def _not_ready_action(
-    ls: OomLanguageServer,
-    document: TextDocument,
-    targets: list[tuple[types.Diagnostic, _Target]],
-    reason: str,
-) -> types.CodeAction:
-    """One action that says how to enable AI fixes: disabled where the client
-    shows why, else a command that shows the message."""
-    first = targets[0][1]
-    title = _title(first) + " (not enabled)"
-    if ls.client_supports("text_document.code_action.disabled_support"):
-        return types.CodeAction(
-            title=title,
-            kind=types.CodeActionKind.QuickFix,
-            diagnostics=[diagnostic for diagnostic, _ in targets],
-            disabled=types.CodeActionDisabled(reason=reason),
-        )
-    return types.CodeAction(
-        title=title,
-        kind=types.CodeActionKind.QuickFix,
-        diagnostics=[diagnostic for diagnostic, _ in targets],
-        command=types.Command(title=title, command=ASK_AI_COMMAND, arguments=[{"uri": document.uri}]),
-    )
 
 
 # --- asking ----------------------------------------------------------------------------------
