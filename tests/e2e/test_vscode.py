@@ -2,9 +2,10 @@
 extension in code-server 4.139.1 (VS Code 1.139.1), driven in Debian's
 Chromium: the Problems panel with the workspace settings applied, a quick fix
 from the light-bulb menu saved to disk, a settings change without a restart,
-fix-all on save, the server log, a server command, and the notification when
-no server can start. Opt-in: the first install compiles native modules for
-several minutes (cached in $OOM_E2E_CACHE)."""
+fix-all on save, the server log, "Estimate peak memory" with its progress,
+status bar, report and Cancel, and the notification when no server can start.
+Opt-in: the first install compiles native modules for several minutes (cached
+in $OOM_E2E_CACHE)."""
 
 from __future__ import annotations
 
@@ -44,5 +45,9 @@ def test_vscode_ui_end_to_end(tmp_path: Path):
         "06-fix-all-on-save.png",
         "07-server-log.png",
         "08-show-report.png",
-        "09-no-server-notification.png",
+        "09-estimate-progress.png",
+        "10-estimate-status-bar.png",
+        "11-estimate-report.png",
+        "12-estimate-cancelled.png",
+        "13-no-server-notification.png",
     ]

@@ -35,13 +35,13 @@ STATE="$ARTIFACTS/state"
 WORKSPACE="$ARTIFACTS/workspace"
 SCREENSHOTS="$ARTIFACTS/screenshots"
 mkdir -p "$STATE/data/User" "$STATE/extensions" "$SCREENSHOTS" "$WORKSPACE/.vscode"
-cp "$HERE/workspace/train.py" "$WORKSPACE/"
+cp "$HERE/workspace/train.py" "$HERE/workspace/mlp.py" "$WORKSPACE/"
 cp "$HERE/user-settings.json" "$STATE/data/User/settings.json"
 "$PYTHON" - "$WORKSPACE/.vscode/settings.json" "$PYTHON" "$ARTIFACTS/server.log" <<'EOF'
 import json, sys
 settings_file, python, log_file = sys.argv[1:]
 json.dump({"oomLsp.interpreter": [python], "oomLsp.logFile": log_file, "oomLsp.trace.server": "messages",
-           "oomLsp.maxBatchSize": 256, "oomLsp.severity": {"OOM5": "error"}},
+           "oomLsp.maxBatchSize": 256, "oomLsp.severity": {"OOM5": "error"}, "oomLsp.gpu": "RTX 3090"},
           open(settings_file, "w"), indent=2)
 EOF
 # Which server commands this checkout's server offers (some are newer than others).

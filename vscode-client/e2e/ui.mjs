@@ -171,7 +171,67 @@ try {
   if ((await errors.count()) > 0) {
     throw new Error(`oom-lsp showed an error: ${await errors.allInnerTexts()}`);
   }
-  // 6. Pointing oomLsp.interpreter at a Python that does not exist restarts the
+  // 6. A long server command from the palette: "Estimate peak memory" of mlp.py
+  // (oomLsp.gpu = RTX 3090) shows its progress in a notification, then the
+  // result; the status bar shows the peak for the file and opens the report.
+  await page.keyboard.press("Escape");
+  await page.locator(".explorer-folders-view .monaco-list-row", { hasText: "mlp.py" }).click({ timeout: 10_000 });
+  await page.locator(".editor-group-container .view-line", { hasText: "AdamW" }).first().waitFor({ timeout: 20_000 });
+  await editor(page).click();
+  await page.keyboard.press("F1");
+  await page.keyboard.type("oom-lsp: Estimate peak memory");
+  await page.locator(".quick-input-widget .monaco-list-row", { hasText: "Estimate peak memory" }).first().waitFor({ timeout: 10_000 });
+  await page.keyboard.press("Enter");
+  await page
+    .locator(".notifications-toasts .notification-toast", { hasText: "Estimating the peak memory of mlp.py" })
+    .waitFor({ timeout: 15_000 });
+  await shot(page, "estimate-progress");
+  const estimated = page.locator(".notifications-toasts .notification-toast", { hasText: "Estimated peak" });
+  await estimated.waitFor({ timeout: SLOW });
+  const estimateText = (await estimated.innerText()).replace(/\s+/g, " ");
+  if (!/Estimated peak [\d.]+ MiB at batch size 32 on [^,]*RTX 3090, 24 GiB: fits\./.test(estimateText)) {
+    throw new Error(`unexpected estimate: ${estimateText}`);
+  }
+  const status = page.locator(".statusbar-item", { hasText: "OOM:" });
+  await status.waitFor({ timeout: 15_000 });
+  const statusText = (await status.innerText()).trim();
+  if (!/^OOM: [\d.]+ MiB \/ 24 GiB$/.test(statusText)) {
+    throw new Error(`unexpected status bar text: ${statusText}`);
+  }
+  console.log(`estimate: ${estimateText} | status bar: ${statusText}`);
+  await shot(page, "estimate-status-bar");
+  await status.click();
+  await page.locator(".tabs-container .tab", { hasText: "mlp.json" }).waitFor({ timeout: 15_000 });
+  await shot(page, "estimate-report");
+
+  // Cancel from the notification stops the command: no result, the log says so.
+  await page.keyboard.press("Escape");
+  await page.locator(".explorer-folders-view .monaco-list-row", { hasText: "mlp.py" }).click({ timeout: 10_000 });
+  await page.locator(".tabs-container .tab.active", { hasText: "mlp.py" }).waitFor({ timeout: 10_000 });
+  await page.keyboard.press("F1");
+  await page.keyboard.type("Notifications: Clear All Notifications");
+  await page.locator(".quick-input-widget .monaco-list-row", { hasText: "Clear All Notifications" }).first().waitFor({ timeout: 10_000 });
+  await page.keyboard.press("Enter");
+  await page.keyboard.press("F1");
+  await page.keyboard.type("oom-lsp: Estimate peak memory");
+  await page.locator(".quick-input-widget .monaco-list-row", { hasText: "Estimate peak memory" }).first().waitFor({ timeout: 10_000 });
+  await page.keyboard.press("Enter");
+  const running = page.locator(".notifications-toasts .notification-toast", { hasText: "Estimating the peak memory of mlp.py" });
+  await running.waitFor({ timeout: 15_000 });
+  await running.locator(".monaco-button", { hasText: "Cancel" }).click();
+  await running.waitFor({ state: "detached", timeout: 15_000 });
+  await page
+    .locator(".part.panel .monaco-editor .view-line", { hasText: "oom-lsp.estimate cancelled" })
+    .first()
+    .waitFor({ timeout: 15_000 });
+  // Longer than the estimate takes: a result shown now would mean the cancel was ignored.
+  await page.waitForTimeout(8_000);
+  if ((await page.locator(".notifications-toasts .notification-toast", { hasText: "Estimated peak" }).count()) > 0) {
+    throw new Error("the cancelled estimate still reported a result");
+  }
+  await shot(page, "estimate-cancelled");
+
+  // 7. Pointing oomLsp.interpreter at a Python that does not exist restarts the
   // server and ends in one notification that says what to fix.
   const broken = JSON.parse(await fs.readFile(settingsFile, "utf8"));
   broken["oomLsp.interpreter"] = ["${workspaceFolder}/missing/bin/python"];

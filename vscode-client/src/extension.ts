@@ -298,7 +298,7 @@ class OomLspExtension implements vscode.Disposable {
       async (progress, token) => {
         // The server reports progress on the token we pass, or on one it creates
         // (adopted below); both are shown in this notification.
-        const relay = new ProgressRelay();
+        const relay = new ProgressRelay(false);
         const listen = (progressToken: ProgressToken) =>
           client.onProgress(WorkDoneProgress.type, progressToken, (value) => {
             const update = relay.update(value);
@@ -479,8 +479,8 @@ class OomLspExtension implements vscode.Disposable {
       { uri: document.uri.toString(), line: editor.selection.active.line + 1 },
     );
     if (result) {
-      const show = result.applied ? vscode.window.showInformationMessage : vscode.window.showWarningMessage;
-      void show(`oom-lsp: ${result.message}`);
+      // The server has shown the message already.
+      this.outputChannel.info(`Ask AI: ${result.applied ? "applied" : "not applied"}: ${result.message}`);
     }
   }
 
@@ -495,7 +495,8 @@ class OomLspExtension implements vscode.Disposable {
       { uri: document.uri.toString() },
     );
     if (result) {
-      void vscode.window.showInformationMessage(`oom-lsp: ${describeValidation(result)}`);
+      // The server has shown the comparison already.
+      this.outputChannel.info(describeValidation(result));
     }
   }
 
@@ -575,7 +576,7 @@ class OomLspExtension implements vscode.Disposable {
  * would show it. Listening starts at once: `begin` may come before VS Code
  * runs the progress callback. */
 function showWindowProgress(client: LanguageClient, token: ProgressToken): void {
-  const relay = new ProgressRelay();
+  const relay = new ProgressRelay(true);
   const pending: ProgressUpdate[] = [];
   let target: vscode.Progress<ProgressUpdate> | undefined;
   let finish: (() => void) | undefined;

@@ -3,9 +3,11 @@ import { test } from "node:test";
 import {
   describeCommandError,
   describeEstimate,
+  describeProfile,
   describeValidation,
   estimateArguments,
   explainMarkdown,
+  formatBytes,
   formatGiB,
   memoryStatusView,
   profileArguments,
@@ -17,10 +19,13 @@ function settingsOf(values: Record<string, unknown>) {
   return readSettings({ get: <T>(key: string) => values[key] as T | undefined });
 }
 
-test("GiB with one decimal, whole numbers bare", () => {
+test("GiB with one decimal, whole numbers bare; MiB below a GiB", () => {
   assert.equal(formatGiB(15_246_000_000), "14.2");
   assert.equal(formatGiB(25_769_803_776), "24");
   assert.equal(formatGiB(0), "0");
+  assert.equal(formatBytes(15_246_000_000), "14.2 GiB");
+  assert.equal(formatBytes(9.5 * 2 ** 20), "9.5 MiB");
+  assert.equal(formatBytes(0), "0 MiB");
 });
 
 test("the status bar reads like the docs' example and warns when the GPU is too small", () => {
@@ -44,6 +49,8 @@ test("the status bar reads like the docs' example and warns when the GPU is too 
   assert.match(over?.tooltip ?? "", /^Profiled peak: 30 GiB on RTX 3090 \(more than the GPU has\)/);
   assert.equal(memoryStatusView({ ...status, peakBytes: null }), null);
   assert.equal(memoryStatusView({ uri: status.uri, peakBytes: 2 ** 30 })?.text, "OOM: 1 GiB");
+  // A small model is not "0 GiB".
+  assert.equal(memoryStatusView({ ...status, peakBytes: 9.5 * 2 ** 20 })?.text, "OOM: 9.5 MiB / 24 GiB");
 });
 
 test("profile and estimate arguments carry the settings the server commands read", () => {
@@ -80,6 +87,19 @@ test("results are told in one sentence", () => {
     }),
     "Estimated peak 14.2 GiB on RTX 3090, 24 GiB: fits. Largest batch that fits: 96.",
   );
+  // No GPU known (nothing configured, none detected): no capacity, no verdict.
+  assert.equal(
+    describeEstimate({ reportPath: "/r.json", peakBytes: 2 ** 30, gpuMemoryBytes: null, verdict: null, batchSize: 64 }),
+    "Estimated peak 1 GiB at batch size 64.",
+  );
+  assert.equal(
+    describeProfile({ reportPath: "/r", peakBytes: 3 * 2 ** 30, device: "cuda", steps: 2, status: "complete" }),
+    "Profiled 2 steps on cuda: peak 3 GiB.",
+  );
+  assert.equal(
+    describeProfile({ reportPath: "/r", peakBytes: null, device: "cpu", steps: 0, status: "crashed", message: "exit 1" }),
+    "Profiling stopped (crashed): exit 1",
+  );
   assert.equal(
     describeValidation({ before: 20 * 2 ** 30, after: 15 * 2 ** 30, change: -5 * 2 ** 30, source: "estimate" }),
     "Peak memory down: 20 GiB before, 15 GiB after (-25%), by estimate.",
@@ -115,13 +135,13 @@ test("an OOM explanation lists the numbers and the failing line", () => {
     },
   ]);
   assert.match(markdown, /## OOM 1 on cuda:0/);
-  assert.match(markdown, /- Tried to allocate: 2 GiB\n- Total capacity: 24 GiB\n- Allocated by PyTorch: 21.5 GiB\n- Free: 0.5 GiB/);
+  assert.match(markdown, /- Tried to allocate: 2 GiB\n- Total capacity: 24 GiB\n- Allocated by PyTorch: 21.5 GiB\n- Free: 512 MiB/);
   assert.match(markdown, /in `train` at train.py:42:\n\n```python\nloss = model\(x\)\n```\n\nLower the batch size\./);
   assert.match(explainMarkdown([]), /No CUDA out-of-memory error found/);
 });
 
 test("server progress becomes increments and messages; the end closes it", () => {
-  const relay = new ProgressRelay();
+  const relay = new ProgressRelay(true);
   assert.deepEqual(relay.update({ kind: "begin", title: "Profiling", percentage: 0 }), { message: "Profiling" });
   assert.deepEqual(relay.update({ kind: "report", message: "step 1/2", percentage: 40 }), {
     message: "step 1/2",
@@ -133,4 +153,6 @@ test("server progress becomes increments and messages; the end closes it", () =>
     increment: 60,
   });
   assert.equal(relay.update({ kind: "end", message: "done" }), null);
+  // In a notification that has its own title, the server's title is not repeated.
+  assert.deepEqual(new ProgressRelay(false).update({ kind: "begin", title: "Estimating mlp.py" }), {});
 });

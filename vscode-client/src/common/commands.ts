@@ -70,11 +70,21 @@ export function estimateArguments(settings: ExtensionSettings, uri: string, pyth
 }
 
 const GIB = 2 ** 30;
+const MIB = 2 ** 20;
+
+function oneDecimal(value: number): string {
+  const rounded = value.toFixed(1);
+  return rounded.endsWith(".0") ? rounded.slice(0, -2) : rounded;
+}
 
 /** Bytes as GiB with one decimal ("14.2", "24"). */
 export function formatGiB(bytes: number): string {
-  const rounded = (bytes / GIB).toFixed(1);
-  return rounded.endsWith(".0") ? rounded.slice(0, -2) : rounded;
+  return oneDecimal(bytes / GIB);
+}
+
+/** Bytes with their unit: GiB from 1 GiB up, MiB below ("14.2 GiB", "9.5 MiB"). */
+export function formatBytes(bytes: number): string {
+  return bytes >= GIB ? `${formatGiB(bytes)} GiB` : `${oneDecimal(bytes / MIB)} MiB`;
 }
 
 /** The `oomLsp/memoryStatus` notification. */
@@ -99,56 +109,79 @@ export function memoryStatusView(status: MemoryStatus): StatusBarView | null {
   if (typeof status.peakBytes !== "number") {
     return null;
   }
-  const peak = formatGiB(status.peakBytes);
+  const peak = status.peakBytes;
   const capacity = typeof status.gpuMemoryBytes === "number" ? status.gpuMemoryBytes : null;
-  const text = capacity !== null ? `OOM: ${peak} / ${formatGiB(capacity)} GiB` : `OOM: ${peak} GiB`;
+  let text: string;
+  if (capacity === null) {
+    text = `OOM: ${formatBytes(peak)}`;
+  } else if (peak >= GIB && capacity >= GIB) {
+    text = `OOM: ${formatGiB(peak)} / ${formatGiB(capacity)} GiB`;
+  } else {
+    text = `OOM: ${formatBytes(peak)} / ${formatBytes(capacity)}`;
+  }
   const gpu = status.gpuName ? ` on ${status.gpuName}` : "";
   const origin = status.source === "profile" ? "Profiled" : "Estimated";
   const verdict = status.exceedsGpu ? " (more than the GPU has)" : "";
   return {
     text,
-    tooltip: `${origin} peak: ${peak} GiB${gpu}${verdict}. Click to open the report.`,
+    tooltip: `${origin} peak: ${formatBytes(peak)}${gpu}${verdict}. Click to open the report.`,
     warning: status.exceedsGpu === true,
   };
 }
 
 export interface ProfileResult {
   reportPath: string;
-  peakBytes: number;
+  peakBytes: number | null;
   reservedBytes?: number;
   device: string;
   steps: number;
+  status?: string;
+  /** Why a run that timed out, crashed or failed stopped. */
+  message?: string;
   oom?: unknown;
 }
 
 export function describeProfile(result: ProfileResult): string {
   if (result.oom) {
-    return `Profiling ran out of memory on ${result.device}; the report explains where.`;
+    return `Profiling ran out of memory on ${result.device}; the failing line is marked and the report says where the memory went.`;
   }
-  const reserved = typeof result.reservedBytes === "number" ? ` (${formatGiB(result.reservedBytes)} GiB reserved)` : "";
-  return `Profiled ${result.steps} step${result.steps === 1 ? "" : "s"} on ${result.device}: peak ${formatGiB(result.peakBytes)} GiB${reserved}.`;
+  if (result.message) {
+    return `Profiling stopped (${result.status ?? "error"}): ${result.message}`;
+  }
+  const steps = `${result.steps} step${result.steps === 1 ? "" : "s"}`;
+  if (typeof result.peakBytes !== "number") {
+    return `Profiled ${steps} on ${result.device}.`;
+  }
+  const reserved = typeof result.reservedBytes === "number" ? ` (${formatBytes(result.reservedBytes)} reserved)` : "";
+  return `Profiled ${steps} on ${result.device}: peak ${formatBytes(result.peakBytes)}${reserved}.`;
 }
 
 export interface EstimateResult {
   reportPath: string;
   peakBytes: number;
-  reservedBytes?: number;
+  reservedBytes?: number | null;
   gpuName?: string;
-  gpuMemoryBytes: number;
-  verdict: "fits" | "tight" | "oom";
+  gpuMemoryBytes: number | null;
+  verdict: "fits" | "tight" | "oom" | null;
+  batchSize?: number | null;
   maxBatch?: number;
 }
 
-const VERDICT: Record<EstimateResult["verdict"], string> = {
+const VERDICT: Record<NonNullable<EstimateResult["verdict"]>, string> = {
   fits: "fits",
   tight: "is tight",
   oom: "does not fit",
 };
 
 export function describeEstimate(result: EstimateResult): string {
-  const gpu = result.gpuName ? `${result.gpuName}, ` : "";
+  const batch = typeof result.batchSize === "number" ? ` at batch size ${result.batchSize}` : "";
+  const gpu =
+    typeof result.gpuMemoryBytes === "number"
+      ? ` on ${result.gpuName ? `${result.gpuName}, ` : ""}${formatBytes(result.gpuMemoryBytes)}`
+      : "";
+  const verdict = result.verdict ? `: ${VERDICT[result.verdict] ?? result.verdict}` : "";
   const maxBatch = typeof result.maxBatch === "number" ? ` Largest batch that fits: ${result.maxBatch}.` : "";
-  return `Estimated peak ${formatGiB(result.peakBytes)} GiB on ${gpu}${formatGiB(result.gpuMemoryBytes)} GiB: ${VERDICT[result.verdict] ?? result.verdict}.${maxBatch}`;
+  return `Estimated peak ${formatBytes(result.peakBytes)}${batch}${gpu}${verdict}.${maxBatch}`;
 }
 
 export interface ValidationResult {
@@ -161,7 +194,7 @@ export interface ValidationResult {
 export function describeValidation(result: ValidationResult): string {
   const percent = result.before > 0 ? ` (${((100 * (result.after - result.before)) / result.before).toFixed(0)}%)` : "";
   const direction = result.after < result.before ? "down" : result.after > result.before ? "up" : "unchanged";
-  return `Peak memory ${direction}: ${formatGiB(result.before)} GiB before, ${formatGiB(result.after)} GiB after${percent}, by ${result.source}.`;
+  return `Peak memory ${direction}: ${formatBytes(result.before)} before, ${formatBytes(result.after)} after${percent}, by ${result.source}.`;
 }
 
 export interface OomFrame {
@@ -182,8 +215,8 @@ export interface OomError {
   frame?: OomFrame | null;
 }
 
-function gib(bytes: number | null | undefined): string | null {
-  return typeof bytes === "number" ? `${formatGiB(bytes)} GiB` : null;
+function size(bytes: number | null | undefined): string | null {
+  return typeof bytes === "number" ? formatBytes(bytes) : null;
 }
 
 /** A Markdown explanation of the OOM errors found in a log. */
@@ -194,11 +227,11 @@ export function explainMarkdown(errors: OomError[]): string {
   const sections = errors.map((error, index) => {
     const lines = [`## OOM ${index + 1}${error.device ? ` on ${error.device}` : ""}`, ""];
     const numbers: [string, string | null][] = [
-      ["Tried to allocate", gib(error.triedToAllocate)],
-      ["Total capacity", gib(error.totalCapacity)],
-      ["Allocated by PyTorch", gib(error.allocated)],
-      ["Reserved by PyTorch", gib(error.reserved)],
-      ["Free", gib(error.free)],
+      ["Tried to allocate", size(error.triedToAllocate)],
+      ["Total capacity", size(error.totalCapacity)],
+      ["Allocated by PyTorch", size(error.allocated)],
+      ["Reserved by PyTorch", size(error.reserved)],
+      ["Free", size(error.free)],
     ];
     for (const [label, value] of numbers) {
       if (value !== null) {
@@ -270,16 +303,19 @@ export interface ProgressUpdate {
 }
 
 /** Turns work-done values (absolute percentages) into VS Code progress updates
- * (increments); null at the end. */
+ * (increments); null at the end. `showTitle`: the server's title becomes the
+ * first message (not when our own notification already has a title). */
 export class ProgressRelay {
   private reported = 0;
+
+  constructor(private readonly showTitle: boolean) {}
 
   update(value: WorkDoneValue): ProgressUpdate | null {
     if (value.kind === "end") {
       return null;
     }
     const update: ProgressUpdate = {};
-    const message = value.message ?? (value.kind === "begin" ? value.title : undefined);
+    const message = value.message ?? (value.kind === "begin" && this.showTitle ? value.title : undefined);
     if (message !== undefined) {
       update.message = message;
     }
