@@ -297,6 +297,30 @@ async def test_cancelling_a_hanging_model_stops_at_once(client: LanguageClient, 
     assert len(fake.requests) == sent + 1
 
 
+async def test_cancel_on_the_progress_stops_the_model(client: LanguageClient, fake: FakeModelServer):
+    uri, diagnostic = await _open(client)
+    action = await _ask_ai_action(client, uri, diagnostic)
+    sent = len(fake.requests)
+    fake.script({"delay": 60, "content": GOOD_ANSWER})
+    tokens = set(client.progress_reports)
+    messages = len(client.messages)
+    choosing = asyncio.ensure_future(_choose(client, action))
+    await _until(lambda: len(fake.requests) > sent)
+    (token,) = set(client.progress_reports) - tokens
+    started = asyncio.get_running_loop().time()
+
+    client.protocol.notify(
+        types.WINDOW_WORK_DONE_PROGRESS_CANCEL, types.WorkDoneProgressCancelParams(token=token)
+    )
+    result = await asyncio.wait_for(choosing, TIMEOUT_S)
+
+    assert asyncio.get_running_loop().time() - started < 3
+    assert result is None or result["applied"] is False
+    assert client.texts[uri] == (1, TRAIN)
+    assert client.progress_reports[token][-1].kind == "end"
+    assert any("cancelled" in message.message for message in client.messages[messages:])
+
+
 async def test_with_the_llm_disabled_nothing_is_sent(client: LanguageClient, fake: FakeModelServer):
     uri, diagnostic = await _open(client, folder="disabled")
     sent = len(fake.requests)
