@@ -37,6 +37,13 @@ SCREENSHOTS="$ARTIFACTS/screenshots"
 mkdir -p "$STATE/data/User" "$STATE/extensions" "$SCREENSHOTS" "$WORKSPACE/.vscode"
 cp "$HERE/workspace/train.py" "$HERE/workspace/mlp.py" "$WORKSPACE/"
 cp "$HERE/user-settings.json" "$STATE/data/User/settings.json"
+# A CUDA OOM in train.py line 6, as a training run's log would show it.
+cat > "$WORKSPACE/oom.log" <<EOF
+Traceback (most recent call last):
+  File "$WORKSPACE/train.py", line 6, in <module>
+    state = torch.load("checkpoint.pt")
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 6.00 GiB total capacity; 5.00 GiB already allocated; 3.00 MiB free; 5.10 GiB reserved in total by PyTorch)
+EOF
 "$PYTHON" - "$WORKSPACE/.vscode/settings.json" "$PYTHON" "$ARTIFACTS/server.log" <<'EOF'
 import json, sys
 settings_file, python, log_file = sys.argv[1:]

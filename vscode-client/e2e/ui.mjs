@@ -231,7 +231,27 @@ try {
   }
   await shot(page, "estimate-cancelled");
 
-  // 7. Pointing oomLsp.interpreter at a Python that does not exist restarts the
+  // 7. "Explain OOM from a log file...": pick the log in the file dialog; the
+  // explanation opens beside, and the failing line of train.py gets an error.
+  await page.keyboard.press("F1");
+  await page.keyboard.type("oom-lsp: Explain OOM from a log file");
+  await page.locator(".quick-input-widget .monaco-list-row", { hasText: "Explain OOM from a log file" }).first().waitFor({ timeout: 10_000 });
+  await page.keyboard.press("Enter");
+  const pathBox = page.locator(".quick-input-widget .quick-input-box input");
+  await pathBox.waitFor({ timeout: 15_000 });
+  await pathBox.fill(path.join(workspace, "oom.log"));
+  await page.keyboard.press("Enter");
+  await page.locator(".editor-group-container .view-line", { hasText: "CUDA out-of-memory explained" }).first().waitFor({ timeout: 30_000 });
+  await page.locator(".editor-group-container .view-line", { hasText: "Tried to allocate: 20 MiB" }).first().waitFor({ timeout: 5_000 });
+  await page.keyboard.press("Control+Shift+M");
+  await page
+    .locator(".markers-panel .monaco-tl-contents", { hasText: "Tried to allocate" })
+    .filter({ hasText: "Ln 6" })
+    .first()
+    .waitFor({ timeout: 20_000 });
+  await shot(page, "explain-oom");
+
+  // 8. Pointing oomLsp.interpreter at a Python that does not exist restarts the
   // server and ends in one notification that says what to fix.
   const broken = JSON.parse(await fs.readFile(settingsFile, "utf8"));
   broken["oomLsp.interpreter"] = ["${workspaceFolder}/missing/bin/python"];

@@ -59,6 +59,7 @@ const CLIENT_ID = "oomLsp"; // the languageclient reads `oomLsp.trace.server`
 const CLIENT_NAME = "oom-lsp";
 const MEMORY_STATUS = new NotificationType<MemoryStatus>("oomLsp/memoryStatus");
 const DEFAULT_FIX_LOG = "OOM_FIXES.md";
+const EXPLANATION_SCHEME = "oom-lsp-explanation";
 
 export interface OomLspApi {
   /** The running client, for tests that drive the extension. */
@@ -78,6 +79,8 @@ class OomLspExtension implements vscode.Disposable {
   private clientSubscriptions: vscode.Disposable[] = [];
   // Commands waiting for the progress token the server creates for them.
   private readonly progressAdopters: ((token: ProgressToken) => void)[] = [];
+  private readonly explanations = new Map<string, string>();
+  private explanationCount = 0;
 
   constructor() {
     this.statusBar.name = "oom-lsp memory";
@@ -99,6 +102,9 @@ class OomLspExtension implements vscode.Disposable {
     register("oomLsp.showServerLog", async () => this.outputChannel.show());
 
     this.disposables.push(
+      vscode.workspace.registerTextDocumentContentProvider(EXPLANATION_SCHEME, {
+        provideTextDocumentContent: (uri) => this.explanations.get(uri.toString()),
+      }),
       vscode.workspace.onDidChangeConfiguration((event) => this.onDidChangeConfiguration(event)),
       vscode.window.onDidChangeActiveTextEditor(() => this.updateStatusBar()),
     );
@@ -440,7 +446,12 @@ class OomLspExtension implements vscode.Disposable {
       argument,
     );
     if (result) {
-      const document = await vscode.workspace.openTextDocument({ language: "markdown", content: explainMarkdown(result.errors) });
+      // A read-only document: closing it asks nothing.
+      this.explanationCount += 1;
+      const uri = vscode.Uri.from({ scheme: EXPLANATION_SCHEME, path: `/OOM explanation ${this.explanationCount}.md` });
+      this.explanations.set(uri.toString(), explainMarkdown(result.errors));
+      const document = await vscode.workspace.openTextDocument(uri);
+      await vscode.languages.setTextDocumentLanguage(document, "markdown");
       await vscode.window.showTextDocument(document, { preview: true, viewColumn: vscode.ViewColumn.Beside });
     }
   }
