@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import threading
 import uuid
 from collections import OrderedDict
@@ -40,6 +39,7 @@ from oom_lsp.analysis import Finding
 from oom_lsp.config import ProjectConfig
 from oom_lsp.server import code_actions, diagnostics
 from oom_lsp.server.positions import PositionConverter
+from oom_lsp.server.profiling import interpreter, latest_report, results_folder
 from oom_lsp.server.server import OomLanguageServer
 
 logger = logging.getLogger(__name__)
@@ -133,11 +133,6 @@ def _llm_settings(config: ProjectConfig) -> Any:
     from oom_lsp.llm.settings import LlmSettings
 
     return LlmSettings.from_table(config.llm)
-
-
-def _interpreter(ls: OomLanguageServer) -> str:
-    configured = ls.editor.commands.get("interpreter")
-    return configured if isinstance(configured, str) and configured else sys.executable
 
 
 # --- listing ---------------------------------------------------------------------------------
@@ -310,7 +305,7 @@ async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -
             line=target.line if target.finding is None else None,
             finding=target.finding,
             oom=OomError.from_dict(target.error) if target.error is not None else None,
-            environment=await _environment(_interpreter(ls)) if settings.enabled else None,
+            environment=await _environment(interpreter(ls, None)) if settings.enabled else None,
             gpu_memory=config.gpu_memory,
             lint_settings=ls.settings_for_uri(uri),
         )
@@ -498,8 +493,6 @@ def _before_report(uri: str, root: Path) -> Path | None:
     """The measurement a fix is compared with: the server's last estimate or
     profile of the file (oom-lsp.estimate, oom-lsp.profile), else the last
     `oom-lsp profile` run in the project."""
-    from oom_lsp.server.profiling import latest_report
-
     latest = latest_report(uri)
     if latest is not None:
         return Path(latest)
@@ -536,9 +529,9 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
                 measure_again,
                 path,
                 before,
-                python=_interpreter(ls),
+                python=interpreter(ls, None),
                 timeout=DEFAULT_VALIDATE_TIMEOUT_S,
-                out=config.root / ".oom_lsp" / "validate",
+                out=results_folder(ls, path, "validate"),
                 cancel=cancel,
             )
         )
