@@ -76,22 +76,33 @@ class ValidateFixArgs:
 
 @dataclass(frozen=True)
 class _Target:
-    """What the model is asked to fix: a finding or an OOM error (a dict, `OomError.to_dict()`)."""
+    """What the model is asked to fix: a finding or an OOM error (a dict, `OomError.to_dict()`),
+    with the report of the run that failed when there is one (the runtime guard's)."""
 
     finding: Finding | None = None
     error: dict[str, Any] | None = None
     line: int | None = None
+    report: str | None = None
 
     def to_data(self) -> dict[str, Any]:
         if self.finding is not None:
             return {"finding": self.finding.to_dict()}
-        return {"error": self.error, "line": self.line}
+        return {"error": self.error, "line": self.line, "report": self.report}
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> _Target:
         if isinstance(data.get("finding"), dict):
             return cls(finding=Finding.from_dict(data["finding"]))
-        return cls(error=data.get("error"), line=data.get("line"))
+        report = data.get("report")
+        return cls(
+            error=data.get("error"), line=data.get("line"), report=report if isinstance(report, str) else None
+        )
+
+    @classmethod
+    def of_error(cls, diagnostic: types.Diagnostic) -> _Target:
+        """The OOM error an error diagnostic carries in `data`."""
+        data: Any = diagnostic.data
+        return cls.from_data({**data, "line": diagnostic.range.start.line + 1})
 
 
 @dataclass(frozen=True)
@@ -148,7 +159,7 @@ def _targets(
         if diagnostic.source != diagnostics.SOURCE or not isinstance(data, dict):
             continue
         if isinstance(data.get("error"), dict):
-            targets.append((diagnostic, _Target(error=data["error"], line=diagnostic.range.start.line + 1)))
+            targets.append((diagnostic, _Target.of_error(diagnostic)))
         elif isinstance(data.get("finding"), dict) and data.get("version") == document.version:
             finding = Finding.from_dict(data["finding"])
             if finding.code != "OOM000":  # a syntax error is no memory problem
@@ -276,6 +287,33 @@ class _Outcome:
     pending: _PendingLog | None = None
 
 
+def _read_report(path: str | None) -> Any:
+    """The failed run's report (profile schema), or None when there is none or it
+    cannot be read any more (the prompt then has the error alone)."""
+    from oom_lsp.profiling.report import ReportError, read_report
+
+    if path is None:
+        return None
+    try:
+        return read_report(Path(path))
+    except ReportError as error:
+        logger.warning("Asking without the report %s: %s", path, error)
+        return None
+
+
+def _environment_of(report: Any) -> Any:
+    from oom_lsp.llm.context import EnvironmentFacts
+
+    device = report.device
+    return EnvironmentFacts(
+        python=report.python_version,
+        torch=report.torch_version,
+        cuda=report.cuda_version,
+        gpu_name=device.name if device.type == "cuda" else None,
+        gpu_memory=device.total_memory if device.type == "cuda" else None,
+    )
+
+
 async def _environment(python: str) -> Any:
     from oom_lsp.llm.context import probe_environment
 
@@ -297,7 +335,14 @@ async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -
     config = _project(ls, uri)
     settings = _llm_settings(config)
     async with _work_done(ls, f"oom-lsp: {_title(target)}") as progress:
-        progress.report("probing the Python environment")
+        report = _read_report(target.report)
+        if report is not None:
+            environment = _environment_of(report)  # where the run failed, maybe another machine
+        elif settings.enabled:
+            progress.report("probing the Python environment")
+            environment = await _environment(interpreter(ls, None))
+        else:
+            environment = None
         request = FixRequest(
             path=str(path or uri),
             text=text,
@@ -305,7 +350,8 @@ async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -
             line=target.line if target.finding is None else None,
             finding=target.finding,
             oom=OomError.from_dict(target.error) if target.error is not None else None,
-            environment=await _environment(interpreter(ls, None)) if settings.enabled else None,
+            report=report,
+            environment=environment,
             gpu_memory=config.gpu_memory,
             lint_settings=ls.settings_for_uri(uri),
         )
@@ -467,7 +513,7 @@ async def _find_target(ls: OomLanguageServer, document: TextDocument, args: AskA
     """The finding `code` at `line`, else the OOM error diagnostic at `line`, else the
     line itself; without a line, the file's OOM error or else its first finding."""
     errors = [
-        (diagnostic.range.start.line + 1, diagnostic.data["error"])
+        _Target.of_error(diagnostic)
         for diagnostic in diagnostics.extra_diagnostics(ls, document.uri)
         if isinstance(diagnostic.data, dict) and isinstance(diagnostic.data.get("error"), dict)
     ]
@@ -476,13 +522,13 @@ async def _find_target(ls: OomLanguageServer, document: TextDocument, args: AskA
         matching = [f for f in findings if f.code == args.code and args.line in (None, f.line)]
         return _Target(finding=matching[0]) if matching else None
     if args.line is not None:
-        error = next((error for line, error in errors if line == args.line), None)
+        error = next((error for error in errors if error.line == args.line), None)
         if error is not None:
-            return _Target(error=error, line=args.line)
+            return error
         finding = next((f for f in findings if f.line == args.line), None)
         return _Target(finding=finding) if finding is not None else _Target(line=args.line)
     if errors:
-        return _Target(error=errors[0][1], line=errors[0][0])
+        return errors[0]
     return _Target(finding=findings[0]) if findings else None
 
 

@@ -246,6 +246,7 @@ async def test_an_oom_report_becomes_an_error_on_the_failing_line_with_its_actio
         assert "    hidden = batch.half() * 2\n" in fixed
         prompt_sent = fake.requests[-1]["body"]["messages"][-1]["content"]
         assert "Tried to allocate 1.50 GiB" in prompt_sent
+        assert "Batch size seen by the model: 64 (measured" in prompt_sent  # from the guard's report
 
 
 async def test_instrument_actions_apply(client: LanguageClient):
