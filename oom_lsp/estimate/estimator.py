@@ -505,10 +505,63 @@ def accumulation_steps(batch: int, largest: int) -> int:
     return minimum
 
 
+_MAX_CHECKS = 6
+
+
+def _search_largest_fitting(
+    options: EstimateOptions,
+    base: dict[str, Any],
+    base_batch: int,
+    candidate: int,
+    budget: int,
+    progress: Progress | None,
+) -> tuple[int, dict[str, Any] | None]:
+    """Check the line's answer with fake runs and refine it.
+
+    The peak is affine in the batch size only while it happens at the same
+    place: a small batch can peak in the optimizer step and a large one in
+    the backward pass, with a much steeper slope. So each check that does not
+    fit becomes a new point of a secant through the largest batch known to
+    fit, and the search stays between the two bounds.
+    """
+    fitting: tuple[int, dict[str, Any]] | None = None
+    if base["verdict"] != "will run out of memory":
+        fitting = (base_batch, base)
+    too_large: tuple[int, dict[str, Any]] | None = None
+    for _ in range(_MAX_CHECKS):
+        if progress:
+            progress(f"checking batch size {candidate} with a fake run")
+        (trace,) = run_harness(options, [{"batch_size": candidate}])
+        if trace["status"] == "failed":
+            raise _failure_error(trace)
+        checked = predict(trace, options)
+        if checked["verdict"] != "will run out of memory":
+            fitting = (candidate, checked)
+            if too_large is None or candidate + 1 >= too_large[0]:
+                break
+        else:
+            too_large = (candidate, checked)
+            if candidate == 1:
+                break
+        if fitting is None:
+            candidate = max(1, candidate // 2)
+            continue
+        low_batch, low = fitting
+        high_batch, high = too_large  # type: ignore[misc]
+        slope = (high["peak_bytes"] - low["peak_bytes"]) / (high_batch - low_batch)
+        step = math.floor((budget - low["peak_bytes"]) / slope) if slope > 0 else 0
+        candidate = min(high_batch - 1, low_batch + max(1, step))
+        if candidate <= low_batch:
+            break
+    if fitting is None:
+        return 0, None
+    return fitting
+
+
 def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -> dict[str, Any]:
     """The largest batch that fits the target: two fake traces give
-    peak(bs) = a + b*bs, solved for the GPU's memory and checked by a fake
-    run at that size."""
+    peak(bs) = a + b*bs, solved for the GPU's memory, then checked (and
+    refined where the line does not hold) by fake runs."""
     if options.gpu is None:
         raise EstimateError("--find-max-batch needs a target: --gpu NAME or --gpu-memory SIZE")
     traces = run_harness(options, [{"batch_size": options.batch_size}, {"batch_size": "double"}])
@@ -543,19 +596,12 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
             max_batch=0, reason="even batch size 1 does not fit: the model states alone exceed the GPU"
         )
         return {"estimate": first, "max_batch": result}
-    verified = None
-    for _ in range(3):
-        if progress:
-            progress(f"checking batch size {largest} with a fake run")
-        (trace,) = run_harness(options, [{"batch_size": largest}])
-        if trace["status"] == "failed":
-            raise _failure_error(trace)
-        verified = predict(trace, options)
-        if verified["verdict"] != "will run out of memory" or largest == 1:
-            break
-        overshoot = verified["peak_bytes"] + (verified["context_bytes"] or 0) - options.gpu.memory
-        largest = max(1, largest - max(1, math.ceil(overshoot / slope)))
-    assert verified is not None
+    largest, verified = _search_largest_fitting(
+        options, first, traces[0]["batch_size"], largest, budget, progress
+    )
+    if verified is None:
+        result.update(max_batch=0, reason="no batch size checked by a fake run fits the GPU")
+        return {"estimate": first, "max_batch": result}
     result.update(max_batch=largest, verified=verified)
     script_batch = base.get("batch_size")
     if script_batch and script_batch > largest:

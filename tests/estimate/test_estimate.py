@@ -326,3 +326,41 @@ def test_list_gpus(capsys):
     listing = capsys.readouterr().out
     assert "GeForce RTX 3090" in listing
     assert len(listing.splitlines()) >= 25
+
+
+def test_find_max_batch_when_the_peak_moves_with_the_batch(capsys):
+    # At batch 32 and 64 this MLP peaks in AdamW's step, so the line through
+    # them is nearly flat; at large batches the peak is in the backward pass.
+    # The search must refine the line with fake runs instead of trusting it.
+    code = cli_main(
+        [
+            "estimate",
+            str(FIXTURES / "mlp_peak_moves.py"),
+            "--gpu-memory",
+            "1GiB",
+            "--find-max-batch",
+            "--format",
+            "json",
+        ]
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    max_batch = result["max_batch"]
+    largest = max_batch["max_batch"]
+    assert largest > 1000
+    assert max_batch["verified"]["verdict"] != "will run out of memory"
+    # Twice the answer does not fit: the answer is not a gross underestimate.
+    code = cli_main(
+        [
+            "estimate",
+            str(FIXTURES / "mlp_peak_moves.py"),
+            "--gpu-memory",
+            "1GiB",
+            "--batch-size",
+            str(largest * 2),
+            "--format",
+            "json",
+        ]
+    )
+    doubled = json.loads(capsys.readouterr().out)
+    assert doubled["verdict"] == "will run out of memory"
