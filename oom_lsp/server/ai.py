@@ -417,12 +417,18 @@ def _show(ls: OomLanguageServer, message: str, kind: types.MessageType = types.M
     ls.window_show_message(types.ShowMessageParams(type=kind, message=f"oom-lsp: {message}"))
 
 
-def _write_log(pending: _PendingLog) -> None:
+def _write_log(pending: _PendingLog) -> str | None:
+    """None when the entry is written, else why not (the fix itself stays applied)."""
     from oom_lsp.llm import fixlog
 
-    fixlog.append_entry(
-        pending.log, fixlog.entry_from_proposal(pending.proposal, pending.display, pending.host)
-    )
+    try:
+        fixlog.append_entry(
+            pending.log, fixlog.entry_from_proposal(pending.proposal, pending.display, pending.host)
+        )
+    except OSError as error:
+        reason = error.strerror or str(error)
+        return f"the fix is applied, but the fix log {pending.log} could not be written: {reason}"
+    return None
 
 
 # --- codeAction/resolve ----------------------------------------------------------------------
@@ -460,7 +466,10 @@ async def log_fix(ls: OomLanguageServer, args: LogFixArgs) -> dict[str, Any]:
             logger.info("The AI fix of %s was not applied (or edited since); not logged", pending.uri)
             return {"logged": False, "message": "the edit was not applied; nothing logged"}
         await asyncio.sleep(0.05)
-    _write_log(pending)
+    problem = _write_log(pending)
+    if problem is not None:
+        _show(ls, problem)
+        return {"logged": False, "message": problem}
     _show(ls, f"{pending.proposal.changelog} (logged in {pending.log.name})", types.MessageType.Info)
     return {"logged": True, "message": f"logged in {pending.log}"}
 
@@ -496,7 +505,9 @@ async def ask_ai(ls: OomLanguageServer, args: AskAiArgs) -> dict[str, Any]:
     if not applied.applied:
         reason = f" ({applied.failure_reason})" if applied.failure_reason else ""
         return _answer(ls, False, f"the editor did not apply the AI fix{reason}; nothing logged")
-    _write_log(outcome.pending)
+    problem = _write_log(outcome.pending)
+    if problem is not None:
+        return _answer(ls, True, problem)
     return _answer(
         ls, True, f"{outcome.message} (logged in {outcome.pending.log.name})", types.MessageType.Info
     )
@@ -559,7 +570,8 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
     report = _before_report(args.uri, config.root)
     if report is None:
         raise JsonRpcInternalError(
-            f"no estimate or profile of {path.name} to compare with: run oom-lsp.estimate or oom-lsp.profile first"
+            f"no estimate or profile of {path.name} to compare with: "
+            "run oom-lsp.estimate or oom-lsp.profile first"
         )
     try:
         before = read_measurement(report)

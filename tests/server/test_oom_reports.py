@@ -291,7 +291,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from oom_lsp.runtime import oom_guard
 
-MESSAGE = "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.10 GiB is free."
+MESSAGE = (
+    "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 23.65 GiB of which "
+    "1.10 GiB is free."
+)
 
 
 def main():
@@ -315,7 +318,7 @@ if __name__ == "__main__":
     with oom_guard():
         main()
 """
-RAISE_LINE = 22  # raise torch.OutOfMemoryError(MESSAGE)
+RAISE_LINE = 25  # raise torch.OutOfMemoryError(MESSAGE)
 
 
 async def test_set_batch_size_from_the_estimate_on_the_oom(client: LanguageClient):
