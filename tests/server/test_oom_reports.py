@@ -248,6 +248,21 @@ async def test_an_oom_report_becomes_an_error_on_the_failing_line_with_its_actio
         assert "Tried to allocate 1.50 GiB" in prompt_sent
         assert "Batch size seen by the model: 64 (measured" in prompt_sent  # from the guard's report
 
+    # Deleting the report dismisses the diagnostic.
+    report.unlink()
+    version, since = version + 1, len(client.published)
+    if watches:
+        refreshes = client.diagnostic_refresh_count
+        client.workspace_did_change_watched_files(
+            types.DidChangeWatchedFilesParams(
+                changes=[types.FileEvent(uri=report.as_uri(), type=types.FileChangeType.Deleted)]
+            )
+        )
+        await _until(lambda: client.diagnostic_refresh_count > refreshes)
+    replace_text(client, uri, version, FAILING_SCRIPT)
+    remaining = await diagnostics_for(client, uri, version, since)
+    assert not [d for d in remaining if d.severity == types.DiagnosticSeverity.Error]
+
 
 async def test_instrument_actions_apply(client: LanguageClient):
     uri = (client.root / f"unguarded{next(_names)}.py").as_uri()
