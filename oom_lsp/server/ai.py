@@ -559,6 +559,17 @@ def _before_report(uri: str, root: Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+def _unsaved(ls: OomLanguageServer, uri: str, path: Path) -> bool:
+    document = ls.open_document(uri)
+    if document is None:
+        return False
+    try:
+        with open(path, encoding="utf-8", newline="") as stream:  # the file's own line endings
+            return stream.read() != document.source
+    except (OSError, UnicodeDecodeError):
+        return False  # the measurement itself will say what is wrong with the file
+
+
 async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str, Any]:
     from oom_lsp.llm import fixlog
     from oom_lsp.llm.validation import MeasurementError, figures, measure_again, read_measurement
@@ -566,6 +577,8 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
     path = _path_of(args.uri)
     if path is None or not path.is_file():
         raise JsonRpcInternalError(f"{args.uri}: not a file on disk")
+    if _unsaved(ls, args.uri, path):
+        raise JsonRpcInternalError(f"save {path.name} first: the measurement runs the file as it is on disk")
     config = _project(ls, args.uri)
     report = _before_report(args.uri, config.root)
     if report is None:

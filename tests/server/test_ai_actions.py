@@ -17,6 +17,7 @@ from typing import Any, Union
 import pytest
 import pytest_lsp
 from lsprotocol import types
+from pygls.exceptions import JsonRpcInternalError
 from pytest_lsp import LanguageClient
 
 from tests.llm.conftest import FIXED_LINE, GARBAGE, GOOD_ANSWER, TRAIN
@@ -390,10 +391,13 @@ async def test_validate_fix_measures_again_and_compares(client: LanguageClient):
         title="estimate", command="oom-lsp.estimate", arguments=[{"uri": uri, "device": "cpu"}]
     )
     before = await asyncio.wait_for(_run(client, estimate), 120)
-    # The fix, saved: half the batch.
-    script.write_text(ESTIMATED_SCRIPT.replace("default=64", "default=32"), encoding="utf-8")
-
+    fixed = ESTIMATED_SCRIPT.replace("default=64", "default=32")  # the fix: half the batch
+    replace_text(client, uri, 2, fixed)
     validate = types.Command(title="validate", command="oom-lsp.validateFix", arguments=[{"uri": uri}])
+    with pytest.raises(JsonRpcInternalError, match="save estimated.py first"):
+        await _run(client, validate)
+    script.write_text(fixed, encoding="utf-8")
+
     result = await asyncio.wait_for(_run(client, validate), 120)
 
     assert result["source"] == "estimate"
