@@ -226,8 +226,21 @@ def _merge_states(first: State, second: State) -> State:
     return merged
 
 
+# `wrap_model(...)`, `self._get_model(...)`: functions that return or act on a
+# model, not a model. Seen as a false positive on transformers' Trainer.
+_VERBS = frozenset(
+    {
+        "wrap", "unwrap", "get", "load", "build", "create", "init", "prepare", "save", "setup",
+        "make", "train", "evaluate", "eval", "copy", "freeze", "unfreeze", "move", "set", "update",
+        "compile", "export", "print", "log", "register", "reset", "to",
+    }
+)  # fmt: skip
+
+
 def model_name_heuristic(name: str) -> Role:
     lowered = name.lower()
+    if lowered.lstrip("_").split("_", 1)[0] in _VERBS:
+        return Role.UNKNOWN
     if lowered in _MODEL_NAMES or lowered.endswith(_MODEL_SUFFIXES):
         return Role.MODULE
     if lowered in _CRITERION_NAMES or lowered.startswith("criterion_") or lowered.endswith("_criterion"):

@@ -356,6 +356,10 @@ def test_merge() -> None:
         ("criterion_mse", Role.CRITERION),
         ("metric", Role.UNKNOWN),
         ("models", Role.UNKNOWN),
+        # Functions that act on a model are not one (transformers' Trainer).
+        ("_wrap_model", Role.UNKNOWN),
+        ("get_model", Role.UNKNOWN),
+        ("unwrap_model", Role.UNKNOWN),
     ],
 )
 def test_model_name_heuristic(name: str, role: Role) -> None:

@@ -564,3 +564,19 @@ def test_an_evaluation_function_that_enables_grad_is_not_reported() -> None:
 def test_an_explicit_forward_call_is_a_forward_pass() -> None:
     source = "import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    def predict(self, x):\n        self.eval()\n        return self.forward(x)\n"
     assert _lines(source, "OOM303") == [6]
+
+
+def test_a_model_wrapping_helper_is_not_an_evaluation_forward() -> None:
+    # Seen on transformers' Trainer.evaluation_loop: `self._wrap_model(...)`
+    # returns a model; it is not a forward pass.
+    source = (
+        "import torch\n"
+        "class Trainer:\n"
+        "    def evaluation_loop(self, loader):\n"
+        "        model = self._wrap_model(self.model, training=False)\n"
+        "        model.eval()\n"
+        "        return model\n"
+    )
+    from oom_lsp.analysis import LintSettings, analyze
+
+    assert [f.code for f in analyze(source, LintSettings(enabled=frozenset({"OOM303"})))] == []
