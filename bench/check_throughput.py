@@ -105,8 +105,17 @@ def prepare_corpus() -> Corpus:
         wheel = wheel_dir / f"transformers-{TRANSFORMERS_VERSION}-py3-none-any.whl"
         if not wheel.exists():
             run_setup_command(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                 f"transformers=={TRANSFORMERS_VERSION}", "-d", str(wheel_dir)]
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--quiet",
+                    f"transformers=={TRANSFORMERS_VERSION}",
+                    "-d",
+                    str(wheel_dir),
+                ]
             )
         if CORPUS.exists():
             shutil.rmtree(CORPUS)
@@ -128,7 +137,7 @@ def prepare_corpus() -> Corpus:
 def is_training_file(member: str) -> bool:
     if not member.startswith("transformers/") or not member.endswith(".py"):
         return False
-    relative = member[len("transformers/"):]
+    relative = member[len("transformers/") :]
     if relative.startswith(TRAINING_FOLDERS):
         return True
     return "/" not in relative and (relative.startswith("trainer") or relative in TRAINING_FILES)
@@ -248,14 +257,22 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str], object, object]
     if not args.skip_torchfix:
         torchfix = tool_venv("torchfix", f"torchfix=={TORCHFIX_VERSION}", "torchfix")
         runs.append(
-            ("torchfix", [str(torchfix), "--select", "ALL", "."],
-             lambda stdout, stderr: len(TORCHFIX_FINDING_RE.findall(stdout + stderr)), None)
+            (
+                "torchfix",
+                [str(torchfix), "--select", "ALL", "."],
+                lambda stdout, stderr: len(TORCHFIX_FINDING_RE.findall(stdout + stderr)),
+                None,
+            )
         )
     if not args.skip_ruff:
         ruff = tool_venv("ruff", f"ruff=={RUFF_VERSION}", "ruff")
         runs.append(
-            ("ruff", [str(ruff), "check", "--select", "ALL", "--no-cache", "--output-format", "concise", "."],
-             lambda stdout, stderr: len(RUFF_FINDING_RE.findall(stdout)), None)
+            (
+                "ruff",
+                [str(ruff), "check", "--select", "ALL", "--no-cache", "--output-format", "concise", "."],
+                lambda stdout, stderr: len(RUFF_FINDING_RE.findall(stdout)),
+                None,
+            )
         )
     return runs
 
@@ -367,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
             result = measure(tool, round_number, command, CORPUS, count_findings)
             summaries[tool].runs.append(result)
             unparsed = "" if result.findings is not None else f" -- output not understood, see {result.log}"
-            print(f"{result.wall_s:.2f} s wall, {result.cpu_s:.2f} s CPU, exit {result.exit_code}{unparsed}", flush=True)
+            print(
+                f"{result.wall_s:.2f} s wall, {result.cpu_s:.2f} s CPU, exit {result.exit_code}{unparsed}",
+                flush=True,
+            )
 
     print()
     print_table(summaries, corpus)
@@ -380,7 +400,11 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "machine": machine_description(),
-                    "versions": {"transformers": TRANSFORMERS_VERSION, "torchfix": TORCHFIX_VERSION, "ruff": RUFF_VERSION},
+                    "versions": {
+                        "transformers": TRANSFORMERS_VERSION,
+                        "torchfix": TORCHFIX_VERSION,
+                        "ruff": RUFF_VERSION,
+                    },
                     "corpus": {"files": len(corpus.files), "lines": corpus.lines, "bytes": corpus.bytes},
                     "runs": [asdict(run) for summary in summaries.values() for run in summary.runs],
                     "oom_lsp_findings": findings,

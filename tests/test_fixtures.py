@@ -49,9 +49,7 @@ def intended_findings(source: str) -> list[tuple[str, int]] | None:
 
 
 def render(findings: list[Finding]) -> str:
-    return "".join(
-        f"{f.range.start.line}:{f.range.start.column} {f.code} {f.message}\n" for f in findings
-    )
+    return "".join(f"{f.range.start.line}:{f.range.start.column} {f.code} {f.message}\n" for f in findings)
 
 
 def every_rule_settings() -> LintSettings:
