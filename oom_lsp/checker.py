@@ -31,11 +31,9 @@ from pathlib import Path
 
 import oom_lsp
 from oom_lsp.analysis import registry
-from oom_lsp.analysis.engine import analyze
 from oom_lsp.analysis.findings import Finding, Position, Range
 from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.config import ConfigResolver, GlobPattern, ProjectConfig
-from oom_lsp.fixes.apply import fix_source
 
 PYTHON_SUFFIXES = (".py", ".pyi")
 CACHE_DIR_NAME = ".oom_lsp_cache"
@@ -423,6 +421,10 @@ def run_job(job: Job) -> JobResult:
 
 
 def _run_job(job: Job) -> JobResult:
+    # Imported here: a run answered from the cache never needs libcst.
+    from oom_lsp.analysis.engine import analyze
+    from oom_lsp.fixes.apply import fix_source
+
     findings = analyze(job.source, job.settings, job.path)
     if not job.fix or not has_applicable_fix(findings, job.unsafe_fixes):
         return JobResult(job.index, findings)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from oom_lsp import checker, cli
+from oom_lsp.analysis import engine
 
 RISKY = 'import torch\nstate = torch.load("x.pt")\n'
 FIXED = 'import torch\nstate = torch.load("x.pt", map_location="cpu")\n'
@@ -345,14 +346,14 @@ def test_unreadable_and_missing_files_are_reported_and_the_run_goes_on(
 def test_a_crash_on_one_file_is_reported_and_the_others_are_checked(
     project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_analyze = checker.analyze
+    real_analyze = engine.analyze
 
     def analyze(source: str, settings: object, path: str = "<stdin>") -> list:
         if path.endswith("crash.py"):
             raise AttributeError("'Rule' object has no attribute 'state'")
         return real_analyze(source, settings, path)
 
-    monkeypatch.setattr(checker, "analyze", analyze)
+    monkeypatch.setattr(engine, "analyze", analyze)
     write(project / "crash.py", RISKY)
     write(project / "risky.py", RISKY)
     code, out, err = run(capsys, "--check", *SELECT, ".")
@@ -362,7 +363,7 @@ def test_a_crash_on_one_file_is_reported_and_the_others_are_checked(
     assert "This is a bug in oom-lsp" in err and "Traceback" not in err
     code, _, err = run(capsys, "--check", *SELECT, "-v", "crash.py")
     assert code == 2 and "Traceback (most recent call last)" in err  # -v shows it
-    monkeypatch.setattr(checker, "analyze", real_analyze)
+    monkeypatch.setattr(engine, "analyze", real_analyze)
     code, _, _ = run(capsys, "--check", *SELECT, "crash.py")
     assert code == 1, "a crash is never cached"
 
@@ -409,13 +410,13 @@ def test_cache_hit_does_not_reanalyse(
     project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    real_analyze = checker.analyze
+    real_analyze = engine.analyze
 
     def counting_analyze(source: str, settings: object, path: str = "<stdin>") -> list:
         calls.append(path)
         return real_analyze(source, settings, path)
 
-    monkeypatch.setattr(checker, "analyze", counting_analyze)
+    monkeypatch.setattr(engine, "analyze", counting_analyze)
     risky = write(project / "risky.py", RISKY)
     write(project / "clean.py", CLEAN)
     first = run(capsys, "--check", *SELECT, "-v", ".")

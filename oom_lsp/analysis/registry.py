@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from oom_lsp.analysis import catalogue
 from oom_lsp.analysis.findings import Applicability, Severity
-from oom_lsp.analysis.rule import Rule
+
+if TYPE_CHECKING:
+    from oom_lsp.analysis.rule import Rule
 
 _RULES: dict[str, type[Rule]] = {}
 _CODE_RE = re.compile(r"^OOM\d{3}$")
@@ -149,20 +153,20 @@ def rule_for(code: str) -> type[Rule] | MetaRule | None:
 
 
 def rule_by_name(name: str) -> type[Rule] | MetaRule | None:
-    for rule in [*all_rules().values(), *META_RULES.values()]:
-        if rule.name == name:
-            return rule
-    return None
+    code = catalogue.CODE_BY_NAME.get(name)
+    return rule_for(code) if code is not None else None
+
+
+# Codes and selection come from the catalogue: no rule module (no libcst) is
+# imported to resolve a configuration.
 
 
 def all_codes() -> list[str]:
-    return sorted([*all_rules(), *META_RULES])
+    return sorted(catalogue.CODES)
 
 
 def default_codes() -> list[str]:
-    codes = [code for code, rule in all_rules().items() if rule.default_enabled]
-    codes += [code for code, meta in META_RULES.items() if meta.default_enabled]
-    return sorted(codes)
+    return sorted(catalogue.DEFAULT_CODES)
 
 
 class SelectorError(ValueError):
@@ -174,9 +178,9 @@ def expand_selector(selector: str) -> set[str]:
     selector = selector.strip()
     if selector.upper() == "ALL":
         return set(all_codes())
-    by_name = rule_by_name(selector)
+    by_name = catalogue.CODE_BY_NAME.get(selector)
     if by_name is not None:
-        return {by_name.code}
+        return {by_name}
     matched = {code for code in all_codes() if code.startswith(selector.upper())}
     if not matched or not selector.upper().startswith("OOM"):
         raise SelectorError(f"unknown rule selector {selector!r}")

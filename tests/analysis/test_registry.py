@@ -53,3 +53,28 @@ def test_prefix_selection() -> None:
         expand_selector("E501")
     with pytest.raises(SelectorError):
         expand_selector("OOM77")
+
+
+def test_catalogue_agrees_with_the_rule_classes() -> None:
+    from oom_lsp.analysis.catalogue import CATALOGUE
+
+    defined = {code: (rule.name, rule.default_enabled) for code, rule in all_rules().items()}
+    defined |= {code: (meta.name, meta.default_enabled) for code, meta in META_RULES.items()}
+    assert {code: (name, enabled) for code, name, enabled in CATALOGUE} == defined
+
+
+def test_configuration_resolves_without_importing_the_rules() -> None:
+    # A run answered from the cache must not pay for libcst's import.
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from oom_lsp.config import parse_config_table\n"
+        "from pathlib import Path\n"
+        "config = parse_config_table({'select': ['OOM3', 'large-batch-size']}, 'test', Path('.'))\n"
+        "config.settings_for(Path('x.py')).fingerprint()\n"
+        "print('libcst' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
