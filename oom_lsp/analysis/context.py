@@ -180,12 +180,34 @@ _STATEMENT_TYPES = (
 )
 
 
+_SET_GRAD_ENABLED = {"torch.set_grad_enabled", "torch.autograd.set_grad_enabled"}
+
+
+def grad_switch(statement: cst.CSTNode, imports: ImportMap) -> bool | None:
+    """For a statement `torch.set_grad_enabled(x)`: True when it turns
+    gradients off for the statements after it (`False`, or a value we cannot
+    read: precision first), False when it turns them on, None for any other
+    statement."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
+        return None
+    call = small.value
+    if imports.qualified_name(call.func) not in _SET_GRAD_ENABLED or len(call.args) != 1:
+        return None
+    mode = call.args[0].value
+    return not (isinstance(mode, cst.Name) and mode.value == "True")
+
+
 @dataclass
 class _FunctionFrame:
     function: cst.FunctionDef | None
     loops: list[cst.For | cst.While] = field(default_factory=list)
     # Depth of enclosing grad-disabling regions inside this frame.
     no_grad_depth: int = 0
+    # Set by a `torch.set_grad_enabled(False)` statement, for what follows it.
+    grad_switched_off: bool = False
 
 
 class Tracker:
@@ -233,7 +255,8 @@ class Tracker:
     @property
     def in_no_grad(self) -> bool:
         """Inside `torch.no_grad()` / `inference_mode()` (with or decorator)."""
-        return self._frames[-1].no_grad_depth > 0
+        frame = self._frames[-1]
+        return frame.no_grad_depth > 0 or frame.grad_switched_off
 
     @property
     def in_autocast(self) -> bool:
@@ -284,6 +307,9 @@ class Tracker:
     def after_leave(self, node: cst.CSTNode) -> None:
         if isinstance(node, _STATEMENT_TYPES):
             self.statements.pop()
+            switched = grad_switch(node, self._imports)
+            if switched is not None:
+                self._frames[-1].grad_switched_off = switched
             if isinstance(node, cst.FunctionDef):
                 self._frames.pop()
             elif isinstance(node, cst.With):

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from oom_lsp.analysis.context import FileContext, dotted_name
+from oom_lsp.analysis.context import FileContext, dotted_name, grad_switch
 from oom_lsp.analysis.cst_helpers import get_arg, string_value
 from oom_lsp.analysis.walker import child_fields
 
@@ -646,6 +646,9 @@ class _Interpreter:
     def run_block(self, body: Iterable[cst.CSTNode], state: State, no_grad: bool) -> State:
         for statement in body:
             state = self.run_statement(statement, state, no_grad)
+            switched = grad_switch(statement, self.context.imports)
+            if switched is not None:
+                no_grad = switched
         return state
 
     def run_statement(self, statement: cst.CSTNode, state: State, no_grad: bool) -> State:

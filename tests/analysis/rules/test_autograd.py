@@ -580,3 +580,27 @@ def test_a_model_wrapping_helper_is_not_an_evaluation_forward() -> None:
     from oom_lsp.analysis import LintSettings, analyze
 
     assert [f.code for f in analyze(source, LintSettings(enabled=frozenset({"OOM303"})))] == []
+
+
+def test_set_grad_enabled_as_a_statement_turns_gradients_off_for_what_follows() -> None:
+    # Seen in real validation loops: the statement form, not the `with` form.
+    from oom_lsp.analysis import LintSettings, analyze
+
+    source = (
+        "import torch\n"
+        "def validate(model, loader):\n"
+        "    torch.set_grad_enabled(False)\n"
+        "    total = 0.0\n"
+        "    for x, y in loader:\n"
+        "        out = model(x)\n"
+        "        total += out.sum()\n"
+        "    torch.set_grad_enabled(True)\n"
+        "    return total\n"
+    )
+    enabled = frozenset({"OOM301", "OOM303"})
+    assert analyze(source, LintSettings(enabled=enabled)) == []
+    # Turned back on before the forward: the evaluation forward is reported again.
+    switched_back = source.replace(
+        "    total = 0.0\n", "    torch.set_grad_enabled(True)\n    total = 0.0\n"
+    )
+    assert "OOM303" in [f.code for f in analyze(switched_back, LintSettings(enabled=enabled))]
