@@ -39,6 +39,7 @@ from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
 from oom_lsp.analysis import analyze, default_settings
+from oom_lsp.gc_tuning import tune_for_analysis
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -181,6 +182,9 @@ async def main() -> None:
         "--sizes", type=int, nargs="+", default=[200, 1000, 5000], help="fixture sizes in lines"
     )
     args = parser.parse_args()
+    # The server tunes its garbage collector at start; measure the in-process
+    # rows (the bare parse included) under the same settings.
+    tune_for_analysis()
     with tempfile.TemporaryDirectory(prefix="oom-lsp-bench-") as folder:
         workspace = Path(folder)
         (workspace / "pyproject.toml").write_text('[project]\nname = "bench"\n')

@@ -34,6 +34,7 @@ from oom_lsp.analysis import registry
 from oom_lsp.analysis.findings import Finding, Position, Range
 from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.config import ConfigResolver, GlobPattern, ProjectConfig
+from oom_lsp.gc_tuning import tune_for_analysis
 
 PYTHON_SUFFIXES = (".py", ".pyi")
 CACHE_DIR_NAME = ".oom_lsp_cache"
@@ -449,6 +450,7 @@ def _removed_codes(before: list[Finding], after: list[Finding]) -> dict[str, int
 
 def _warm_worker() -> None:
     registry.all_rules()  # import every rule once per worker, not per file
+    tune_for_analysis()
 
 
 def _worker_count(jobs: list[Job]) -> int:
@@ -462,6 +464,8 @@ def run_jobs(jobs: list[Job], workers: int | None = None) -> list[JobResult]:
     """Results in the order of `jobs`; largest sources first across workers."""
     count = _worker_count(jobs) if workers is None else workers
     if count <= 1:
+        if jobs:
+            tune_for_analysis()
         return [run_job(job) for job in jobs]
     ordered = sorted(jobs, key=lambda job: len(job.source), reverse=True)
     context = multiprocessing.get_context("spawn")

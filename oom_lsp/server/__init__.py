@@ -7,9 +7,11 @@ from __future__ import annotations
 def start_server(tcp: str | None, log_file: str | None) -> int:
     """Serve on stdio, or on `HOST:PORT` when `tcp` is given; returns the exit
     status once the client has shut the server down."""
+    from oom_lsp.gc_tuning import tune_for_analysis
     from oom_lsp.server.server import create_server
 
     server = create_server(log_file)
+    tune_for_analysis()
     if tcp is None:
         server.start_io()
         return 0
