@@ -47,7 +47,7 @@ import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name, grad_switch
 from oom_lsp.analysis.cst_helpers import get_arg, string_value
-from oom_lsp.analysis.walker import child_fields
+from oom_lsp.analysis.walker import child_fields, is_node
 
 
 class Kind(enum.Enum):
@@ -1032,6 +1032,8 @@ def _loss_result(call: cst.Call, arg_kinds: list[Kind], no_grad: bool) -> Kind:
 # --- syntactic summaries ----------------------------------------------------
 
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+# The same, for exact type tests: libcst has no subclasses of these.
+_SCOPE_TYPES = frozenset(_SCOPES)
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -1051,9 +1053,9 @@ def iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     yield node
     for name in _fields(node):
         value = getattr(node, name)
-        children = value if isinstance(value, (tuple, list)) else (value,)
+        children = value if type(value) is tuple or type(value) is list else (value,)
         for child in children:
-            if isinstance(child, cst.CSTNode) and not isinstance(child, _SCOPES):
+            if is_node(child) and type(child) not in _SCOPE_TYPES:
                 yield from iter_nodes(child)
 
 
@@ -1078,8 +1080,8 @@ def uses_of(
         inner = (*ancestors, node)
         for name in _fields(node):
             value = getattr(node, name)
-            for child in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(child, cst.CSTNode) and not isinstance(child, _SCOPES):
+            for child in value if type(value) is tuple or type(value) is list else (value,):
+                if is_node(child) and type(child) not in _SCOPE_TYPES:
                     yield from walk(child, inner)
 
     for statement in body:

@@ -58,6 +58,19 @@ _ORDER = {
 
 Hook = Callable[[cst.CSTNode], object]
 
+# isinstance() against libcst's classes goes through ABCMeta.__instancecheck__
+# (CSTNode is an ABC): answering it once per concrete type halves a walk.
+_IS_NODE_TYPE: dict[type, bool] = {}
+
+
+def is_node(value: object) -> bool:
+    """isinstance(value, cst.CSTNode), cached per type."""
+    value_type = type(value)
+    known = _IS_NODE_TYPE.get(value_type)
+    if known is None:
+        known = _IS_NODE_TYPE[value_type] = isinstance(value, cst.CSTNode)
+    return known
+
 
 def child_fields(node_class: type) -> tuple[str, ...]:
     """The fields of a node class that can hold nodes a rule inspects, in source order."""
@@ -123,8 +136,6 @@ def walk(
         plans[node_class] = plan
         return plan
 
-    node_base = cst.CSTNode
-
     def visit(node: cst.CSTNode) -> None:
         node_class = type(node)
         fields, visits, leaves, hooked = plans.get(node_class) or plan_for(node_class)
@@ -136,11 +147,11 @@ def walk(
             value = getattr(node, field_name)
             if value is None:
                 continue
-            if isinstance(value, (tuple, list)):
+            if type(value) is tuple or type(value) is list:
                 for child in value:
-                    if isinstance(child, node_base):
+                    if is_node(child):
                         visit(child)
-            elif isinstance(value, node_base):
+            elif is_node(value):
                 visit(value)
         for method in leaves:
             method(node)
