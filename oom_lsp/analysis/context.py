@@ -25,11 +25,13 @@ if TYPE_CHECKING:
 
 def dotted_name(expr: cst.BaseExpression) -> str | None:
     """`a.b.c` for a Name/Attribute chain, else None."""
+    # Exact type tests: libcst has no subclasses of Attribute and Name, and
+    # isinstance() on its classes goes through ABCMeta (the hottest call here).
     parts: list[str] = []
-    while isinstance(expr, cst.Attribute):
+    while type(expr) is cst.Attribute:
         parts.append(expr.attr.value)
         expr = expr.value
-    if not isinstance(expr, cst.Name):
+    if type(expr) is not cst.Name:
         return None
     parts.append(expr.value)
     return ".".join(reversed(parts))

@@ -70,6 +70,12 @@ def is_false(expr: cst.BaseExpression | None) -> bool:
 
 def string_value(expr: cst.BaseExpression | None) -> str | None:
     if isinstance(expr, cst.SimpleString):
+        raw = expr.value
+        # libcst's evaluated_value compiles the literal (ast.literal_eval):
+        # most strings in training code have no prefix and no escape.
+        quote = raw[:3] if raw[:3] in ('"""', "'''") else raw[:1]
+        if quote in ('"', "'", '"""', "'''") and "\\" not in raw:
+            return raw[len(quote) : -len(quote)]
         value = expr.evaluated_value
         return value if isinstance(value, str) else None
     return None
