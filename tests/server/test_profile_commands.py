@@ -126,15 +126,22 @@ def _alive(pid: int) -> bool:
 
 async def test_cancel_request_kills_the_process_tree(client: LanguageClient):
     script = client.root / "hangs.py"
-    since = len(client.log_messages)
+    since, known_tokens = len(client.log_messages), set(client.progress_reports)
     request = asyncio.ensure_future(
         execute(client, "oom-lsp.profile", {"uri": script.as_uri(), "device": "cpu"}, msg_id="profile-hangs")
     )
     child = await _child_of_hangs(client, since)
+    (token,) = set(client.progress_reports) - known_tokens
     client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="profile-hangs"))
     with pytest.raises(JsonRpcException):
         await request
     await _gone(child)
+    # The request is answered at once; the run ends (and frees its script for
+    # the next profile) when its process group is gone: its progress ends then.
+    deadline = asyncio.get_running_loop().time() + 30
+    while not client.progress_reports[token] or client.progress_reports[token][-1].kind != "end":
+        assert asyncio.get_running_loop().time() < deadline, "the cancelled run never ended its progress"
+        await asyncio.sleep(0.1)
 
 
 async def _child_of_hangs(client: LanguageClient, since: int) -> int:
