@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from oom_lsp.script_args import split_script_arguments
+
 EXIT_FITS, EXIT_OOM, EXIT_ERROR = 0, 1, 2
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -89,28 +91,10 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     )
 
 
-def _split_rest(args: argparse.Namespace) -> str | None:
-    """Parse the options written after SCRIPT into `args`; the part after `--` is the script's."""
-    rest = list(args.rest)
-    if "--" in rest:
-        cut = rest.index("--")
-        options, args.script_args = rest[:cut], rest[cut + 1 :]
-    else:
-        options, args.script_args = rest, []
-    late = argparse.ArgumentParser(prog="oom-lsp estimate", add_help=False)
-    _add_options(late, defaults=False)
-    parsed, unknown = late.parse_known_args(options)
-    if unknown:
-        return f"unknown estimate option(s) {' '.join(unknown)}: put the script's own arguments after --"
-    for name, value in vars(parsed).items():
-        setattr(args, name, value)
-    return None
-
-
 def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
-    problem = _split_rest(args)
+    problem = split_script_arguments(args, "estimate", _add_options)
     if problem:
         err.write(f"oom-lsp estimate: {problem}\n")
         return EXIT_ERROR

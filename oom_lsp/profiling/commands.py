@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from oom_lsp.profiling.oom_messages import describe, find_ooms, format_bytes
 from oom_lsp.profiling.report import Report, ReportError, read_report
+from oom_lsp.script_args import split_script_arguments
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 TABLE_LINES = 10
@@ -82,24 +83,6 @@ def _add_profile_options(parser: argparse.ArgumentParser, defaults: bool) -> Non
         "--import", dest="import_file", type=Path, metavar="FILE", default=default(None),
         help="a chrome trace (export_chrome_trace) or memory snapshot pickle (_dump_snapshot) to read instead",
     )
-
-
-def _split_rest(args: argparse.Namespace) -> str | None:
-    """Parse the options written after SCRIPT into `args`; the part after `--` is the script's. Error or None."""
-    rest = list(args.rest)
-    if "--" in rest:
-        cut = rest.index("--")
-        options, args.script_args = rest[:cut], rest[cut + 1:]
-    else:
-        options, args.script_args = rest, []
-    late = argparse.ArgumentParser(prog="oom-lsp profile", add_help=False)
-    _add_profile_options(late, defaults=False)
-    parsed, unknown = late.parse_known_args(options)
-    if unknown:
-        return f"unknown profile option(s) {' '.join(unknown)}: put the script's own arguments after --"
-    for name, value in vars(parsed).items():
-        setattr(args, name, value)
-    return None
 
 
 def _error(message: str) -> int:
@@ -176,7 +159,7 @@ class ProgressDisplay:
 def run_profile(args: argparse.Namespace) -> int:
     from oom_lsp.profiling.runner import ProfileError, ProfileRequest, profile
 
-    problem = _split_rest(args)
+    problem = split_script_arguments(args, "profile", _add_profile_options)
     if problem:
         return _error(problem)
     if args.import_file is not None:

@@ -1,0 +1,35 @@
+"""Options written after the user's script on the command line.
+
+`oom-lsp profile train.py --steps 2 -- --lr 3e-4` and `oom-lsp estimate ...`
+accept their own options after SCRIPT; what follows `--` belongs to the
+script. argparse cannot express that order, so the commands parse the tail
+themselves with the same option definitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def split_script_arguments(
+    args: argparse.Namespace,
+    command: str,
+    add_options: Callable[..., None],
+) -> str | None:
+    """Parse the options in `args.rest` into `args` and set `args.script_args`
+    to what follows `--`. Returns an error message, or None."""
+    rest = list(args.rest)
+    if "--" in rest:
+        cut = rest.index("--")
+        options, args.script_args = rest[:cut], rest[cut + 1 :]
+    else:
+        options, args.script_args = rest, []
+    late = argparse.ArgumentParser(prog=f"oom-lsp {command}", add_help=False)
+    add_options(late, defaults=False)
+    parsed, unknown = late.parse_known_args(options)
+    if unknown:
+        return f"unknown {command} option(s) {' '.join(unknown)}: put the script's own arguments after --"
+    for name, value in vars(parsed).items():
+        setattr(args, name, value)
+    return None
