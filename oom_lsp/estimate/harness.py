@@ -502,15 +502,7 @@ def make_conv_scratch(notes: dict):
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             outputs = func(*real_args)
         del outputs
-        events = sorted(
-            (event.start_ns(), index, event.nbytes())
-            for index, event in enumerate(prof.profiler.kineto_results.events())
-            if event.name() == "[memory]"
-        )
-        current = peak = 0
-        for _, _, size in events:
-            current += size
-            peak = max(peak, current)
+        peak, current = _replay_allocations(prof)
         return peak - max(current, 0)
 
     def scratch(tracker, func, args):
@@ -1004,9 +996,9 @@ def classify_failure(error: BaseException) -> str:
     return "script-error"
 
 
-def profile_replay_peak(prof) -> int:
-    """Peak of the running sum of the profiler's allocation events in time
-    order: every c10 CPU allocation, kernel scratch included."""
+def _replay_allocations(prof) -> tuple[int, int]:
+    """(peak, final) of the running sum of the profiler's allocation events
+    in time order: every c10 CPU allocation, kernel scratch included."""
     events = sorted(
         (event.start_ns(), index, event.nbytes())
         for index, event in enumerate(prof.profiler.kineto_results.events())
@@ -1016,7 +1008,12 @@ def profile_replay_peak(prof) -> int:
     for _, _, size in events:
         current += size
         peak = max(peak, current)
-    return peak
+    return peak, current
+
+
+def profile_replay_peak(prof) -> int:
+    """Peak of the running sum of the profiler's allocation events."""
+    return _replay_allocations(prof)[0]
 
 
 def run(request: dict) -> dict:

@@ -63,7 +63,9 @@ def register(server: OomLanguageServer) -> None:
     server.feature(types.CODE_ACTION_RESOLVE)(on_code_action_resolve)
 
 
-def _wanted(only: list[str] | None, kind: str) -> bool:
+def kind_wanted(only: list[str] | None, kind: str) -> bool:
+    """Whether a code action of `kind` answers a request limited to `only`
+    (LSP: a requested kind also admits its sub-kinds)."""
     return only is None or any(kind == entry or kind.startswith(entry + ".") for entry in only)
 
 
@@ -115,7 +117,7 @@ async def on_code_action(
         if finding is None:
             continue
         has_safe_fix = has_safe_fix or (finding.fix is not None and finding.fix.is_safe)
-        if not _wanted(only, types.CodeActionKind.QuickFix):
+        if not kind_wanted(only, types.CodeActionKind.QuickFix):
             continue
         if finding.fix is not None:
             actions.append(
@@ -139,7 +141,7 @@ async def on_code_action(
                         edit=workspace_edit(ls, document, _lsp_edits([edit], converter)),
                     )
                 )
-    if only is not None and _wanted(only, FIX_ALL_KIND):
+    if only is not None and kind_wanted(only, FIX_ALL_KIND):
         # Asked for by name (codeActionsOnSave, a fix-on-save hook): the edit
         # comes with the answer, so a single request is enough.
         fix_all = await _fix_all(ls, document, converter)

@@ -323,11 +323,7 @@ def _oom100(
 async def estimate_actions(
     ls: OomLanguageServer, params: types.CodeActionParams, document: TextDocument
 ) -> list[types.CodeAction]:
-    only = params.context.only
-    if only is not None and not any(
-        types.CodeActionKind.QuickFix == entry or types.CodeActionKind.QuickFix.startswith(entry + ".")
-        for entry in only
-    ):
+    if not code_actions.kind_wanted(params.context.only, types.CodeActionKind.QuickFix):
         return []
     actions = []
     for diagnostic in params.context.diagnostics:

@@ -178,16 +178,12 @@ def on_reports_changed(ls: OomLanguageServer, changes: list[types.FileEvent]) ->
 # --- actions -------------------------------------------------------------------------------------
 
 
-def _wanted(only: list[str] | None, kind: str) -> bool:
-    return only is None or any(kind == entry or kind.startswith(entry + ".") for entry in only)
-
-
 async def list_actions(
     ls: OomLanguageServer, params: types.CodeActionParams, document: TextDocument
 ) -> list[types.CodeAction]:
     only = params.context.only
     actions: list[types.CodeAction] = []
-    if _wanted(only, types.CodeActionKind.QuickFix):
+    if code_actions.kind_wanted(only, types.CodeActionKind.QuickFix):
         for diagnostic in params.context.diagnostics:
             data: Any = diagnostic.data
             if (
@@ -196,7 +192,7 @@ async def list_actions(
                 and data.get("kind") == REPORT_KIND
             ):
                 actions.extend(await _report_actions(ls, document, diagnostic, data))
-    if _wanted(only, types.CodeActionKind.RefactorRewrite):
+    if code_actions.kind_wanted(only, types.CodeActionKind.RefactorRewrite):
         actions.extend(await _instrument_actions(ls, document, params.range))
     return actions
 
