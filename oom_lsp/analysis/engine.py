@@ -9,6 +9,7 @@ pass), and files that mention no training framework are not parsed at all.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import libcst as cst
 from libcst._position import CodeRange
@@ -16,6 +17,7 @@ from libcst._position import CodeRange
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.context import FileContext, Tracker
 from oom_lsp.analysis.findings import Applicability, Finding, Fix, Position, Range, Severity, TextEdit
+from oom_lsp.analysis.incremental import ParsedSource, parse_whole
 from oom_lsp.analysis.rule import (
     DeleteStatement,
     FixSpec,
@@ -41,17 +43,23 @@ def mentions_framework(source: str) -> bool:
     return _RELEVANT_RE.search(source) is not None
 
 
-def analyze(source: str, settings: LintSettings, path: str = "<stdin>") -> list[Finding]:
-    """All findings for one file's text, sorted by position."""
+def analyze(
+    source: str,
+    settings: LintSettings,
+    path: str = "<stdin>",
+    parse: Callable[[str], ParsedSource] = parse_whole,
+) -> list[Finding]:
+    """All findings for one file's text, sorted by position. `parse` may be
+    an IncrementalParser's, for successive versions of one document."""
     findings: list[Finding] = []
     if mentions_framework(source):
         try:
-            module = cst.parse_module(source)
+            parsed = parse(source)
         except cst.ParserSyntaxError as error:
             return _syntax_error(error, settings)
         except RecursionError:
             return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
-        findings = _run_rules(module, source, settings, path)
+        findings = _run_rules(parsed, source, settings, path)
     suppressions = parse_suppressions(source)
     if suppressions:
         findings = apply_suppressions(findings, suppressions)
@@ -83,7 +91,8 @@ def _syntax_error_at(line: int, column: int, message: str, settings: LintSetting
     ]
 
 
-def _run_rules(module: cst.Module, source: str, settings: LintSettings, path: str) -> list[Finding]:
+def _run_rules(parsed: ParsedSource, source: str, settings: LintSettings, path: str) -> list[Finding]:
+    module = parsed.module
     context = FileContext(source=source, module=module, settings=settings, path=path)
     rules = [
         rule_class(context)
@@ -104,7 +113,7 @@ def _run_rules(module: cst.Module, source: str, settings: LintSettings, path: st
         return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
     if not context.reports:
         return []
-    resolver = PositionResolver(module, source)
+    resolver = PositionResolver(module, source, parsed.statements)
     builder = _FixBuilder(context, resolver)
     findings = []
     for report in context.reports:

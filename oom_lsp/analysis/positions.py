@@ -90,12 +90,13 @@ def _ast_index(statements: Sequence[cst.CSTNode], target: cst.CSTNode) -> int | 
 
 
 class PositionResolver:
-    def __init__(self, module: cst.Module, source: str) -> None:
+    def __init__(self, module: cst.Module, source: str, statements: ast.Module | None = None) -> None:
         self.module = module
         self.lines = _NEWLINE_RE.split(source)
         self.source = source
         self.positions: dict[cst.CSTNode, CodeRange] = {}
-        self._tree: ast.Module | None | bool = False  # False: not parsed yet
+        # The stdlib tree of `source`; False: not parsed yet.
+        self._tree: ast.Module | None | bool = statements if statements is not None else False
         self._generated: set[int] = set()
         self._whole_module_done = False
         self._elif_ids: set[int] = set()

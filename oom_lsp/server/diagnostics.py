@@ -159,7 +159,7 @@ def on_did_close(ls: OomLanguageServer, params: types.DidCloseTextDocumentParams
     pending = _pending.pop(uri, None)
     if pending is not None:
         pending.cancel()
-    ls.forget_analyses(uri)
+    ls.forget_document(uri)
     if not ls.pull_diagnostics:
         ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
 

@@ -26,6 +26,7 @@ from pygls.workspace import TextDocument
 
 from oom_lsp import __version__
 from oom_lsp.analysis import Finding, LintSettings, analyze
+from oom_lsp.analysis.incremental import IncrementalParser
 from oom_lsp.server import settings as editor_settings
 from oom_lsp.server.logs import LogSetup
 from oom_lsp.server.positions import PositionConverter
@@ -85,6 +86,9 @@ class OomLanguageServer(LanguageServer):
             max_workers=1, thread_name_prefix="oom-analysis"
         )
         self._analyses: dict[str, Analysis] = {}
+        # Per open document: keeps the last version's parsed statements, so an
+        # edit re-parses only the statements it touched.
+        self._parsers: dict[str, IncrementalParser] = {}
         # OOM101's threshold per URI: the largest batch an estimate found to fit.
         self.max_batch_by_uri: dict[str, int] = {}
 
@@ -160,6 +164,10 @@ class OomLanguageServer(LanguageServer):
         else:
             self._analyses.pop(uri, None)
 
+    def forget_document(self, uri: str) -> None:
+        self.forget_analyses(uri)
+        self._parsers.pop(uri, None)
+
     def settings_for_uri(self, uri: str) -> LintSettings | None:
         """None when the project's configuration excludes the file."""
         path = to_fs_path(uri)
@@ -188,7 +196,10 @@ class OomLanguageServer(LanguageServer):
             path = to_fs_path(uri) or uri
             loop = asyncio.get_running_loop()
             started = time.perf_counter()
-            findings = await loop.run_in_executor(self.analysis_executor, analyze, source, settings, path)
+            parser = self._parsers.setdefault(uri, IncrementalParser())
+            findings = await loop.run_in_executor(
+                self.analysis_executor, analyze, source, settings, path, parser.parse
+            )
             logger.debug(
                 "%s v%s: %d findings in %.0f ms (queue + analysis)",
                 uri,
@@ -199,6 +210,8 @@ class OomLanguageServer(LanguageServer):
         analysis = Analysis(uri, version, source, settings, findings)
         if self.open_document(uri) is not None:
             self._analyses[uri] = analysis
+        else:
+            self._parsers.pop(uri, None)  # closed while it was analysed
         return analysis
 
     def is_current(self, analysis: Analysis) -> bool:

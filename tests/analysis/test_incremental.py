@@ -1,0 +1,171 @@
+"""The incremental parser gives the tree a whole parse gives, re-parsing only
+the chunks an edit touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import oom_lsp
+from oom_lsp.analysis import analyze, default_settings, incremental
+from oom_lsp.analysis.incremental import IncrementalParser
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = sorted((ROOT / "fixtures").rglob("*.py")) + sorted(Path(oom_lsp.__file__).parent.rglob("*.py"))
+
+
+def assert_same_as_whole_parse(source: str, parser: IncrementalParser | None = None) -> cst.Module:
+    module = (parser or IncrementalParser()).parse(source).module
+    whole = cst.parse_module(source)
+    assert module.code == source
+    assert module.deep_equals(whole)
+    assert (module.default_indent, module.default_newline, module.has_trailing_newline, module.encoding) == (
+        whole.default_indent,
+        whole.default_newline,
+        whole.has_trailing_newline,
+        whole.encoding,
+    )
+    return module
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_real_files_give_the_whole_parse_tree(path: Path) -> None:
+    assert_same_as_whole_parse(path.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "",
+        "# only a comment\n",
+        "x = 1",
+        "import os\nx = 1",  # no trailing newline
+        "#!/usr/bin/env python\n# -*- coding: latin-1 -*-\n\nimport os\n\n\ndef f():\n    pass\n",
+        "def f():\n    x = 1\n    # end of the block\n# before g\n\n@dec\n# between\ndef g():\n    pass\n",
+        "import a; import b\nif x: pass\nelse:\n\ty = 1\ndef f():\n\treturn 1\n",  # tabs
+        "def f():\n  return 1\nclass A:\n  x = 1\n",  # two-space indentation
+        "import os\r\ndef f():\r\n    return 1\r\n",  # CRLF
+        'x = """\nnot = a statement\n"""\ny = 1\n',
+        "try:\n    pass\nexcept E:\n    pass\nfinally:\n    pass\nz = 1\n",
+        "x = (\n1,\n)\ny = [\n]\n",
+    ],
+)
+def test_edge_cases_give_the_whole_parse_tree(source: str) -> None:
+    assert_same_as_whole_parse(source)
+
+
+def test_mixed_indentation_and_line_endings_are_parsed_whole() -> None:
+    # Each chunk would imply its own default: the join is refused, the
+    # result is still the whole parse.
+    assert_same_as_whole_parse("def f():\n    return 1\ndef g():\n\treturn 2\n")
+    assert_same_as_whole_parse("x = 1\ny = 2\r\nz = 3\r\n")
+
+
+def test_a_syntax_error_is_libcsts_error_on_the_whole_file() -> None:
+    source = "import torch\n\ndef f(:\n    pass\n"
+    with pytest.raises(cst.ParserSyntaxError) as incremental_error:
+        IncrementalParser().parse(source)
+    with pytest.raises(cst.ParserSyntaxError) as whole_error:
+        cst.parse_module(source)
+    assert (incremental_error.value.raw_line, incremental_error.value.raw_column) == (
+        whole_error.value.raw_line,
+        whole_error.value.raw_column,
+    )
+
+
+def count_chunk_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    parsed: list[str] = []
+    real_parse = cst.parse_module
+
+    def counting(text: str) -> cst.Module:
+        parsed.append(text)
+        return real_parse(text)
+
+    monkeypatch.setattr(incremental.cst, "parse_module", counting)
+    return parsed
+
+
+FILE = (ROOT / "fixtures" / "cnn_cifar_risky.py").read_text(encoding="utf-8")
+
+
+def test_an_edit_reparses_only_its_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = IncrementalParser()
+    first = parser.parse(FILE).module
+    parsed = count_chunk_parses(monkeypatch)
+    edited = FILE.replace("def evaluate(model, loader):\n", "def evaluate(model, loader):\n    # typing\n", 1)
+    assert edited != FILE
+    second = parser.parse(edited).module
+    monkeypatch.undo()
+    assert second.deep_equals(cst.parse_module(edited))
+    assert len(parsed) == 1 and parsed[0].startswith("def evaluate(")
+    # The untouched statements' contents are the very same objects (a
+    # statement itself is copied when blank lines before it move onto it).
+    kept = {id(statement.body) for statement in first.body}
+    assert sum(id(statement.body) in kept for statement in second.body) == len(second.body) - 1
+
+
+def test_repeated_statements_are_never_one_shared_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = "import torch\n\ndef f():\n    return 1\n\ndef f():\n    return 1\n"
+    parser = IncrementalParser()
+    parser.parse(source)
+    parsed = count_chunk_parses(monkeypatch)
+    module = parser.parse(source).module
+    assert parsed == []
+    assert module.body[1] is not module.body[2]
+    assert len({id(statement) for statement in module.body}) == len(module.body)
+
+
+def test_findings_are_those_of_a_whole_parse_across_edits() -> None:
+    lint = default_settings()
+    parser = IncrementalParser()
+    versions = [FILE, FILE.replace("running_loss += loss.item()", "running_loss += loss"), FILE + "\n\ndef extra():\n    pass\n", FILE]
+    for version in versions:
+        assert analyze(version, lint, "x.py", parse=parser.parse) == analyze(version, lint, "x.py")
+
+
+SNIPPETS = [
+    "import torch\n",
+    "x = 1\n",
+    "# a comment\n",
+    "\n",
+    "    # an indented comment\n",
+    "   \n",
+    "\t# a tab-indented comment\n",
+    "x = 1; y = 2\n",
+    "async def a():\n    await b\n",
+    "def f(a):\n    return a\n",
+    "def g():\n  if a:\n    pass\n  # trailing\n",
+    "@decorator\ndef h():\n\tpass\n",
+    "class A:\n    y = 2\n\n    def m(self):\n        pass\n",
+    "if x:\n    pass\nelif y:\n    pass\nelse:\n    pass\n",
+    "for i in range(3):\n    total += i\n",
+    "value = (\n    1,\n    2,\n)\n",
+    's = """\ncolumn = zero\n"""\n',
+    "with a as b:\n    c = b\n",
+    "x = 1\r\n",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(SNIPPETS), max_size=12), min_size=1, max_size=4))
+def test_any_sequence_of_versions_gives_the_whole_parse_tree(versions: list[list[str]]) -> None:
+    parser = IncrementalParser()
+    for snippets in versions:
+        source = "".join(snippets)
+        try:
+            whole = cst.parse_module(source)
+        except cst.ParserSyntaxError:
+            with pytest.raises(cst.ParserSyntaxError):
+                parser.parse(source)
+            continue
+        module = parser.parse(source).module
+        # Not `== source`: libcst itself drops a blank line before a trailing
+        # over-indented comment.
+        assert module.code == whole.code
+        assert module.deep_equals(whole)
+        assert module.default_indent == whole.default_indent
+        assert module.default_newline == whole.default_newline
