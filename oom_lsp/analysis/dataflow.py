@@ -49,6 +49,17 @@ from oom_lsp.analysis.context import FileContext, dotted_name, grad_switch
 from oom_lsp.analysis.cst_helpers import get_arg, string_value
 from oom_lsp.analysis.walker import child_fields, is_node
 
+# Node types are tested exactly (`type(node) is cst.Call`) on the hot paths:
+# libcst has no subclasses of its concrete node classes, and isinstance() on
+# them goes through ABCMeta, slow for every class a node is not.
+_SCOPE_TYPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
+_NAME_TYPES = frozenset({cst.Name, cst.Attribute})
+_SEQUENCE_TYPES = frozenset({cst.Tuple, cst.List})
+_STRING_TYPES = frozenset({cst.SimpleString, cst.ConcatenatedString, cst.FormattedString})
+_BINDING_TYPES = frozenset({cst.Assign, cst.AnnAssign, cst.For, cst.WithItem, cst.NamedExpr})
+_RESULT_TYPES = frozenset({cst.Return, cst.Yield})
+_SIGN_TYPES = frozenset({cst.Minus, cst.Plus})
+
 
 class Kind(enum.Enum):
     GRAPH_SCALAR = "graph-attached scalar"
@@ -568,7 +579,7 @@ class ScopeFlow:
         """What calling `func` does in this scope. With `call`, the naming
         heuristics also want an argument: a forward pass takes an input
         (`solver.model()` is no forward pass)."""
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             name = func.value
             if name == "self" and self.class_def is not None:
                 if self.class_def.name.value in self.facts.module_classes:
@@ -582,7 +593,7 @@ class ScopeFlow:
             if bound is not None and bound.role is not Role.UNKNOWN:
                 return bound
             return self._by_name(name, call)
-        if isinstance(func, cst.Attribute):
+        if type(func) is cst.Attribute:
             if self.context.qualified_name(func) is not None:
                 return _NOT_MODULE
             dotted = dotted_name(func)
@@ -652,25 +663,26 @@ class _Interpreter:
         return state
 
     def run_statement(self, statement: cst.CSTNode, state: State, no_grad: bool) -> State:
-        if isinstance(statement, cst.SimpleStatementLine):
+        statement_type = type(statement)
+        if statement_type is cst.SimpleStatementLine:
             for small in statement.body:
                 state = self._small(small, state, no_grad)
             return state
-        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        if statement_type is cst.FunctionDef or statement_type is cst.ClassDef:
             return _unbind(state, statement.name.value)
-        if isinstance(statement, cst.If):
+        if statement_type is cst.If:
             self.evaluate(statement.test, state, no_grad)
             taken = self.run_block(_block(statement.body), dict(state), no_grad)
-            if isinstance(statement.orelse, cst.If):
+            if type(statement.orelse) is cst.If:
                 other = self.run_statement(statement.orelse, dict(state), no_grad)
-            elif isinstance(statement.orelse, cst.Else):
+            elif type(statement.orelse) is cst.Else:
                 other = self.run_block(_block(statement.orelse.body), dict(state), no_grad)
             else:
                 other = state
             return _merge_states(taken, other)
-        if isinstance(statement, (cst.For, cst.While)):
+        if statement_type is cst.For or statement_type is cst.While:
             return self._loop(statement, state, no_grad)
-        if isinstance(statement, cst.With):
+        if statement_type is cst.With:
             inner_no_grad = no_grad
             for item in statement.items:
                 self.evaluate(item.item, state, no_grad)
@@ -685,7 +697,7 @@ class _Interpreter:
                 if item.asname is not None:
                     state = self._bind(item.asname.name, Kind.UNKNOWN, state)
             return self.run_block(_block(statement.body), state, inner_no_grad)
-        if isinstance(statement, (cst.Try, cst.TryStar)):
+        if statement_type is cst.Try or statement_type is cst.TryStar:
             after_body = self.run_block(_block(statement.body), dict(state), no_grad)
             merged = after_body
             for handler in statement.handlers:
@@ -697,7 +709,7 @@ class _Interpreter:
             if statement.finalbody is not None:
                 merged = self.run_block(_block(statement.finalbody.body), merged, no_grad)
             return merged
-        if isinstance(statement, cst.Match):
+        if statement_type is cst.Match:
             self.evaluate(statement.subject, state, no_grad)
             merged = state
             for case in statement.cases:
@@ -721,7 +733,7 @@ class _Interpreter:
         end: State | None = None
         for _ in range(self.MAX_LOOP_PASSES):
             start = dict(before) if end is None else _merge_states(before, end)
-            if isinstance(loop, cst.For):
+            if type(loop) is cst.For:
                 self.evaluate(loop.iter, start, no_grad)
                 start = self._bind(loop.target, Kind.UNKNOWN, start)
             else:
@@ -737,40 +749,41 @@ class _Interpreter:
         return after
 
     def _small(self, small: cst.BaseSmallStatement, state: State, no_grad: bool) -> State:
-        if isinstance(small, cst.Assign):
+        small_type = type(small)
+        if small_type is cst.Assign:
             kind = self.evaluate(small.value, state, no_grad)
             for target in small.targets:
                 state = self._assign(target.target, small.value, kind, state, no_grad)
             return state
-        if isinstance(small, cst.AnnAssign):
+        if small_type is cst.AnnAssign:
             if small.value is None:
                 return state
             kind = self.evaluate(small.value, state, no_grad)
             return self._assign(small.target, small.value, kind, state, no_grad)
-        if isinstance(small, cst.AugAssign):
+        if small_type is cst.AugAssign:
             current = self.evaluate(small.target, state, no_grad)
             value = self.evaluate(small.value, state, no_grad)
             return self._bind(small.target, _arithmetic(current, value, no_grad), state)
-        if isinstance(small, cst.Expr):
+        if small_type is cst.Expr:
             self.evaluate(small.value, state, no_grad)
             call = small.value
             if (
-                isinstance(call, cst.Call)
-                and isinstance(call.func, cst.Attribute)
+                type(call) is cst.Call
+                and type(call.func) is cst.Attribute
                 and call.func.attr.value == "detach_"
             ):
                 return self._bind(call.func.value, Kind.DETACHED, state)
             return state
-        if isinstance(small, cst.Del):
+        if small_type is cst.Del:
             return self._bind(small.target, Kind.UNKNOWN, state)
-        if isinstance(small, (cst.Import, cst.ImportFrom)):
-            if not isinstance(small.names, cst.ImportStar):
+        if small_type is cst.Import or small_type is cst.ImportFrom:
+            if type(small.names) is not cst.ImportStar:
                 for alias in small.names:
                     bound = alias.asname.name if alias.asname is not None else alias.name
-                    if isinstance(bound, (cst.Name, cst.Attribute)):
+                    if type(bound) in _NAME_TYPES:
                         state = self._bind(bound, Kind.UNKNOWN, state)
             return state
-        if isinstance(small, cst.Return) and small.value is not None:
+        if small_type is cst.Return and small.value is not None:
             self.evaluate(small.value, state, no_grad)
         return state
 
@@ -782,12 +795,12 @@ class _Interpreter:
         state: State,
         no_grad: bool,
     ) -> State:
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) in _SEQUENCE_TYPES:
             elements = [element.value for element in target.elements]
             if (
-                isinstance(value, (cst.Tuple, cst.List))
+                type(value) in _SEQUENCE_TYPES
                 and len(value.elements) == len(elements)
-                and not any(isinstance(element, cst.StarredElement) for element in value.elements)
+                and not any(type(element) is cst.StarredElement for element in value.elements)
             ):
                 for element, source in zip(elements, value.elements):
                     state = self._assign(element, source.value, self.kind_of(source.value), state, no_grad)
@@ -795,7 +808,7 @@ class _Interpreter:
             for element in elements:
                 state = self._bind(element, _element_kind(kind), state)
             return state
-        if isinstance(target, cst.Subscript):
+        if type(target) is cst.Subscript:
             self.evaluate(target.value, state, no_grad)
             return state
         return self._bind(target, kind, state)
@@ -804,11 +817,11 @@ class _Interpreter:
         return self.kinds.get(node, Kind.UNKNOWN)
 
     def _bind(self, target: cst.BaseExpression, kind: Kind, state: State) -> State:
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) in _SEQUENCE_TYPES:
             for element in target.elements:
                 state = self._bind(element.value, _element_kind(kind), state)
             return state
-        if isinstance(target, cst.StarredElement):
+        if type(target) is cst.StarredElement:
             return self._bind(target.value, Kind.UNKNOWN, state)
         dotted = dotted_name(target)
         if dotted is None:
@@ -824,52 +837,53 @@ class _Interpreter:
         return kind
 
     def _eval(self, node: cst.BaseExpression, state: State, no_grad: bool) -> Kind:
-        if isinstance(node, cst.Name):
+        node_type = type(node)
+        if node_type is cst.Name:
             if node.value in ("None", "True", "False"):
                 return Kind.DETACHED
             return state.get(node.value, Kind.UNKNOWN)
-        if isinstance(node, (cst.Integer, cst.Float)):
+        if node_type is cst.Integer or node_type is cst.Float:
             return Kind.NUMBER
-        if isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+        if node_type in _STRING_TYPES:
             return Kind.DETACHED
-        if isinstance(node, cst.Attribute):
+        if node_type is cst.Attribute:
             return self._attribute(node, state, no_grad)
-        if isinstance(node, cst.Subscript):
+        if node_type is cst.Subscript:
             return self._subscript(node, state, no_grad)
-        if isinstance(node, cst.Call):
+        if node_type is cst.Call:
             return self._call(node, state, no_grad)
-        if isinstance(node, cst.BinaryOperation):
+        if node_type is cst.BinaryOperation:
             left = self.evaluate(node.left, state, no_grad)
             right = self.evaluate(node.right, state, no_grad)
             return _arithmetic(left, right, no_grad)
-        if isinstance(node, cst.UnaryOperation):
+        if node_type is cst.UnaryOperation:
             operand = self.evaluate(node.expression, state, no_grad)
-            return operand if isinstance(node.operator, (cst.Minus, cst.Plus)) else Kind.UNKNOWN
-        if isinstance(node, cst.Comparison):
+            return operand if type(node.operator) in _SIGN_TYPES else Kind.UNKNOWN
+        if node_type is cst.Comparison:
             kinds = [self.evaluate(node.left, state, no_grad)]
             kinds += [self.evaluate(target.comparator, state, no_grad) for target in node.comparisons]
             return Kind.DETACHED if any(kind is not Kind.UNKNOWN for kind in kinds) else Kind.UNKNOWN
-        if isinstance(node, cst.BooleanOperation):
+        if node_type is cst.BooleanOperation:
             self.evaluate(node.left, state, no_grad)
             self.evaluate(node.right, state, no_grad)
             return Kind.UNKNOWN
-        if isinstance(node, cst.IfExp):
+        if node_type is cst.IfExp:
             self.evaluate(node.test, state, no_grad)
             return merge(self.evaluate(node.body, state, no_grad), self.evaluate(node.orelse, state, no_grad))
-        if isinstance(node, (cst.Tuple, cst.List)):
+        if node_type in _SEQUENCE_TYPES:
             return _container([self.evaluate(element.value, state, no_grad) for element in node.elements])
-        if isinstance(node, cst.Dict):
+        if node_type is cst.Dict:
             kinds = []
             for element in node.elements:
-                if isinstance(element, cst.DictElement):
+                if type(element) is cst.DictElement:
                     self.evaluate(element.key, state, no_grad)
                 kinds.append(self.evaluate(element.value, state, no_grad))
             return _container(kinds)
-        if isinstance(node, cst.StarredElement):
+        if node_type is cst.StarredElement:
             return self.evaluate(node.value, state, no_grad)
-        if isinstance(node, cst.Await):
+        if node_type is cst.Await:
             return self.evaluate(node.expression, state, no_grad)
-        if isinstance(node, cst.NamedExpr):
+        if node_type is cst.NamedExpr:
             kind = self.evaluate(node.value, state, no_grad)
             self._bind(node.target, kind, state)
             return kind
@@ -914,9 +928,9 @@ class _Interpreter:
         qualified = self.context.call_name(node)
         if qualified is not None:
             return self._qualified_call(node, qualified, arg_kinds, no_grad)
-        if isinstance(func, cst.Name) and func.value in _NUMBER_BUILTINS and self._is_builtin(func.value):
+        if type(func) is cst.Name and func.value in _NUMBER_BUILTINS and self._is_builtin(func.value):
             return Kind.NUMBER
-        if isinstance(func, cst.Attribute):
+        if type(func) is cst.Attribute:
             receiver = self.evaluate(func.value, state, no_grad)
             method = func.attr.value
             tensor_result = self._method(method, receiver, bool(node.args), no_grad)
@@ -971,7 +985,10 @@ class _Interpreter:
 
 def _unbind(state: State, dotted: str) -> State:
     prefix = dotted + "."
-    stale = [name for name in state if name == dotted or name.startswith(prefix)]
+    # `in` first: a substring test without a method call rules out most names.
+    stale = [name for name in state if prefix in name and name.startswith(prefix)]
+    if dotted in state:
+        stale.append(dotted)
     if not stale:
         return state
     state = dict(state)
@@ -1031,11 +1048,6 @@ def _loss_result(call: cst.Call, arg_kinds: list[Kind], no_grad: bool) -> Kind:
 
 # --- syntactic summaries ----------------------------------------------------
 
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-# The same, for exact type tests: libcst has no subclasses of these.
-_SCOPE_TYPES = frozenset(_SCOPES)
-
-
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
@@ -1047,46 +1059,37 @@ def _fields(node: cst.CSTNode) -> tuple[str, ...]:
     return names
 
 
-def iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """`node` and its descendants in source order, not entering nested
-    functions, classes and lambdas (other scopes)."""
-    yield node
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """`node`'s children in source order, other scopes left out."""
+    children: list[cst.CSTNode] = []
     for name in _fields(node):
         value = getattr(node, name)
-        children = value if type(value) is tuple or type(value) is list else (value,)
-        for child in children:
+        for child in value if type(value) is tuple or type(value) is list else (value,):
             if is_node(child) and type(child) not in _SCOPE_TYPES:
-                yield from iter_nodes(child)
+                children.append(child)
+    return children
 
 
-def iter_scope_nodes(body: Iterable[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+def iter_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """`node` and its descendants in source order, not entering nested
+    functions, classes and lambdas (other scopes)."""
+    nodes: list[cst.CSTNode] = []
+    # A stack rather than recursive generators, which cost a frame per level
+    # for every node; children go on in reverse to come off in source order.
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        nodes.append(current)
+        pending.extend(reversed(_children(current)))
+    return nodes
+
+
+def iter_scope_nodes(body: Iterable[cst.CSTNode]) -> list[cst.CSTNode]:
+    nodes: list[cst.CSTNode] = []
     for statement in body:
-        if not isinstance(statement, _SCOPES):
-            yield from iter_nodes(statement)
-
-
-def uses_of(
-    body: Iterable[cst.CSTNode], dotted: str
-) -> Iterator[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]:
-    """Each mention of `dotted` in a scope, with its ancestors (outermost
-    first), not entering nested scopes."""
-
-    def walk(
-        node: cst.CSTNode, ancestors: tuple[cst.CSTNode, ...]
-    ) -> Iterator[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]:
-        if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) == dotted:
-            yield node, ancestors
-            return
-        inner = (*ancestors, node)
-        for name in _fields(node):
-            value = getattr(node, name)
-            for child in value if type(value) is tuple or type(value) is list else (value,):
-                if is_node(child) and type(child) not in _SCOPE_TYPES:
-                    yield from walk(child, inner)
-
-    for statement in body:
-        if not isinstance(statement, _SCOPES):
-            yield from walk(statement, ())
+        if type(statement) not in _SCOPE_TYPES:
+            nodes += iter_nodes(statement)
+    return nodes
 
 
 def dotted_names_in(expr: cst.CSTNode) -> set[str]:
@@ -1094,7 +1097,7 @@ def dotted_names_in(expr: cst.CSTNode) -> set[str]:
     `a`, `a.b` and `a.b.c`)."""
     names: set[str] = set()
     for node in iter_nodes(expr):
-        if isinstance(node, (cst.Name, cst.Attribute)):
+        if type(node) in _NAME_TYPES:
             dotted = dotted_name(node)
             if dotted is not None:
                 names.add(dotted)
@@ -1107,45 +1110,57 @@ _BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
 
 def is_backward_call(node: cst.CSTNode, context: FileContext) -> bool:
     """`loss.backward()`, `accelerator.backward(loss)`, `torch.autograd.grad(...)`."""
-    if not isinstance(node, cst.Call):
+    if type(node) is not cst.Call:
         return False
-    if isinstance(node.func, cst.Attribute) and node.func.attr.value in _BACKWARD_METHODS:
+    func = node.func
+    if type(func) is cst.Attribute and func.attr.value in _BACKWARD_METHODS:
         return True
     return context.call_name(node) in _BACKWARD_FUNCTIONS
 
 
-def assigned_names(statement: cst.CSTNode) -> Iterator[tuple[str, cst.BaseExpression | None]]:
+def assigned_names(statement: cst.CSTNode) -> list[tuple[str, cst.BaseExpression | None]]:
     """(dotted name, value) for each plain binding a small statement or a
     compound header makes (`x = ...`, `for x in`, `with ... as x`); the
     value is None when not a single expression."""
+    statement_type = type(statement)
+    if statement_type not in _BINDING_TYPES:
+        return []  # most nodes: decided without a chain of type tests
     targets: list[tuple[cst.BaseExpression, cst.BaseExpression | None]] = []
-    if isinstance(statement, cst.Assign):
+    if statement_type is cst.Assign:
         targets = [(target.target, statement.value) for target in statement.targets]
-    elif isinstance(statement, cst.AnnAssign) and statement.value is not None:
+    elif statement_type is cst.AnnAssign and statement.value is not None:
         targets = [(statement.target, statement.value)]
-    elif isinstance(statement, cst.For):
+    elif statement_type is cst.For:
         targets = [(statement.target, None)]
-    elif isinstance(statement, cst.WithItem) and statement.asname is not None:
+    elif statement_type is cst.WithItem and statement.asname is not None:
         targets = [(statement.asname.name, None)]
-    elif isinstance(statement, cst.NamedExpr):
+    elif statement_type is cst.NamedExpr:
         targets = [(statement.target, statement.value)]
+    bound: list[tuple[str, cst.BaseExpression | None]] = []
     while targets:
         target, value = targets.pop()
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) in _SEQUENCE_TYPES:
             values: list[cst.BaseExpression | None] = [None] * len(target.elements)
             if (
-                isinstance(value, (cst.Tuple, cst.List))
+                type(value) in _SEQUENCE_TYPES
                 and len(value.elements) == len(target.elements)
-                and not any(isinstance(element, cst.StarredElement) for element in value.elements)
+                and not any(type(element) is cst.StarredElement for element in value.elements)
             ):
                 values = [element.value for element in value.elements]
             targets.extend((element.value, source) for element, source in zip(target.elements, values))
-        elif isinstance(target, cst.StarredElement):
+        elif type(target) is cst.StarredElement:
             targets.append((target.value, None))
         else:
             dotted = dotted_name(target)
             if dotted is not None:
-                yield dotted, value
+                bound.append((dotted, value))
+    return bound
+
+
+# A node's ancestors as a linked list, innermost first: (parent, the
+# parent's own ancestors), None above a statement of the scope. Linking costs
+# one pair per node where a tuple of all ancestors would cost the depth.
+_Ancestry = tuple[cst.CSTNode, "_Ancestry"] | None
 
 
 class ScopeSummary:
@@ -1159,19 +1174,25 @@ class ScopeSummary:
         self.bindings: dict[str, list[cst.BaseExpression | None]] = {}
         seeds: set[str] = set()
         for node in iter_scope_nodes(body):
-            if is_backward_call(node, context):
-                assert isinstance(node, cst.Call)
-                self.backward_calls.append(node)
-                seeds |= dotted_names_in(node.func) if isinstance(node.func, cst.Attribute) else set()
-                for arg in node.args:
-                    seeds |= dotted_names_in(arg.value)
-            elif isinstance(node, (cst.Return, cst.Yield)) and node.value is not None:
-                self.returned |= dotted_names_in(node.value)
-            for name, value in assigned_names(node):
-                self.bindings.setdefault(name, []).append(value)
+            node_type = type(node)
+            if node_type is cst.Call:
+                if is_backward_call(node, context):
+                    assert isinstance(node, cst.Call)
+                    self.backward_calls.append(node)
+                    seeds |= dotted_names_in(node.func) if type(node.func) is cst.Attribute else set()
+                    for arg in node.args:
+                        seeds |= dotted_names_in(arg.value)
+            elif node_type in _RESULT_TYPES:
+                if node.value is not None:
+                    self.returned |= dotted_names_in(node.value)
+            elif node_type in _BINDING_TYPES:
+                for name, value in assigned_names(node):
+                    self.bindings.setdefault(name, []).append(value)
         self.feeds_backward = self._closure(seeds)
         # What a return statement hands back, and every name it is made of.
         self.returned = self._closure(self.returned)
+        # Built on the first `uses_of`: most scopes are never asked.
+        self._mentions: dict[str, list[tuple[cst.CSTNode, _Ancestry]]] | None = None
 
     def _closure(self, seeds: set[str]) -> set[str]:
         """The names whose values flow into `seeds` through assignments."""
@@ -1186,6 +1207,40 @@ class ScopeSummary:
                     reached.add(source)
                     frontier.append(source)
         return reached
+
+    def uses_of(self, dotted: str) -> list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]:
+        """Each mention of `dotted` in the scope, in source order, with its
+        ancestors (outermost first), not entering nested scopes."""
+        if self._mentions is None:
+            self._mentions = self._index_mentions()
+        uses: list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = []
+        for node, ancestry in self._mentions.get(dotted, ()):
+            ancestors: list[cst.CSTNode] = []
+            while ancestry is not None:
+                parent, ancestry = ancestry
+                ancestors.append(parent)
+            uses.append((node, tuple(reversed(ancestors))))
+        return uses
+
+    def _index_mentions(self) -> dict[str, list[tuple[cst.CSTNode, _Ancestry]]]:
+        """Every name and attribute chain of the scope, by dotted name. The
+        descendants of a chain are shorter chains and single attribute names,
+        so no mention of a name lies inside another mention of it: indexing
+        them all finds exactly the uses a search for one name would."""
+        mentions: dict[str, list[tuple[cst.CSTNode, _Ancestry]]] = {}
+        for statement in self.body:
+            if type(statement) in _SCOPE_TYPES:
+                continue
+            pending: list[tuple[cst.CSTNode, _Ancestry]] = [(statement, None)]
+            while pending:
+                node, ancestry = pending.pop()
+                if type(node) in _NAME_TYPES:
+                    dotted = dotted_name(node)
+                    if dotted is not None:
+                        mentions.setdefault(dotted, []).append((node, ancestry))
+                below: _Ancestry = (node, ancestry)
+                pending.extend((child, below) for child in reversed(_children(node)))
+        return mentions
 
 
 def contains_backward(node: cst.CSTNode, context: FileContext) -> bool:
@@ -1205,7 +1260,7 @@ def rebinds_every_iteration(body: cst.BaseSuite, dotted: str, *, besides: cst.CS
     outlives the iterations in between."""
     heads = _heads(dotted)
     for statement in _block(body):
-        if not isinstance(statement, cst.SimpleStatementLine):
+        if type(statement) is not cst.SimpleStatementLine:
             continue
         for small in statement.body:
             if small is not besides and any(name in heads for name, _ in assigned_names(small)):
@@ -1224,7 +1279,7 @@ def binds_inside(loop: cst.CSTNode, dotted: str, *, besides: cst.CSTNode | None 
             continue
         if any(name in heads for name, _ in assigned_names(node)):
             return True
-        if isinstance(node, cst.Del) and dotted_names_in(node.target) & heads:
+        if type(node) is cst.Del and dotted_names_in(node.target) & heads:
             return True
     return False
 

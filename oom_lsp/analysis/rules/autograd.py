@@ -27,7 +27,6 @@ from oom_lsp.analysis.dataflow import (
     iter_nodes,
     maybe_grad_disabling,
     rebinds_every_iteration,
-    uses_of,
 )
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
@@ -436,7 +435,7 @@ class LossAccumulatedWithGraph(_AutogradRule):
         """Every use of the accumulator works with a float as well: its own
         updates and resets, arithmetic, f-strings, printing and logging.
         Anything else (returned, stored, `total.item()`) may need a tensor."""
-        for use, ancestors in uses_of(self._summary().body, holder):
+        for use, ancestors in self._summary().uses_of(holder):
             index = len(ancestors) - 1
             child: cst.CSTNode = use
             while index >= 0 and isinstance(ancestors[index], _ARITHMETIC):
