@@ -73,6 +73,12 @@ def _tensors(tree):
     return [leaf for leaf in pytree.tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
 
 
+def _has_exact_values(tensor: torch.Tensor) -> bool:
+    """Integer and bool tensors: the ones whose real values a fake run keeps
+    (indices, targets), in `StorageTracker.shadows`."""
+    return not (tensor.dtype.is_floating_point or tensor.dtype.is_complex)
+
+
 def _is_cuda(device) -> bool:
     if isinstance(device, torch.device):
         return device.type == "cuda"
@@ -328,7 +334,7 @@ class StorageTracker(TorchDispatchMode):
     def _shadow(self, func, args, kwargs, inputs, outputs):
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-        if not outputs or any(t.dtype.is_floating_point or t.dtype.is_complex for t in outputs):
+        if not outputs or not all(_has_exact_values(t) for t in outputs):
             return
         if sum(t.numel() for t in outputs) > SHADOW_NUMEL_LIMIT:
             return
@@ -832,7 +838,8 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
     ]
 
     # DataLoader: in-process, unpinned, the batch size overridden; under fake
-    # mode one real batch is fetched outside it and replayed as fake tensors.
+    # mode one real batch is fetched outside it (a TensorDataset's is made from
+    # its shapes) and replayed as fake tensors.
     from torch.utils.data import DataLoader
 
     original_loader_init = DataLoader.__init__
@@ -854,20 +861,73 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
     shims.patch(DataLoader, "__init__", loader_init)
 
     if fake_mode is not None:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+        from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, TensorDataset
+        from torch.utils.data._utils.collate import default_collate
 
         original_iter = DataLoader.__iter__
 
-        def loader_iter(self):
+        def fetch_first_batch(loader):
+            """The loader's own first batch, fetched outside fake mode, and the
+            real twin of each of its tensors (None for floats, and for fake
+            tensors: a fake dataset's values are unknown)."""
             tracker.paused += 1
             try:
                 with unset_fake_temporarily():
                     try:
-                        real_batch = next(iter(original_iter(self)))
+                        batch = next(iter(original_iter(loader)))
                     except StopIteration:
-                        return
+                        return None
             finally:
                 tracker.paused -= 1
+            twins = [
+                None if isinstance(leaf, FakeTensor) or not _has_exact_values(leaf) else leaf
+                for leaf in _tensors(batch)
+            ]
+            return batch, twins
+
+        def is_plain_tensor_dataset(loader) -> bool:
+            return (
+                type(loader.dataset) is TensorDataset
+                and loader.collate_fn is default_collate
+                and type(loader.batch_sampler) is BatchSampler
+                and type(loader.batch_sampler.sampler) in (SequentialSampler, RandomSampler)
+            )
+
+        def tensor_dataset_first_batch(loader):
+            """What the default collate makes of a TensorDataset's first batch,
+            without indexing it row by row (a fake dataset costs a fake op per
+            row and tensor, then a fake stack): a fresh tensor per dataset
+            tensor, (rows, *rest), contiguous, as torch.stack gives it; the twin
+            of an integer one is the first rows of its real values, when known."""
+            sampler = loader.batch_sampler
+            available = len(sampler.sampler)
+            if available == 0 or (sampler.drop_last and available < sampler.batch_size):
+                return None
+            rows = min(available, sampler.batch_size)
+            tracker.paused += 1
+            try:
+                with fake_mode:
+                    batch = [
+                        torch.empty((rows, *tensor.shape[1:]), dtype=tensor.dtype)
+                        for tensor in loader.dataset.tensors
+                    ]
+                with unset_fake_temporarily():
+                    twins = []
+                    for tensor in loader.dataset.tensors:
+                        known = tracker.shadows.get(tensor) if isinstance(tensor, FakeTensor) else tensor
+                        exact = known is not None and _has_exact_values(tensor)
+                        twins.append(known[:rows] if exact else None)
+            finally:
+                tracker.paused -= 1
+            return batch, twins
+
+        def loader_iter(self):
+            first_batch = tensor_dataset_first_batch if is_plain_tensor_dataset(self) else fetch_first_batch
+            fetched = first_batch(self)
+            if fetched is None:
+                return
+            real_batch, twins = fetched
             wanted = self.batch_size
             got = (
                 _tensors(real_batch)[0].shape[0]
@@ -892,12 +952,10 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
                 state["batch_padded"] = [got, wanted]
             for _ in range(max(1, len(self)) if hasattr(self.dataset, "__len__") else 1_000_000):
                 batch = pytree.tree_map(to_fake, real_batch)
-                for fake, real in zip(_tensors(batch), _tensors(real_batch)):
+                for fake, twin in zip(_tensors(batch), twins):
                     tracker.register(fake, False, "DataLoader", "inputs")
-                    if fake.shape == real.shape and not (
-                        real.dtype.is_floating_point or real.dtype.is_complex
-                    ):
-                        tracker.shadows[fake] = real
+                    if twin is not None and fake.shape == twin.shape:
+                        tracker.shadows[fake] = twin
                 yield batch
 
         shims.patch(DataLoader, "__iter__", loader_iter)

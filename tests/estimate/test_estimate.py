@@ -21,6 +21,22 @@ from oom_lsp.estimate.gpus import custom_gpu, find_gpu
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "estimate"
 MIB = 2**20
 
+# Labels read outside the step (`int(y.max())`): a fake run must know their
+# real values, from the TensorDataset's integer tensor, to take this path.
+LABELS_READ = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+data = TensorDataset(torch.randn(64, 8), torch.arange(64) % 10)
+model = torch.nn.Linear(8, 10).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in DataLoader(data, batch_size=16):
+    if int(y.max()) != 9:
+        raise RuntimeError("labels unknown")
+    torch.nn.functional.cross_entropy(model(x.cuda()), y.cuda()).backward()
+    optimizer.step()
+"""
+
 CASES = {
     "mlp": ("mlp.py", []),
     "gpt": ("gpt.py", []),
@@ -30,7 +46,7 @@ CASES = {
 }
 
 
-def _runs():
+def _runs(scripts: Path):
     runs = []
     for name, (script, args) in CASES.items():
         path = str(FIXTURES / script)
@@ -81,12 +97,17 @@ def _runs():
         runs.append(
             {"case": name, "script": str(FIXTURES / script), "args": args, "mode": "fake", "device": "cuda"}
         )
+    labels_read = scripts / "labels_read.py"
+    labels_read.write_text(LABELS_READ)
+    runs.append(
+        {"case": "labels_read", "script": str(labels_read), "args": [], "mode": "fake", "device": "cpu"}
+    )
     return runs
 
 
 @pytest.fixture(scope="module")
-def traces():
-    runs = _runs()
+def traces(tmp_path_factory):
+    runs = _runs(tmp_path_factory.mktemp("scripts"))
     options = EstimateOptions(script=FIXTURES / "mlp.py", timeout=240)
     results = run_harness(options, runs)
     expected = ["failed" if run["case"] == "custom_op" else "stopped" for run in runs]
@@ -129,6 +150,11 @@ def test_cnn_onednn_scratch_is_measured_and_added(traces):
     assert fake["conv_scratch"]["probes"] >= 4
     prediction = predict(fake, EstimateOptions(script=FIXTURES / "cnn.py", device="cpu"))
     assert "onednn-conv-scratch" in {note["name"] for note in prediction["corrections"]}
+
+
+def test_tensor_dataset_batches_carry_their_real_labels(traces):
+    labels_read = traces[("labels_read", "fake", "cpu")]
+    assert labels_read["stubbed_scalars"] == 0
 
 
 def test_peak_is_located(traces):
