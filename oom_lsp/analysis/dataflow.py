@@ -38,10 +38,12 @@ Functions are analysed lazily, the first time a rule asks about them.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import libcst as cst
 
@@ -55,10 +57,13 @@ from oom_lsp.analysis.walker import child_fields, is_node
 _SCOPE_TYPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 _NAME_TYPES = frozenset({cst.Name, cst.Attribute})
 _SEQUENCE_TYPES = frozenset({cst.Tuple, cst.List})
+_IMPORT_TYPES = frozenset({cst.Import, cst.ImportFrom})
 _STRING_TYPES = frozenset({cst.SimpleString, cst.ConcatenatedString, cst.FormattedString})
 _BINDING_TYPES = frozenset({cst.Assign, cst.AnnAssign, cst.For, cst.WithItem, cst.NamedExpr})
 _RESULT_TYPES = frozenset({cst.Return, cst.Yield})
 _SIGN_TYPES = frozenset({cst.Minus, cst.Plus})
+# Statements whose blocks may define classes seen file-wide (`if TYPE_CHECKING:`).
+_BLOCK_HOLDING_TYPES = frozenset({cst.If, cst.Try, cst.With})
 
 
 class Kind(enum.Enum):
@@ -233,7 +238,9 @@ State = dict[str, Kind]
 def _merge_states(first: State, second: State) -> State:
     merged = dict(first)
     for name, kind in second.items():
-        merged[name] = merge(merged[name], kind) if name in merged else kind
+        # Most names have the same kind on both paths, and `merge(k, k)` is `k`.
+        if merged.get(name) is not kind:
+            merged[name] = merge(merged[name], kind) if name in merged else kind
     return merged
 
 
@@ -286,13 +293,13 @@ class FileFacts:
     # --- file-wide facts ---------------------------------------------------
     def _find_classes(self, body: Sequence[cst.CSTNode], owner: cst.ClassDef | None) -> None:
         for statement in body:
-            if isinstance(statement, cst.ClassDef):
+            if type(statement) is cst.ClassDef:
                 self._classes.append(statement)
                 self._find_classes(_block(statement.body), statement)
-            elif isinstance(statement, cst.FunctionDef):
+            elif type(statement) is cst.FunctionDef:
                 if owner is not None:
                     self.class_of[statement] = owner
-            elif isinstance(statement, (cst.If, cst.Try, cst.With)):
+            elif type(statement) in _BLOCK_HOLDING_TYPES:
                 for block in _nested_blocks(statement):
                     self._find_classes(block, owner)
 
@@ -327,7 +334,7 @@ class FileFacts:
     def _self_attributes(self, class_def: cst.ClassDef) -> dict[str, Callee]:
         attributes: dict[str, Callee] = {}
         for statement in _block(class_def.body):
-            if isinstance(statement, cst.FunctionDef):
+            if type(statement) is cst.FunctionDef:
                 collector = _BindingCollector(self, None, self_attributes=True)
                 for name, callee in collector.collect(_block(statement.body)).items():
                     if name.startswith("self."):
@@ -338,25 +345,25 @@ class FileFacts:
 
     def classify_value(self, value: cst.BaseExpression, lookup: dict[str, Callee]) -> Callee | None:
         """What calling the value assigned to a name would do; None for `None`."""
-        if isinstance(value, cst.Name):
+        if type(value) is cst.Name:
             if value.value == "None":
                 return None
             if value.value in lookup:
                 return lookup[value.value]
             return self.module_bindings.get(value.value, _UNKNOWN_CALLEE)
-        if isinstance(value, (cst.Lambda, *_LITERALS)):
+        if type(value) in _LITERAL_TYPES:
             return _NOT_MODULE
-        if not isinstance(value, cst.Call):
+        if type(value) is not cst.Call:
             return _UNKNOWN_CALLEE
         func = value.func
         qualified = self.context.call_name(value)
         if qualified is not None and not (
-            isinstance(func, cst.Attribute) and func.attr.value == "from_pretrained"
+            type(func) is cst.Attribute and func.attr.value == "from_pretrained"
         ):
             return self._classify_qualified_call(value, qualified, lookup)
-        if isinstance(func, cst.Name) and func.value in self.module_classes:
+        if type(func) is cst.Name and func.value in self.module_classes:
             return Callee(Role.MODULE, func.value)
-        if isinstance(func, cst.Attribute):
+        if type(func) is cst.Attribute:
             method = func.attr.value
             if method == "from_pretrained":
                 owner = dotted_name(func.value) or ""
@@ -410,20 +417,24 @@ class FileFacts:
         return summary
 
 
-_LITERALS = (
-    cst.SimpleString,
-    cst.ConcatenatedString,
-    cst.FormattedString,
-    cst.Integer,
-    cst.Float,
-    cst.Imaginary,
-    cst.List,
-    cst.Dict,
-    cst.Set,
-    cst.Tuple,
-    cst.ListComp,
-    cst.DictComp,
-    cst.SetComp,
+# Values that make a name no module: literals, and lambdas.
+_LITERAL_TYPES = frozenset(
+    {
+        cst.Lambda,
+        cst.SimpleString,
+        cst.ConcatenatedString,
+        cst.FormattedString,
+        cst.Integer,
+        cst.Float,
+        cst.Imaginary,
+        cst.List,
+        cst.Dict,
+        cst.Set,
+        cst.Tuple,
+        cst.ListComp,
+        cst.DictComp,
+        cst.SetComp,
+    }
 )
 
 
@@ -445,27 +456,27 @@ def _combine(first: Callee | None, second: Callee | None) -> Callee:
 
 
 def _block(body: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
-    return body.body if isinstance(body, cst.IndentedBlock) else ()
+    return body.body if type(body) is cst.IndentedBlock else ()
 
 
 def _nested_blocks(statement: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
     blocks: list[Sequence[cst.BaseStatement]] = []
     body = getattr(statement, "body", None)
-    if isinstance(body, cst.IndentedBlock):
+    if type(body) is cst.IndentedBlock:
         blocks.append(body.body)
     orelse = getattr(statement, "orelse", None)
-    if isinstance(orelse, cst.If):
+    if type(orelse) is cst.If:
         blocks.extend(_nested_blocks(orelse))
-    elif isinstance(orelse, cst.Else) and isinstance(orelse.body, cst.IndentedBlock):
+    elif type(orelse) is cst.Else and type(orelse.body) is cst.IndentedBlock:
         blocks.append(orelse.body.body)
     for handler in getattr(statement, "handlers", ()):
-        if isinstance(handler.body, cst.IndentedBlock):
+        if type(handler.body) is cst.IndentedBlock:
             blocks.append(handler.body.body)
     finalbody = getattr(statement, "finalbody", None)
-    if isinstance(finalbody, cst.Finally) and isinstance(finalbody.body, cst.IndentedBlock):
+    if type(finalbody) is cst.Finally and type(finalbody.body) is cst.IndentedBlock:
         blocks.append(finalbody.body.body)
     for case in getattr(statement, "cases", ()):
-        if isinstance(case.body, cst.IndentedBlock):
+        if type(case.body) is cst.IndentedBlock:
             blocks.append(case.body.body)
     return blocks
 
@@ -501,16 +512,16 @@ class _BindingCollector:
             self.bindings[name] = callee
 
     def _bind_target(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
-        if isinstance(target, cst.Name):
+        if type(target) is cst.Name:
             callee = self.facts.classify_value(value, self.bindings) if value is not None else _UNKNOWN_CALLEE
             self._bind(target.value, callee)
-        elif isinstance(target, (cst.Tuple, cst.List)):
+        elif type(target) in _SEQUENCE_TYPES:
             for element in target.elements:
                 inner = element.value
                 self._bind_target(inner, None)
-        elif isinstance(target, cst.StarredElement):
+        elif type(target) is cst.StarredElement:
             self._bind_target(target.value, None)
-        elif self.self_attributes and isinstance(target, cst.Attribute):
+        elif self.self_attributes and type(target) is cst.Attribute:
             dotted = dotted_name(target)
             if dotted is not None and dotted.count(".") == 1 and dotted.startswith("self."):
                 callee = (
@@ -519,32 +530,30 @@ class _BindingCollector:
                 self._bind(dotted, callee)
 
     def _statement(self, statement: cst.CSTNode) -> None:
-        if isinstance(statement, cst.SimpleStatementLine):
+        if type(statement) is cst.SimpleStatementLine:
             for small in statement.body:
-                if isinstance(small, cst.Assign):
+                if type(small) is cst.Assign:
                     for target in small.targets:
                         self._bind_target(target.target, small.value)
-                elif isinstance(small, cst.AnnAssign) and small.value is not None:
+                elif type(small) is cst.AnnAssign and small.value is not None:
                     self._bind_target(small.target, small.value)
-                elif isinstance(small, cst.AugAssign):
+                elif type(small) is cst.AugAssign:
                     self._bind_target(small.target, None)
-                elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(
-                    small.names, cst.ImportStar
-                ):
+                elif type(small) in _IMPORT_TYPES and type(small.names) is not cst.ImportStar:
                     for alias in small.names:
                         bound = alias.asname.name if alias.asname is not None else alias.name
-                        if isinstance(bound, cst.Name):
+                        if type(bound) is cst.Name:
                             self._bind(bound.value, _NOT_MODULE)
-                        elif isinstance(bound, cst.Attribute):
+                        elif type(bound) is cst.Attribute:
                             head = (dotted_name(bound) or "").split(".")[0]
                             self._bind(head, _NOT_MODULE)
             return
-        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        if type(statement) is cst.FunctionDef or type(statement) is cst.ClassDef:
             self._bind(statement.name.value, _NOT_MODULE)
             return
-        if isinstance(statement, cst.For):
+        if type(statement) is cst.For:
             self._bind_target(statement.target, None)
-        elif isinstance(statement, cst.With):
+        elif type(statement) is cst.With:
             for item in statement.items:
                 if item.asname is not None:
                     self._bind_target(item.asname.name, None)
@@ -569,11 +578,17 @@ class ScopeFlow:
             self.bindings = _BindingCollector(facts, function).collect(_block(function.body))
             body = _block(function.body)
             no_grad = any(self.context.tracker.is_grad_disabling(d.decorator) for d in function.decorators)
-        self.kinds: dict[cst.CSTNode, Kind] = {}
-        _Interpreter(self).run_block(body, {}, no_grad)
+        self._body = body
+        self._no_grad = no_grad
+        # Interpreted on the first `kind_of`: some rules only ask `callee`.
+        # Keyed by id(): libcst nodes hash through a Python-level __hash__.
+        self._kinds: dict[int, Kind] | None = None
 
     def kind_of(self, node: cst.BaseExpression) -> Kind:
-        return self.kinds.get(node, Kind.UNKNOWN)
+        if self._kinds is None:
+            self._kinds = {}
+            _Interpreter(self, self._kinds).run_block(self._body, {}, self._no_grad)
+        return self._kinds.get(id(node), Kind.UNKNOWN)
 
     def callee(self, func: cst.BaseExpression, call: cst.Call | None = None) -> Callee:
         """What calling `func` does in this scope. With `call`, the naming
@@ -648,10 +663,13 @@ class _Interpreter:
 
     MAX_LOOP_PASSES = 3
 
-    def __init__(self, flow: ScopeFlow) -> None:
+    def __init__(self, flow: ScopeFlow, kinds: dict[int, Kind]) -> None:
         self.flow = flow
         self.context = flow.context
-        self.kinds = flow.kinds
+        self.kinds = kinds
+        # Every dotted name (`self.total`) bound so far: no state holds any
+        # other, so unbinding `self` needs to look at these names only.
+        self._dotted_names: set[str] = set()
 
     # --- statements ----------------------------------------------------------
     def run_block(self, body: Iterable[cst.CSTNode], state: State, no_grad: bool) -> State:
@@ -669,7 +687,7 @@ class _Interpreter:
                 state = self._small(small, state, no_grad)
             return state
         if statement_type is cst.FunctionDef or statement_type is cst.ClassDef:
-            return _unbind(state, statement.name.value)
+            return self._unbind(state, statement.name.value)
         if statement_type is cst.If:
             self.evaluate(statement.test, state, no_grad)
             taken = self.run_block(_block(statement.body), dict(state), no_grad)
@@ -776,7 +794,7 @@ class _Interpreter:
             return state
         if small_type is cst.Del:
             return self._bind(small.target, Kind.UNKNOWN, state)
-        if small_type is cst.Import or small_type is cst.ImportFrom:
+        if small_type in _IMPORT_TYPES:
             if type(small.names) is not cst.ImportStar:
                 for alias in small.names:
                     bound = alias.asname.name if alias.asname is not None else alias.name
@@ -814,7 +832,7 @@ class _Interpreter:
         return self._bind(target, kind, state)
 
     def kind_of(self, node: cst.BaseExpression) -> Kind:
-        return self.kinds.get(node, Kind.UNKNOWN)
+        return self.kinds.get(id(node), Kind.UNKNOWN)
 
     def _bind(self, target: cst.BaseExpression, kind: Kind, state: State) -> State:
         if type(target) in _SEQUENCE_TYPES:
@@ -826,14 +844,29 @@ class _Interpreter:
         dotted = dotted_name(target)
         if dotted is None:
             return state
-        state = _unbind(state, dotted)
+        state = self._unbind(state, dotted)
         state[dotted] = kind
+        if "." in dotted:
+            self._dotted_names.add(dotted)
+        return state
+
+    def _unbind(self, state: State, dotted: str) -> State:
+        """`state` without `dotted` and its attributes (`dotted.x`)."""
+        prefix = dotted + "."
+        stale = [name for name in self._dotted_names if name.startswith(prefix) and name in state]
+        if dotted in state:
+            stale.append(dotted)
+        if not stale:
+            return state
+        state = dict(state)
+        for name in stale:
+            del state[name]
         return state
 
     # --- expressions ---------------------------------------------------------
     def evaluate(self, node: cst.BaseExpression, state: State, no_grad: bool) -> Kind:
         kind = self._eval(node, state, no_grad)
-        self.kinds[node] = kind
+        self.kinds[id(node)] = kind
         return kind
 
     def _eval(self, node: cst.BaseExpression, state: State, no_grad: bool) -> Kind:
@@ -909,15 +942,15 @@ class _Interpreter:
     def _subscript(self, node: cst.Subscript, state: State, no_grad: bool) -> Kind:
         receiver = self.evaluate(node.value, state, no_grad)
         for element in node.slice:
-            if isinstance(element.slice, cst.Index):
+            if type(element.slice) is cst.Index:
                 self.evaluate(element.slice.value, state, no_grad)
-        if isinstance(node.value, cst.Attribute) and node.value.attr.value in _SHAPE_ATTRIBUTES:
+        if type(node.value) is cst.Attribute and node.value.attr.value in _SHAPE_ATTRIBUTES:
             return Kind.NUMBER
         if receiver.attached:
             if no_grad:
                 return Kind.UNKNOWN  # a view made under no_grad, or an element of a container: cannot tell
             key = node.slice[0].slice if len(node.slice) == 1 else None
-            if isinstance(key, cst.Index) and string_value(key.value) == "loss":
+            if type(key) is cst.Index and string_value(key.value) == "loss":
                 return Kind.GRAPH_SCALAR
             return Kind.GRAPH
         return Kind.DETACHED if receiver is Kind.DETACHED else Kind.UNKNOWN
@@ -983,20 +1016,6 @@ class _Interpreter:
         return None
 
 
-def _unbind(state: State, dotted: str) -> State:
-    prefix = dotted + "."
-    # `in` first: a substring test without a method call rules out most names.
-    stale = [name for name in state if prefix in name and name.startswith(prefix)]
-    if dotted in state:
-        stale.append(dotted)
-    if not stale:
-        return state
-    state = dict(state)
-    for name in stale:
-        del state[name]
-    return state
-
-
 def _element_kind(kind: Kind) -> Kind:
     """The kind of each element unpacked from a value of `kind`."""
     if kind.attached:
@@ -1048,47 +1067,73 @@ def _loss_result(call: cst.Call, arg_kinds: list[Kind], no_grad: bool) -> Kind:
 
 # --- syntactic summaries ----------------------------------------------------
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
+# Per node type: a function reading the fields that can hold a child the data
+# flow looks at (one C call for all of them), and whether there is a single
+# one (read as the bare value). None: there are none, as for names and
+# numbers. Whitespace, brackets and punctuation never matter to the data
+# flow, and fields typed `str` (`Name.value`) hold no node.
+_FIELD_READERS: dict[type, tuple[Callable[[cst.CSTNode], object], bool] | None] = {}
+# Per type of a field's value: whether it is a node of the same scope (not a
+# string, None, or a nested function, class or lambda).
+_IN_SCOPE: dict[type, bool] = {}
 
 
-def _fields(node: cst.CSTNode) -> tuple[str, ...]:
-    # Whitespace, brackets and punctuation never matter to the data flow.
-    names = _FIELDS.get(type(node))
-    if names is None:
-        names = _FIELDS[type(node)] = child_fields(type(node))
-    return names
+def _field_reader(node_type: type) -> tuple[Callable[[cst.CSTNode], object], bool] | None:
+    annotations = {field.name: field.type for field in dataclasses.fields(node_type)}
+    names = [name for name in child_fields(node_type) if annotations[name] is not str]
+    return (attrgetter(*names), len(names) == 1) if names else None
 
 
-def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """`node`'s children in source order, other scopes left out."""
-    children: list[cst.CSTNode] = []
-    for name in _fields(node):
-        value = getattr(node, name)
-        for child in value if type(value) is tuple or type(value) is list else (value,):
-            if is_node(child) and type(child) not in _SCOPE_TYPES:
-                children.append(child)
-    return children
+def _in_scope(value: object) -> bool:
+    value_type = type(value)
+    known = _IN_SCOPE.get(value_type)
+    if known is None:
+        known = _IN_SCOPE[value_type] = is_node(value) and value_type not in _SCOPE_TYPES
+    return known
+
+
+def _collect(
+    root: cst.CSTNode, nodes: list[cst.CSTNode], parents: dict[int, cst.CSTNode] | None = None
+) -> None:
+    """Appends `root` and its descendants to `nodes` in source order, not
+    entering nested functions, classes and lambdas (other scopes); with
+    `parents`, records the parent of each descendant (by id(): libcst nodes
+    hash through a Python-level __hash__).
+
+    The hottest loop of the data flow, hence written out: a stack rather than
+    recursive generators (a frame per level for every node), cached lookups
+    per type rather than calls."""
+    pending = [root]
+    while pending:
+        node = pending.pop()
+        nodes.append(node)
+        node_type = type(node)
+        reader = _FIELD_READERS.get(node_type, False)
+        if reader is False:
+            reader = _FIELD_READERS[node_type] = _field_reader(node_type)
+        if reader is None:
+            continue
+        read, single = reader
+        values = (read(node),) if single else read(node)
+        children: list[cst.CSTNode] = []
+        for value in values:
+            for child in value if type(value) is tuple or type(value) is list else (value,):
+                known = _IN_SCOPE.get(type(child))
+                if known or (known is None and _in_scope(child)):
+                    children.append(child)
+        if parents is not None:
+            for child in children:
+                parents[id(child)] = node
+        # Reversed onto the stack, to come off in source order.
+        children.reverse()
+        pending += children
 
 
 def iter_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
     """`node` and its descendants in source order, not entering nested
     functions, classes and lambdas (other scopes)."""
     nodes: list[cst.CSTNode] = []
-    # A stack rather than recursive generators, which cost a frame per level
-    # for every node; children go on in reverse to come off in source order.
-    pending = [node]
-    while pending:
-        current = pending.pop()
-        nodes.append(current)
-        pending.extend(reversed(_children(current)))
-    return nodes
-
-
-def iter_scope_nodes(body: Iterable[cst.CSTNode]) -> list[cst.CSTNode]:
-    nodes: list[cst.CSTNode] = []
-    for statement in body:
-        if type(statement) not in _SCOPE_TYPES:
-            nodes += iter_nodes(statement)
+    _collect(node, nodes)
     return nodes
 
 
@@ -1157,12 +1202,6 @@ def assigned_names(statement: cst.CSTNode) -> list[tuple[str, cst.BaseExpression
     return bound
 
 
-# A node's ancestors as a linked list, innermost first: (parent, the
-# parent's own ancestors), None above a statement of the scope. Linking costs
-# one pair per node where a tuple of all ancestors would cost the depth.
-_Ancestry = tuple[cst.CSTNode, "_Ancestry"] | None
-
-
 class ScopeSummary:
     """Syntactic facts about one scope that the OOM3xx rules share."""
 
@@ -1172,10 +1211,19 @@ class ScopeSummary:
         self.backward_calls: list[cst.Call] = []
         self.returned: set[str] = set()
         self.bindings: dict[str, list[cst.BaseExpression | None]] = {}
+        # For `uses_of`: each node's parent, and the name nodes by name.
+        self._parents: dict[int, cst.CSTNode] = {}
+        self._names: dict[str, list[cst.Name]] = {}
+        nodes: list[cst.CSTNode] = []
+        for statement in body:
+            if type(statement) not in _SCOPE_TYPES:
+                _collect(statement, nodes, self._parents)
         seeds: set[str] = set()
-        for node in iter_scope_nodes(body):
+        for node in nodes:
             node_type = type(node)
-            if node_type is cst.Call:
+            if node_type is cst.Name:
+                self._names.setdefault(node.value, []).append(node)
+            elif node_type is cst.Call:
                 if is_backward_call(node, context):
                     assert isinstance(node, cst.Call)
                     self.backward_calls.append(node)
@@ -1191,8 +1239,6 @@ class ScopeSummary:
         self.feeds_backward = self._closure(seeds)
         # What a return statement hands back, and every name it is made of.
         self.returned = self._closure(self.returned)
-        # Built on the first `uses_of`: most scopes are never asked.
-        self._mentions: dict[str, list[tuple[cst.CSTNode, _Ancestry]]] | None = None
 
     def _closure(self, seeds: set[str]) -> set[str]:
         """The names whose values flow into `seeds` through assignments."""
@@ -1210,37 +1256,39 @@ class ScopeSummary:
 
     def uses_of(self, dotted: str) -> list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]:
         """Each mention of `dotted` in the scope, in source order, with its
-        ancestors (outermost first), not entering nested scopes."""
-        if self._mentions is None:
-            self._mentions = self._index_mentions()
+        ancestors (outermost first), not entering nested scopes.
+
+        A mention is the chain `dotted` names, found from its first name up,
+        or for a plain name also the attribute it names (the `total` of
+        `self.total`): what a search for nodes whose dotted name is `dotted`
+        finds. No mention lies inside another (the nodes of a chain are
+        shorter chains and single names), so the first names, in source
+        order, give the mentions in source order."""
+        first, *rest = dotted.split(".")
         uses: list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = []
-        for node, ancestry in self._mentions.get(dotted, ()):
-            ancestors: list[cst.CSTNode] = []
-            while ancestry is not None:
-                parent, ancestry = ancestry
-                ancestors.append(parent)
-            uses.append((node, tuple(reversed(ancestors))))
+        for name in self._names.get(first, ()):
+            mention: cst.CSTNode = name
+            for attribute in rest:
+                parent = self._parents.get(id(mention))
+                if (
+                    type(parent) is not cst.Attribute
+                    or parent.value is not mention
+                    or parent.attr.value != attribute
+                ):
+                    break
+                mention = parent
+            else:
+                uses.append((mention, self._ancestors(mention)))
         return uses
 
-    def _index_mentions(self) -> dict[str, list[tuple[cst.CSTNode, _Ancestry]]]:
-        """Every name and attribute chain of the scope, by dotted name. The
-        descendants of a chain are shorter chains and single attribute names,
-        so no mention of a name lies inside another mention of it: indexing
-        them all finds exactly the uses a search for one name would."""
-        mentions: dict[str, list[tuple[cst.CSTNode, _Ancestry]]] = {}
-        for statement in self.body:
-            if type(statement) in _SCOPE_TYPES:
-                continue
-            pending: list[tuple[cst.CSTNode, _Ancestry]] = [(statement, None)]
-            while pending:
-                node, ancestry = pending.pop()
-                if type(node) in _NAME_TYPES:
-                    dotted = dotted_name(node)
-                    if dotted is not None:
-                        mentions.setdefault(dotted, []).append((node, ancestry))
-                below: _Ancestry = (node, ancestry)
-                pending.extend((child, below) for child in reversed(_children(node)))
-        return mentions
+    def _ancestors(self, node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
+        ancestors: list[cst.CSTNode] = []
+        parent = self._parents.get(id(node))
+        while parent is not None:
+            ancestors.append(parent)
+            parent = self._parents.get(id(parent))
+        ancestors.reverse()
+        return tuple(ancestors)
 
 
 def contains_backward(node: cst.CSTNode, context: FileContext) -> bool:
