@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,37 @@ CLIENTS = {
     "neovim-0.7.2": "neovim-0.7.2",
 }
 SERVER_COMMAND = [sys.executable, "-m", "oom_lsp"]
+
+# A small training script whose argparse default (line BATCH_LINE, 0-based)
+# is the batch size: estimates of it take a few seconds on the CPU.
+TRAINING_SCRIPT = textwrap.dedent(
+    """\
+    import argparse
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--batch-size", type=int, default=64)
+        args = parser.parse_args()
+        data = TensorDataset(torch.randn(256, 1024), torch.randint(0, 10, (256,)))
+        loader = DataLoader(data, batch_size=args.batch_size)
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+BATCH_LINE = 8
 TIMEOUT_S = 15.0
 
 _converter = get_converter()

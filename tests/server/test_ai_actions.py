@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Union
@@ -25,6 +24,7 @@ from tests.llm.fake_server import FakeModelServer
 from tests.server.lsp_session import (
     CONFIG,
     TIMEOUT_S,
+    TRAINING_SCRIPT,
     apply_text_edits,
     diagnostics_for,
     edits_of,
@@ -351,47 +351,18 @@ async def _until(condition: Any) -> None:
         await asyncio.sleep(0.02)
 
 
-ESTIMATED_SCRIPT = textwrap.dedent(
-    """\
-    import argparse
-
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-
-    def main():
-        parser = argparse.ArgumentParser()
-        parser.add_argument("--batch-size", type=int, default=64)
-        args = parser.parse_args()
-        data = TensorDataset(torch.randn(256, 1024), torch.randint(0, 10, (256,)))
-        loader = DataLoader(data, batch_size=args.batch_size)
-        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for x, y in loader:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
-
-    if __name__ == "__main__":
-        main()
-    """
-)
-
-
 async def test_validate_fix_measures_again_and_compares(client: LanguageClient):
     if client.client_name != "vscode-1.139.1":
         pytest.skip("the command does not depend on the client; one estimate run is enough")
     script = client.root / "estimated.py"
-    script.write_text(ESTIMATED_SCRIPT, encoding="utf-8")
+    script.write_text(TRAINING_SCRIPT, encoding="utf-8")
     uri = script.as_uri()
-    open_document(client, uri, ESTIMATED_SCRIPT)
+    open_document(client, uri, TRAINING_SCRIPT)
     estimate = types.Command(
         title="estimate", command="oom-lsp.estimate", arguments=[{"uri": uri, "device": "cpu"}]
     )
     before = await asyncio.wait_for(_run(client, estimate), 120)
-    fixed = ESTIMATED_SCRIPT.replace("default=64", "default=32")  # the fix: half the batch
+    fixed = TRAINING_SCRIPT.replace("default=64", "default=32")  # the fix: half the batch
     replace_text(client, uri, 2, fixed)
     validate = types.Command(title="validate", command="oom-lsp.validateFix", arguments=[{"uri": uri}])
     with pytest.raises(JsonRpcInternalError, match="save estimated.py first"):

@@ -6,7 +6,6 @@ the `gpus` table of [tool.oom-lsp]."""
 from __future__ import annotations
 
 import asyncio
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,9 @@ from pytest_lsp import LanguageClient
 from oom_lsp.config import ConfigError, parse_config_table
 from oom_lsp.estimate.gpus import UnknownGpuError, find_gpu
 from tests.server.lsp_session import (
+    BATCH_LINE,
     CONFIG,
+    TRAINING_SCRIPT,
     apply_text_edits,
     diagnostics_for,
     edits_of,
@@ -29,34 +30,6 @@ from tests.server.lsp_session import (
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
 TIMEOUT_S = 120
-SCRIPT = textwrap.dedent(
-    """\
-    import argparse
-
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-
-    def main():
-        parser = argparse.ArgumentParser()
-        parser.add_argument("--batch-size", type=int, default=64)
-        args = parser.parse_args()
-        data = TensorDataset(torch.randn(256, 1024), torch.randint(0, 10, (256,)))
-        loader = DataLoader(data, batch_size=args.batch_size)
-        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for x, y in loader:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
-
-    if __name__ == "__main__":
-        main()
-    """
-)
-BATCH_LINE = 8  # 0-based: the argparse default
 # On the CPU the trace is byte-exact: 10 054 232 B at batch 64, 9 529 432 B + 8 200 B per sample;
 # 9 700 KiB holds batch 49 at most.
 GPU_MEMORY = "9700KiB"
@@ -101,9 +74,9 @@ async def hints(client: LanguageClient, uri: str) -> list[types.InlayHint]:
 @in_module_loop
 async def test_estimate_over_the_gpu(client: LanguageClient):
     script = client.root / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(TRAINING_SCRIPT)
     uri = script.as_uri()
-    open_document(client, uri, SCRIPT)
+    open_document(client, uri, TRAINING_SCRIPT)
     before = {str(d.code) for d in await diagnostics_for(client, uri, 1)}
     assert "OOM100" not in before and "OOM101" in before  # 64 > the default limit of 32
 
@@ -120,7 +93,7 @@ async def test_estimate_over_the_gpu(client: LanguageClient):
 
     found = await diagnostics_for(client, uri, 1)
     (oom100,) = [d for d in found if d.code == "OOM100"]
-    literal = SCRIPT.splitlines()[BATCH_LINE].index("64")
+    literal = TRAINING_SCRIPT.splitlines()[BATCH_LINE].index("64")
     assert oom100.severity == types.DiagnosticSeverity.Error
     assert (oom100.range.start.line, oom100.range.start.character, oom100.range.end.character) == (
         BATCH_LINE,
@@ -145,11 +118,11 @@ async def test_estimate_over_the_gpu(client: LanguageClient):
     )
     by_title = {action.title: action for action in actions or []}
     assert {"Set batch size to 49 (largest that fits)", "Use gradient accumulation (32 x 2)"} <= set(by_title)
-    accumulated = apply_text_edits(SCRIPT, edits_of(by_title["Use gradient accumulation (32 x 2)"], uri))
+    accumulated = apply_text_edits(TRAINING_SCRIPT, edits_of(by_title["Use gradient accumulation (32 x 2)"], uri))
     assert "    GRADIENT_ACCUMULATION_STEPS = 2  # effective batch 32 x 2 = 64" in accumulated
     assert 'parser.add_argument("--batch-size", type=int, default=32)' in accumulated
-    fitted = apply_text_edits(SCRIPT, edits_of(by_title["Set batch size to 49 (largest that fits)"], uri))
-    assert fitted == SCRIPT.replace("default=64", "default=49")
+    fitted = apply_text_edits(TRAINING_SCRIPT, edits_of(by_title["Set batch size to 49 (largest that fits)"], uri))
+    assert fitted == TRAINING_SCRIPT.replace("default=64", "default=49")
 
     # Applying it is an edit: the hint, OOM100 and the status go; OOM101 keeps the estimate's limit.
     replace_text(client, uri, 2, fitted)
