@@ -281,6 +281,14 @@ class StorageTracker(TorchDispatchMode):
 
     # -- dispatch ----------------------------------------------------------
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps a subclass's __torch_dispatch__ in
+        # torch._dynamo.disable (a frame-evaluation switch around every op)
+        # unless this is False; torch.compile is shimmed to eager, so dynamo
+        # never traces the script.
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.paused:
@@ -288,35 +296,38 @@ class StorageTracker(TorchDispatchMode):
         if func is aten._local_scalar_dense.default:
             return self._local_scalar(func, args, kwargs)
         out = func(*args, **kwargs)
-        name = func.__name__ if hasattr(func, "__name__") else str(func)
-        op = f"aten.{name}"
-        self.op_counts[func.overloadpacket.__name__] += 1
-        inputs = _tensors((args, kwargs))
-        device = (
-            self.device_scope > 0
-            or (self.context.in_step and not self.count_all)
-            or any(self.is_device(t) for t in inputs)
-        )
-        outputs = _tensors(out)
-        if self.shadows is not None and not self.context.in_step:
-            self._shadow(func, args, kwargs, inputs, outputs)
-        workspace_extra = self.kernel_models.get("rnn_workspace")
-        if workspace_extra is not None and func in (aten.mkldnn_rnn_layer.default,):
-            extra = workspace_extra(self, args, outputs)
-            for tensor in outputs[:-1]:
-                self.register(tensor, device, op)
-            self.register(outputs[-1], device, op, extra=extra)
+        traits = _OP_TRAITS.get(func) or _op_traits(func)
+        self.op_counts[traits.packet] += 1
+        outputs = _op_tensors((out,), [])
+        if not outputs:
+            # Metadata queries (prim.device: half of a fake run's dispatches,
+            # from the autograd engine) allocate nothing.
             return out
-        if _returns_alias(func):
+        inputs = None
+        if self.shadows is not None and not self.context.in_step:
+            inputs = _op_tensors(kwargs.values(), _op_tensors(args, []))
+            self._shadow(func, args, kwargs, inputs, outputs)
+        if traits.aliases:
             # Views and in-place ops allocate nothing. Checked by schema, not by
             # storage identity: a deep-copied fake parameter's views report a
             # storage object of their own (nn.TransformerEncoder copies its layer).
             return out
+        device = self.device_scope > 0 or (self.context.in_step and not self.count_all)
+        if not device:
+            if inputs is None:
+                inputs = _op_tensors(kwargs.values(), _op_tensors(args, []))
+            device = any(self.is_device(t) for t in inputs)
+        op = traits.name
+        if func is aten.mkldnn_rnn_layer.default and "rnn_workspace" in self.kernel_models:
+            extra = self.kernel_models["rnn_workspace"](self, args, outputs)
+            for tensor in outputs[:-1]:
+                self.register(tensor, device, op)
+            self.register(outputs[-1], device, op, extra=extra)
+            return out
         for tensor in outputs:
             self.register(tensor, device, op)
-        scratch = self.kernel_models.get("conv_scratch")
-        if scratch is not None and func in CONVOLUTIONS:
-            self._transient(scratch(self, func, args), op)
+        if func in CONVOLUTIONS and "conv_scratch" in self.kernel_models:
+            self._transient(self.kernel_models["conv_scratch"](self, func, args), op)
         return out
 
     def _transient(self, size: int, op: str) -> None:
@@ -354,7 +365,7 @@ class StorageTracker(TorchDispatchMode):
                 real_out = func(*pytree.tree_map(to_real, args), **pytree.tree_map(to_real, kwargs))
         finally:
             self.paused -= 1
-        for fake, twin in zip(outputs, _tensors(real_out)):
+        for fake, twin in zip(outputs, _op_tensors((real_out,), [])):
             self.shadows[fake] = twin
 
     def _local_scalar(self, func, args, kwargs):
@@ -383,14 +394,46 @@ class StorageTracker(TorchDispatchMode):
             return 0
 
 
-_ALIASING: dict = {}
+class OpTraits:
+    """What the tracker reads of an operator on each call, worked out once."""
+
+    __slots__ = ("aliases", "name", "packet")
+
+    def __init__(self, func):
+        self.name = f"aten.{func.__name__ if hasattr(func, '__name__') else func}"
+        self.packet = func.overloadpacket.__name__
+        self.aliases = any(ret.alias_info is not None for ret in func._schema.returns)
 
 
-def _returns_alias(func) -> bool:
-    aliasing = _ALIASING.get(func)
-    if aliasing is None:
-        aliasing = _ALIASING[func] = any(ret.alias_info is not None for ret in func._schema.returns)
-    return aliasing
+_OP_TRAITS: dict = {}
+
+
+def _op_traits(func) -> OpTraits:
+    traits = _OP_TRAITS[func] = OpTraits(func)
+    return traits
+
+
+def _op_tensors(values, found: list) -> list:
+    """Appends the tensors among an aten op's arguments or results to `found`:
+    at the dispatcher those are tensors and (nested) lists and tuples of them,
+    walked here in pytree's order, for a fraction of a pytree walk's cost."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            _op_tensors(value, found)
+    return found
+
+
+# What CudaRedirect rewrites, besides any call with a `device` argument. A
+# tuple: `in` compares by identity first, and needs no hashable `func`.
+_REDIRECTED = (
+    torch.Tensor.cuda,
+    torch.Tensor.to,
+    torch.Tensor.pin_memory,
+    torch.Tensor.is_pinned,
+    torch.nn.functional.scaled_dot_product_attention,
+)
 
 
 class CudaRedirect(TorchFunctionMode):
@@ -403,6 +446,9 @@ class CudaRedirect(TorchFunctionMode):
         self.sdpa_route = sdpa_route
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func not in _REDIRECTED and not (kwargs and "device" in kwargs):
+            # Every torch call and tensor attribute read comes through here.
+            return func(*args, **(kwargs or {}))
         kwargs = dict(kwargs or {})
         wants_device = False
         if "device" in kwargs and _is_cuda(kwargs["device"]):
