@@ -532,6 +532,12 @@ def make_sdpa_route(notes: dict):
 
 CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
 
+# Probes of real kernels, kept for the interpreter's life: a kernel's scratch
+# or workspace depends on its configuration (and thread count), not on the run,
+# and a batch-size search traces the same script several times.
+_CONV_SCRATCH_PROBES: dict[tuple, tuple[int, int]] = {}
+_RNN_WORKSPACE_PROBES: dict[tuple, int] = {}
+
 
 def make_conv_scratch(notes: dict):
     """oneDNN's convolution scratch (reordered copies of the input, output,
@@ -540,17 +546,21 @@ def make_conv_scratch(notes: dict):
     run on zeros at batch sizes 2 and 4 under the profiler (after a warm-up
     call: the first call caches weight layouts), and the transient bytes above
     the outputs are extrapolated linearly in the batch size."""
-    cache: dict[tuple, tuple[int, int]] = {}
+    cache = _CONV_SCRATCH_PROBES
+    used: set[tuple] = set()
 
-    def measure(func, args, batch, batch_positions):
-        from torch.profiler import ProfilerActivity, profile
-
-        real_args = [
+    def zeros_like_args(args, batch, batch_positions):
+        return [
             torch.zeros((batch, *a.shape[1:]) if index in batch_positions else a.shape, dtype=a.dtype)
             if isinstance(a, torch.Tensor)
             else a
             for index, a in enumerate(args)
         ]
+
+    def measure(func, args, batch, batch_positions):
+        from torch.profiler import ProfilerActivity, profile
+
+        real_args = zeros_like_args(args, batch, batch_positions)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             outputs = func(*real_args)
         del outputs
@@ -567,12 +577,13 @@ def make_conv_scratch(notes: dict):
             tuple(tuple(a.shape[1:]) if isinstance(a, torch.Tensor) else a for a in args[:2]),
             tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else str(a) for a in args[2:]),
             args[0].dtype,
+            torch.get_num_threads(),
         )
         if key not in cache:
             tracker.paused += 1
             try:
                 with unset_fake_temporarily(), torch.no_grad():
-                    measure(func, args, 2, batch_positions)
+                    func(*zeros_like_args(args, 2, batch_positions))
                     cache[key] = (
                         measure(func, args, 2, batch_positions),
                         measure(func, args, 4, batch_positions),
@@ -581,7 +592,8 @@ def make_conv_scratch(notes: dict):
                 tracker.paused -= 1
         at_2, at_4 = cache[key]
         size = max(0, int(at_2 + (at_4 - at_2) / 2 * (batch - 2)))
-        notes["probes"] = len(cache)
+        used.add(key)
+        notes["probes"] = len(used)
         notes["bytes"] = max(notes.get("bytes", 0), size)
         return size
 
@@ -598,7 +610,7 @@ def make_rnn_workspace(kind: str, notes: dict):
     "cudnn": cuDNN's training reserve space, modelled as the per-timestep gate
     activations, cell and hidden states (6 x hidden per element, not yet
     calibrated on a GPU)."""
-    cache: dict[tuple, int] = {}
+    cache = _RNN_WORKSPACE_PROBES
 
     def probe(args, seq_dim, length):
         shape = list(args[0].shape)
@@ -618,7 +630,13 @@ def make_rnn_workspace(kind: str, notes: dict):
 
         seq_dim = 1 if args[14] else 0  # batch_first
         seq = args[0].shape[seq_dim]
-        key = (tuple(args[0].shape), tuple(outputs[1].shape), args[0].dtype, tuple(str(a) for a in args[7:]))
+        key = (
+            tuple(args[0].shape),
+            tuple(outputs[1].shape),
+            args[0].dtype,
+            tuple(str(a) for a in args[7:]),
+            torch.get_num_threads(),
+        )
         if key not in cache:
             tracker.paused += 1  # the probe's real tensors are not the script's
             try:
