@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import json
 import os
 import runpy
@@ -1179,6 +1180,13 @@ def run(request: dict) -> dict:
     old_argv, old_path = sys.argv, list(sys.path)
     sys.argv = [script, *request.get("args", [])]
     sys.path.insert(0, script_dir)
+    # Without numpy, torch.sym_max (which the meta kernel of each op met with
+    # new shapes calls, often several times) tries `import numpy` on every
+    # call: a search of sys.path, as a failed import is not remembered. None in
+    # sys.modules makes the import fail at once, as it would fail anyway.
+    numpy_missing = "numpy" not in sys.modules and importlib.util.find_spec("numpy") is None
+    if numpy_missing:
+        sys.modules["numpy"] = None
     prof = None
     if request.get("profile_replay"):
         from torch.profiler import ProfilerActivity, profile
@@ -1221,6 +1229,8 @@ def run(request: dict) -> dict:
     finally:
         elapsed = time.perf_counter() - started
         sys.argv, sys.path[:] = old_argv, old_path
+        if numpy_missing and sys.modules.get("numpy", False) is None:
+            del sys.modules["numpy"]
         for hook in state.get("hooks", []):
             hook.remove()
         shims.undo()
