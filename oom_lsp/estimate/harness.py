@@ -310,8 +310,8 @@ class StorageTracker(TorchDispatchMode):
             self._shadow(func, args, kwargs, inputs, outputs)
         if traits.aliases:
             # Views and in-place ops allocate nothing. Checked by schema, not by
-            # storage identity: a deep-copied fake parameter's views report a
-            # storage object of their own (nn.TransformerEncoder copies its layer).
+            # storage identity: a view of a real tensor, which fake mode converts,
+            # reports a storage object of its own.
             return out
         device = self.device_scope > 0 or (self.context.in_step and not self.count_all)
         if not device:
@@ -1166,6 +1166,11 @@ def run(request: dict) -> dict:
         from torch.utils.weak import WeakIdKeyDictionary
 
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        # copy.deepcopy of a fake tensor (nn.TransformerEncoder copies its
+        # layer, an EMA model its model) deep-copies its __dict__, fake_mode
+        # included: the copy would belong to a mode of its own, a foreign
+        # tensor that this mode converts afresh in every op that reads it.
+        fake_mode.__deepcopy__ = lambda memo: fake_mode
         state["fake_mode"] = fake_mode
         tracker.shadows = WeakIdKeyDictionary()
     request = dict(request, cuda_foreach=cuda)
