@@ -748,20 +748,21 @@ class _Interpreter:
         return False
 
     def _loop(self, loop: cst.For | cst.While, before: State, no_grad: bool) -> State:
-        end: State | None = None
+        start = dict(before)
         for _ in range(self.MAX_LOOP_PASSES):
-            start = dict(before) if end is None else _merge_states(before, end)
+            state = dict(start)
             if type(loop) is cst.For:
-                self.evaluate(loop.iter, start, no_grad)
-                start = self._bind(loop.target, Kind.UNKNOWN, start)
+                self.evaluate(loop.iter, state, no_grad)
+                state = self._bind(loop.target, Kind.UNKNOWN, state)
             else:
-                self.evaluate(loop.test, start, no_grad)
-            new_end = self.run_block(_block(loop.body), start, no_grad)
-            if new_end == end:
+                self.evaluate(loop.test, state, no_grad)
+            end = self.run_block(_block(loop.body), state, no_grad)
+            after = _merge_states(before, end)
+            # A pass from the same state would repeat this one, kinds and all:
+            # the fixed point is reached.
+            if after == start:
                 break
-            end = new_end
-        assert end is not None
-        after = _merge_states(before, end)
+            start = after
         if loop.orelse is not None:
             after = self.run_block(_block(loop.orelse.body), after, no_grad)
         return after
@@ -1150,6 +1151,7 @@ def dotted_names_in(expr: cst.CSTNode) -> set[str]:
 
 
 _BACKWARD_FUNCTIONS = frozenset({"torch.autograd.backward", "torch.autograd.grad"})
+_BACKWARD_FUNCTION_NAMES = frozenset(qualified.rpartition(".")[2] for qualified in _BACKWARD_FUNCTIONS)
 _BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
 
 
@@ -1158,8 +1160,13 @@ def is_backward_call(node: cst.CSTNode, context: FileContext) -> bool:
     if type(node) is not cst.Call:
         return False
     func = node.func
-    if type(func) is cst.Attribute and func.attr.value in _BACKWARD_METHODS:
-        return True
+    if type(func) is cst.Attribute:
+        if func.attr.value in _BACKWARD_METHODS:
+            return True
+        # The qualified name of `a.b.c` ends in `c`: most calls are ruled
+        # out without looking it up.
+        if func.attr.value not in _BACKWARD_FUNCTION_NAMES:
+            return False
     return context.call_name(node) in _BACKWARD_FUNCTIONS
 
 
