@@ -50,6 +50,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
+PRIM_DEVICE = torch.ops.prim.device.default
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "inputs", "other")
 BATCH_OPTION_NAMES = {
@@ -168,6 +169,7 @@ class StorageTracker(TorchDispatchMode):
         # arrays, random indices, their slices) keep a real twin, so that
         # `data[i : i + block]` reads real indices instead of a stubbed 0.
         self.shadows = None
+        self.fake_tensor_type = None  # FakeTensor, under fake mode
         self.op_counts = collections.Counter()
 
     # -- accounting --------------------------------------------------------
@@ -291,6 +293,12 @@ class StorageTracker(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is PRIM_DEVICE and type(args[0]) is self.fake_tensor_type:
+            # Half of a fake run's dispatches ask for a fake tensor's device
+            # (the autograd engine, above all): FakeTensorMode's answer outside
+            # its kernels, without going through its dispatch.
+            if not args[0].fake_mode.in_kernel_invocation:
+                return args[0].fake_device
         kwargs = kwargs or {}
         if self.paused:
             return func(*args, **kwargs)
@@ -301,9 +309,7 @@ class StorageTracker(TorchDispatchMode):
         self.op_counts[traits.packet] += 1
         outputs = _op_tensors((out,), [])
         if not outputs:
-            # Metadata queries (prim.device: half of a fake run's dispatches,
-            # from the autograd engine) allocate nothing.
-            return out
+            return out  # a metadata query: nothing allocated
         inputs = None
         if self.shadows is not None and not self.context.in_step:
             inputs = _op_tensors(kwargs.values(), _op_tensors(args, []))
@@ -1162,7 +1168,7 @@ def run(request: dict) -> dict:
 
     fake_mode = None
     if mode == "fake":
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
         from torch.utils.weak import WeakIdKeyDictionary
 
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -1173,6 +1179,7 @@ def run(request: dict) -> dict:
         fake_mode.__deepcopy__ = lambda memo: fake_mode
         state["fake_mode"] = fake_mode
         tracker.shadows = WeakIdKeyDictionary()
+        tracker.fake_tensor_type = FakeTensor
     request = dict(request, cuda_foreach=cuda)
     install_shims(shims, request, tracker, context, state)
 
