@@ -181,6 +181,12 @@ _STATEMENT_TYPES = (
     cst.Match,
 )
 
+# The same, and the other node types the tracker's hooks tell apart, as sets
+# for exact type tests (libcst has no subclasses of these).
+_STATEMENT_TYPE_SET = frozenset(_STATEMENT_TYPES)
+_BLOCK_TYPES = frozenset({cst.IndentedBlock, cst.SimpleStatementSuite})
+_LOOP_TYPES = frozenset({cst.For, cst.While})
+_IMPORT_TYPES = frozenset({cst.Import, cst.ImportFrom})
 
 _SET_GRAD_ENABLED = {"torch.set_grad_enabled", "torch.autograd.set_grad_enabled"}
 
@@ -190,10 +196,12 @@ def grad_switch(statement: cst.CSTNode, imports: ImportMap) -> bool | None:
     gradients off for the statements after it (`False`, or a value we cannot
     read: precision first), False when it turns them on, None for any other
     statement."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+    # Exact type tests: called for every statement, by the walk and by the
+    # data flow, and isinstance() misses on libcst's classes are slow (ABCMeta).
+    if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
         return None
     small = statement.body[0]
-    if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
+    if type(small) is not cst.Expr or type(small.value) is not cst.Call:
         return None
     call = small.value
     if imports.qualified_name(call.func) not in _SET_GRAD_ENABLED or len(call.args) != 1:
@@ -279,58 +287,62 @@ class Tracker:
         return self._imports.qualified_name(target) in _AUTOCAST
 
     # --- hooks called by the engine -----------------------------------------
+    # Exact type tests: these run around every statement and block of the
+    # walk, and isinstance() misses on libcst's classes are slow (ABCMeta).
     def before_visit(self, node: cst.CSTNode) -> None:
-        if isinstance(node, _STATEMENT_TYPES):
+        node_type = type(node)
+        if node_type in _STATEMENT_TYPE_SET:
             self.statements.append(node)
-            if isinstance(node, cst.FunctionDef):
+            if node_type is cst.FunctionDef:
                 frame = _FunctionFrame(function=node)
                 if any(self.is_grad_disabling(d.decorator) for d in node.decorators):
                     frame.no_grad_depth += 1
                 self._frames.append(frame)
-            elif isinstance(node, cst.With):
+            elif node_type is cst.With:
                 no_grad = any(self.is_grad_disabling(item.item) for item in node.items)
                 autocast = any(self.is_autocast(item.item) for item in node.items)
                 self._region_withs.append((node, no_grad, autocast))
-        elif isinstance(node, (cst.IndentedBlock, cst.SimpleStatementSuite)):
+        elif node_type in _BLOCK_TYPES:
             owner = self.current_statement
-            if isinstance(owner, (cst.For, cst.While)) and owner.body is node:
+            if type(owner) in _LOOP_TYPES and owner.body is node:
                 self._frames[-1].loops.append(owner)
                 self._loop_blocks.append(node)
-            elif isinstance(owner, cst.With) and owner.body is node and self._region_withs:
+            elif type(owner) is cst.With and owner.body is node and self._region_withs:
                 _, no_grad, autocast = self._region_withs[-1]
                 if no_grad:
                     self._frames[-1].no_grad_depth += 1
                 if autocast:
                     self.autocast_depth += 1
-        elif isinstance(node, cst.Lambda):
+        elif node_type is cst.Lambda:
             enclosing = self._frames[-1]
             self._frames.append(_FunctionFrame(function=None, no_grad_depth=enclosing.no_grad_depth))
 
     def after_leave(self, node: cst.CSTNode) -> None:
-        if isinstance(node, _STATEMENT_TYPES):
+        node_type = type(node)
+        if node_type in _STATEMENT_TYPE_SET:
             self.statements.pop()
             switched = grad_switch(node, self._imports)
             if switched is not None:
                 self._frames[-1].grad_switched_off = switched
-            if isinstance(node, cst.FunctionDef):
+            if node_type is cst.FunctionDef:
                 self._frames.pop()
-            elif isinstance(node, cst.With):
+            elif node_type is cst.With:
                 self._region_withs.pop()
-        elif isinstance(node, (cst.IndentedBlock, cst.SimpleStatementSuite)):
+        elif node_type in _BLOCK_TYPES:
             if self._loop_blocks and self._loop_blocks[-1] is node:
                 self._loop_blocks.pop()
                 self._frames[-1].loops.pop()
                 return
             owner = self.current_statement
-            if isinstance(owner, cst.With) and owner.body is node and self._region_withs:
+            if type(owner) is cst.With and owner.body is node and self._region_withs:
                 _, no_grad, autocast = self._region_withs[-1]
                 if no_grad:
                     self._frames[-1].no_grad_depth -= 1
                 if autocast:
                     self.autocast_depth -= 1
-        elif isinstance(node, cst.Lambda):
+        elif node_type is cst.Lambda:
             self._frames.pop()
-        elif isinstance(node, (cst.Import, cst.ImportFrom)) and len(self._frames) > 1:
+        elif node_type in _IMPORT_TYPES and len(self._frames) > 1:
             # Imports inside functions bind too (approximation: file-wide).
             self._imports.add_import(node)
 
