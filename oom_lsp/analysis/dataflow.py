@@ -237,6 +237,8 @@ State = dict[str, Kind]
 
 def _merge_states(first: State, second: State) -> State:
     merged = dict(first)
+    if first == second:
+        return merged  # a comparison in C; often so, when a branch binds nothing
     for name, kind in second.items():
         # Most names have the same kind on both paths, and `merge(k, k)` is `k`.
         if merged.get(name) is not kind:
@@ -289,6 +291,8 @@ class FileFacts:
             self.class_attributes[class_def] = self._self_attributes(class_def)
         self._flows: dict[cst.FunctionDef | None, ScopeFlow] = {}
         self._summaries: dict[cst.FunctionDef | None, ScopeSummary] = {}
+        # What the naming heuristics make of each name, worked out once.
+        self._named_callees: dict[str, Callee] = {}
 
     # --- file-wide facts ---------------------------------------------------
     def _find_classes(self, body: Sequence[cst.CSTNode], owner: cst.ClassDef | None) -> None:
@@ -415,6 +419,12 @@ class FileFacts:
             summary = ScopeSummary(self.context, body)
             self._summaries[function] = summary
         return summary
+
+    def callee_by_name(self, name: str) -> Callee:
+        callee = self._named_callees.get(name)
+        if callee is None:
+            callee = self._named_callees[name] = Callee(model_name_heuristic(name))
+        return callee
 
 
 # Values that make a name no module: literals, and lambdas.
@@ -632,7 +642,7 @@ class ScopeFlow:
     def _by_name(self, name: str, call: cst.Call | None) -> Callee:
         if not self.facts.uses_framework or (call is not None and not call.args):
             return _UNKNOWN_CALLEE
-        return Callee(model_name_heuristic(name))
+        return self.facts.callee_by_name(name)
 
 
 _SET_GRAD_ENABLED = frozenset(
@@ -643,12 +653,12 @@ _SET_GRAD_ENABLED = frozenset(
 def maybe_grad_disabling(expr: cst.BaseExpression, context: FileContext) -> bool:
     """A context manager that may turn autograd off, depending on a value:
     `torch.set_grad_enabled(is_train)`, `torch.no_grad() if eval else nullcontext()`."""
-    if isinstance(expr, cst.IfExp):
+    if type(expr) is cst.IfExp:
         return any(
             context.tracker.is_grad_disabling(branch) or maybe_grad_disabling(branch, context)
             for branch in (expr.body, expr.orelse)
         )
-    if not isinstance(expr, cst.Call) or context.call_name(expr) not in _SET_GRAD_ENABLED:
+    if type(expr) is not cst.Call or context.call_name(expr) not in _SET_GRAD_ENABLED:
         return False
     mode = get_arg(expr, "mode", 0)
     return not (

@@ -97,7 +97,12 @@ class _AutogradRule(Rule):
         return holder in summary.returned and not contains_backward(loop.body, self.context)
 
 
-_ACCUMULATING = (cst.AddAssign, cst.SubtractAssign)
+# Node types are tested exactly (`type(x) is cst.Call`) where a hook runs for
+# every node of its kind: libcst has no subclasses of its concrete node
+# classes, and isinstance() on them goes through ABCMeta, slow on a miss.
+_ACCUMULATING = frozenset({cst.AddAssign, cst.SubtractAssign})
+_ADDITIVE = frozenset({cst.Add, cst.Subtract})
+_SEQUENCES = frozenset({cst.Tuple, cst.List})
 _FORWARD_METHODS = frozenset({"forward", "__call__", "_forward", "forward_features"})
 # Consumers that take a Python number as well as a tensor: an accumulator
 # only used by them can become a float (`.item()`).
@@ -386,13 +391,13 @@ class LossAccumulatedWithGraph(_AutogradRule):
     ]
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        if isinstance(node.operator, _ACCUMULATING):
+        if type(node.operator) in _ACCUMULATING:
             self._check(node, node.target, node.value)
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        if len(node.targets) != 1 or not isinstance(node.value, cst.BinaryOperation):
+        if len(node.targets) != 1 or type(node.value) is not cst.BinaryOperation:
             return
-        if not isinstance(node.value.operator, (cst.Add, cst.Subtract)):
+        if type(node.value.operator) not in _ADDITIVE:
             return
         target = dotted_name(node.targets[0].target)
         if target is None:
@@ -400,7 +405,7 @@ class LossAccumulatedWithGraph(_AutogradRule):
         value = node.value
         if dotted_name(value.left) == target:
             self._check(node, node.targets[0].target, value.right)
-        elif isinstance(value.operator, cst.Add) and dotted_name(value.right) == target:
+        elif type(value.operator) is cst.Add and dotted_name(value.right) == target:
             self._check(node, node.targets[0].target, value.left)
 
     def _check(self, node: cst.CSTNode, target: cst.BaseExpression, operand: cst.BaseExpression) -> None:
@@ -681,7 +686,7 @@ class TensorKeptAcrossIterations(_AutogradRule):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if not isinstance(func, cst.Attribute) or func.attr.value not in _STORING_METHODS:
+        if type(func) is not cst.Attribute or func.attr.value not in _STORING_METHODS:
             return
         position = _STORING_METHODS[func.attr.value]
         stored = get_arg(node, "object", position)
@@ -691,7 +696,7 @@ class TensorKeptAcrossIterations(_AutogradRule):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
-            if isinstance(target.target, cst.Subscript):
+            if type(target.target) is cst.Subscript:
                 self._check(node, target.target.value, node.value)
 
     def _check(self, node: cst.CSTNode, container: cst.BaseExpression, stored: cst.BaseExpression) -> None:
@@ -1128,7 +1133,7 @@ class EvalWithoutNoGrad(_AutogradRule):
 
     def _switches_mode(self, node: cst.Call) -> bool:
         """Records `model.eval()` / `model.train(...)`; True for such a call."""
-        if not isinstance(node.func, cst.Attribute) or node.func.attr.value not in ("eval", "train"):
+        if type(node.func) is not cst.Attribute or node.func.attr.value not in ("eval", "train"):
             return False
         receiver = dotted_name(node.func.value)
         if receiver is None or node.func.attr.value == "eval" and node.args:
@@ -1410,6 +1415,10 @@ class RetainGraphInLoop(_AutogradRule):
     def visit_Call(self, node: cst.Call) -> None:
         tracker = self.context.tracker
         if not tracker.in_loop:
+            return
+        # A method call other than `.backward()` is no `torch.autograd.backward`
+        # either (a qualified name ends like the call): no lookup needed.
+        if type(node.func) is cst.Attribute and node.func.attr.value != "backward":
             return
         if self.context.call_name(node) == "torch.autograd.backward":
             retain = get_arg(node, "retain_graph", 2)
@@ -1776,7 +1785,7 @@ class HiddenStateCarriedAcrossBatches(_AutogradRule):
         if not tracker.in_loop or tracker.in_no_grad or len(node.targets) != 1:
             return
         target, call = node.targets[0].target, node.value
-        if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(call, cst.Call):
+        if type(target) not in _SEQUENCES or type(call) is not cst.Call:
             return
         callee = self._flow().callee(call.func, call)
         if callee.role is not Role.MODULE:
