@@ -37,6 +37,22 @@ for x, y in DataLoader(data, batch_size=16):
     optimizer.step()
 """
 
+# A deep copy (nn.TransformerEncoder copies its layer) must stay in the run's
+# fake mode: a copy in a mode of its own is converted afresh in every op.
+DEEP_COPY = """
+import copy
+import torch
+
+layer = torch.nn.Linear(8, 8).cuda()
+twin = copy.deepcopy(layer)
+if getattr(twin.weight, "fake_mode", None) is not getattr(layer.weight, "fake_mode", None):
+    raise RuntimeError("the copy left the fake mode")
+optimizer = torch.optim.SGD(twin.parameters(), lr=0.1)
+for _ in range(2):
+    twin(torch.randn(4, 8, device="cuda")).sum().backward()
+    optimizer.step()
+"""
+
 CASES = {
     "mlp": ("mlp.py", []),
     "gpt": ("gpt.py", []),
@@ -102,6 +118,9 @@ def _runs(scripts: Path):
     runs.append(
         {"case": "labels_read", "script": str(labels_read), "args": [], "mode": "fake", "device": "cpu"}
     )
+    deep_copy = scripts / "deep_copy.py"
+    deep_copy.write_text(DEEP_COPY)
+    runs.append({"case": "deep_copy", "script": str(deep_copy), "args": [], "mode": "fake", "device": "cpu"})
     return runs
 
 
@@ -155,6 +174,10 @@ def test_cnn_onednn_scratch_is_measured_and_added(traces):
 def test_tensor_dataset_batches_carry_their_real_labels(traces):
     labels_read = traces[("labels_read", "fake", "cpu")]
     assert labels_read["stubbed_scalars"] == 0
+
+
+def test_a_deep_copy_stays_in_the_runs_fake_mode(traces):
+    assert traces[("deep_copy", "fake", "cpu")]["steps"] == 2
 
 
 def test_peak_is_located(traces):
