@@ -1224,7 +1224,6 @@ class ScopeSummary:
 
     def __init__(self, context: FileContext, body: Sequence[cst.CSTNode]) -> None:
         self.context = context
-        self.body = body
         self.backward_calls: list[cst.Call] = []
         self.returned: set[str] = set()
         self.bindings: dict[str, list[cst.BaseExpression | None]] = {}
