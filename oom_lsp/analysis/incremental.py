@@ -47,27 +47,28 @@ class IncrementalParser:
         self._chunks: dict[str, list[cst.Module]] = {}
 
     def parse(self, source: str) -> ParsedSource:
+        """Like `cst.parse_module(source)`. A version that cannot be parsed
+        in chunks (a syntax error mid-typing) leaves the kept chunks as they
+        were, for the next version."""
         try:
             statements = ast.parse(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
-            self._chunks = {}
             return parse_whole(source)
         texts = _chunk_texts(source, statements)
         if len(texts) < 2:
-            self._chunks = {}
             return ParsedSource(cst.parse_module(source), statements)
-        previous, current = self._chunks, {}
+        current: dict[str, list[cst.Module]] = {}
         chunks = []
         try:
             for text in texts:
-                kept = previous.get(text)
-                chunk = kept.pop() if kept else cst.parse_module(text)
+                kept = self._chunks.get(text, ())
+                reused = len(current.get(text, ()))
+                chunk = kept[reused] if reused < len(kept) else cst.parse_module(text)
                 current.setdefault(text, []).append(chunk)
                 chunks.append(chunk)
         except cst.ParserSyntaxError:
             # libcst refuses what `ast` accepted: report libcst's error at its
             # place in the whole file.
-            self._chunks = {}
             return ParsedSource(cst.parse_module(source), statements)
         self._chunks = current
         module = join_chunks(texts, chunks)
@@ -113,12 +114,13 @@ def _first_line(statement: ast.stmt) -> int:
 def join_chunks(texts: list[str], chunks: list[cst.Module]) -> cst.Module | None:
     """One Module of the statements of `chunks` (parsed from `texts`), or
     None when its code would not be the texts put together."""
-    indent = next((chunk.default_indent for chunk in chunks if _has_indented_block(chunk)), None)
+    indented = [_has_indented_block(chunk) for chunk in chunks]
+    indent = next((chunk.default_indent for chunk, has in zip(chunks, indented) if has), None)
     newline = chunks[0].default_newline
     body: list[cst.BaseStatement] = []
     carried: tuple[cst.EmptyLine, ...] = ()
-    for text, chunk in zip(texts, chunks):
-        if indent is not None and chunk.default_indent != indent and _has_indented_block(chunk):
+    for text, chunk, has_indented_block in zip(texts, chunks, indented):
+        if has_indented_block and chunk.default_indent != indent:
             return None  # its blocks' indentation is implied by a default the join would change
         if chunk.default_newline != newline and _LINE_END_RE.search(text):
             return None  # mixed line endings: each chunk's Newline() means its own

@@ -108,6 +108,20 @@ def test_an_edit_reparses_only_its_chunk(monkeypatch: pytest.MonkeyPatch) -> Non
     assert sum(id(statement.body) in kept for statement in second.body) == len(second.body) - 1
 
 
+def test_a_syntax_error_mid_typing_keeps_the_parsed_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = IncrementalParser()
+    parser.parse(FILE)
+    parsed = count_chunk_parses(monkeypatch)
+    with pytest.raises(cst.ParserSyntaxError):
+        parser.parse(FILE.replace("def evaluate(model, loader):", "def evaluate(model, loader", 1))
+    parsed.clear()
+    edited = FILE.replace("def evaluate(model, loader):", "def evaluate(model, loader, device):", 1)
+    module = parser.parse(edited).module
+    assert len(parsed) == 1 and parsed[0].startswith("def evaluate(")
+    monkeypatch.undo()
+    assert module.deep_equals(cst.parse_module(edited))
+
+
 def test_repeated_statements_are_never_one_shared_node(monkeypatch: pytest.MonkeyPatch) -> None:
     source = "import torch\n\ndef f():\n    return 1\n\ndef f():\n    return 1\n"
     parser = IncrementalParser()
