@@ -170,6 +170,7 @@ class StorageTracker(TorchDispatchMode):
         # `data[i : i + block]` reads real indices instead of a stubbed 0.
         self.shadows = None
         self.fake_tensor_type = None  # FakeTensor, under fake mode
+        self.fake_memo: FakeDispatchMemo | None = None  # under fake mode
         self.op_counts = collections.Counter()
 
     # -- accounting --------------------------------------------------------
@@ -304,8 +305,11 @@ class StorageTracker(TorchDispatchMode):
             return func(*args, **kwargs)
         if func is aten._local_scalar_dense.default:
             return self._local_scalar(func, args, kwargs)
-        out = func(*args, **kwargs)
         traits = _OP_TRAITS.get(func) or _op_traits(func)
+        if self.fake_memo is not None:
+            out = self.fake_memo.call(func, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
         self.op_counts[traits.packet] += 1
         outputs = _op_tensors((out,), [])
         if not outputs:
@@ -430,6 +434,142 @@ def _op_tensors(values, found: list) -> list:
         elif isinstance(value, (list, tuple)):
             _op_tensors(value, found)
     return found
+
+
+class FakeDispatchMemo:
+    """A faster front for FakeTensorMode's own dispatch cache.
+
+    FakeTensorMode answers most ops from a cache of output metadata, but
+    building its key (a generic walk that extracts 17 fields of every tensor
+    argument) and the redispatch to reach it cost more than the cached answer
+    itself: most of a fake run's time on a small model. This memo keys the
+    same call by a tuple read straight off the arguments, holding at least
+    everything FakeTensorMode's key holds, so one of its keys always maps to
+    one of theirs; a hit replays FakeTensorMode's own entry through its own
+    code. Whether a call may be replayed at all is FakeTensorMode's decision:
+    only a call that left a valid entry in its cache is memoised, every other
+    call (metadata queries, constants, data-dependent and view-in-place ops,
+    non-fake arguments) goes through FakeTensorMode each time."""
+
+    NOT_MEMOISED = object()
+    # Argument values that are their own key (with their type: 1 and 1.0 hash
+    # alike but give different dtypes).
+    PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+    @staticmethod
+    def supported() -> bool:
+        """Whether this torch's FakeTensorMode has the cache internals the memo
+        replays, with the signatures it calls them by (those of torch 2.13); a
+        torch laid out otherwise runs on FakeTensorMode alone: slower, same result."""
+        import inspect
+
+        from torch._subclasses import fake_tensor
+
+        expected = {
+            "_cache_key": ["self", "state", "func", "args", "kwargs"],
+            "_output_from_cache_entry": ["self", "state", "entry", "key", "func", "args"],
+        }
+        for name, parameters in expected.items():
+            method = getattr(fake_tensor.FakeTensorMode, name, None)
+            if method is None or list(inspect.signature(method).parameters) != parameters:
+                return False
+        return all(
+            hasattr(fake_tensor, name) for name in ("_CacheKeyState", "_DispatchCacheValidEntry", "_BypassDispatchCache")
+        ) and isinstance(getattr(fake_tensor.FakeTensorMode, "cache", None), dict)
+
+    def __init__(self, fake_mode):
+        from torch._subclasses import fake_tensor
+
+        self.fake_mode = fake_mode
+        self.fake_tensor_type = fake_tensor.FakeTensor
+        self.fake_tensor = fake_tensor
+        self.entries = _FAKE_MEMO_ENTRIES
+        self.hits = 0
+
+    def call(self, func, args, kwargs):
+        key = self._key(func, args, kwargs)
+        if key is None:
+            return func(*args, **kwargs)
+        entry = self.entries.get(key)
+        if entry is None:
+            return self._first_call(key, func, args, kwargs)
+        if entry is self.NOT_MEMOISED:
+            return func(*args, **kwargs)
+        self.hits += 1
+        their_entry, their_key = entry
+        state = self.fake_tensor._CacheKeyState(None)
+        return self.fake_mode._output_from_cache_entry(state, their_entry, their_key, func, args)
+
+    def _first_call(self, key, func, args, kwargs):
+        # Their key is taken before the call: an in-place op changes its
+        # argument's metadata (version, even shape).
+        state = self.fake_tensor._CacheKeyState(None)
+        try:
+            their_key = self.fake_mode._cache_key(state, func, args, kwargs)
+        except self.fake_tensor._BypassDispatchCache:
+            their_key = None
+        out = func(*args, **kwargs)
+        their_entry = self.fake_tensor.FakeTensorMode.cache.get(their_key) if their_key is not None else None
+        if isinstance(their_entry, self.fake_tensor._DispatchCacheValidEntry):
+            self.entries[key] = (their_entry, their_key)
+        else:
+            self.entries[key] = self.NOT_MEMOISED
+        return out
+
+    def _key(self, func, args, kwargs):
+        if not isinstance(func, torch._ops.OpOverload):
+            return None
+        parts = [
+            func,
+            torch.get_default_dtype(),
+            torch._C._get_default_device(),
+            torch.is_inference_mode_enabled(),
+            torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None,
+        ]
+        if not self._add_values(args, parts):
+            return None
+        for name, value in kwargs.items():
+            parts.append(name)
+            if not self._add_values((value,), parts):
+                return None
+        return tuple(parts)
+
+    def _add_values(self, values, parts) -> bool:
+        for value in values:
+            kind = type(value)
+            if kind is self.fake_tensor_type:
+                if value.fake_mode is not self.fake_mode or value.constant is not None:
+                    return False
+                if value.layout is not torch.strided:
+                    return False
+                parts.append(
+                    (
+                        value.shape,
+                        value.stride(),
+                        value.storage_offset(),
+                        value.untyped_storage().nbytes(),
+                        value.dtype,
+                        value.fake_device,
+                        value.requires_grad,
+                        value.is_conj(),
+                        value.is_neg(),
+                        value.is_inference(),
+                    )
+                )
+            elif kind is list or kind is tuple:
+                parts.append(kind)
+                parts.append(len(value))
+                if not self._add_values(value, parts):
+                    return False
+            elif kind in self.PLAIN:
+                parts.append(kind)
+                parts.append(value)
+            else:
+                return False  # a real tensor, a SymInt, a generator, a callable: FakeTensorMode decides
+        return True
+
+
+_FAKE_MEMO_ENTRIES: dict = {}  # kept for the interpreter's life, as FakeTensorMode's own cache is
 
 
 # What CudaRedirect rewrites, besides any call with a `device` argument. A
@@ -1180,6 +1320,8 @@ def run(request: dict) -> dict:
         state["fake_mode"] = fake_mode
         tracker.shadows = WeakIdKeyDictionary()
         tracker.fake_tensor_type = FakeTensor
+        if request.get("fake_memo", True) and FakeDispatchMemo.supported():
+            tracker.fake_memo = FakeDispatchMemo(fake_mode)
     request = dict(request, cuda_foreach=cuda)
     install_shims(shims, request, tracker, context, state)
 
@@ -1270,6 +1412,7 @@ def run(request: dict) -> dict:
             tracker.op_counts[name] for name in ("convolution", "mkldnn_convolution", "_convolution")
         ),
         stubbed_scalars=tracker.stubbed_scalars,
+        fake_memo_hits=tracker.fake_memo.hits if tracker.fake_memo is not None else None,
         sdpa=sdpa_notes,
         rnn_workspace=rnn_notes,
         conv_scratch=conv_notes,

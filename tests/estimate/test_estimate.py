@@ -113,6 +113,17 @@ def _runs(scripts: Path):
         runs.append(
             {"case": name, "script": str(FIXTURES / script), "args": args, "mode": "fake", "device": "cuda"}
         )
+    gpt_script, gpt_args = CASES["gpt"]
+    runs.append(
+        {
+            "case": "gpt_without_memo",
+            "script": str(FIXTURES / gpt_script),
+            "args": gpt_args,
+            "mode": "fake",
+            "device": "cpu",
+            "fake_memo": False,
+        }
+    )
     labels_read = scripts / "labels_read.py"
     labels_read.write_text(LABELS_READ)
     runs.append(
@@ -151,6 +162,15 @@ def test_kernels_that_match_are_byte_exact(traces):
     # difference is a few scalars (loss, step counters) outside the peak.
     assert abs(_error(traces, "mlp")) < 1e-5
     assert abs(_error(traces, "gpt")) < 1e-5
+
+
+def test_the_fake_dispatch_memo_changes_nothing_but_the_time(traces):
+    with_memo = traces[("gpt", "fake", "cpu")]
+    without = traces[("gpt_without_memo", "fake", "cpu")]
+    assert with_memo["fake_memo_hits"] > 500  # the second step replays the first one's ops
+    assert without["fake_memo_hits"] is None
+    for field in ("peak_bytes", "events", "breakdown", "peak_op", "peak_module", "peak_line", "top_lines"):
+        assert with_memo[field] == without[field], field
 
 
 def test_lstm_workspace_is_modelled(traces):
