@@ -437,104 +437,175 @@ def _op_tensors(values, found: list) -> list:
 
 
 class FakeDispatchMemo:
-    """A faster front for FakeTensorMode's own dispatch cache.
+    """Answers an op on fake tensors from the outputs of an earlier call with
+    the same metadata, in place of FakeTensorMode's own dispatch cache.
 
-    FakeTensorMode answers most ops from a cache of output metadata, but
-    building its key (a generic walk that extracts 17 fields of every tensor
-    argument) and the redispatch to reach it cost more than the cached answer
-    itself: most of a fake run's time on a small model. This memo keys the
-    same call by a tuple read straight off the arguments, holding at least
-    everything FakeTensorMode's key holds, so one of its keys always maps to
-    one of theirs; a hit replays FakeTensorMode's own entry through its own
-    code. Whether a call may be replayed at all is FakeTensorMode's decision:
-    only a call that left a valid entry in its cache is memoised, every other
-    call (metadata queries, constants, data-dependent and view-in-place ops,
-    non-fake arguments) goes through FakeTensorMode each time."""
+    FakeTensorMode's cache builds a generic key (17 fields of every tensor
+    argument, walked through dataclasses and pytrees) and an entry on every
+    first call; on a small model that costs more than the ops. This memo
+    keys a call by a tuple read straight off the arguments (the same fields
+    FakeTensorMode's key holds, and the same global state), records where
+    each output came from (an argument returned as is, a view of an
+    argument's storage, a fresh storage) and replays that. It learns a call
+    only when the replay gives back exactly what FakeTensorMode gave (shape,
+    strides, offset, storage, dtype, device, dispatch keys) and the call left
+    its arguments' metadata unchanged; ops FakeTensorMode itself never caches
+    (data-dependent, dynamic shapes, metadata-mutating views, lifts) and calls
+    with constants, real tensors or opaque arguments go to FakeTensorMode
+    every time. FakeTensorMode's cache is switched off for the run: the
+    calls the memo passes on are the ones it would not cache, or those that
+    run once."""
 
     NOT_MEMOISED = object()
     # Argument values that are their own key (with their type: 1 and 1.0 hash
     # alike but give different dtypes).
     PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
-
-    @staticmethod
-    def supported() -> bool:
-        """Whether this torch's FakeTensorMode has the cache internals the memo
-        replays, with the signatures it calls them by (those of torch 2.13); a
-        torch laid out otherwise runs on FakeTensorMode alone: slower, same result."""
-        import inspect
-
-        from torch._subclasses import fake_tensor
-
-        expected = {
-            "_cache_key": ["self", "state", "func", "args", "kwargs"],
-            "_output_from_cache_entry": ["self", "state", "entry", "key", "func", "args"],
-        }
-        for name, parameters in expected.items():
-            method = getattr(fake_tensor.FakeTensorMode, name, None)
-            if method is None or list(inspect.signature(method).parameters) != parameters:
-                return False
-        return all(
-            hasattr(fake_tensor, name) for name in ("_CacheKeyState", "_DispatchCacheValidEntry", "_BypassDispatchCache")
-        ) and isinstance(getattr(fake_tensor.FakeTensorMode, "cache", None), dict)
+    SMALL_INDEX_DTYPES = (torch.bool, torch.int8, torch.uint8)  # index with these is a mask: data-dependent
 
     def __init__(self, fake_mode):
         from torch._subclasses import fake_tensor
 
         self.fake_mode = fake_mode
         self.fake_tensor_type = fake_tensor.FakeTensor
-        self.fake_tensor = fake_tensor
+        self.kernel_invocation = fake_tensor.in_kernel_invocation_manager
         self.entries = _FAKE_MEMO_ENTRIES
         self.hits = 0
+        fake_mode.cache_enabled = False
 
     def call(self, func, args, kwargs):
-        key = self._key(func, args, kwargs)
-        if key is None:
+        memoisable = _MEMOISABLE.get(func)
+        if memoisable is None:
+            memoisable = _MEMOISABLE[func] = self._memoisable(func)
+        if not memoisable:
+            return func(*args, **kwargs)
+        tensors: list = []
+        key = self._key(func, args, kwargs, tensors)
+        if key is None or (func is INDEX_TENSOR and any(t.dtype in self.SMALL_INDEX_DTYPES for t in tensors[1:])):
             return func(*args, **kwargs)
         entry = self.entries.get(key)
         if entry is None:
-            return self._first_call(key, func, args, kwargs)
+            return self._learn(key, func, args, kwargs, tensors)
         if entry is self.NOT_MEMOISED:
             return func(*args, **kwargs)
         self.hits += 1
-        their_entry, their_key = entry
-        state = self.fake_tensor._CacheKeyState(None)
-        return self.fake_mode._output_from_cache_entry(state, their_entry, their_key, func, args)
+        return self._replay(entry, tensors)
 
-    def _first_call(self, key, func, args, kwargs):
-        # Their key is taken before the call: an in-place op changes its
-        # argument's metadata (version, even shape).
-        state = self.fake_tensor._CacheKeyState(None)
-        try:
-            their_key = self.fake_mode._cache_key(state, func, args, kwargs)
-        except self.fake_tensor._BypassDispatchCache:
-            their_key = None
+    @staticmethod
+    def _memoisable(func) -> bool:
+        if not isinstance(func, torch._ops.OpOverload) or func.namespace not in ("aten", "prims"):
+            return False
+        tags = func.tags
+        if torch.Tag.data_dependent_output in tags or torch.Tag.inplace_view in tags:
+            return False
+        if torch.Tag.dynamic_output_shape in tags and func is not INDEX_TENSOR:
+            return False
+        return func not in (aten.lift_fresh.default, aten.lift_fresh_copy.default, aten._local_scalar_dense.default)
+
+    def _learn(self, key, func, args, kwargs, tensors):
         out = func(*args, **kwargs)
-        their_entry = self.fake_tensor.FakeTensorMode.cache.get(their_key) if their_key is not None else None
-        if isinstance(their_entry, self.fake_tensor._DispatchCacheValidEntry):
-            self.entries[key] = (their_entry, their_key)
-        else:
-            self.entries[key] = self.NOT_MEMOISED
+        entry = self._entry(func, out, tensors)
+        if entry is not None and self._key(func, args, kwargs, []) != key:
+            entry = None  # the op changed an argument's shape, strides or storage: not a replayable answer
+        if entry is not None and not self._same(out, self._replay(entry, tensors)):
+            entry = None
+        self.entries[key] = self.NOT_MEMOISED if entry is None else entry
         return out
 
-    def _key(self, func, args, kwargs):
-        if not isinstance(func, torch._ops.OpOverload):
-            return None
+    def _entry(self, func, out, tensors):
+        """(output container type or None, one spec per output), or None when
+        an output is not a plain fake tensor of this mode."""
+        sequence = type(out) if type(out) in (tuple, list) else None
+        specs = []
+        storages = {id(tensor.untyped_storage()): index for index, tensor in enumerate(tensors)}
+        fresh: set = set()
+        for value in out if sequence else (out,):
+            if value is None and sequence:
+                specs.append(None)
+                continue
+            if not self._plain_fake(value):
+                return None
+            argument = next((index for index, tensor in enumerate(tensors) if tensor is value), None)
+            if argument is not None:
+                specs.append(argument)  # in place, or out=: the argument itself
+                continue
+            storage = id(value.untyped_storage())
+            source = storages.get(storage)  # a view (or _unsafe_view, which aliases without saying so)
+            if source is None:
+                if func.is_view or storage in fresh or value.storage_offset() != 0:
+                    return None
+                fresh.add(storage)
+            specs.append(
+                (source, tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
+                 value.fake_device, value.requires_grad)
+            )
+        return sequence, tuple(specs)
+
+    def _plain_fake(self, value) -> bool:
+        return (
+            type(value) is self.fake_tensor_type
+            and value.fake_mode is self.fake_mode
+            and value.constant is None
+            and value.layout is torch.strided
+            and not value.is_conj()
+            and not value.is_neg()
+        )
+
+    def _replay(self, entry, tensors):
+        sequence, specs = entry
+        outputs = []
+        for spec in specs:
+            if spec is None or type(spec) is int:
+                outputs.append(None if spec is None else tensors[spec])
+                continue
+            source, shape, stride, offset, dtype, device, requires_grad = spec
+            with self.kernel_invocation(self.fake_mode):
+                meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta", requires_grad=requires_grad)
+                if source is not None:
+                    meta.set_(tensors[source].untyped_storage(), offset, shape, stride)
+            outputs.append(self.fake_tensor_type(self.fake_mode, meta, device))
+        return sequence(outputs) if sequence else outputs[0]
+
+    def _same(self, out, replayed) -> bool:
+        sequence = type(out) if type(out) in (tuple, list) else None
+        if type(replayed) is not type(out):
+            return False
+        pairs = zip(out, replayed) if sequence else ((out, replayed),)
+        for real, again in pairs:
+            if real is None or again is None:
+                if real is not again:
+                    return False
+                continue
+            if real is again:
+                continue
+            if (
+                real.shape != again.shape
+                or real.stride() != again.stride()
+                or real.storage_offset() != again.storage_offset()
+                or real.dtype != again.dtype
+                or real.fake_device != again.fake_device
+                or real.requires_grad != again.requires_grad
+                or real.untyped_storage().nbytes() != again.untyped_storage().nbytes()
+                or torch._C._dispatch_key_set(real) != torch._C._dispatch_key_set(again)
+            ):
+                return False
+        return True
+
+    def _key(self, func, args, kwargs, tensors):
         parts = [
             func,
             torch.get_default_dtype(),
             torch._C._get_default_device(),
             torch.is_inference_mode_enabled(),
-            torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None,
         ]
-        if not self._add_values(args, parts):
+        if not self._add_values(args, parts, tensors):
             return None
         for name, value in kwargs.items():
             parts.append(name)
-            if not self._add_values((value,), parts):
+            if not self._add_values((value,), parts, tensors):
                 return None
         return tuple(parts)
 
-    def _add_values(self, values, parts) -> bool:
+    def _add_values(self, values, parts, tensors) -> bool:
         for value in values:
             kind = type(value)
             if kind is self.fake_tensor_type:
@@ -542,6 +613,7 @@ class FakeDispatchMemo:
                     return False
                 if value.layout is not torch.strided:
                     return False
+                tensors.append(value)
                 parts.append(
                     (
                         value.shape,
@@ -559,16 +631,18 @@ class FakeDispatchMemo:
             elif kind is list or kind is tuple:
                 parts.append(kind)
                 parts.append(len(value))
-                if not self._add_values(value, parts):
+                if not self._add_values(value, parts, tensors):
                     return False
             elif kind in self.PLAIN:
                 parts.append(kind)
                 parts.append(value)
             else:
-                return False  # a real tensor, a SymInt, a generator, a callable: FakeTensorMode decides
+                return False  # a real tensor, a SymInt, a generator, a storage: FakeTensorMode decides
         return True
 
 
+INDEX_TENSOR = aten.index.Tensor
+_MEMOISABLE: dict = {}
 _FAKE_MEMO_ENTRIES: dict = {}  # kept for the interpreter's life, as FakeTensorMode's own cache is
 
 
@@ -1320,7 +1394,7 @@ def run(request: dict) -> dict:
         state["fake_mode"] = fake_mode
         tracker.shadows = WeakIdKeyDictionary()
         tracker.fake_tensor_type = FakeTensor
-        if request.get("fake_memo", True) and FakeDispatchMemo.supported():
+        if request.get("fake_memo", True):
             tracker.fake_memo = FakeDispatchMemo(fake_mode)
     request = dict(request, cuda_foreach=cuda)
     install_shims(shims, request, tracker, context, state)
