@@ -12,7 +12,8 @@ Modes (`mode` in the request):
   dispatcher-level live-storage tracker counts what a real run would hold.
 - "real": the same shims and tracker on real CPU tensors (the fallback when
   something cannot be faked), optionally with the profiler's alloc/free
-  replay (`profile_replay`), the ground truth of tests and benchmarks.
+  replay (`profile_replay`), the ground truth of tests and benchmarks; with
+  `track: false`, no tracker either: a bare real run, which benchmarks time.
 
 The script believes it has a GPU: `torch.cuda.is_available()` is True, and
 `device="cuda"`, `.cuda()`, `.to("cuda")`, `autocast("cuda")` are rewritten to
@@ -1431,8 +1432,13 @@ def run(request: dict) -> dict:
                 if fake_mode is not None:
                     with fake_mode, tracker, redirect:
                         runpy.run_path(script, run_name="__main__")
-                else:
+                elif request.get("track", True):
                     with tracker, redirect:
+                        runpy.run_path(script, run_name="__main__")
+                else:
+                    # A bare real run, to time the steps the estimate replaces:
+                    # nothing counted at the dispatcher.
+                    with redirect:
                         runpy.run_path(script, run_name="__main__")
         finally:
             if prof is not None:

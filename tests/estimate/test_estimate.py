@@ -113,6 +113,10 @@ def _runs(scripts: Path):
         runs.append(
             {"case": name, "script": str(FIXTURES / script), "args": args, "mode": "fake", "device": "cuda"}
         )
+    runs.append(
+        {"case": "mlp_bare", "script": str(FIXTURES / CASES["mlp"][0]), "args": [], "mode": "real", "device": "cpu",
+         "track": False}
+    )
     gpt_script, gpt_args = CASES["gpt"]
     runs.append(
         {
@@ -171,6 +175,16 @@ def test_the_fake_dispatch_memo_changes_nothing_but_the_time(traces):
     assert without["fake_memo_hits"] is None
     for field in ("peak_bytes", "events", "breakdown", "peak_op", "peak_module", "peak_line", "top_lines"):
         assert with_memo[field] == without[field], field
+
+
+def test_a_bare_real_run_takes_its_two_steps_without_the_dispatcher_tracker(traces):
+    bare, tracked = traces[("mlp_bare", "real", "cpu")], traces[("mlp", "real", "cpu")]
+    assert bare["steps"] == 2
+    # No op went through the tracker: no matmul seen, no temporary counted
+    # (parameters, gradients and optimizer state are still registered by the
+    # shims that see them).
+    assert bare["matmuls"] == 0 and tracked["matmuls"] > 0
+    assert bare["breakdown"]["temporaries"] == 0 and tracked["breakdown"]["temporaries"] > 0
 
 
 def test_lstm_workspace_is_modelled(traces):
