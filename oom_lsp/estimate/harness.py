@@ -1395,8 +1395,13 @@ def run(request: dict) -> dict:
         state["fake_mode"] = fake_mode
         tracker.shadows = WeakIdKeyDictionary()
         tracker.fake_tensor_type = FakeTensor
-        if request.get("fake_memo", True):
+        # How fake dispatches are cached: "memo" (FakeDispatchMemo), "fake-tensor-mode"
+        # (FakeTensorMode's own cache) or "none"; the last two for comparisons.
+        fake_cache = request.get("fake_cache", "memo")
+        if fake_cache == "memo":
             tracker.fake_memo = FakeDispatchMemo(fake_mode)
+        elif fake_cache == "none":
+            fake_mode.cache_enabled = False
     request = dict(request, cuda_foreach=cuda)
     install_shims(shims, request, tracker, context, state)
 
