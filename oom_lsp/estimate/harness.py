@@ -468,7 +468,6 @@ class FakeDispatchMemo:
 
         self.fake_mode = fake_mode
         self.fake_tensor_type = fake_tensor.FakeTensor
-        self.kernel_invocation = fake_tensor.in_kernel_invocation_manager
         self.entries = _FAKE_MEMO_ENTRIES
         self.hits = 0
         fake_mode.cache_enabled = False
@@ -559,7 +558,8 @@ class FakeDispatchMemo:
                 outputs.append(None if spec is None else tensors[spec])
                 continue
             source, shape, stride, offset, dtype, device, requires_grad = spec
-            with self.kernel_invocation(self.fake_mode):
+            # A plain meta tensor, wrapped below as FakeTensorMode wraps its kernels' outputs.
+            with torch._C._DisableTorchDispatch():
                 meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta", requires_grad=requires_grad)
                 if source is not None:
                     meta.set_(tensors[source].untyped_storage(), offset, shape, stride)
