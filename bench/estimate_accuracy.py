@@ -48,6 +48,7 @@ ZOO: dict[str, tuple[str, list[str], tuple[int, ...], str]] = {
     "lstm_lm": ("lstm.py", [], (8, 16, 32), "oneDNN LSTM workspace probed"),
     "frozen_finetune": ("finetune_frozen.py", [], (16, 32, 64), "conv"),
     "gpt_bf16": ("gpt.py", ["--bf16"], (2, 4, 8), "autocast bf16"),
+    "encoder_bf16": ("encoder_bf16.py", [], (8, 16, 32), "autocast bf16, padding mask, TransformerEncoder"),
     # Large enough that a real CPU step takes seconds: where the estimate pays off.
     "gpt_larger": ("gpt.py", ["--dim", "384", "--layers", "6", "--block", "256"], (8, 16, 32), "larger"),
 }

@@ -654,7 +654,6 @@ _REDIRECTED = (
     torch.Tensor.to,
     torch.Tensor.pin_memory,
     torch.Tensor.is_pinned,
-    torch.nn.functional.scaled_dot_product_attention,
 )
 
 
@@ -662,10 +661,9 @@ class CudaRedirect(TorchFunctionMode):
     """The script asks for `cuda`; it gets the CPU, and the tracker learns that
     the result lives on the GPU."""
 
-    def __init__(self, tracker: StorageTracker, sdpa_route):
+    def __init__(self, tracker: StorageTracker):
         super().__init__()
         self.tracker = tracker
-        self.sdpa_route = sdpa_route
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func not in _REDIRECTED and not (kwargs and "device" in kwargs):
@@ -693,10 +691,6 @@ class CudaRedirect(TorchFunctionMode):
             return args[0]
         elif func is torch.Tensor.is_pinned:
             return False
-        elif func is torch.nn.functional.scaled_dot_product_attention and self.sdpa_route is not None:
-            routed = self.sdpa_route(*args, **kwargs)
-            if routed is not None:
-                return routed
         if not wants_device:
             return func(*args, **kwargs)
         self.tracker.device_scope += 1
@@ -750,6 +744,20 @@ def make_sdpa_route(notes: dict):
         return out[0]
 
     return route
+
+
+def install_sdpa_route(shims, route) -> None:
+    """Routes F.scaled_dot_product_attention by replacing the module's
+    attribute, not in CudaRedirect: nn.MultiheadAttention (and so
+    nn.TransformerEncoder) calls it from inside F.multi_head_attention_forward,
+    itself a torch function, whose inner calls a TorchFunctionMode never sees."""
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def scaled_dot_product_attention(*args, **kwargs):
+        routed = route(*args, **kwargs)
+        return original(*args, **kwargs) if routed is None else routed
+
+    shims.patch(torch.nn.functional, "scaled_dot_product_attention", scaled_dot_product_attention)
 
 
 CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
@@ -1409,7 +1417,9 @@ def run(request: dict) -> dict:
 
     module_tracker = ModuleTracker()
     context.module_tracker = module_tracker
-    redirect = CudaRedirect(tracker, make_sdpa_route(sdpa_notes) if cuda and mode == "fake" else None)
+    redirect = CudaRedirect(tracker)
+    if cuda and mode == "fake":
+        install_sdpa_route(shims, make_sdpa_route(sdpa_notes))
 
     old_argv, old_path = sys.argv, list(sys.path)
     sys.argv = [script, *request.get("args", [])]

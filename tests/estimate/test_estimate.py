@@ -98,6 +98,7 @@ def _runs(scripts: Path):
         }
     )
     runs.append({"case": "vit", **vit})
+    runs.append({"case": "vit", **vit, "device": "cuda"})
     runs.append({"case": "vit_dtype_bf16", **vit, "autocast_dtype": "bf16"})
     runs.append(
         {
@@ -285,6 +286,13 @@ def test_cuda_sdpa_kernels_lower_the_gpt_peak(traces):
     assert cuda["sdpa"]["sdpa_mem_efficient"] == 4
     # The CPU math path keeps B x H x T x T scores, softmax and dropout mask per layer.
     assert cuda["breakdown"]["activations"] < 0.8 * cpu["breakdown"]["activations"]
+
+
+def test_cuda_sdpa_kernels_reach_multi_head_attention(traces):
+    # nn.TransformerEncoderLayer calls SDPA from inside F.multi_head_attention_forward.
+    cpu, cuda = traces[("vit", "fake", "cpu")], traces[("vit", "fake", "cuda")]
+    assert cuda["sdpa"]["sdpa_mem_efficient"] == 8  # 4 layers x 2 steps
+    assert cuda["breakdown"]["activations"] < 0.9 * cpu["breakdown"]["activations"]
 
 
 def test_cuda_mode_counts_only_what_the_script_put_on_the_gpu(traces):
