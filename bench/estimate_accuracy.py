@@ -155,19 +155,18 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(ZOO), help="comma-separated case names")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--json", type=Path, help="also write the rows and the fresh-interpreter timings here")
     options = parser.parse_args()
     rows: list[dict] = []
     cold: list[dict] = []
     for name in options.cases.split(","):
         try:
             case_rows = run_case(name, options.python, options.timeout)
+            rows += case_rows
+            print(f"{name}: done in {case_rows[-1]['case_wall_s']:.1f} s", file=sys.stderr)
             cold.append(run_cold(name, options.python, options.timeout))
         except EstimateError as error:
             print(f"{name}: failed: {error}", file=sys.stderr)
-            continue
-        rows += case_rows
-        print(f"{name}: done in {case_rows[-1]['case_wall_s']:.1f} s", file=sys.stderr)
     print_table(rows)
     print_cold(cold)
     if options.json:

@@ -444,18 +444,19 @@ class FakeDispatchMemo:
     FakeTensorMode's cache builds a generic key (17 fields of every tensor
     argument, walked through dataclasses and pytrees) and an entry on every
     first call; on a small model that costs more than the ops. This memo
-    keys a call by a tuple read straight off the arguments (the same fields
-    FakeTensorMode's key holds, and the same global state), records where
-    each output came from (an argument returned as is, a view of an
-    argument's storage, a fresh storage) and replays that. It learns a call
-    only when the replay gives back exactly what FakeTensorMode gave (shape,
-    strides, offset, storage, dtype, device, dispatch keys) and the call left
-    its arguments' metadata unchanged; ops FakeTensorMode itself never caches
-    (data-dependent, dynamic shapes, metadata-mutating views, lifts) and calls
-    with constants, real tensors or opaque arguments go to FakeTensorMode
-    every time. FakeTensorMode's cache is switched off for the run: the
-    calls the memo passes on are the ones it would not cache, or those that
-    run once."""
+    keys a call by a tuple read straight off the arguments (the fields
+    FakeTensorMode's key holds, and its global state but proxy tracing, which
+    a run never does: torch.compile is shimmed to eager), records where each
+    output came from (an argument returned as is, a view of an argument's
+    storage, a fresh storage) and replays that. It learns a call only when
+    the replay gives back exactly what FakeTensorMode gave (shape, strides,
+    offset, storage, dtype, device, dispatch keys), the call left its
+    arguments' metadata unchanged and no two outputs share a storage; ops
+    FakeTensorMode itself never caches (data-dependent, dynamic shapes,
+    metadata-mutating views, lifts) and calls with constants, real tensors or
+    opaque arguments go to FakeTensorMode every time. FakeTensorMode's cache
+    is switched off for the run: the calls the memo passes on are the ones
+    it would not cache, or those that run once."""
 
     NOT_MEMOISED = object()
     # Argument values that are their own key (with their type: 1 and 1.0 hash
