@@ -464,48 +464,86 @@ class FakeDispatchMemo:
     PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
     SMALL_INDEX_DTYPES = (torch.bool, torch.int8, torch.uint8)  # index with these is a mask: data-dependent
 
-    def __init__(self, fake_mode):
+    def __init__(self, fake_mode, entries: dict | None = None):
         from torch._subclasses import fake_tensor
 
         self.fake_mode = fake_mode
         self.fake_tensor_type = fake_tensor.FakeTensor
-        self.entries = _FAKE_MEMO_ENTRIES
+        self.entries = _FAKE_MEMO_ENTRIES if entries is None else entries
         self.hits = 0
         fake_mode.cache_enabled = False
 
     def call(self, func, args, kwargs):
-        memoisable = _MEMOISABLE.get(func)
-        if memoisable is None:
-            memoisable = _MEMOISABLE[func] = self._memoisable(func)
-        if not memoisable:
+        if func in _INDEXED_VIEWS and not kwargs and self._indexable(args):
+            return self._indexed_view(func, args)
+        kind = _MEMO_KINDS.get(func)
+        if kind is None:
+            kind = _MEMO_KINDS[func] = self._memo_kind(func)
+        if kind is NOT_MEMOISABLE:
             return func(*args, **kwargs)
         tensors: list = []
-        key = self._key(func, args, kwargs, tensors)
+        key = self._key(func, args, kwargs, tensors, kind is ALIASING)
         if key is None or (func is INDEX_TENSOR and any(t.dtype in self.SMALL_INDEX_DTYPES for t in tensors[1:])):
             return func(*args, **kwargs)
         entry = self.entries.get(key)
         if entry is None:
-            return self._learn(key, func, args, kwargs, tensors)
+            return self._learn(key, func, args, kwargs, tensors, kind is ALIASING)
         if entry is self.NOT_MEMOISED:
             return func(*args, **kwargs)
         self.hits += 1
         return self._replay(entry, tensors)
 
+    def _indexable(self, args) -> bool:
+        source = args[0]
+        return (
+            type(source) is self.fake_tensor_type
+            and source.fake_mode is self.fake_mode
+            and source.constant is None
+            and source.layout is torch.strided
+            and all(type(value) is int or value is None for value in args[1:])
+        )
+
+    def _indexed_view(self, func, args):
+        """`data[i : i + block]`, `x[i]` with indices read from the data: a new
+        memo key for every index, so computed instead, by the view kernel itself
+        (views are metadata arithmetic, the same code on every device) on a meta
+        tensor laid over the fake tensor's storage, as a memo replay is."""
+        source = args[0]
+        with torch._C._DisableTorchDispatch():
+            twin = torch.empty((0,), dtype=source.dtype, device="meta").set_(
+                source.untyped_storage(), source.storage_offset(), source.shape, source.stride()
+            )
+            view = func(twin, *args[1:])
+        self.hits += 1
+        return self.fake_tensor_type(self.fake_mode, view, source.fake_device)
+
     @staticmethod
-    def _memoisable(func) -> bool:
+    def _memo_kind(func):
+        """NOT_MEMOISABLE; ALIASING, an op whose outputs may be laid over an
+        argument's storage at an offset of its choosing (a view, as_strided),
+        keyed by its arguments' storage offsets; or FRESH, any other op, whose
+        outputs do not depend on where its arguments start in their storage
+        (an op on `x[t]` for every t is one key, not one per t)."""
         if not isinstance(func, torch._ops.OpOverload) or func.namespace not in ("aten", "prims"):
-            return False
+            return NOT_MEMOISABLE
         tags = func.tags
         if torch.Tag.data_dependent_output in tags or torch.Tag.inplace_view in tags:
-            return False
+            return NOT_MEMOISABLE
         if torch.Tag.dynamic_output_shape in tags and func is not INDEX_TENSOR:
-            return False
-        return func not in (aten.lift_fresh.default, aten.lift_fresh_copy.default, aten._local_scalar_dense.default)
+            return NOT_MEMOISABLE
+        if func in (aten.lift_fresh.default, aten.lift_fresh_copy.default, aten._local_scalar_dense.default):
+            return NOT_MEMOISABLE
+        schema = func._schema
+        if any(ret.alias_info is not None for ret in schema.returns) or any(
+            argument.name == "storage_offset" for argument in schema.arguments
+        ):
+            return ALIASING
+        return FRESH
 
-    def _learn(self, key, func, args, kwargs, tensors):
+    def _learn(self, key, func, args, kwargs, tensors, with_offsets):
         out = func(*args, **kwargs)
         entry = self._entry(func, out, tensors)
-        if entry is not None and self._key(func, args, kwargs, []) != key:
+        if entry is not None and self._key(func, args, kwargs, [], with_offsets) != key:
             entry = None  # the op changed an argument's shape, strides or storage: not a replayable answer
         if entry is not None and not self._same(out, self._replay(entry, tensors)):
             entry = None
@@ -535,9 +573,10 @@ class FakeDispatchMemo:
                 if func.is_view or storage in fresh or value.storage_offset() != 0:
                     return None
                 fresh.add(storage)
+            # Over an argument's storage, the offset is kept relative to the argument's own.
+            offset = value.storage_offset() - (tensors[source].storage_offset() if source is not None else 0)
             specs.append(
-                (source, tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
-                 value.fake_device, value.requires_grad)
+                (source, tuple(value.shape), value.stride(), offset, value.dtype, value.fake_device, value.requires_grad)
             )
         return sequence, tuple(specs)
 
@@ -563,7 +602,8 @@ class FakeDispatchMemo:
             with torch._C._DisableTorchDispatch():
                 meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta", requires_grad=requires_grad)
                 if source is not None:
-                    meta.set_(tensors[source].untyped_storage(), offset, shape, stride)
+                    base = tensors[source]
+                    meta.set_(base.untyped_storage(), base.storage_offset() + offset, shape, stride)
             outputs.append(self.fake_tensor_type(self.fake_mode, meta, device))
         return sequence(outputs) if sequence else outputs[0]
 
@@ -592,22 +632,22 @@ class FakeDispatchMemo:
                 return False
         return True
 
-    def _key(self, func, args, kwargs, tensors):
+    def _key(self, func, args, kwargs, tensors, with_offsets: bool):
         parts = [
             func,
             torch.get_default_dtype(),
             torch._C._get_default_device(),
             torch.is_inference_mode_enabled(),
         ]
-        if not self._add_values(args, parts, tensors):
+        if not self._add_values(args, parts, tensors, with_offsets):
             return None
         for name, value in kwargs.items():
             parts.append(name)
-            if not self._add_values((value,), parts, tensors):
+            if not self._add_values((value,), parts, tensors, with_offsets):
                 return None
         return tuple(parts)
 
-    def _add_values(self, values, parts, tensors) -> bool:
+    def _add_values(self, values, parts, tensors, with_offsets: bool) -> bool:
         for value in values:
             kind = type(value)
             if kind is self.fake_tensor_type:
@@ -620,7 +660,7 @@ class FakeDispatchMemo:
                     (
                         value.shape,
                         value.stride(),
-                        value.storage_offset(),
+                        value.storage_offset() if with_offsets else None,
                         value.untyped_storage().nbytes(),
                         value.dtype,
                         value.fake_device,
@@ -633,7 +673,7 @@ class FakeDispatchMemo:
             elif kind is list or kind is tuple:
                 parts.append(kind)
                 parts.append(len(value))
-                if not self._add_values(value, parts, tensors):
+                if not self._add_values(value, parts, tensors, with_offsets):
                     return False
             elif kind in self.PLAIN:
                 parts.append(kind)
@@ -644,7 +684,10 @@ class FakeDispatchMemo:
 
 
 INDEX_TENSOR = aten.index.Tensor
-_MEMOISABLE: dict = {}
+NOT_MEMOISABLE, ALIASING, FRESH = "not memoisable", "aliasing", "fresh"
+# Views whose integer arguments are often indices read from the data.
+_INDEXED_VIEWS = (aten.slice.Tensor, aten.select.int)
+_MEMO_KINDS: dict = {}  # OpOverload -> NOT_MEMOISABLE, ALIASING or FRESH
 _FAKE_MEMO_ENTRIES: dict = {}  # kept for the interpreter's life, as FakeTensorMode's own cache is
 
 

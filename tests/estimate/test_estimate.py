@@ -53,6 +53,26 @@ for _ in range(2):
     optimizer.step()
 """
 
+# Views at offsets that change every call: slices at indices read from the
+# data, a loop over time steps, a reshape of each step.
+VIEW_LOOPS = """
+import torch
+data = torch.randint(0, 100, (1000,))
+model = torch.nn.Linear(16, 16).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+sequence = torch.randn(12, 4, 16, device="cuda")
+for _ in range(2):
+    starts = torch.randint(0, 900, (8,))
+    batch = torch.stack([data[start : start + 16] for start in starts]).cuda().float()
+    state = torch.zeros(4, 16, device="cuda")
+    for t in range(sequence.shape[0]):
+        state = torch.tanh(model(sequence[t]) + state)
+        state = state + sequence[t].reshape(-1).view(4, 16) * 0.1
+    (state.sum() + batch.sum()).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
 CASES = {
     "mlp": ("mlp.py", []),
     "gpt": ("gpt.py", []),
@@ -130,6 +150,19 @@ def _runs(scripts: Path):
                 "fake_cache": fake_cache,
             }
         )
+    view_loops = scripts / "view_loops.py"
+    view_loops.write_text(VIEW_LOOPS)
+    for fake_cache in ("memo", "none"):
+        runs.append(
+            {
+                "case": f"view_loops_cache_{fake_cache}",
+                "script": str(view_loops),
+                "args": [],
+                "mode": "fake",
+                "device": "cpu",
+                "fake_cache": fake_cache,
+            }
+        )
     labels_read = scripts / "labels_read.py"
     labels_read.write_text(LABELS_READ)
     runs.append(
@@ -186,6 +219,15 @@ def test_the_fake_dispatch_memo_traces_what_fake_tensor_mode_traces(traces, case
     assert _allocations_and_frees(with_memo["events"]) == _allocations_and_frees(uncached["events"])
     for field in ("peak_bytes", "breakdown", "peak_op", "peak_module", "peak_line", "top_lines"):
         assert with_memo[field] == uncached[field], field
+
+
+def test_the_memo_answers_views_at_changing_offsets_as_fake_tensor_mode_does(traces):
+    with_memo = traces[("view_loops_cache_memo", "fake", "cpu")]
+    uncached = traces[("view_loops_cache_none", "fake", "cpu")]
+    # An op on sequence[t] is one memo entry for all t; slices at data indices are computed.
+    assert with_memo["fake_memo_hits"] > 150
+    assert _allocations_and_frees(with_memo["events"]) == _allocations_and_frees(uncached["events"])
+    assert with_memo["peak_bytes"] == uncached["peak_bytes"]
 
 
 def test_on_gpt_the_memo_traces_what_fake_tensor_modes_own_cache_traces(traces):
