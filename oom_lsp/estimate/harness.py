@@ -368,13 +368,18 @@ class StorageTracker(TorchDispatchMode):
                 return
             real[id(tensor)] = twin
 
-        def to_real(leaf):
-            return real[id(leaf)] if isinstance(leaf, torch.Tensor) else leaf
+        def to_real(value):
+            # An aten op's arguments: tensors, and lists and tuples of them (as _op_tensors walks them).
+            if isinstance(value, torch.Tensor):
+                return real[id(value)]
+            if type(value) is list or type(value) is tuple:
+                return type(value)(to_real(item) for item in value)
+            return value
 
         self.paused += 1
         try:
             with unset_fake_temporarily():
-                real_out = func(*pytree.tree_map(to_real, args), **pytree.tree_map(to_real, kwargs))
+                real_out = func(*map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()})
         finally:
             self.paused -= 1
         for fake, twin in zip(outputs, _op_tensors((real_out,), [])):
