@@ -451,9 +451,10 @@ class FakeDispatchMemo:
     first call; on a small model that costs more than the ops. This memo
     keys a call by a tuple read straight off the arguments (the fields
     FakeTensorMode's key holds, and its global state but proxy tracing, which
-    a run never does: torch.compile is shimmed to eager), records where each
-    output came from (an argument returned as is, a view of an argument's
-    storage, a fresh storage) and replays that. It learns a call only when
+    a run never does: torch.compile is shimmed to eager; the arguments'
+    storage offsets only for ops that may alias, see _memo_kind), records
+    where each output came from (an argument returned as is, a view of an
+    argument's storage, a fresh storage) and replays that. It learns a call only when
     the replay gives back exactly what FakeTensorMode gave (shape, strides,
     offset, storage, dtype, device, dispatch keys), the call left its
     arguments' metadata unchanged and no two outputs share a storage; ops
