@@ -54,11 +54,14 @@ ZOO: dict[str, tuple[str, list[str], tuple[int, ...], str]] = {
 }
 
 
+def _options(name: str, python: str, timeout: float) -> EstimateOptions:
+    script, args, _, _ = ZOO[name]
+    return EstimateOptions(script=FIXTURES / script, script_args=args, device="cpu", python=python, timeout=timeout)
+
+
 def run_case(name: str, python: str, timeout: float) -> list[dict]:
-    script, args, batch_sizes, note = ZOO[name]
-    options = EstimateOptions(
-        script=FIXTURES / script, script_args=args, device="cpu", python=python, timeout=timeout
-    )
+    _, _, batch_sizes, note = ZOO[name]
+    options = _options(name, python, timeout)
     runs = []
     for batch in batch_sizes:
         runs.append({"batch_size": batch, "mode": "fake"})
@@ -92,10 +95,8 @@ def run_case(name: str, python: str, timeout: float) -> list[dict]:
 def run_cold(name: str, python: str, timeout: float) -> dict:
     """The estimate and a bare real run at the case's first batch size, each
     alone in a fresh interpreter, timed end to end."""
-    script, args, batch_sizes, _ = ZOO[name]
-    options = EstimateOptions(
-        script=FIXTURES / script, script_args=args, device="cpu", python=python, timeout=timeout
-    )
+    batch_sizes = ZOO[name][2]
+    options = _options(name, python, timeout)
     row = {"case": name, "batch": batch_sizes[0]}
     for label, run in (("estimate", {"mode": "fake"}), ("real", {"mode": "real", "track": False})):
         started = time.perf_counter()

@@ -500,14 +500,7 @@ class FakeDispatchMemo:
         return self._replay(entry, tensors)
 
     def _indexable(self, args) -> bool:
-        source = args[0]
-        return (
-            type(source) is self.fake_tensor_type
-            and source.fake_mode is self.fake_mode
-            and source.constant is None
-            and source.layout is torch.strided
-            and all(type(value) is int or value is None for value in args[1:])
-        )
+        return self._ours(args[0]) and all(type(value) is int or value is None for value in args[1:])
 
     def _indexed_view(self, func, args):
         """`data[i : i + block]`, `x[i]` with indices read from the data: a new
@@ -586,15 +579,17 @@ class FakeDispatchMemo:
             )
         return sequence, tuple(specs)
 
-    def _plain_fake(self, value) -> bool:
+    def _ours(self, value) -> bool:
+        """A strided fake tensor of this run's mode, without a constant."""
         return (
             type(value) is self.fake_tensor_type
             and value.fake_mode is self.fake_mode
             and value.constant is None
             and value.layout is torch.strided
-            and not value.is_conj()
-            and not value.is_neg()
         )
+
+    def _plain_fake(self, value) -> bool:
+        return self._ours(value) and not value.is_conj() and not value.is_neg()
 
     def _replay(self, entry, tensors):
         sequence, specs = entry
@@ -657,9 +652,7 @@ class FakeDispatchMemo:
         for value in values:
             kind = type(value)
             if kind is self.fake_tensor_type:
-                if value.fake_mode is not self.fake_mode or value.constant is not None:
-                    return False
-                if value.layout is not torch.strided:
+                if not self._ours(value):
                     return False
                 tensors.append(value)
                 parts.append(

@@ -36,11 +36,11 @@ def _layout(tensor):
     return tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), tensor.dtype, tensor.fake_device
 
 
-def _check(memo, reference_mode, func, args):
-    """The memo's answer next to FakeTensorMode's for the same call: same
-    metadata, and over the same storage when FakeTensorMode's shares one."""
+def _check(memo, func, args):
+    """The memo's answer next to FakeTensorMode's for the same call (uncached:
+    the memo switched its cache off): same metadata, and over the same storage
+    when FakeTensorMode's shares one."""
     answer = memo.call(func, args, {})
-    reference_mode.cache_enabled = False
     expected = func(*args)
     answers = answer if isinstance(answer, (tuple, list)) else (answer,)
     expectations = expected if isinstance(expected, (tuple, list)) else (expected,)
@@ -59,7 +59,7 @@ def test_an_op_on_each_time_step_is_one_entry(harness, fake_mode):
     sequence = torch.empty(12, 4, 16)
     weight = torch.empty(16, 16)
     for t in range(12):
-        _check(memo, fake_mode, aten.mm.default, (aten.select.int(sequence, 0, t), weight))
+        _check(memo, aten.mm.default, (aten.select.int(sequence, 0, t), weight))
     # The first call is learned, the other eleven replayed: the step's storage offset is not in the key.
     assert memo.hits == 11
     assert sum(1 for key in memo.entries if key[0] is aten.mm.default) == 1
@@ -70,7 +70,7 @@ def test_an_unsafe_view_of_a_step_lies_over_that_step(harness, fake_mode):
     sequence = torch.empty(6, 4, 16)
     for t in range(6):
         step = aten.select.int(sequence, 0, t)
-        view = _check(memo, fake_mode, aten._unsafe_view.default, (step, [64]))
+        view = _check(memo, aten._unsafe_view.default, (step, [64]))
         # Replayed for t > 0 from the entry learned at t = 0: the offset follows the step.
         assert view.storage_offset() == 64 * t
     assert memo.hits >= 5
@@ -80,7 +80,7 @@ def test_an_unsafe_view_of_a_step_lies_over_that_step(harness, fake_mode):
 def test_views_at_data_indices_are_computed_as_fake_tensor_mode_computes_them(harness, fake_mode, func, arguments):
     memo = harness.FakeDispatchMemo(fake_mode, entries={})
     tokens = torch.empty(1000, dtype=torch.long)
-    view = _check(memo, fake_mode, func, (tokens, *arguments))
+    view = _check(memo, func, (tokens, *arguments))
     assert view.untyped_storage() is tokens.untyped_storage()
     assert memo.hits == 1 and not memo.entries  # computed, not learned
 
@@ -89,7 +89,7 @@ def test_views_of_an_argument_are_learned_and_replayed_over_it(harness, fake_mod
     memo = harness.FakeDispatchMemo(fake_mode, entries={})
     for rows in (10, 10):
         tensor = torch.empty(rows, 4)
-        parts = _check(memo, fake_mode, aten.split.Tensor, (tensor, 3))
+        parts = _check(memo, aten.split.Tensor, (tensor, 3))
         assert [part.storage_offset() for part in parts] == [0, 12, 24, 36]
         assert all(part.untyped_storage() is tensor.untyped_storage() for part in parts)
     assert memo.hits == 1
