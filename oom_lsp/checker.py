@@ -31,9 +31,10 @@ from pathlib import Path
 
 import oom_lsp
 from oom_lsp.analysis import registry
-from oom_lsp.analysis.findings import Finding, Position, Range
+from oom_lsp.analysis.findings import Finding
 from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.config import ConfigResolver, GlobPattern, ProjectConfig
+from oom_lsp.edits import Position, Range
 from oom_lsp.gc_tuning import tune_for_analysis
 
 PYTHON_SUFFIXES = (".py", ".pyi")
@@ -423,8 +424,8 @@ def run_job(job: Job) -> JobResult:
 
 def _run_job(job: Job) -> JobResult:
     # Imported here: a run answered from the cache never needs libcst.
+    from oom_lsp.analysis.autofix import fix_source
     from oom_lsp.analysis.engine import analyze
-    from oom_lsp.fixes.apply import fix_source
 
     findings = analyze(job.source, job.settings, job.path)
     if not job.fix or not has_applicable_fix(findings, job.unsafe_fixes):

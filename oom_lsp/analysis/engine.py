@@ -16,22 +16,24 @@ from libcst._position import CodeRange
 
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.context import FileContext, Tracker
-from oom_lsp.analysis.findings import Applicability, Finding, Fix, Position, Range, Severity, TextEdit
+from oom_lsp.analysis.findings import Applicability, Finding, Fix, Severity
 from oom_lsp.analysis.incremental import ParsedSource, parse_whole
-from oom_lsp.analysis.rule import (
+from oom_lsp.analysis.positions import PositionResolver, compute_positions
+from oom_lsp.analysis.rule import FixSpec
+from oom_lsp.analysis.settings import LintSettings
+from oom_lsp.analysis.suppressions import Suppression, apply_suppressions, parse_suppressions
+from oom_lsp.analysis.walker import walk
+from oom_lsp.edits import (
     DeleteStatement,
-    FixSpec,
     InsertAfter,
     InsertBefore,
     InsertLinesAfter,
     InsertLinesBefore,
+    Position,
+    Range,
     Replace,
-    Report,
+    TextEdit,
 )
-from oom_lsp.analysis.settings import LintSettings
-from oom_lsp.analysis.positions import PositionResolver, compute_positions
-from oom_lsp.analysis.walker import walk
-from oom_lsp.analysis.suppressions import Suppression, apply_suppressions, parse_suppressions
 
 # Files that mention none of these cannot contain a finding of any rule
 # (`--batch-size` and `BATCH_SIZE` count: OOM101 reads argparse options and constants).

@@ -15,6 +15,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from oom_lsp.edits import Range, TextEdit
+
 
 class Severity(str, enum.Enum):
     ERROR = "error"
@@ -28,44 +30,6 @@ class Applicability(str, enum.Enum):
 
     SAFE = "safe"
     UNSAFE = "unsafe"
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Position:
-    line: int  # 1-based
-    column: int  # 0-based, code points
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Range:
-    start: Position
-    end: Position
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "start": {"line": self.start.line, "column": self.start.column},
-            "end": {"line": self.end.line, "column": self.end.column},
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Range:
-        return cls(
-            Position(data["start"]["line"], data["start"]["column"]),
-            Position(data["end"]["line"], data["end"]["column"]),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class TextEdit:
-    range: Range
-    new_text: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"range": self.range.to_dict(), "new_text": self.new_text}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TextEdit:
-        return cls(Range.from_dict(data["range"]), data["new_text"])
 
 
 @dataclass(frozen=True, slots=True)

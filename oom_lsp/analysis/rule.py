@@ -17,11 +17,12 @@ from __future__ import annotations
 import inspect
 import textwrap
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Union
+from typing import TYPE_CHECKING, ClassVar
 
 import libcst as cst
 
 from oom_lsp.analysis.findings import Applicability, Severity
+from oom_lsp.edits import NodeEdit
 
 if TYPE_CHECKING:
     from oom_lsp.analysis.context import FileContext
@@ -51,72 +52,11 @@ class Invalid:
     settings: dict[str, object] = field(default_factory=dict)
 
 
-# --- Fix specifications -----------------------------------------------------
-# Rules describe a fix in terms of nodes; the engine resolves node positions
-# and turns each into a TextEdit.
-
-
-@dataclass(frozen=True)
-class Replace:
-    """Replace a node's text with a new node's code or a string."""
-
-    node: cst.CSTNode
-    new: Union[cst.CSTNode, str]
-
-
-@dataclass(frozen=True)
-class InsertBefore:
-    """Insert text right before a node (same line, same column)."""
-
-    node: cst.CSTNode
-    text: str
-
-
-@dataclass(frozen=True)
-class InsertAfter:
-    """Insert text right after a node's end."""
-
-    node: cst.CSTNode
-    text: str
-
-
-@dataclass(frozen=True)
-class InsertLinesBefore:
-    """Insert whole lines before a statement, indented like it.
-
-    `lines` are given without indentation or newline; nested indentation
-    inside them is written with four spaces and rebased on the statement's.
-    """
-
-    statement: cst.CSTNode
-    lines: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class InsertLinesAfter:
-    """Insert whole lines after a (possibly compound) statement.
-
-    The lines are indented like `statement`'s first line unless `indent_like`
-    names another node whose indentation to use.
-    """
-
-    statement: cst.CSTNode
-    lines: tuple[str, ...]
-    indent_like: cst.CSTNode | None = None
-
-
-@dataclass(frozen=True)
-class DeleteStatement:
-    """Delete a statement's whole line(s)."""
-
-    statement: cst.CSTNode
-
-
-NodeEdit = Union[Replace, InsertBefore, InsertAfter, InsertLinesBefore, InsertLinesAfter, DeleteStatement]
-
-
 @dataclass(frozen=True)
 class FixSpec:
+    """A fix in terms of nodes (edits from `oom_lsp.fixes`); the engine
+    resolves their positions and turns each into a TextEdit."""
+
     title: str
     edits: tuple[NodeEdit, ...]
     applicability: Applicability

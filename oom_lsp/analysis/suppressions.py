@@ -18,7 +18,8 @@ import re
 import tokenize
 from dataclasses import dataclass, field
 
-from oom_lsp.analysis.findings import Finding, Position, Range
+from oom_lsp.analysis.findings import Finding
+from oom_lsp.edits import Position, Range
 
 _OOM_RE = re.compile(r"#\s*oom:\s*(ignore-file|file-ignore|ignore)\s*\[([^\]]*)\]", re.IGNORECASE)
 _NOQA_RE = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_\-]+(?:\s*,\s*[A-Za-z0-9_\-]+)*))?", re.IGNORECASE)

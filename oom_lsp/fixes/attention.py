@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.analysis.rule import DeleteStatement, NodeEdit, Replace
+from oom_lsp.edits import DeleteStatement, NodeEdit, Replace
 
 
 def fused_attention(

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
-from oom_lsp.analysis.rule import InsertBefore, InsertLinesBefore, NodeEdit, Replace
+from oom_lsp.edits import InsertBefore, InsertLinesBefore, NodeEdit, Replace
 
 # Calls that only move, reinterpret or describe data: nothing for autocast to
 # speed up, so leading statements made of these stay outside the region.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.analysis.rule import InsertLinesAfter, InsertLinesBefore, NodeEdit, Replace
+from oom_lsp.edits import InsertLinesAfter, InsertLinesBefore, NodeEdit, Replace
 
 
 def collect_then_concatenate(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.analysis.rule import InsertLinesAfter, NodeEdit
+from oom_lsp.edits import InsertLinesAfter, NodeEdit
 
 
 def enable_gradient_checkpointing(statement: cst.SimpleStatementLine, model: str) -> tuple[NodeEdit, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.analysis.rule import InsertAfter, NodeEdit, Replace
+from oom_lsp.edits import InsertAfter, NodeEdit, Replace
 from oom_lsp.fixes.codegen import code_at_indent
 
 # Postfix-able expressions: `x.item()` needs no parentheses around them.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.analysis.rule import InsertLinesBefore, NodeEdit
+from oom_lsp.edits import InsertLinesBefore, NodeEdit
 
 _TENSOR_STATES = frozenset({"torch.nn.GRU", "torch.nn.RNN", "torch.nn.GRUCell", "torch.nn.RNNCell"})
 _TUPLE_STATES = frozenset({"torch.nn.LSTM", "torch.nn.LSTMCell"})

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from oom_lsp.analysis.rule import InsertLinesBefore, NodeEdit, Replace
+from oom_lsp.edits import InsertLinesBefore, NodeEdit, Replace
 from oom_lsp.fixes.codegen import code_at_indent
 
 

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from oom_lsp.analysis.findings import Position, Range, TextEdit
-from oom_lsp.fixes.apply import line_starts
+from oom_lsp.edits import Position, Range, TextEdit, line_starts
 from oom_lsp.fixes.codegen import code_at_indent
 
 RUNTIME_MODULE = "oom_lsp.runtime"

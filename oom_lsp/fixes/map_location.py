@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.analysis.rule import InsertAfter, NodeEdit, Replace
+from oom_lsp.edits import InsertAfter, NodeEdit, Replace
 
 
 def add_map_location(call: cst.Call) -> tuple[NodeEdit, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.analysis.rule import NodeEdit, Replace
+from oom_lsp.edits import NodeEdit, Replace
 
 # The double-precision spelling -> its single-precision twin.
 _SINGLE_PRECISION = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.analysis.rule import NodeEdit, Replace
+from oom_lsp.edits import NodeEdit, Replace
 from oom_lsp.fixes.codegen import code_at_indent
 
 

@@ -15,7 +15,7 @@ import re
 import tokenize
 from dataclasses import dataclass
 
-from oom_lsp.analysis.findings import Position, Range, TextEdit
+from oom_lsp.edits import Position, Range, TextEdit
 
 _NEWLINE_RE = re.compile(r"\r\n?|\n")
 # Only the line form: `ignore-file[...]` covers the file, merging into it

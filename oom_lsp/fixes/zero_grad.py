@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.analysis.rule import NodeEdit, Replace
+from oom_lsp.edits import NodeEdit, Replace
 
 
 def set_to_none(argument: cst.Arg) -> tuple[NodeEdit, ...]:

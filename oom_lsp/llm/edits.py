@@ -21,7 +21,7 @@ import difflib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from oom_lsp.analysis.findings import Position, Range, TextEdit
+from oom_lsp.edits import Position, Range, TextEdit
 from oom_lsp.llm.secrets import PLACEHOLDER_RE, restore
 
 MAX_BLOCKS = 5

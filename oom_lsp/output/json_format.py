@@ -13,7 +13,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from oom_lsp.analysis.findings import Finding, Fix, Position
+from oom_lsp.analysis.findings import Finding, Fix
+from oom_lsp.edits import Position
 from oom_lsp.output import CheckedFile, RenderOptions, located, rule_url
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import oom_lsp
 from oom_lsp.analysis import registry
-from oom_lsp.analysis.findings import Finding, Fix, Range, Severity
+from oom_lsp.analysis.findings import Finding, Fix, Severity
+from oom_lsp.edits import Range
 from oom_lsp.output import CheckedFile, RenderOptions, located, rule_url
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

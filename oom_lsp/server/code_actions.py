@@ -22,8 +22,8 @@ from lsprotocol import types
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import Finding
-from oom_lsp.analysis.findings import TextEdit
-from oom_lsp.fixes.apply import fix_source
+from oom_lsp.analysis.autofix import fix_source
+from oom_lsp.edits import TextEdit
 from oom_lsp.fixes.suppress import ignore_for_line
 from oom_lsp.server.diagnostics import SOURCE
 from oom_lsp.server.positions import PositionConverter

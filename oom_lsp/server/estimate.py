@@ -24,8 +24,8 @@ from pygls.exceptions import JsonRpcInvalidParams
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import LintSettings, Severity, analyze
-from oom_lsp.analysis.findings import Position, Range
 from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
+from oom_lsp.edits import Position, Range
 from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, find_max_batch
 from oom_lsp.estimate.gpus import Gpu, UnknownGpuError, custom_gpu, find_gpu
 from oom_lsp.output import rule_url

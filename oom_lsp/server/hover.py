@@ -8,7 +8,7 @@ import re
 from lsprotocol import types
 
 from oom_lsp.analysis import registry
-from oom_lsp.analysis.findings import Position, Range
+from oom_lsp.edits import Position, Range
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.server import OomLanguageServer
 

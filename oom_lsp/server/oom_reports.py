@@ -27,7 +27,7 @@ from lsprotocol import types
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
-from oom_lsp.analysis.findings import Position, Range, TextEdit
+from oom_lsp.edits import Position, Range, TextEdit
 from oom_lsp.server import code_actions, diagnostics, lifecycle
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.server import OomLanguageServer

@@ -8,7 +8,7 @@ import re
 
 from lsprotocol import types
 
-from oom_lsp.analysis.findings import Position, Range
+from oom_lsp.edits import Position, Range
 
 _NEWLINE_RE = re.compile(r"\r\n?|\n")
 

@@ -36,7 +36,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams, JsonRpcRequestCancelled
 from pygls.uris import from_fs_path, to_fs_path
 
-from oom_lsp.analysis.findings import Position, Range
+from oom_lsp.edits import Position, Range
 from oom_lsp.profiling.oom_messages import OomError, find_ooms, format_bytes
 from oom_lsp.profiling.report import Report
 from oom_lsp.profiling.runner import ProfileError, ProfileRequest, ProfileRun

@@ -8,9 +8,9 @@ import libcst as cst
 import pytest
 
 from oom_lsp.analysis import LintSettings, analyze
+from oom_lsp.analysis.autofix import fix_source
 from oom_lsp.analysis.registry import all_rules
 from oom_lsp.analysis.rule import Invalid, Rule, Valid
-from oom_lsp.fixes.apply import fix_source
 
 
 def _settings(rule: type[Rule], example: Valid | Invalid) -> LintSettings:

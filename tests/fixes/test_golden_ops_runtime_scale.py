@@ -15,7 +15,7 @@ import libcst as cst
 import pytest
 
 from oom_lsp.analysis import LintSettings, analyze
-from oom_lsp.fixes.apply import fix_source
+from oom_lsp.analysis.autofix import fix_source
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 CASES = sorted(

@@ -13,7 +13,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from oom_lsp.fixes.apply import apply_edits
+from oom_lsp.edits import apply_edits
 from oom_lsp.fixes.instrument import (
     TrainingCall,
     TrainingLoop,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from oom_lsp.analysis import analyze, default_settings
-from oom_lsp.fixes.apply import apply_edits
+from oom_lsp.edits import apply_edits
 from oom_lsp.fixes.suppress import ignore_for_line
 
 LOAD = 'import torch\nstate = torch.load("ckpt.pt")\n'

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from oom_lsp.analysis.findings import Position
-from oom_lsp.fixes.apply import apply_edits
+from oom_lsp.edits import Position, apply_edits
 from oom_lsp.llm.edits import EditRefused, Region, SearchReplace, apply_blocks, line_edits
 
 CODE = """import torch

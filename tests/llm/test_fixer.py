@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from oom_lsp.fixes.apply import apply_edits
+from oom_lsp.edits import apply_edits
 from oom_lsp.llm.fixer import FixError, Proposal, apply_proposal, propose_fix
 from oom_lsp.llm.prompt import FixRequest
 from oom_lsp.llm.settings import LlmSettings

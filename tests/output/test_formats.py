@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from oom_lsp.analysis import registry
-from oom_lsp.analysis.findings import Applicability, Finding, Fix, Position, Range, Severity, TextEdit
+from oom_lsp.analysis.findings import Applicability, Finding, Fix, Severity
+from oom_lsp.edits import Position, Range, TextEdit
 from oom_lsp.output import FORMATS, RenderOptions, renderer, rule_url
 from oom_lsp.output.github import escape_data, escape_property
 

@@ -13,7 +13,7 @@ from lsprotocol import types
 from pytest_lsp import LanguageClient
 
 from oom_lsp.analysis import analyze, default_settings
-from oom_lsp.fixes.apply import FixResult, fix_source
+from oom_lsp.analysis.autofix import FixResult, fix_source
 from oom_lsp.server.positions import PositionConverter
 from tests.server.lsp_session import (
     CONFIG,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from lsprotocol import types
 
-from oom_lsp.analysis.findings import Position
+from oom_lsp.edits import Position
 from oom_lsp.server.code_actions import _minimal_edit
 from oom_lsp.server.positions import PositionConverter
 from tests.server.lsp_session import apply_text_edits

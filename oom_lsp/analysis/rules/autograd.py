@@ -30,16 +30,8 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import (
-    DeleteStatement,
-    FixSpec,
-    InsertAfter,
-    InsertBefore,
-    Invalid,
-    NodeEdit,
-    Rule,
-    Valid,
-)
+from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
+from oom_lsp.edits import DeleteStatement, InsertAfter, InsertBefore, NodeEdit
 from oom_lsp.fixes import detach as detach_fix
 from oom_lsp.fixes import hidden_state, inference_mode, retain_graph
 

@@ -18,8 +18,9 @@ from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import FixSpec, Invalid, NodeEdit, Report, Rule, Valid
+from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
 from oom_lsp.analysis.walker import walk
+from oom_lsp.edits import NodeEdit
 from oom_lsp.fixes.autocast import forward_and_loss, wrap_in_autocast
 from oom_lsp.fixes.precision import double_call_to_float, to_float32
 

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from oom_lsp.analysis import LintSettings, analyze
-from oom_lsp.fixes.apply import fix_source
+from oom_lsp.analysis.autofix import fix_source
 
 OOM101 = LintSettings(enabled=frozenset({"OOM101"}))
 OOM102 = LintSettings(enabled=frozenset({"OOM102"}))

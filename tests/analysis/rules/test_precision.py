@@ -8,9 +8,9 @@ import libcst as cst
 import pytest
 
 from oom_lsp.analysis import LintSettings, analyze
+from oom_lsp.analysis.autofix import fix_source
 from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.rules.precision import file_uses_cuda
-from oom_lsp.fixes.apply import fix_source
 
 OOM201 = LintSettings(enabled=frozenset({"OOM201"}))
 OOM202 = LintSettings(enabled=frozenset({"OOM202"}))

@@ -8,8 +8,8 @@ import textwrap
 import pytest
 
 from oom_lsp.analysis import LintSettings, analyze
+from oom_lsp.analysis.autofix import fix_source
 from oom_lsp.analysis.findings import Finding
-from oom_lsp.fixes.apply import fix_source
 
 
 def _findings(source: str, code: str) -> list[Finding]:

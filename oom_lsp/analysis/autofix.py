@@ -1,60 +1,22 @@
-"""Applying fixes to text. Pure functions.
+"""Applying the analysis's fixes to text, as `--fix` and fix-all do. Pure functions.
 
-`apply_edits` applies non-overlapping edits; `fix_source` repeats
-analyse -> apply until nothing more applies (a fix can enable or move
-another), as Ruff does, and never returns code that does not parse.
+`fix_source` repeats analyse -> apply until nothing more applies (a fix can
+enable or move another), as Ruff does, and never returns code that does not
+parse. Applying one set of edits is `oom_lsp.edits.apply_edits`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import libcst as cst
 
 from oom_lsp.analysis.engine import analyze
-from oom_lsp.analysis.findings import Finding, Fix, Position, TextEdit
+from oom_lsp.analysis.findings import Finding, Fix
 from oom_lsp.analysis.settings import LintSettings
+from oom_lsp.edits import Position, TextEdit, apply_edits, line_starts, offset_of
 
-_NEWLINE_RE = re.compile(r"\r\n?|\n")
 MAX_PASSES = 10
-
-
-class OverlappingEdits(ValueError):
-    pass
-
-
-def line_starts(source: str) -> list[int]:
-    """Offsets at which each line (1-based index - 1) starts."""
-    starts = [0]
-    starts.extend(match.end() for match in _NEWLINE_RE.finditer(source))
-    return starts
-
-
-def offset_of(position: Position, starts: list[int], source: str) -> int:
-    if position.line - 1 >= len(starts):
-        return len(source)
-    return min(starts[position.line - 1] + position.column, len(source))
-
-
-def apply_edits(source: str, edits: list[TextEdit] | tuple[TextEdit, ...]) -> str:
-    """Apply edits given in positions of `source`; overlapping edits raise."""
-    starts = line_starts(source)
-    spans = sorted(
-        (offset_of(edit.range.start, starts, source), offset_of(edit.range.end, starts, source), edit.new_text)
-        for edit in edits
-    )
-    for (_, end, _), (start, _, _) in zip(spans, spans[1:]):
-        if start < end:
-            raise OverlappingEdits("edits overlap")
-    pieces = []
-    cursor = 0
-    for start, end, text in spans:
-        pieces.append(source[cursor:start])
-        pieces.append(text)
-        cursor = end
-    pieces.append(source[cursor:])
-    return "".join(pieces)
 
 
 def _parses(source: str) -> bool:
