@@ -4,10 +4,11 @@ Importing this package registers every rule.
 """
 
 from oom_lsp.analysis.rules import (  # noqa: F401
+    attention,
     autograd,
+    concatenation,
     data,
     precision,
     runtime,
     scale,
-    tensor_ops,
 )

@@ -15,7 +15,6 @@ import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
 
-
 # Nodes whose contents do not run where they are written.
 SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
@@ -141,3 +140,13 @@ def is_optimizer_like(receiver: cst.BaseExpression) -> bool:
         return False
     last = name.rsplit(".", 1)[-1].lower()
     return "optim" in last or last in ("opt", "scaler")
+
+
+def single_assignment(statement: cst.CSTNode | None) -> cst.Assign | None:
+    """The `Assign` of a line that holds exactly one assignment to one target."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    assign = statement.body[0]
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
+        return assign
+    return None

@@ -1,0 +1,623 @@
+"""OOM401: a tensor grown by concatenation inside a loop."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import libcst as cst
+
+from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call
+from oom_lsp.analysis.findings import Applicability
+from oom_lsp.analysis.registry import register
+from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
+from oom_lsp.analysis.rules._scan import (
+    SCOPES,
+    descendants,
+    enclosing_block,
+    free_name,
+    is_int_literal,
+    references,
+    scope_of,
+    single_assignment,
+)
+from oom_lsp.fixes.cat_in_loop import collect_first_pieces, collect_then_concatenate
+
+# Concatenations, and whether concatenating the collected pieces once gives
+# the same tensor as concatenating them one by one (stack adds a dimension
+# per call, so it does not).
+_CONCATENATIONS = {
+    "torch.cat": True,
+    "torch.concat": True,
+    "torch.concatenate": True,
+    "torch.vstack": True,
+    "torch.row_stack": True,
+    "torch.hstack": True,
+    "torch.dstack": True,
+    "torch.stack": False,
+}
+# The ones that take a `dim`.
+_WITH_DIM = {"torch.cat", "torch.concat", "torch.concatenate"}
+
+
+@register
+class CatInLoop(Rule):
+    """
+    ## What it does
+    Flags a tensor grown by concatenation inside a loop,
+    `x = torch.cat([x, y])`, where `x` carries over from one iteration to the
+    next (a loop that sets `x` afresh at every iteration grows nothing).
+
+    ## Why is this bad?
+    Each `torch.cat` allocates a new tensor holding everything accumulated so
+    far and copies it: n iterations copy O(n^2) elements, and at every step
+    the old and the new accumulator are alive together, so the peak is twice
+    the final size plus the fragmentation left by n ever-larger blocks. On the
+    GPU, collecting predictions this way over an evaluation set is a classic
+    late OOM. When the loop needs the whole tensor at every iteration (the
+    tokens of a generation loop), preallocate it at its final size and fill
+    slices instead.
+
+    ## Example
+    ```python
+    preds = torch.empty(0, device="cuda")
+    for batch in loader:
+        preds = torch.cat([preds, model(batch)], dim=0)
+    ```
+
+    ## Use instead
+    ```python
+    preds = torch.empty(0, device="cuda")
+    preds_parts = [preds]
+    for batch in loader:
+        preds_parts.append(model(batch))
+    preds = torch.cat(preds_parts, dim=0)
+    ```
+
+    ## Fix safety
+    Safe, and offered only when the result is provably the same: `cat`,
+    `concat`, `concatenate`, `vstack`, `hstack` or `dstack` (not `stack`),
+    the accumulator assigned just before the loop in the same block and used
+    nowhere else in the loop, one append per iteration directly in the loop
+    body, a literal `dim`, no `else:` on the loop, no enclosing `try`, and no
+    in-place write in the loop to the appended tensor (the list keeps a
+    reference where `cat` took a copy). The list starts with the accumulator's
+    initial value, so a loop that runs zero times still gives the same value.
+    The first-piece idiom (`x = None` before the loop, `if x is None: x = y`
+    `else: x = cat([x, y])` in it) becomes an append, and `x` is None after
+    a loop that did not run, as before; comments inside that `if` go with it.
+    """
+
+    code = "OOM401"
+    name = "cat-in-loop"
+    summary = "A tensor grown with `torch.cat` inside a loop is copied whole at every iteration."
+    fix_applicability = Applicability.SAFE
+
+    VALID = [
+        # Collected in a list, concatenated once.
+        Valid(
+            """\
+            import torch
+            parts = []
+            for batch in loader:
+                parts.append(model(batch))
+            preds = torch.cat(parts)
+            """
+        ),
+        # A sliding window keeps a fixed size.
+        Valid(
+            """\
+            import torch
+            for frame in frames:
+                window = torch.cat([window[1:], frame[None]])
+            """
+        ),
+        # Not in a loop.
+        Valid("import torch\nx = torch.cat([x, y], dim=1)\n"),
+        # A local function called `cat` is not torch's.
+        Valid(
+            """\
+            def cat(items):
+                return items[0]
+            for y in ys:
+                x = cat([x, y])
+            """
+        ),
+        # A U-Net decoder: `x` is transformed at every level, it does not grow.
+        Valid(
+            """\
+            import torch
+            for up, decode, skip in zip(ups, decoders, reversed(skips)):
+                x = up(x)
+                x = torch.cat([x, skip], dim=1)
+                x = decode(x)
+            """
+        ),
+        # Restarted from a fresh tensor at every iteration: nothing accumulates.
+        Valid(
+            """\
+            import torch
+            for batch in loader:
+                feats = backbone(batch)
+                feats = torch.cat([feats, extra(batch)], dim=1)
+            last = feats
+            """
+        ),
+        # The sequence comes through a splat: unknown.
+        Valid(
+            """\
+            import torch
+            for pair in pairs:
+                acc = torch.cat(*pair)
+            """
+        ),
+        # Concatenating other tensors in a loop does not grow anything.
+        Valid(
+            """\
+            from torch import cat
+            for a, b in pairs:
+                x = cat([a, b], dim=-1)
+            """
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            """\
+            import torch
+            preds = torch.empty(0)
+            for batch in loader:
+                preds = torch.cat([preds, model(batch)], dim=0)
+            print(preds.shape)
+            """,
+            line=4,
+            expected_fix="""\
+            import torch
+            preds = torch.empty(0)
+            preds_parts = [preds]
+            for batch in loader:
+                preds_parts.append(model(batch))
+            preds = torch.cat(preds_parts, dim=0)
+            print(preds.shape)
+            """,
+        ),
+        Invalid(
+            """\
+            import torch as T
+
+            def collect(loader, model):
+                feats = T.zeros(0, 128)
+                for x, _ in loader:
+                    # keep every batch
+                    feats = T.cat(
+                        (feats, model(x).detach()),  # rows
+                        0,
+                    )
+                return feats
+            """,
+            line=7,
+            expected_fix="""\
+            import torch as T
+
+            def collect(loader, model):
+                feats = T.zeros(0, 128)
+                feats_parts = [feats]
+                for x, _ in loader:
+                    # keep every batch
+                    feats_parts.append(model(x).detach())
+                feats = T.cat(feats_parts, 0)
+                return feats
+            """,
+        ),
+        # `from torch import cat`, keyword `dim`, a name already taken.
+        Invalid(
+            """\
+            from torch import cat
+            out_parts = None
+            out = start
+            while step():
+                out = cat([out, piece()], dim=-1)
+            """,
+            line=5,
+            expected_fix="""\
+            from torch import cat
+            out_parts = None
+            out = start
+            out_parts_2 = [out]
+            while step():
+                out_parts_2.append(piece())
+            out = cat(out_parts_2, dim=-1)
+            """,
+        ),
+        # Prepending: reported, no fix.
+        Invalid(
+            """\
+            import torch
+            h = torch.empty(0)
+            for y in ys:
+                h = torch.vstack([y, h])
+            """,
+            line=4,
+        ),
+        # A generation loop reads the whole sequence each step: reported
+        # (preallocate and fill), no fix.
+        Invalid(
+            """\
+            import torch
+            for _ in range(max_new_tokens):
+                logits = model(idx)[:, -1, :]
+                idx_next = torch.multinomial(logits.softmax(-1), 1)
+                idx = torch.cat((idx, idx_next), dim=1)
+            """,
+            line=5,
+        ),
+        # The first-piece idiom.
+        Invalid(
+            """\
+            import torch
+            all_logits = None
+            for batch in loader:
+                logits = model(**batch).logits
+                if all_logits is None:
+                    all_logits = logits
+                else:
+                    all_logits = torch.cat((all_logits, logits), dim=0)
+            """,
+            line=8,
+            expected_fix="""\
+            import torch
+            all_logits = None
+            all_logits_parts = []
+            for batch in loader:
+                logits = model(**batch).logits
+                all_logits_parts.append(logits)
+            all_logits = torch.cat(all_logits_parts, dim=0) if all_logits_parts else None
+            """,
+        ),
+        # Options through a splat: reported, no fix (they may hold anything).
+        Invalid(
+            """\
+            import torch
+            acc = torch.empty(0)
+            for y in ys:
+                acc = torch.cat([acc, y], **options)
+            """,
+            line=4,
+        ),
+        # torch.stack grows too; stacking once would give another shape: no fix.
+        Invalid(
+            """\
+            import torch
+            for y in ys:
+                history = torch.stack([history, y])
+            """,
+            line=3,
+        ),
+        # An attribute accumulator in a nested loop; its init is elsewhere: no fix.
+        Invalid(
+            """\
+            import torch
+            class Buffer:
+                def add_all(self, batches):
+                    for batch in batches:
+                        if batch is not None:
+                            self.seen = torch.concat([self.seen, batch])
+            """,
+            line=6,
+        ),
+        # The appended tensor is written in place later in the loop: no fix.
+        Invalid(
+            """\
+            import torch
+            acc = torch.empty(0)
+            for batch in loader:
+                buf.copy_(batch)
+                acc = torch.cat([acc, buf])
+                buf.zero_()
+            """,
+            line=5,
+        ),
+    ]
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        tracker = self.context.tracker
+        if not tracker.in_loop or len(node.targets) != 1 or not isinstance(node.value, cst.Call):
+            return
+        call = node.value
+        function = self.context.call_name(call)
+        if function not in _CONCATENATIONS:
+            return
+        accumulator = dotted_name(node.targets[0].target)
+        sequence = get_arg(call, "tensors", 0)
+        if accumulator is None or not isinstance(sequence, cst.Arg):
+            return
+        if not isinstance(sequence.value, (cst.List, cst.Tuple)):
+            return
+        elements = sequence.value.elements
+        position = next(
+            (
+                i
+                for i, element in enumerate(elements)
+                if isinstance(element, cst.Element) and dotted_name(element.value) == accumulator
+            ),
+            None,
+        )
+        if position is None:
+            return
+        loop = tracker.loops[-1]
+        # The loop reads the accumulator nowhere else (but the first-piece
+        # idiom `if x is None: x = y else: x = cat([x, y])` is accumulation too).
+        others = [
+            reference
+            for part in _repeated_parts(loop)
+            for reference in references(part, accumulator)
+            if reference is not node.targets[0].target and reference is not elements[position].value
+        ]
+        short = function.rsplit(".", 1)[-1]
+        growth = (
+            f"`{accumulator}` is grown with `{short}` inside a loop: every iteration copies everything "
+            "accumulated so far into a new tensor, so the copies are quadratic and the old and new "
+            "tensors are alive together."
+        )
+        if not _only_first_piece_idiom(loop.body, accumulator, others):
+            if _rebinds(loop, accumulator, others):
+                # Set or transformed elsewhere in the loop (`x = up(x)`, `x = f(batch)`):
+                # nothing says it grows from one iteration to the next.
+                return
+            # The loop reads the whole tensor: a list would not do.
+            self.report(
+                node,
+                f"{growth} The loop reads it, so preallocate it at its final size once and fill slices.",
+            )
+            return
+        fix = None
+        if position == 0 and len(elements) == 2 and isinstance(elements[1], cst.Element):
+            fix = self._fix(node, call, loop, accumulator, function, elements[1].value, others)
+        self.report(
+            node,
+            f"{growth} Append the pieces to a list and `{short}` once after the loop.",
+            fix=fix,
+        )
+
+    def _fix(
+        self,
+        node: cst.Assign,
+        call: cst.Call,
+        loop: cst.For | cst.While,
+        accumulator: str,
+        function: str,
+        piece: cst.BaseExpression,
+        others: list[cst.BaseExpression],
+    ) -> FixSpec | None:
+        if not _CONCATENATIONS[function] or not isinstance(node.targets[0].target, cst.Name):
+            return None
+        literal, dim = self._literal_dim(call, function)
+        if not literal or loop.orelse is not None:
+            return None
+        tracker = self.context.tracker
+        module = self.context.module
+        enclosing = self._enclosing_in_function(loop)
+        if any(isinstance(statement, (cst.Try, cst.TryStar)) for statement in enclosing):
+            return None
+        block = enclosing_block(tracker.statements, module, loop)
+        start = _assignment_just_before(block, loop, accumulator) if block is not None else None
+        if start is None or _written_in_place(loop, piece):
+            return None
+        function_node = tracker.current_function
+        if function_node is None and _read_by_a_definition(module, accumulator):
+            return None
+        parts = free_name(scope_of(function_node, module), f"{accumulator}_parts")
+        piece_code = self.context.code_for(piece)
+        if not others and self._is_whole_statement_of(loop, node):
+            edits = collect_then_concatenate(
+                loop=loop,
+                grow=node,
+                accumulator=accumulator,
+                parts=parts,
+                piece=piece_code,
+                function=self.context.code_for(call.func),
+                dim=dim,
+            )
+        else:
+            branch = self._first_piece_branch(loop, accumulator, piece_code, others)
+            if branch is None or not (isinstance(start.value, cst.Name) and start.value.value == "None"):
+                return None
+            edits = collect_first_pieces(
+                loop=loop,
+                branch=branch,
+                accumulator=accumulator,
+                parts=parts,
+                piece=piece_code,
+                function=self.context.code_for(call.func),
+                dim=dim,
+            )
+        return FixSpec(
+            title=f"Collect the pieces in `{parts}` and concatenate once after the loop",
+            edits=edits,
+            applicability=Applicability.SAFE,
+        )
+
+    def _first_piece_branch(
+        self, loop: cst.For | cst.While, accumulator: str, piece: str, others: list[cst.BaseExpression]
+    ) -> cst.If | None:
+        """The `if x is None: x = piece / else: x = cat([x, piece])` statement
+        that holds the current assignment, directly in the loop body, with no
+        other use of `x` in the loop."""
+        statements = self.context.tracker.statements
+        if len(statements) < 3 or statements[-3] is not loop or not isinstance(loop.body, cst.IndentedBlock):
+            return None
+        branch, line = statements[-2], statements[-1]
+        if not isinstance(branch, cst.If) or not any(child is branch for child in loop.body.body):
+            return None
+        test = branch.test
+        if not (
+            isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, (cst.Is, cst.IsNot))
+            and dotted_name(test.left) == accumulator
+            and dotted_name(test.comparisons[0].comparator) == "None"
+            and isinstance(branch.orelse, cst.Else)
+        ):
+            return None
+        first_block, grow_block = branch.body, branch.orelse.body
+        if isinstance(test.comparisons[0].operator, cst.IsNot):
+            first_block, grow_block = grow_block, first_block
+        if not isinstance(grow_block, cst.IndentedBlock) or list(grow_block.body) != [line]:
+            return None
+        first = single_assignment(first_block.body[0]) if isinstance(first_block, cst.IndentedBlock) else None
+        if first is None or len(first_block.body) != 1 or dotted_name(first.targets[0].target) != accumulator:
+            return None
+        if self.context.code_for(first.value) != piece:
+            return None
+        expected = {id(test.left), id(first.targets[0].target)}
+        return branch if len(others) == 2 and {id(other) for other in others} == expected else None
+
+    def _literal_dim(self, call: cst.Call, function: str) -> tuple[bool, str | None]:
+        """(True, code of the `dim` argument: "dim=1" or "1", or None when
+        absent), or (False, None) when the call has any other argument or a
+        `dim` that is not a literal."""
+        if has_splat(call) or not call.args:
+            return False, None
+        first = call.args[0]
+        if first.keyword is not None and first.keyword.value != "tensors":
+            return False, None
+        extra = call.args[1:]
+        if not extra:
+            return True, None
+        if function not in _WITH_DIM or len(extra) != 1:
+            return False, None
+        arg = extra[0]
+        if arg.keyword is not None and arg.keyword.value != "dim" or not is_int_literal(arg.value):
+            return False, None
+        value = self.context.code_for(arg.value)
+        return True, (f"dim={value}" if arg.keyword is not None else value)
+
+    def _is_whole_statement_of(self, loop: cst.For | cst.While, node: cst.Assign) -> bool:
+        body = loop.body
+        if isinstance(body, cst.SimpleStatementSuite):
+            return len(body.body) == 1 and body.body[0] is node
+        statement = self.context.tracker.current_statement
+        return (
+            isinstance(statement, cst.SimpleStatementLine)
+            and len(statement.body) == 1
+            and statement.body[0] is node
+            and any(child is statement for child in body.body)
+        )
+
+    def _enclosing_in_function(self, loop: cst.CSTNode) -> list[cst.CSTNode]:
+        """The statements around `loop`, innermost first, up to its function."""
+        statements = self.context.tracker.statements
+        index = next(i for i in range(len(statements) - 1, -1, -1) if statements[i] is loop)
+        outer: list[cst.CSTNode] = []
+        for statement in reversed(statements[:index]):
+            if isinstance(statement, cst.FunctionDef):
+                break
+            outer.append(statement)
+        return outer
+
+
+def _rebinds(loop: cst.For | cst.While, accumulator: str, others: list[cst.BaseExpression]) -> bool:
+    """Whether one of `others` is a binding of `accumulator` (an assignment,
+    a loop target, a `with ... as`, a walrus) rather than a read."""
+    targets: list[cst.CSTNode] = [loop.target] if isinstance(loop, cst.For) else []
+    for node in descendants(loop.body):
+        if isinstance(node, cst.Assign):
+            targets.extend(target.target for target in node.targets)
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For, cst.CompFor)):
+            targets.append(node.target)
+        elif isinstance(node, cst.AsName):
+            targets.append(node.name)
+    bindings = {id(reference) for target in targets for reference in references(target, accumulator)}
+    return any(id(reference) in bindings for reference in others)
+
+
+def _repeated_parts(loop: cst.For | cst.While) -> list[cst.CSTNode]:
+    """What runs at every iteration: the body, and the target or the test."""
+    header = loop.target if isinstance(loop, cst.For) else loop.test
+    return [header, loop.body]
+
+
+def _only_first_piece_idiom(body: cst.CSTNode, accumulator: str, others: list[cst.BaseExpression]) -> bool:
+    """Whether the references in `others` are those of the first-piece idiom:
+    `x is None` / `x is not None` tests, and assignments that do not read `x`
+    made under an `if` (an unconditional `x = f(batch)` restarts `x` at every
+    iteration: then nothing accumulates)."""
+    if not others:
+        return True
+    tests: set[int] = set()
+    conditional_targets: set[int] = set()
+    for node in descendants(body):
+        if (
+            isinstance(node, cst.Comparison)
+            and len(node.comparisons) == 1
+            and isinstance(node.comparisons[0].operator, (cst.Is, cst.IsNot))
+            and isinstance(node.comparisons[0].comparator, cst.Name)
+            and node.comparisons[0].comparator.value == "None"
+        ):
+            tests.add(id(node.left))
+        elif isinstance(node, cst.If):
+            for inner in descendants(node, skip=SCOPES):
+                if isinstance(inner, cst.Assign) and not references(inner.value, accumulator):
+                    conditional_targets.update(id(target.target) for target in inner.targets)
+    return any(id(reference) in tests for reference in others) and all(
+        id(reference) in tests or id(reference) in conditional_targets for reference in others
+    )
+
+
+def _assignment_just_before(
+    block: Sequence[cst.BaseStatement], loop: cst.CSTNode, accumulator: str
+) -> cst.Assign | None:
+    """The plain `accumulator = ...` that is the last statement before `loop`
+    in `block` to mention `accumulator`, if it is one."""
+    statements = list(block)
+    index = next(i for i, statement in enumerate(statements) if statement is loop)
+    for statement in reversed(statements[:index]):
+        if not references(statement, accumulator):
+            continue
+        assign = single_assignment(statement)
+        if assign is not None and dotted_name(assign.targets[0].target) == accumulator:
+            return assign
+        return None
+    return None
+
+
+def _base_name(expr: cst.BaseExpression) -> str | None:
+    """`buf` for `buf`, `buf.data`, `buf[0]`, `buf[0].data`."""
+    while isinstance(expr, (cst.Attribute, cst.Subscript)):
+        expr = expr.value
+    return expr.value if isinstance(expr, cst.Name) else None
+
+
+def _written_in_place(loop: cst.CSTNode, piece: cst.BaseExpression) -> bool:
+    """Whether the loop may modify, in place, a tensor that `piece` reads.
+
+    `cat` copies its inputs; a list keeps references. Any in-place method
+    (`x.add_()`), augmented assignment, item or attribute assignment on a name
+    of `piece`, or any `out=` argument in the loop, makes the list version
+    differ.
+    """
+    names = {node.value for node in descendants(piece) if isinstance(node, cst.Name)}
+    for node in descendants(loop):
+        if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == "out":
+            return True
+        if isinstance(node, cst.AugAssign) and _base_name(node.target) in names:
+            return True
+        if isinstance(node, cst.Assign) and any(
+            isinstance(target.target, (cst.Subscript, cst.Attribute)) and _base_name(target.target) in names
+            for target in node.targets
+        ):
+            return True
+        called = method_call(node) if isinstance(node, cst.Call) else None
+        if called is not None:
+            receiver, method = called
+            if method.endswith("_") and not method.startswith("_") and _base_name(receiver) in names:
+                return True
+    return False
+
+
+def _read_by_a_definition(module: cst.Module, accumulator: str) -> bool:
+    """Whether a module-level function or class mentions the global `accumulator`
+    (it could read it while the loop runs)."""
+    return any(
+        isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and references(statement, accumulator)
+        for statement in module.body
+    )
