@@ -191,23 +191,72 @@ _IMPORT_TYPES = frozenset({cst.Import, cst.ImportFrom})
 _SET_GRAD_ENABLED = {"torch.set_grad_enabled", "torch.autograd.set_grad_enabled"}
 
 
-def grad_switch(statement: cst.CSTNode, imports: ImportMap) -> bool | None:
-    """For a statement `torch.set_grad_enabled(x)`: True when it turns
-    gradients off for the statements after it (`False`, or a value we cannot
-    read: precision first), False when it turns them on, None for any other
-    statement."""
-    # Exact type tests: called for every statement, by the walk and by the
-    # data flow, and isinstance() misses on libcst's classes are slow (ABCMeta).
-    if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
-        return None
-    small = statement.body[0]
-    if type(small) is not cst.Expr or type(small.value) is not cst.Call:
-        return None
-    call = small.value
-    if imports.qualified_name(call.func) not in _SET_GRAD_ENABLED or len(call.args) != 1:
-        return None
-    mode = call.args[0].value
-    return not (isinstance(mode, cst.Name) and mode.value == "True")
+# A decorator or context manager of the project that turns autograd off by
+# its name (yolov5's `@smart_inference_mode()`): treating it as one can only
+# silence findings, never add one.
+_GRAD_DISABLING_WORDS = ("no_grad", "inference_mode")
+_CONTEXT_MANAGER_DECORATORS = frozenset({"contextlib.contextmanager", "contextmanager"})
+
+
+def _disabling_call(expr: cst.BaseExpression, imports: ImportMap) -> bool:
+    """torch's own `no_grad()` / `inference_mode()` (not `inference_mode(False)`)."""
+    target = expr.func if type(expr) is cst.Call else expr
+    if imports.qualified_name(target) not in _GRAD_DISABLING:
+        return False
+    if type(expr) is cst.Call and expr.args:
+        mode = expr.args[0].value
+        return not (type(mode) is cst.Name and mode.value == "False")
+    return True
+
+
+def _grad_disabling_functions(module: cst.Module, imports: ImportMap) -> frozenset[str]:
+    """Module-level functions of the file that turn autograd off for their
+    caller: a `@contextmanager` that yields inside `with torch.no_grad():`,
+    or a factory that returns `torch.no_grad()` / `torch.inference_mode()`."""
+    found = set()
+    for statement in module.body:
+        if type(statement) is not cst.FunctionDef:
+            continue
+        is_context_manager = any(
+            dotted_name(decorator.decorator) in _CONTEXT_MANAGER_DECORATORS for decorator in statement.decorators
+        )
+        if is_context_manager and _yields_under_no_grad(statement.body, imports):
+            found.add(statement.name.value)
+        elif _returns_grad_disabling(statement.body, imports):
+            found.add(statement.name.value)
+    return frozenset(found)
+
+
+def _yields_under_no_grad(node: cst.CSTNode, imports: ImportMap) -> bool:
+    for child in node.children:
+        if type(child) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
+            continue
+        if type(child) is cst.With and any(_disabling_call(item.item, imports) for item in child.items):
+            if _contains_yield(child.body):
+                return True
+        elif _yields_under_no_grad(child, imports):
+            return True
+    return False
+
+
+def _contains_yield(node: cst.CSTNode) -> bool:
+    if type(node) is cst.Yield:
+        return True
+    return any(
+        _contains_yield(child) for child in node.children if type(child) not in (cst.FunctionDef, cst.Lambda)
+    )
+
+
+def _returns_grad_disabling(body: cst.BaseSuite, imports: ImportMap) -> bool:
+    if type(body) is not cst.IndentedBlock:
+        return False
+    for statement in body.body:
+        if type(statement) is not cst.SimpleStatementLine:
+            continue
+        for small in statement.body:
+            if type(small) is cst.Return and small.value is not None and _disabling_call(small.value, imports):
+                return True
+    return False
 
 
 @dataclass
@@ -232,8 +281,9 @@ class Tracker:
         cst.ImportFrom,
     )
 
-    def __init__(self, imports: ImportMap) -> None:
+    def __init__(self, imports: ImportMap, module: cst.Module) -> None:
         self._imports = imports
+        self._local_grad_disabling = _grad_disabling_functions(module, imports)
         self.statements: list[cst.CSTNode] = []
         self._frames: list[_FunctionFrame] = [_FunctionFrame(function=None)]
         self._loop_blocks: list[cst.CSTNode] = []
@@ -273,14 +323,50 @@ class Tracker:
         return self.autocast_depth > 0
 
     def is_grad_disabling(self, expr: cst.BaseExpression) -> bool:
-        target = expr.func if isinstance(expr, cst.Call) else expr
-        qualified = self._imports.qualified_name(target)
-        if qualified in _GRAD_DISABLING:
+        """A decorator or context manager that turns autograd off: torch's
+        (`no_grad()`, `inference_mode()`, `set_grad_enabled(False)`), a
+        function of the file that wraps one, or a project helper named for
+        it (`smart_inference_mode()`)."""
+        if _disabling_call(expr, self._imports):
             return True
-        if qualified in ("torch.set_grad_enabled", "torch.autograd.set_grad_enabled") and isinstance(expr, cst.Call):
+        target = expr.func if type(expr) is cst.Call else expr
+        qualified = self._imports.qualified_name(target)
+        if qualified in _SET_GRAD_ENABLED and type(expr) is cst.Call:
             first = expr.args[0].value if expr.args else None
-            return isinstance(first, cst.Name) and first.value == "False"
-        return False
+            return type(first) is cst.Name and first.value == "False"
+        if qualified is not None and qualified.startswith("torch."):
+            return False
+        dotted = dotted_name(target)
+        if dotted is None:
+            return False
+        if dotted in self._local_grad_disabling and qualified is None:
+            return True
+        last = dotted.rpartition(".")[2].lower()
+        return any(word in last for word in _GRAD_DISABLING_WORDS)
+
+    def grad_switch(self, statement: cst.CSTNode) -> bool | None:
+        """For a statement that changes the grad mode of the statements after
+        it: True when it turns gradients off (`torch.set_grad_enabled(False)`,
+        or a value we cannot read: precision first; `stack.enter_context(
+        torch.no_grad())` in an `ExitStack`), False when it turns them on,
+        None for any other statement."""
+        # Exact type tests: called for every statement, by the walk and by the
+        # data flow, and isinstance() misses on libcst's classes are slow (ABCMeta).
+        if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
+            return None
+        small = statement.body[0]
+        if type(small) is not cst.Expr or type(small.value) is not cst.Call:
+            return None
+        call = small.value
+        if len(call.args) != 1:
+            return None
+        func = call.func
+        if type(func) is cst.Attribute and func.attr.value == "enter_context":
+            return True if self.is_grad_disabling(call.args[0].value) else None
+        if self._imports.qualified_name(func) not in _SET_GRAD_ENABLED:
+            return None
+        mode = call.args[0].value
+        return not (isinstance(mode, cst.Name) and mode.value == "True")
 
     def is_autocast(self, expr: cst.BaseExpression) -> bool:
         target = expr.func if isinstance(expr, cst.Call) else expr
@@ -321,7 +407,7 @@ class Tracker:
         node_type = type(node)
         if node_type in _STATEMENT_TYPE_SET:
             self.statements.pop()
-            switched = grad_switch(node, self._imports)
+            switched = self.grad_switch(node)
             if switched is not None:
                 self._frames[-1].grad_switched_off = switched
             if node_type is cst.FunctionDef:
@@ -363,7 +449,7 @@ class FileContext:
         self.settings = settings
         self.path = path
         self.imports = ImportMap.from_module(module)
-        self.tracker = Tracker(self.imports)
+        self.tracker = Tracker(self.imports, module)
         self.reports: list[Report] = []
 
     def add_report(self, report: Report) -> None:

@@ -47,7 +47,7 @@ from operator import attrgetter
 
 import libcst as cst
 
-from oom_lsp.analysis.context import FileContext, dotted_name, grad_switch
+from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, string_value
 from oom_lsp.analysis.walker import child_fields, is_node
 
@@ -69,13 +69,16 @@ _BLOCK_HOLDING_TYPES = frozenset({cst.If, cst.Try, cst.With})
 class Kind(enum.Enum):
     GRAPH_SCALAR = "graph-attached scalar"
     GRAPH = "graph-attached"
+    # A dict, list or model output known to hold a graph-attached tensor
+    # (`out["loss"].backward()`), not a tensor: `.detach()` does not apply.
+    GRAPH_CONTAINER = "container of a graph-attached tensor"
     DETACHED = "detached"
     NUMBER = "number"
     UNKNOWN = "unknown"
 
     @property
     def attached(self) -> bool:
-        return self in (Kind.GRAPH_SCALAR, Kind.GRAPH)
+        return self in (Kind.GRAPH_SCALAR, Kind.GRAPH, Kind.GRAPH_CONTAINER)
 
     @property
     def free(self) -> bool:
@@ -88,7 +91,7 @@ def merge(first: Kind, second: Kind) -> Kind:
     if first is second:
         return first
     if first.attached and second.attached:
-        return Kind.GRAPH
+        return Kind.GRAPH_CONTAINER if Kind.GRAPH_CONTAINER in (first, second) else Kind.GRAPH
     if first.free and second.free:
         return Kind.DETACHED
     return Kind.UNKNOWN
@@ -137,6 +140,7 @@ _MODULE_BASES = frozenset(
         "transformers.modeling_utils.PreTrainedModel",
     }
 )
+_MODEL_BASE_SUFFIXES = ("PreTrainedModel", "ModelMixin")
 _NOT_MODULE_CLASSES = frozenset({"Parameter", "ParameterList", "ParameterDict", "Buffer", "Module"})
 # `model.to(device)` and friends return the module itself.
 _MODULE_RETURNING_METHODS = frozenset(
@@ -285,6 +289,12 @@ class FileFacts:
         self._classes: list[cst.ClassDef] = []
         self._find_classes(context.module.body, None)
         self._find_module_classes()
+        self.class_by_name: dict[str, cst.ClassDef] = {}
+        for class_def in self._classes:
+            name = class_def.name.value
+            # A name defined twice (`if cuda: class A ... else: class A ...`) is ambiguous.
+            self.class_by_name[name] = class_def if name not in self.class_by_name else None  # type: ignore[assignment]
+        self.module_functions = _module_functions(context.module.body)
         self.module_bindings: dict[str, Callee] = {}
         self.module_bindings = _BindingCollector(self, None).collect(context.module.body)
         for class_def in self._classes:
@@ -293,6 +303,8 @@ class FileFacts:
         self._summaries: dict[cst.FunctionDef | None, ScopeSummary] = {}
         # What the naming heuristics make of each name, worked out once.
         self._named_callees: dict[str, Callee] = {}
+        self._functions: list[cst.FunctionDef] | None = None
+        self._return_kinds: dict[cst.FunctionDef, Kind] = {}
 
     # --- file-wide facts ---------------------------------------------------
     def _find_classes(self, body: Sequence[cst.CSTNode], owner: cst.ClassDef | None) -> None:
@@ -333,6 +345,8 @@ class FileFacts:
                 return True
             return qualified.startswith("transformers.") and last.endswith(("PreTrainedModel", "Model"))
         dotted = dotted_name(base)
+        if dotted is not None and dotted.rpartition(".")[2].endswith(_MODEL_BASE_SUFFIXES):
+            return True  # transformers' and diffusers' own code import their bases relatively
         return dotted in self.module_classes
 
     def _self_attributes(self, class_def: cst.ClassDef) -> dict[str, Callee]:
@@ -367,15 +381,18 @@ class FileFacts:
             return self._classify_qualified_call(value, qualified, lookup)
         if type(func) is cst.Name and func.value in self.module_classes:
             return Callee(Role.MODULE, func.value)
+        if type(func) is cst.Name and self.class_by_name.get(func.value) is not None:
+            return Callee(Role.UNKNOWN, func.value)  # an instance of a class of the file: its methods are known
         if type(func) is cst.Attribute:
             method = func.attr.value
             if method == "from_pretrained":
                 owner = dotted_name(func.value) or ""
                 last = owner.rsplit(".", 1)[-1]
                 if any(
-                    word in last for word in ("Tokenizer", "Processor", "Config", "Scheduler", "Extractor")
+                    word in last
+                    for word in ("Tokenizer", "Processor", "Config", "Scheduler", "Extractor", "Pipeline")
                 ):
-                    return _NOT_MODULE
+                    return _NOT_MODULE  # diffusers and transformers pipelines run under no_grad
                 if "Model" in last or "For" in last or "Net" in last:
                     return Callee(Role.MODULE, owner + ".from_pretrained")
                 return _UNKNOWN_CALLEE
@@ -384,6 +401,8 @@ class FileFacts:
         return _UNKNOWN_CALLEE
 
     def _classify_qualified_call(self, call: cst.Call, qualified: str, lookup: dict[str, Callee]) -> Callee:
+        if qualified.startswith(("diffusers.", "transformers.")) and "ipeline" in qualified.rpartition(".")[2]:
+            return _NOT_MODULE  # `StableDiffusionPipeline(...)`, `transformers.pipeline(...)`: no_grad inside
         if qualified in ("torch.compile", "torch.jit.script", "torch.jit.trace") and call.args:
             inner = self.classify_value(call.args[0].value, lookup)
             return inner if inner is not None else _UNKNOWN_CALLEE
@@ -420,6 +439,129 @@ class FileFacts:
             self._summaries[function] = summary
         return summary
 
+    # --- functions of the file, summarised ---------------------------------
+    def method_of(self, class_def: cst.ClassDef, name: str, depth: int = 0) -> cst.FunctionDef | None:
+        """The method `name` of a class of the file, defined in it or in a
+        base class of the file; None when absent or defined twice."""
+        found = [
+            statement
+            for statement in _block(class_def.body)
+            if type(statement) is cst.FunctionDef and statement.name.value == name
+        ]
+        if len(found) == 1:
+            return found[0]
+        if found or depth > 3:
+            return None
+        for base in class_def.bases:
+            base_class = self.class_by_name.get(dotted_name(base.value) or "")
+            if base_class is not None and base_class is not class_def:
+                method = self.method_of(base_class, name, depth + 1)
+                if method is not None:
+                    return method
+        return None
+
+    def return_kind(self, function: cst.FunctionDef) -> Kind:
+        """What calling `function` returns, from its own data flow (its
+        parameters unknown): DETACHED for a function without a `return`
+        value, UNKNOWN for a generator or a recursive call."""
+        known = self._return_kinds.get(function)
+        if known is not None:
+            return known
+        self._return_kinds[function] = Kind.UNKNOWN  # while it is worked out: recursion
+        flow = self.flow(function)
+        kinds: list[Kind] = []
+        for statement in _block(function.body):
+            for node in iter_nodes(statement):
+                node_type = type(node)
+                if node_type is cst.Yield or node_type is cst.Await:
+                    return Kind.UNKNOWN
+                if node_type is cst.Return and node.value is not None:
+                    kinds.append(flow.kind_of(node.value))
+        result = Kind.DETACHED
+        if kinds:
+            result = kinds[0]
+            for kind in kinds[1:]:
+                result = merge(result, kind)
+        self._return_kinds[function] = result
+        return result
+
+    # --- who calls a function ---------------------------------------------
+    def functions(self) -> list[cst.FunctionDef]:
+        """Every function of the file, methods and nested ones included."""
+        if self._functions is None:
+            found: list[cst.FunctionDef] = []
+            pending: list[cst.CSTNode] = list(self.context.module.body)
+            while pending:
+                statement = pending.pop()
+                if type(statement) is cst.FunctionDef:
+                    found.append(statement)
+                if type(statement) is not cst.SimpleStatementLine:
+                    for block in _nested_blocks(statement):
+                        pending.extend(block)
+            self._functions = found
+        return self._functions
+
+    def runs_without_grad_for_its_callers(self, function: cst.FunctionDef, depth: int = 0) -> bool | None:
+        """True when every call of `function` in the file runs with autograd
+        off (in a `with torch.no_grad():` block, or in a function that runs
+        without grad itself, one level up); None when its callers cannot be
+        known (it is passed or stored as a value: a callback); False when a
+        call runs with grad, or nothing in the file calls it (a public API)."""
+        owner = self.class_of.get(function)
+        name = function.name.value
+        dotted = f"self.{name}" if owner is not None else name
+        scopes: list[cst.FunctionDef | None] = [
+            method for method, method_owner in self.class_of.items() if method_owner is owner
+        ] if owner is not None else [None, *self.functions()]
+        calls = 0
+        for scope in scopes:
+            for mention, ancestors in self.summary(scope).uses_of(dotted):
+                parent = ancestors[-1] if ancestors else None
+                if type(parent) is not cst.Call or parent.func is not mention:
+                    if type(parent) is cst.Attribute:
+                        continue  # `name.attr`: not this function being referenced
+                    return None
+                calls += 1
+                if not self._call_runs_without_grad(scope, ancestors, depth):
+                    return False
+        return calls > 0
+
+    def _call_runs_without_grad(
+        self, scope: cst.FunctionDef | None, ancestors: tuple[cst.CSTNode, ...], depth: int
+    ) -> bool:
+        tracker = self.context.tracker
+        for index, ancestor in enumerate(ancestors[:-1]):
+            if (
+                type(ancestor) is cst.With
+                and ancestors[index + 1] is ancestor.body
+                and any(
+                    tracker.is_grad_disabling(item.item) or maybe_grad_disabling(item.item, self.context)
+                    for item in ancestor.items
+                )
+            ):
+                return True
+        if scope is None:
+            return False
+        if any(tracker.is_grad_disabling(decorator.decorator) for decorator in scope.decorators):
+            return True
+        if self.is_framework_no_grad_hook(scope):
+            return True
+        return depth < 1 and self.runs_without_grad_for_its_callers(scope, depth + 1) is True
+
+    def is_framework_no_grad_hook(self, function: cst.FunctionDef) -> bool:
+        """A method its framework runs under `torch.no_grad()`: Lightning's
+        `validation_step` / `test_step` / `predict_step`, a transformers
+        `Pipeline`'s `_forward`."""
+        owner = self.class_of.get(function)
+        if owner is None:
+            return False
+        name = function.name.value
+        if name in _LIGHTNING_NO_GRAD_HOOKS:
+            return owner.name.value in self.module_classes
+        if name == "_forward":
+            return any((dotted_name(base.value) or "").endswith("Pipeline") for base in owner.bases)
+        return False
+
     def callee_by_name(self, name: str) -> Callee:
         callee = self._named_callees.get(name)
         if callee is None:
@@ -427,6 +569,7 @@ class FileFacts:
         return callee
 
 
+_LIGHTNING_NO_GRAD_HOOKS = frozenset({"validation_step", "test_step", "predict_step"})
 # Values that make a name no module: literals, and lambdas.
 _LITERAL_TYPES = frozenset(
     {
@@ -446,6 +589,28 @@ _LITERAL_TYPES = frozenset(
         cst.SetComp,
     }
 )
+
+
+def _module_functions(body: Sequence[cst.BaseStatement]) -> dict[str, cst.FunctionDef]:
+    """The module-level functions bound by their `def` alone (a name also
+    assigned, imported or defined twice at the top level is left out)."""
+    functions: dict[str, cst.FunctionDef] = {}
+    rebound: set[str] = set()
+    for statement in body:
+        if type(statement) is cst.FunctionDef:
+            name = statement.name.value
+            if name in functions:
+                rebound.add(name)
+            functions[name] = statement
+        elif type(statement) is cst.SimpleStatementLine:
+            for small in statement.body:
+                rebound.update(name for name, _ in assigned_names(small))
+                if type(small) in _IMPORT_TYPES and type(small.names) is not cst.ImportStar:
+                    for alias in small.names:
+                        bound = alias.asname.name if alias.asname is not None else alias.name
+                        if type(bound) is cst.Name:
+                            rebound.add(bound.value)
+    return {name: function for name, function in functions.items() if name not in rebound}
 
 
 def _combine(first: Callee | None, second: Callee | None) -> Callee:
@@ -637,7 +802,40 @@ class ScopeFlow:
             # `model.encoder(x)`: a submodule of a module; `solver.model()` is not one.
             if self.callee(func.value).role is Role.MODULE:
                 return self._by_name(attribute, call)
+        if type(func) is cst.Call:
+            # Built and called at once: `nn.CrossEntropyLoss()(out, y)`.
+            built = self.facts.classify_value(func, self.bindings)
+            return built if built is not None else _UNKNOWN_CALLEE
         return _UNKNOWN_CALLEE
+
+    def local_function(self, func: cst.BaseExpression) -> cst.FunctionDef | None:
+        """The function of this file that calling `func` runs: a module-level
+        `def`, a method of the enclosing class (`self.step(...)`), or a method
+        of an instance of a class of the file (`meter.update(...)`)."""
+        facts = self.facts
+        if type(func) is cst.Name:
+            if self.function is not None and func.value in self.bindings:
+                return None  # a parameter or a local name shadows it
+            return facts.module_functions.get(func.value)
+        if type(func) is not cst.Attribute:
+            return None
+        receiver = dotted_name(func.value)
+        if receiver is None:
+            return None
+        class_def: cst.ClassDef | None = None
+        if receiver == "self":
+            class_def = self.class_def
+        else:
+            bound: Callee | None = None
+            if "." not in receiver:
+                bound = self.bindings.get(receiver)
+                if bound is None and self.function is not None:
+                    bound = facts.module_bindings.get(receiver)
+            elif receiver.count(".") == 1 and receiver.startswith("self.") and self.class_def is not None:
+                bound = facts.class_attributes.get(self.class_def, {}).get(receiver[len("self.") :])
+            if bound is not None and bound.constructor is not None:
+                class_def = facts.class_by_name.get(bound.constructor)
+        return facts.method_of(class_def, func.attr.value) if class_def is not None else None
 
     def _by_name(self, name: str, call: cst.Call | None) -> Callee:
         if not self.facts.uses_framework or (call is not None and not call.args):
@@ -677,18 +875,52 @@ class _Interpreter:
         self.flow = flow
         self.context = flow.context
         self.kinds = kinds
-        # Every dotted name (`self.total`) bound so far: no state holds any
-        # other, so unbinding `self` needs to look at these names only.
+        # Every path (`self.total`, `out['loss']`) bound so far: no state holds
+        # any other, so unbinding `self` needs to look at these names only.
         self._dotted_names: set[str] = set()
+        # The paths bound under each name (`out` -> {"out['loss']"}): a name of
+        # unknown kind with a graph-attached element is a container of one.
+        self._element_paths: dict[str, set[str]] = {}
+        # Per block (by id): statement index -> the paths it binds that a later
+        # backward call of the same block proves graph-attached.
+        self._backpropagated_later: dict[int, dict[int, list[tuple[str, Kind]]]] = {}
 
     # --- statements ----------------------------------------------------------
-    def run_block(self, body: Iterable[cst.CSTNode], state: State, no_grad: bool) -> State:
-        for statement in body:
+    def run_block(self, body: Sequence[cst.CSTNode], state: State, no_grad: bool) -> State:
+        evidence = self._backpropagated_later.get(id(body))
+        if evidence is None:
+            evidence = self._backpropagated_later[id(body)] = self._find_backpropagated_later(body)
+        for index, statement in enumerate(body):
             state = self.run_statement(statement, state, no_grad)
-            switched = grad_switch(statement, self.context.imports)
+            for path, kind in evidence.get(index, ()):
+                if state.get(path, Kind.UNKNOWN) is Kind.UNKNOWN:
+                    state[path] = kind
+            switched = self.context.tracker.grad_switch(statement)
             if switched is not None:
                 no_grad = switched
         return state
+
+    def _find_backpropagated_later(self, body: Sequence[cst.CSTNode]) -> dict[int, list[tuple[str, Kind]]]:
+        """`loss = crit(out, y)` followed in the same block by `loss.backward()`,
+        with nothing in between rebinding `loss`: the value bound is graph-attached."""
+        found: dict[int, list[tuple[str, Kind]]] = {}
+        for later, statement in enumerate(body):
+            call = _sole_call(statement)
+            if call is None or not is_backward_call(call, self.context):
+                continue
+            for expr, scalar in backward_evidence(call, self.context.call_name(call)):
+                path = value_path(expr)
+                if path is None:
+                    continue
+                heads = _heads(path)
+                for index in range(later - 1, -1, -1):
+                    bound = [name for node in iter_nodes(body[index]) for name, _ in assigned_names(node)]
+                    if path in bound and type(body[index]) is cst.SimpleStatementLine:
+                        found.setdefault(index, []).append((path, Kind.GRAPH_SCALAR if scalar else Kind.GRAPH))
+                        break
+                    if heads.intersection(bound):
+                        break
+        return found
 
     def run_statement(self, statement: cst.CSTNode, state: State, no_grad: bool) -> State:
         statement_type = type(statement)
@@ -796,12 +1028,14 @@ class _Interpreter:
         if small_type is cst.Expr:
             self.evaluate(small.value, state, no_grad)
             call = small.value
-            if (
-                type(call) is cst.Call
-                and type(call.func) is cst.Attribute
-                and call.func.attr.value == "detach_"
-            ):
+            if type(call) is not cst.Call:
+                return state
+            if type(call.func) is cst.Attribute and call.func.attr.value == "detach_":
                 return self._bind(call.func.value, Kind.DETACHED, state)
+            if not no_grad and is_backward_call(call, self.context):
+                for expr, scalar in backward_evidence(call, self.context.call_name(call)):
+                    if value_path(expr) is not None and self.kind_of(expr) is Kind.UNKNOWN:
+                        state = self._bind(expr, Kind.GRAPH_SCALAR if scalar else Kind.GRAPH, state)
             return state
         if small_type is cst.Del:
             return self._bind(small.target, Kind.UNKNOWN, state)
@@ -839,7 +1073,7 @@ class _Interpreter:
             return state
         if type(target) is cst.Subscript:
             self.evaluate(target.value, state, no_grad)
-            return state
+            return self._bind(target, kind, state) if value_path(target) is not None else state
         return self._bind(target, kind, state)
 
     def kind_of(self, node: cst.BaseExpression) -> Kind:
@@ -852,19 +1086,22 @@ class _Interpreter:
             return state
         if type(target) is cst.StarredElement:
             return self._bind(target.value, Kind.UNKNOWN, state)
-        dotted = dotted_name(target)
+        dotted = value_path(target)
         if dotted is None:
             return state
         state = self._unbind(state, dotted)
         state[dotted] = kind
-        if "." in dotted:
+        if "." in dotted or "[" in dotted:
             self._dotted_names.add(dotted)
+            parent = _parent_path(target)
+            if parent is not None:
+                self._element_paths.setdefault(parent, set()).add(dotted)
         return state
 
     def _unbind(self, state: State, dotted: str) -> State:
-        """`state` without `dotted` and its attributes (`dotted.x`)."""
-        prefix = dotted + "."
-        stale = [name for name in self._dotted_names if name.startswith(prefix) and name in state]
+        """`state` without `dotted` and its elements (`dotted.x`, `dotted['k']`)."""
+        prefixes = (dotted + ".", dotted + "[")
+        stale = [name for name in self._dotted_names if name.startswith(prefixes) and name in state]
         if dotted in state:
             stale.append(dotted)
         if not stale:
@@ -885,7 +1122,10 @@ class _Interpreter:
         if node_type is cst.Name:
             if node.value in ("None", "True", "False"):
                 return Kind.DETACHED
-            return state.get(node.value, Kind.UNKNOWN)
+            kind = state.get(node.value, Kind.UNKNOWN)
+            if kind is Kind.UNKNOWN and node.value in self._element_paths:
+                return self._container_of_attached(node.value, state)
+            return kind
         if node_type is cst.Integer or node_type is cst.Float:
             return Kind.NUMBER
         if node_type in _STRING_TYPES:
@@ -950,11 +1190,24 @@ class _Interpreter:
             return Kind.DETACHED
         return Kind.UNKNOWN
 
+    def _container_of_attached(self, name: str, state: State) -> Kind:
+        """GRAPH_CONTAINER when an element of `name` (`out['loss']`, `out.loss`)
+        is known graph-attached, else UNKNOWN. `self` is never a container."""
+        if name == "self":
+            return Kind.UNKNOWN
+        if any(state.get(path, Kind.UNKNOWN).attached for path in self._element_paths[name]):
+            return Kind.GRAPH_CONTAINER
+        return Kind.UNKNOWN
+
     def _subscript(self, node: cst.Subscript, state: State, no_grad: bool) -> Kind:
         receiver = self.evaluate(node.value, state, no_grad)
         for element in node.slice:
             if type(element.slice) is cst.Index:
                 self.evaluate(element.slice.value, state, no_grad)
+        if self._dotted_names:
+            path = value_path(node)
+            if path is not None and path in state:
+                return state[path]
         if type(node.value) is cst.Attribute and node.value.attr.value in _SHAPE_ATTRIBUTES:
             return Kind.NUMBER
         if receiver.attached:
@@ -986,6 +1239,10 @@ class _Interpreter:
         if callee.role is Role.CRITERION:
             kind = _loss_result(node, arg_kinds, no_grad)
             return Kind.GRAPH if kind is Kind.GRAPH_SCALAR and not callee.reduces else kind
+        function = self.flow.local_function(func)
+        if function is not None:
+            returned = self.flow.facts.return_kind(function)
+            return Kind.DETACHED if no_grad and returned.attached else returned
         return Kind.UNKNOWN
 
     def _is_builtin(self, name: str) -> bool:
@@ -1027,6 +1284,22 @@ class _Interpreter:
         return None
 
 
+def _parent_path(target: cst.BaseExpression) -> str | None:
+    """The simple name whose element a path is (`out` for `out['loss']` and
+    `out.loss`), or None for deeper paths."""
+    inner = target.value if type(target) in (cst.Subscript, cst.Attribute) else None
+    return inner.value if type(inner) is cst.Name else None
+
+
+def _sole_call(statement: cst.CSTNode) -> cst.Call | None:
+    """The call a simple statement consists of (`loss.backward()`), if so."""
+    if type(statement) is cst.SimpleStatementLine and len(statement.body) == 1:
+        small = statement.body[0]
+        if type(small) is cst.Expr and type(small.value) is cst.Call:
+            return small.value
+    return None
+
+
 def _element_kind(kind: Kind) -> Kind:
     """The kind of each element unpacked from a value of `kind`."""
     if kind.attached:
@@ -1036,7 +1309,7 @@ def _element_kind(kind: Kind) -> Kind:
 
 def _container(kinds: list[Kind]) -> Kind:
     if any(kind.attached for kind in kinds):
-        return Kind.GRAPH
+        return Kind.GRAPH_CONTAINER
     if all(kind.free for kind in kinds):
         return Kind.DETACHED
     return Kind.UNKNOWN
@@ -1158,6 +1431,64 @@ def dotted_names_in(expr: cst.CSTNode) -> set[str]:
             if dotted is not None:
                 names.add(dotted)
     return names
+
+
+def value_path(expr: cst.BaseExpression) -> str | None:
+    """The name the data flow tracks a value under: `a.b.c` for an attribute
+    chain, `out['loss']` / `outs[0]` for a constant key of one, else None."""
+    if type(expr) is cst.Subscript and len(expr.slice) == 1:
+        index = expr.slice[0].slice
+        if type(index) is not cst.Index:
+            return None
+        base = value_path(expr.value)
+        if base is None:
+            return None
+        key = index.value
+        if type(key) is cst.Integer:
+            return f"{base}[{key.value}]"
+        text = string_value(key)
+        return f"{base}[{text!r}]" if text is not None else None
+    return dotted_name(expr)
+
+
+# Objects whose `.backward(x)` backpropagates the argument (Accelerate, Fabric,
+# DeepSpeed engines, Lightning's `self.manual_backward`).
+_BACKWARD_RUNNERS = ("accelerator", "fabric", "engine", "strategy", "trainer", "self")
+
+
+def backward_evidence(call: cst.Call, qualified: str | None) -> list[tuple[cst.BaseExpression, bool]]:
+    """The expressions a backward call (`is_backward_call`; `qualified`: the
+    callee's qualified name) proves graph-attached, each with whether it is a
+    scalar (a backward without a `gradient` needs one): `loss` in
+    `loss.backward()`, `(loss / accum).backward()`, `scaler.scale(loss).backward()`,
+    `accelerator.backward(loss)`, `torch.autograd.grad(loss, params)`."""
+    if qualified in _BACKWARD_FUNCTIONS:
+        grad = qualified.endswith(".grad")
+        outputs = get_arg(call, "outputs" if grad else "tensors", 0)
+        if not isinstance(outputs, cst.Arg):
+            return []
+        return [(outputs.value, get_arg(call, "grad_outputs" if grad else "grad_tensors", 1) is None)]
+    func = call.func
+    if type(func) is not cst.Attribute or func.attr.value not in _BACKWARD_METHODS:
+        return []
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    runner = dotted_name(func.value)
+    if positional and runner is not None and runner.rpartition(".")[2].lower().endswith(_BACKWARD_RUNNERS):
+        return [(positional[0].value, True)]
+    receiver = func.value
+    while True:
+        if type(receiver) is cst.BinaryOperation and type(receiver.operator) is cst.Divide:
+            receiver = receiver.left
+        elif (
+            type(receiver) is cst.Call
+            and type(receiver.func) is cst.Attribute
+            and receiver.func.attr.value == "scale"
+            and len(receiver.args) == 1
+        ):
+            receiver = receiver.args[0].value  # a GradScaler's `scale(loss)`
+        else:
+            break
+    return [(receiver, not positional and get_arg(call, "gradient") is None)]
 
 
 _BACKWARD_FUNCTIONS = frozenset({"torch.autograd.backward", "torch.autograd.grad"})
@@ -1312,9 +1643,10 @@ def contains_backward(node: cst.CSTNode, context: FileContext) -> bool:
 
 
 def _heads(dotted: str) -> set[str]:
-    """`a.b.c` -> {"a", "a.b", "a.b.c"}: rebinding any of them rebinds `a.b.c`."""
-    parts = dotted.split(".")
-    return {".".join(parts[:index]) for index in range(1, len(parts) + 1)}
+    """`a.b['c']` -> {"a", "a.b", "a.b['c']"}: rebinding any of them rebinds `a.b['c']`."""
+    heads = {dotted[:index] for index, char in enumerate(dotted) if char in ".["}
+    heads.add(dotted)
+    return heads
 
 
 def rebinds_every_iteration(body: cst.BaseSuite, dotted: str, *, besides: cst.CSTNode | None = None) -> bool:

@@ -4,11 +4,14 @@ Importing this package registers every rule.
 """
 
 from oom_lsp.analysis.rules import (  # noqa: F401
+    accumulation,
     attention,
-    autograd,
     concatenation,
     data,
+    evaluation,
+    hidden_state,
     precision,
+    retain_graph,
     runtime,
     scale,
 )

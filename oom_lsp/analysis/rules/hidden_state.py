@@ -1,0 +1,369 @@
+"""OOM305: a recurrent hidden state carried from batch to batch with its graph."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.dataflow import (
+    Callee,
+    Role,
+    assigned_names,
+    binds_inside,
+    contains_backward,
+    facts_for,
+    iter_nodes,
+)
+from oom_lsp.analysis.findings import Applicability
+from oom_lsp.analysis.registry import register
+from oom_lsp.analysis.rule import FixSpec, Invalid, Valid
+from oom_lsp.analysis.rules._autograd import SEQUENCES, AutogradRule
+from oom_lsp.fixes import hidden_state
+
+_RECURRENT_STATES = frozenset(
+    {
+        "torch.nn.LSTM",
+        "torch.nn.LSTMCell",
+        "torch.nn.GRU",
+        "torch.nn.GRUCell",
+        "torch.nn.RNN",
+        "torch.nn.RNNCell",
+    }
+)
+
+
+@register
+class HiddenStateCarriedAcrossBatches(AutogradRule):
+    """
+    ## What it does
+    Flags a recurrent hidden state fed from one training step into the next
+    without `.detach()`: `out, hidden = rnn(x, hidden)` (or
+    `out, (h, c) = lstm(x, (h, c))`) in a loop that calls `backward()`, where
+    nothing else in the loop rebinds or detaches `hidden`.
+
+    ## Why is this bad?
+    The new `hidden` is computed from the previous one, so its graph reaches
+    back through every batch seen so far: the graph, and the activations
+    saved for it, span the whole epoch. Memory grows with every step, and the
+    next `backward()` fails with "Trying to backward through the graph a
+    second time" unless `retain_graph=True` is added, which makes the growth
+    permanent. Truncated backpropagation through time cuts the graph at each
+    batch boundary.
+
+    ## Example
+    ```python
+    hidden = model.init_hidden(batch_size)
+    for x, y in batches:
+        out, hidden = model(x, hidden)
+        loss = criterion(out, y)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    hidden = model.init_hidden(batch_size)
+    for x, y in batches:
+        hidden = tuple(h.detach() for h in hidden) if isinstance(hidden, tuple) else hidden.detach()
+        out, hidden = model(x, hidden)
+        loss = criterion(out, y)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Fix safety
+    Safe: the state is detached at the top of each step, which keeps its
+    values and cuts only the gradient path into previous batches (truncated
+    BPTT, what the loop's per-step `backward()` implies). The statement fits
+    the module: `hidden.detach()` for `nn.GRU` / `nn.RNN`, a tuple for
+    `nn.LSTM`, one detach per name for an unpacked `(h, c)`, and a form that
+    handles both when the module is not known. A state that may still be
+    `None` at the first step is guarded with `if hidden is not None:`.
+    Loops without `backward()` (an unrolled forward over time steps) are not
+    reported: there the graph must span the steps.
+    """
+
+    code = "OOM305"
+    name = "hidden-state-carried-across-batches"
+    summary = "A recurrent hidden state is carried from batch to batch without `.detach()`: the graph spans the epoch."
+    fix_applicability = Applicability.SAFE
+
+    VALID = [
+        Valid(
+            """
+            import torch.nn as nn
+            rnn = nn.GRU(8, 16)
+            hidden = None
+            for x, y in loader:
+                if hidden is not None:
+                    hidden = hidden.detach()
+                out, hidden = rnn(x, hidden)
+                criterion(out, y).backward()
+            """
+        ),
+        Valid(
+            """
+            import torch
+            hidden = model.init_hidden(32)
+            for x, y in batches:
+                hidden = repackage_hidden(hidden)
+                out, hidden = model(x, hidden)
+                loss = criterion(out, y)
+                loss.backward()
+            """
+        ),
+        Valid(
+            """
+            import torch
+            for x, y in batches:
+                hidden.detach_()
+                out, hidden = model(x, hidden)
+                criterion(out, y).backward()
+            """
+        ),
+        # An unrolled forward pass over time steps: the graph must span them.
+        Valid(
+            """
+            import torch.nn as nn
+            class Seq(nn.Module):
+                def forward(self, xs, h):
+                    for x in xs:
+                        out, h = self.cell(x, h)
+                    return out
+            """
+        ),
+        # A fresh state for every batch.
+        Valid(
+            """
+            import torch
+            for x, y in loader:
+                hidden = model.init_hidden(x.size(0))
+                out, hidden = model(x, hidden)
+                criterion(out, y).backward()
+            """
+        ),
+        Valid(
+            """
+            import torch
+            with torch.no_grad():
+                for x in loader:
+                    out, hidden = model(x, hidden)
+                    out.sum().backward()
+            """
+        ),
+        # Not a module call.
+        Valid("import torch\nfor x in loader:\n    out, state = step_fn(x, state)\n    out.backward()\n"),
+        Valid(
+            "import torch\nfor x in loader:\n    out, hidden = model(x, hidden.detach())\n    out.backward()\n"
+        ),
+        # A local function called `rnn` is no module.
+        Valid(
+            """
+            import torch
+            def rnn(x, state):
+                return x, state
+            for x in loader:
+                out, state = rnn(x, state)
+                out.backward()
+            """
+        ),
+        Valid("import torch\nfor x in loader:\n    out, hidden = model(x, **hidden)\n    out.backward()\n"),
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+            lstm = nn.LSTM(8, 16)
+            hidden = (torch.zeros(1, 4, 16), torch.zeros(1, 4, 16))
+            for x, y in loader:
+                optimizer.zero_grad()
+                out, hidden = lstm(x, hidden)
+                loss = criterion(out, y)
+                loss.backward()
+                optimizer.step()
+            """,
+            line=8,
+            expected_fix="""
+            import torch
+            import torch.nn as nn
+            lstm = nn.LSTM(8, 16)
+            hidden = (torch.zeros(1, 4, 16), torch.zeros(1, 4, 16))
+            for x, y in loader:
+                hidden = tuple(h.detach() for h in hidden)
+                optimizer.zero_grad()
+                out, hidden = lstm(x, hidden)
+                loss = criterion(out, y)
+                loss.backward()
+                optimizer.step()
+            """,
+        ),
+        Invalid(
+            """
+            import torch.nn as nn
+
+            class Model(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.rnn = nn.GRU(8, 16, batch_first=True)
+
+                def fit(self, loader, opt):
+                    hidden = None
+                    for step, (x, y) in enumerate(loader):
+                        # one batch
+                        out, hidden = self.rnn(x, hidden)
+                        out.mean().backward()
+                        opt.step()
+            """,
+            line=13,
+            expected_fix="""
+            import torch.nn as nn
+
+            class Model(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.rnn = nn.GRU(8, 16, batch_first=True)
+
+                def fit(self, loader, opt):
+                    hidden = None
+                    for step, (x, y) in enumerate(loader):
+                        # one batch
+                        if hidden is not None:
+                            hidden = hidden.detach()
+                        out, hidden = self.rnn(x, hidden)
+                        out.mean().backward()
+                        opt.step()
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            def train(model, batches, h, c):
+                for x in batches:
+                    out, (h, c) = model(x, (h, c))
+                    out.sum().backward()
+            """,
+            line=5,
+            expected_fix="""
+            import torch
+            def train(model, batches, h, c):
+                for x in batches:
+                    h, c = h.detach(), c.detach()
+                    out, (h, c) = model(x, (h, c))
+                    out.sum().backward()
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            hidden = model.init_hidden(32)
+            while True:
+                output, hidden = model(data, hidden)
+                accelerator.backward(criterion(output, targets))
+            """,
+            line=5,
+            expected_fix="""
+            import torch
+            hidden = model.init_hidden(32)
+            while True:
+                hidden = tuple(h.detach() for h in hidden) if isinstance(hidden, tuple) else hidden.detach()
+                output, hidden = model(data, hidden)
+                accelerator.backward(criterion(output, targets))
+            """,
+        ),
+    ]
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        tracker = self.context.tracker
+        if not tracker.in_loop or tracker.in_no_grad or len(node.targets) != 1:
+            return
+        target, call = node.targets[0].target, node.value
+        if type(target) not in SEQUENCES or type(call) is not cst.Call:
+            return
+        callee = self._flow().callee(call.func, call)
+        if callee.role is not Role.MODULE:
+            return
+        loop = tracker.loops[-1]
+        if not contains_backward(loop.body, self.context):
+            return
+        bound = {name for name, _ in assigned_names(node)}
+        carried = [names for arg in call.args if not arg.star for names in [_state_names(arg.value)] if names]
+        carried = [names for names in carried if set(names) <= bound]
+        if not carried:
+            return
+        if any(self._cut_in_loop(name, loop, node) for names in carried for name in names):
+            return
+        lines = [
+            hidden_state.detach_names_line(names)
+            if len(names) > 1
+            else hidden_state.detach_line(names[0], self._state_constructor(callee))
+            for names in carried
+        ]
+        maybe_none = [name for names in carried for name in names if self._may_be_none(name)]
+        edits = hidden_state.insert_at_top(loop, lines, maybe_none=maybe_none)
+        state = ", ".join(name for names in carried for name in names)
+        self.report(
+            node,
+            f"`{state}` is carried from one training step into the next without `.detach()`, so its graph and "
+            "activations span every batch so far. Detach it at the top of each step.",
+            fix=FixSpec("Detach the hidden state at the top of the step", edits, Applicability.SAFE)
+            if edits
+            else None,
+        )
+
+    def _cut_in_loop(self, name: str, loop: cst.For | cst.While, call_statement: cst.Assign) -> bool:
+        """The loop rebinds or detaches the state itself."""
+        if binds_inside(loop, name, besides=call_statement):
+            return True
+        return any(
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "detach_"
+            and name in (dotted_name(node.func.value), _subscripted_name(node.func.value))
+            for node in iter_nodes(loop.body)
+        )
+
+    def _state_constructor(self, callee: Callee) -> str | None:
+        """The recurrent module behind the call: `torch.nn.LSTM` directly, or
+        the one kind of recurrent layer a model class of the file holds."""
+        if callee.constructor in _RECURRENT_STATES:
+            return callee.constructor
+        facts = facts_for(self.context)
+        for class_def, attributes in facts.class_attributes.items():
+            if class_def.name.value == callee.constructor:
+                kinds = {
+                    attr.constructor for attr in attributes.values() if attr.constructor in _RECURRENT_STATES
+                }
+                tuple_kinds = {kind for kind in kinds if kind is not None and "LSTM" in kind}
+                if len(kinds) >= 1 and (tuple_kinds == kinds or not tuple_kinds):
+                    return next(iter(kinds))
+        return None
+
+    def _may_be_none(self, name: str) -> bool:
+        summary = self._summary()
+        if any(
+            isinstance(value, cst.Name) and value.value == "None" for value in summary.bindings.get(name, ())
+        ):
+            return True
+        function = self.context.tracker.current_function
+        if function is None:
+            return False
+        params = function.params
+        return any(
+            param.name.value == name and isinstance(param.default, cst.Name) and param.default.value == "None"
+            for param in (*params.posonly_params, *params.params, *params.kwonly_params)
+        )
+
+
+def _subscripted_name(expr: cst.BaseExpression) -> str | None:
+    """`hidden` for `hidden[0]` (an LSTM's `(h, c)` detached one by one)."""
+    return dotted_name(expr.value) if isinstance(expr, cst.Subscript) else None
+
+
+def _state_names(expr: cst.BaseExpression) -> list[str]:
+    """`hidden` -> ["hidden"], `(h, c)` -> ["h", "c"], else []."""
+    if isinstance(expr, (cst.Tuple, cst.List)):
+        names = [dotted_name(element.value) for element in expr.elements]
+        return [name for name in names if name is not None] if all(names) else []
+    name = dotted_name(expr)
+    return [name] if name is not None else []
