@@ -45,6 +45,8 @@ class ImportMap:
     def __init__(self) -> None:
         # local name -> qualified name ("T" -> "torch", "cat" -> "torch.cat")
         self.bindings: dict[str, str] = {}
+        # local name -> relative import ("BertModel" -> "..bert.modeling_bert.BertModel")
+        self.relative: dict[str, str] = {}
 
     @classmethod
     def from_module(cls, module: cst.Module) -> ImportMap:
@@ -89,7 +91,24 @@ class ImportMap:
                     top = full.split(".")[0]
                     self.bindings[top] = top
             return
-        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+        if isinstance(node.names, cst.ImportStar):
+            return
+        if node.relative:
+            # `from ..bert.modeling_bert import BertModel` inside a library: the
+            # module it names, kept apart (no relative name is torch's).
+            dots = "." * len(node.relative)
+            package = _module_name(node.module) if node.module is not None else None
+            prefix = f"{dots}{package}." if package else dots
+            for alias in node.names:
+                name = dotted_name(alias.name)
+                if name is None:
+                    continue
+                local = name
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    local = alias.asname.name.value
+                self.relative[local] = prefix + name
+            return
+        if node.module is None:
             return
         module = _module_name(node.module)
         if module is None:

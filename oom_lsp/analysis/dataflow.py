@@ -141,6 +141,18 @@ _MODULE_BASES = frozenset(
     }
 )
 _MODEL_BASE_SUFFIXES = ("PreTrainedModel", "ModelMixin")
+_NOT_MODEL_SUFFIXES = ("Output", "Config", "Loss", "Mixin", "Cache", "Tokenizer", "Processor")
+
+
+def _is_library_model(qualified: str) -> bool:
+    """A class of a transformers-style `modeling_*` module (`BertModel`,
+    `Mask2FormerForUniversalSegmentation`, `Dinov2Layer`), imported by name."""
+    module, _, last = qualified.rpartition(".")
+    return (
+        module.rpartition(".")[2].startswith("modeling_")
+        and last[:1].isupper()
+        and not last.endswith(_NOT_MODEL_SUFFIXES)
+    )
 _NOT_MODULE_CLASSES = frozenset({"Parameter", "ParameterList", "ParameterDict", "Buffer", "Module"})
 # `model.to(device)` and friends return the module itself.
 _MODULE_RETURNING_METHODS = frozenset(
@@ -305,6 +317,7 @@ class FileFacts:
         self._named_callees: dict[str, Callee] = {}
         self._functions: list[cst.FunctionDef] | None = None
         self._return_kinds: dict[cst.FunctionDef, Kind] = {}
+        self._trains: bool | None = None
 
     # --- file-wide facts ---------------------------------------------------
     def _find_classes(self, body: Sequence[cst.CSTNode], owner: cst.ClassDef | None) -> None:
@@ -343,10 +356,15 @@ class FileFacts:
                 and last not in _NOT_MODULE_CLASSES
             ):
                 return True
-            return qualified.startswith("transformers.") and last.endswith(("PreTrainedModel", "Model"))
+            if qualified.startswith("transformers.") and last.endswith(("PreTrainedModel", "Model")):
+                return True
+            return _is_library_model(qualified)
         dotted = dotted_name(base)
         if dotted is not None and dotted.rpartition(".")[2].endswith(_MODEL_BASE_SUFFIXES):
             return True  # transformers' and diffusers' own code import their bases relatively
+        relative = self.context.imports.relative.get(dotted or "")
+        if relative is not None and _is_library_model(relative):
+            return True
         return dotted in self.module_classes
 
     def _self_attributes(self, class_def: cst.ClassDef) -> dict[str, Callee]:
@@ -501,6 +519,14 @@ class FileFacts:
             self._functions = found
         return self._functions
 
+    def trains(self) -> bool:
+        """Something in the file runs a backward pass."""
+        if self._trains is None:
+            self._trains = "backward" in self.context.source and any(
+                self.summary(scope).backward_calls for scope in (None, *self.functions())
+            )
+        return self._trains
+
     def runs_without_grad_for_its_callers(self, function: cst.FunctionDef, depth: int = 0) -> bool | None:
         """True when every call of `function` in the file runs with autograd
         off (in a `with torch.no_grad():` block, or in a function that runs
@@ -530,16 +556,8 @@ class FileFacts:
         self, scope: cst.FunctionDef | None, ancestors: tuple[cst.CSTNode, ...], depth: int
     ) -> bool:
         tracker = self.context.tracker
-        for index, ancestor in enumerate(ancestors[:-1]):
-            if (
-                type(ancestor) is cst.With
-                and ancestors[index + 1] is ancestor.body
-                and any(
-                    tracker.is_grad_disabling(item.item) or maybe_grad_disabling(item.item, self.context)
-                    for item in ancestor.items
-                )
-            ):
-                return True
+        if inside_no_grad_block(ancestors, self.context):
+            return True
         if scope is None:
             return False
         if any(tracker.is_grad_disabling(decorator.decorator) for decorator in scope.decorators):
@@ -866,6 +884,20 @@ def maybe_grad_disabling(expr: cst.BaseExpression, context: FileContext) -> bool
     )
 
 
+def inside_no_grad_block(ancestors: tuple[cst.CSTNode, ...], context: FileContext) -> bool:
+    """A node whose ancestors (outermost first) include the body of a `with`
+    that turns autograd off."""
+    return any(
+        type(ancestor) is cst.With
+        and ancestors[index + 1] is ancestor.body
+        and any(
+            context.tracker.is_grad_disabling(item.item) or maybe_grad_disabling(item.item, context)
+            for item in ancestor.items
+        )
+        for index, ancestor in enumerate(ancestors[:-1])
+    )
+
+
 class _Interpreter:
     """Runs a scope's statements over abstract states (name -> Kind)."""
 
@@ -892,7 +924,7 @@ class _Interpreter:
             evidence = self._backpropagated_later[id(body)] = self._find_backpropagated_later(body)
         for index, statement in enumerate(body):
             state = self.run_statement(statement, state, no_grad)
-            for path, kind in evidence.get(index, ()):
+            for path, kind in () if no_grad else evidence.get(index, ()):
                 if state.get(path, Kind.UNKNOWN) is Kind.UNKNOWN:
                     state[path] = kind
             switched = self.context.tracker.grad_switch(statement)
@@ -1467,7 +1499,8 @@ def backward_evidence(call: cst.Call, qualified: str | None) -> list[tuple[cst.B
         outputs = get_arg(call, "outputs" if grad else "tensors", 0)
         if not isinstance(outputs, cst.Arg):
             return []
-        return [(outputs.value, get_arg(call, "grad_outputs" if grad else "grad_tensors", 1) is None)]
+        gradients = get_arg(call, "grad_outputs", 2) if grad else get_arg(call, "grad_tensors", 1)
+        return [(outputs.value, gradients is None)]
     func = call.func
     if type(func) is not cst.Attribute or func.attr.value not in _BACKWARD_METHODS:
         return []

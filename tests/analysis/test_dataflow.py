@@ -410,3 +410,179 @@ def test_the_module_wrapped_by_ddp_is_a_module() -> None:
     assert _probes(
         "import torch\ndef f(model, x):\n    probe(model.module(x))\n    probe(solver.module(x))\n"
     ) == [G, U]
+
+
+# --- evidence from backward calls ----------------------------------------------
+
+C = Kind.GRAPH_CONTAINER
+
+
+@pytest.mark.parametrize(
+    ("backward", "expected"),
+    [
+        ("loss.backward()", S),
+        ("loss.backward(retain_graph=True)", S),
+        ("loss.backward(torch.ones_like(loss))", G),
+        ("(loss / accumulation).backward()", S),
+        ("scaler.scale(loss).backward()", S),
+        ("accelerator.backward(loss)", S),
+        ("self.manual_backward(loss)", S),
+        ("torch.autograd.backward(loss)", S),
+        ("torch.autograd.grad(loss, params)", S),
+        ("print(loss)", U),
+    ],
+)
+def test_a_backward_call_proves_its_tensor_graph_attached(backward: str, expected: Kind) -> None:
+    source = f"""
+        import torch
+        def step(crit, x, y, params):
+            loss = crit(x, y)
+            {backward}
+            probe(loss)
+    """
+    assert _probes(source) == [expected]
+
+
+def test_a_backward_call_later_in_the_block_proves_the_binding() -> None:
+    source = """
+        import torch
+        def step(crit, x, y, total):
+            loss = crit(x, y)
+            probe(loss)
+            total += loss
+            loss.backward()
+            other = crit(x, y)
+            probe(other)
+            other = other.item()
+            other.backward()
+    """
+    assert _probes(source) == [S, U]
+
+
+def test_evidence_under_no_grad_proves_nothing() -> None:
+    source = """
+        import torch
+        def step(crit, x, y):
+            with torch.no_grad():
+                loss = crit(x, y)
+                loss.backward()
+                probe(loss)
+    """
+    assert _probes(source) == [U]
+
+
+def test_a_container_holding_a_backpropagated_loss() -> None:
+    source = """
+        import torch
+        def step(module, batch):
+            output = module.training_step(batch)
+            output["loss"].backward()
+            probe(output)
+            probe(output["loss"])
+            output["loss"] = output["loss"].detach()
+            probe(output)
+            output = module.training_step(batch)
+            probe(output)
+    """
+    assert _probes(source) == [C, S, U, U]
+
+
+def test_inline_criterion_and_return_kinds_of_the_file() -> None:
+    source = """
+        import torch
+        import torch.nn as nn
+
+        def forward_loss(model, x, y):
+            return nn.CrossEntropyLoss()(model(x), y)
+
+        def detached_loss(model, x, y):
+            return forward_loss(model, x, y).detach()
+
+        def recursive(model, x):
+            return recursive(model, x)
+
+        def generator(model, xs):
+            for x in xs:
+                yield model(x)
+
+        class Runner:
+            def step(self, x, y):
+                return forward_loss(self.model, x, y)
+
+            def run(self, x, y):
+                probe(self.step(x, y))
+                with torch.no_grad():
+                    probe(self.step(x, y))
+
+        probe(forward_loss(net, x, y))
+        probe(detached_loss(net, x, y))
+        probe(recursive(net, x))
+        probe(generator(net, xs))
+    """
+    assert _probes(source) == [S, D, S, D, U, U]
+
+
+def test_methods_of_an_instance_of_a_class_of_the_file() -> None:
+    source = """
+        import torch
+        class Base:
+            def score(self, model, x):
+                return model(x).mean()
+
+        class Scorer(Base):
+            pass
+
+        scorer = Scorer()
+        probe(scorer.score(net, x))
+    """
+    assert _probes(source) == [S]
+
+
+def test_a_project_decorator_named_for_no_grad() -> None:
+    source = """
+        import torch
+        from utils import smart_inference_mode
+
+        @smart_inference_mode()
+        def run(model, x):
+            probe(model(x))
+
+        def enabled(model, x):
+            with torch.inference_mode(False):
+                probe(model(x))
+    """
+    assert _probes(source) == [D, G]
+
+
+def test_who_calls_a_function() -> None:
+    source = """
+        import torch
+        def under_no_grad(model, x):
+            return model(x)
+
+        def callback(model, x):
+            return model(x)
+
+        def with_grad(model, x):
+            return model(x)
+
+        def unused(model, x):
+            return model(x)
+
+        def main(model, x, run):
+            with torch.no_grad():
+                under_no_grad(model, x)
+            run(callback)
+            with_grad(model, x)
+    """
+    context = _context(source)
+    facts = facts_for(context)
+    functions = {function.name.value: function for function in facts.functions()}
+    answers = {name: facts.runs_without_grad_for_its_callers(function) for name, function in functions.items()}
+    assert answers == {
+        "under_no_grad": True,
+        "callback": None,
+        "with_grad": False,
+        "unused": False,
+        "main": False,
+    }

@@ -17,6 +17,7 @@ from oom_lsp.analysis.dataflow import (
     facts_for,
     iter_nodes,
 )
+from oom_lsp.analysis.effects import Keep, bind_arguments, effects_for
 from oom_lsp.analysis.rule import Rule
 
 
@@ -71,6 +72,43 @@ class AutogradRule(Rule):
         if holder in summary.feeds_backward:
             return True
         return holder in summary.returned and not self._trains(loop)
+
+    def _kept_by_callee(self, call: cst.Call, *, accumulates: bool) -> list[tuple[Keep, cst.BaseExpression, str]]:
+        """For a call, in a loop, of a function of the file that keeps a
+        parameter (`record(history, out)`, `meter.update(loss)`): each
+        graph-attached argument it keeps, with the caller's name for the
+        container that keeps it (`history`, `meter`, `self.outputs`)."""
+        tracker = self.context.tracker
+        if not tracker.in_loop or tracker.in_no_grad:
+            return []
+        flow = self._flow()
+        function = flow.local_function(call.func)
+        if function is None:
+            return []
+        keeps = [keep for keep in effects_for(self.context).keeps(function) if keep.accumulates is accumulates]
+        if not keeps:
+            return []
+        bound_self = type(call.func) is cst.Attribute
+        arguments = bind_arguments(call, function, bound_self=bound_self)
+        if arguments is None:
+            return []
+        found = []
+        for keep in keeps:
+            argument = arguments.get(keep.param)
+            if argument is None or not flow.kind_of(argument).attached:
+                continue
+            holder: str | None
+            if keep.owner == "self":
+                receiver = dotted_name(call.func.value) if bound_self else None  # type: ignore[attr-defined]
+                holder = keep.container if receiver == "self" else receiver
+            elif keep.owner is not None:
+                owner_argument = arguments.get(keep.owner)
+                holder = dotted_name(owner_argument) if owner_argument is not None else None
+            else:
+                holder = keep.container.partition("[")[0].partition(".")[0]
+            if holder is not None:
+                found.append((keep, argument, holder))
+        return found
 
     def _trains(self, loop: cst.For | cst.While | cst.FunctionDef) -> bool:
         """The loop runs a backward pass, itself or in a function of the file

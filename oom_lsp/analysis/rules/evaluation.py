@@ -12,9 +12,11 @@ from oom_lsp.analysis.dataflow import (
     Role,
     contains_backward,
     facts_for,
+    inside_no_grad_block,
     iter_nodes,
     maybe_grad_disabling,
 )
+from oom_lsp.analysis.effects import bind_arguments
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Valid
@@ -346,6 +348,26 @@ class EvalWithoutNoGrad(AutogradRule):
                 print(model(sample))  # inference
             """,
         ),
+        # A forward pass routed through a method of the class after `.eval()`.
+        Invalid(
+            """
+            import torch
+            class Scorer:
+                def __init__(self, module):
+                    self.module_ = module
+
+                def infer(self, batch):
+                    return self.module_(batch)
+
+                def score(self, loader):
+                    self.module_.eval()
+                    total = 0.0
+                    for batch in loader:
+                        total += float(self.infer(batch).mean())
+                    return total
+            """,
+            line=14,
+        ),
     ]
 
     def __init__(self, context: FileContext) -> None:
@@ -402,6 +424,8 @@ class EvalWithoutNoGrad(AutogradRule):
         callee = self._flow().callee(node.func, node)
         by_name = eval_function and callee.role is Role.MODULE
         switched = self._switched_to_eval(node.func, callee.role)
+        if switched is None and not by_name:
+            switched = self._routed_forward(node, self._eval_mode.get(function, {}))
         if by_name:
             if self._summary().backward_calls:
                 return  # gradients are computed here: not inference code
@@ -450,6 +474,41 @@ class EvalWithoutNoGrad(AutogradRule):
                 prefix = ".".join(parts[:end])
                 if modes.get(prefix):
                     return prefix
+        return None
+
+    def _routed_forward(self, call: cst.Call, modes: dict[str, bool]) -> str | None:
+        """A function of the file that runs a model switched to eval mode
+        here, with autograd on (`self.infer(x)` whose body calls
+        `self.module_(x)`, `score(model, batch)` whose body calls its
+        parameter): the model, else None. A callee reported by its own name
+        (`def predict(...)` calling a known model) is left to that report."""
+        if not any(modes.values()):
+            return None
+        function = self._flow().local_function(call.func)
+        if function is None:
+            return None
+        if any(self.context.tracker.is_grad_disabling(decorator.decorator) for decorator in function.decorators):
+            return None
+        # The callee's name for each model switched here.
+        names = {model: model for model, switched in modes.items() if switched and model.startswith("self.")}
+        arguments = bind_arguments(call, function, bound_self=type(call.func) is cst.Attribute) or {}
+        for param, argument in arguments.items():
+            model = dotted_name(argument)
+            if model is not None and modes.get(model):
+                names[param] = model
+        facts = facts_for(self.context)
+        summary = facts.summary(function)
+        reported_there = self._is_eval_function(function)
+        for name, model in names.items():
+            for mention, ancestors in summary.uses_of(name):
+                parent = ancestors[-1] if ancestors else None
+                if type(parent) is not cst.Call or parent.func is not mention:
+                    continue
+                if inside_no_grad_block(ancestors, self.context):
+                    continue
+                if reported_there and facts.flow(function).callee(parent.func, parent).role is Role.MODULE:
+                    continue  # the callee's own report covers this forward pass
+                return model
         return None
 
     def _computes_gradients_around(self) -> bool:

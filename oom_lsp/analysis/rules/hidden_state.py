@@ -168,6 +168,17 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
             """
         ),
         Valid("import torch\nfor x in loader:\n    out, hidden = model(x, **hidden)\n    out.backward()\n"),
+        # An LSTM's `(h, c)` detached in place, one by one.
+        Valid(
+            """
+            import torch
+            for x, y in loader:
+                hidden[0].detach_()
+                hidden[1].detach_()
+                out, hidden = model(x, hidden)
+                criterion(out, y).backward()
+            """
+        ),
     ]
     INVALID = [
         Invalid(
