@@ -150,3 +150,17 @@ def single_assignment(statement: cst.CSTNode | None) -> cst.Assign | None:
     if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
         return assign
     return None
+
+
+def names_read(node: cst.CSTNode) -> Iterator[str]:
+    """The plain names an expression reads (`x` in `x.view(b, n)` and `f(y=x)`,
+    but not `view` nor the keyword `y`)."""
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            yield current.value
+        elif isinstance(current, (cst.Attribute, cst.Arg)):
+            stack.append(current.value)
+        else:
+            stack.extend(_children(current))

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call, string_value
+from oom_lsp.analysis.cst_helpers import get_arg, has_splat, int_value, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
 from oom_lsp.analysis.rules._scan import (
     descendants,
     enclosing_block,
+    is_int_literal,
+    names_read,
     references,
     scope_of,
     single_assignment,
@@ -98,7 +102,29 @@ class NaiveAttention(Rule):
     `"bhid,bhjd->bhij"`), scaled, masked or
     not, directly or through a variable (`scores = q @ k.mT / d ** 0.5`, then
     `scores.softmax(-1)`), with `torch.softmax`, `F.softmax`, `.softmax()` or
-    an `nn.Softmax(dim=-1)` module.
+    an `nn.Softmax(dim=-1)` module, whose result is multiplied with another
+    tensor (`attn @ v`) or never used at all.
+
+    It stays silent where the code says this is not the path that runs, or
+    not a sequence x sequence matrix:
+    - a fused path beside it: the other branch of the `if` (or an earlier
+      branch that returns, or the code after this branch's `return`) calls
+      `scaled_dot_product_attention`, flash-attn or xformers, directly or
+      through a method or function of the file;
+    - one implementation of a dispatch: a module-level function passed as
+      the default of a registry lookup (`FUNCTIONS.get(impl, eager)`), a
+      class named in a dict beside a fused one, or a class whose subclass
+      overrides the method with a fused kernel;
+    - queries or keys of a fixed length: a learned parameter (`self.latents`),
+      queries taken at fixed positions (`x[:, :1]`, one block
+      `blocks[:, :, 0]`) of a tensor the keys do not come from, tokens
+      pooled (`.mean(dim=-2)`, landmarks), unfolded into neighbourhoods
+      (`Tensor.unfold`) or regrouped into windows
+      (`rearrange(x, "b c (x w1) (y w2) -> (b x y) c w1 w2")`);
+    - the tokens on the contracted axis (channel attention,
+      `"b n (h d) -> b h d n"`, `.permute(2, 0, 3, 4, 1)`): scores are d x d;
+    - weights mixed, reduced or returned without meeting values (an
+      attention map computed for itself): the fused kernels do not replace it.
 
     ## Why is this bad?
     The score matrix has one entry per pair of positions: batch x heads x
@@ -185,6 +211,109 @@ class NaiveAttention(Rule):
             scores = q @ k.transpose(-2, -1)
             scores = logits_of(batch)
             p = scores.softmax(-1)
+            """
+        ),
+        # The fallback branch of a fused path.
+        Valid(
+            """\
+            import torch.nn.functional as F
+            from torch import nn
+
+            class Attention(nn.Module):
+                def forward(self, q, k, v):
+                    if self.fused_attn:
+                        return F.scaled_dot_product_attention(q, k, v)
+                    attn = (q @ k.transpose(-2, -1)) * self.scale
+                    return attn.softmax(dim=-1) @ v
+            """
+        ),
+        # The eager entry of a registry of attention functions.
+        Valid(
+            """\
+            import torch
+
+            def eager_attention(module, q, k, v):
+                weights = torch.softmax(q @ k.mT * module.scaling, dim=-1)
+                return weights @ v
+
+            class Attention(torch.nn.Module):
+                def forward(self, q, k, v):
+                    attend = ATTENTION_FUNCTIONS.get(self.config.implementation, eager_attention)
+                    return attend(self, q, k, v)
+            """
+        ),
+        # An eager class whose SDPA subclass replaces its forward.
+        Valid(
+            """\
+            import torch
+            import torch.nn.functional as F
+
+            class SelfAttention(torch.nn.Module):
+                def forward(self, q, k, v):
+                    probs = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * self.scale, dim=-1)
+                    return torch.matmul(probs, v)
+
+            class SdpaSelfAttention(SelfAttention):
+                def forward(self, q, k, v):
+                    return F.scaled_dot_product_attention(q, k, v)
+            """
+        ),
+        # The class token alone queries the patches: scores are 1 x N.
+        Valid(
+            """\
+            from torch import nn
+
+            class ClassAttention(nn.Module):
+                def forward(self, x):
+                    B, N, C = x.shape
+                    q = self.q(x[:, :1]).reshape(B, 1, self.heads, -1).transpose(1, 2)
+                    k, v = self.kv(x).reshape(B, N, 2, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+                    attn = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)
+                    return attn @ v
+            """
+        ),
+        # Learned queries (a resampler): scores are num_queries x N.
+        Valid(
+            """\
+            import torch
+
+            def merge(self, x):
+                sim = torch.matmul(self.queries, x.transpose(-1, -2)) * self.scale
+                return torch.matmul(sim.softmax(dim=-1), x)
+            """
+        ),
+        # Attention inside 7 x 7 windows: linear in the image area.
+        Valid(
+            """\
+            import torch
+            from einops import rearrange
+
+            def window_attention(self, x):
+                x = rearrange(x, "b c (x w1) (y w2) -> (b x y) c w1 w2", w1=7, w2=7)
+                q, k, v = self.to_qkv(x).chunk(3, dim=1)
+                q, k, v = map(lambda t: rearrange(t, "b (h d) x y -> b h (x y) d", h=self.heads), (q, k, v))
+                attn = torch.einsum("b h i d, b h j d -> b h i j", q, k).softmax(dim=-1)
+                return torch.einsum("b h i j, b h j d -> b h i d", attn, v)
+            """
+        ),
+        # Cross-covariance (channel) attention: the scores are d x d.
+        Valid(
+            """\
+            from einops import rearrange
+
+            def channel_attention(self, x):
+                q, k, v = self.to_qkv(x).chunk(3, dim=-1)
+                q, k, v = map(lambda t: rearrange(t, "b n (h d) -> b h d n", h=self.heads), (q, k, v))
+                attn = (q @ k.transpose(-2, -1) * self.temperature).softmax(dim=-1)
+                return attn @ v
+            """
+        ),
+        # An attention map mixed and returned, not applied to values here.
+        Valid(
+            """\
+            def gated_map(self, q, k, positional):
+                scores = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)
+                return (1 - self.gate) * scores + self.gate * positional
             """
         ),
     ]
@@ -332,18 +461,54 @@ class NaiveAttention(Rule):
             """,
             line=3,
         ),
+        # The only path of the model: an `if` for the mask is no fused path,
+        # and a dispatch dict that names this class alone is no choice.
+        Invalid(
+            """\
+            import torch
+            from torch import nn
+
+            class SelfAttention(nn.Module):
+                def forward(self, q, k, v, mask=None):
+                    scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+                    if mask is not None:
+                        scores = scores + mask
+                    probs = nn.functional.softmax(scores, dim=-1)
+                    probs = self.dropout(probs)
+                    return torch.matmul(probs, v), probs
+
+            SELF_ATTENTION_CLASSES = {"eager": SelfAttention}
+            """,
+            line=9,
+        ),
+        # A score matrix built and never used.
+        Invalid(
+            """\
+            import torch
+
+            def block(self, q, k, v):
+                weights = torch.softmax(q @ k.transpose(-2, -1) * self.scale, dim=-1).to(q.dtype)
+                return self.attend(q, k, v)
+            """,
+            line=4,
+        ),
     ]
 
     def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context)
-        # Per function: the local names currently holding a score matrix.
-        self._scores: list[set[str]] = [set()]
+        # Per function: the local names currently holding a score matrix, with
+        # the (q, k) of its product.
+        self._scores: list[dict[str, _QueryKey]] = [{}]
         # Names and attributes bound to `nn.Softmax(dim=-1)` (False once bound
         # to anything else).
         self._softmax_modules: dict[str, bool] = {}
+        # Built for the first candidate of the file, by node id.
+        self._file_index: _FileIndex | None = None
+        self._scopes: dict[int, _Scope] = {}
+        self._fused_bodies: dict[int, bool] = {}
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self._scores.append(set())
+        self._scores.append({})
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._scores.pop()
@@ -368,16 +533,16 @@ class NaiveAttention(Rule):
 
     def _rebind(self, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
         names = self._scores[-1]
-        is_score = self._is_scores(value)
+        product = self._score_operands(value)
         for target in targets:
             if isinstance(target, cst.Name):
-                names.discard(target.value)
-                if is_score:
-                    names.add(target.value)
+                names.pop(target.value, None)
+                if product is not None:
+                    names[target.value] = product
                 continue
             for node in descendants(target):
                 if isinstance(node, cst.Name):
-                    names.discard(node.value)
+                    names.pop(node.value, None)
 
     # --- recognising the score matrix --------------------------------------
     def _key_of_transposed(self, expr: cst.BaseExpression) -> cst.BaseExpression | None:
@@ -419,22 +584,26 @@ class NaiveAttention(Rule):
         key = self._key_of_transposed(right)
         return (left, key) if key is not None else None
 
-    def _is_scores(self, expr: cst.BaseExpression) -> bool:
+    def _score_operands(self, expr: cst.BaseExpression) -> _QueryKey | None:
+        """(q, k) when `expr` is a score matrix `q @ k^T`, scaled, masked or
+        biased, directly or through a local name."""
         if isinstance(expr, cst.Name):
-            return expr.value in self._scores[-1]
-        if self._product(expr) is not None:
-            return True
+            return self._scores[-1].get(expr.value)
+        product = self._product(expr)
+        if product is not None:
+            return product
         if isinstance(expr, cst.BinaryOperation):
             operator = expr.operator
             if isinstance(operator, (cst.Multiply, cst.Add, cst.Subtract)):
-                return self._is_scores(expr.left) or self._is_scores(expr.right)
+                return self._score_operands(expr.left) or self._score_operands(expr.right)
             if isinstance(operator, cst.Divide):
-                return self._is_scores(expr.left)
-            return False
+                return self._score_operands(expr.left)
+            return None
         called = method_call(expr)
         if called is not None and called[1] in _SCORE_PRESERVING_METHODS:
-            return self.context.qualified_name(called[0]) is None and self._is_scores(called[0])
-        return False
+            if self.context.qualified_name(called[0]) is None:
+                return self._score_operands(called[0])
+        return None
 
     def _softmax_input(self, call: cst.Call) -> _Softmax | None:
         """The input of a softmax call, whether it runs over the last dimension,
@@ -462,7 +631,16 @@ class NaiveAttention(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         softmax = self._softmax_input(node)
-        if softmax is None or not softmax.last_dim or not self._is_scores(softmax.input):
+        if softmax is None or not softmax.last_dim:
+            return
+        operands = self._score_operands(softmax.input)
+        if operands is None or self._has_fused_path() or self._is_dispatched_fallback():
+            return
+        scope = self._scope()
+        before = scope.position.get(id(self.context.tracker.current_statement))
+        if before is None or not self._weights_meet_values(node, scope, before):
+            return
+        if self._not_sequence_by_sequence(*operands, scope, before):
             return
         self.report(
             node,
@@ -472,6 +650,339 @@ class NaiveAttention(Rule):
             "fused kernels never store it.",
             fix=self._fix(node, softmax.input) if softmax.input_and_dim_only else None,
         )
+
+    # --- a fused path beside this one ----------------------------------------
+    def _has_fused_path(self) -> bool:
+        """Whether this code is one side of a choice whose other side calls a
+        fused kernel: `if self.fused_attn: F.scaled_dot_product_attention(...)
+        else: <here>`, an earlier `if flash: return ...` in the function, or
+        `if needs_eager: <here>; return ...` followed by the fused call."""
+        stack = self.context.tracker.statements
+        function_at = next(
+            (i for i in range(len(stack) - 1, -1, -1) if isinstance(stack[i], cst.FunctionDef)), -1
+        )
+        owner = (
+            stack[function_at - 1]
+            if function_at > 0 and isinstance(stack[function_at - 1], cst.ClassDef)
+            else None
+        )
+        for index in range(function_at + 1, len(stack)):
+            child = stack[index]
+            parent = stack[index - 1] if index - 1 > function_at else None
+            if isinstance(parent, cst.If):
+                in_body = isinstance(parent.body, cst.IndentedBlock) and any(
+                    s is child for s in parent.body.body
+                )
+                other = parent.orelse if in_body else parent.body
+                if other is not None and self._calls_fused(other, owner):
+                    return True
+            block = enclosing_block(stack, self.context.module, child)
+            if block is None:
+                continue
+            at = next(i for i, statement in enumerate(block) if statement is child)
+            for earlier in block[:at]:
+                if (
+                    isinstance(earlier, cst.If)
+                    and _ends_in_exit(earlier.body)
+                    and self._calls_fused(earlier.body, owner)
+                ):
+                    return True
+            if (
+                isinstance(child, cst.If)
+                and index + 1 < len(stack)
+                and _ends_in_exit(child.body)
+                and any(s is stack[index + 1] for s in _statements(child.body))
+                and any(self._calls_fused(later, owner) for later in block[at + 1 :])
+            ):
+                return True
+        return False
+
+    def _calls_fused(self, node: cst.CSTNode, owner: cst.ClassDef | None) -> bool:
+        """Whether `node` calls a fused attention kernel, directly or through
+        a method of `owner` or a function of this file that calls one."""
+        for call in descendants(node):
+            if not isinstance(call, cst.Call):
+                continue
+            if _is_fused_kernel(self.context.call_name(call)):
+                return True
+            callee = self._local_callee(call, owner)
+            if callee is not None and self._body_calls_fused(callee):
+                return True
+        return False
+
+    def _local_callee(self, call: cst.Call, owner: cst.ClassDef | None) -> cst.FunctionDef | None:
+        """The definition `self.m(...)` (a method of `owner`) or `f(...)` (a
+        function of this module) runs."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            return self._index().functions.get(func.value)
+        if (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value == "self"
+        ):
+            return _method(owner, func.attr.value) if owner is not None else None
+        return None
+
+    def _body_calls_fused(self, function: cst.FunctionDef) -> bool:
+        known = self._fused_bodies.get(id(function))
+        if known is None:
+            known = any(
+                isinstance(call, cst.Call) and _is_fused_kernel(self.context.call_name(call))
+                for call in descendants(function)
+            )
+            self._fused_bodies[id(function)] = known
+        return known
+
+    # --- one implementation among several --------------------------------------
+    def _is_dispatched_fallback(self) -> bool:
+        """Whether the enclosing module-level function, or the class of the
+        enclosing method, is one entry of a dispatch between implementations:
+        the default of a registry lookup (`FUNCTIONS.get(config.impl, eager)`),
+        a value of a dict that also names a fused implementation
+        (`{"eager": Attention, "sdpa": SdpaAttention}`), or a class whose
+        subclass overrides this method with one that calls a fused kernel."""
+        stack = self.context.tracker.statements
+        index = self._index()
+        top = stack[0] if stack else None
+        if isinstance(top, cst.FunctionDef):
+            return top.name.value in index.dispatched
+        if isinstance(top, cst.ClassDef) and len(stack) > 1 and isinstance(stack[1], cst.FunctionDef):
+            if top.name.value in index.dispatched:
+                return True
+            method = stack[1].name.value
+            for subclass in index.classes:
+                if not any(
+                    isinstance(base.value, cst.Name) and base.value.value == top.name.value
+                    for base in subclass.bases
+                ):
+                    continue
+                override = _method(subclass, method)
+                if override is not None and self._calls_fused(override, subclass):
+                    return True
+        return False
+
+    def _index(self) -> _FileIndex:
+        if self._file_index is None:
+            self._file_index = _FileIndex(self.context.module)
+            self._file_index.dispatched = self._dispatched_names(self._file_index)
+        return self._file_index
+
+    def _dispatched_names(self, index: _FileIndex) -> frozenset[str]:
+        names: set[str] = set()
+        for node in descendants(index.module):
+            if isinstance(node, cst.Dict):
+                values = [
+                    element.value.value
+                    for element in node.elements
+                    if isinstance(element, cst.DictElement) and isinstance(element.value, cst.Name)
+                ]
+                if len(values) >= 2 and any(self._is_fused_implementation(value, index) for value in values):
+                    names.update(values)
+            elif isinstance(node, cst.Call):
+                called = method_call(node)
+                positional = [arg.value for arg in node.args if arg.keyword is None and not arg.star]
+                # `registry.get(key, default)`: the default is one of the implementations.
+                is_lookup = called is not None and called[1].startswith("get") and len(positional) >= 2
+                if is_lookup and isinstance(positional[-1], cst.Name):
+                    names.add(positional[-1].value)
+        return frozenset(names)
+
+    def _is_fused_implementation(self, name: str, index: _FileIndex) -> bool:
+        function = index.functions.get(name)
+        if function is not None:
+            return self._body_calls_fused(function)
+        owner = next((candidate for candidate in index.classes if candidate.name.value == name), None)
+        return owner is not None and self._calls_fused(owner, owner)
+
+    # --- the weights are applied to values ------------------------------------
+    def _scope(self) -> _Scope:
+        owner = scope_of(self.context.tracker.current_function, self.context.module)
+        scope = self._scopes.get(id(owner))
+        if scope is None:
+            scope = self._scopes[id(owner)] = _Scope(owner)
+        return scope
+
+    def _weights_meet_values(self, softmax: cst.Call, scope: _Scope, start: int) -> bool:
+        """Whether the softmax, from its statement on, is multiplied with
+        another tensor (`attn @ v`, an einsum), through dropout, casts and
+        masks, or is bound to names nothing reads again (a matrix built for
+        nothing). Weights only mixed, reduced or returned (an attention map
+        for inspection) are not what the fused kernels replace."""
+        weights: set[str] = set()
+        # The names the softmax itself is bound to that nothing has read yet.
+        unread: set[str] = set()
+        for position, small in scope.lines:
+            if position < start:
+                continue
+            if self._contracts_weights(small, weights, softmax):
+                return True
+            if position > start:
+                unread -= _names_read_by(small)
+            elif isinstance(small, cst.Assign) and self._carries_weights(small.value, set(), softmax):
+                unread = {
+                    target.target.value for target in small.targets if isinstance(target.target, cst.Name)
+                }
+            if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None:
+                carries = self._carries_weights(small.value, weights, softmax)
+                targets = (
+                    [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                )
+                for target in targets:
+                    if isinstance(target, cst.Name):
+                        if carries:
+                            weights.add(target.value)
+                        else:
+                            weights.discard(target.value)
+        return bool(unread)
+
+    def _contracts_weights(self, small: cst.CSTNode, weights: set[str], softmax: cst.Call) -> bool:
+        for node in descendants(small):
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+                operands = [node.left, node.right]
+            elif isinstance(node, cst.Call):
+                qualified = self.context.call_name(node)
+                called = method_call(node)
+                if qualified in _MATMUL:
+                    operands = [arg.value for arg in node.args]
+                elif qualified == "torch.einsum":
+                    operands = [arg.value for arg in node.args[1:]]
+                elif called is not None and qualified is None and called[1] in ("matmul", "bmm"):
+                    operands = [called[0], *(arg.value for arg in node.args)]
+                else:
+                    continue
+            else:
+                continue
+            if any(self._carries_weights(operand, weights, softmax) for operand in operands):
+                return True
+        return False
+
+    def _carries_weights(self, expr: cst.BaseExpression, weights: set[str], softmax: cst.Call) -> bool:
+        if expr is softmax:
+            return True
+        if isinstance(expr, cst.Name):
+            return expr.value in weights
+        if isinstance(expr, cst.BinaryOperation):
+            if isinstance(expr.operator, cst.MatrixMultiply):
+                return False
+            return self._carries_weights(expr.left, weights, softmax) or self._carries_weights(
+                expr.right, weights, softmax
+            )
+        if isinstance(expr, cst.Subscript):
+            return self._carries_weights(expr.value, weights, softmax)
+        if isinstance(expr, cst.IfExp):
+            return self._carries_weights(expr.body, weights, softmax) or self._carries_weights(
+                expr.orelse, weights, softmax
+            )
+        if not isinstance(expr, cst.Call):
+            return False
+        called = method_call(expr)
+        if called is not None and self._carries_weights(called[0], weights, softmax):
+            return called[1] in _WEIGHT_PRESERVING_METHODS
+        qualified = self.context.call_name(expr)
+        if qualified is not None and qualified not in _WEIGHT_PRESERVING_FUNCTIONS:
+            return False
+        # `self.attn_drop(attn)`, `dropout(attn, p)`: a module or function of
+        # the weights gives weights.
+        return any(
+            self._carries_weights(arg.value, weights, softmax) for arg in expr.args if arg.keyword is None
+        )
+
+    # --- not sequence x sequence ----------------------------------------------
+    def _not_sequence_by_sequence(
+        self, query: cst.BaseExpression, key: cst.BaseExpression, scope: _Scope, before: int
+    ) -> bool:
+        """Whether the code says the score matrix is not (tokens x tokens):
+        a learned set of queries or keys (`self.latents`), queries taken at
+        fixed positions (`x[:, :1]`, one block `q_blocks[:, :, 0]`), tokens
+        regrouped into windows, pooled (`.mean(dim=-2)`, landmarks) or
+        unfolded into local neighbourhoods, or the tokens moved to the
+        contracted axis (channel attention, `d x d` scores)."""
+        if self._is_learned(query, scope, before) or self._is_learned(key, scope, before):
+            return True
+        query_lineage = scope.lineage(query, before)
+        key_lineage = scope.lineage(key, before)
+        if self._selects_fixed_positions(query_lineage, key_lineage):
+            return True
+        return any(
+            isinstance(node, cst.Call) and self._reshapes_tokens(node)
+            for expr in (*query_lineage, *key_lineage)
+            for node in descendants(expr)
+        )
+
+    def _is_learned(self, expr: cst.BaseExpression, scope: _Scope, before: int) -> bool:
+        """`self.queries` (a parameter, not computed from the input), through
+        broadcasts and casts (`.expand(b, -1, -1)`, einops `repeat`) and local
+        names bound only to such values."""
+        while True:
+            if isinstance(expr, cst.Attribute):
+                name = dotted_name(expr)
+                return name is not None and name.startswith("self.")
+            called = method_call(expr)
+            if (
+                called is not None
+                and called[1] in _BROADCAST_METHODS
+                and self.context.qualified_name(called[0]) is None
+            ):
+                expr = called[0]
+                continue
+            if isinstance(expr, cst.Call) and self.context.call_name(expr) == "einops.repeat" and expr.args:
+                expr = expr.args[0].value
+                continue
+            if isinstance(expr, cst.Name):
+                bound = [
+                    (position, value)
+                    for position, value in scope.bindings.get(expr.value, ())
+                    if position < before
+                ]
+                return bool(bound) and all(
+                    self._is_learned(value, scope, position) for position, value in bound
+                )
+            return False
+
+    def _selects_fixed_positions(
+        self, query_lineage: list[cst.BaseExpression], key_lineage: list[cst.BaseExpression]
+    ) -> bool:
+        """The queries come from a fixed number of positions of a tensor the
+        keys do not come from: `self.q(x[:, :1])` (a class token), `blocks[:, :, 0]`
+        (one block). A packed `qkv[:, :, 0]` / `qkv[:, :, 1]` is a split, not a
+        selection: the keys come from the same tensor."""
+        key_sources = {
+            self.context.code_for(node.value)
+            for expr in key_lineage
+            for node in descendants(expr)
+            if isinstance(node, cst.Subscript)
+        }
+        return any(
+            isinstance(node, cst.Subscript)
+            and _selects_fixed_length(node)
+            and self.context.code_for(node.value) not in key_sources
+            for expr in query_lineage
+            for node in descendants(expr)
+        )
+
+    def _reshapes_tokens(self, call: cst.Call) -> bool:
+        qualified = self.context.call_name(call)
+        if qualified == "einops.rearrange":
+            pattern = get_arg(call, "pattern", 1)
+            text = string_value(pattern.value) if isinstance(pattern, cst.Arg) else None
+            return text is not None and (_folds_windows_into_batch(text) or _moves_tokens_last(text))
+        if qualified == "torch.nn.functional.unfold":
+            return True
+        if qualified == "torch.mean":
+            return _pools_positions(get_arg(call, "dim", 1))
+        called = method_call(call)
+        if called is None or qualified is not None:
+            return False
+        receiver, method = called
+        if method == "unfold":
+            # Tensor.unfold(dim, size, step): sliding windows.
+            return len(call.args) == 3
+        if method == "mean":
+            return _pools_positions(get_arg(call, "dim", 0))
+        if method == "permute":
+            return _permutes_tokens_last(call, receiver)
+        return False
 
     # --- the fix --------------------------------------------------------------
     def _fix(self, softmax: cst.Call, source: cst.BaseExpression) -> FixSpec | None:
@@ -634,3 +1145,307 @@ def _output_expression(statement: cst.CSTNode) -> cst.BaseExpression | None:
     if isinstance(small, cst.Return):
         return small.value
     return None
+
+
+# --- what the rule reads around a candidate ----------------------------------
+# Kernels that compute attention without storing the score matrix; code run
+# under `sdpa_kernel(...)` calls scaled_dot_product_attention.
+_FUSED_ATTENTION = frozenset(
+    {
+        "torch.nn.functional.scaled_dot_product_attention",
+        "torch.nn.attention.sdpa_kernel",
+        "torch.backends.cuda.sdp_kernel",
+    }
+)
+# What keeps attention weights attention weights on their way to `@ v`.
+_WEIGHT_PRESERVING_METHODS = frozenset(
+    {
+        "to", "type", "type_as", "float", "half", "bfloat16", "double", "contiguous", "clone", "detach",
+        "masked_fill", "masked_fill_", "nan_to_num", "view", "reshape", "transpose", "permute",
+        "unsqueeze", "squeeze", "flatten", "mul", "mul_", "div", "div_",
+    }
+)  # fmt: skip
+_WEIGHT_PRESERVING_FUNCTIONS = frozenset(
+    {"torch.nn.functional.dropout", "torch.dropout", "torch.where", "torch.nan_to_num", "torch.masked_fill"}
+)
+# Methods that broadcast or cast a tensor without changing what it holds.
+_BROADCAST_METHODS = frozenset(
+    {"expand", "expand_as", "repeat", "unsqueeze", "to", "type_as", "float", "half", "contiguous", "reshape", "view"}
+)  # fmt: skip
+
+
+def _names_read_by(small: cst.BaseSmallStatement) -> set[str]:
+    """The names a small statement reads (an assignment's targets are not read,
+    an augmented one's is)."""
+    if isinstance(small, (cst.Assign, cst.AnnAssign)):
+        return set(names_read(small.value)) if small.value is not None else set()
+    return set(names_read(small))
+
+
+def _is_fused_kernel(qualified: str | None) -> bool:
+    if qualified is None:
+        return False
+    if qualified in _FUSED_ATTENTION:
+        return True
+    root = qualified.split(".", 1)[0]
+    last = qualified.rsplit(".", 1)[-1]
+    if root == "flash_attn":
+        return last.startswith("flash_attn")
+    if root == "xformers":
+        return last.startswith("memory_efficient_attention")
+    return False
+
+
+def _statements(suite: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
+    return suite.body if isinstance(suite, cst.IndentedBlock) else ()
+
+
+def _ends_in_exit(suite: cst.BaseSuite) -> bool:
+    """Whether the block's last statement is a `return` or a `raise`."""
+    body = _statements(suite)
+    last = body[-1] if body else None
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
+
+
+def _method(owner: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+    return next(
+        (
+            statement
+            for statement in _statements(owner.body)
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == name
+        ),
+        None,
+    )
+
+
+class _FileIndex:
+    """The module-level functions and classes of a file, and the names a
+    dispatch between implementations picks from (filled by the rule)."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+        self.classes = [s for s in module.body if isinstance(s, cst.ClassDef)]
+        self.dispatched: frozenset[str] = frozenset()
+
+
+def _suites(statement: cst.CSTNode) -> list[cst.CSTNode]:
+    """The blocks of a compound statement, an `elif` as the `If` it is."""
+    suites: list[cst.CSTNode] = []
+    body = getattr(statement, "body", None)
+    if isinstance(body, cst.BaseSuite):
+        suites.append(body)
+    orelse = getattr(statement, "orelse", None)
+    if isinstance(orelse, cst.If):
+        suites.append(orelse)
+    elif isinstance(orelse, cst.Else):
+        suites.append(orelse.body)
+    suites.extend(handler.body for handler in getattr(statement, "handlers", ()))
+    finalbody = getattr(statement, "finalbody", None)
+    if finalbody is not None:
+        suites.append(finalbody.body)
+    suites.extend(case.body for case in getattr(statement, "cases", ()))
+    return suites
+
+
+class _Scope:
+    """The statements of one function (or of the module) in source order, and
+    the values bound to each local name: to follow a tensor back to what it
+    was computed from, and the attention weights forward to their use."""
+
+    def __init__(self, owner: cst.CSTNode) -> None:
+        self.position: dict[int, int] = {}
+        self.bindings: dict[str, list[tuple[int, cst.BaseExpression]]] = {}
+        self.lines: list[tuple[int, cst.BaseSmallStatement]] = []
+        body = owner.body  # type: ignore[attr-defined]
+        if isinstance(body, cst.SimpleStatementSuite):
+            self._small(body.body, 0)
+        else:
+            self._walk(body.body if isinstance(body, cst.IndentedBlock) else body)
+
+    def _walk(self, statements: Sequence[cst.CSTNode]) -> None:
+        for statement in statements:
+            position = self.position[id(statement)] = len(self.position)
+            if isinstance(statement, cst.SimpleStatementLine):
+                self._small(statement.body, position)
+                continue
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                continue
+            if isinstance(statement, cst.For):
+                self._bind(statement.target, statement.iter, position)
+            elif isinstance(statement, cst.With):
+                for item in statement.items:
+                    if item.asname is not None:
+                        self._bind(item.asname.name, item.item, position)
+            for suite in _suites(statement):
+                if isinstance(suite, cst.SimpleStatementSuite):
+                    self._small(suite.body, position)
+                elif isinstance(suite, cst.IndentedBlock):
+                    self._walk(suite.body)
+                else:
+                    self._walk([suite])
+
+    def _small(self, body: Sequence[cst.BaseSmallStatement], position: int) -> None:
+        for small in body:
+            self.lines.append((position, small))
+            if isinstance(small, cst.Assign):
+                for target in small.targets:
+                    self._bind(target.target, small.value, position)
+            elif isinstance(small, (cst.AnnAssign, cst.AugAssign)) and small.value is not None:
+                self._bind(small.target, small.value, position)
+
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression, position: int) -> None:
+        if isinstance(target, cst.Name):
+            self.bindings.setdefault(target.value, []).append((position, value))
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            elements = [element.value for element in target.elements]
+            items = value.elements if isinstance(value, (cst.Tuple, cst.List)) else None
+            if (
+                items is not None
+                and len(items) == len(elements)
+                and all(isinstance(i, cst.Element) for i in items)
+            ):
+                for element, item in zip(elements, items):
+                    self._bind(element, item.value, position)
+            else:
+                for element in elements:
+                    self._bind(element, value, position)
+
+    def lineage(self, expr: cst.BaseExpression, before: int) -> list[cst.BaseExpression]:
+        """`expr` and every value bound, before position `before`, to a local
+        name it is computed from, transitively (all branches: an over-approximation)."""
+        found = [expr]
+        pending = [expr]
+        seen: set[str] = set()
+        while pending:
+            for name in names_read(pending.pop()):
+                if name in seen:
+                    continue
+                seen.add(name)
+                for position, value in self.bindings.get(name, ()):
+                    if position < before:
+                        found.append(value)
+                        pending.append(value)
+        return found
+
+
+def _selects_fixed_length(subscript: cst.Subscript) -> bool:
+    """`x[:, 0]`, `x[:, :1]`, `x[:, 0:1, ...]`, `b[:, :, -1]`: a constant number of
+    positions along an axis after the first (before any `...`, which counts
+    from the end: `x[..., :64]` slices features)."""
+    for position, element in enumerate(subscript.slice):
+        selection = element.slice
+        if isinstance(selection, cst.Index) and isinstance(selection.value, cst.Ellipsis):
+            return False
+        if position == 0:
+            continue
+        if isinstance(selection, cst.Index) and is_int_literal(selection.value):
+            return True
+        if isinstance(selection, cst.Slice) and selection.step is None and _constant_span(selection):
+            return True
+    return False
+
+
+def _constant_span(selection: cst.Slice) -> bool:
+    """`:1`, `0:1`, `-2:-1`: bounds whose distance does not depend on the length
+    (`:-1` does)."""
+    upper, lower = int_value_of(selection.upper), int_value_of(selection.lower)
+    if upper is None:
+        return False
+    if selection.lower is None:
+        return upper >= 0
+    return lower is not None and (lower >= 0) == (upper >= 0)
+
+
+def int_value_of(expr: cst.BaseExpression | None) -> int | None:
+    """An integer literal's value, `-3` included."""
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+        inner = int_value(expr.expression)
+        return -inner if inner is not None else None
+    return int_value(expr)
+
+
+def _pools_positions(dim: object) -> bool:
+    """`.mean(1)`, `.mean(dim=-2)`, `.mean((2, 3))`: an average over positions
+    (landmarks, a pooled query). Not over the batch (0) nor the features (-1)."""
+    if not isinstance(dim, cst.Arg):
+        return False
+    if isinstance(dim.value, cst.Tuple):
+        values = [int_value_of(element.value) for element in dim.value.elements]
+        return bool(values) and None not in values and 0 not in values
+    value = int_value_of(dim.value)
+    return value is not None and value not in (0, -1)
+
+
+def _permutes_tokens_last(call: cst.Call, receiver: cst.BaseExpression) -> bool:
+    """`proj(x).reshape(B, N, 3, H, -1).permute(2, 0, 3, 4, 1)`: the token axis of
+    a (B, N, C) projection moved last, so `q @ k^T` contracts over tokens and
+    the scores are channels x channels."""
+    order = [int_value_of(arg.value) for arg in call.args]
+    if len(order) < 4 or None in order or order[-1] != 1 or any(arg.keyword for arg in call.args):
+        return False
+    reshaped = method_call(receiver)
+    if reshaped is None or reshaped[1] not in ("reshape", "view") or not isinstance(receiver, cst.Call):
+        return False
+    return len(receiver.args) >= 5 and not has_splat(receiver)
+
+
+def _einops_axes(side: str) -> list[tuple[str, ...]] | None:
+    axes: list[tuple[str, ...]] = []
+    group: list[str] | None = None
+    for token in re.findall(r"\.\.\.|[()]|\w+", side):
+        if token == "(":
+            if group is not None:
+                return None
+            group = []
+        elif token == ")":
+            if group is None:
+                return None
+            axes.append(tuple(group))
+            group = None
+        elif group is not None:
+            group.append(token)
+        else:
+            axes.append((token,))
+    return axes if group is None and axes else None
+
+
+def _einops_sides(pattern: str) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]] | None:
+    left, arrow, right = pattern.partition("->")
+    inputs, outputs = _einops_axes(left), _einops_axes(right)
+    if not arrow or inputs is None or outputs is None:
+        return None
+    return inputs, outputs
+
+
+def _folds_windows_into_batch(pattern: str) -> bool:
+    """`b c (x w1) (y w2) -> (b x y) c w1 w2`: the positions of the windows of two
+    split axes join the batch, so attention runs inside each window (heads
+    alone folded into the batch, `(b h)`, are still global)."""
+    sides = _einops_sides(pattern)
+    if sides is None:
+        return False
+    inputs, outputs = sides
+    batch = inputs[0]
+    if len(batch) != 1 or batch[0] not in outputs[0]:
+        return False
+    folded = set(outputs[0]) - set(batch)
+    split = [group for group in inputs if len(group) > 1]
+    return sum(1 for group in split if folded & set(group)) >= 2
+
+
+def _moves_tokens_last(pattern: str) -> bool:
+    """`b n (h d) -> b h d n`: the features split into heads and the token axis
+    moved last, so `q @ k^T` contracts over tokens (channel attention)."""
+    sides = _einops_sides(pattern)
+    if sides is None:
+        return False
+    inputs, outputs = sides
+    features, last = inputs[-1], outputs[-1]
+    return (
+        len(features) > 1
+        and len(last) == 1
+        and last[0] not in features
+        and last[0] not in inputs[0]
+        and (last[0],) in inputs
+    )
