@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg, has_splat, int_value, method_call, string_value
+from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
+from oom_lsp.analysis.rules._attention_evidence import (
+    BROADCAST_METHODS,
+    WEIGHT_PRESERVING_FUNCTIONS,
+    WEIGHT_PRESERVING_METHODS,
+    FileIndex,
+    Scope,
+    ends_in_exit,
+    folds_windows_into_batch,
+    is_fused_kernel,
+    method_named,
+    moves_tokens_last,
+    names_read_by,
+    permutes_tokens_last,
+    pools_positions,
+    selects_fixed_length,
+    statements_of,
+)
 from oom_lsp.analysis.rules._scan import (
     descendants,
     enclosing_block,
-    is_int_literal,
-    names_read,
     references,
     scope_of,
     single_assignment,
@@ -503,8 +516,8 @@ class NaiveAttention(Rule):
         # to anything else).
         self._softmax_modules: dict[str, bool] = {}
         # Built for the first candidate of the file, by node id.
-        self._file_index: _FileIndex | None = None
-        self._scopes: dict[int, _Scope] = {}
+        self._file_index: FileIndex | None = None
+        self._scopes: dict[int, Scope] = {}
         self._fused_bodies: dict[int, bool] = {}
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -683,15 +696,15 @@ class NaiveAttention(Rule):
             for earlier in block[:at]:
                 if (
                     isinstance(earlier, cst.If)
-                    and _ends_in_exit(earlier.body)
+                    and ends_in_exit(earlier.body)
                     and self._calls_fused(earlier.body, owner)
                 ):
                     return True
             if (
                 isinstance(child, cst.If)
                 and index + 1 < len(stack)
-                and _ends_in_exit(child.body)
-                and any(s is stack[index + 1] for s in _statements(child.body))
+                and ends_in_exit(child.body)
+                and any(s is stack[index + 1] for s in statements_of(child.body))
                 and any(self._calls_fused(later, owner) for later in block[at + 1 :])
             ):
                 return True
@@ -703,7 +716,7 @@ class NaiveAttention(Rule):
         for call in descendants(node):
             if not isinstance(call, cst.Call):
                 continue
-            if _is_fused_kernel(self.context.call_name(call)):
+            if is_fused_kernel(self.context.call_name(call)):
                 return True
             callee = self._local_callee(call, owner)
             if callee is not None and self._body_calls_fused(callee):
@@ -721,14 +734,14 @@ class NaiveAttention(Rule):
             and isinstance(func.value, cst.Name)
             and func.value.value == "self"
         ):
-            return _method(owner, func.attr.value) if owner is not None else None
+            return method_named(owner, func.attr.value) if owner is not None else None
         return None
 
     def _body_calls_fused(self, function: cst.FunctionDef) -> bool:
         known = self._fused_bodies.get(id(function))
         if known is None:
             known = any(
-                isinstance(call, cst.Call) and _is_fused_kernel(self.context.call_name(call))
+                isinstance(call, cst.Call) and is_fused_kernel(self.context.call_name(call))
                 for call in descendants(function)
             )
             self._fused_bodies[id(function)] = known
@@ -757,18 +770,18 @@ class NaiveAttention(Rule):
                     for base in subclass.bases
                 ):
                     continue
-                override = _method(subclass, method)
+                override = method_named(subclass, method)
                 if override is not None and self._calls_fused(override, subclass):
                     return True
         return False
 
-    def _index(self) -> _FileIndex:
+    def _index(self) -> FileIndex:
         if self._file_index is None:
-            self._file_index = _FileIndex(self.context.module)
+            self._file_index = FileIndex(self.context.module)
             self._file_index.dispatched = self._dispatched_names(self._file_index)
         return self._file_index
 
-    def _dispatched_names(self, index: _FileIndex) -> frozenset[str]:
+    def _dispatched_names(self, index: FileIndex) -> frozenset[str]:
         names: set[str] = set()
         for node in descendants(index.module):
             if isinstance(node, cst.Dict):
@@ -788,7 +801,7 @@ class NaiveAttention(Rule):
                     names.add(positional[-1].value)
         return frozenset(names)
 
-    def _is_fused_implementation(self, name: str, index: _FileIndex) -> bool:
+    def _is_fused_implementation(self, name: str, index: FileIndex) -> bool:
         function = index.functions.get(name)
         if function is not None:
             return self._body_calls_fused(function)
@@ -796,14 +809,14 @@ class NaiveAttention(Rule):
         return owner is not None and self._calls_fused(owner, owner)
 
     # --- the weights are applied to values ------------------------------------
-    def _scope(self) -> _Scope:
+    def _scope(self) -> Scope:
         owner = scope_of(self.context.tracker.current_function, self.context.module)
         scope = self._scopes.get(id(owner))
         if scope is None:
-            scope = self._scopes[id(owner)] = _Scope(owner)
+            scope = self._scopes[id(owner)] = Scope(owner)
         return scope
 
-    def _weights_meet_values(self, softmax: cst.Call, scope: _Scope, start: int) -> bool:
+    def _weights_meet_values(self, softmax: cst.Call, scope: Scope, start: int) -> bool:
         """Whether the softmax, from its statement on, is multiplied with
         another tensor (`attn @ v`, an einsum), through dropout, casts and
         masks, or is bound to names nothing reads again (a matrix built for
@@ -818,7 +831,7 @@ class NaiveAttention(Rule):
             if self._contracts_weights(small, weights, softmax):
                 return True
             if position > start:
-                unread -= _names_read_by(small)
+                unread -= names_read_by(small)
             elif isinstance(small, cst.Assign) and self._carries_weights(small.value, set(), softmax):
                 unread = {
                     target.target.value for target in small.targets if isinstance(target.target, cst.Name)
@@ -878,9 +891,9 @@ class NaiveAttention(Rule):
             return False
         called = method_call(expr)
         if called is not None and self._carries_weights(called[0], weights, softmax):
-            return called[1] in _WEIGHT_PRESERVING_METHODS
+            return called[1] in WEIGHT_PRESERVING_METHODS
         qualified = self.context.call_name(expr)
-        if qualified is not None and qualified not in _WEIGHT_PRESERVING_FUNCTIONS:
+        if qualified is not None and qualified not in WEIGHT_PRESERVING_FUNCTIONS:
             return False
         # `self.attn_drop(attn)`, `dropout(attn, p)`: a module or function of
         # the weights gives weights.
@@ -890,7 +903,7 @@ class NaiveAttention(Rule):
 
     # --- not sequence x sequence ----------------------------------------------
     def _not_sequence_by_sequence(
-        self, query: cst.BaseExpression, key: cst.BaseExpression, scope: _Scope, before: int
+        self, query: cst.BaseExpression, key: cst.BaseExpression, scope: Scope, before: int
     ) -> bool:
         """Whether the code says the score matrix is not (tokens x tokens):
         a learned set of queries or keys (`self.latents`), queries taken at
@@ -910,7 +923,7 @@ class NaiveAttention(Rule):
             for node in descendants(expr)
         )
 
-    def _is_learned(self, expr: cst.BaseExpression, scope: _Scope, before: int) -> bool:
+    def _is_learned(self, expr: cst.BaseExpression, scope: Scope, before: int) -> bool:
         """`self.queries` (a parameter, not computed from the input), through
         broadcasts and casts (`.expand(b, -1, -1)`, einops `repeat`) and local
         names bound only to such values."""
@@ -921,7 +934,7 @@ class NaiveAttention(Rule):
             called = method_call(expr)
             if (
                 called is not None
-                and called[1] in _BROADCAST_METHODS
+                and called[1] in BROADCAST_METHODS
                 and self.context.qualified_name(called[0]) is None
             ):
                 expr = called[0]
@@ -955,7 +968,7 @@ class NaiveAttention(Rule):
         }
         return any(
             isinstance(node, cst.Subscript)
-            and _selects_fixed_length(node)
+            and selects_fixed_length(node)
             and self.context.code_for(node.value) not in key_sources
             for expr in query_lineage
             for node in descendants(expr)
@@ -966,11 +979,11 @@ class NaiveAttention(Rule):
         if qualified == "einops.rearrange":
             pattern = get_arg(call, "pattern", 1)
             text = string_value(pattern.value) if isinstance(pattern, cst.Arg) else None
-            return text is not None and (_folds_windows_into_batch(text) or _moves_tokens_last(text))
+            return text is not None and (folds_windows_into_batch(text) or moves_tokens_last(text))
         if qualified == "torch.nn.functional.unfold":
             return True
         if qualified == "torch.mean":
-            return _pools_positions(get_arg(call, "dim", 1))
+            return pools_positions(get_arg(call, "dim", 1))
         called = method_call(call)
         if called is None or qualified is not None:
             return False
@@ -979,9 +992,9 @@ class NaiveAttention(Rule):
             # Tensor.unfold(dim, size, step): sliding windows.
             return len(call.args) == 3
         if method == "mean":
-            return _pools_positions(get_arg(call, "dim", 0))
+            return pools_positions(get_arg(call, "dim", 0))
         if method == "permute":
-            return _permutes_tokens_last(call, receiver)
+            return permutes_tokens_last(call, receiver)
         return False
 
     # --- the fix --------------------------------------------------------------
@@ -1145,307 +1158,3 @@ def _output_expression(statement: cst.CSTNode) -> cst.BaseExpression | None:
     if isinstance(small, cst.Return):
         return small.value
     return None
-
-
-# --- what the rule reads around a candidate ----------------------------------
-# Kernels that compute attention without storing the score matrix; code run
-# under `sdpa_kernel(...)` calls scaled_dot_product_attention.
-_FUSED_ATTENTION = frozenset(
-    {
-        "torch.nn.functional.scaled_dot_product_attention",
-        "torch.nn.attention.sdpa_kernel",
-        "torch.backends.cuda.sdp_kernel",
-    }
-)
-# What keeps attention weights attention weights on their way to `@ v`.
-_WEIGHT_PRESERVING_METHODS = frozenset(
-    {
-        "to", "type", "type_as", "float", "half", "bfloat16", "double", "contiguous", "clone", "detach",
-        "masked_fill", "masked_fill_", "nan_to_num", "view", "reshape", "transpose", "permute",
-        "unsqueeze", "squeeze", "flatten", "mul", "mul_", "div", "div_",
-    }
-)  # fmt: skip
-_WEIGHT_PRESERVING_FUNCTIONS = frozenset(
-    {"torch.nn.functional.dropout", "torch.dropout", "torch.where", "torch.nan_to_num", "torch.masked_fill"}
-)
-# Methods that broadcast or cast a tensor without changing what it holds.
-_BROADCAST_METHODS = frozenset(
-    {"expand", "expand_as", "repeat", "unsqueeze", "to", "type_as", "float", "half", "contiguous", "reshape", "view"}
-)  # fmt: skip
-
-
-def _names_read_by(small: cst.BaseSmallStatement) -> set[str]:
-    """The names a small statement reads (an assignment's targets are not read,
-    an augmented one's is)."""
-    if isinstance(small, (cst.Assign, cst.AnnAssign)):
-        return set(names_read(small.value)) if small.value is not None else set()
-    return set(names_read(small))
-
-
-def _is_fused_kernel(qualified: str | None) -> bool:
-    if qualified is None:
-        return False
-    if qualified in _FUSED_ATTENTION:
-        return True
-    root = qualified.split(".", 1)[0]
-    last = qualified.rsplit(".", 1)[-1]
-    if root == "flash_attn":
-        return last.startswith("flash_attn")
-    if root == "xformers":
-        return last.startswith("memory_efficient_attention")
-    return False
-
-
-def _statements(suite: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
-    return suite.body if isinstance(suite, cst.IndentedBlock) else ()
-
-
-def _ends_in_exit(suite: cst.BaseSuite) -> bool:
-    """Whether the block's last statement is a `return` or a `raise`."""
-    body = _statements(suite)
-    last = body[-1] if body else None
-    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
-
-
-def _method(owner: cst.ClassDef, name: str) -> cst.FunctionDef | None:
-    return next(
-        (
-            statement
-            for statement in _statements(owner.body)
-            if isinstance(statement, cst.FunctionDef) and statement.name.value == name
-        ),
-        None,
-    )
-
-
-class _FileIndex:
-    """The module-level functions and classes of a file, and the names a
-    dispatch between implementations picks from (filled by the rule)."""
-
-    def __init__(self, module: cst.Module) -> None:
-        self.module = module
-        self.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
-        self.classes = [s for s in module.body if isinstance(s, cst.ClassDef)]
-        self.dispatched: frozenset[str] = frozenset()
-
-
-def _suites(statement: cst.CSTNode) -> list[cst.CSTNode]:
-    """The blocks of a compound statement, an `elif` as the `If` it is."""
-    suites: list[cst.CSTNode] = []
-    body = getattr(statement, "body", None)
-    if isinstance(body, cst.BaseSuite):
-        suites.append(body)
-    orelse = getattr(statement, "orelse", None)
-    if isinstance(orelse, cst.If):
-        suites.append(orelse)
-    elif isinstance(orelse, cst.Else):
-        suites.append(orelse.body)
-    suites.extend(handler.body for handler in getattr(statement, "handlers", ()))
-    finalbody = getattr(statement, "finalbody", None)
-    if finalbody is not None:
-        suites.append(finalbody.body)
-    suites.extend(case.body for case in getattr(statement, "cases", ()))
-    return suites
-
-
-class _Scope:
-    """The statements of one function (or of the module) in source order, and
-    the values bound to each local name: to follow a tensor back to what it
-    was computed from, and the attention weights forward to their use."""
-
-    def __init__(self, owner: cst.CSTNode) -> None:
-        self.position: dict[int, int] = {}
-        self.bindings: dict[str, list[tuple[int, cst.BaseExpression]]] = {}
-        self.lines: list[tuple[int, cst.BaseSmallStatement]] = []
-        body = owner.body  # type: ignore[attr-defined]
-        if isinstance(body, cst.SimpleStatementSuite):
-            self._small(body.body, 0)
-        else:
-            self._walk(body.body if isinstance(body, cst.IndentedBlock) else body)
-
-    def _walk(self, statements: Sequence[cst.CSTNode]) -> None:
-        for statement in statements:
-            position = self.position[id(statement)] = len(self.position)
-            if isinstance(statement, cst.SimpleStatementLine):
-                self._small(statement.body, position)
-                continue
-            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-                continue
-            if isinstance(statement, cst.For):
-                self._bind(statement.target, statement.iter, position)
-            elif isinstance(statement, cst.With):
-                for item in statement.items:
-                    if item.asname is not None:
-                        self._bind(item.asname.name, item.item, position)
-            for suite in _suites(statement):
-                if isinstance(suite, cst.SimpleStatementSuite):
-                    self._small(suite.body, position)
-                elif isinstance(suite, cst.IndentedBlock):
-                    self._walk(suite.body)
-                else:
-                    self._walk([suite])
-
-    def _small(self, body: Sequence[cst.BaseSmallStatement], position: int) -> None:
-        for small in body:
-            self.lines.append((position, small))
-            if isinstance(small, cst.Assign):
-                for target in small.targets:
-                    self._bind(target.target, small.value, position)
-            elif isinstance(small, (cst.AnnAssign, cst.AugAssign)) and small.value is not None:
-                self._bind(small.target, small.value, position)
-
-    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression, position: int) -> None:
-        if isinstance(target, cst.Name):
-            self.bindings.setdefault(target.value, []).append((position, value))
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            elements = [element.value for element in target.elements]
-            items = value.elements if isinstance(value, (cst.Tuple, cst.List)) else None
-            if (
-                items is not None
-                and len(items) == len(elements)
-                and all(isinstance(i, cst.Element) for i in items)
-            ):
-                for element, item in zip(elements, items):
-                    self._bind(element, item.value, position)
-            else:
-                for element in elements:
-                    self._bind(element, value, position)
-
-    def lineage(self, expr: cst.BaseExpression, before: int) -> list[cst.BaseExpression]:
-        """`expr` and every value bound, before position `before`, to a local
-        name it is computed from, transitively (all branches: an over-approximation)."""
-        found = [expr]
-        pending = [expr]
-        seen: set[str] = set()
-        while pending:
-            for name in names_read(pending.pop()):
-                if name in seen:
-                    continue
-                seen.add(name)
-                for position, value in self.bindings.get(name, ()):
-                    if position < before:
-                        found.append(value)
-                        pending.append(value)
-        return found
-
-
-def _selects_fixed_length(subscript: cst.Subscript) -> bool:
-    """`x[:, 0]`, `x[:, :1]`, `x[:, 0:1, ...]`, `b[:, :, -1]`: a constant number of
-    positions along an axis after the first (before any `...`, which counts
-    from the end: `x[..., :64]` slices features)."""
-    for position, element in enumerate(subscript.slice):
-        selection = element.slice
-        if isinstance(selection, cst.Index) and isinstance(selection.value, cst.Ellipsis):
-            return False
-        if position == 0:
-            continue
-        if isinstance(selection, cst.Index) and is_int_literal(selection.value):
-            return True
-        if isinstance(selection, cst.Slice) and selection.step is None and _constant_span(selection):
-            return True
-    return False
-
-
-def _constant_span(selection: cst.Slice) -> bool:
-    """`:1`, `0:1`, `-2:-1`: bounds whose distance does not depend on the length
-    (`:-1` does)."""
-    upper, lower = int_value_of(selection.upper), int_value_of(selection.lower)
-    if upper is None:
-        return False
-    if selection.lower is None:
-        return upper >= 0
-    return lower is not None and (lower >= 0) == (upper >= 0)
-
-
-def int_value_of(expr: cst.BaseExpression | None) -> int | None:
-    """An integer literal's value, `-3` included."""
-    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
-        inner = int_value(expr.expression)
-        return -inner if inner is not None else None
-    return int_value(expr)
-
-
-def _pools_positions(dim: object) -> bool:
-    """`.mean(1)`, `.mean(dim=-2)`, `.mean((2, 3))`: an average over positions
-    (landmarks, a pooled query). Not over the batch (0) nor the features (-1)."""
-    if not isinstance(dim, cst.Arg):
-        return False
-    if isinstance(dim.value, cst.Tuple):
-        values = [int_value_of(element.value) for element in dim.value.elements]
-        return bool(values) and None not in values and 0 not in values
-    value = int_value_of(dim.value)
-    return value is not None and value not in (0, -1)
-
-
-def _permutes_tokens_last(call: cst.Call, receiver: cst.BaseExpression) -> bool:
-    """`proj(x).reshape(B, N, 3, H, -1).permute(2, 0, 3, 4, 1)`: the token axis of
-    a (B, N, C) projection moved last, so `q @ k^T` contracts over tokens and
-    the scores are channels x channels."""
-    order = [int_value_of(arg.value) for arg in call.args]
-    if len(order) < 4 or None in order or order[-1] != 1 or any(arg.keyword for arg in call.args):
-        return False
-    reshaped = method_call(receiver)
-    if reshaped is None or reshaped[1] not in ("reshape", "view") or not isinstance(receiver, cst.Call):
-        return False
-    return len(receiver.args) >= 5 and not has_splat(receiver)
-
-
-def _einops_axes(side: str) -> list[tuple[str, ...]] | None:
-    axes: list[tuple[str, ...]] = []
-    group: list[str] | None = None
-    for token in re.findall(r"\.\.\.|[()]|\w+", side):
-        if token == "(":
-            if group is not None:
-                return None
-            group = []
-        elif token == ")":
-            if group is None:
-                return None
-            axes.append(tuple(group))
-            group = None
-        elif group is not None:
-            group.append(token)
-        else:
-            axes.append((token,))
-    return axes if group is None and axes else None
-
-
-def _einops_sides(pattern: str) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]] | None:
-    left, arrow, right = pattern.partition("->")
-    inputs, outputs = _einops_axes(left), _einops_axes(right)
-    if not arrow or inputs is None or outputs is None:
-        return None
-    return inputs, outputs
-
-
-def _folds_windows_into_batch(pattern: str) -> bool:
-    """`b c (x w1) (y w2) -> (b x y) c w1 w2`: the positions of the windows of two
-    split axes join the batch, so attention runs inside each window (heads
-    alone folded into the batch, `(b h)`, are still global)."""
-    sides = _einops_sides(pattern)
-    if sides is None:
-        return False
-    inputs, outputs = sides
-    batch = inputs[0]
-    if len(batch) != 1 or batch[0] not in outputs[0]:
-        return False
-    folded = set(outputs[0]) - set(batch)
-    split = [group for group in inputs if len(group) > 1]
-    return sum(1 for group in split if folded & set(group)) >= 2
-
-
-def _moves_tokens_last(pattern: str) -> bool:
-    """`b n (h d) -> b h d n`: the features split into heads and the token axis
-    moved last, so `q @ k^T` contracts over tokens (channel attention)."""
-    sides = _einops_sides(pattern)
-    if sides is None:
-        return False
-    inputs, outputs = sides
-    features, last = inputs[-1], outputs[-1]
-    return (
-        len(features) > 1
-        and len(last) == 1
-        and last[0] not in features
-        and last[0] not in inputs[0]
-        and (last[0],) in inputs
-    )

@@ -10,7 +10,7 @@ import pytest
 from oom_lsp.analysis import LintSettings, analyze
 from oom_lsp.analysis.autofix import fix_source
 from oom_lsp.analysis.findings import Finding
-from oom_lsp.analysis.rules.attention import _folds_windows_into_batch, _moves_tokens_last
+from oom_lsp.analysis.rules._attention_evidence import folds_windows_into_batch, moves_tokens_last
 
 
 def _findings(source: str, code: str) -> list[Finding]:
@@ -504,5 +504,5 @@ def test_still_reported(source: str, why: str) -> None:
     ],
 )
 def test_einops_patterns(pattern: str, windows: bool, tokens_last: bool) -> None:
-    assert _folds_windows_into_batch(pattern) is windows
-    assert _moves_tokens_last(pattern) is tokens_last
+    assert folds_windows_into_batch(pattern) is windows
+    assert moves_tokens_last(pattern) is tokens_last
