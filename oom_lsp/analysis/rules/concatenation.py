@@ -462,7 +462,7 @@ class CatInLoop(Rule):
             return
         short = function.rsplit(".", 1)[-1]
         growth = (
-            f"`{accumulator}` is grown with `{short}` at every batch: each one copies everything "
+            f"`{accumulator}` is grown with `{short}` inside a loop: every iteration copies everything "
             "accumulated so far into a new tensor, so the copies are quadratic and the old and new "
             "tensors are alive together."
         )

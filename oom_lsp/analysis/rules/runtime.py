@@ -20,7 +20,6 @@ from oom_lsp.analysis.rules._scan import (
     is_optimizer_like,
     references,
     scope_of,
-    single_assignment,
 )
 from oom_lsp.analysis.rules.precision import file_uses_cuda
 from oom_lsp.fixes.empty_cache import remove_call_statement
@@ -273,7 +272,7 @@ class TorchLoadWithoutMapLocation(Rule):
         self.report(
             node,
             "`torch.load` without `map_location` restores every tensor onto the device it was saved "
-            'from, next to the model\'s own copy. Pass `map_location="cpu"`.',
+            'from, next to the model\'s own copy. Pass `map_location="cpu"` and move what you need.',
             fix=FixSpec(
                 title='Pass `map_location="cpu"`' + (" and `weights_only=True`" if weights_only else ""),
                 edits=add_map_location(node, weights_only=weights_only),
@@ -359,12 +358,19 @@ def _state_sinks(scope: cst.CSTNode, load: cst.Call, statement: cst.CSTNode | No
 
 
 def _assigned_from(statement: cst.CSTNode, load: cst.Call) -> set[str]:
-    """The plain names a statement `x = <... torch.load(...) ...>` binds."""
-    assign = single_assignment(statement)
-    if assign is None or not any(node is load for node in descendants(assign.value, skip=SCOPES)):
+    """The plain name that `x = <... torch.load(...) ...>` binds, in a line
+    of one or more simple statements."""
+    if not isinstance(statement, cst.SimpleStatementLine):
         return set()
-    target = assign.targets[0].target
-    return {target.value} if isinstance(target, cst.Name) else set()
+    for small in statement.body:
+        if (
+            isinstance(small, cst.Assign)
+            and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+            and any(node is load for node in descendants(small.value, skip=SCOPES))
+        ):
+            return {small.targets[0].target.value}
+    return set()
 
 
 def _derived_names(scope: cst.CSTNode, seeds: set[str]) -> set[str]:
