@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import libcst as cst
 
@@ -433,6 +433,11 @@ class CatInLoop(Rule):
         if position is None:
             return
         loop = tracker.loops[-1]
+        # The cheap test first: most loops that grow a tensor are not over data.
+        if not any(_iterates_over_data(outer) for outer in _loops_carrying(tracker.loops, accumulator)):
+            # A few groups (crop resolutions, regions, the chunks of one batch)
+            # or a count of steps: nothing says the tensor grows with a data set.
+            return
         if _owner_bound_by(loop, accumulator):
             # `region.prompt = cat([uncond, region.prompt])` over `for region in
             # regions`: each iteration extends a different object's attribute once.
@@ -456,10 +461,6 @@ class CatInLoop(Rule):
                 # already reads it whole, so the copy is not what costs, and a
                 # list would not do.
                 return
-        if not any(_iterates_over_data(outer) for outer in _loops_carrying(tracker.loops, accumulator)):
-            # A few groups (crop resolutions, regions, the chunks of one batch)
-            # or a count of steps: nothing says the tensor grows with a data set.
-            return
         short = function.rsplit(".", 1)[-1]
         growth = (
             f"`{accumulator}` is grown with `{short}` inside a loop: every iteration copies everything "
@@ -682,21 +683,23 @@ def _only_size_reads(loop: cst.For | cst.While, accumulator: str, others: list[c
     return all(id(reference) in size_reads for reference in others)
 
 
-def _loops_carrying(loops: Sequence[cst.For | cst.While], accumulator: str) -> list[cst.For | cst.While]:
-    """The innermost loop, and each enclosing loop that carries the
+def _loops_carrying(loops: Sequence[cst.For | cst.While], accumulator: str) -> Iterator[cst.For | cst.While]:
+    """The innermost loop, then each enclosing loop that carries the
     accumulator over from one of its iterations to the next: it stops at the
     first one that binds it outside the inner loop (`pred = None` before the
-    loop over one batch's chunks restarts it at every batch)."""
-    carrying = [loops[-1]]
+    loop over one batch's chunks restarts it at every batch). Lazily: the
+    enclosing loops are looked at only when the inner ones do not settle it."""
+    inner = loops[-1]
+    yield inner
     for outer in reversed(loops[:-1]):
-        inner = {id(target) for target in _binding_targets(carrying[-1])}
+        inside = {id(target) for target in _binding_targets(inner)}
         if any(
-            id(target) not in inner and accumulator in _bound_names(target)
+            id(target) not in inside and accumulator in _bound_names(target)
             for target in _binding_targets(outer)
         ):
-            break
-        carrying.append(outer)
-    return carrying
+            return
+        yield outer
+        inner = outer
 
 
 # Calls that iterate over what they are given (`enumerate(tqdm(loader))`).

@@ -516,10 +516,8 @@ def _checkpoints_of(context: FileContext) -> _Checkpoints:
             and is_true(node.value)
             for node in descendants(context.module)
         )
-        for block in _statement_lists(context.module):
-            on_cpu: set[str] = set()
-            for statement in block:
-                _scan_saves(statement, context, on_cpu, found.saves)
+        if "save" in context.source:
+            _scan_block(context.module.body, context, found.saves)
     _CHECKPOINTS[context] = found
     return found
 
@@ -536,16 +534,29 @@ def _uses_gpu(context: FileContext) -> bool:
     )
 
 
-def _statement_lists(module: cst.Module) -> list[Sequence[cst.BaseStatement]]:
-    return [module.body] + [node.body for node in descendants(module) if isinstance(node, cst.IndentedBlock)]
+def _scan_block(body: Sequence[cst.CSTNode], context: FileContext, saves: list[_Save]) -> None:
+    """Record the `torch.save` calls of a block and of the blocks in it, with
+    the models each block moved to the CPU before (`net.eval().cpu()` before
+    `torch.save(net.state_dict(), ...)`)."""
+    on_cpu: set[str] = set()
+    for statement in body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            for node in descendants(statement, skip=(cst.IndentedBlock,)):
+                if isinstance(node, cst.IndentedBlock) and node is not statement:
+                    _scan_block(node.body, context, saves)
+                elif isinstance(node, cst.SimpleStatementSuite):
+                    _scan_line(node, context, on_cpu, saves)
+            continue
+        _scan_line(statement, context, on_cpu, saves)
 
 
-def _scan_saves(statement: cst.CSTNode, context: FileContext, on_cpu: set[str], saves: list[_Save]) -> None:
-    """Record the `torch.save` calls of a simple statement, and the models it
-    moves (`net.eval().cpu()` before `torch.save(net.state_dict(), ...)`)."""
-    if not isinstance(statement, cst.SimpleStatementLine):
-        return
-    for node in descendants(statement, skip=SCOPES):
+def _scan_line(
+    line: cst.SimpleStatementLine | cst.SimpleStatementSuite,
+    context: FileContext,
+    on_cpu: set[str],
+    saves: list[_Save],
+) -> None:
+    for node in descendants(line, skip=SCOPES):
         if not isinstance(node, cst.Call):
             continue
         moved = _move(node)
