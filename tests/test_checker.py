@@ -10,7 +10,7 @@ from oom_lsp import checker
 from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.config import ConfigResolver
 
-RISKY = 'import torch\nstate = torch.load("x.pt")\n'
+RISKY = 'import torch\nstate = torch.load("x.pt")\nnet.cuda().load_state_dict(state["net"])\n'
 
 
 def write(path: Path, text: str | bytes = RISKY) -> Path:

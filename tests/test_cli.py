@@ -17,8 +17,11 @@ import pytest
 from oom_lsp import checker, cli
 from oom_lsp.analysis import engine
 
-RISKY = 'import torch\nstate = torch.load("x.pt")\n'
-FIXED = 'import torch\nstate = torch.load("x.pt", map_location="cpu")\n'
+# A checkpoint of a CUDA model restored without map_location (OOM501).
+RISKY = 'import torch\nstate = torch.load("x.pt")\nnet.cuda().load_state_dict(state["net"])\n'
+FIXED = (
+    'import torch\nstate = torch.load("x.pt", map_location="cpu")\nnet.cuda().load_state_dict(state["net"])\n'
+)
 CLEAN = "import torch\nx = torch.zeros(3)\n"
 # OOM101's fix (lowering the batch size) is unsafe.
 BIG_BATCH = "from torch.utils.data import DataLoader\nloader = DataLoader(data, batch_size=256)\n"
@@ -273,10 +276,10 @@ def test_diff_shows_but_does_not_write(project: Path, capsys: pytest.CaptureFixt
 
 def test_json_and_statistics(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write(project / "a.py", RISKY)
-    write(project / "b.py", RISKY + 'more = torch.load("y.pt")\n')
+    write(project / "b.py", RISKY + 'more = torch.load("y.pt")\nnet.load_state_dict(more["net"])\n')
     code, out, _ = run(capsys, "--check", *SELECT, "--format", "json", ".")
     records = json.loads(out)
-    assert code == 1 and [(r["path"], r["line"]) for r in records] == [("a.py", 2), ("b.py", 2), ("b.py", 3)]
+    assert code == 1 and [(r["path"], r["line"]) for r in records] == [("a.py", 2), ("b.py", 2), ("b.py", 4)]
     code, out, _ = run(capsys, "--check", *SELECT, "--statistics", ".")
     assert out.splitlines()[0] == "3\tOOM501\t[*] torch-load-without-map-location"
     code, out, _ = run(capsys, "--check", *SELECT, "--statistics", "--format", "json", ".")

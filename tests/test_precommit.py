@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RISKY = 'import torch\nstate = torch.load("x.pt")\n'
-FIXED = 'import torch\nstate = torch.load("x.pt", map_location="cpu")\n'
+RISKY = 'import torch\nstate = torch.load("x.pt")\nnet.cuda().load_state_dict(state["net"])\n'
+FIXED = (
+    'import torch\nstate = torch.load("x.pt", map_location="cpu")\nnet.cuda().load_state_dict(state["net"])\n'
+)
 
 
 def _pre_commit() -> str | None:

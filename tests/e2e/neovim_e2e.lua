@@ -149,12 +149,12 @@ vim.api.nvim_create_autocmd("BufWritePre", {
   end,
 })
 local last = vim.api.nvim_buf_line_count(buf)
-vim.api.nvim_buf_set_lines(buf, last, last, true, { 'best = torch.load("best.pt")' })
+vim.api.nvim_buf_set_lines(buf, last, last, true, { 'model.load_state_dict(torch.load("best.pt"))' })
 wait_for("a diagnostic on the new line", function()
   return #oom_diagnostics("OOM501") == 1
 end)
 vim.cmd.write()
-if line(last) ~= 'best = torch.load("best.pt", map_location="cpu")' then
+if line(last) ~= 'model.load_state_dict(torch.load("best.pt", map_location="cpu", weights_only=True))' then
   fail("fix all on save did not fix the new line: " .. line(last))
 end
 step("fix all on save: " .. line(last))

@@ -20,6 +20,8 @@ RISKY = '''"""Resume fine-tuning from the last checkpoint."""
 import torch
 from torch import nn
 
+device = torch.device("cuda")
+
 
 def resume(model: nn.Module, optimizer: torch.optim.Optimizer, path: str) -> int:
     checkpoint = torch.load(path)
@@ -28,8 +30,8 @@ def resume(model: nn.Module, optimizer: torch.optim.Optimizer, path: str) -> int
     return checkpoint["epoch"]
 
 
-def load_embeddings(path: str) -> torch.Tensor:
-    return torch.load(path, weights_only=True)
+def load_weights(model: nn.Module, path: str) -> None:
+    model.load_state_dict(torch.load(path, weights_only=True))
 
 
 def train_epoch(model, loader, optimizer, criterion):
@@ -84,9 +86,11 @@ def test_neovim_applies_fixes(tmp_path: Path):
     assert "ok: server stopped" in result.stdout, result.stdout
     saved = train.read_text()
     assert 'checkpoint = torch.load(path, map_location="cpu")' in saved
-    assert "return torch.load(path, weights_only=True)  # oom: ignore[OOM501]" in saved
+    assert "    model.load_state_dict(torch.load(path, weights_only=True))  # oom: ignore[OOM501]" in saved
     assert "        total_loss += loss.detach()\n" in saved
-    assert saved.endswith('best = torch.load("best.pt", map_location="cpu")\n')
+    assert saved.endswith(
+        'model.load_state_dict(torch.load("best.pt", map_location="cpu", weights_only=True))\n'
+    )
     log = state / "nvim" / "lsp.log"
     if log.exists():
         # Neovim logs whatever a server writes on stderr as an error.

@@ -23,9 +23,13 @@ def _codes(source: str) -> list[str]:
 
 
 def test_appends_a_trailing_comment():
-    fixed = _ignored(LOAD, 2)
-    assert fixed == 'import torch\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM501]\n'
-    assert _codes(LOAD) == ["OOM501"]
+    source = LOAD + "model.cuda().load_state_dict(state)\n"
+    fixed = _ignored(source, 2)
+    assert fixed == (
+        'import torch\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM501]\n'
+        "model.cuda().load_state_dict(state)\n"
+    )
+    assert _codes(source) == ["OOM501"]
     assert _codes(fixed) == []
 
 

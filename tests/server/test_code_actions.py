@@ -15,7 +15,9 @@ from tests.server.lsp_session import apply_text_edits, diagnostics_for, edits_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n'
+# A checkpoint of a CUDA model restored without map_location (OOM501).
+RESTORE = 'net.cuda().load_state_dict(state["net"])\n'
+LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n' + RESTORE
 _names = itertools.count()
 
 
@@ -62,7 +64,7 @@ async def test_quick_fix_is_preferred_and_applies(client: LanguageClient):
     assert fix.is_preferred is True
     assert list(fix.diagnostics) == diagnostics
     fixed = apply_text_edits(LOAD, edits_of(fix, uri), _encoding(client))
-    assert fixed == 'import torch\n\nstate = torch.load("ckpt.pt", map_location="cpu")\n'
+    assert fixed == 'import torch\n\nstate = torch.load("ckpt.pt", map_location="cpu")\n' + RESTORE
     if client.capabilities.workspace.workspace_edit.document_changes:
         (change,) = fix.edit.document_changes
         assert change.text_document.version == 1, "edits carry the version they were computed for"
@@ -75,24 +77,28 @@ async def test_ignore_for_this_line(client: LanguageClient):
     )
     assert not action.is_preferred
     fixed = apply_text_edits(LOAD, edits_of(action, uri), _encoding(client))
-    assert fixed == 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM501]\n'
+    assert fixed == 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM501]\n' + RESTORE
     since = len(client.published)
     replace_text(client, uri, 2, fixed)
     assert await diagnostics_for(client, uri, 2, since) == []
 
 
 async def test_ignore_merges_with_an_existing_comment(client: LanguageClient):
-    text = 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM301] reviewed\n'
+    text = 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM301] reviewed\n' + RESTORE
     uri, diagnostics = await _open(client, text)
     action = _by_title(
         await _actions(client, uri, diagnostics), "oom-lsp (OOM501): Ignore OOM501 for this line"
     )
     fixed = apply_text_edits(text, edits_of(action, uri), _encoding(client))
-    assert fixed == 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM301, OOM501] reviewed\n'
+    assert (
+        fixed
+        == 'import torch\n\nstate = torch.load("ckpt.pt")  # oom: ignore[OOM301, OOM501] reviewed\n' + RESTORE
+    )
 
 
 async def test_fix_all_applies_every_safe_fix_as_one_edit(client: LanguageClient):
-    text = 'import torch\n\nfirst = torch.load("a.pt")\nsecond = torch.load("é.pt")\n'
+    both = 'net.cuda().load_state_dict(first["net"])\nnet.load_state_dict(second["net"])\n'
+    text = 'import torch\n\nfirst = torch.load("a.pt")\nsecond = torch.load("é.pt")\n' + both
     uri, diagnostics = await _open(client, text)
     assert len(diagnostics) == 2
     (fix_all,) = await _actions(client, uri, [], only=["source.fixAll"])
@@ -102,7 +108,7 @@ async def test_fix_all_applies_every_safe_fix_as_one_edit(client: LanguageClient
     fixed = apply_text_edits(text, edits, _encoding(client))
     assert fixed == (
         'import torch\n\nfirst = torch.load("a.pt", map_location="cpu")\n'
-        'second = torch.load("é.pt", map_location="cpu")\n'
+        'second = torch.load("é.pt", map_location="cpu")\n' + both
     )
     # Offered in the light-bulb list too, where there is something safe to fix.
     titles = [action.title for action in await _actions(client, uri, diagnostics[:1])]
@@ -110,7 +116,8 @@ async def test_fix_all_applies_every_safe_fix_as_one_edit(client: LanguageClient
 
 
 async def test_fix_all_in_the_light_bulb_is_resolved_lazily(client: LanguageClient):
-    text = 'import torch\n\nfirst = torch.load("a.pt")\n'
+    restore = 'net.cuda().load_state_dict(first["net"])\n'
+    text = 'import torch\n\nfirst = torch.load("a.pt")\n' + restore
     uri, diagnostics = await _open(client, text)
     assert client.init_result.capabilities.code_action_provider.resolve_provider is True
     fix_all = _by_title(await _actions(client, uri, diagnostics), "oom-lsp: Fix all auto-fixable problems")
@@ -119,7 +126,7 @@ async def test_fix_all_in_the_light_bulb_is_resolved_lazily(client: LanguageClie
         assert fix_all.edit is None, "the whole-file fix waits for codeAction/resolve"
         fix_all = await client.code_action_resolve_async(fix_all)
     fixed = apply_text_edits(text, edits_of(fix_all, uri), _encoding(client))
-    assert fixed == 'import torch\n\nfirst = torch.load("a.pt", map_location="cpu")\n'
+    assert fixed == 'import torch\n\nfirst = torch.load("a.pt", map_location="cpu")\n' + restore
 
 
 async def test_resolving_after_an_edit_gives_no_edit(client: LanguageClient):

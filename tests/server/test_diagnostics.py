@@ -25,7 +25,9 @@ from tests.server.lsp_session import (
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n'
+# A checkpoint of a CUDA model restored without map_location (OOM501).
+RESTORE = 'net.cuda().load_state_dict(state["net"])\n'
+LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n' + RESTORE
 _names = itertools.count()
 
 
@@ -73,7 +75,7 @@ async def test_risky_file_gets_a_complete_diagnostic(client: LanguageClient):
 async def test_positions_use_the_negotiated_encoding(client: LanguageClient):
     uri = new_uri(client)
     since = len(client.published)
-    open_document(client, uri, 'import torch\nx = "é😀"; state = torch.load("a")\n')
+    open_document(client, uri, 'import torch\nx = "é😀"; state = torch.load("a")\n' + RESTORE)
     (diagnostic,) = await diagnostics_for(client, uri, 1, since)
     # `torch.load` starts at code point 18: é is 2 UTF-8 bytes, 😀 is 4 bytes or 2 UTF-16 units.
     expected = {"utf-8": 22, "utf-16": 19}[client.init_result.capabilities.position_encoding]
@@ -99,7 +101,12 @@ async def test_only_the_last_of_rapid_edits_is_reported(client: LanguageClient):
     since = len(client.published)
     open_document(client, uri, "import torch\n")
     for version in range(2, 12):
-        replace_text(client, uri, version, "import torch\n" + "x = 1\n" * version + 'torch.load("a")\n')
+        replace_text(
+            client,
+            uri,
+            version,
+            "import torch\n" + "x = 1\n" * version + 'state = torch.load("a")\n' + RESTORE,
+        )
     (diagnostic,) = await diagnostics_for(client, uri, 11, since)
     assert diagnostic.range.start.line == 12
     if not pulls(client):
@@ -174,7 +181,7 @@ async def test_large_and_binary_documents_are_answered(client: LanguageClient):
     body = "".join(
         f"def step_{index}(model, batch):\n    return model(batch) * {index}\n\n" for index in range(6667)
     )
-    open_document(client, big, "import torch\n" + body + 'state = torch.load("ckpt.pt")\n')
+    open_document(client, big, "import torch\n" + body + 'state = torch.load("ckpt.pt")\n' + RESTORE)
     diagnostics = await diagnostics_for(client, big, 1, since)
     assert codes(diagnostics) == ["OOM501"]
     assert diagnostics[0].range.start.line == 20002
@@ -214,7 +221,7 @@ async def test_incremental_edits_after_a_form_feed_line(client: LanguageClient):
     # extra line here and apply the client's edit one line too high.
     uri = new_uri(client)
     since = len(client.published)
-    text = "import torch\n\x0c\nstate = torch.load('a')\n"
+    text = "import torch\n\x0c\nstate = torch.load('a')\n" + RESTORE
     open_document(client, uri, text)
     assert codes(await diagnostics_for(client, uri, 1, since)) == ["OOM501"]
     at = types.Position(line=2, character=len("state = torch.load('a'"))

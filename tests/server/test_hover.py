@@ -20,6 +20,7 @@ TEXT = (
     'state = torch.load("ckpt.pt")\n'
     'other = torch.load("b.pt", map_location="cpu")  # oom: ignore[OOM301, torch-load-without-map-location]\n'
     "value = 1  # noqa: E501, OOM501\n"
+    'net.cuda().load_state_dict(state["net"])\n'
 )
 
 

@@ -24,7 +24,8 @@ from tests.server.lsp_session import (
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n'
+# A checkpoint of a CUDA model restored without map_location (OOM501).
+LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\nnet.cuda().load_state_dict(state["net"])\n'
 
 
 @pytest_lsp.fixture(scope="module", params=list(CLIENTS), config=CONFIG)

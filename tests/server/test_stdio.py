@@ -12,7 +12,8 @@ from typing import IO
 
 from tests.server.lsp_session import SERVER_COMMAND
 
-LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n'
+# A checkpoint of a CUDA model restored without map_location (OOM501).
+LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\nnet.cuda().load_state_dict(state["net"])\n'
 
 
 def _frame(message: dict) -> bytes:

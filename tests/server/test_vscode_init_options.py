@@ -36,6 +36,7 @@ large = DataLoader(range(10), batch_size=128)
 state = torch.load("ckpt.pt")
 x = torch.zeros(3, dtype=torch.float64, device="cuda")
 y = 1  # oom: ignore[OOM501]
+model.load_state_dict(state["model"])
 """
 
 

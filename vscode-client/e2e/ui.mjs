@@ -127,11 +127,11 @@ try {
   await editor(page).click();
   await page.keyboard.press("Control+End");
   await page.keyboard.press("Enter");
-  await page.keyboard.type('extra = torch.load("extra.pt")');
+  await page.keyboard.type('model.load_state_dict(torch.load("extra.pt")["model"])');
   await page.locator(".markers-panel .monaco-tl-contents", { hasText: "OOM501" }).first().waitFor({ timeout: 30_000 });
   await page.keyboard.press("Control+S");
   const saved = await waitForFile(
-    (text) => text.includes('extra = torch.load("extra.pt", map_location="cpu")'),
+    (text) => text.includes('model.load_state_dict(torch.load("extra.pt", map_location="cpu")["model"])'),
     "fix all on save",
   );
   // OOM101's fix is unsafe: fix-all must leave it to the user.

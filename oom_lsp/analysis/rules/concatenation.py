@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import re
+from typing import Iterator, Sequence
 
 import libcst as cst
 
@@ -44,19 +45,28 @@ _WITH_DIM = {"torch.cat", "torch.concat", "torch.concatenate"}
 class CatInLoop(Rule):
     """
     ## What it does
-    Flags a tensor grown by concatenation inside a loop,
-    `x = torch.cat([x, y])`, where `x` carries over from one iteration to the
-    next (a loop that sets `x` afresh at every iteration grows nothing).
+    Flags a tensor grown by concatenation at every batch of a data loader,
+    `preds = torch.cat([preds, model(batch)])`, where `preds` carries over
+    from one iteration to the next: the loop iterates over a data loader or a
+    data set (`for batch in loader`, `enumerate(tqdm(val_dataloader))`),
+    steps through one in batches (`range(0, n, batch_size)`,
+    `range(num_batches)`), or its target is a batch. Predictions, labels or features collected over an
+    evaluation set are what it is for.
+
+    It stays silent on a loop that reads the whole accumulator at every
+    iteration (a generation loop feeding `idx[:, -block:]` or `model(ys)` the
+    tokens so far: each step already reads the whole tensor, and a list would
+    not do), on loops over a few groups (crop resolutions, regions, the chunks
+    of one batch) or a count of steps, and on a tensor set afresh at every
+    iteration.
 
     ## Why is this bad?
     Each `torch.cat` allocates a new tensor holding everything accumulated so
-    far and copies it: n iterations copy O(n^2) elements, and at every step
-    the old and the new accumulator are alive together, so the peak is twice
-    the final size plus the fragmentation left by n ever-larger blocks. On the
+    far and copies it: n batches copy O(n^2) elements, and at every step the
+    old and the new accumulator are alive together, so the peak is twice the
+    final size plus the fragmentation left by n ever-larger blocks. On the
     GPU, collecting predictions this way over an evaluation set is a classic
-    late OOM. When the loop needs the whole tensor at every iteration (the
-    tokens of a generation loop), preallocate it at its final size and fill
-    slices instead.
+    late OOM.
 
     ## Example
     ```python
@@ -86,11 +96,13 @@ class CatInLoop(Rule):
     The first-piece idiom (`x = None` before the loop, `if x is None: x = y`
     `else: x = cat([x, y])` in it) becomes an append, and `x` is None after
     a loop that did not run, as before; comments inside that `if` go with it.
+    A loop that reads the accumulator's size (`if x.shape[0] >= n: break`) is
+    reported without a fix.
     """
 
     code = "OOM401"
     name = "cat-in-loop"
-    summary = "A tensor grown with `torch.cat` inside a loop is copied whole at every iteration."
+    summary = "A tensor grown with `torch.cat` at every batch is copied whole at every iteration."
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -108,7 +120,7 @@ class CatInLoop(Rule):
         Valid(
             """\
             import torch
-            for frame in frames:
+            for frame in frame_loader:
                 window = torch.cat([window[1:], frame[None]])
             """
         ),
@@ -119,7 +131,7 @@ class CatInLoop(Rule):
             """\
             def cat(items):
                 return items[0]
-            for y in ys:
+            for y in loader:
                 x = cat([x, y])
             """
         ),
@@ -147,7 +159,7 @@ class CatInLoop(Rule):
         Valid(
             """\
             import torch
-            for pair in pairs:
+            for pair in pair_loader:
                 acc = torch.cat(*pair)
             """
         ),
@@ -155,8 +167,70 @@ class CatInLoop(Rule):
         Valid(
             """\
             from torch import cat
-            for a, b in pairs:
+            for a, b in loader:
                 x = cat([a, b], dim=-1)
+            """
+        ),
+        # Autoregressive decoding: each step feeds the whole sequence back to
+        # the model, so the sequence is needed whole at every iteration.
+        Valid(
+            """\
+            import torch
+
+            @torch.no_grad()
+            def sample(model, tokens, steps, context):
+                for _ in range(steps):
+                    window = tokens[:, -context:]
+                    scores = model(window)[:, -1]
+                    tokens = torch.cat([tokens, scores.argmax(-1, keepdim=True)], dim=1)
+                return tokens
+            """
+        ),
+        # Greedy decoding over a loader of sentences: `out` restarts for each
+        # sentence, and the decoder reads all of it at every token.
+        Valid(
+            """\
+            import torch
+            for sentence in test_loader:
+                out = torch.full((1, 1), bos)
+                for _ in range(max_len):
+                    step = decoder(out, encoder(sentence))
+                    out = torch.cat([out, step[-1:].argmax(-1)], dim=0)
+            """
+        ),
+        # A handful of groups (one per input resolution), not a data set.
+        Valid(
+            """\
+            import torch
+
+            def forward(self, crops):
+                feats = torch.empty(0, device=crops[0].device)
+                for group in self.resolution_groups(crops):
+                    feats = torch.cat([feats, self.backbone(torch.cat(group))])
+                return self.head(feats)
+            """
+        ),
+        # Each iteration extends a different object's own tensor, once.
+        Valid(
+            """\
+            import torch
+            for region in regions:
+                region.embedding = torch.cat([blank, region.embedding])
+            """
+        ),
+        # Per-image calls over the chunks of one batch: `preds` restarts at
+        # every batch, so it never outgrows one batch.
+        Valid(
+            """\
+            import torch
+            for images in dataset:
+                preds = None
+                for image in images.chunk(len(images)):
+                    if preds is None:
+                        preds = runtime(image)
+                    else:
+                        preds = torch.cat([preds, runtime(image)])
+                keep(preds)
             """
         ),
     ]
@@ -208,23 +282,26 @@ class CatInLoop(Rule):
                 return feats
             """,
         ),
-        # `from torch import cat`, keyword `dim`, a name already taken.
+        # `from torch import cat`, keyword `dim`, a name already taken, a
+        # loader wrapped in a progress bar.
         Invalid(
             """\
             from torch import cat
+            from tqdm import tqdm
             out_parts = None
             out = start
-            while step():
-                out = cat([out, piece()], dim=-1)
+            for step, inputs in enumerate(tqdm(self.eval_dataloader())):
+                out = cat([out, encode(inputs)], dim=-1)
             """,
-            line=5,
+            line=6,
             expected_fix="""\
             from torch import cat
+            from tqdm import tqdm
             out_parts = None
             out = start
             out_parts_2 = [out]
-            while step():
-                out_parts_2.append(piece())
+            for step, inputs in enumerate(tqdm(self.eval_dataloader())):
+                out_parts_2.append(encode(inputs))
             out = cat(out_parts_2, dim=-1)
             """,
         ),
@@ -233,22 +310,22 @@ class CatInLoop(Rule):
             """\
             import torch
             h = torch.empty(0)
-            for y in ys:
-                h = torch.vstack([y, h])
+            for batch in val_dataset:
+                h = torch.vstack([encode(batch), h])
             """,
             line=4,
         ),
-        # A generation loop reads the whole sequence each step: reported
-        # (preallocate and fill), no fix.
+        # The loop reads only the accumulator's size: reported, no fix.
         Invalid(
             """\
             import torch
-            for _ in range(max_new_tokens):
-                logits = model(idx)[:, -1, :]
-                idx_next = torch.multinomial(logits.softmax(-1), 1)
-                idx = torch.cat((idx, idx_next), dim=1)
+            embeddings = torch.empty(0, dim)
+            for images, _ in test_loader:
+                embeddings = torch.cat([embeddings, encoder(images)])
+                if embeddings.shape[0] >= limit:
+                    break
             """,
-            line=5,
+            line=4,
         ),
         # The first-piece idiom.
         Invalid(
@@ -278,8 +355,8 @@ class CatInLoop(Rule):
             """\
             import torch
             acc = torch.empty(0)
-            for y in ys:
-                acc = torch.cat([acc, y], **options)
+            for batch in batches:
+                acc = torch.cat([acc, batch], **options)
             """,
             line=4,
         ),
@@ -287,8 +364,8 @@ class CatInLoop(Rule):
         Invalid(
             """\
             import torch
-            for y in ys:
-                history = torch.stack([history, y])
+            for i, minibatch in enumerate(stream):
+                history = torch.stack([history, minibatch])
             """,
             line=3,
         ),
@@ -301,6 +378,18 @@ class CatInLoop(Rule):
                     for batch in batches:
                         if batch is not None:
                             self.seen = torch.concat([self.seen, batch])
+            """,
+            line=6,
+        ),
+        # Collected across the epochs of an outer loop: no fix.
+        Invalid(
+            """\
+            import torch
+            seen = torch.empty(0)
+            for epoch in range(epochs):
+                for x, y in train_loader:
+                    for part in x.split(2):
+                        seen = torch.cat([seen, part])
             """,
             line=6,
         ),
@@ -344,6 +433,15 @@ class CatInLoop(Rule):
         if position is None:
             return
         loop = tracker.loops[-1]
+        # The cheap test first: most loops that grow a tensor are not over data.
+        if not any(_iterates_over_data(outer) for outer in _loops_carrying(tracker.loops, accumulator)):
+            # A few groups (crop resolutions, regions, the chunks of one batch)
+            # or a count of steps: nothing says the tensor grows with a data set.
+            return
+        if _owner_bound_by(loop, accumulator):
+            # `region.prompt = cat([uncond, region.prompt])` over `for region in
+            # regions`: each iteration extends a different object's attribute once.
+            return
         # The loop reads the accumulator nowhere else (but the first-piece
         # idiom `if x is None: x = y else: x = cat([x, y])` is accumulation too).
         others = [
@@ -352,23 +450,23 @@ class CatInLoop(Rule):
             for reference in references(part, accumulator)
             if reference is not node.targets[0].target and reference is not elements[position].value
         ]
+        if not _only_first_piece_idiom(loop.body, accumulator, others):
+            if _rebinds(loop, accumulator, others):
+                # Set or transformed elsewhere in the loop (`x = up(x)`, `x = f(batch)`):
+                # nothing says it grows from one iteration to the next.
+                return
+            if not _only_size_reads(loop, accumulator, others):
+                # The loop feeds the whole tensor back (a generation loop:
+                # `model(idx[:, -block:])` at every new token): each step
+                # already reads it whole, so the copy is not what costs, and a
+                # list would not do.
+                return
         short = function.rsplit(".", 1)[-1]
         growth = (
             f"`{accumulator}` is grown with `{short}` inside a loop: every iteration copies everything "
             "accumulated so far into a new tensor, so the copies are quadratic and the old and new "
             "tensors are alive together."
         )
-        if not _only_first_piece_idiom(loop.body, accumulator, others):
-            if _rebinds(loop, accumulator, others):
-                # Set or transformed elsewhere in the loop (`x = up(x)`, `x = f(batch)`):
-                # nothing says it grows from one iteration to the next.
-                return
-            # The loop reads the whole tensor: a list would not do.
-            self.report(
-                node,
-                f"{growth} The loop reads it, so preallocate it at its final size once and fill slices.",
-            )
-            return
         fix = None
         if position == 0 and len(elements) == 2 and isinstance(elements[1], cst.Element):
             fix = self._fix(node, call, loop, accumulator, function, elements[1].value, others)
@@ -515,9 +613,10 @@ class CatInLoop(Rule):
         return outer
 
 
-def _rebinds(loop: cst.For | cst.While, accumulator: str, others: list[cst.BaseExpression]) -> bool:
-    """Whether one of `others` is a binding of `accumulator` (an assignment,
-    a loop target, a `with ... as`, a walrus) rather than a read."""
+def _binding_targets(loop: cst.For | cst.While) -> list[cst.CSTNode]:
+    """What the loop binds at each iteration: its target, and the targets of
+    assignments, augmented and annotated assignments, walruses, inner `for`s,
+    comprehensions and `with ... as` in its body."""
     targets: list[cst.CSTNode] = [loop.target] if isinstance(loop, cst.For) else []
     for node in descendants(loop.body):
         if isinstance(node, cst.Assign):
@@ -526,8 +625,150 @@ def _rebinds(loop: cst.For | cst.While, accumulator: str, others: list[cst.BaseE
             targets.append(node.target)
         elif isinstance(node, cst.AsName):
             targets.append(node.name)
-    bindings = {id(reference) for target in targets for reference in references(target, accumulator)}
+    return targets
+
+
+def _bound_names(target: cst.CSTNode) -> list[str]:
+    """The dotted names a binding target binds as a whole (`a`, `a.b`, each
+    name of `a, (b, c)`), not the names it only reads (`a` of `a[i] = ...`)."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _bound_names(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return _bound_names(target.value)
+    name = dotted_name(target) if isinstance(target, cst.BaseExpression) else None
+    return [name] if name is not None else []
+
+
+def _owner_bound_by(loop: cst.For | cst.While, accumulator: str) -> bool:
+    """Whether `accumulator` is an attribute of an object the loop binds
+    afresh at each iteration (`region.prompt` in `for region in regions`)."""
+    parts = accumulator.split(".")
+    owners = {".".join(parts[:end]) for end in range(1, len(parts))}
+    return bool(owners) and any(
+        name in owners for target in _binding_targets(loop) for name in _bound_names(target)
+    )
+
+
+def _rebinds(loop: cst.For | cst.While, accumulator: str, others: list[cst.BaseExpression]) -> bool:
+    """Whether one of `others` is a binding of `accumulator` (an assignment,
+    a loop target, a `with ... as`, a walrus) rather than a read."""
+    bindings = {
+        id(reference) for target in _binding_targets(loop) for reference in references(target, accumulator)
+    }
     return any(id(reference) in bindings for reference in others)
+
+
+# What a loop may read of the accumulator without needing its values: its
+# size, and what it is.
+_SIZE_ATTRIBUTES = frozenset({"shape", "size", "ndim", "dim", "numel", "nelement", "device", "dtype"})
+
+
+def _only_size_reads(loop: cst.For | cst.While, accumulator: str, others: list[cst.BaseExpression]) -> bool:
+    """Whether every reference in `others` reads only the accumulator's size
+    or type (`x.shape[0]`, `x.size(0)`, `len(x)`, `x.device`)."""
+    if not others:
+        return True
+    size_reads: set[int] = set()
+    for part in _repeated_parts(loop):
+        for node in descendants(part, skip=SCOPES):
+            if isinstance(node, cst.Attribute) and node.attr.value in _SIZE_ATTRIBUTES:
+                size_reads.add(id(node.value))
+            elif (
+                isinstance(node, cst.Call)
+                and isinstance(node.func, cst.Name)
+                and node.func.value == "len"
+                and len(node.args) == 1
+            ):
+                size_reads.add(id(node.args[0].value))
+    return all(id(reference) in size_reads for reference in others)
+
+
+def _loops_carrying(loops: Sequence[cst.For | cst.While], accumulator: str) -> Iterator[cst.For | cst.While]:
+    """The innermost loop, then each enclosing loop that carries the
+    accumulator over from one of its iterations to the next: it stops at the
+    first one that binds it outside the inner loop (`pred = None` before the
+    loop over one batch's chunks restarts it at every batch). Lazily: the
+    enclosing loops are looked at only when the inner ones do not settle it."""
+    inner = loops[-1]
+    yield inner
+    for outer in reversed(loops[:-1]):
+        inside = {id(target) for target in _binding_targets(inner)}
+        if any(
+            id(target) not in inside and accumulator in _bound_names(target)
+            for target in _binding_targets(outer)
+        ):
+            return
+        yield outer
+        inner = outer
+
+
+# Calls that iterate over what they are given (`enumerate(tqdm(loader))`).
+_ITERATION_WRAPPERS = frozenset({"enumerate", "zip", "iter", "tqdm", "islice", "chain", "track"})
+_DATA_WORDS = frozenset({"dl", "ds", "iter", "iterator", "batches", "minibatches"})
+
+
+def _words(identifier: str) -> list[str]:
+    return [word for word in re.split(r"[_\d]+", identifier.lower()) if word]
+
+
+def _names_data(identifier: str) -> bool:
+    """`train_loader`, `testloader`, `eval_dataloader`, `val_dataset`,
+    `data_iter`, `batches`: the names PyTorch code gives what yields batches."""
+    lower = identifier.lower()
+    return "loader" in lower or "dataset" in lower or any(word in _DATA_WORDS for word in _words(identifier))
+
+
+def _names_a_batch(identifier: str) -> bool:
+    """`batch`, `batch_idx`, `x_batch`, `minibatch` (not `batch_size`)."""
+    words = _words(identifier)
+    return identifier.lower().endswith("batch") or ("batch" in words and not {"size", "sizes"} & set(words))
+
+
+def _names_a_batch_size(identifier: str) -> bool:
+    """`batch_size`, `args.eval_batch_size`, `bs`."""
+    return identifier.lower() == "bs" or "batch" in _words(identifier)
+
+
+def _batched_range(call: cst.Call) -> bool:
+    """`range(0, len(data), batch_size)`, `range(num_batches)`,
+    `range(len(loader))`: a step through a data set in batches (not
+    `range(batch_size)`, the samples of one batch)."""
+    positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+    if len(positional) == 3:
+        step = dotted_name(positional[2])
+        if step is not None and _names_a_batch_size(step.rsplit(".", 1)[-1]):
+            return True
+    return any(
+        (name := dotted_name(node)) is not None and _names_data(name.rsplit(".", 1)[-1])
+        for value in positional
+        for node in descendants(value, skip=(cst.Attribute,))
+        if isinstance(node, (cst.Name, cst.Attribute))
+    )
+
+
+def _data_source(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Call):
+        called = dotted_name(expr.func)
+        last = called.rsplit(".", 1)[-1] if called is not None else None
+        if last == "range":
+            return _batched_range(expr)
+        if last in _ITERATION_WRAPPERS:
+            return any(_data_source(arg.value) for arg in expr.args if arg.keyword is None and not arg.star)
+        # `self.val_dataloader()`, `get_loader(split)`
+        return last is not None and _names_data(last)
+    name = dotted_name(expr)
+    return name is not None and _names_data(name.rsplit(".", 1)[-1])
+
+
+def _iterates_over_data(loop: cst.For | cst.While) -> bool:
+    """Whether the loop runs once per batch of a data set: it iterates over a
+    data loader or a data set, steps through one in batches, or its target is
+    named as a batch."""
+    if not isinstance(loop, cst.For):
+        return False
+    if any(_names_a_batch(name.rsplit(".", 1)[-1]) for name in _bound_names(loop.target)):
+        return True
+    return _data_source(loop.iter)
 
 
 def _repeated_parts(loop: cst.For | cst.While) -> list[cst.CSTNode]:

@@ -4,3 +4,4 @@ import torch
 from torch.utils.data import DataLoader
 loader = DataLoader(range(4096), batch_size=512)
 state = torch.load("checkpoint.pt")
+model.cuda().load_state_dict(state["model"])
