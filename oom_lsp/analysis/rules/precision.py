@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg, method_call, string_value
+from oom_lsp.analysis.cst_helpers import get_arg, int_value, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
@@ -670,6 +670,52 @@ _DTYPE_METHODS = {"to", "type"}
 _REDUCTIONS = {"sum", "mean", "item", "tolist", "cpu", "numpy"}
 
 
+# Fewer elements than this cost under half a MiB in float64: a metric's
+# `[count, total]` for `all_reduce`, a 3x3 covariance. Exact sums are a good
+# reason for float64 there, and the memory is nothing.
+_NEGLIGIBLE_ELEMENTS = 65_536
+# Factories whose positional arguments (or a tuple/list as the first) are the shape.
+_SHAPED_FACTORIES = {f"torch.{name}" for name in ("zeros", "ones", "empty", "rand", "randn")}
+
+
+def _element_count(call: cst.Call, qualified: str | None) -> int | None:
+    """How many elements a factory call with literal data or a literal shape
+    creates: `torch.tensor([a, b])` has 2, `torch.zeros(3, 3)` 9; None when
+    the call does not show it."""
+    if qualified in ("torch.tensor", "torch.as_tensor") and call.args and call.args[0].keyword is None:
+        return _display_size(call.args[0].value)
+    if qualified in _SHAPED_FACTORIES or qualified == "torch.full":
+        shape = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+        if qualified == "torch.full":
+            shape = shape[:1]
+        if len(shape) == 1 and isinstance(shape[0], (cst.Tuple, cst.List)):
+            shape = [element.value for element in shape[0].elements]
+        sizes = [int_value(dimension) for dimension in shape]
+        if not sizes or None in sizes or any(arg.star for arg in call.args):
+            return None
+        count = 1
+        for size in sizes:
+            count *= size  # type: ignore[operator]
+        return count
+    return None
+
+
+def _display_size(expr: cst.BaseExpression) -> int | None:
+    """The number of scalars in a (nested) list or tuple display written out
+    element by element; None for comprehensions and starred elements."""
+    if not isinstance(expr, (cst.List, cst.Tuple)):
+        return None
+    count = 0
+    for element in expr.elements:
+        if isinstance(element, cst.StarredElement) or isinstance(element.value, (cst.ListComp, cst.GeneratorExp)):
+            return None
+        inner = _display_size(element.value) if isinstance(element.value, (cst.List, cst.Tuple)) else 1
+        if inner is None:
+            return None
+        count += inner
+    return count
+
+
 def _mentions_cpu(call: cst.Call) -> bool:
     """`device="cpu"`, `.to("cpu", torch.float64)`: explicitly not on the GPU."""
     return any(string_value(arg.value) == "cpu" for arg in call.args)
@@ -684,6 +730,9 @@ class Float64OnGpu(Rule):
     `torch.set_default_dtype(torch.float64)` and
     `torch.set_default_tensor_type(torch.cuda.DoubleTensor)`. Files that never
     touch CUDA are left alone: float64 numerics on the CPU are legitimate.
+    So is a tensor created with fewer than 65,536 elements written out in the
+    call (`torch.tensor([count, total], ...)`, `torch.zeros(3, 3, ...)`):
+    under half a MiB, often float64 on purpose for exact sums.
 
     ## Why is this bad?
     A float64 tensor takes 8 bytes per element: twice float32, four times
@@ -762,6 +811,15 @@ class Float64OnGpu(Rule):
             import torch
             x = torch.randn(8, 8, device="cuda", **factory_kwargs)
             y = x.to(*target)
+            """
+        ),
+        # A few elements (a metric's count and total for `all_reduce`):
+        # float64 on purpose, and no memory to speak of.
+        Valid(
+            """\
+            import torch
+            totals = torch.tensor([count, total], dtype=torch.float64, device="cuda")
+            cov = torch.zeros(3, 3, dtype=torch.double, device="cuda")
             """
         ),
         # A torch factory without a device creates on the CPU.
@@ -907,6 +965,9 @@ class Float64OnGpu(Rule):
                 isinstance(device, cst.Arg) and is_device_expression(device.value, self.context)
             )
             if not on_device:
+                return
+            count = _element_count(node, qualified)
+            if count is not None and count < _NEGLIGIBLE_ELEMENTS:
                 return
         positional_dtype = qualified == "torch.set_default_dtype" or (
             called is not None and called[1] in _DTYPE_METHODS

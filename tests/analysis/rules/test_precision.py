@@ -348,7 +348,7 @@ def test_float64_reports_each_spelling_once() -> None:
     import torch as T
     from torch import float64
     device = T.device("cuda")
-    a = T.ones(3, device=device, dtype=T.double)
+    a = T.ones(4096, 256, device=device, dtype=T.double)
     b = x.to(float64)
     c = x.type(T.float64)
     T.set_default_tensor_type(T.cuda.DoubleTensor)
@@ -407,6 +407,29 @@ def test_float64_in_a_cpu_helper_of_a_cuda_file_is_silent() -> None:
     assert _lines(source, OOM202) == [6]
 
 
+@pytest.mark.parametrize(
+    ("line", "reported"),
+    [
+        # A metric's count and total, summed exactly across ranks.
+        ("t = torch.tensor([count, total], dtype=torch.float64, device='cuda')", False),
+        ("t = torch.tensor([[1, 2], [3, 4]], dtype=torch.float64, device=device)", False),
+        ("cov = torch.zeros(3, 3, dtype=torch.double, device=device)", False),
+        ("cov = torch.zeros((64, 64), dtype=torch.double, device=device)", False),
+        ("f = torch.full((8,), 0.5, dtype=torch.float64, device='cuda')", False),
+        # Large, or a size the call does not show.
+        ("x = torch.randn(256, 256, dtype=torch.float64, device='cuda')", True),
+        ("x = torch.zeros((1024, 1024), dtype=torch.float64, device='cuda')", True),
+        ("x = torch.zeros(n, 3, dtype=torch.float64, device='cuda')", True),
+        ("x = torch.zeros(*shape, dtype=torch.float64, device='cuda')", True),
+        ("x = torch.tensor(values, dtype=torch.float64, device='cuda')", True),
+        ("x = torch.tensor([v for v in values], dtype=torch.float64, device='cuda')", True),
+        ("x = torch.tensor([*values], dtype=torch.float64, device='cuda')", True),
+    ],
+)
+def test_a_tensor_of_a_few_elements_costs_nothing(line: str, reported: bool) -> None:
+    assert bool(_lines(f"import torch\n{line}\n", OOM202)) is reported
+
+
 def test_float64_noqa() -> None:
-    source = "import torch\nx = torch.zeros(3, device='cuda', dtype=torch.float64)  # noqa: OOM202\n"
+    source = "import torch\nx = torch.zeros(4096, 4096, device='cuda', dtype=torch.float64)  # noqa: OOM202\n"
     assert _lines(source, OOM202) == []
