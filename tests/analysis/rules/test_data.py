@@ -225,3 +225,33 @@ def test_dataset_moved_through_a_helper_variable_device() -> None:
         X_test = torch.tensor(X_test, device=args.device)
     """
     assert _lines(source, OOM102) == [6]
+
+
+_FEATURE_BANK = """\
+import torch
+model = build().cuda()
+model.eval()
+EXTRA
+train_features = torch.load("features/train.pth")
+train_features = train_features.cuda()
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "reported"),
+    [
+        # An evaluation script: a k-NN over features of a frozen model.
+        ("", False),
+        ("@torch.no_grad()\ndef extract(loader):\n    return torch.cat([model(x) for x in loader])", False),
+        # A script that also trains keeps gradients and activations next to it.
+        ("model.train()\nloss = model(x).sum()\nloss.backward()", True),
+        ("optimizer.step()", True),
+    ],
+)
+def test_a_feature_bank_in_an_evaluation_script_is_its_working_set(extra: str, reported: bool) -> None:
+    assert bool(_lines(_FEATURE_BANK.replace("EXTRA", extra), OOM102)) is reported
+
+
+def test_a_file_that_neither_trains_nor_evaluates_is_still_checked() -> None:
+    source = "import torch\ntrain_features = torch.load('features/train.pth')\ntrain_features = train_features.cuda()\n"
+    assert _lines(source, OOM102) == [3]
