@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg, int_value, method_call, string_value
+from oom_lsp.analysis.cst_helpers import get_arg, has_splat, int_value, is_false, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
@@ -146,8 +146,9 @@ class _LargerInputFinder(cst.BatchableCSTVisitor):
     """Raises `_Found` at the first sign that the file's model may see more
     than small images: another torchvision dataset, an image resized or
     cropped above 64 pixels (or to a size the call does not show), or a
-    pretrained model (`from_pretrained`, `timm.create_model`,
-    `torchvision.models`), whose processor or recipe resizes its inputs.
+    pretrained model (`from_pretrained`, `timm.create_model`, a
+    `torchvision.models` network with weights), whose processor or recipe
+    resizes its inputs.
     Records whether a small-image dataset is built at all."""
 
     def __init__(self, context: FileContext) -> None:
@@ -167,12 +168,31 @@ class _LargerInputFinder(cst.BatchableCSTVisitor):
             if last not in _SMALL_IMAGE_DATASETS:
                 raise _Found
             self.small_dataset = True
-        elif qualified.startswith("torchvision.models.") or qualified == "timm.create_model":
+        elif qualified == "timm.create_model" or (
+            qualified.startswith("torchvision.models.") and _loads_weights(node)
+        ):
             raise _Found
         elif qualified.startswith("torchvision.transforms.") and last in _SIZING_TRANSFORMS:
             size = get_arg(node, "size", 0)
             if not isinstance(size, cst.Arg) or not _is_small_side(size.value):
                 raise _Found
+
+
+def _loads_weights(call: cst.Call) -> bool:
+    """`resnet18(weights="DEFAULT")`, `resnet18(pretrained=True)`: ImageNet
+    weights, trained (and meant to be fine-tuned) on 224-pixel inputs. A
+    network built from scratch (`resnet18(num_classes=10)`) takes any size."""
+    if has_splat(call):
+        return True
+    weights = get_arg(call, "weights")
+    pretrained = get_arg(call, "pretrained")
+    return (isinstance(weights, cst.Arg) and not _is_none(weights.value)) or (
+        isinstance(pretrained, cst.Arg) and not is_false(pretrained.value)
+    )
+
+
+def _is_none(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
 
 
 def _is_small_side(expr: cst.BaseExpression) -> bool:

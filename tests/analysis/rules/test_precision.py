@@ -461,7 +461,11 @@ for x, y in loader:
         ("", "[transforms.RandomResizedCrop(args.size), transforms.ToTensor()]", True),
         # A pretrained network (its recipe resizes), or another dataset as well.
         ("backbone = torchvision.models.resnet50(weights='DEFAULT')", "[transforms.ToTensor()]", True),
+        ("backbone = torchvision.models.resnet18(pretrained=True)", "[transforms.ToTensor()]", True),
         ("other = torchvision.datasets.ImageFolder(args.data)", "[transforms.ToTensor()]", True),
+        # A torchvision network built from scratch takes 32x32 images too.
+        ("net = torchvision.models.resnet18(num_classes=10)", "[transforms.ToTensor()]", False),
+        ("net = torchvision.models.resnet18(weights=None)", "[transforms.ToTensor()]", False),
         ("vit = AutoModel.from_pretrained('google/vit-base-patch16-224')", "[transforms.ToTensor()]", True),
     ],
 )
