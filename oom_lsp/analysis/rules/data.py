@@ -97,6 +97,13 @@ class LargeBatchSize(Rule):
     constant (`BATCH_SIZE = 256`), which is then where it is reported.
     Evaluation batch sizes (`eval_batch_size`, `--test-batch-size`, a loader
     over `val_set`) are not flagged: evaluation runs without a backward pass.
+    Off by default: select it with `--select OOM101` (or
+    `extend-select = ["OOM101"]`) and set `max-batch-size` to what your GPU
+    holds for your models. A batch size is a hyperparameter, and whether one
+    fits depends on the GPU, the model and the input size, which a file
+    rarely shows: on real training scripts nearly every literal above 32 it
+    flagged was a standard recipe that fits. For a measured answer, run
+    `oom-lsp estimate` (OOM100 reports a batch that does not fit the GPU).
 
     ## Why is this bad?
     The activations a training step keeps for the backward pass grow linearly
@@ -133,6 +140,9 @@ class LargeBatchSize(Rule):
     name = "large-batch-size"
     summary = "A literal batch size above the configured limit reaches a DataLoader or a training config."
     fix_applicability = Applicability.UNSAFE
+    # A batch size is a hyperparameter: whether it fits depends on the GPU,
+    # the model and the input size, which one file rarely shows.
+    default_enabled = False
 
     VALID = [
         Valid(

@@ -6,8 +6,9 @@ import textwrap
 
 import pytest
 
-from oom_lsp.analysis import LintSettings, analyze
+from oom_lsp.analysis import LintSettings, analyze, default_settings
 from oom_lsp.analysis.autofix import fix_source
+from oom_lsp.analysis.registry import resolve_selection
 
 OOM101 = LintSettings(enabled=frozenset({"OOM101"}))
 OOM102 = LintSettings(enabled=frozenset({"OOM102"}))
@@ -158,6 +159,13 @@ def test_deepspeed_global_batch_is_not_per_gpu() -> None:
     }
     """
     assert _lines(source, OOM101) == [4]
+
+
+def test_off_by_default_and_selectable() -> None:
+    source = "import torch\nloader = torch.utils.data.DataLoader(train_set, batch_size=256)\n"
+    assert _lines(source, default_settings()) == []
+    assert _lines(source, LintSettings(enabled=resolve_selection(["OOM101"]))) == [2]
+    assert _lines(source, LintSettings(enabled=resolve_selection(["OOM1"]))) == [2]
 
 
 # --- OOM102 ------------------------------------------------------------------
