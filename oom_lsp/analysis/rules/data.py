@@ -97,6 +97,7 @@ class LargeBatchSize(Rule):
     constant (`BATCH_SIZE = 256`), which is then where it is reported.
     Evaluation batch sizes (`eval_batch_size`, `--test-batch-size`, a loader
     over `val_set`) are not flagged: evaluation runs without a backward pass.
+
     Off by default: select it with `--select OOM101` (or
     `extend-select = ["OOM101"]`) and set `max-batch-size` to what your GPU
     holds for your models. A batch size is a hyperparameter, and whether one
