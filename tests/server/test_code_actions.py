@@ -199,4 +199,6 @@ async def test_each_rules_quick_fix(client: LanguageClient, code: str, example: 
     if not safe and fix_all is not None:
         # Fix-all never applies an unsafe fix.
         all_fixed = apply_text_edits(example, edits_of(fix_all, uri), _encoding(client))
-        assert code in [finding.code for finding in analyze(all_fixed, LintSettings(enabled=frozenset({code})))]
+        assert code in [
+            finding.code for finding in analyze(all_fixed, LintSettings(enabled=frozenset({code})))
+        ]

@@ -831,7 +831,9 @@ class DatasetOnDevice(Rule):
                 called is not None and called[1] == "step" and is_optimizer_like(called[0])
             )
         if not self._evaluates:
-            self._evaluates = tracker.in_no_grad or (called is not None and called[1] == "eval" and not node.args)
+            self._evaluates = tracker.in_no_grad or (
+                called is not None and called[1] == "eval" and not node.args
+            )
         if tracker.in_loop or any(_PER_BATCH_FUNCTION_RE.search(f.name.value) for f in tracker.functions):
             return
         moved: cst.BaseExpression | None = None

@@ -136,7 +136,15 @@ _SMALL_IMAGE_DATASETS = {
 }  # fmt: skip
 _SMALL_IMAGE_WORDS = ("MNIST", "CIFAR", "SVHN", "USPS")
 # Transforms that set the size of the images the model sees.
-_SIZING_TRANSFORMS = {"Resize", "RandomResizedCrop", "CenterCrop", "RandomCrop", "FiveCrop", "TenCrop", "Scale"}
+_SIZING_TRANSFORMS = {
+    "Resize",
+    "RandomResizedCrop",
+    "CenterCrop",
+    "RandomCrop",
+    "FiveCrop",
+    "TenCrop",
+    "Scale",
+}
 # The largest side that keeps images "small": a CIFAR crop, a 64x64 DCGAN.
 _SMALL_IMAGE_SIDE = 64
 _SMALL_IMAGES: weakref.WeakKeyDictionary[FileContext, bool] = weakref.WeakKeyDictionary()
@@ -197,7 +205,9 @@ def _is_none(expr: cst.BaseExpression) -> bool:
 
 def _is_small_side(expr: cst.BaseExpression) -> bool:
     """`32`, `(28, 28)`: literal sides of at most 64 pixels."""
-    sides = [element.value for element in expr.elements] if isinstance(expr, (cst.Tuple, cst.List)) else [expr]
+    sides = (
+        [element.value for element in expr.elements] if isinstance(expr, (cst.Tuple, cst.List)) else [expr]
+    )
     values = [int_value(side) for side in sides]
     return bool(values) and all(value is not None and value <= _SMALL_IMAGE_SIDE for value in values)
 
@@ -434,7 +444,11 @@ class _BatchUses:
             for argument in node.args:  # type: ignore[attr-defined]
                 self.walk(argument.value, no_grad)
             return
-        if isinstance(node, cst.Attribute) and node.attr.value in _PASSIVE_ATTRIBUTES and _is_name(node.value, self.name):
+        if (
+            isinstance(node, cst.Attribute)
+            and node.attr.value in _PASSIVE_ATTRIBUTES
+            and _is_name(node.value, self.name)
+        ):
             return
         if (
             isinstance(node, cst.Call)
@@ -449,7 +463,6 @@ class _BatchUses:
             return
         for child in node.children:
             self.walk(child, no_grad)
-
 
     def _walk_target(self, target: cst.BaseExpression, no_grad: bool) -> None:
         """The names an assignment binds are not uses; `store[inp] = ...` is."""
@@ -941,7 +954,9 @@ def _display_size(expr: cst.BaseExpression) -> int | None:
         return None
     count = 0
     for element in expr.elements:
-        if isinstance(element, cst.StarredElement) or isinstance(element.value, (cst.ListComp, cst.GeneratorExp)):
+        if isinstance(element, cst.StarredElement) or isinstance(
+            element.value, (cst.ListComp, cst.GeneratorExp)
+        ):
             return None
         inner = _display_size(element.value) if isinstance(element.value, (cst.List, cst.Tuple)) else 1
         if inner is None:

@@ -491,12 +491,21 @@ def test_a_mention_of_cifar_without_its_dataset_is_no_evidence() -> None:
     [
         # The batch reaches a model only under no_grad; the head trains on features.
         ("with torch.no_grad():\n        f = backbone(x)\n    loss = criterion(head(f), y)", False),
-        ("n = x.size(0)\n    with torch.no_grad():\n        f = backbone(x).view(len(x), -1)\n    loss = criterion(head(f), y)", False),
+        (
+            "n = x.size(0)\n    with torch.no_grad():\n        f = backbone(x).view(len(x), -1)\n    loss = criterion(head(f), y)",
+            False,
+        ),
         # A GAN's discriminator sees the real batch with autograd on.
-        ("with torch.no_grad():\n        fake = generator(z)\n    loss = criterion(disc(x), y) + criterion(disc(fake), 1 - y)", True),
+        (
+            "with torch.no_grad():\n        fake = generator(z)\n    loss = criterion(disc(x), y) + criterion(disc(fake), 1 - y)",
+            True,
+        ),
         # Used with autograd on as well.
         ("with torch.no_grad():\n        f = backbone(x)\n    loss = criterion(head(f) + model(x), y)", True),
-        ("with torch.no_grad():\n        f = backbone(x)\n    loss = criterion(head(f, x.view(-1)), y)", True),
+        (
+            "with torch.no_grad():\n        f = backbone(x)\n    loss = criterion(head(f, x.view(-1)), y)",
+            True,
+        ),
     ],
 )
 def test_a_frozen_backbone_feeding_a_head(body: str, reported: bool) -> None:

@@ -205,7 +205,9 @@ class CLASS:
         ("DataParallelStrategy", "build(module)", True),
     ],
 )
-def test_a_data_parallel_strategy_wrapping_what_it_is_given(class_name: str, wrapped: str, reported: bool) -> None:
+def test_a_data_parallel_strategy_wrapping_what_it_is_given(
+    class_name: str, wrapped: str, reported: bool
+) -> None:
     source = _STRATEGY.replace("CLASS", class_name).replace("WRAPPED", wrapped)
     assert bool(_findings(source, "OOM602")) is reported
 
