@@ -13,7 +13,7 @@ from __future__ import annotations
 CATALOGUE: tuple[tuple[str, str, bool], ...] = (
     ("OOM000", "invalid-syntax", True),
     ("OOM100", "predicted-out-of-memory", True),
-    ("OOM101", "large-batch-size", True),
+    ("OOM101", "large-batch-size", False),
     ("OOM102", "dataset-on-device", True),
     ("OOM201", "no-mixed-precision", True),
     ("OOM202", "float64", True),

@@ -10,7 +10,7 @@ import pytest
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
-from oom_lsp.analysis import Applicability, analyze, default_settings, registry
+from oom_lsp.analysis import Applicability, LintSettings, analyze, registry
 from tests.server.lsp_session import apply_text_edits, diagnostics_for, edits_of, open_document, replace_text
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -21,8 +21,8 @@ LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n' + RESTORE
 _names = itertools.count()
 
 
-async def _open(client: LanguageClient, text: str) -> tuple[str, list[types.Diagnostic]]:
-    uri = (client.root / f"actions{next(_names)}.py").as_uri()
+async def _open(client: LanguageClient, text: str, folder: str = "") -> tuple[str, list[types.Diagnostic]]:
+    uri = (client.root / folder / f"actions{next(_names)}.py").as_uri()
     since = len(client.published)
     open_document(client, uri, text)
     return uri, await diagnostics_for(client, uri, 1, since)
@@ -185,7 +185,13 @@ def _fix_examples() -> list[tuple[str, str, str]]:
     ("code", "example", "expected"), _fix_examples(), ids=[case[0] for case in _fix_examples()]
 )
 async def test_each_rules_quick_fix(client: LanguageClient, code: str, example: str, expected: str):
-    uri, diagnostics = await _open(client, example)
+    folder = ""
+    if not registry.rule_for(code).default_enabled:
+        # An opt-in rule, selected by the project the example lives in.
+        folder = f"select-{code}"
+        (client.root / folder).mkdir(exist_ok=True)
+        (client.root / folder / "pyproject.toml").write_text(f'[tool.oom-lsp]\nextend-select = ["{code}"]\n')
+    uri, diagnostics = await _open(client, example, folder)
     own = [diagnostic for diagnostic in diagnostics if diagnostic.code == code]
     assert own, f"{code} not reported on its own example"
     safe = registry.rule_for(code).fix_applicability is Applicability.SAFE
@@ -200,4 +206,6 @@ async def test_each_rules_quick_fix(client: LanguageClient, code: str, example: 
     if not safe and fix_all is not None:
         # Fix-all never applies an unsafe fix.
         all_fixed = apply_text_edits(example, edits_of(fix_all, uri), _encoding(client))
-        assert code in [finding.code for finding in analyze(all_fixed, default_settings())]
+        assert code in [
+            finding.code for finding in analyze(all_fixed, LintSettings(enabled=frozenset({code})))
+        ]

@@ -51,8 +51,9 @@ async def client(request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp
         lsp_client,
         request.param,
         root,
-        initialization_options={"settings": {"debounceMs": 0}},
-        configuration={"debounceMs": 0},
+        # OOM101 is off by default; selected, it takes the estimate's limit.
+        initialization_options={"settings": {"debounceMs": 0, "extendSelect": ["OOM101"]}},
+        configuration={"debounceMs": 0, "extendSelect": ["OOM101"]},
     )
     yield
     await lsp_client.shutdown_session()

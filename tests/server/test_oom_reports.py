@@ -343,7 +343,10 @@ async def test_set_batch_size_from_the_estimate_on_the_oom(client: LanguageClien
     client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)(lambda params: None)
     folder = client.root / "estimated"
     folder.mkdir()
-    (folder / "pyproject.toml").write_text("[project]\nname = 'estimated'\n", encoding="utf-8")
+    # The action is OOM101's fix at the estimate's limit: OOM101 (off by default) is selected.
+    (folder / "pyproject.toml").write_text(
+        "[project]\nname = 'estimated'\n\n[tool.oom-lsp]\nextend-select = ['OOM101']\n", encoding="utf-8"
+    )
     path = folder / "train_batch.py"
     path.write_text(ESTIMATED_AND_GUARDED, encoding="utf-8")
     _run_failing_script(path, {"SIMULATE_OOM": "1"})

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 small = DataLoader(range(10), batch_size=48)
 large = DataLoader(range(10), batch_size=128)
 state = torch.load("ckpt.pt")
-x = torch.zeros(3, dtype=torch.float64, device="cuda")
+x = torch.zeros(4096, 4096, dtype=torch.float64, device="cuda")
 y = 1  # oom: ignore[OOM501]
 model.load_state_dict(state["model"])
 """
@@ -77,7 +77,8 @@ async def _diagnostics(
 
 async def test_every_setting_is_applied(client: LanguageClient):
     assert await _diagnostics(client, "train.py") == [
-        # maxBatchSize 64: 48 is fine, 128 is not; severity OOM101 -> hint.
+        # extendSelect OOM101 (off by default), maxBatchSize 64: 48 is fine,
+        # 128 is not; severity OOM101 -> hint.
         ("OOM101", 5, types.DiagnosticSeverity.Hint),
         # severity OOM5 -> error.
         ("OOM501", 6, types.DiagnosticSeverity.Error),

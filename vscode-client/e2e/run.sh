@@ -48,7 +48,8 @@ EOF
 import json, sys
 settings_file, python, log_file = sys.argv[1:]
 json.dump({"oomLsp.interpreter": [python], "oomLsp.logFile": log_file, "oomLsp.trace.server": "messages",
-           "oomLsp.maxBatchSize": 256, "oomLsp.severity": {"OOM5": "error"}, "oomLsp.gpu": "RTX 3090"},
+           "oomLsp.extendSelect": ["OOM101"], "oomLsp.maxBatchSize": 256, "oomLsp.severity": {"OOM5": "error"},
+           "oomLsp.gpu": "RTX 3090"},
           open(settings_file, "w"), indent=2)
 EOF
 # Which server commands this checkout's server offers (some are newer than others).

@@ -13,7 +13,7 @@ const USER_SETTINGS = {
   "oomLsp.path": [],
   "oomLsp.interpreter": ["/opt/venv/bin/python"],
   "oomLsp.select": null,
-  "oomLsp.extendSelect": ["OOM900"],
+  "oomLsp.extendSelect": ["OOM900", "OOM101"],
   "oomLsp.ignore": ["OOM202"],
   "oomLsp.perFileIgnores": { "tests/**": ["OOM101"] },
   "oomLsp.exclude": null,
@@ -39,7 +39,7 @@ const USER_SETTINGS = {
 
 const EXPECTED_PAYLOAD = {
   settings: {
-    extendSelect: ["OOM900"],
+    extendSelect: ["OOM900", "OOM101"],
     ignore: ["OOM202"],
     perFileIgnores: { "tests/**": ["OOM101"] },
     extendExclude: ["scratch/**"],

@@ -9,9 +9,11 @@ import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, int_value, is_false, method_call, string_value
+from oom_lsp.analysis.dataflow import is_backward_call
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
+from oom_lsp.analysis.rules._scan import is_optimizer_like
 from oom_lsp.analysis.rules.precision import deferred_report, file_uses_cuda, is_device_expression
 from oom_lsp.fixes.batch_size import lower_batch_size
 
@@ -96,6 +98,14 @@ class LargeBatchSize(Rule):
     Evaluation batch sizes (`eval_batch_size`, `--test-batch-size`, a loader
     over `val_set`) are not flagged: evaluation runs without a backward pass.
 
+    Off by default: select it with `--select OOM101` (or
+    `extend-select = ["OOM101"]`) and set `max-batch-size` to what your GPU
+    holds for your models. A batch size is a hyperparameter, and whether one
+    fits depends on the GPU, the model and the input size, which a file
+    rarely shows: on real training scripts nearly every literal above 32 it
+    flagged was a standard recipe that fits. For a measured answer, run
+    `oom-lsp estimate` (OOM100 reports a batch that does not fit the GPU).
+
     ## Why is this bad?
     The activations a training step keeps for the backward pass grow linearly
     with the batch: a batch of 256 holds 8x the activations of a batch of 32,
@@ -131,6 +141,9 @@ class LargeBatchSize(Rule):
     name = "large-batch-size"
     summary = "A literal batch size above the configured limit reaches a DataLoader or a training config."
     fix_applicability = Applicability.UNSAFE
+    # A batch size is a hyperparameter: whether it fits depends on the GPU,
+    # the model and the input size, which one file rarely shows.
+    default_enabled = False
 
     VALID = [
         Valid(
@@ -578,6 +591,10 @@ class DatasetOnDevice(Rule):
     from them with `torch.tensor` / `torch.from_numpy`, or named like
     `X_train`, `train_data`, `dataset`, `all_inputs`). Moving a batch inside
     the training loop, or the model, is the right pattern and is not flagged.
+    Neither is an evaluation script (code under `no_grad` or a model in
+    `.eval()`, and no backward pass or optimizer step anywhere in the file):
+    without gradients, optimizer state or saved activations beside it, a
+    feature bank moved to the GPU whole for a k-NN search is its working set.
 
     ## Why is this bad?
     Everything moved stays in GPU memory for the whole run, next to the
@@ -657,6 +674,16 @@ class DatasetOnDevice(Rule):
             X_test = cuda(X_test)
             """
         ),
+        # An evaluation script: features of a frozen model, searched on the GPU.
+        Valid(
+            """\
+            import torch
+            model = load_backbone().cuda().eval()
+            train_features = torch.load("out/train_features.pth")
+            train_features = train_features.cuda()
+            top1 = knn_classify(train_features, model, k=20)
+            """
+        ),
         # CPU-only: `device` may well be the CPU.
         Valid(
             """\
@@ -713,6 +740,10 @@ class DatasetOnDevice(Rule):
         self._candidates: list[Report] = []
         # Names bound to a whole dataset, per function (None: module level).
         self._holders: dict[cst.FunctionDef | None, set[str]] = {}
+        # Whether the file trains (a backward pass, an optimizer step) and
+        # whether it evaluates (code under no_grad, a model put in `.eval()`).
+        self._trains = False
+        self._evaluates = False
 
     def leave_Assign(self, original_node: cst.Assign) -> None:
         # After the value's own calls were visited: `X = X.to(device)` is
@@ -794,9 +825,17 @@ class DatasetOnDevice(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         tracker = self.context.tracker
+        called = method_call(node)
+        if not self._trains:
+            self._trains = is_backward_call(node, self.context) or (
+                called is not None and called[1] == "step" and is_optimizer_like(called[0])
+            )
+        if not self._evaluates:
+            self._evaluates = tracker.in_no_grad or (
+                called is not None and called[1] == "eval" and not node.args
+            )
         if tracker.in_loop or any(_PER_BATCH_FUNCTION_RE.search(f.name.value) for f in tracker.functions):
             return
-        called = method_call(node)
         moved: cst.BaseExpression | None = None
         if called is not None and called[1] == "cuda":
             moved = called[0]
@@ -836,6 +875,12 @@ class DatasetOnDevice(Rule):
         self._candidates.append(deferred_report(self, node, message, None, tuple(tracker.statements)))
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        # An evaluation script (a frozen model under no_grad or `.eval()`,
+        # never a backward pass or an optimizer step) keeps no gradients,
+        # optimizer state or saved activations on the GPU: a feature bank
+        # moved there whole is the working set of its search, by design.
+        if self._evaluates and not self._trains:
+            return
         if self._candidates and file_uses_cuda(self.context):
             for report in self._candidates:
                 self.context.add_report(report)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg, method_call, string_value
+from oom_lsp.analysis.cst_helpers import get_arg, has_splat, int_value, is_false, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
@@ -127,6 +127,106 @@ def device_scopes(context: FileContext) -> DeviceScopes:
     if scopes is None:
         scopes = _DEVICE_SCOPES[context] = DeviceScopes(context)
     return scopes
+
+
+# torchvision datasets of images 32 pixels wide or less (MNIST's 28x28,
+# CIFAR's and SVHN's 32x32, USPS's 16x16).
+_SMALL_IMAGE_DATASETS = {
+    "MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "CIFAR10", "CIFAR100", "SVHN", "USPS",
+}  # fmt: skip
+_SMALL_IMAGE_WORDS = ("MNIST", "CIFAR", "SVHN", "USPS")
+# Transforms that set the size of the images the model sees.
+_SIZING_TRANSFORMS = {
+    "Resize",
+    "RandomResizedCrop",
+    "CenterCrop",
+    "RandomCrop",
+    "FiveCrop",
+    "TenCrop",
+    "Scale",
+}
+# The largest side that keeps images "small": a CIFAR crop, a 64x64 DCGAN.
+_SMALL_IMAGE_SIDE = 64
+_SMALL_IMAGES: weakref.WeakKeyDictionary[FileContext, bool] = weakref.WeakKeyDictionary()
+
+
+class _LargerInputFinder(cst.BatchableCSTVisitor):
+    """Raises `_Found` at the first sign that the file's model may see more
+    than small images: another torchvision dataset, an image resized or
+    cropped above 64 pixels (or to a size the call does not show), or a
+    pretrained model (`from_pretrained`, `timm.create_model`, a
+    `torchvision.models` network with weights), whose processor or recipe
+    resizes its inputs.
+    Records whether a small-image dataset is built at all."""
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__()
+        self.context = context
+        self.small_dataset = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        called = method_call(node)
+        if called is not None and called[1] == "from_pretrained":
+            raise _Found
+        qualified = self.context.call_name(node)
+        if qualified is None:
+            return
+        last = qualified.rsplit(".", 1)[-1]
+        if qualified.startswith("torchvision.datasets."):
+            if last not in _SMALL_IMAGE_DATASETS:
+                raise _Found
+            self.small_dataset = True
+        elif qualified == "timm.create_model" or (
+            qualified.startswith("torchvision.models.") and _loads_weights(node)
+        ):
+            raise _Found
+        elif qualified.startswith("torchvision.transforms.") and last in _SIZING_TRANSFORMS:
+            size = get_arg(node, "size", 0)
+            if not isinstance(size, cst.Arg) or not _is_small_side(size.value):
+                raise _Found
+
+
+def _loads_weights(call: cst.Call) -> bool:
+    """`resnet18(weights="DEFAULT")`, `resnet18(pretrained=True)`: ImageNet
+    weights, trained (and meant to be fine-tuned) on 224-pixel inputs. A
+    network built from scratch (`resnet18(num_classes=10)`) takes any size."""
+    if has_splat(call):
+        return True
+    weights = get_arg(call, "weights")
+    pretrained = get_arg(call, "pretrained")
+    return (isinstance(weights, cst.Arg) and not _is_none(weights.value)) or (
+        isinstance(pretrained, cst.Arg) and not is_false(pretrained.value)
+    )
+
+
+def _is_none(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
+
+
+def _is_small_side(expr: cst.BaseExpression) -> bool:
+    """`32`, `(28, 28)`: literal sides of at most 64 pixels."""
+    sides = (
+        [element.value for element in expr.elements] if isinstance(expr, (cst.Tuple, cst.List)) else [expr]
+    )
+    values = [int_value(side) for side in sides]
+    return bool(values) and all(value is not None and value <= _SMALL_IMAGE_SIDE for value in values)
+
+
+def trains_on_small_images(context: FileContext) -> bool:
+    """Whether the file's data are small images: it builds a torchvision
+    MNIST / CIFAR / SVHN / USPS dataset, and nothing in it resizes the
+    images past 64 pixels, loads another dataset or a pretrained model.
+    Activations of a network on 32x32 images are a fraction of a GPU's
+    memory at any batch a training script uses (a 224x224 ImageNet image
+    has 49 times the pixels). Computed once per file, on demand."""
+    answer = _SMALL_IMAGES.get(context)
+    if answer is None:
+        answer = False
+        if any(word in context.source for word in _SMALL_IMAGE_WORDS):
+            finder = _LargerInputFinder(context)
+            answer = not search(context.module, finder) and finder.small_dataset
+        _SMALL_IMAGES[context] = answer
+    return answer
 
 
 def search(root: cst.CSTNode, finder: cst.BatchableCSTVisitor) -> bool:
@@ -293,6 +393,105 @@ def _is_loss_like(expr: cst.BaseExpression, loss_names: set[str]) -> bool:
     return False
 
 
+# Uses of a batch tensor that neither run a model on it nor keep it: moves,
+# casts and shape queries (`x = x.cuda()`, `x.size(0)`, `len(x)`).
+_PASSIVE_METHODS = {"cuda", "to", "size", "dim", "float", "half", "contiguous", "numel", "cpu"}
+_PASSIVE_ATTRIBUTES = {"shape", "device", "dtype", "ndim"}
+
+
+def _loop_target_names(target: cst.BaseAssignTargetExpression) -> list[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _loop_target_names(element.value)]
+    return []
+
+
+class _BatchUses:
+    """Where a loop's batch variable is used: under a grad-disabling `with`
+    or with autograd on, not counting moves, casts and shape queries."""
+
+    def __init__(self, name: str, context: FileContext) -> None:
+        self.name = name
+        self.context = context
+        self.without_grad = 0
+        self.with_grad = 0
+
+    def walk(self, node: cst.CSTNode, no_grad: bool) -> None:
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return
+        if isinstance(node, cst.With):
+            inner = no_grad or any(self.context.tracker.is_grad_disabling(item.item) for item in node.items)
+            for item in node.items:
+                self.walk(item.item, no_grad)
+            self.walk(node.body, inner)
+            return
+        if isinstance(node, cst.Assign):
+            # `inp = inp.cuda()`: binding the name is no use of it.
+            for target in node.targets:
+                self._walk_target(target.target, no_grad)
+            self.walk(node.value, no_grad)
+            return
+        if isinstance(node, cst.Name):
+            if node.value == self.name:
+                if no_grad:
+                    self.without_grad += 1
+                else:
+                    self.with_grad += 1
+            return
+        called = method_call(node)
+        if called is not None and called[1] in _PASSIVE_METHODS and _is_name(called[0], self.name):
+            for argument in node.args:  # type: ignore[attr-defined]
+                self.walk(argument.value, no_grad)
+            return
+        if (
+            isinstance(node, cst.Attribute)
+            and node.attr.value in _PASSIVE_ATTRIBUTES
+            and _is_name(node.value, self.name)
+        ):
+            return
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Name)
+            and node.func.value == "len"
+            and len(node.args) == 1
+            and _is_name(node.args[0].value, self.name)
+        ):
+            return
+        if isinstance(node, cst.Attribute):
+            self.walk(node.value, no_grad)  # `obj.inp` is not the name
+            return
+        for child in node.children:
+            self.walk(child, no_grad)
+
+    def _walk_target(self, target: cst.BaseExpression, no_grad: bool) -> None:
+        """The names an assignment binds are not uses; `store[inp] = ...` is."""
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._walk_target(element.value, no_grad)
+        elif not isinstance(target, cst.Name):
+            self.walk(target, no_grad)
+
+
+def _is_name(expr: cst.BaseExpression, name: str) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == name
+
+
+def _only_a_head_trains(loop: cst.For | cst.While, context: FileContext) -> bool:
+    """`for inp, target in loader:` whose `inp` reaches a model only inside
+    `with torch.no_grad():` (a frozen backbone computing features), the
+    trained part being what runs on those features: a linear probe. Its
+    float32 activations are the head's, a few per sample."""
+    if not isinstance(loop, cst.For):
+        return False
+    for name in _loop_target_names(loop.target):
+        uses = _BatchUses(name, context)
+        uses.walk(loop.body, no_grad=False)
+        if uses.without_grad and not uses.with_grad:
+            return True
+    return False
+
+
 @dataclass
 class _TrainingLoop:
     loop: cst.For | cst.While
@@ -320,7 +519,12 @@ class NoMixedPrecision(Rule):
     `.half()` / `.bfloat16()` model, no `dtype=torch.bfloat16|float16`, no
     Lightning `precision=` or Hugging Face `fp16=` / `bf16=`. Files driven by
     Accelerate, DeepSpeed, Lightning or apex are left alone: their precision
-    comes from a launcher config the file does not show.
+    comes from a launcher config the file does not show. So are two cases
+    where float32 activations are too few to matter: a file that trains on
+    small images (a torchvision MNIST, CIFAR, SVHN or USPS dataset, not
+    resized past 64 pixels, no pretrained model), and a loop whose batch
+    reaches a model only under `torch.no_grad()`: a frozen backbone feeding
+    a trained head (a linear probe).
 
     ## Why is this bad?
     The activations saved for the backward pass dominate the memory of a
@@ -435,6 +639,32 @@ class NoMixedPrecision(Rule):
                     total += criterion(model(x.cuda()), y.cuda()).item()
             """
         ),
+        # A linear probe: the backbone runs under no_grad, only the head
+        # trains and saves activations.
+        Valid(
+            """\
+            import torch
+            backbone, head = backbone.cuda().eval(), head.cuda()
+            for images, labels in loader:
+                images, labels = images.cuda(), labels.cuda()
+                with torch.no_grad():
+                    features = backbone(images)
+                loss = criterion(head(features), labels)
+                loss.backward()
+            """
+        ),
+        # MNIST: 28x28 images, a few MB of activations at any batch.
+        Valid(
+            """\
+            import torch
+            from torchvision import datasets, transforms
+            train_set = datasets.MNIST("data", train=True, transform=transforms.ToTensor())
+            loader = torch.utils.data.DataLoader(train_set, batch_size=128)
+            for x, y in loader:
+                loss = criterion(model(x.cuda()), y.cuda())
+                loss.backward()
+            """
+        ),
         # Precision chosen by a flag of the script.
         Valid(
             """\
@@ -533,6 +763,21 @@ class NoMixedPrecision(Rule):
                 step += 1
             """,
         ),
+        # Distillation: the teacher runs under no_grad, but the student
+        # trains on the same batch.
+        Invalid(
+            """\
+            import torch
+            student, teacher = student.cuda(), teacher.cuda().eval()
+            for x, y in loader:
+                x = x.cuda()
+                with torch.no_grad():
+                    soft = teacher(x)
+                loss = distill_loss(student(x), soft)
+                loss.backward()
+            """,
+            line=3,
+        ),
         # The loss is computed in a branch: reported, but no fix.
         Invalid(
             """\
@@ -603,11 +848,13 @@ class NoMixedPrecision(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self._loops or not file_uses_cuda(self.context) or _file_handles_precision(self.context):
             return
+        if trains_on_small_images(self.context):
+            return
         scopes = device_scopes(self.context)
         for training in self._loops:
             if search(training.loop, _AutocastFinder(self.context)):
                 continue
-            if not scopes.on_gpu(training.function):
+            if not scopes.on_gpu(training.function) or _only_a_head_trains(training.loop, self.context):
                 continue
             self.context.add_report(
                 deferred_report(
@@ -670,6 +917,54 @@ _DTYPE_METHODS = {"to", "type"}
 _REDUCTIONS = {"sum", "mean", "item", "tolist", "cpu", "numpy"}
 
 
+# Fewer elements than this cost under half a MiB in float64: a metric's
+# `[count, total]` for `all_reduce`, a 3x3 covariance. Exact sums are a good
+# reason for float64 there, and the memory is nothing.
+_NEGLIGIBLE_ELEMENTS = 65_536
+# Factories whose positional arguments (or a tuple/list as the first) are the shape.
+_SHAPED_FACTORIES = {f"torch.{name}" for name in ("zeros", "ones", "empty", "rand", "randn")}
+
+
+def _element_count(call: cst.Call, qualified: str | None) -> int | None:
+    """How many elements a factory call with literal data or a literal shape
+    creates: `torch.tensor([a, b])` has 2, `torch.zeros(3, 3)` 9; None when
+    the call does not show it."""
+    if qualified in ("torch.tensor", "torch.as_tensor") and call.args and call.args[0].keyword is None:
+        return _display_size(call.args[0].value)
+    if qualified in _SHAPED_FACTORIES or qualified == "torch.full":
+        shape = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+        if qualified == "torch.full":
+            shape = shape[:1]
+        if len(shape) == 1 and isinstance(shape[0], (cst.Tuple, cst.List)):
+            shape = [element.value for element in shape[0].elements]
+        sizes = [int_value(dimension) for dimension in shape]
+        if not sizes or None in sizes or any(arg.star for arg in call.args):
+            return None
+        count = 1
+        for size in sizes:
+            count *= size  # type: ignore[operator]
+        return count
+    return None
+
+
+def _display_size(expr: cst.BaseExpression) -> int | None:
+    """The number of scalars in a (nested) list or tuple display written out
+    element by element; None for comprehensions and starred elements."""
+    if not isinstance(expr, (cst.List, cst.Tuple)):
+        return None
+    count = 0
+    for element in expr.elements:
+        if isinstance(element, cst.StarredElement) or isinstance(
+            element.value, (cst.ListComp, cst.GeneratorExp)
+        ):
+            return None
+        inner = _display_size(element.value) if isinstance(element.value, (cst.List, cst.Tuple)) else 1
+        if inner is None:
+            return None
+        count += inner
+    return count
+
+
 def _mentions_cpu(call: cst.Call) -> bool:
     """`device="cpu"`, `.to("cpu", torch.float64)`: explicitly not on the GPU."""
     return any(string_value(arg.value) == "cpu" for arg in call.args)
@@ -684,6 +979,9 @@ class Float64OnGpu(Rule):
     `torch.set_default_dtype(torch.float64)` and
     `torch.set_default_tensor_type(torch.cuda.DoubleTensor)`. Files that never
     touch CUDA are left alone: float64 numerics on the CPU are legitimate.
+    So is a tensor created with fewer than 65,536 elements written out in the
+    call (`torch.tensor([count, total], ...)`, `torch.zeros(3, 3, ...)`):
+    under half a MiB, often float64 on purpose for exact sums.
 
     ## Why is this bad?
     A float64 tensor takes 8 bytes per element: twice float32, four times
@@ -762,6 +1060,15 @@ class Float64OnGpu(Rule):
             import torch
             x = torch.randn(8, 8, device="cuda", **factory_kwargs)
             y = x.to(*target)
+            """
+        ),
+        # A few elements (a metric's count and total for `all_reduce`):
+        # float64 on purpose, and no memory to speak of.
+        Valid(
+            """\
+            import torch
+            totals = torch.tensor([count, total], dtype=torch.float64, device="cuda")
+            cov = torch.zeros(3, 3, dtype=torch.double, device="cuda")
             """
         ),
         # A torch factory without a device creates on the CPU.
@@ -907,6 +1214,9 @@ class Float64OnGpu(Rule):
                 isinstance(device, cst.Arg) and is_device_expression(device.value, self.context)
             )
             if not on_device:
+                return
+            count = _element_count(node, qualified)
+            if count is not None and count < _NEGLIGIBLE_ELEMENTS:
                 return
         positional_dtype = qualified == "torch.set_default_dtype" or (
             called is not None and called[1] in _DTYPE_METHODS

@@ -42,6 +42,10 @@ _SIZE_RE = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)([bm])(?:\d*)(?![a-z])", re
 # >= 1B parameters (and at least 24 layers).
 _LARGE_WORDS = {"large", "xl", "xxl"}
 _LARGE_FAMILIES = {"llama", "mistral", "mixtral", "falcon", "gpt-j", "gpt-neox", "bloom"}
+# Words of the names that test suites give to randomly initialised miniatures
+# of an architecture ("tiny-random-LlamaForCausalLM", "llama-dummy",
+# "mistral-debug"): a few layers a few units wide, whatever the family.
+_MINIATURE_WORDS = {"tiny", "random", "dummy", "debug", "toy"}
 # The smallest parameter count (in billions) named explicitly that counts as large.
 _LARGE_BILLIONS = 1.0
 
@@ -64,14 +68,18 @@ def is_large_model_name(name: str) -> bool:
     """Whether a Hub id or path names a model of >= 1B parameters, or one of
     the size words `large`/`xl`/`xxl` (gpt2-large, t5-xl: 24+ layers).
 
-    A size in the name decides ("Qwen2-0.5B", "pythia-410m" are not large);
-    otherwise a size word or a family with no small release does.
+    A size in the name decides ("Qwen2-0.5B", "pythia-410m" are not large,
+    "TinyLlama-1.1B" is); otherwise a test miniature's words say small
+    ("tiny-random-Llama"), and a size word or a family with no small release
+    says large.
     """
     last = name.rstrip("/").rsplit("/", 1)[-1].lower()
     sizes = _SIZE_RE.findall(last)
     if sizes:
         return any(unit.lower() == "b" and float(number) >= _LARGE_BILLIONS for number, unit in sizes)
     tokens = set(re.split(r"[-_.]", last))
+    if tokens & _MINIATURE_WORDS:
+        return False
     if tokens & _LARGE_WORDS:
         return True
     return any(family in last for family in _LARGE_FAMILIES)
@@ -109,7 +117,9 @@ class NoGradientCheckpointing(Rule):
     Flags a deep model trained in this file without gradient checkpointing:
     a Hugging Face `AutoModel*` / `*For...` `from_pretrained` of a large model
     (a size of 1B parameters or more in its name, `large`/`xl`/`xxl`, or the
-    llama, mistral, mixtral, falcon, gpt-j, gpt-neox and bloom families), or
+    llama, mistral, mixtral, falcon, gpt-j, gpt-neox and bloom families,
+    unless the name says it is a test miniature: `tiny`, `random`, `dummy`,
+    `debug`, `toy`), or
     an `nn.TransformerEncoder`/`Decoder` with `num_layers >= 12`, or an
     `nn.ModuleList`/`nn.Sequential` of 12 or more `...Block`/`...Layer`
     modules. The file must train (`backward()`, `optimizer.step()`, a
@@ -184,6 +194,17 @@ class NoGradientCheckpointing(Rule):
             import torch
             from transformers import AutoModelForCausalLM
             model = AutoModelForCausalLM.from_pretrained("EleutherAI/pythia-410m")
+            opt = torch.optim.AdamW(model.parameters())
+            model(**batch).loss.backward()
+            opt.step()
+            """
+        ),
+        # A randomly initialised miniature of a large family, as tests use.
+        Valid(
+            """\
+            import torch
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained("my-org/tiny-random-MistralForCausalLM")
             opt = torch.optim.AdamW(model.parameters())
             model(**batch).loss.backward()
             opt.step()
@@ -759,7 +780,10 @@ class DataParallelGather(Rule):
     """
     ## What it does
     Flags `nn.DataParallel(...)` (and `nn.parallel.data_parallel(...)`),
-    unless it is given a single device.
+    unless it is given a single device, or it is the implementation of a
+    DataParallel strategy: a method of a class named for DataParallel
+    (`DataParallelStrategy`, `DPPlugin`) wrapping the module it is given,
+    where the choice was made by whoever selected that strategy.
 
     ## Why is this bad?
     DataParallel runs one process: every step it copies the model to each
@@ -817,6 +841,16 @@ class DataParallelGather(Rule):
             model = DataParallel(model)
             """
         ),
+        # A library's DataParallel strategy: picking the strategy is the
+        # choice, wrapping what it is handed is only its implementation.
+        Valid(
+            """\
+            from torch.nn import DataParallel
+            class DataParallelStrategy(Strategy):
+                def setup_module(self, module):
+                    return DataParallel(module=module, device_ids=self.devices)
+            """
+        ),
     ]
     INVALID = [
         Invalid("import torch\nmodel = torch.nn.DataParallel(model).cuda()\n", line=2),
@@ -836,10 +870,26 @@ class DataParallelGather(Rule):
             line=2,
         ),
         Invalid("from torch.nn import DataParallel as DP\nnet = DP(net, device_ids=[0, 1, 2, 3])\n", line=2),
+        # A trainer that falls back to DataParallel by itself on a multi-GPU
+        # machine: nobody asked for it.
+        Invalid(
+            """\
+            import torch
+            from torch import nn
+            class Trainer:
+                def wrap_model(self, model):
+                    if torch.cuda.device_count() > 1:
+                        model = nn.DataParallel(model)
+                    return model
+            """,
+            line=6,
+        ),
     ]
 
     def visit_Call(self, node: cst.Call) -> None:
         if self.context.call_name(node) not in _DATA_PARALLEL:
+            return
+        if self._implements_a_data_parallel_strategy(node):
             return
         # data_parallel(module, inputs, device_ids), DataParallel(module, device_ids)
         position = 2 if self.context.call_name(node) == "torch.nn.parallel.data_parallel" else 1
@@ -855,3 +905,33 @@ class DataParallelGather(Rule):
             "on the first GPU, which runs out of memory while the others are half empty. Use "
             "`DistributedDataParallel`, one process per GPU.",
         )
+
+    def _implements_a_data_parallel_strategy(self, node: cst.Call) -> bool:
+        """`class DataParallelStrategy: def setup_module(self, module): return
+        DataParallel(module, ...)`: a method of a class named for DataParallel
+        wrapping the module it is handed. Whoever picks that class (a
+        `strategy="dp"` flag) chose DataParallel; this code only carries the
+        choice out, and the choice is reported, if anywhere, where it is made."""
+        statements = self.context.tracker.statements
+        function = self.context.tracker.current_function
+        index = next((i for i in range(len(statements) - 1, -1, -1) if statements[i] is function), None)
+        owner = statements[index - 1] if index else None
+        if not isinstance(owner, cst.ClassDef) or not _names_data_parallel(owner.name.value):
+            return False
+        module = get_arg(node, "module", 0)
+        if not isinstance(module, cst.Arg) or not isinstance(module.value, cst.Name):
+            return False
+        parameters = function.params
+        return any(
+            parameter.name.value == module.value.value
+            for parameter in (*parameters.posonly_params, *parameters.params, *parameters.kwonly_params)
+        )
+
+
+def _names_data_parallel(class_name: str) -> bool:
+    """`DataParallelStrategy`, `DPPlugin`, `data_parallel_engine`; not
+    `DistributedDataParallel...`."""
+    words = {word.lower() for word in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", class_name)}
+    if "distributed" in words:
+        return False
+    return {"data", "parallel"} <= words or "dp" in words

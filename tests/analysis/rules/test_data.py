@@ -6,8 +6,9 @@ import textwrap
 
 import pytest
 
-from oom_lsp.analysis import LintSettings, analyze
+from oom_lsp.analysis import LintSettings, analyze, default_settings
 from oom_lsp.analysis.autofix import fix_source
+from oom_lsp.analysis.registry import resolve_selection
 
 OOM101 = LintSettings(enabled=frozenset({"OOM101"}))
 OOM102 = LintSettings(enabled=frozenset({"OOM102"}))
@@ -160,6 +161,13 @@ def test_deepspeed_global_batch_is_not_per_gpu() -> None:
     assert _lines(source, OOM101) == [4]
 
 
+def test_off_by_default_and_selectable() -> None:
+    source = "import torch\nloader = torch.utils.data.DataLoader(train_set, batch_size=256)\n"
+    assert _lines(source, default_settings()) == []
+    assert _lines(source, LintSettings(enabled=resolve_selection(["OOM101"]))) == [2]
+    assert _lines(source, LintSettings(enabled=resolve_selection(["OOM1"]))) == [2]
+
+
 # --- OOM102 ------------------------------------------------------------------
 
 
@@ -225,3 +233,33 @@ def test_dataset_moved_through_a_helper_variable_device() -> None:
         X_test = torch.tensor(X_test, device=args.device)
     """
     assert _lines(source, OOM102) == [6]
+
+
+_FEATURE_BANK = """\
+import torch
+model = build().cuda()
+model.eval()
+EXTRA
+train_features = torch.load("features/train.pth")
+train_features = train_features.cuda()
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "reported"),
+    [
+        # An evaluation script: a k-NN over features of a frozen model.
+        ("", False),
+        ("@torch.no_grad()\ndef extract(loader):\n    return torch.cat([model(x) for x in loader])", False),
+        # A script that also trains keeps gradients and activations next to it.
+        ("model.train()\nloss = model(x).sum()\nloss.backward()", True),
+        ("optimizer.step()", True),
+    ],
+)
+def test_a_feature_bank_in_an_evaluation_script_is_its_working_set(extra: str, reported: bool) -> None:
+    assert bool(_lines(_FEATURE_BANK.replace("EXTRA", extra), OOM102)) is reported
+
+
+def test_a_file_that_neither_trains_nor_evaluates_is_still_checked() -> None:
+    source = "import torch\ntrain_features = torch.load('features/train.pth')\ntrain_features = train_features.cuda()\n"
+    assert _lines(source, OOM102) == [3]

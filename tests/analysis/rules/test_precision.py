@@ -348,7 +348,7 @@ def test_float64_reports_each_spelling_once() -> None:
     import torch as T
     from torch import float64
     device = T.device("cuda")
-    a = T.ones(3, device=device, dtype=T.double)
+    a = T.ones(4096, 256, device=device, dtype=T.double)
     b = x.to(float64)
     c = x.type(T.float64)
     T.set_default_tensor_type(T.cuda.DoubleTensor)
@@ -407,6 +407,110 @@ def test_float64_in_a_cpu_helper_of_a_cuda_file_is_silent() -> None:
     assert _lines(source, OOM202) == [6]
 
 
+@pytest.mark.parametrize(
+    ("line", "reported"),
+    [
+        # A metric's count and total, summed exactly across ranks.
+        ("t = torch.tensor([count, total], dtype=torch.float64, device='cuda')", False),
+        ("t = torch.tensor([[1, 2], [3, 4]], dtype=torch.float64, device=device)", False),
+        ("cov = torch.zeros(3, 3, dtype=torch.double, device=device)", False),
+        ("cov = torch.zeros((64, 64), dtype=torch.double, device=device)", False),
+        ("f = torch.full((8,), 0.5, dtype=torch.float64, device='cuda')", False),
+        # Large, or a size the call does not show.
+        ("x = torch.randn(256, 256, dtype=torch.float64, device='cuda')", True),
+        ("x = torch.zeros((1024, 1024), dtype=torch.float64, device='cuda')", True),
+        ("x = torch.zeros(n, 3, dtype=torch.float64, device='cuda')", True),
+        ("x = torch.zeros(*shape, dtype=torch.float64, device='cuda')", True),
+        ("x = torch.tensor(values, dtype=torch.float64, device='cuda')", True),
+        ("x = torch.tensor([v for v in values], dtype=torch.float64, device='cuda')", True),
+        ("x = torch.tensor([*values], dtype=torch.float64, device='cuda')", True),
+    ],
+)
+def test_a_tensor_of_a_few_elements_costs_nothing(line: str, reported: bool) -> None:
+    assert bool(_lines(f"import torch\n{line}\n", OOM202)) is reported
+
+
 def test_float64_noqa() -> None:
-    source = "import torch\nx = torch.zeros(3, device='cuda', dtype=torch.float64)  # noqa: OOM202\n"
+    source = "import torch\nx = torch.zeros(4096, 4096, device='cuda', dtype=torch.float64)  # noqa: OOM202\n"
     assert _lines(source, OOM202) == []
+
+
+# --- OOM201: how much float32 costs ------------------------------------------
+
+_SMALL_IMAGES = """\
+import torch
+import torchvision
+from torchvision import transforms
+EXTRA
+train_set = torchvision.datasets.CIFAR10("data", train=True, transform=transforms.Compose(TRANSFORMS))
+loader = torch.utils.data.DataLoader(train_set, batch_size=256)
+model = Net().cuda()
+for x, y in loader:
+    loss = criterion(model(x.cuda()), y.cuda())
+    loss.backward()
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "transforms", "reported"),
+    [
+        ("", "[transforms.RandomCrop(32, padding=4), transforms.ToTensor()]", False),
+        ("", "[transforms.Resize((28, 28)), transforms.ToTensor()]", False),
+        # Upscaled to ImageNet sizes, or to a size the file does not show.
+        ("", "[transforms.Resize(224), transforms.ToTensor()]", True),
+        ("", "[transforms.RandomResizedCrop(args.size), transforms.ToTensor()]", True),
+        # A pretrained network (its recipe resizes), or another dataset as well.
+        ("backbone = torchvision.models.resnet50(weights='DEFAULT')", "[transforms.ToTensor()]", True),
+        ("backbone = torchvision.models.resnet18(pretrained=True)", "[transforms.ToTensor()]", True),
+        ("other = torchvision.datasets.ImageFolder(args.data)", "[transforms.ToTensor()]", True),
+        # A torchvision network built from scratch takes 32x32 images too.
+        ("net = torchvision.models.resnet18(num_classes=10)", "[transforms.ToTensor()]", False),
+        ("net = torchvision.models.resnet18(weights=None)", "[transforms.ToTensor()]", False),
+        ("vit = AutoModel.from_pretrained('google/vit-base-patch16-224')", "[transforms.ToTensor()]", True),
+    ],
+)
+def test_small_images_train_with_few_activations(extra: str, transforms: str, reported: bool) -> None:
+    source = _SMALL_IMAGES.replace("EXTRA", extra).replace("TRANSFORMS", transforms)
+    assert bool(_lines(source, OOM201)) is reported
+
+
+def test_a_mention_of_cifar_without_its_dataset_is_no_evidence() -> None:
+    source = """\
+    import torch
+    # Works like the CIFAR-10 tutorial, on our own images.
+    model = Net().cuda()
+    for x, y in loader:
+        loss = criterion(model(x.cuda()), y.cuda())
+        loss.backward()
+    """
+    assert _lines(source, OOM201) == [4]
+
+
+@pytest.mark.parametrize(
+    ("body", "reported"),
+    [
+        # The batch reaches a model only under no_grad; the head trains on features.
+        ("with torch.no_grad():\n        f = backbone(x)\n    loss = criterion(head(f), y)", False),
+        (
+            "n = x.size(0)\n    with torch.no_grad():\n        f = backbone(x).view(len(x), -1)\n    loss = criterion(head(f), y)",
+            False,
+        ),
+        # A GAN's discriminator sees the real batch with autograd on.
+        (
+            "with torch.no_grad():\n        fake = generator(z)\n    loss = criterion(disc(x), y) + criterion(disc(fake), 1 - y)",
+            True,
+        ),
+        # Used with autograd on as well.
+        ("with torch.no_grad():\n        f = backbone(x)\n    loss = criterion(head(f) + model(x), y)", True),
+        (
+            "with torch.no_grad():\n        f = backbone(x)\n    loss = criterion(head(f, x.view(-1)), y)",
+            True,
+        ),
+    ],
+)
+def test_a_frozen_backbone_feeding_a_head(body: str, reported: bool) -> None:
+    source = (
+        "import torch\nbackbone, head = backbone.cuda(), head.cuda()\nfor x, y in loader:\n"
+        f"    x, y = x.cuda(), y.cuda()\n    {body}\n    loss.backward()\n"
+    )
+    assert bool(_lines(source, OOM201)) is reported

@@ -36,6 +36,10 @@ def _findings(source: str, code: str) -> list[Finding]:
         ("bert-base-uncased", False),
         ("xlnet-base-cased", False),
         ("distilroberta-base", False),
+        ("hf-internal-testing/tiny-random-LlamaForCausalLM", False),
+        ("someone/mistral-dummy", False),
+        ("org/llama_debug", False),
+        ("org/tiny-llama-7b", True),
     ],
 )
 def test_large_model_names(name: str, large: bool) -> None:
@@ -177,6 +181,47 @@ def test_data_parallel(source: str, reported: bool) -> None:
     findings = _findings(source, "OOM602")
     assert bool(findings) is reported
     assert all(finding.fix is None for finding in findings)
+
+
+_STRATEGY = """\
+from torch import nn
+class CLASS:
+    def setup(self, module, other):
+        return nn.DataParallel(WRAPPED)
+"""
+
+
+@pytest.mark.parametrize(
+    ("class_name", "wrapped", "reported"),
+    [
+        ("DataParallelStrategy", "module", False),
+        ("DPPlugin", "module", False),
+        ("data_parallel_engine", "module=module", False),
+        # The class is not named for DataParallel: a trainer choosing it.
+        ("Trainer", "module", True),
+        ("DistributedDataParallelStrategy", "module", True),
+        # Not the module it is handed: the class builds and wraps its own.
+        ("DataParallelStrategy", "self.model", True),
+        ("DataParallelStrategy", "build(module)", True),
+    ],
+)
+def test_a_data_parallel_strategy_wrapping_what_it_is_given(
+    class_name: str, wrapped: str, reported: bool
+) -> None:
+    source = _STRATEGY.replace("CLASS", class_name).replace("WRAPPED", wrapped)
+    assert bool(_findings(source, "OOM602")) is reported
+
+
+def test_a_function_nested_in_a_strategy_method_is_not_the_method() -> None:
+    source = """\
+        from torch import nn
+        class DataParallelStrategy:
+            def setup(self, module):
+                def wrap(module):
+                    return nn.DataParallel(module)
+                return wrap(module)
+        """
+    assert [finding.line for finding in _findings(source, "OOM602")] == [5]
 
 
 @pytest.mark.parametrize(
