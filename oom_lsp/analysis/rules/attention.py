@@ -31,12 +31,14 @@ from oom_lsp.analysis.rules._attention_evidence import (
 from oom_lsp.analysis.rules._scan import (
     descendants,
     enclosing_block,
+    names_read,
     references,
     scope_of,
     single_assignment,
 )
 from oom_lsp.fixes.attention import fused_attention
 
+_CONCATENATE = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
 _SOFTMAX = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
 _MATMUL = {"torch.matmul", "torch.bmm"}
 # Operations that keep a score matrix a score matrix (masking, casting).
@@ -915,7 +917,9 @@ class NaiveAttention(Rule):
             return True
         query_lineage = scope.lineage(query, before)
         key_lineage = scope.lineage(key, before)
-        if self._selects_fixed_positions(query_lineage, key_lineage):
+        if self._selects_fixed_positions(query_lineage, key_lineage) or self._resamples_latents(
+            query_lineage, key_lineage
+        ):
             return True
         return any(
             isinstance(node, cst.Call) and self._reshapes_tokens(node)
@@ -973,6 +977,30 @@ class NaiveAttention(Rule):
             for expr in query_lineage
             for node in descendants(expr)
         )
+
+    def _resamples_latents(
+        self, query_lineage: list[cst.BaseExpression], key_lineage: list[cst.BaseExpression]
+    ) -> bool:
+        """A Perceiver / Flamingo resampler: the queries are the latents
+        (`q = to_q(latents)`) and the keys the input with the latents
+        concatenated (`k = to_k(torch.cat([x, latents], dim=-2))`), so the
+        scores are (latents x tokens), linear in the tokens. Only the name
+        tells latents from the tokens of ordinary cross-attention, so both
+        halves of the shape are required."""
+        latents = {
+            name for expr in query_lineage for name in names_read(expr) if "latent" in name.lower()
+        }
+        if not latents:
+            return False
+        for expr in key_lineage:
+            for node in descendants(expr):
+                if not isinstance(node, cst.Call) or self.context.call_name(node) not in _CONCATENATE:
+                    continue
+                pieces = node.args[0].value if node.args else None
+                if isinstance(pieces, (cst.List, cst.Tuple)) and len(pieces.elements) >= 2:
+                    if any(dotted_name(element.value) in latents for element in pieces.elements):
+                        return True
+        return False
 
     def _reshapes_tokens(self, call: cst.Call) -> bool:
         qualified = self.context.call_name(call)

@@ -385,6 +385,17 @@ from torch import nn
             """,
             "module-level code with a fused branch",
         ),
+        (
+            """\
+            class Resampler(nn.Module):
+                def forward(self, x, latents):
+                    q = self.to_q(latents)
+                    k, v = self.to_kv(torch.cat((x, latents), dim=-2)).chunk(2, dim=-1)
+                    weight = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+                    return weight @ v
+            """,
+            "a Perceiver resampler: latent queries over the input with the latents appended",
+        ),
     ],
 )
 def test_not_reported(source: str, why: str) -> None:
@@ -482,6 +493,25 @@ def test_not_reported(source: str, why: str) -> None:
                     return self.attend(q, k, v)
             """,
             "a score matrix built and never used",
+        ),
+        (
+            """\
+            class LatentSelfAttention(nn.Module):
+                def forward(self, latents):
+                    q, k, v = self.to_q(latents), self.to_k(latents), self.to_v(latents)
+                    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+            """,
+            "self-attention over a diffusion model's latents is tokens x tokens",
+        ),
+        (
+            """\
+            class CrossAttention(nn.Module):
+                def forward(self, x, context):
+                    q = self.to_q(x)
+                    k, v = self.to_kv(torch.cat((x, context), dim=1)).chunk(2, dim=-1)
+                    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+            """,
+            "queries from every token, keys from the tokens and a context",
         ),
     ],
 )
