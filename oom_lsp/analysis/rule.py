@@ -130,3 +130,18 @@ class Rule(cst.BatchableCSTVisitor):
             example = textwrap.dedent(cls.VALID[0].code).strip("\n")
             parts.append("## Not flagged\n\n```python\n" + example + "\n```")
         return "\n\n".join(part for part in parts if part) + "\n"
+
+
+def deferred_report(
+    rule: Rule, node: cst.CSTNode, message: str, fix: FixSpec | None, path: tuple[cst.CSTNode, ...]
+) -> Report:
+    """A report made after the pass: `path` is the statement path the
+    Tracker had where `node` was found, outermost first."""
+    return Report(
+        rule=type(rule),
+        node=node,
+        message=message,
+        fix=fix,
+        statement=path[-1] if path else None,
+        statement_path=path,
+    )

@@ -7,9 +7,9 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.analysis.context import FileContext, Tracker
 from oom_lsp.analysis.positions import PositionResolver, compute_positions
+from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.analysis.walker import walk
 
 # Large, varied real code that is always installed: libcst's own sources.

@@ -1,0 +1,610 @@
+"""OOM501: `torch.load` of a CUDA model's checkpoint without `map_location`."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import libcst as cst
+
+from oom_lsp.analysis.context import FileContext, dotted_name
+from oom_lsp.analysis.cst_helpers import get_arg, is_true, method_call, string_value
+from oom_lsp.analysis.findings import Applicability
+from oom_lsp.analysis.registry import register
+from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
+from oom_lsp.analysis.rules._devices import file_uses_cuda
+from oom_lsp.analysis.rules._scan import (
+    SCOPES,
+    descendants,
+    references,
+    scope_of,
+)
+from oom_lsp.fixes.map_location import add_map_location
+
+
+@register
+class TorchLoadWithoutMapLocation(Rule):
+    """
+    ## What it does
+    Flags `torch.load(...)` without `map_location` when what it loads is a
+    model's or an optimizer's state in a file that uses CUDA: the result
+    goes to `load_state_dict` (`model.load_state_dict(torch.load(path))`,
+    or through a checkpoint dict: `ckpt["model"]`), or the same file saves a
+    `state_dict()` to that path.
+
+    It stays silent on a file with no CUDA use (CPU-only code, an XLA/TPU
+    strategy), on checkpoints the file shows are on the CPU (saved with
+    `.cpu()`, from a model moved to the CPU, or FSDP full state dicts with
+    `offload_to_cpu=True`), and on loads of anything else: scheduler,
+    GradScaler or sampler state, RNG state, metadata, cached features, a
+    whole pickled model that is then moved where it belongs.
+
+    ## Why is this bad?
+    Without `map_location`, every tensor in the checkpoint is restored onto the
+    device it was saved from. A checkpoint saved during GPU training lands on
+    the GPU a second time, next to the model's own parameters and optimizer
+    state: loading a 7 GB checkpoint briefly needs 7 GB of free GPU memory on
+    top of the model, and on a multi-GPU machine every rank loads onto GPU 0.
+
+    ## Example
+    ```python
+    model = Net().cuda()
+    state = torch.load("checkpoint.pt")
+    model.load_state_dict(state)
+    ```
+
+    ## Use instead
+    ```python
+    model = Net().cuda()
+    state = torch.load("checkpoint.pt", map_location="cpu", weights_only=True)
+    model.load_state_dict(state)
+    ```
+
+    ## Fix safety
+    Safe: `load_state_dict` copies the values into the model's tensors on
+    their device, so loading onto the CPU first changes no result. When the
+    whole loaded object goes straight into `load_state_dict` (and the call
+    passes neither `weights_only` nor a `pickle_module`), the fix also passes
+    `weights_only=True`, so that it leaves no finding for security linters
+    (bandit B614, TorchFix TOR102): a state dict is tensors in a mapping,
+    which is what `weights_only` loads, and it is the default since torch
+    2.6. Anywhere else (a checkpoint dict that may hold other objects) it
+    adds only `map_location`, and keeps a `weights_only` the call has.
+    """
+
+    code = "OOM501"
+    name = "torch-load-without-map-location"
+    summary = "`torch.load` without `map_location` restores a GPU checkpoint onto the GPU next to the model."
+    fix_applicability = Applicability.SAFE
+
+    VALID = [
+        Valid(
+            'import torch\nmodel.cuda()\nmodel.load_state_dict(torch.load("ckpt.pt", map_location="cpu"))\n'
+        ),
+        Valid('import torch\nmodel.cuda()\nmodel.load_state_dict(torch.load("ckpt.pt", "cpu"))\n'),
+        Valid(
+            'import torch\nmodel.cuda()\nkwargs = {"map_location": "cpu"}\n'
+            'model.load_state_dict(torch.load("ckpt.pt", **kwargs))\n'
+        ),
+        # A local function called `load` is not torch's.
+        Valid(
+            'import pickle\nmodel.cuda()\ndef load(path):\n    return pickle.load(open(path, "rb"))\n'
+            'model.load_state_dict(load("ckpt.pt"))\n'
+        ),
+        # No CUDA anywhere in the file: what it saved is on the CPU.
+        Valid(
+            """\
+            import torch
+            net = Net()
+            torch.save(net.state_dict(), "net.pt")
+            net.load_state_dict(torch.load("net.pt"))
+            """
+        ),
+        # Features saved with `.cpu()` by the same file.
+        Valid(
+            """\
+            import torch
+            feats = extract(model.cuda(), loader)
+            torch.save(feats.cpu(), os.path.join(out_dir, "feats.pth"))
+            feats = torch.load(os.path.join(out_dir, "feats.pth"))
+            """
+        ),
+        # The file saves its model from the CPU.
+        Valid(
+            """\
+            import torch
+
+            def train(args):
+                net = Net().cuda()
+                fit(net)
+                net.eval().cpu()
+                torch.save(net.state_dict(), args.save_path)
+
+            def infer(args):
+                net = Net()
+                net.load_state_dict(torch.load(args.model))
+                net.cuda()
+            """
+        ),
+        # FSDP gathers full state dicts to the CPU.
+        Valid(
+            """\
+            import torch
+            from torch.distributed.fsdp import FullStateDictConfig
+            torch.cuda.set_device(local_rank)
+            policy = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+
+            def load(model, path):
+                model.load_state_dict(torch.load(path))
+            """
+        ),
+        # Scheduler and GradScaler states hold Python numbers.
+        Valid(
+            """\
+            import torch
+            model.cuda()
+            scheduler.load_state_dict(torch.load(os.path.join(ckpt, "scheduler.pt")))
+            self.scaler.load_state_dict(torch.load(os.path.join(ckpt, "scaler.pt")))
+            """
+        ),
+        # RNG state and other small things that never meet the model.
+        Valid(
+            """\
+            import torch
+            torch.cuda.manual_seed(0)
+            rng = torch.load(rng_file)
+            torch.cuda.set_rng_state_all(rng["cuda"])
+            meta = torch.load(path / META_FILE)
+            """
+        ),
+        # A whole pickled model, moved where it belongs: no second copy.
+        Valid(
+            """\
+            import torch
+            device = torch.device("cuda")
+            model = torch.load(args.model, weights_only=False)
+            model = model.to(device).eval()
+            """
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            'import torch\nmodel.cuda()\nmodel.load_state_dict(torch.load("ckpt.pt"))\n',
+            line=3,
+            expected_fix=(
+                "import torch\nmodel.cuda()\n"
+                'model.load_state_dict(torch.load("ckpt.pt", map_location="cpu", weights_only=True))\n'
+            ),
+        ),
+        # A checkpoint dict: it may hold more than tensors, so no weights_only.
+        Invalid(
+            """\
+            import torch as T
+            device = T.device("cuda" if T.cuda.is_available() else "cpu")
+            model = Net().to(device)
+            checkpoint = T.load(args.resume)
+            model.load_state_dict(checkpoint["state_dict"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_epoch = checkpoint["epoch"]
+            """,
+            line=4,
+            expected_fix="""\
+            import torch as T
+            device = T.device("cuda" if T.cuda.is_available() else "cpu")
+            model = Net().to(device)
+            checkpoint = T.load(args.resume, map_location="cpu")
+            model.load_state_dict(checkpoint["state_dict"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_epoch = checkpoint["epoch"]
+            """,
+        ),
+        # Through a renaming of the keys; `weights_only` kept as it is.
+        Invalid(
+            """\
+            from torch import load
+
+            def restore(net, path):
+                net.cuda()
+                state = load(
+                    path, weights_only=False,
+                )
+                state = {k.removeprefix("module."): v for k, v in state.items()}
+                net.load_state_dict(state)
+            """,
+            line=5,
+            expected_fix="""\
+            from torch import load
+
+            def restore(net, path):
+                net.cuda()
+                state = load(
+                    path, weights_only=False, map_location="cpu",
+                )
+                state = {k.removeprefix("module."): v for k, v in state.items()}
+                net.load_state_dict(state)
+            """,
+        ),
+        # The result is unused, but the file saved a GPU model's state there.
+        Invalid(
+            """\
+            import torch
+            heads = Heads().to(torch.accelerator.current_accelerator())
+            torch.save(heads.state_dict(), os.path.join(out, "heads.pt"))
+            heads_state = torch.load(os.path.join(out, "heads.pt"))
+            """,
+            line=4,
+            expected_fix="""\
+            import torch
+            heads = Heads().to(torch.accelerator.current_accelerator())
+            torch.save(heads.state_dict(), os.path.join(out, "heads.pt"))
+            heads_state = torch.load(os.path.join(out, "heads.pt"), map_location="cpu")
+            """,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.context.call_name(node) != "torch.load":
+            return
+        if get_arg(node, "map_location", 1) is not None:  # present, or UNKNOWN via a splat
+            return
+        checkpoints = _checkpoints_of(self.context)
+        if not checkpoints.uses_gpu or checkpoints.offloaded_to_cpu:
+            return
+        saved = checkpoints.saved_to(_path_keys(get_arg(node, "f", 0)))
+        if saved and all(save.on_cpu for save in saved):
+            return
+        if not saved and checkpoints.saves and all(save.on_cpu for save in checkpoints.saves):
+            # Every checkpoint this file writes is on the CPU.
+            return
+        scope = scope_of(self.context.tracker.current_function, self.context.module)
+        sinks = _state_sinks(scope, node, self.context.tracker.current_statement)
+        if sinks is None and not any(save.holds_state and not save.on_cpu for save in saved):
+            return
+        whole = sinks is not None and sinks.whole_only
+        weights_only = (
+            whole and get_arg(node, "weights_only") is None and get_arg(node, "pickle_module", 2) is None
+        )
+        self.report(
+            node,
+            "`torch.load` without `map_location` restores every tensor onto the device it was saved "
+            'from, next to the model\'s own copy. Pass `map_location="cpu"` and move what you need.',
+            fix=FixSpec(
+                title='Pass `map_location="cpu"`' + (" and `weights_only=True`" if weights_only else ""),
+                edits=add_map_location(node, weights_only=weights_only),
+                applicability=Applicability.SAFE,
+            ),
+        )
+
+
+# `.load_state_dict` of these holds Python numbers or CPU state, not a model's tensors.
+_SMALL_STATE_OWNERS = ("sched", "scaler", "sampler", "loader", "rng")
+
+
+def _is_state_sink(call: cst.Call) -> bool:
+    """`model.load_state_dict(...)`, `optimizer.load_state_dict(...)`,
+    `set_peft_model_state_dict(...)`, `set_model_state_dict(...)`: where a
+    model's or optimizer's tensors are copied in (not a scheduler's state)."""
+    if isinstance(call.func, cst.Attribute):
+        # `model.load_state_dict`, `self.lr_scheduler.load_state_dict`,
+        # `net.cuda().load_state_dict`: the owner is what the method is called on.
+        last = call.func.attr.value
+        receiver = call.func.value
+        while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
+            receiver = receiver.func.value
+        owner = (dotted_name(receiver) or "").rsplit(".", 1)[-1].lower()
+    elif isinstance(call.func, cst.Name):
+        last, owner = call.func.value, ""
+    else:
+        return False
+    if "state_dict" not in last or not last.startswith(("load", "set", "_load", "_set")):
+        return False
+    return not any(word in owner for word in _SMALL_STATE_OWNERS)
+
+
+@dataclass
+class _Sinks:
+    # Whether the loaded object only ever goes whole into a state sink
+    # (`m.load_state_dict(torch.load(p))`, or through a name used nowhere else).
+    whole_only: bool
+
+
+def _state_sinks(scope: cst.CSTNode, load: cst.Call, statement: cst.CSTNode | None) -> _Sinks | None:
+    """How the result of `load` reaches a state sink in `scope`, or None when
+    it does not: as an argument in the same statement, or through the names
+    the statement assigns it to and the names computed from those (a renaming
+    of the keys, `ckpt["model"]`)."""
+    if statement is None:
+        return None
+    sinks = [
+        node
+        for node in descendants(statement, skip=SCOPES)
+        if isinstance(node, cst.Call) and _is_state_sink(node)
+    ]
+    for sink in sinks:
+        for arg in sink.args:
+            if arg.value is load:
+                return _Sinks(whole_only=True)
+            if any(inner is load for inner in descendants(arg.value, skip=SCOPES)):
+                return _Sinks(whole_only=False)
+    assigned = _assigned_from(statement, load)
+    if not assigned:
+        return None
+    tainted = set(assigned)
+    derived = _derived_names(scope, tainted)
+    whole_uses = 0
+    other_uses = 0
+    reached = False
+    for node in descendants(scope, skip=SCOPES):
+        if not isinstance(node, cst.Call) or not _is_state_sink(node):
+            continue
+        for arg in node.args:
+            if isinstance(arg.value, cst.Name) and arg.value.value in assigned:
+                reached = True
+                whole_uses += 1
+            elif any(
+                isinstance(inner, cst.Name) and inner.value in derived for inner in descendants(arg.value)
+            ):
+                reached = True
+                other_uses += 1
+    if not reached:
+        return None
+    reads = sum(len(references(scope, name)) for name in assigned) - len(assigned)
+    return _Sinks(whole_only=other_uses == 0 and whole_uses == reads and len(derived) == len(assigned))
+
+
+def _assigned_from(statement: cst.CSTNode, load: cst.Call) -> set[str]:
+    """The plain name that `x = <... torch.load(...) ...>` binds, in a line
+    of one or more simple statements."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return set()
+    for small in statement.body:
+        if (
+            isinstance(small, cst.Assign)
+            and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+            and any(node is load for node in descendants(small.value, skip=SCOPES))
+        ):
+            return {small.targets[0].target.value}
+    return set()
+
+
+def _derived_names(scope: cst.CSTNode, seeds: set[str]) -> set[str]:
+    """`seeds` and the names computed from them in `scope`: assigned from an
+    expression that reads one, a loop over one, an item written into a
+    dict from one (`new[k] = v`)."""
+    bindings: list[tuple[list[cst.BaseExpression], cst.CSTNode]] = []
+    for node in descendants(scope, skip=SCOPES):
+        if isinstance(node, cst.Assign):
+            bindings.append(([target.target for target in node.targets], node.value))
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)) and node.value is not None:
+            bindings.append(([node.target], node.value))
+        elif isinstance(node, cst.For):
+            bindings.append(([node.target], node.iter))
+    names = set(seeds)
+    changed = True
+    while changed:
+        changed = False
+        for targets, value in bindings:
+            if not any(isinstance(inner, cst.Name) and inner.value in names for inner in descendants(value)):
+                continue
+            for target in targets:
+                for bound in _written_names(target):
+                    if bound not in names:
+                        names.add(bound)
+                        changed = True
+    return names
+
+
+def _written_names(target: cst.BaseExpression) -> list[str]:
+    """`x` for `x`, `x[k]`, `x.attr`; each name of a tuple target."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _written_names(element.value)]
+    while isinstance(target, (cst.Subscript, cst.Attribute, cst.StarredElement)):
+        target = target.value
+    return [target.value] if isinstance(target, cst.Name) else []
+
+
+def _path_keys(path: object) -> set[str]:
+    """What ties a save to a load: the file names in the path (its string
+    literals, `"feats.pth"`) and its constants (`SCALER_NAME`); for a path
+    with neither, its attributes (`args.vector_cache`). The functions it
+    calls (`os.path.join`) are not part of it."""
+    if not isinstance(path, cst.Arg):
+        return set()
+    names: set[str] = set()
+    attributes: set[str] = set()
+    callees: set[int] = set()
+    for node in descendants(path.value, skip=(cst.Attribute,)):
+        if isinstance(node, cst.Call):
+            callees.add(id(node.func))
+        elif id(node) in callees:
+            continue
+        elif isinstance(node, (cst.SimpleString, cst.FormattedStringText)):
+            value = string_value(node) if isinstance(node, cst.SimpleString) else node.value
+            if value is not None and len(value) >= 4 and any(c.isalpha() for c in value):
+                names.add(value)
+        elif isinstance(node, cst.Name) and node.value.isupper() and len(node.value) > 1:
+            names.add(node.value)
+        elif isinstance(node, cst.Attribute) and (name := dotted_name(node)) is not None:
+            attributes.add(name)
+    return names or attributes
+
+
+_MOVES = frozenset({"cpu", "cuda", "to"})
+# Methods whose result is the receiver, for `net.eval().cpu()`.
+_RETURNS_SELF = frozenset({"eval", "train", "float", "half", "bfloat16", "requires_grad_", "share_memory"})
+
+
+def _move(expression: cst.BaseExpression) -> tuple[str, bool] | None:
+    """For `net.cpu()`, `net.eval().to("cpu")`, `net.to(device).train()`:
+    (the moved name, whether it ends on the CPU); None for anything else."""
+    move: tuple[str, cst.Call] | None = None
+    while (called := method_call(expression)) is not None:
+        receiver, method = called
+        if method in _MOVES:
+            # The outermost move is the one that counts.
+            if move is None and isinstance(expression, cst.Call):
+                move = (method, expression)
+        elif method not in _RETURNS_SELF:
+            return None
+        expression = receiver
+    name = dotted_name(expression)
+    if move is None or name is None:
+        return None
+    return name, _goes_to_cpu(*move)
+
+
+def _goes_to_cpu(method: str, call: cst.Call) -> bool:
+    if method == "cpu":
+        return True
+    if method != "to" or not call.args:
+        return False
+    first = call.args[0].value
+    if string_value(first) == "cpu":
+        return True
+    return (
+        isinstance(first, cst.Call)
+        and dotted_name(first.func) in ("torch.device", "device")
+        and bool(first.args)
+        and string_value(first.args[0].value) == "cpu"
+    )
+
+
+@dataclass(frozen=True)
+class _Save:
+    """A `torch.save` call of the file."""
+
+    # What ties it to a load (see `_path_keys`).
+    keys: frozenset[str]
+    on_cpu: bool
+    # Whether it saves a model's or an optimizer's state.
+    holds_state: bool
+
+
+@dataclass
+class _Checkpoints:
+    """What a file shows about the checkpoints it writes."""
+
+    uses_gpu: bool
+    # FSDP full state dicts gathered to the CPU (`FullStateDictConfig(offload_to_cpu=True)`).
+    offloaded_to_cpu: bool = False
+    saves: list[_Save] = field(default_factory=list)
+
+    def saved_to(self, keys: set[str]) -> list[_Save]:
+        return [save for save in self.saves if keys & save.keys]
+
+
+_CHECKPOINTS: weakref.WeakKeyDictionary[FileContext, _Checkpoints] = weakref.WeakKeyDictionary()
+
+
+def _checkpoints_of(context: FileContext) -> _Checkpoints:
+    """Built once per file, for the first `torch.load` without `map_location`."""
+    found = _CHECKPOINTS.get(context)
+    if found is not None:
+        return found
+    found = _Checkpoints(uses_gpu=_uses_gpu(context))
+    if found.uses_gpu:
+        found.offloaded_to_cpu = "offload_to_cpu" in context.source and any(
+            isinstance(node, cst.Arg)
+            and node.keyword is not None
+            and node.keyword.value == "offload_to_cpu"
+            and is_true(node.value)
+            for node in descendants(context.module)
+        )
+        if "save" in context.source:
+            _scan_block(context.module.body, context, found.saves)
+    _CHECKPOINTS[context] = found
+    return found
+
+
+def _uses_gpu(context: FileContext) -> bool:
+    """CUDA (`.cuda()`, "cuda" devices, `torch.cuda.*`), or torch's
+    accelerator API (`torch.accelerator.current_accelerator()`)."""
+    if file_uses_cuda(context):
+        return True
+    return "accelerator" in context.source and any(
+        isinstance(node, cst.Attribute)
+        and (context.qualified_name(node) or "").startswith("torch.accelerator.")
+        for node in descendants(context.module)
+    )
+
+
+def _scan_block(body: Sequence[cst.CSTNode], context: FileContext, saves: list[_Save]) -> None:
+    """Record the `torch.save` calls of a block and of the blocks in it, with
+    the models each block moved to the CPU before (`net.eval().cpu()` before
+    `torch.save(net.state_dict(), ...)`)."""
+    on_cpu: set[str] = set()
+    for statement in body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            for node in descendants(statement, skip=(cst.IndentedBlock,)):
+                if isinstance(node, cst.IndentedBlock) and node is not statement:
+                    _scan_block(node.body, context, saves)
+                elif isinstance(node, cst.SimpleStatementSuite):
+                    _scan_line(node, context, on_cpu, saves)
+            continue
+        _scan_line(statement, context, on_cpu, saves)
+
+
+def _scan_line(
+    line: cst.SimpleStatementLine | cst.SimpleStatementSuite,
+    context: FileContext,
+    on_cpu: set[str],
+    saves: list[_Save],
+) -> None:
+    for node in descendants(line, skip=SCOPES):
+        if not isinstance(node, cst.Call):
+            continue
+        moved = _move(node)
+        if moved is not None:
+            name, to_cpu = moved
+            (on_cpu.add if to_cpu else on_cpu.discard)(name)
+        if context.call_name(node) == "torch.save":
+            saved = get_arg(node, "obj", 0)
+            if isinstance(saved, cst.Arg):
+                saves.append(
+                    _Save(
+                        keys=frozenset(_path_keys(get_arg(node, "f", 1))),
+                        on_cpu=_on_cpu(saved.value, on_cpu),
+                        holds_state=_holds_state(saved.value),
+                    )
+                )
+
+
+def _on_cpu(expression: cst.BaseExpression, on_cpu: set[str]) -> bool:
+    """`x.cpu()`, `x.to("cpu")`, `x.numpy()`, `net.state_dict()` after
+    `net.cpu()`, and containers of those."""
+    if isinstance(expression, (cst.Dict, cst.List, cst.Tuple)):
+        values = [
+            element.value
+            for element in expression.elements
+            if isinstance(element, (cst.DictElement, cst.Element))
+        ]
+        return (
+            bool(values)
+            and len(values) == len(expression.elements)
+            and all(_on_cpu(value, on_cpu) for value in values)
+        )
+    if isinstance(expression, (cst.DictComp, cst.ListComp)):
+        return _on_cpu(expression.value if isinstance(expression, cst.DictComp) else expression.elt, on_cpu)
+    called = method_call(expression)
+    if called is None:
+        return False
+    receiver, method = called
+    if method in ("numpy", "tolist", "item"):
+        return True
+    if method == "state_dict":
+        return dotted_name(receiver) in on_cpu
+    moved = _move(expression)
+    return moved is not None and moved[1]
+
+
+def _holds_state(expression: cst.BaseExpression) -> bool:
+    """Whether a saved value holds a model's or an optimizer's `state_dict()`."""
+    return any(
+        isinstance(node, cst.Call)
+        and (called := method_call(node)) is not None
+        and called[1] == "state_dict"
+        and not any(word in (dotted_name(called[0]) or "").lower() for word in _SMALL_STATE_OWNERS)
+        for node in descendants(expression, skip=SCOPES)
+    )

@@ -1,0 +1,152 @@
+"""OOM501 torch-load-without-map-location, beyond its examples."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from oom_lsp.analysis import LintSettings, analyze
+from oom_lsp.analysis.autofix import fix_source
+from oom_lsp.analysis.findings import Finding
+
+
+def _findings(source: str, code: str) -> list[Finding]:
+    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code})))
+
+
+def _fixed(source: str, code: str) -> str:
+    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code})), unsafe=True).source
+
+
+
+_CUDA = "import torch\nmodel = Net().cuda()\n"
+
+
+@pytest.mark.parametrize(
+    ("load", "fixed"),
+    [
+        (
+            "model.load_state_dict(torch.load(path))",
+            'model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))',
+        ),
+        (
+            "sd = torch.load(path)\nmodel.load_state_dict(sd, strict=False)",
+            'sd = torch.load(path, map_location="cpu", weights_only=True)\n'
+            "model.load_state_dict(sd, strict=False)",
+        ),
+        (
+            "model.load_state_dict(torch.load(path)['model'])",
+            "model.load_state_dict(torch.load(path, map_location=\"cpu\")['model'])",
+        ),
+        (
+            "sd = torch.load(path)\nprint(len(sd))\nmodel.load_state_dict(sd)",
+            'sd = torch.load(path, map_location="cpu")\nprint(len(sd))\nmodel.load_state_dict(sd)',
+        ),
+        (
+            "model.load_state_dict(torch.load(path, weights_only=False))",
+            'model.load_state_dict(torch.load(path, weights_only=False, map_location="cpu"))',
+        ),
+        (
+            "model.load_state_dict(torch.load(path, pickle_module=dill))",
+            'model.load_state_dict(torch.load(path, pickle_module=dill, map_location="cpu"))',
+        ),
+        (
+            "set_peft_model_state_dict(model, torch.load(path))",
+            'set_peft_model_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))',
+        ),
+        (
+            "ckpt = torch.load(path)\nnew = {}\nfor k, v in ckpt.items():\n    new[k[7:]] = v\n"
+            "optimizer.load_state_dict(new)",
+            'ckpt = torch.load(path, map_location="cpu")\nnew = {}\n'
+            "for k, v in ckpt.items():\n    new[k[7:]] = v\noptimizer.load_state_dict(new)",
+        ),
+    ],
+    ids=[
+        "direct",
+        "through-a-name",
+        "item",
+        "read-elsewhere",
+        "weights-only-kept",
+        "pickle-module",
+        "function-sink",
+        "renamed-keys",
+    ],
+)
+def test_state_loads_are_fixed(load: str, fixed: str) -> None:
+    assert _fixed(_CUDA + load + "\n", "OOM501") == _CUDA + fixed + "\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ("import torch\nmodel = Net()\nmodel.load_state_dict(torch.load(path))\n", "no CUDA in the file"),
+        (_CUDA + "scheduler.load_state_dict(torch.load(path))\n", "a scheduler's state is numbers"),
+        (_CUDA + "self.lr_sched.load_state_dict(torch.load(path))\n", "a scheduler's state is numbers"),
+        (_CUDA + "train_sampler.load_state_dict(torch.load(path))\n", "a sampler's state is on the CPU"),
+        (_CUDA + "feats = torch.load(path)\nknn(feats)\n", "not a model's state"),
+        (_CUDA + "def load(path):\n    return torch.load(path)\n", "where it goes is not known here"),
+        (
+            _CUDA
+            + "torch.save(model.state_dict(), 'w.pt')\ntorch.save(x.cpu(), 'x.pt')\nx = torch.load('x.pt')\n",
+            "the file saved that path from the CPU",
+        ),
+        (
+            _CUDA
+            + "model.to('cpu')\ntorch.save(model.state_dict(), p)\nmodel.load_state_dict(torch.load(q))\n",
+            "every checkpoint of the file is saved from the CPU",
+        ),
+        (
+            _CUDA + "torch.save({'w': model.state_dict(), 'n': n}, CKPT)\nstats = torch.load(STATS)\n",
+            "the saved state went to another path",
+        ),
+        (
+            _CUDA + "sd = torch.load(path)\ndef later():\n    model.load_state_dict(sd)\n",
+            "a function defined later is not followed",
+        ),
+    ],
+)
+def test_torch_load_not_reported(source: str, why: str) -> None:
+    assert _findings(source, "OOM501") == [], why
+
+
+@pytest.mark.parametrize(
+    "gpu",
+    [
+        "model.cuda()",
+        "model.to('cuda:0')",
+        "torch.cuda.set_device(rank)",
+        "model.to(torch.accelerator.current_accelerator())",
+    ],
+)
+def test_gpu_use_is_recognised(gpu: str) -> None:
+    source = f"import torch\n{gpu}\nmodel.load_state_dict(torch.load(path))\n"
+    assert [finding.line for finding in _findings(source, "OOM501")] == [3]
+
+
+def test_a_model_moved_back_to_the_gpu_before_saving_is_reported() -> None:
+    source = (
+        _CUDA + "model.cpu()\nmodel.cuda()\ntorch.save(model.state_dict(), p)\n"
+        "model.load_state_dict(torch.load(p))\n"
+    )
+    assert [finding.line for finding in _findings(source, "OOM501")] == [6]
+
+
+def test_weights_only_fix_loads_the_same_state_dict(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "net.pt"
+    source = (
+        "import torch\n"
+        "if torch.cuda.is_available():\n    torch.cuda.synchronize()\n"
+        "net = torch.nn.Linear(3, 2)\n"
+        f"net.load_state_dict(torch.load({str(path)!r}))\n"
+    )
+    fixed = _fixed(source, "OOM501")
+    assert "weights_only=True" in fixed
+    torch.save(torch.nn.Linear(3, 2).state_dict(), path)
+    before: dict[str, object] = {}
+    after: dict[str, object] = {}
+    exec(compile(source, "<before>", "exec"), before)
+    exec(compile(fixed, "<after>", "exec"), after)
+    for name, value in before["net"].state_dict().items():
+        assert torch.equal(value, after["net"].state_dict()[name])
