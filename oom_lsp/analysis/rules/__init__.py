@@ -12,6 +12,7 @@ from oom_lsp.analysis.rules import (  # noqa: F401
     evaluation,
     float64,
     hidden_state,
+    kept_tensors,
     mixed_precision,
     retain_graph,
     runtime,

@@ -146,3 +146,15 @@ def holder_of(target: cst.BaseExpression) -> str | None:
     if isinstance(target, cst.Subscript):
         return dotted_name(target.value)
     return dotted_name(target)
+
+
+_CONTAINER_FACTORIES = frozenset(
+    {"list", "dict", "deque", "defaultdict", "OrderedDict", "collections.deque", "collections.defaultdict",
+     "collections.OrderedDict"}
+)  # fmt: skip
+
+
+def is_container_value(value: cst.BaseExpression | None) -> bool:
+    if isinstance(value, (cst.List, cst.Dict, cst.ListComp, cst.DictComp)):
+        return True
+    return isinstance(value, cst.Call) and dotted_name(value.func) in _CONTAINER_FACTORIES

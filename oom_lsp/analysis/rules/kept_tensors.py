@@ -1,0 +1,647 @@
+"""OOM302: graph-attached tensors stored in a container that outlives the step
+(a list of a loop, a helper's argument, a forward hook's store, a model's attribute)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg
+from oom_lsp.analysis.dataflow import (
+    Kind,
+    ScopeFlow,
+    facts_for,
+    rebinds_every_iteration,
+)
+from oom_lsp.analysis.effects import STORING_METHODS, effects_for
+from oom_lsp.analysis.findings import Applicability
+from oom_lsp.analysis.registry import register
+from oom_lsp.analysis.rule import FixSpec, Invalid, Valid
+from oom_lsp.analysis.rules._autograd import (
+    FORWARD_METHODS,
+    AutogradRule,
+    is_container_value,
+)
+from oom_lsp.fixes import detach as detach_fix
+
+
+@register
+class TensorKeptAcrossIterations(AutogradRule):
+    """
+    ## What it does
+    Flags graph-attached tensors (model outputs, losses) stored in a list or
+    dict that outlives the loop iteration, without `.detach()` or `.item()`:
+    `losses.append(loss)`, `preds.append(out.cpu())`, `history[k] = out`.
+
+    ## Why is this bad?
+    A stored tensor keeps its autograd graph, and the graph keeps the
+    activations its backward pass would need: every stored element pins a
+    whole forward pass. The list grows by one graph per iteration until the
+    GPU runs out. `.cpu()` alone does not help: the CPU copy is still part of
+    the graph, so the GPU activations behind it stay allocated.
+
+    ## Example
+    ```python
+    predictions = []
+    for x in loader:
+        out = model(x)
+        predictions.append(out.cpu())
+    ```
+
+    ## Use instead
+    ```python
+    predictions = []
+    for x in loader:
+        out = model(x)
+        predictions.append(out.detach().cpu())
+    ```
+
+    ## Fix safety
+    Safe: `.detach()` is inserted before the value is stored (before
+    `.cpu()` / `.to(...)` when present, so the copy carries no graph). Values
+    that later feed a `backward()` call, or that a non-training loop
+    returns, are not reported: their graph is wanted.
+    """
+
+    code = "OOM302"
+    name = "tensor-kept-across-iterations"
+    summary = (
+        "Graph-attached tensors stored in a list or dict that outlives the iteration keep every step's graph."
+    )
+    fix_applicability = Applicability.SAFE
+
+    VALID = [
+        Valid(
+            """
+            import torch
+            losses, preds = [], []
+            for x, y in loader:
+                out = model(x)
+                loss = criterion(out, y)
+                losses.append(loss.item())
+                preds.append(out.detach().cpu())
+            """
+        ),
+        Valid(
+            """
+            import torch
+            preds = []
+            with torch.no_grad():
+                for x in loader:
+                    preds.append(model(x).cpu())
+            """
+        ),
+        # Collected to be summed and backpropagated: the graph is wanted.
+        Valid(
+            """
+            import torch
+            for batch in loader:
+                losses = []
+                for head in heads:
+                    losses.append(criterion(model(batch), head))
+                torch.stack(losses).sum().backward()
+            """
+        ),
+        Valid(
+            """
+            import torch
+            outputs = []
+            for x in loader:
+                out = model(x)
+                loss = out.mean()
+                loss.backward()
+                outputs.append(out.argmax(-1))
+                outputs.extend(out.tolist())
+            """
+        ),
+        # Not a list: an object whose `append` we know nothing about.
+        Valid("import torch\nfor x in loader:\n    out = model(x)\n    logger.append(out)\n"),
+        # The list is created in the iteration.
+        Valid("import torch\nfor x in loader:\n    batch_preds = []\n    batch_preds.append(model(x))\n"),
+        # Not in a loop.
+        Valid("import torch\nkept = []\nkept.append(model(x))\n"),
+        # Unknown value.
+        Valid("import torch\nkept = []\nfor x in loader:\n    kept.append(transform(x))\n"),
+        # A local function called `model` is no module.
+        Valid(
+            """
+            import torch
+            def model(batch):
+                return [len(batch)]
+            kept = []
+            for batch in loader:
+                kept.append(model(batch))
+            """
+        ),
+        Valid("import torch\nkept = []\nfor x in loader:\n    kept.append(**model(x))\n"),
+        # The loss in the dict is detached before it is kept.
+        Valid(
+            """
+            import torch
+            def train(module, loader, optimizer):
+                outputs = []
+                for index, batch in enumerate(loader):
+                    output = module.training_step(batch, index)
+                    output["loss"].backward()
+                    optimizer.step()
+                    output["loss"] = output["loss"].detach()
+                    outputs.append(output)
+                return outputs
+            """
+        ),
+        # A diffusers pipeline's images are PIL images made under no_grad.
+        Valid(
+            """
+            import torch
+            from diffusers import StableDiffusionPipeline
+            pipeline = StableDiffusionPipeline.from_pretrained(path)
+            images = []
+            for prompt in prompts:
+                images.append(pipeline(prompt).images[0])
+            """
+        ),
+        # A hook whose store is emptied every step, one that overwrites a fixed
+        # key, and a hook in a script that never trains.
+        Valid(
+            """
+            import torch
+            activations = []
+            named = {}
+
+            def keep(module, args, output):
+                activations.append(output)
+
+            def keep_last(module, args, output):
+                named["head"] = output
+
+            model.backbone.register_forward_hook(keep)
+            model.head.register_forward_hook(keep_last)
+            for x, y in loader:
+                loss_fn(model(x), y).backward()
+                activations.clear()
+            """
+        ),
+        Valid(
+            """
+            import torch
+            features = []
+            def keep(module, args, output):
+                features.append(output)
+            model.register_forward_hook(keep)
+            with torch.no_grad():
+                for x in loader:
+                    model(x)
+            """
+        ),
+        # A model that keeps only the last attention map (assigned, not appended).
+        Valid(
+            """
+            import torch.nn as nn
+            class Block(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.attn = nn.MultiheadAttention(8, 2)
+                    self.last = []
+
+                def forward(self, x):
+                    y, weights = self.attn(x, x, x)
+                    self.last = [weights]
+                    return y
+            """
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            predictions = []
+            for x in loader:
+                out = model(x)
+                predictions.append(out.cpu())
+            """,
+            line=6,
+            expected_fix="""
+            import torch
+            predictions = []
+            for x in loader:
+                out = model(x)
+                predictions.append(out.detach().cpu())
+            """,
+        ),
+        Invalid(
+            """
+            import torch.nn as nn
+            import torch.nn.functional as F
+
+            class Net(nn.Module):
+                def forward(self, x):
+                    return x
+
+            def train(loader, opt):
+                net = Net()
+                history = {}
+                losses = []
+                for step, (x, y) in enumerate(loader):
+                    logits = net(x)[0]
+                    loss = F.cross_entropy(logits, y)
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss)
+                    history[step] = {"logits": logits, "step": step}
+                return losses
+            """,
+            line=18,
+            expected_fix="""
+            import torch.nn as nn
+            import torch.nn.functional as F
+
+            class Net(nn.Module):
+                def forward(self, x):
+                    return x
+
+            def train(loader, opt):
+                net = Net()
+                history = {}
+                losses = []
+                for step, (x, y) in enumerate(loader):
+                    logits = net(x)[0]
+                    loss = F.cross_entropy(logits, y)
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss.detach())
+                    history[step] = {"logits": logits.detach(), "step": step}
+                return losses
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            class Evaluator:
+                def __init__(self, model):
+                    self.model = model
+                    self.outputs = []
+
+                def run(self, loader):
+                    for batch in loader:
+                        self.outputs.extend(self.model(batch) * 2 for _ in range(1))
+                        self.outputs.insert(0, self.model(batch) + 1)
+            """,
+            line=11,
+            expected_fix="""
+            import torch
+            class Evaluator:
+                def __init__(self, model):
+                    self.model = model
+                    self.outputs = []
+
+                def run(self, loader):
+                    for batch in loader:
+                        self.outputs.extend(self.model(batch) * 2 for _ in range(1))
+                        self.outputs.insert(0, (self.model(batch) + 1).detach())
+            """,
+        ),
+        # A dict whose loss was backpropagated, kept for the epoch (no `.detach()` for a dict).
+        Invalid(
+            """
+            import torch
+            def train(module, loader, optimizer):
+                outputs = []
+                for index, batch in enumerate(loader):
+                    output = module.training_step(batch, index)
+                    output["loss"].backward()
+                    optimizer.step()
+                    outputs.append(output)
+                return module.training_epoch_end(outputs)
+            """,
+            line=9,
+        ),
+        # A helper of the file that appends what it is given to a container of the caller.
+        Invalid(
+            """
+            import torch
+            def log_step(log, prediction):
+                log["predictions"].append(prediction)
+
+            def train(model, loader, criterion):
+                log = {"predictions": []}
+                for x, y in loader:
+                    prediction = model(x)
+                    criterion(prediction, y).backward()
+                    log_step(log, prediction)
+            """,
+            line=11,
+            expected_fix="""
+            import torch
+            def log_step(log, prediction):
+                log["predictions"].append(prediction)
+
+            def train(model, loader, criterion):
+                log = {"predictions": []}
+                for x, y in loader:
+                    prediction = model(x)
+                    criterion(prediction, y).backward()
+                    log_step(log, prediction.detach())
+            """,
+        ),
+        # A forward hook that keeps every output, in a script that trains.
+        Invalid(
+            """
+            import torch
+            features = []
+
+            def keep_features(module, args, output):
+                features.append(output)
+
+            model.backbone.register_forward_hook(keep_features)
+            cache = {}
+            model.head.register_forward_hook(lambda m, i, o: cache.__setitem__(len(cache), o))
+            for x, y in loader:
+                loss_fn(model(x), y).backward()
+            """,
+            line=6,
+            expected_fix="""
+            import torch
+            features = []
+
+            def keep_features(module, args, output):
+                features.append(output.detach())
+
+            model.backbone.register_forward_hook(keep_features)
+            cache = {}
+            model.head.register_forward_hook(lambda m, i, o: cache.__setitem__(len(cache), o.detach()))
+            for x, y in loader:
+                loss_fn(model(x), y).backward()
+            """,
+        ),
+        # A model that appends to a list attribute in `forward`, which nothing empties.
+        Invalid(
+            """
+            import torch.nn as nn
+            class Probe(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.block = nn.Linear(8, 8)
+                    self.history = []
+
+                def forward(self, x):
+                    y = self.block(x)
+                    self.history.append(y)
+                    return y
+            """,
+            line=11,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if type(func) is cst.Attribute and func.attr.value in STORING_METHODS:
+            position = STORING_METHODS[func.attr.value]
+            stored = get_arg(node, "object", position)
+            if stored is None or stored is UNKNOWN or stored.star:
+                return
+            self._check(node, func.value, stored.value)
+        elif type(func) is cst.Attribute and func.attr.value == "register_forward_hook":
+            self._check_lambda_hook(node)
+        else:
+            self._check_callee(node)
+
+    def _check_callee(self, node: cst.Call) -> None:
+        """`record(history, out)` where the file's `record` appends `out` to `history[...]`."""
+        for keep, argument, holder in self._kept_by_callee(node, accumulates=False):
+            loop = self.context.tracker.loops[-1]
+            if rebinds_every_iteration(loop.body, holder) or self._kept_on_purpose(holder, loop):
+                continue
+            function = self._flow().local_function(node.func)
+            assert function is not None
+            if keep.owner == "self" and holder != keep.container:
+                holds = self._class_container(function, keep.container)  # `obj.update(x)`
+            else:
+                holds = self._holds_a_container(holder)
+            if not holds:
+                continue
+            callee = dotted_name(node.func) or "the function"
+            self.report(
+                node,
+                f"`{callee}()` stores the graph-attached `{self.context.code_for(argument)}` in `{holder}`, which "
+                "outlives the iteration, and with it every step's graph and activations. Pass a `.detach()`ed "
+                "value instead.",
+                fix=FixSpec(
+                    title="Pass a `.detach()`ed value",
+                    edits=detach_fix.detach(argument, self._indent(), self.context.module),
+                    applicability=Applicability.UNSAFE,
+                ),
+            )
+            return
+
+    def _class_container(self, method: cst.FunctionDef, attribute: str) -> bool:
+        """`self.x` is only ever bound to a list or dict in the methods of `method`'s class."""
+        facts = facts_for(self.context)
+        owner = facts.class_of.get(method)
+        values = [
+            value
+            for other, other_owner in facts.class_of.items()
+            if other_owner is owner
+            for value in facts.summary(other).bindings.get(attribute, ())
+        ]
+        return bool(values) and all(is_container_value(value) for value in values)
+
+    def _check_lambda_hook(self, node: cst.Call) -> None:
+        """`layer.register_forward_hook(lambda m, i, o: feats.append(o))`."""
+        hook = node.args[0].value if node.args else None
+        if type(hook) is not cst.Lambda or len(hook.params.params) < 3:
+            return
+        output = hook.params.params[2].name.value
+        body = hook.body
+        if type(body) is not cst.Call or type(body.func) is not cst.Attribute:
+            return
+        method = body.func.attr.value
+        position = {"__setitem__": 1, **STORING_METHODS}.get(method)
+        stored = get_arg(body, "object", position) if position is not None else None
+        if not isinstance(stored, cst.Arg) or dotted_name(stored.value) != output:
+            return
+        holder = dotted_name(body.func.value)
+        if method == "__setitem__" and not _grows(body.args[0].value, holder):
+            return  # a fixed key: each output replaces the last one
+        if holder is None or "." in holder or not self._outlives_every_forward(holder, in_a_function=False):
+            return
+        self.report(
+            body,
+            f"This forward hook stores every output in `{holder}`, which is never emptied, so the graph and "
+            "activations of every forward pass stay alive. Store `.detach()`ed outputs.",
+            fix=FixSpec(
+                title="Store `.detach()`ed outputs",
+                edits=detach_fix.detach(stored.value, "", self.context.module),
+                applicability=Applicability.UNSAFE,
+            ),
+        )
+
+    def _outlives_every_forward(self, holder: str, *, in_a_function: bool = True) -> bool:
+        """A container of the module (or of `self`) that nothing in the file
+        empties, in a file that trains: what a forward hook stores in it
+        piles up, graph and all, one entry per forward pass. (`in_a_function`:
+        the hook is a `def`, whose own names die with each call.)"""
+        facts = facts_for(self.context)
+        if effects_for(self.context).cleared(holder):
+            return False
+        if in_a_function and holder in self._summary().bindings:
+            return False
+        if holder.startswith("self."):
+            function = self.context.tracker.current_function
+            if function is None or not self._class_container(function, holder):
+                return False
+        else:
+            values = facts.summary(None).bindings.get(holder, ())
+            if not values or not all(is_container_value(value) for value in values):
+                return False
+        return facts.trains()
+
+    def _check_hook_store(self, node: cst.CSTNode, holder: str, stored: cst.BaseExpression) -> bool:
+        """A forward hook of the file (`def save(module, inputs, output)`)
+        storing its output; True when this decides the store."""
+        function = self.context.tracker.current_function
+        output = effects_for(self.context).forward_hooks().get(function) if function is not None else None
+        if output is None:
+            return False
+        base = stored
+        while type(base) in (cst.Subscript, cst.Attribute):
+            base = base.value
+        if type(base) is not cst.Name or base.value != output:
+            return False
+        if type(node) is cst.Assign and not _grows(_subscript_key(node), holder):
+            return True  # `feats[name] = output`: each output replaces the last one
+        if self._outlives_every_forward(holder):
+            assert function is not None
+            self.report(
+                node,
+                f"`{function.name.value}` is a forward hook that stores every output in `{holder}`, which is "
+                "never emptied, so the graph and activations of every forward pass stay alive. Store "
+                "`.detach()`ed outputs.",
+                fix=FixSpec(
+                    title="Store `.detach()`ed outputs",
+                    edits=detach_fix.detach(stored, self._indent(), self.context.module),
+                    applicability=Applicability.UNSAFE,
+                ),
+            )
+        return True
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            if type(target.target) is cst.Subscript:
+                self._check(node, target.target.value, node.value)
+
+    def _check(self, node: cst.CSTNode, container: cst.BaseExpression, stored: cst.BaseExpression) -> None:
+        if self.context.tracker.in_no_grad:
+            return
+        holder = dotted_name(container)
+        if holder is None or self._check_hook_store(node, holder, stored):
+            return
+        iteration = self._iteration(holder)
+        if iteration is None:
+            if type(node) is cst.Call:
+                self._check_forward_store(node, holder, stored)
+            return
+        attached = _attached_parts(stored, self._flow())
+        if not attached:
+            return
+        if rebinds_every_iteration(iteration.body, holder) or not self._holds_a_container(holder):
+            return
+        if self._kept_on_purpose(holder, iteration):
+            return
+        flow = self._flow()
+        fix = None
+        # A dict or model output holding a graph-attached tensor has no `.detach()`.
+        if all(flow.kind_of(part) is not Kind.GRAPH_CONTAINER for part in attached):
+            indent = self._indent()
+            edits = tuple(
+                edit for part in attached for edit in detach_fix.detach(part, indent, self.context.module)
+            )
+            fix = FixSpec(title="Detach before storing", edits=edits, applicability=Applicability.SAFE)
+        self.report(
+            node,
+            f"`{holder}` keeps graph-attached tensors across iterations, and with them the autograd graph and "
+            "activations of every step. Store `.detach()`ed values (then `.cpu()`) instead.",
+            fix=fix,
+        )
+
+    def _check_forward_store(self, node: cst.Call, holder: str, stored: cst.BaseExpression) -> None:
+        """A model's `forward` appending to a list attribute that nothing
+        empties: one entry, graph and all, per forward pass."""
+        function = self.context.tracker.current_function
+        facts = facts_for(self.context)
+        owner = facts.class_of.get(function) if function is not None else None
+        if (
+            function is None
+            or function.name.value not in FORWARD_METHODS
+            or owner is None
+            or owner.name.value not in facts.module_classes
+            or not holder.startswith("self.")
+            or holder.count(".") != 1
+        ):
+            return
+        if effects_for(self.context).cleared(holder) or not self._class_container(function, holder):
+            return
+        attached = _attached_parts(stored, self._flow())
+        if not attached:
+            return
+        self.report(
+            node,
+            f"`forward` appends to `{holder}`, which nothing empties, so the graph and activations of every "
+            "forward pass stay alive. Store `.detach()`ed values, or empty it each step.",
+            fix=None,
+        )
+
+    def _holds_a_container(self, holder: str) -> bool:
+        """`holder` is only ever bound to a list or dict: in this scope, at
+        module level, or (`self.x`) in a method of the class."""
+        facts = facts_for(self.context)
+        function = self.context.tracker.current_function
+        summaries = [facts.summary(function)]
+        if holder.startswith("self.") and function is not None and function in facts.class_of:
+            owner = facts.class_of[function]
+            summaries += [
+                facts.summary(method)
+                for method, method_owner in facts.class_of.items()
+                if method_owner is owner and method is not function
+            ]
+        elif function is not None:
+            summaries.append(facts.summary(None))
+        values = [value for summary in summaries for value in summary.bindings.get(holder, ())]
+        return bool(values) and all(is_container_value(value) for value in values)
+
+
+def _subscript_key(node: cst.Assign) -> cst.BaseExpression | None:
+    """The key of `c[key] = value` (None for a slice or several keys)."""
+    target = node.targets[0].target
+    if type(target) is not cst.Subscript or len(target.slice) != 1 or type(target.slice[0].slice) is not cst.Index:
+        return None
+    return target.slice[0].slice.value
+
+
+def _grows(key: cst.BaseExpression | None, holder: str | None) -> bool:
+    """A key that is new at every store: `len(holder)`."""
+    return (
+        type(key) is cst.Call
+        and dotted_name(key.func) == "len"
+        and len(key.args) == 1
+        and holder is not None
+        and dotted_name(key.args[0].value) == holder
+    )
+
+
+def _attached_parts(stored: cst.BaseExpression, flow: ScopeFlow) -> list[cst.BaseExpression]:
+    """The graph-attached parts of a stored value: the value itself, or the
+    elements of a list / tuple / dict literal."""
+    if isinstance(stored, (cst.List, cst.Tuple)):
+        return [part for element in stored.elements for part in _attached_parts(element.value, flow)]
+    if isinstance(stored, cst.Dict):
+        return [
+            part
+            for element in stored.elements
+            if isinstance(element, cst.DictElement)
+            for part in _attached_parts(element.value, flow)
+        ]
+    return [stored] if flow.kind_of(stored).attached else []
+
+
+# Words that make a function an evaluation function, as the first or last
+# word of its snake_case name: `evaluate`, `run_validation`, `predict_batch`.
