@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -307,6 +308,9 @@ class FileFacts:
             # A name defined twice (`if cuda: class A ... else: class A ...`) is ambiguous.
             self.class_by_name[name] = class_def if name not in self.class_by_name else None  # type: ignore[assignment]
         self.module_functions = _module_functions(context.module.body)
+        # The names a call can reach a function of the file by: a cheap test
+        # before a call is resolved.
+        self.method_names = frozenset(method.name.value for method in self.class_of)
         self.module_bindings: dict[str, Callee] = {}
         self.module_bindings = _BindingCollector(self, None).collect(context.module.body)
         for class_def in self._classes:
@@ -535,6 +539,8 @@ class FileFacts:
         call runs with grad, or nothing in the file calls it (a public API)."""
         owner = self.class_of.get(function)
         name = function.name.value
+        if len(re.findall(rf"\b{re.escape(name)}\b", self.context.source)) <= 1:
+            return False  # only its `def` names it: nothing in the file calls or passes it
         dotted = f"self.{name}" if owner is not None else name
         scopes: list[cst.FunctionDef | None] = [
             method for method, method_owner in self.class_of.items() if method_owner is owner

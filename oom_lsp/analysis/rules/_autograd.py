@@ -81,6 +81,13 @@ class AutogradRule(Rule):
         tracker = self.context.tracker
         if not tracker.in_loop or tracker.in_no_grad:
             return []
+        facts = facts_for(self.context)
+        func = call.func
+        if not (
+            (type(func) is cst.Name and func.value in facts.module_functions)
+            or (type(func) is cst.Attribute and func.attr.value in facts.method_names)
+        ):
+            return []  # the common case: no function of this file is called
         flow = self._flow()
         function = flow.local_function(call.func)
         if function is None:

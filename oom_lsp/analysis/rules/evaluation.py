@@ -378,6 +378,7 @@ class EvalWithoutNoGrad(AutogradRule):
         # `with` blocks whose grad mode depends on a value: cannot tell.
         self._maybe_no_grad: list[cst.With] = []
         self._eval_functions: dict[cst.FunctionDef, bool] = {}
+        self._called_with_grad_cache: dict[cst.FunctionDef, bool] = {}
         # Tests run models for their outputs, not to serve predictions.
         self._in_test_file = _TEST_FILE_RE.search(context.path) is not None
 
@@ -427,8 +428,8 @@ class EvalWithoutNoGrad(AutogradRule):
         if switched is None and not by_name:
             switched = self._routed_forward(node, self._eval_mode.get(function, {}))
         if by_name:
-            if self._summary().backward_calls:
-                return  # gradients are computed here: not inference code
+            if self._summary().backward_calls or not self._called_with_grad(function):
+                return  # gradients are computed here, or the callers turn them off
         elif switched is None or self._computes_gradients_around():
             return
         reference = self.context.imports.reference_to("torch.inference_mode")
@@ -498,7 +499,7 @@ class EvalWithoutNoGrad(AutogradRule):
                 names[param] = model
         facts = facts_for(self.context)
         summary = facts.summary(function)
-        reported_there = self._is_eval_function(function)
+        reported_there = self._is_eval_function(function) and self._called_with_grad(function)
         for name, model in names.items():
             for mention, ancestors in summary.uses_of(name):
                 parent = ancestors[-1] if ancestors else None
@@ -566,8 +567,17 @@ class EvalWithoutNoGrad(AutogradRule):
                 return False
             if not function.params.params:
                 return False  # `def test_x():` without parameters is a pytest test, not an evaluation routine
-        # Called only under no_grad, or handed to code we cannot see (a callback): not ours to judge.
-        return facts.runs_without_grad_for_its_callers(function) is False
+        return True
+
+    def _called_with_grad(self, function: cst.FunctionDef) -> bool:
+        """Not only called under no_grad, nor handed to code we cannot see (a
+        callback): its forward passes are ours to judge. Asked only once a
+        forward pass is about to be reported (it reads the whole file)."""
+        known = self._called_with_grad_cache.get(function)
+        if known is None:
+            known = facts_for(self.context).runs_without_grad_for_its_callers(function) is False
+            self._called_with_grad_cache[function] = known
+        return known
 
     def _wrap_target(self) -> cst.CSTNode | None:
         """The innermost loop around the call when it does not switch modes,
