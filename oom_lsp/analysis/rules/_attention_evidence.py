@@ -94,7 +94,8 @@ class FileIndex:
         self.module = module
         self.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
         self.classes = [s for s in module.body if isinstance(s, cst.ClassDef)]
-        self.dispatched: frozenset[str] = frozenset()
+        # Worked out on demand by the rule (a walk of the whole file).
+        self.dispatched: frozenset[str] | None = None
 
 
 def _suites(statement: cst.CSTNode) -> list[cst.CSTNode]:

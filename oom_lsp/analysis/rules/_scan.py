@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from functools import lru_cache
-from typing import Iterator, Sequence
+from operator import attrgetter
+from typing import Callable, Iterator, Sequence
 
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.walker import is_node
 
 # Nodes whose contents do not run where they are written.
 SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -38,13 +40,28 @@ def _node_fields(node_class: type) -> tuple[str, ...]:
     )
 
 
-def _children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    for name in _node_fields(type(node)):
-        value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from (item for item in value if isinstance(item, cst.CSTNode))
+@lru_cache(maxsize=None)
+def _field_reader(node_class: type) -> Callable[[cst.CSTNode], tuple[object, ...]] | None:
+    names = _node_fields(node_class)
+    if not names:
+        return None
+    read = attrgetter(*names)
+    return (lambda node: (read(node),)) if len(names) == 1 else read  # type: ignore[return-value]
+
+
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    # Exact type tests through `is_node`: isinstance() on libcst's classes
+    # goes through ABCMeta, and whole-file scans call this for every node.
+    read = _field_reader(type(node))
+    if read is None:
+        return []
+    children: list[cst.CSTNode] = []
+    for value in read(node):
+        if type(value) is list or type(value) is tuple:
+            children.extend(item for item in value if is_node(item))
+        elif is_node(value):
+            children.append(value)
+    return children
 
 
 def descendants(node: cst.CSTNode, *, skip: tuple[type[cst.CSTNode], ...] = ()) -> Iterator[cst.CSTNode]:
@@ -54,7 +71,7 @@ def descendants(node: cst.CSTNode, *, skip: tuple[type[cst.CSTNode], ...] = ()) 
     while stack:
         current = stack.pop()
         yield current
-        if skip and current is not node and isinstance(current, skip):
+        if skip and current is not node and type(current) in skip:
             continue
         stack.extend(_children(current))
 
@@ -68,10 +85,11 @@ def references(node: cst.CSTNode, dotted: str) -> list[cst.BaseExpression]:
     stack: list[cst.CSTNode] = [node]
     while stack:
         current = stack.pop()
-        if isinstance(current, (cst.Name, cst.Attribute)) and dotted_name(current) == dotted:
+        current_type = type(current)
+        if (current_type is cst.Name or current_type is cst.Attribute) and dotted_name(current) == dotted:
             found.append(current)
             continue
-        if isinstance(current, (cst.Attribute, cst.Arg)):
+        if current_type is cst.Attribute or current_type is cst.Arg:
             stack.append(current.value)
         else:
             stack.extend(_children(current))
@@ -158,9 +176,10 @@ def names_read(node: cst.CSTNode) -> Iterator[str]:
     stack: list[cst.CSTNode] = [node]
     while stack:
         current = stack.pop()
-        if isinstance(current, cst.Name):
+        current_type = type(current)
+        if current_type is cst.Name:
             yield current.value
-        elif isinstance(current, (cst.Attribute, cst.Arg)):
+        elif current_type is cst.Attribute or current_type is cst.Arg:
             stack.append(current.value)
         else:
             stack.extend(_children(current))

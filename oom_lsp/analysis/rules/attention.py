@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import libcst as cst
@@ -758,12 +759,12 @@ class NaiveAttention(Rule):
         (`{"eager": Attention, "sdpa": SdpaAttention}`), or a class whose
         subclass overrides this method with one that calls a fused kernel."""
         stack = self.context.tracker.statements
-        index = self._index()
         top = stack[0] if stack else None
         if isinstance(top, cst.FunctionDef):
-            return top.name.value in index.dispatched
+            return self._may_be_dispatched(top.name.value) and top.name.value in self._dispatched(self._index())
         if isinstance(top, cst.ClassDef) and len(stack) > 1 and isinstance(stack[1], cst.FunctionDef):
-            if top.name.value in index.dispatched:
+            index = self._index()
+            if self._may_be_dispatched(top.name.value) and top.name.value in self._dispatched(index):
                 return True
             method = stack[1].name.value
             for subclass in index.classes:
@@ -777,16 +778,29 @@ class NaiveAttention(Rule):
                     return True
         return False
 
+    def _may_be_dispatched(self, name: str) -> bool:
+        """A test on the text before the tree is walked for dispatches: the
+        name written as a dict value (`: Name,` / `: Name}`) or as the last
+        argument of a call (`.get(key, Name)`)."""
+        escaped = re.escape(name)
+        pattern = rf"[:]\s*{escaped}\s*[,}}]|,\s*{escaped}\s*,?\s*\)"
+        return re.search(pattern, self.context.source) is not None
+
     def _index(self) -> FileIndex:
         if self._file_index is None:
             self._file_index = FileIndex(self.context.module)
-            self._file_index.dispatched = self._dispatched_names(self._file_index)
         return self._file_index
+
+    def _dispatched(self, index: FileIndex) -> frozenset[str]:
+        if index.dispatched is None:
+            index.dispatched = self._dispatched_names(index)
+        return index.dispatched
 
     def _dispatched_names(self, index: FileIndex) -> frozenset[str]:
         names: set[str] = set()
         for node in descendants(index.module):
-            if isinstance(node, cst.Dict):
+            node_type = type(node)
+            if node_type is cst.Dict:
                 values = [
                     element.value.value
                     for element in node.elements
@@ -794,7 +808,7 @@ class NaiveAttention(Rule):
                 ]
                 if len(values) >= 2 and any(self._is_fused_implementation(value, index) for value in values):
                     names.update(values)
-            elif isinstance(node, cst.Call):
+            elif node_type is cst.Call:
                 called = method_call(node)
                 positional = [arg.value for arg in node.args if arg.keyword is None and not arg.star]
                 # `registry.get(key, default)`: the default is one of the implementations.

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import collections
+import re
 import weakref
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import libcst as cst
 
@@ -12,14 +13,9 @@ from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, is_true, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
+from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.analysis.rules._devices import file_uses_cuda
-from oom_lsp.analysis.rules._scan import (
-    SCOPES,
-    descendants,
-    references,
-    scope_of,
-)
+from oom_lsp.analysis.rules._scan import SCOPES, descendants, names_read, scope_of
 from oom_lsp.fixes.map_location import add_map_location
 
 
@@ -243,38 +239,88 @@ class TorchLoadWithoutMapLocation(Rule):
         ),
     ]
 
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        # The loads without `map_location`, decided once the whole file is
+        # known (a checkpoint is often saved below the code that resumes it).
+        self._loads: list[_Load] = []
+        self._saves: list[_Save] = []
+        # Per block, the models it moved to the CPU so far (`net.eval().cpu()`
+        # before `torch.save(net.state_dict(), ...)`).
+        self._on_cpu: list[set[str]] = [set()]
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._on_cpu.append(set())
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock) -> None:
+        self._on_cpu.pop()
+
     def visit_Call(self, node: cst.Call) -> None:
-        if self.context.call_name(node) != "torch.load":
+        moved = _move(node)
+        if moved is not None:
+            name, to_cpu = moved
+            (self._on_cpu[-1].add if to_cpu else self._on_cpu[-1].discard)(name)
+        qualified = self.context.call_name(node)
+        if qualified == "torch.save":
+            saved = get_arg(node, "obj", 0)
+            if isinstance(saved, cst.Arg):
+                self._saves.append(
+                    _Save(
+                        keys=frozenset(_path_keys(get_arg(node, "f", 1))),
+                        on_cpu=_on_cpu(saved.value, self._on_cpu[-1]),
+                        holds_state=_holds_state(saved.value),
+                    )
+                )
+        elif qualified == "torch.load" and get_arg(node, "map_location", 1) is None:
+            # (present, or UNKNOWN via a splat: not a candidate)
+            tracker = self.context.tracker
+            self._loads.append(_Load(node, tracker.current_function, tuple(tracker.statements)))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        if not self._loads:
             return
-        if get_arg(node, "map_location", 1) is not None:  # present, or UNKNOWN via a splat
+        context = self.context
+        if not _uses_gpu(context) or _offloaded_to_cpu(context):
             return
-        checkpoints = _checkpoints_of(self.context)
-        if not checkpoints.uses_gpu or checkpoints.offloaded_to_cpu:
-            return
-        saved = checkpoints.saved_to(_path_keys(get_arg(node, "f", 0)))
+        for load in self._loads:
+            self._decide(load)
+
+    def _decide(self, load: _Load) -> None:
+        node = load.call
+        saved = [save for save in self._saves if _path_keys(get_arg(node, "f", 0)) & save.keys]
         if saved and all(save.on_cpu for save in saved):
             return
-        if not saved and checkpoints.saves and all(save.on_cpu for save in checkpoints.saves):
+        if not saved and self._saves and all(save.on_cpu for save in self._saves):
             # Every checkpoint this file writes is on the CPU.
             return
-        scope = scope_of(self.context.tracker.current_function, self.context.module)
-        sinks = _state_sinks(scope, node, self.context.tracker.current_statement)
+        scope = scope_of(load.function, self.context.module)
+        statement = load.path[-1] if load.path else None
+        sinks = _state_sinks(_scope_index(self.context, scope), node, statement)
         if sinks is None and not any(save.holds_state and not save.on_cpu for save in saved):
             return
         whole = sinks is not None and sinks.whole_only
         weights_only = (
             whole and get_arg(node, "weights_only") is None and get_arg(node, "pickle_module", 2) is None
         )
-        self.report(
-            node,
+        message = (
             "`torch.load` without `map_location` restores every tensor onto the device it was saved "
-            'from, next to the model\'s own copy. Pass `map_location="cpu"` and move what you need.',
-            fix=FixSpec(
-                title='Pass `map_location="cpu"`' + (" and `weights_only=True`" if weights_only else ""),
-                edits=add_map_location(node, weights_only=weights_only),
-                applicability=Applicability.SAFE,
-            ),
+            'from, next to the model\'s own copy. Pass `map_location="cpu"` and move what you need.'
         )
+        fix = FixSpec(
+            title='Pass `map_location="cpu"`' + (" and `weights_only=True`" if weights_only else ""),
+            edits=add_map_location(node, weights_only=weights_only),
+            applicability=Applicability.SAFE,
+        )
+        self.context.add_report(deferred_report(self, node, message, fix, load.path))
+
+
+@dataclass(frozen=True)
+class _Load:
+    """A `torch.load` without `map_location`, where the pass met it."""
+
+    call: cst.Call
+    function: cst.FunctionDef | None
+    path: tuple[cst.CSTNode, ...]
 
 
 # `.load_state_dict` of these holds Python numbers or CPU state, not a model's tensors.
@@ -309,11 +355,51 @@ class _Sinks:
     whole_only: bool
 
 
-def _state_sinks(scope: cst.CSTNode, load: cst.Call, statement: cst.CSTNode | None) -> _Sinks | None:
-    """How the result of `load` reaches a state sink in `scope`, or None when
-    it does not: as an argument in the same statement, or through the names
-    the statement assigns it to and the names computed from those (a renaming
-    of the keys, `ckpt["model"]`)."""
+@dataclass
+class _ScopeIndex:
+    """What `_state_sinks` reads of a scope, gathered in one walk and shared
+    by every load of the scope."""
+
+    scope: cst.CSTNode
+    sinks: list[cst.Call] = field(default_factory=list)
+    bindings: list[tuple[list[cst.BaseExpression], cst.CSTNode]] = field(default_factory=list)
+    _reads: collections.Counter[str] | None = None
+
+    def reads(self) -> collections.Counter[str]:
+        """How often each plain name is read in the scope (as `references`
+        counts: not `obj.name`, not the keyword of `f(name=1)`)."""
+        if self._reads is None:
+            self._reads = collections.Counter(name for name in names_read(self.scope))
+        return self._reads
+
+
+_SCOPE_INDEXES: weakref.WeakKeyDictionary[FileContext, dict[int, _ScopeIndex]] = weakref.WeakKeyDictionary()
+
+
+def _scope_index(context: FileContext, scope: cst.CSTNode) -> _ScopeIndex:
+    indexes = _SCOPE_INDEXES.setdefault(context, {})
+    index = indexes.get(id(scope))
+    if index is None:
+        index = indexes[id(scope)] = _ScopeIndex(scope)
+        for node in descendants(scope, skip=SCOPES):
+            node_type = type(node)
+            if node_type is cst.Call:
+                if _is_state_sink(node):
+                    index.sinks.append(node)
+            elif node_type is cst.Assign:
+                index.bindings.append(([target.target for target in node.targets], node.value))
+            elif (node_type is cst.AugAssign or node_type is cst.AnnAssign) and node.value is not None:
+                index.bindings.append(([node.target], node.value))
+            elif node_type is cst.For:
+                index.bindings.append(([node.target], node.iter))
+    return index
+
+
+def _state_sinks(index: _ScopeIndex, load: cst.Call, statement: cst.CSTNode | None) -> _Sinks | None:
+    """How the result of `load` reaches a state sink in the scope, or None
+    when it does not: as an argument in the same statement, or through the
+    names the statement assigns it to and the names computed from those (a
+    renaming of the keys, `ckpt["model"]`)."""
     if statement is None:
         return None
     sinks = [
@@ -331,13 +417,11 @@ def _state_sinks(scope: cst.CSTNode, load: cst.Call, statement: cst.CSTNode | No
     if not assigned:
         return None
     tainted = set(assigned)
-    derived = _derived_names(scope, tainted)
+    derived = _derived_names(index, tainted)
     whole_uses = 0
     other_uses = 0
     reached = False
-    for node in descendants(scope, skip=SCOPES):
-        if not isinstance(node, cst.Call) or not _is_state_sink(node):
-            continue
+    for node in index.sinks:
         for arg in node.args:
             if isinstance(arg.value, cst.Name) and arg.value.value in assigned:
                 reached = True
@@ -349,7 +433,7 @@ def _state_sinks(scope: cst.CSTNode, load: cst.Call, statement: cst.CSTNode | No
                 other_uses += 1
     if not reached:
         return None
-    reads = sum(len(references(scope, name)) for name in assigned) - len(assigned)
+    reads = sum(index.reads()[name] for name in assigned) - len(assigned)
     return _Sinks(whole_only=other_uses == 0 and whole_uses == reads and len(derived) == len(assigned))
 
 
@@ -369,24 +453,16 @@ def _assigned_from(statement: cst.CSTNode, load: cst.Call) -> set[str]:
     return set()
 
 
-def _derived_names(scope: cst.CSTNode, seeds: set[str]) -> set[str]:
-    """`seeds` and the names computed from them in `scope`: assigned from an
+def _derived_names(index: _ScopeIndex, seeds: set[str]) -> set[str]:
+    """`seeds` and the names computed from them in the scope: assigned from an
     expression that reads one, a loop over one, an item written into a
     dict from one (`new[k] = v`)."""
-    bindings: list[tuple[list[cst.BaseExpression], cst.CSTNode]] = []
-    for node in descendants(scope, skip=SCOPES):
-        if isinstance(node, cst.Assign):
-            bindings.append(([target.target for target in node.targets], node.value))
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)) and node.value is not None:
-            bindings.append(([node.target], node.value))
-        elif isinstance(node, cst.For):
-            bindings.append(([node.target], node.iter))
     names = set(seeds)
     changed = True
     while changed:
         changed = False
-        for targets, value in bindings:
-            if not any(isinstance(inner, cst.Name) and inner.value in names for inner in descendants(value)):
+        for targets, value in index.bindings:
+            if not any(type(inner) is cst.Name and inner.value in names for inner in descendants(value)):
                 continue
             for target in targets:
                 for bound in _written_names(target):
@@ -482,40 +558,18 @@ class _Save:
     holds_state: bool
 
 
-@dataclass
-class _Checkpoints:
-    """What a file shows about the checkpoints it writes."""
-
-    uses_gpu: bool
-    # FSDP full state dicts gathered to the CPU (`FullStateDictConfig(offload_to_cpu=True)`).
-    offloaded_to_cpu: bool = False
-    saves: list[_Save] = field(default_factory=list)
-
-    def saved_to(self, keys: set[str]) -> list[_Save]:
-        return [save for save in self.saves if keys & save.keys]
+def _offloaded_to_cpu(context: FileContext) -> bool:
+    """FSDP full state dicts gathered to the CPU (`FullStateDictConfig(offload_to_cpu=True)`)."""
+    return "offload_to_cpu" in context.source and any(
+        type(node) is cst.Arg
+        and node.keyword is not None
+        and node.keyword.value == "offload_to_cpu"
+        and is_true(node.value)
+        for node in descendants(context.module)
+    )
 
 
-_CHECKPOINTS: weakref.WeakKeyDictionary[FileContext, _Checkpoints] = weakref.WeakKeyDictionary()
-
-
-def _checkpoints_of(context: FileContext) -> _Checkpoints:
-    """Built once per file, for the first `torch.load` without `map_location`."""
-    found = _CHECKPOINTS.get(context)
-    if found is not None:
-        return found
-    found = _Checkpoints(uses_gpu=_uses_gpu(context))
-    if found.uses_gpu:
-        found.offloaded_to_cpu = "offload_to_cpu" in context.source and any(
-            isinstance(node, cst.Arg)
-            and node.keyword is not None
-            and node.keyword.value == "offload_to_cpu"
-            and is_true(node.value)
-            for node in descendants(context.module)
-        )
-        if "save" in context.source:
-            _scan_block(context.module.body, context, found.saves)
-    _CHECKPOINTS[context] = found
-    return found
+_ACCELERATOR_RE = re.compile(r"\btorch\.accelerator\b|\bfrom\s+torch\s+import\b[^\n]*\baccelerator\b")
 
 
 def _uses_gpu(context: FileContext) -> bool:
@@ -523,52 +577,11 @@ def _uses_gpu(context: FileContext) -> bool:
     accelerator API (`torch.accelerator.current_accelerator()`)."""
     if file_uses_cuda(context):
         return True
-    return "accelerator" in context.source and any(
+    return _ACCELERATOR_RE.search(context.source) is not None and any(
         isinstance(node, cst.Attribute)
         and (context.qualified_name(node) or "").startswith("torch.accelerator.")
         for node in descendants(context.module)
     )
-
-
-def _scan_block(body: Sequence[cst.CSTNode], context: FileContext, saves: list[_Save]) -> None:
-    """Record the `torch.save` calls of a block and of the blocks in it, with
-    the models each block moved to the CPU before (`net.eval().cpu()` before
-    `torch.save(net.state_dict(), ...)`)."""
-    on_cpu: set[str] = set()
-    for statement in body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            for node in descendants(statement, skip=(cst.IndentedBlock,)):
-                if isinstance(node, cst.IndentedBlock) and node is not statement:
-                    _scan_block(node.body, context, saves)
-                elif isinstance(node, cst.SimpleStatementSuite):
-                    _scan_line(node, context, on_cpu, saves)
-            continue
-        _scan_line(statement, context, on_cpu, saves)
-
-
-def _scan_line(
-    line: cst.SimpleStatementLine | cst.SimpleStatementSuite,
-    context: FileContext,
-    on_cpu: set[str],
-    saves: list[_Save],
-) -> None:
-    for node in descendants(line, skip=SCOPES):
-        if not isinstance(node, cst.Call):
-            continue
-        moved = _move(node)
-        if moved is not None:
-            name, to_cpu = moved
-            (on_cpu.add if to_cpu else on_cpu.discard)(name)
-        if context.call_name(node) == "torch.save":
-            saved = get_arg(node, "obj", 0)
-            if isinstance(saved, cst.Arg):
-                saves.append(
-                    _Save(
-                        keys=frozenset(_path_keys(get_arg(node, "f", 1))),
-                        on_cpu=_on_cpu(saved.value, on_cpu),
-                        holds_state=_holds_state(saved.value),
-                    )
-                )
 
 
 def _on_cpu(expression: cst.BaseExpression, on_cpu: set[str]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import weakref
 
 import libcst as cst
@@ -361,6 +362,13 @@ _GRAD_WRITES = frozenset({"add_", "sub_", "copy_", "index_add_", "addcmul_", "ad
 _WRITES_INTO_GRADS: weakref.WeakKeyDictionary[FileContext, bool] = weakref.WeakKeyDictionary()
 
 
+# A cheap first test on the text: `.grad` followed by `+=`, `-=`, `[` or a writing
+# method (also through `.data`).
+_GRAD_WRITE_RE = re.compile(
+    r"\.grad\s*(?:[-+]=|\[)|\.grad(?:\.data)?\.(?:" + "|".join(sorted(_GRAD_WRITES)) + r")\("
+)
+
+
 def _is_grad(expression: cst.BaseExpression) -> bool:
     """`p.grad`, `p.grad.data`, `p.grad[i]`."""
     while isinstance(expression, cst.Subscript) or (
@@ -373,10 +381,11 @@ def _is_grad(expression: cst.BaseExpression) -> bool:
 def _writes_into_grads(context: FileContext) -> bool:
     """Whether the file adds or copies values into `.grad` buffers: `p.grad
     += g`, `p.grad.add_(g)`, `p.grad.copy_(g)`, `p.grad[i] = g`. Computed
-    once per file, for the first candidate."""
+    once per file, for the first candidate; a search of the text rules most
+    files out before the tree is read."""
     answer = _WRITES_INTO_GRADS.get(context)
     if answer is None:
-        answer = "grad" in context.source and any(
+        answer = _GRAD_WRITE_RE.search(context.source) is not None and any(
             _adds_into_grad(node) for node in descendants(context.module)
         )
         _WRITES_INTO_GRADS[context] = answer
