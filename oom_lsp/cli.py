@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -39,6 +40,43 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
 class UsageError(Exception):
     """A problem with the command line or the configuration: exit 2."""
+
+
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP during a command: a BaseException, so that no
+    `except Exception` on the way up stops it; exit 128 + the signal number."""
+
+    def __init__(self, signum: int, killed: list[int]) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.killed = killed
+
+
+_STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    """Kill every process group the command started (the user's script and all
+    it forked), then unwind. Ctrl-C in a terminal reaches only our own process
+    group: the scripts run in sessions of their own, so this is what stops them."""
+    from oom_lsp.profiling import runner
+
+    if runner.spawning():
+        runner.hold_signal(signum)  # the group is not registered yet: delivered again once it is
+        return
+    killed = runner.kill_live_groups()
+    for name in _STOP_SIGNALS:  # one cancel is enough: a second signal must not cut the cleanup short
+        number = getattr(signal, name)
+        if signal.getsignal(number) is _on_stop_signal:
+            signal.signal(number, signal.SIG_IGN)
+    raise Interrupted(signum, killed)
+
+
+def _install_stop_handlers() -> None:
+    for name in _STOP_SIGNALS:
+        number = getattr(signal, name)
+        if signal.getsignal(number) is not signal.SIG_IGN:  # `nohup`, a background job: ignored it stays
+            signal.signal(number, _on_stop_signal)
 
 
 def _error(message: str) -> None:
@@ -198,8 +236,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "handler", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
+    if arguments[0] not in BUILTIN_COMMANDS:
+        _install_stop_handlers()  # feature commands run the user's code in subprocesses
     try:
         return int(args.handler(args))
+    except Interrupted as interrupt:
+        name = signal.Signals(interrupt.signum).name
+        stopped = (
+            f"; killed process group {', '.join(map(str, interrupt.killed))} (the script and its children)"
+            if interrupt.killed
+            else ""
+        )
+        print(f"oom-lsp {arguments[0]}: interrupted by {name}{stopped}", file=sys.stderr)
+        return 128 + interrupt.signum
     except UsageError as error:
         _error(str(error))
         return EXIT_ERROR
