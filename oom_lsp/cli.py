@@ -224,15 +224,31 @@ def _normalize_argv(argv: list[str]) -> list[str]:
     return argv
 
 
+def _cut_script_tail(parser: argparse.ArgumentParser, arguments: list[str]) -> tuple[list[str], list[str] | None]:
+    """A command that runs a script gets what follows the first `--` untouched (oom_lsp.script_args)."""
+    if "--" not in arguments:
+        return arguments, None
+    subparsers = next(
+        (action for action in parser._actions if isinstance(action, argparse._SubParsersAction)), None
+    )
+    command = subparsers.choices.get(arguments[0]) if subparsers is not None else None
+    if command is None or not command.get_default("takes_script_args"):
+        return arguments, None
+    cut = arguments.index("--")
+    return arguments[:cut], arguments[cut + 1 :]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = _normalize_argv(list(sys.argv[1:] if argv is None else argv))
     # Builtin commands need no feature module: keep `--check` lean.
     parser = build_parser(with_features=arguments[0] not in BUILTIN_COMMANDS)
+    arguments, script_tail = _cut_script_tail(parser, arguments)
     try:
         args = parser.parse_args(arguments)
     except SystemExit as exit_request:  # argparse: --help, --version, usage errors
         code = exit_request.code
         return code if isinstance(code, int) else EXIT_ERROR
+    args.script_tail = script_tail
     if getattr(args, "handler", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_ERROR

@@ -22,6 +22,11 @@ from oom_lsp.script_args import split_script_arguments
 
 EXIT_FITS, EXIT_OOM, EXIT_ERROR = 0, 1, 2
 DTYPES = ("fp32", "bf16", "fp16")
+_PHASE_WORDS = {"forward": "forward pass", "backward": "backward pass"}
+_BOUNDS = {
+    "memory": "memory: batch {batch:,}, checked too, does not keep that margin",
+    "data": "the data: at batch {batch:,} the script does not reach two optimizer steps",
+}
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -36,7 +41,7 @@ def add_parsers(subparsers: Any) -> None:
     # (argparse alone cannot take options after a positional and more positionals after `--`).
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     _add_options(parser, defaults=True)
-    parser.set_defaults(handler=run_estimate)
+    parser.set_defaults(handler=run_estimate, takes_script_args=True)
 
 
 def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
@@ -84,11 +89,28 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         help="the largest batch size that fits the target (two fake traces and a check)",
     )
     parser.add_argument(
+        "--margin",
+        type=_margin,
+        default=default(None),
+        help="share of the GPU kept free: the verdict is tight above it, --find-max-batch stays under it "
+        "(default 10%%; 0.1 or 10%%)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=default(300.0), help="seconds before the run is killed (default 300)"
     )
     parser.add_argument(
         "--list-gpus", action="store_true", default=default(False), help="print the GPU catalogue and exit"
     )
+
+
+def _margin(text: str) -> float:
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 10% or 0.1, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"the margin must be from 0% to below 100%, got {text!r}")
+    return value
 
 
 def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -112,7 +134,8 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         err.write("oom-lsp estimate: give the training script to estimate\n")
         return EXIT_ERROR
     if not args.script.is_file():
-        err.write(f"oom-lsp estimate: {args.script}: no such file\n")
+        problem = "a folder, not a script" if args.script.is_dir() else "no such file"
+        err.write(f"oom-lsp estimate: {args.script}: {problem}\n")
         return EXIT_ERROR
     try:
         if args.gpu:
@@ -127,7 +150,13 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         err.write(f"oom-lsp estimate: {error}\n")
         return EXIT_ERROR
 
-    from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, find_max_batch
+    from oom_lsp.estimate.estimator import (
+        DEFAULT_MARGIN,
+        EstimateError,
+        EstimateOptions,
+        estimate,
+        find_max_batch,
+    )
 
     options = EstimateOptions(
         script=args.script,
@@ -138,6 +167,7 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         python=args.python,
         timeout=args.timeout,
         autocast_dtype=args.dtype,
+        margin=DEFAULT_MARGIN if args.margin is None else args.margin,
     )
 
     def progress(message: str) -> None:
@@ -222,11 +252,18 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
             f"= {format_bytes(prediction['process_bytes'])} process total (nvidia-smi)",
         )
     where = prediction["peak_at"]
-    location = f"{_rel(where['file'])}:{where['line']}" if where.get("file") else "-"
-    out.write(
-        f"  peak at: {where.get('op') or '-'} during the {where.get('phase') or '-'}"
-        f"{', in module ' + where['module'] if where.get('module') else ''}, {location}\n"
-    )
+    if where.get("op"):
+        phase = where.get("phase")
+        when = (
+            " outside the forward pass, backward pass and optimizer step"
+            if phase == "outside the step"
+            else f" during the {_PHASE_WORDS.get(phase, phase)}"
+            if phase
+            else ""
+        )
+        module = f", in module {where['module']}" if where.get("module") else ""
+        location = f", {_rel(where['file'])}:{where['line']}" if where.get("file") else ""
+        out.write(f"  peak at: {where['op']}{when}{module}{location}\n")
     modules = [(name, size) for name, size in prediction.get("top_modules", []) if name]
     if modules:
         out.write("  top modules at the peak (memory they allocated that is still live):\n")
@@ -244,7 +281,8 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
         shares = f"{100 * needed / gpu['memory']:.0f}% of the GPU allocated"
         if prediction.get("process_bytes") is not None:
             shares += f", {100 * prediction['process_bytes'] / gpu['memory']:.0f}% reserved"
-        out.write(f"  target: {gpu['name']}, {format_bytes(gpu['memory'])}\n")
+        named = not gpu["name"].startswith("GPU with ")  # --gpu-memory: the name is the size already
+        out.write(f"  target: {gpu['name']}" + (f", {format_bytes(gpu['memory'])}" if named else "") + "\n")
         out.write(f"  verdict: {prediction['verdict'].upper()} ({shares}, CUDA context included)\n")
         if needed <= gpu["memory"] < (prediction.get("process_bytes") or 0):
             out.write(
@@ -271,10 +309,20 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
         )
         if max_batch.get("max_batch"):
             verified = max_batch["verified"]
-            out.write(
-                f"  largest batch that fits: {max_batch['max_batch']} (checked: "
-                f"{format_bytes(verified['peak_bytes'])} allocated, {verified['verdict']})\n"
+            held = (
+                f"{format_bytes(verified['reserved_bytes'])} reserved + {format_bytes(verified['context_bytes'])} "
+                f"context, {format_bytes(verified['peak_bytes'])} allocated"
+                if verified.get("reserved_bytes") is not None
+                else f"{format_bytes(verified['peak_bytes'])} allocated"
             )
+            out.write(f"  largest batch that fits: {max_batch['max_batch']:,} (checked by a fake run: {held})\n")
+            out.write(f"    keeps {max_batch['limit']}\n")
+            if max_batch.get("next_checked"):
+                out.write(f"    bound by {_BOUNDS[max_batch['bound']].format(batch=max_batch['next_checked'])}\n")
+            else:
+                out.write("    bound by memory: the line's answer, checked by a fake run\n")
+            if max_batch.get("explanation"):
+                out.write(f"    why not the line's answer: {max_batch['explanation']}\n")
         else:
             out.write(f"  largest batch that fits: none ({max_batch.get('reason')})\n")
         accumulation = max_batch.get("gradient_accumulation")

@@ -320,7 +320,9 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     out, err = out or sys.stdout, err or sys.stderr
     try:
         if not args.script.is_file():
-            raise CommandError(f"{args.script}: no such file")
+            raise CommandError(
+                f"{args.script}: {'a folder, not a script' if args.script.is_dir() else 'no such file'}"
+            )
         before = read_measurement(args.before)
         if args.after is not None:
             after = read_measurement(args.after)

@@ -39,7 +39,7 @@ def add_parsers(subparsers: Any) -> None:
     # (argparse alone cannot take options after a positional and more positionals after `--`).
     profile.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     _add_profile_options(profile, defaults=True)
-    profile.set_defaults(handler=run_profile)
+    profile.set_defaults(handler=run_profile, takes_script_args=True)
 
     explain = subparsers.add_parser(
         "explain",
@@ -167,7 +167,7 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.script is None:
         return _error("profile needs a SCRIPT (or --import FILE)")
     if not args.script.is_file():
-        return _error(f"{args.script}: no such file")
+        return _error(f"{args.script}: {'a folder, not a script' if args.script.is_dir() else 'no such file'}")
     if args.steps < 1:
         return _error("--steps must be at least 1")
     request = ProfileRequest(
@@ -181,11 +181,20 @@ def run_profile(args: argparse.Namespace) -> int:
     except ProfileError as exc:
         return _error(str(exc))
     print_summary(report, args.out, sys.stdout)
+    if report.status in ("completed", "finished", "exited") and not completed_steps(report):
+        ended = f"exited with code {report.exit_code}" if report.status == "exited" else "ended"
+        return _error(f"no measurement: the script {ended} before its first optimizer step")
+    if report.status == "exited" and report.exit_code:
+        return EXIT_FAILED  # the script said it failed
     if report.status in ("completed", "finished", "exited"):
         return EXIT_OK
     if report.status in ("timeout", "cancelled", "crashed"):
         return EXIT_ERROR
     return EXIT_FAILED
+
+
+def completed_steps(report: Report) -> int:
+    return sum(1 for step in report.steps if step.complete)
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -254,7 +263,10 @@ def print_summary(report: Report, out_dir: Path, out: TextIO) -> None:
             print(f"  {label}: {value}", file=out)
     if report.error:
         print(f"\nerror: {report.error}", file=out)
-    if report.status in ("oom", "error", "timeout", "crashed") and report.output_tail:
+    failed = report.status in ("oom", "error", "timeout", "crashed") or (
+        report.status in ("finished", "exited") and (report.exit_code or not completed_steps(report))
+    )
+    if failed and report.output_tail:
         print("\nlast lines of the script's output:", file=out)
         for line in report.output_tail.splitlines()[-OUTPUT_LINES:]:
             print(f"  | {line}", file=out)

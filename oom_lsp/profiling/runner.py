@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,9 @@ from oom_lsp.profiling.report import DeviceInfo, Report, ReportError, read_repor
 NO_TORCH_EXIT = 3  # the harness's exit code when `import torch` fails
 OUTPUT_TAIL_LINES = 200
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
+# Kineto (torch.profiler) writes `USDT:2026-12-01 22:15:35 2686:2686 SyncActivityProfilerHandler.cpp:52]
+# profiler_start` to stderr whatever its log level.
+_PROFILER_LOG_LINE = re.compile(r"[A-Z]+:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] ")
 
 
 # Process groups started and not yet known to be gone (the leader's pid is the group id).
@@ -223,6 +227,8 @@ class ProfileRun:
         with stream:
             for raw in stream:
                 line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                if _PROFILER_LOG_LINE.match(line):
+                    continue  # the profiler's own start/stop log, not the script's output
                 self._tail.append(line)
                 if self._on_output:
                     self._on_output(line)
