@@ -591,3 +591,34 @@ def test_check_imports_neither_pygls_lsprotocol_nor_torch(project: Path) -> None
     )
     assert "HEAVY [] 1" in done.stderr, done.stderr
     assert json.loads(done.stdout)
+
+
+# --- a broken configuration, for every command that reads it (the console script) ---------------------
+
+BROKEN_CONFIGS = {
+    "bad-value": ('[tool.oom-lsp]\ngpu-memory = "lots"\n', 'pyproject.toml: [tool.oom-lsp] gpu-memory: '),
+    "bad-toml": ("[tool.oom-lsp\n", "pyproject.toml: invalid TOML: "),
+}
+READS_THE_CONFIG = {
+    "check": ["--check", "train.py"],
+    "estimate": ["estimate", "train.py"],
+    "estimate-gpu-memory": ["estimate", "train.py", "--gpu-memory", "8GiB"],
+    "validate": ["validate", "train.py", "--before", "before.json"],
+    "prompt": ["prompt", "train.py"],
+    "fix": ["fix", "--ai", "train.py"],
+}
+
+
+@pytest.mark.parametrize("config", sorted(BROKEN_CONFIGS))
+@pytest.mark.parametrize("command", sorted(READS_THE_CONFIG))
+def test_a_broken_configuration_is_one_line_and_exit_2(tmp_path: Path, command: str, config: str) -> None:
+    from tests import console
+
+    text, message = BROKEN_CONFIGS[config]
+    write(tmp_path / "pyproject.toml", text)
+    write(tmp_path / "train.py", RISKY)
+    write(tmp_path / "before.json", json.dumps({"script": "train.py", "peak_bytes": 1, "device": "cpu"}))
+    result = console.run(READS_THE_CONFIG[command], tmp_path, timeout=120)
+    assert result.returncode == 2, result
+    (line,) = result.stderr.splitlines()
+    assert message in line and line.startswith(("error: ", "oom-lsp")), line

@@ -137,16 +137,17 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         problem = "a folder, not a script" if args.script.is_dir() else "no such file"
         err.write(f"oom-lsp estimate: {args.script}: {problem}\n")
         return EXIT_ERROR
-    try:
-        if args.gpu:
-            from oom_lsp.config import ConfigResolver
+    from oom_lsp.config import ConfigError, ConfigResolver
 
-            gpu = find_gpu(args.gpu, ConfigResolver().resolve(args.script).gpus)
+    try:
+        config = ConfigResolver().resolve(args.script)
+        if args.gpu:
+            gpu = find_gpu(args.gpu, config.gpus)
         elif args.gpu_memory:
             gpu = custom_gpu(args.gpu_memory)
         else:
-            gpu = _configured_gpu(args.script)
-    except (UnknownGpuError, ValueError) as error:
+            gpu = custom_gpu(config.gpu_memory) if config.gpu_memory else None
+    except (ConfigError, UnknownGpuError, ValueError) as error:
         err.write(f"oom-lsp estimate: {error}\n")
         return EXIT_ERROR
 
@@ -196,14 +197,6 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     if max_batch is not None and max_batch.get("max_batch") == 0:
         return EXIT_OOM
     return EXIT_FITS
-
-
-def _configured_gpu(script: Path):
-    from oom_lsp.config import ConfigResolver
-    from oom_lsp.estimate.gpus import custom_gpu
-
-    memory = ConfigResolver().resolve(script).gpu_memory
-    return custom_gpu(memory) if memory else None
 
 
 def _rel(path: str | None) -> str:

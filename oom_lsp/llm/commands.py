@@ -319,6 +319,8 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
 
     out, err = out or sys.stdout, err or sys.stderr
     try:
+        if not args.no_log:
+            _config(args.script)  # a broken configuration is reported now, not after the run
         if not args.script.is_file():
             raise CommandError(
                 f"{args.script}: {'a folder, not a script' if args.script.is_dir() else 'no such file'}"
