@@ -622,3 +622,23 @@ def test_a_broken_configuration_is_one_line_and_exit_2(tmp_path: Path, command: 
     assert result.returncode == 2, result
     (line,) = result.stderr.splitlines()
     assert message in line and line.startswith(("error: ", "oom-lsp")), line
+
+
+# --- syntax errors in files that mention no framework (the console script) --------------------------
+
+
+def test_a_syntax_error_is_reported_in_a_file_that_mentions_no_framework(tmp_path: Path) -> None:
+    from tests import console
+
+    write(tmp_path / "helpers.py", "def f(:\n    return 1\n")
+    write(tmp_path / "unclosed.py", "values = (1,\n")
+    write(tmp_path / "fine.py", "def f(x):\n    return x\n")
+    # Rejected by CPython's compiler, accepted by libcst (as for a file that mentions torch): no finding.
+    write(tmp_path / "outside.py", "return 1\n")
+    result = console.run(["--check", "--no-cache", "."], tmp_path)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        "helpers.py:1:7: OOM000 SyntaxError: invalid syntax",
+        "unclosed.py:1:10: OOM000 SyntaxError: '(' was never closed",
+        "Found 2 errors.",
+    ]
