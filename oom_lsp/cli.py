@@ -308,8 +308,8 @@ def run_check(args: argparse.Namespace) -> int:
     from oom_lsp.config import ConfigError
 
     started = time.perf_counter()
-    if args.diff and args.fix:
-        raise UsageError("--fix and --diff cannot be combined (--diff shows what --fix would change)")
+    if args.diff:
+        args.fix = False  # `--fix --diff`, as in Ruff: the diff of what --fix would write, nothing written
     resolver = _resolver(args)
     paths = list(args.paths)
     try:
@@ -392,7 +392,7 @@ def _check_stdin(args: argparse.Namespace, resolver: Any) -> int:
 def _exit_code(args: argparse.Namespace, results: list[Any]) -> int:
     if any(result.internal_error is not None for result in results):
         return EXIT_ERROR
-    if args.exit_non_zero_on_fix and any(result.fixes_applied for result in results):
+    if args.exit_non_zero_on_fix and any(result.changed for result in results):
         return EXIT_FINDINGS
     if args.exit_zero:
         return EXIT_CLEAN

@@ -109,7 +109,6 @@ def test_default_path_is_the_current_folder(project: Path, capsys: pytest.Captur
     [
         (["--check", "--select", "OOM999", "."], "error: --select: unknown rule selector 'OOM999'\n"),
         (["--check", "--ignore", "E501", "."], "error: --ignore: unknown rule selector 'E501'\n"),
-        (["--check", "--fix", "--diff", "."], "error: --fix and --diff cannot be combined"),
         (["--check", "--config", "missing.toml", "."], "error: missing.toml: no such configuration file\n"),
         (["--check", "a.py", "-"], "error: `-` (stdin) cannot be combined with other paths\n"),
         (["--check", "--format", "xml", "."], "invalid choice: 'xml'"),
@@ -642,3 +641,43 @@ def test_a_syntax_error_is_reported_in_a_file_that_mentions_no_framework(tmp_pat
         "unclosed.py:1:10: OOM000 SyntaxError: '(' was never closed",
         "Found 2 errors.",
     ]
+
+
+# --- --fix: one count in every line of its output; --fix --diff (the console script) -----------------
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def _count(pattern: str, text: str) -> int:
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match, (pattern, text[-500:])
+    return int(match.group(1))
+
+
+def test_fix_counts_agree_in_one_output(tmp_path: Path) -> None:
+    from tests import console
+
+    for fixture in FIXTURES.glob("*.py"):
+        write(tmp_path / fixture.name, fixture.read_text())
+    found = _count(r"^Found (\d+) errors\.$", console.run(["--check", "--no-cache", "."], tmp_path).stdout)
+    out = console.run(["--check", "--no-cache", "--fix", "--show-fixes", "."], tmp_path).stdout
+    listed = _count(r"^Fixed (\d+) errors:$", out)
+    per_code = sum(int(count) for count in re.findall(r"^    (\d+) × OOM\d+ ", out, re.MULTILINE))
+    summary = re.search(r"^Found (\d+) errors \((\d+) fixed, (\d+) remaining\)\.$", out, re.MULTILINE)
+    assert summary, out[-500:]
+    total, fixed, remaining = map(int, summary.groups())
+    assert listed == per_code == fixed > 0
+    assert total == found == fixed + remaining
+    again = console.run(["--check", "--no-cache", "."], tmp_path).stdout
+    assert _count(r"^Found (\d+) errors\.$", again) == remaining
+
+
+def test_fix_diff_prints_what_fix_would_write_and_writes_nothing(tmp_path: Path) -> None:
+    from tests import console
+
+    script = write(tmp_path / "train.py", RISKY)
+    result = console.run(["--check", "--no-cache", "--fix", "--diff", "train.py"], tmp_path)
+    assert result.returncode == 1
+    assert '+state = torch.load("x.pt", map_location="cpu")' in result.stdout.splitlines()
+    assert result.stderr == "Would fix 1 error.\n"
+    assert script.read_text() == RISKY
