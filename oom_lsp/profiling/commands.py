@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from oom_lsp.profiling.oom_messages import describe, find_ooms, format_bytes
-from oom_lsp.profiling.report import Report, ReportError, read_report
+from oom_lsp.profiling.report import Report, ReportError, mismatches, read_report
 from oom_lsp.script_args import split_script_arguments
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
@@ -63,6 +63,11 @@ def add_parsers(subparsers: Any) -> None:
     compare.add_argument("before", type=Path)
     compare.add_argument("after", type=Path)
     compare.add_argument("--format", choices=("text", "json"), default="text")
+    compare.add_argument(
+        "--force",
+        action="store_true",
+        help="compare reports that do not measure the same thing (a failed run, another script or device)",
+    )
     compare.set_defaults(handler=run_compare)
 
 
@@ -361,7 +366,16 @@ def run_compare(args: argparse.Namespace) -> int:
         before, after = read_report(args.before), read_report(args.after)
     except ReportError as exc:
         return _error(str(exc))
+    found = mismatches(before, after)
+    refused = [m.message for m in found if m.refuse]
+    if refused and not args.force:
+        for message in refused:
+            print(f"oom-lsp: cannot compare {args.before} and {args.after}: {message}", file=sys.stderr)
+        return _error("--force compares them anyway")
+    for mismatch in found:
+        print(f"warning: {mismatch.message}", file=sys.stderr)
     result = compare_reports(before, after)
+    result["warnings"] = [m.message for m in found]
     if args.format == "json":
         print(json.dumps(result, indent=2))
         return EXIT_OK
