@@ -131,3 +131,38 @@ def killed_groups(stderr: str) -> list[int]:
     """The process groups oom-lsp says it killed (its last words on stderr)."""
     match = re.search(r"killed process group ([\d, ]+)", stderr)
     return [int(group) for group in match.group(1).split(", ")] if match else []
+
+
+def run_on_a_terminal(args: list[str], cwd: Path, timeout: float = 300) -> tuple[int, str, str]:
+    """oom-lsp with its stderr on a pseudo-terminal (stdout a pipe): exit code, stdout,
+    and everything written to the terminal."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [OOM_LSP, *args], cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, text=True
+    )
+    os.close(slave)
+    screen = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the other side closed: the process ended
+                    break
+                if not chunk:
+                    break
+                screen += chunk
+            elif process.poll() is not None:
+                break
+        out, _ = process.communicate(timeout=max(1, deadline - time.monotonic()))
+    finally:
+        os.close(master)
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return process.returncode, out, screen.decode("utf-8", errors="replace")

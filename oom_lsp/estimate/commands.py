@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from oom_lsp.profiling.commands import LiveLine
 from oom_lsp.script_args import split_script_arguments
 
 EXIT_FITS, EXIT_OOM, EXIT_ERROR = 0, 1, 2
@@ -171,16 +172,15 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         margin=DEFAULT_MARGIN if args.margin is None else args.margin,
     )
 
-    def progress(message: str) -> None:
-        if args.format == "text":
-            err.write(f"oom-lsp estimate: {message}\n")
-
+    display = EstimateDisplay(err, f"estimating {args.script.name}", quiet=args.format != "text")
+    options.on_event = display.on_event
     try:
-        if args.find_max_batch:
-            outcome = find_max_batch(options, progress)
-            prediction, max_batch = outcome["estimate"], outcome["max_batch"]
-        else:
-            prediction, max_batch = estimate(options, progress), None
+        with display:
+            if args.find_max_batch:
+                outcome = find_max_batch(options, display.message)
+                prediction, max_batch = outcome["estimate"], outcome["max_batch"]
+            else:
+                prediction, max_batch = estimate(options, display.message), None
     except EstimateError as error:
         if args.format == "json":
             out.write(json.dumps({"error": str(error)}) + "\n")
@@ -197,6 +197,50 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     if max_batch is not None and max_batch.get("max_batch") == 0:
         return EXIT_OOM
     return EXIT_FITS
+
+
+class EstimateDisplay(LiveLine):
+    """On a terminal, one redrawn line: which trace (and its batch size), the phase, the
+    optimizer steps it reached, the time. Elsewhere (a pipe, CI, --format json) no line; the
+    search's messages are printed as lines either way (not with --format json)."""
+
+    STEPS = 2  # what the harness traces
+
+    def __init__(self, stream: TextIO, label: str, quiet: bool) -> None:
+        super().__init__(stream, label, live=not quiet)
+        self.quiet = quiet
+        self.trace = 0
+        self.batch: int | None = None
+        self.steps = 0
+        self.phase = "starting Python and importing torch"
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "starting":
+            self.phase = "starting Python and importing torch"
+        elif kind == "ready":
+            self.phase = "torch imported"
+        elif kind == "run-start":
+            self.trace += 1
+            self.batch, self.steps = event.get("batch_size"), 0
+            self.phase = "running the script"
+        elif kind == "step":
+            self.steps = int(event.get("step", self.steps))
+            self.phase = "tracing" if self.steps < self.STEPS else "traced"
+        elif kind == "run":
+            self.phase = "reading the trace"
+        if self.tty:
+            self.draw()
+
+    def message(self, text: str) -> None:
+        if not self.quiet:
+            self.line(f"oom-lsp estimate: {text}")
+
+    def render(self) -> str:
+        parts = [self.phase, f"{self.steps}/{self.STEPS} optimizer steps", f"{self.elapsed:.1f} s"]
+        if self.trace:
+            parts.insert(0, f"trace {self.trace}" + (f" (batch {self.batch:,})" if self.batch else ""))
+        return f"{self.label}: {' · '.join(parts)}"
 
 
 def _rel(path: str | None) -> str:

@@ -62,6 +62,9 @@ class EstimateOptions:
     margin: float = DEFAULT_MARGIN
     # Set from another thread (the editor) to stop every run of this estimate.
     cancel: threading.Event | None = None
+    # Progress: {"event": "starting"} before each child interpreter, then the harness's own
+    # events from a reader thread: "ready", "run-start", "step", "run" (harness.py).
+    on_event: Callable[[dict[str, Any]], None] | None = None
 
 
 class _HarnessRun(ProfileRun):
@@ -69,9 +72,13 @@ class _HarnessRun(ProfileRun):
     with this package's harness and result file."""
 
     def __init__(
-        self, request: ProfileRequest, payload: dict[str, Any], cancel: threading.Event | None
+        self,
+        request: ProfileRequest,
+        payload: dict[str, Any],
+        cancel: threading.Event | None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        super().__init__(request, cancel=cancel)
+        super().__init__(request, on_progress=on_event, cancel=cancel)
         self.payload = payload
         self.outcome: str | None = None
         self.returncode: int | None = None
@@ -129,7 +136,9 @@ def run_harness(
             timeout=options.timeout,
             cwd=options.cwd,
         )
-        run = _HarnessRun(request, payload, cancel or options.cancel)
+        run = _HarnessRun(request, payload, cancel or options.cancel, options.on_event)
+        if options.on_event:
+            options.on_event({"event": "starting"})
         try:
             run.start()
         except ProfileError as error:

@@ -70,6 +70,20 @@ SHADOW_NUMEL_LIMIT = 50_000_000
 HARNESS_FILE = os.path.abspath(__file__)
 
 
+# JSON lines to the parent (--progress-fd): {"event": "ready"} once torch is imported,
+# {"event": "run-start", "batch_size"}, {"event": "step", "step"}, {"event": "run"} per run.
+_progress = None
+
+
+def _emit(event: str, **fields) -> None:
+    if _progress is None:
+        return
+    try:
+        _progress.write(json.dumps({"event": event, **fields}) + "\n")
+    except OSError:  # the parent stopped listening: the run goes on, progress is a convenience
+        pass
+
+
 class StopEstimate(BaseException):
     """Raised from the optimizer's step post hook after the last traced step.
     A BaseException so that the user's `except Exception` does not swallow it."""
@@ -1167,6 +1181,7 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
                     tracker.set_category(value, "optimizer_state")
         state["steps"] += 1
         state["step_ends"].append(time.perf_counter())
+        _emit("step", step=state["steps"])
         if state["steps"] >= request.get("steps", 2):
             raise StopEstimate()
 
@@ -1646,12 +1661,15 @@ def main() -> int:
         "--request", required=True, help="JSON file: script, args, mode, device, runs, output"
     )
     parser.add_argument(
-        "--progress-fd", type=int, default=None, help="write one JSON line per finished run here"
+        "--progress-fd", type=int, default=None, help="write progress here, one JSON line per event"
     )
     options = parser.parse_args()
     with open(options.request, encoding="utf-8") as handle:
         request = json.load(handle)
-    progress = os.fdopen(options.progress_fd, "w", buffering=1) if options.progress_fd is not None else None
+    global _progress
+    if options.progress_fd is not None:
+        _progress = os.fdopen(options.progress_fd, "w", buffering=1)
+    _emit("ready")
     results = []
     previous_batch = None
     # Each run executes the script afresh; "double" asks for twice the
@@ -1662,13 +1680,10 @@ def main() -> int:
             if not previous_batch:
                 break
             batch_size = 2 * previous_batch
+        _emit("run-start", batch_size=batch_size)
         result = run({**request, **run_request, "batch_size": batch_size})
         results.append(result)
-        if progress is not None:
-            progress.write(
-                json.dumps({"event": "run", "batch_size": result["batch_size"], "status": result["status"]})
-                + "\n"
-            )
+        _emit("run", batch_size=result["batch_size"], status=result["status"])
         previous_batch = result["batch_size"] if result["status"] != "failed" else None
     with open(request["output"], "w", encoding="utf-8") as handle:
         json.dump({"runs": results}, handle)

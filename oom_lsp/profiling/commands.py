@@ -9,8 +9,10 @@ no OOM error; 2 usage errors and runs that could not start (no torch, no such fi
 
 from __future__ import annotations
 
+import abc
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -98,22 +100,20 @@ def _error(message: str) -> int:
 # --- profile -------------------------------------------------------------------------------
 
 
-class ProgressDisplay:
-    """Steps done and elapsed time on stderr: one redrawn line on a terminal, plain lines otherwise."""
+class LiveLine(abc.ABC):
+    """A status line on stderr, redrawn twice a second on a terminal (`render()`); on anything
+    else no line at all, only what `line()` prints."""
 
-    def __init__(self, stream: TextIO, steps: int, label: str) -> None:
+    def __init__(self, stream: TextIO, label: str, live: bool = True) -> None:
         self.stream = stream
-        self.steps = steps
         self.label = label
-        self.tty = stream.isatty()
-        self.done = 0
-        self.phase = "starting"
+        self.tty = live and stream.isatty()
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._ticker = threading.Thread(target=self._tick, daemon=True) if self.tty else None
 
-    def __enter__(self) -> ProgressDisplay:
+    def __enter__(self) -> LiveLine:
         if self._ticker:
             self._ticker.start()
         return self
@@ -124,6 +124,46 @@ class ProgressDisplay:
             self._ticker.join()
             self.stream.write("\n")
             self.stream.flush()
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    @abc.abstractmethod
+    def render(self) -> str:
+        """The status line's text."""
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.5):
+            self.draw()
+
+    def draw(self) -> None:
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):  # not a real file descriptor
+            columns = 0
+        width = (columns or 80) - 1  # a terminal that reports no size (a bare pty) gets 80
+        with self._lock:
+            self.stream.write(f"\r{self.render()[:width]}\x1b[K")
+            self.stream.flush()
+
+    def line(self, text: str) -> None:
+        """A line of its own, above the status line on a terminal."""
+        with self._lock:
+            self.stream.write(("\r\x1b[K" if self.tty else "") + text + "\n")
+            self.stream.flush()
+        if self.tty:
+            self.draw()
+
+
+class ProgressDisplay(LiveLine):
+    """Steps done and elapsed time: a bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, stream: TextIO, steps: int, label: str) -> None:
+        super().__init__(stream, label)
+        self.steps = steps
+        self.done = 0
+        self.phase = "starting"
 
     def on_progress(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
@@ -137,28 +177,17 @@ class ProgressDisplay:
         else:
             return
         if self.tty:
-            self._draw()
+            self.draw()
         elif kind == "step":
-            self._line(f"step {self.done}/{self.steps} done")
+            self.line(f"{self.label}: step {self.done}/{self.steps} done ({self.elapsed:.1f} s)")
         else:
-            self._line(self.phase)
+            self.line(f"{self.label}: {self.phase} ({self.elapsed:.1f} s)")
 
-    def _tick(self) -> None:
-        while not self._stop.wait(0.5):
-            self._draw()
-
-    def _draw(self) -> None:
+    def render(self) -> str:
         width = 20
         filled = width * min(self.done, self.steps) // max(self.steps, 1)
         bar = "#" * filled + "-" * (width - filled)
-        elapsed = time.monotonic() - self.started
-        with self._lock:
-            self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.steps} steps  {elapsed:5.1f} s  {self.phase} ")
-            self.stream.flush()
-
-    def _line(self, text: str) -> None:
-        elapsed = time.monotonic() - self.started
-        print(f"{self.label}: {text} ({elapsed:.1f} s)", file=self.stream, flush=True)
+        return f"{self.label} [{bar}] {self.done}/{self.steps} steps  {self.elapsed:5.1f} s  {self.phase}"
 
 
 def run_profile(args: argparse.Namespace) -> int:

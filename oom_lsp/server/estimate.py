@@ -180,6 +180,18 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     if search and gpu is None:
         raise JsonRpcInvalidParams("findMaxBatch needs a target: gpu, gpuMemory, or oomLsp.gpu / gpu-memory")
     version = document_version(ls, args.uri)
+    traces = [0]
+
+    def on_event(event: dict[str, Any]) -> None:
+        """The work-done progress says which trace and how many optimizer steps it reached."""
+        kind = event.get("event")
+        if kind == "run-start":
+            traces[0] += 1
+            job.report(f"trace {traces[0]}: running the script")
+        elif kind == "step":
+            job.report(f"trace {traces[0]}: {event.get('step')} of 2 optimizer steps traced")
+
+    options.on_event = on_event
 
     def work() -> dict[str, Any]:
         job.report("tracing two optimizer steps on fake tensors", 10)

@@ -106,3 +106,26 @@ def test_the_largest_batch_keeps_the_margin_and_says_why_the_line_was_off(tmp_pa
     assert "keeps reserved memory + CUDA context within 90% of 24.00 GiB (21.60 GiB, a 10% margin)" in lines
     (why,) = [line for line in lines if line.startswith("why not the line's answer: ")]
     assert "the peak moves from the optimizer step (at batch 64) to the backward pass" in why
+
+
+def test_progress_on_a_terminal_and_none_in_a_pipe(tmp_path):
+    shutil.copy(FIXTURES / "mlp.py", tmp_path)
+    code, out, screen = console.run_on_a_terminal(["estimate", "mlp.py", "--gpu", "RTX 3090"], tmp_path)
+    assert code == 0 and out.startswith("mlp.py: batch size 64")
+    states = [line.replace("\x1b[K", "") for line in screen.split("\r") if line.startswith("estimating")]
+    assert states[0].startswith("estimating mlp.py: starting Python and importing torch · 0/2 optimizer steps · ")
+    assert any(s.startswith("estimating mlp.py: trace 1 · running the script · 0/2 optimizer steps") for s in states)
+    assert any(s.startswith("estimating mlp.py: trace 1 · tracing · 1/2 optimizer steps") for s in states)
+    assert any(s.startswith("estimating mlp.py: trace 1 · reading the trace · 2/2 optimizer steps") for s in states)
+    piped = console.run(["estimate", "mlp.py", "--gpu", "RTX 3090"], tmp_path)
+    assert piped.returncode == 0 and piped.stderr == ""
+
+
+def test_a_hanging_script_shows_the_time_going_by(tmp_path):
+    shutil.copy(FIXTURES / "hangs.py", tmp_path)
+    code, _, screen = console.run_on_a_terminal(["estimate", "hangs.py", "--timeout", "6"], tmp_path)
+    assert code == 2
+    states = [line.replace("\x1b[K", "") for line in screen.split("\r") if line.startswith("estimating hangs.py: trace 1")]
+    seconds = [float(state.rsplit(" · ", 1)[1].removesuffix(" s")) for state in states]
+    assert seconds == sorted(seconds) and seconds[-1] - seconds[0] >= 3, states
+    assert "did not reach its second optimizer step within 6 s" in screen
