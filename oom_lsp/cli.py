@@ -224,7 +224,9 @@ def _normalize_argv(argv: list[str]) -> list[str]:
     return argv
 
 
-def _cut_script_tail(parser: argparse.ArgumentParser, arguments: list[str]) -> tuple[list[str], list[str] | None]:
+def _cut_script_tail(
+    parser: argparse.ArgumentParser, arguments: list[str]
+) -> tuple[list[str], list[str] | None]:
     """A command that runs a script gets what follows the first `--` untouched (oom_lsp.script_args)."""
     if "--" not in arguments:
         return arguments, None
@@ -574,4 +576,21 @@ def run_server(args: argparse.Namespace) -> int:
         raise UsageError(
             "the language server is not available in this installation (oom_lsp.server.start_server)"
         )
-    return int(start_server(args.tcp, args.log_file))
+    if args.tcp is None and sys.stdin.isatty():
+        print(TERMINAL_NOTICE, file=sys.stderr, flush=True)
+    try:
+        return int(start_server(args.tcp, args.log_file))
+    except KeyboardInterrupt:
+        # The server's reader thread is blocked in stdin: a normal interpreter shutdown would
+        # wait for that stream's lock and abort ("Fatal Python error: _enter_buffered_busy").
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+
+
+TERMINAL_NOTICE = (
+    "oom-lsp: this is the oom-lsp language server, waiting for an editor to talk to it (LSP on "
+    "stdin/stdout); editors start it themselves:\n"
+    "  https://github.com/oom-lsp/oom-lsp/blob/main/docs/editors.md\n"
+    "To check files: oom-lsp --check PATH; every command: oom-lsp --help. Ctrl-C quits."
+)

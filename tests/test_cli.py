@@ -681,3 +681,53 @@ def test_fix_diff_prints_what_fix_would_write_and_writes_nothing(tmp_path: Path)
     assert '+state = torch.load("x.pt", map_location="cpu")' in result.stdout.splitlines()
     assert result.stderr == "Would fix 1 error.\n"
     assert script.read_text() == RISKY
+
+
+# --- bare `oom-lsp` in a terminal (the console script on a pseudo-terminal) ----------------------------
+
+
+@pytest.mark.parametrize("target", ["group", "process"])
+def test_the_server_in_a_terminal_says_what_it_is_and_quits_on_ctrl_c(tmp_path: Path, target: str) -> None:
+    import pty
+    import select
+    import signal
+    import time
+
+    from tests import console
+
+    master, slave = pty.openpty()
+    server = subprocess.Popen(
+        [console.OOM_LSP], cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave, start_new_session=True
+    )
+    os.close(slave)
+    screen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"Ctrl-C quits." not in screen:
+            assert time.monotonic() < deadline, screen
+            if select.select([master], [], [], 0.2)[0]:
+                screen += os.read(master, 4096)
+        time.sleep(0.5)  # the server's reader thread is now blocked on the terminal
+        for _ in range(2):  # twice, as an impatient person does
+            if target == "group":
+                os.killpg(server.pid, signal.SIGINT)
+            else:
+                server.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+        assert server.wait(timeout=30) == 130
+        while select.select([master], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            screen += chunk
+    finally:
+        os.close(master)
+        if server.poll() is None:
+            server.kill()
+    text = screen.decode()
+    assert text.startswith("oom-lsp: this is the oom-lsp language server, waiting for an editor")
+    assert "oom-lsp --check PATH" in text and "oom-lsp --help" in text
+    assert "Fatal Python error" not in text

@@ -347,15 +347,19 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
         if max_batch.get("max_batch"):
             verified = max_batch["verified"]
             held = (
-                f"{format_bytes(verified['reserved_bytes'])} reserved + {format_bytes(verified['context_bytes'])} "
-                f"context, {format_bytes(verified['peak_bytes'])} allocated"
+                f"{format_bytes(verified['reserved_bytes'])} reserved + "
+                f"{format_bytes(verified['context_bytes'])} context, "
+                f"{format_bytes(verified['peak_bytes'])} allocated"
                 if verified.get("reserved_bytes") is not None
                 else f"{format_bytes(verified['peak_bytes'])} allocated"
             )
-            out.write(f"  largest batch that fits: {max_batch['max_batch']:,} (checked by a fake run: {held})\n")
+            out.write(
+                f"  largest batch that fits: {max_batch['max_batch']:,} (checked by a fake run: {held})\n"
+            )
             out.write(f"    keeps {max_batch['limit']}\n")
             if max_batch.get("next_checked"):
-                out.write(f"    bound by {_BOUNDS[max_batch['bound']].format(batch=max_batch['next_checked'])}\n")
+                bound = _BOUNDS[max_batch["bound"]].format(batch=max_batch["next_checked"])
+                out.write(f"    bound by {bound}\n")
             else:
                 out.write("    bound by memory: the line's answer, checked by a fake run\n")
             if max_batch.get("explanation"):

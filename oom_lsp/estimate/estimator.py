@@ -212,7 +212,8 @@ def needed_bytes(prediction: dict[str, Any]) -> int:
     """What must stay under the margin: on CUDA the modelled reserved memory
     (the allocator's segments, fragmentation included) plus the context, as
     nvidia-smi would count the process; on the CPU the allocated peak."""
-    held = prediction["reserved_bytes"] if prediction.get("reserved_bytes") is not None else prediction["peak_bytes"]
+    reserved = prediction.get("reserved_bytes")
+    held = reserved if reserved is not None else prediction["peak_bytes"]
     return held + (prediction.get("context_bytes") or 0)
 
 
@@ -480,7 +481,8 @@ def _short_loaders(trace: dict[str, Any]) -> list[str]:
         batches = loader["batches"]
         found.append(
             f"DataLoader at {_place(loader['file'], loader['line'])} gives {batches} "
-            f"batch{'' if batches == 1 else 'es'}: {loader['samples']} samples in batches of {loader['batch_size']}"
+            f"batch{'' if batches == 1 else 'es'}: {loader['samples']} samples in batches of "
+            f"{loader['batch_size']}"
             + (", drop_last=True" if loader["drop_last"] else "")
         )
     return found
@@ -746,7 +748,7 @@ def _why_not_the_line(
     low_batch, low = search.fitting
     high = search.too_large[1]
     slope = (high["peak_bytes"] - low["peak_bytes"]) / max(high_batch - low_batch, 1)
-    phases = tuple(_PHASES.get(phase, phase) for phase in (first["peak_at"].get("phase"), high["peak_at"].get("phase")))
+    phases = [_PHASES.get(p, p) for p in (first["peak_at"].get("phase"), high["peak_at"].get("phase"))]
     moved = (
         f"the peak moves from the {phases[0]} (at batch {base_batches[0]:,}) to the {phases[1]} (at batch "
         f"{high_batch:,}), where it grows faster"
@@ -805,7 +807,9 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
     if search.fitting is None:
         reason = f"no batch size checked by a fake run keeps {result['limit']}"
         if search.no_steps is not None and search.too_large is None:
-            reason = f"no batch size checked by a fake run reached two optimizer steps ({search.no_steps[0]:,})"
+            reason = (
+                f"no batch size checked by a fake run reached two optimizer steps ({search.no_steps[0]:,})"
+            )
         result.update(max_batch=0, reason=reason)
         return {"estimate": first, "max_batch": result}
     largest, verified = search.fitting

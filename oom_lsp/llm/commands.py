@@ -354,7 +354,8 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         return EXIT_NO_FIX
     refused = [problem.message for problem in problems if problem.refuse]
     if refused:
-        return _fail(f"{args.before} and {args.after or 'the new run'} cannot be compared: {'; '.join(refused)}", err)
+        after_name = args.after or "the new run"
+        return _fail(f"{args.before} and {after_name} cannot be compared: {'; '.join(refused)}", err)
     for problem in problems:
         err.write(f"warning: {problem.message}\n")
     out.write(f"peak before: {_format(before.peak)} ({before.kind}, {before.source})\n")
@@ -366,7 +367,9 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     tolerance = noise_tolerance(before)
     if change is not None:
         within = abs(change.after - change.before) <= tolerance
-        noise = f" (within the measurement noise of ±{_format(tolerance)}: unchanged)" if within and tolerance else ""
+        noise = f" (within the measurement noise of ±{_format(tolerance)}: unchanged)"
+        if not (within and tolerance):
+            noise = ""
         out.write(f"change:      {change.render().split(', ', 1)[1]}{noise}\n")
     if after.ran_out_of_memory:
         out.write("it still runs out of memory\n")

@@ -201,7 +201,8 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.script is None:
         return _error("profile needs a SCRIPT (or --import FILE)")
     if not args.script.is_file():
-        return _error(f"{args.script}: {'a folder, not a script' if args.script.is_dir() else 'no such file'}")
+        problem = "a folder, not a script" if args.script.is_dir() else "no such file"
+        return _error(f"{args.script}: {problem}")
     if args.steps < 1:
         return _error("--steps must be at least 1")
     request = ProfileRequest(

@@ -286,17 +286,20 @@ def mismatches(before: Report, after: Report) -> list[Mismatch]:
         steps = f"{report.steps_reached} optimizer step{'' if report.steps_reached == 1 else 's'}"
         if report.status in _BROKEN:
             detail = f": {report.error}" if report.error else ""
-            found.append(
-                Mismatch(f"the {label} run ended `{report.status}` after {steps}{detail}", True, label == "after")
-            )
+            message = f"the {label} run ended `{report.status}` after {steps}{detail}"
+            found.append(Mismatch(message, True, label == "after"))
         elif report.status == "oom":
-            found.append(Mismatch(f"the {label} run ran out of memory after {steps}: its peak is where it stopped", False))
+            message = f"the {label} run ran out of memory after {steps}: its peak is where it stopped"
+            found.append(Mismatch(message, False))
         elif report.status != "imported" and not report.steps_reached:
-            found.append(Mismatch(f"the {label} run measured no optimizer step (`{report.status}`)", True, label == "after"))
+            message = f"the {label} run measured no optimizer step (`{report.status}`)"
+            found.append(Mismatch(message, True, label == "after"))
     if before.script and after.script and Path(before.script).resolve() != Path(after.script).resolve():
-        found.append(Mismatch(f"the reports are of different scripts: {before.script} and {after.script}", True))
+        message = f"the reports are of different scripts: {before.script} and {after.script}"
+        found.append(Mismatch(message, True))
     if before.device.type != after.device.type:
-        found.append(Mismatch(f"measured on different devices: {before.device.type} and {after.device.type}", True))
+        message = f"measured on different devices: {before.device.type} and {after.device.type}"
+        found.append(Mismatch(message, True))
     if before.argv != after.argv and before.status != "imported" and after.status != "imported":
         found.append(
             Mismatch(f"the script's arguments differ: {' '.join(before.argv) or '(none)'} and "

@@ -156,7 +156,9 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     if args.device not in ("cuda", "cpu"):
         raise JsonRpcInvalidParams(f"device must be cuda or cpu, not {args.device!r}")
     if args.margin is not None and not 0 <= args.margin < 1:
-        raise JsonRpcInvalidParams(f"margin must be from 0 to below 1 (0.1 keeps 10% free), not {args.margin!r}")
+        raise JsonRpcInvalidParams(
+            f"margin must be from 0 to below 1 (0.1 keeps 10% free), not {args.margin!r}"
+        )
     script = script_of(args.uri)
     gpu = _target_gpu(ls, args, script)
     profile_settings = command_setting(ls, "profile")
