@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from oom_lsp.profiling.oom_messages import describe, find_ooms, format_bytes
+from oom_lsp.config import ConfigError
+from oom_lsp.profiling.oom_messages import OomError, describe, find_ooms, format_bytes
 from oom_lsp.profiling.report import Report, ReportError, mismatches, read_report
 from oom_lsp.script_args import split_script_arguments
 
@@ -213,9 +214,10 @@ def run_profile(args: argparse.Namespace) -> int:
     try:
         with display:
             report = profile(request, on_progress=display.on_progress)
-    except ProfileError as exc:
+        advice = next_steps(report.oom.error) if report.oom else []
+    except (ProfileError, ConfigError) as exc:
         return _error(str(exc))
-    print_summary(report, args.out, sys.stdout)
+    print_summary(report, args.out, sys.stdout, advice)
     if report.status in ("completed", "finished", "exited") and not completed_steps(report):
         ended = f"exited with code {report.exit_code}" if report.status == "exited" else "ended"
         return _error(f"no measurement: the script {ended} before its first optimizer step")
@@ -259,7 +261,7 @@ def _where(file: str, line: int) -> str:
     return f"{file}:{line}"
 
 
-def print_summary(report: Report, out_dir: Path, out: TextIO) -> None:
+def print_summary(report: Report, out_dir: Path, out: TextIO, advice: list[str] | None = None) -> None:
     device = report.device
     device_text = device.type + (f" ({device.name})" if device.name else "")
     if device.total_memory:
@@ -296,6 +298,8 @@ def print_summary(report: Report, out_dir: Path, out: TextIO) -> None:
         print("\nout of memory:", file=out)
         for label, value in describe(report.oom.error):
             print(f"  {label}: {value}", file=out)
+        for line in advice or []:
+            print(f"  next: {line}", file=out)
     if report.error:
         print(f"\nerror: {report.error}", file=out)
     failed = report.status in ("oom", "error", "timeout", "crashed") or (
@@ -335,13 +339,67 @@ def run_explain(args: argparse.Namespace) -> int:
     elif not ooms:
         print("no out-of-memory error found", file=sys.stderr)
     else:
-        for number, oom in enumerate(ooms, 1):
+        try:
+            advice = [next_steps(oom) for oom in ooms]
+        except ConfigError as error:
+            return _error(str(error))
+        for number, (oom, lines) in enumerate(zip(ooms, advice), 1):
             if number > 1:
                 print()
             print(f"out-of-memory error {number} of {len(ooms)} (line {oom.log_line}):")
             for label, value in describe(oom):
                 print(f"  {label}: {value}")
+            for line in lines:
+                print(f"  next: {line}")
     return EXIT_OK if ooms else EXIT_FAILED
+
+
+def next_steps(oom: OomError) -> list[str]:
+    """What to do about it: the rules that fire on the failing line of the user's file (when
+    the file is here to analyse), and the estimate that finds the largest batch for that GPU.
+    Reads the file's [tool.oom-lsp] (ConfigError when it is broken)."""
+    from oom_lsp.analysis.engine import analyze
+    from oom_lsp.config import ConfigResolver
+
+    advice = []
+    failing = oom.failing_frame
+    path = Path(failing.file) if failing else None
+    if failing and path is not None and path.is_file():
+        settings = ConfigResolver().resolve(path).settings_for(path)
+        text = path.read_text(encoding="utf-8", errors="replace")
+        findings = [f for f in analyze(text, settings, str(path)) if f.code != "OOM000"]
+        here = [f for f in findings if f.range.start.line <= failing.line <= f.range.end.line]
+        shown = _shown(path)
+        for finding in here:
+            fix = ""
+            if finding.fix is not None:
+                flags = "--fix" if finding.fix.is_safe else "--fix --unsafe-fixes"
+                fix = f"; `oom-lsp --check {flags} {shown}` applies its fix"
+            advice.append(
+                f"{finding.code} {finding.name} fires on that line: {finding.message.split('. ')[0].rstrip('.')}. "
+                f"`oom-lsp rule {finding.code}` explains it{fix}"
+            )
+        if not here and findings:
+            advice.append(
+                f"no rule fires on that line; `oom-lsp --check {shown}` lists the {len(findings)} "
+                f"risk{'s' if len(findings) > 1 else ''} it finds elsewhere in the file"
+            )
+    entry = next((_shown(Path(frame.file)) for frame in oom.frames if Path(frame.file).is_file()), "train.py")
+    target = f"--gpu-memory {_size_argument(oom.total_capacity)}" if oom.total_capacity else "--gpu NAME"
+    advice.append(f"the largest batch that fits this GPU: `oom-lsp estimate {entry} {target} --find-max-batch`")
+    return advice
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _size_argument(size: int) -> str:
+    """A --gpu-memory value: GiB when whole (the message's "23.69 GiB" is not), else MiB."""
+    return f"{size // 2**30}GiB" if size % 2**30 == 0 else f"{size // 2**20}MiB"
 
 
 # --- compare -------------------------------------------------------------------------------

@@ -78,3 +78,49 @@ def test_compare_warns_when_the_arguments_differ(tmp_path):
         "warning: the script's arguments differ: (none) and --batch-size 4",
         "warning: batch size 8 before and 4 after",
     ]
+
+
+TRAINING = """import torch
+
+model = torch.nn.Linear(10, 10).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+total_loss = 0
+for step in range(100):
+    loss = model(torch.randn(8, 10).cuda()).sum()
+    loss.backward()
+    optimizer.step()
+    total_loss += loss
+"""
+
+
+def _log(script: Path, line: int, code: str) -> str:
+    return (
+        "Traceback (most recent call last):\n"
+        f'  File "{script}", line {line}, in <module>\n'
+        f"    {code}\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 6.00 GiB total "
+        "capacity; 5.00 GiB already allocated; 3.00 MiB free; 5.10 GiB reserved in total by PyTorch)\n"
+    )
+
+
+def test_explain_links_the_failing_line_to_its_rule_and_the_estimate(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAINING)
+    (tmp_path / "train.log").write_text(_log(script, 10, "total_loss += loss"))
+    result = console.run(["explain", "train.log"], tmp_path)
+    assert result.returncode == 0
+    advice = [line for line in result.stdout.splitlines() if line.startswith("  next: ")]
+    assert advice[0].startswith("  next: OOM301 loss-accumulated-with-graph fires on that line: ")
+    assert advice[0].endswith("`oom-lsp rule OOM301` explains it; `oom-lsp --check --fix train.py` applies its fix")
+    assert advice[1] == (
+        "  next: the largest batch that fits this GPU: `oom-lsp estimate train.py --gpu-memory 6GiB --find-max-batch`"
+    )
+
+
+def test_explain_on_a_line_no_rule_explains(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAINING)
+    (tmp_path / "train.log").write_text(_log(script, 8, "loss.backward()"))
+    result = console.run(["explain", "train.log"], tmp_path)
+    advice = [line for line in result.stdout.splitlines() if line.startswith("  next: ")]
+    assert advice[0].startswith("  next: no rule fires on that line; `oom-lsp --check train.py` lists the ")
