@@ -52,3 +52,13 @@ def test_a_signal_kills_the_script_and_all_it_started(tmp_path, command, signum,
         groups = console.killed_groups(err)
         assert groups, err
         console.assert_all_gone(script_pids, groups)
+
+
+@pytest.mark.parametrize("command", ["profile", "estimate"])
+def test_a_timeout_kills_the_script_and_all_it_started(tmp_path, command):
+    script, record = console.write_hanging_script(tmp_path)
+    with console.started([*COMMANDS[command], "--timeout", "8"], tmp_path, record) as (process, script_pids):
+        process.communicate(timeout=120)
+        assert process.returncode == 2
+        # The script runs inside the harness, its process group's leader: its pid is the group's.
+        console.assert_all_gone(script_pids, [script_pids[0]])

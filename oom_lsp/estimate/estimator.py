@@ -442,6 +442,8 @@ def _failure_error(trace: dict[str, Any]) -> EstimateError:
             lines.append(f"    {_place(frame['file'], frame['line'])}, in {frame['function']}")
             if frame.get("code"):
                 lines.append(f"      {frame['code']}")
+    else:  # raised where no frame is in the script's folder: the traceback's end is all there is
+        lines += [f"  {line}" for line in _last_lines(failure.get("traceback", ""), 6).splitlines()]
     return EstimateError("\n".join(lines))
 
 

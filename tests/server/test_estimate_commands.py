@@ -82,7 +82,9 @@ async def test_estimate_over_the_gpu(client: LanguageClient):
     before = {str(d.code) for d in await diagnostics_for(client, uri, 1)}
     assert "OOM100" not in before and "OOM101" in before  # 64 > the default limit of 32
 
-    result = await execute(client, "oom-lsp.estimate", {"uri": uri, "gpuMemory": GPU_MEMORY, "device": "cpu", "margin": 0})
+    result = await execute(
+        client, "oom-lsp.estimate", {"uri": uri, "gpuMemory": GPU_MEMORY, "device": "cpu", "margin": 0}
+    )
 
     assert result["verdict"] == "oom" and result["maxBatch"] == 49
     assert result["peakBytes"] == 10_054_232 and result["gpuMemoryBytes"] == 9700 * 1024
