@@ -60,7 +60,7 @@ class FileResult:
     # only for files with findings or changes (code frames, diffs).
     source: str | None = None
     original: str | None = None  # the text before fixing, when fixes changed it
-    fixes_applied: int = 0
+    fixes_applied: int = 0  # findings the fixes removed: sum(fixed_codes.values())
     fixed_codes: dict[str, int] = field(default_factory=dict)
     error: str | None = None  # the file could not be read at all
     # The analysis itself failed on this file: a bug in oom-lsp, exit code 2.
@@ -433,9 +433,10 @@ def _run_job(job: Job) -> JobResult:
     fixed = fix_source(job.source, job.settings, unsafe=job.unsafe_fixes, path=job.path)
     if fixed.source == job.source:
         return JobResult(job.index, findings)
-    return JobResult(
-        job.index, fixed.remaining, fixed.source, fixed.applied, _removed_codes(findings, fixed.remaining)
-    )
+    # The one count every output uses: the findings the fixes made go, per code (one fix can
+    # settle two findings, a later pass can fix what an earlier one revealed).
+    removed = _removed_codes(findings, fixed.remaining)
+    return JobResult(job.index, fixed.remaining, fixed.source, sum(removed.values()), removed)
 
 
 def _removed_codes(before: list[Finding], after: list[Finding]) -> dict[str, int]:

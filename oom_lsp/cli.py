@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -39,6 +40,43 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
 class UsageError(Exception):
     """A problem with the command line or the configuration: exit 2."""
+
+
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP during a command: a BaseException, so that no
+    `except Exception` on the way up stops it; exit 128 + the signal number."""
+
+    def __init__(self, signum: int, killed: list[int]) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.killed = killed
+
+
+_STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    """Kill every process group the command started (the user's script and all
+    it forked), then unwind. Ctrl-C in a terminal reaches only our own process
+    group: the scripts run in sessions of their own, so this is what stops them."""
+    from oom_lsp.profiling import runner
+
+    if runner.spawning():
+        runner.hold_signal(signum)  # the group is not registered yet: delivered again once it is
+        return
+    killed = runner.kill_live_groups()
+    for name in _STOP_SIGNALS:  # one cancel is enough: a second signal must not cut the cleanup short
+        number = getattr(signal, name)
+        if signal.getsignal(number) is _on_stop_signal:
+            signal.signal(number, signal.SIG_IGN)
+    raise Interrupted(signum, killed)
+
+
+def _install_stop_handlers() -> None:
+    for name in _STOP_SIGNALS:
+        number = getattr(signal, name)
+        if signal.getsignal(number) is not signal.SIG_IGN:  # `nohup`, a background job: ignored it stays
+            signal.signal(number, _on_stop_signal)
 
 
 def _error(message: str) -> None:
@@ -186,20 +224,49 @@ def _normalize_argv(argv: list[str]) -> list[str]:
     return argv
 
 
+def _cut_script_tail(
+    parser: argparse.ArgumentParser, arguments: list[str]
+) -> tuple[list[str], list[str] | None]:
+    """A command that runs a script gets what follows the first `--` untouched (oom_lsp.script_args)."""
+    if "--" not in arguments:
+        return arguments, None
+    subparsers = next(
+        (action for action in parser._actions if isinstance(action, argparse._SubParsersAction)), None
+    )
+    command = subparsers.choices.get(arguments[0]) if subparsers is not None else None
+    if command is None or not command.get_default("takes_script_args"):
+        return arguments, None
+    cut = arguments.index("--")
+    return arguments[:cut], arguments[cut + 1 :]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = _normalize_argv(list(sys.argv[1:] if argv is None else argv))
     # Builtin commands need no feature module: keep `--check` lean.
     parser = build_parser(with_features=arguments[0] not in BUILTIN_COMMANDS)
+    arguments, script_tail = _cut_script_tail(parser, arguments)
     try:
         args = parser.parse_args(arguments)
     except SystemExit as exit_request:  # argparse: --help, --version, usage errors
         code = exit_request.code
         return code if isinstance(code, int) else EXIT_ERROR
+    args.script_tail = script_tail
     if getattr(args, "handler", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
+    if arguments[0] not in BUILTIN_COMMANDS:
+        _install_stop_handlers()  # feature commands run the user's code in subprocesses
     try:
         return int(args.handler(args))
+    except Interrupted as interrupt:
+        name = signal.Signals(interrupt.signum).name
+        stopped = (
+            f"; killed process group {', '.join(map(str, interrupt.killed))} (the script and its children)"
+            if interrupt.killed
+            else ""
+        )
+        print(f"oom-lsp {arguments[0]}: interrupted by {name}{stopped}", file=sys.stderr)
+        return 128 + interrupt.signum
     except UsageError as error:
         _error(str(error))
         return EXIT_ERROR
@@ -243,8 +310,8 @@ def run_check(args: argparse.Namespace) -> int:
     from oom_lsp.config import ConfigError
 
     started = time.perf_counter()
-    if args.diff and args.fix:
-        raise UsageError("--fix and --diff cannot be combined (--diff shows what --fix would change)")
+    if args.diff:
+        args.fix = False  # `--fix --diff`, as in Ruff: the diff of what --fix would write, nothing written
     resolver = _resolver(args)
     paths = list(args.paths)
     try:
@@ -327,7 +394,7 @@ def _check_stdin(args: argparse.Namespace, resolver: Any) -> int:
 def _exit_code(args: argparse.Namespace, results: list[Any]) -> int:
     if any(result.internal_error is not None for result in results):
         return EXIT_ERROR
-    if args.exit_non_zero_on_fix and any(result.fixes_applied for result in results):
+    if args.exit_non_zero_on_fix and any(result.changed for result in results):
         return EXIT_FINDINGS
     if args.exit_zero:
         return EXIT_CLEAN
@@ -509,4 +576,21 @@ def run_server(args: argparse.Namespace) -> int:
         raise UsageError(
             "the language server is not available in this installation (oom_lsp.server.start_server)"
         )
-    return int(start_server(args.tcp, args.log_file))
+    if args.tcp is None and sys.stdin.isatty():
+        print(TERMINAL_NOTICE, file=sys.stderr, flush=True)
+    try:
+        return int(start_server(args.tcp, args.log_file))
+    except KeyboardInterrupt:
+        # The server's reader thread is blocked in stdin: a normal interpreter shutdown would
+        # wait for that stream's lock and abort ("Fatal Python error: _enter_buffered_busy").
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+
+
+TERMINAL_NOTICE = (
+    "oom-lsp: this is the oom-lsp language server, waiting for an editor to talk to it (LSP on "
+    "stdin/stdout); editors start it themselves:\n"
+    "  https://github.com/oom-lsp/oom-lsp/blob/main/docs/editors.md\n"
+    "To check files: oom-lsp --check PATH; every command: oom-lsp --help. Ctrl-C quits."
+)

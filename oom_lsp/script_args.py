@@ -4,6 +4,12 @@
 accept their own options after SCRIPT; what follows `--` belongs to the
 script. argparse cannot express that order, so the commands parse the tail
 themselves with the same option definitions.
+
+Such a command's parser sets the default `takes_script_args=True`, and the
+CLI cuts the command line at the first `--` before argparse sees it
+(`args.script_tail`): argparse gives a `--` right after an optional
+positional to that positional, so `estimate train.py -- --lr 3` would
+otherwise lose it.
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ def split_script_arguments(
     """Parse the options in `args.rest` into `args` and set `args.script_args`
     to what follows `--`. Returns an error message, or None."""
     rest = list(args.rest)
-    if "--" in rest:
+    tail = getattr(args, "script_tail", None)
+    if tail is not None:
+        options, args.script_args = rest, list(tail)
+    elif "--" in rest:
         cut = rest.index("--")
         options, args.script_args = rest[:cut], rest[cut + 1 :]
     else:

@@ -112,7 +112,6 @@ def test_default_path_is_the_current_folder(project: Path, capsys: pytest.Captur
     [
         (["--check", "--select", "OOM999", "."], "error: --select: unknown rule selector 'OOM999'\n"),
         (["--check", "--ignore", "E501", "."], "error: --ignore: unknown rule selector 'E501'\n"),
-        (["--check", "--fix", "--diff", "."], "error: --fix and --diff cannot be combined"),
         (["--check", "--config", "missing.toml", "."], "error: missing.toml: no such configuration file\n"),
         (["--check", "a.py", "-"], "error: `-` (stdin) cannot be combined with other paths\n"),
         (["--check", "--format", "xml", "."], "invalid choice: 'xml'"),
@@ -594,3 +593,144 @@ def test_check_imports_neither_pygls_lsprotocol_nor_torch(project: Path) -> None
     )
     assert "HEAVY [] 1" in done.stderr, done.stderr
     assert json.loads(done.stdout)
+
+
+# --- a broken configuration, for every command that reads it (the console script) ---------------------
+
+BROKEN_CONFIGS = {
+    "bad-value": ('[tool.oom-lsp]\ngpu-memory = "lots"\n', 'pyproject.toml: [tool.oom-lsp] gpu-memory: '),
+    "bad-toml": ("[tool.oom-lsp\n", "pyproject.toml: invalid TOML: "),
+}
+READS_THE_CONFIG = {
+    "check": ["--check", "train.py"],
+    "estimate": ["estimate", "train.py"],
+    "estimate-gpu-memory": ["estimate", "train.py", "--gpu-memory", "8GiB"],
+    "validate": ["validate", "train.py", "--before", "before.json"],
+    "prompt": ["prompt", "train.py"],
+    "fix": ["fix", "--ai", "train.py"],
+}
+
+
+@pytest.mark.parametrize("config", sorted(BROKEN_CONFIGS))
+@pytest.mark.parametrize("command", sorted(READS_THE_CONFIG))
+def test_a_broken_configuration_is_one_line_and_exit_2(tmp_path: Path, command: str, config: str) -> None:
+    from tests import console
+
+    text, message = BROKEN_CONFIGS[config]
+    write(tmp_path / "pyproject.toml", text)
+    write(tmp_path / "train.py", RISKY)
+    write(tmp_path / "before.json", json.dumps({"script": "train.py", "peak_bytes": 1, "device": "cpu"}))
+    result = console.run(READS_THE_CONFIG[command], tmp_path, timeout=120)
+    assert result.returncode == 2, result
+    (line,) = result.stderr.splitlines()
+    assert message in line and line.startswith(("error: ", "oom-lsp")), line
+
+
+# --- syntax errors in files that mention no framework (the console script) --------------------------
+
+
+def test_a_syntax_error_is_reported_in_a_file_that_mentions_no_framework(tmp_path: Path) -> None:
+    from tests import console
+
+    write(tmp_path / "helpers.py", "def f(:\n    return 1\n")
+    write(tmp_path / "unclosed.py", "values = (1,\n")
+    write(tmp_path / "fine.py", "def f(x):\n    return x\n")
+    # Rejected by CPython's compiler, accepted by libcst (as for a file that mentions torch): no finding.
+    write(tmp_path / "outside.py", "return 1\n")
+    result = console.run(["--check", "--no-cache", "."], tmp_path)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        "helpers.py:1:7: OOM000 SyntaxError: invalid syntax",
+        "unclosed.py:1:10: OOM000 SyntaxError: '(' was never closed",
+        "Found 2 errors.",
+    ]
+
+
+# --- --fix: one count in every line of its output; --fix --diff (the console script) -----------------
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def _count(pattern: str, text: str) -> int:
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match, (pattern, text[-500:])
+    return int(match.group(1))
+
+
+def test_fix_counts_agree_in_one_output(tmp_path: Path) -> None:
+    from tests import console
+
+    for fixture in FIXTURES.glob("*.py"):
+        write(tmp_path / fixture.name, fixture.read_text())
+    found = _count(r"^Found (\d+) errors\.$", console.run(["--check", "--no-cache", "."], tmp_path).stdout)
+    out = console.run(["--check", "--no-cache", "--fix", "--show-fixes", "."], tmp_path).stdout
+    listed = _count(r"^Fixed (\d+) errors:$", out)
+    per_code = sum(int(count) for count in re.findall(r"^    (\d+) × OOM\d+ ", out, re.MULTILINE))
+    summary = re.search(r"^Found (\d+) errors \((\d+) fixed, (\d+) remaining\)\.$", out, re.MULTILINE)
+    assert summary, out[-500:]
+    total, fixed, remaining = map(int, summary.groups())
+    assert listed == per_code == fixed > 0
+    assert total == found == fixed + remaining
+    again = console.run(["--check", "--no-cache", "."], tmp_path).stdout
+    assert _count(r"^Found (\d+) errors\.$", again) == remaining
+
+
+def test_fix_diff_prints_what_fix_would_write_and_writes_nothing(tmp_path: Path) -> None:
+    from tests import console
+
+    script = write(tmp_path / "train.py", RISKY)
+    result = console.run(["--check", "--no-cache", "--fix", "--diff", "train.py"], tmp_path)
+    assert result.returncode == 1
+    assert '+state = torch.load("x.pt", map_location="cpu")' in result.stdout.splitlines()
+    assert result.stderr == "Would fix 1 error.\n"
+    assert script.read_text() == RISKY
+
+
+# --- bare `oom-lsp` in a terminal (the console script on a pseudo-terminal) ----------------------------
+
+
+@pytest.mark.parametrize("target", ["group", "process"])
+def test_the_server_in_a_terminal_says_what_it_is_and_quits_on_ctrl_c(tmp_path: Path, target: str) -> None:
+    import pty
+    import select
+    import signal
+    import time
+
+    from tests import console
+
+    master, slave = pty.openpty()
+    server = subprocess.Popen(
+        [console.OOM_LSP], cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave, start_new_session=True
+    )
+    os.close(slave)
+    screen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"Ctrl-C quits." not in screen:
+            assert time.monotonic() < deadline, screen
+            if select.select([master], [], [], 0.2)[0]:
+                screen += os.read(master, 4096)
+        time.sleep(0.5)  # the server's reader thread is now blocked on the terminal
+        for _ in range(2):  # twice, as an impatient person does
+            if target == "group":
+                os.killpg(server.pid, signal.SIGINT)
+            else:
+                server.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+        assert server.wait(timeout=30) == 130
+        while select.select([master], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            screen += chunk
+    finally:
+        os.close(master)
+        if server.poll() is None:
+            server.kill()
+    text = screen.decode()
+    assert text.startswith("oom-lsp: this is the oom-lsp language server, waiting for an editor")
+    assert "oom-lsp --check PATH" in text and "oom-lsp --help" in text
+    assert "Fatal Python error" not in text

@@ -18,10 +18,16 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from oom_lsp.profiling.commands import LiveLine
 from oom_lsp.script_args import split_script_arguments
 
 EXIT_FITS, EXIT_OOM, EXIT_ERROR = 0, 1, 2
 DTYPES = ("fp32", "bf16", "fp16")
+_PHASE_WORDS = {"forward": "forward pass", "backward": "backward pass"}
+_BOUNDS = {
+    "memory": "memory: batch {batch:,}, checked too, does not keep that margin",
+    "data": "the data: at batch {batch:,} the script does not reach two optimizer steps",
+}
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -36,7 +42,7 @@ def add_parsers(subparsers: Any) -> None:
     # (argparse alone cannot take options after a positional and more positionals after `--`).
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     _add_options(parser, defaults=True)
-    parser.set_defaults(handler=run_estimate)
+    parser.set_defaults(handler=run_estimate, takes_script_args=True)
 
 
 def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
@@ -84,11 +90,28 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         help="the largest batch size that fits the target (two fake traces and a check)",
     )
     parser.add_argument(
+        "--margin",
+        type=_margin,
+        default=default(None),
+        help="share of the GPU kept free: the verdict is tight above it, --find-max-batch stays under it "
+        "(default 10%%; 0.1 or 10%%)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=default(300.0), help="seconds before the run is killed (default 300)"
     )
     parser.add_argument(
         "--list-gpus", action="store_true", default=default(False), help="print the GPU catalogue and exit"
     )
+
+
+def _margin(text: str) -> float:
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 10% or 0.1, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"the margin must be from 0% to below 100%, got {text!r}")
+    return value
 
 
 def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -112,22 +135,30 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         err.write("oom-lsp estimate: give the training script to estimate\n")
         return EXIT_ERROR
     if not args.script.is_file():
-        err.write(f"oom-lsp estimate: {args.script}: no such file\n")
+        problem = "a folder, not a script" if args.script.is_dir() else "no such file"
+        err.write(f"oom-lsp estimate: {args.script}: {problem}\n")
         return EXIT_ERROR
-    try:
-        if args.gpu:
-            from oom_lsp.config import ConfigResolver
+    from oom_lsp.config import ConfigError, ConfigResolver
 
-            gpu = find_gpu(args.gpu, ConfigResolver().resolve(args.script).gpus)
+    try:
+        config = ConfigResolver().resolve(args.script)
+        if args.gpu:
+            gpu = find_gpu(args.gpu, config.gpus)
         elif args.gpu_memory:
             gpu = custom_gpu(args.gpu_memory)
         else:
-            gpu = _configured_gpu(args.script)
-    except (UnknownGpuError, ValueError) as error:
+            gpu = custom_gpu(config.gpu_memory) if config.gpu_memory else None
+    except (ConfigError, UnknownGpuError, ValueError) as error:
         err.write(f"oom-lsp estimate: {error}\n")
         return EXIT_ERROR
 
-    from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, find_max_batch
+    from oom_lsp.estimate.estimator import (
+        DEFAULT_MARGIN,
+        EstimateError,
+        EstimateOptions,
+        estimate,
+        find_max_batch,
+    )
 
     options = EstimateOptions(
         script=args.script,
@@ -138,18 +169,18 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         python=args.python,
         timeout=args.timeout,
         autocast_dtype=args.dtype,
+        margin=DEFAULT_MARGIN if args.margin is None else args.margin,
     )
 
-    def progress(message: str) -> None:
-        if args.format == "text":
-            err.write(f"oom-lsp estimate: {message}\n")
-
+    display = EstimateDisplay(err, f"estimating {args.script.name}", quiet=args.format != "text")
+    options.on_event = display.on_event
     try:
-        if args.find_max_batch:
-            outcome = find_max_batch(options, progress)
-            prediction, max_batch = outcome["estimate"], outcome["max_batch"]
-        else:
-            prediction, max_batch = estimate(options, progress), None
+        with display:
+            if args.find_max_batch:
+                outcome = find_max_batch(options, display.message)
+                prediction, max_batch = outcome["estimate"], outcome["max_batch"]
+            else:
+                prediction, max_batch = estimate(options, display.message), None
     except EstimateError as error:
         if args.format == "json":
             out.write(json.dumps({"error": str(error)}) + "\n")
@@ -168,12 +199,48 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     return EXIT_FITS
 
 
-def _configured_gpu(script: Path):
-    from oom_lsp.config import ConfigResolver
-    from oom_lsp.estimate.gpus import custom_gpu
+class EstimateDisplay(LiveLine):
+    """On a terminal, one redrawn line: which trace (and its batch size), the phase, the
+    optimizer steps it reached, the time. Elsewhere (a pipe, CI, --format json) no line; the
+    search's messages are printed as lines either way (not with --format json)."""
 
-    memory = ConfigResolver().resolve(script).gpu_memory
-    return custom_gpu(memory) if memory else None
+    STEPS = 2  # what the harness traces
+
+    def __init__(self, stream: TextIO, label: str, quiet: bool) -> None:
+        super().__init__(stream, label, live=not quiet)
+        self.quiet = quiet
+        self.trace = 0
+        self.batch: int | None = None
+        self.steps = 0
+        self.phase = "starting Python and importing torch"
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "starting":
+            self.phase = "starting Python and importing torch"
+        elif kind == "ready":
+            self.phase = "torch imported"
+        elif kind == "run-start":
+            self.trace += 1
+            self.batch, self.steps = event.get("batch_size"), 0
+            self.phase = "running the script"
+        elif kind == "step":
+            self.steps = int(event.get("step", self.steps))
+            self.phase = "tracing" if self.steps < self.STEPS else "traced"
+        elif kind == "run":
+            self.phase = "reading the trace"
+        if self.tty:
+            self.draw()
+
+    def message(self, text: str) -> None:
+        if not self.quiet:
+            self.line(f"oom-lsp estimate: {text}")
+
+    def render(self) -> str:
+        parts = [self.phase, f"{self.steps}/{self.STEPS} optimizer steps", f"{self.elapsed:.1f} s"]
+        if self.trace:
+            parts.insert(0, f"trace {self.trace}" + (f" (batch {self.batch:,})" if self.batch else ""))
+        return f"{self.label}: {' · '.join(parts)}"
 
 
 def _rel(path: str | None) -> str:
@@ -222,11 +289,18 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
             f"= {format_bytes(prediction['process_bytes'])} process total (nvidia-smi)",
         )
     where = prediction["peak_at"]
-    location = f"{_rel(where['file'])}:{where['line']}" if where.get("file") else "-"
-    out.write(
-        f"  peak at: {where.get('op') or '-'} during the {where.get('phase') or '-'}"
-        f"{', in module ' + where['module'] if where.get('module') else ''}, {location}\n"
-    )
+    if where.get("op"):
+        phase = where.get("phase")
+        when = (
+            " outside the forward pass, backward pass and optimizer step"
+            if phase == "outside the step"
+            else f" during the {_PHASE_WORDS.get(phase, phase)}"
+            if phase
+            else ""
+        )
+        module = f", in module {where['module']}" if where.get("module") else ""
+        location = f", {_rel(where['file'])}:{where['line']}" if where.get("file") else ""
+        out.write(f"  peak at: {where['op']}{when}{module}{location}\n")
     modules = [(name, size) for name, size in prediction.get("top_modules", []) if name]
     if modules:
         out.write("  top modules at the peak (memory they allocated that is still live):\n")
@@ -244,7 +318,8 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
         shares = f"{100 * needed / gpu['memory']:.0f}% of the GPU allocated"
         if prediction.get("process_bytes") is not None:
             shares += f", {100 * prediction['process_bytes'] / gpu['memory']:.0f}% reserved"
-        out.write(f"  target: {gpu['name']}, {format_bytes(gpu['memory'])}\n")
+        named = not gpu["name"].startswith("GPU with ")  # --gpu-memory: the name is the size already
+        out.write(f"  target: {gpu['name']}" + (f", {format_bytes(gpu['memory'])}" if named else "") + "\n")
         out.write(f"  verdict: {prediction['verdict'].upper()} ({shares}, CUDA context included)\n")
         if needed <= gpu["memory"] < (prediction.get("process_bytes") or 0):
             out.write(
@@ -271,10 +346,24 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
         )
         if max_batch.get("max_batch"):
             verified = max_batch["verified"]
-            out.write(
-                f"  largest batch that fits: {max_batch['max_batch']} (checked: "
-                f"{format_bytes(verified['peak_bytes'])} allocated, {verified['verdict']})\n"
+            held = (
+                f"{format_bytes(verified['reserved_bytes'])} reserved + "
+                f"{format_bytes(verified['context_bytes'])} context, "
+                f"{format_bytes(verified['peak_bytes'])} allocated"
+                if verified.get("reserved_bytes") is not None
+                else f"{format_bytes(verified['peak_bytes'])} allocated"
             )
+            out.write(
+                f"  largest batch that fits: {max_batch['max_batch']:,} (checked by a fake run: {held})\n"
+            )
+            out.write(f"    keeps {max_batch['limit']}\n")
+            if max_batch.get("next_checked"):
+                bound = _BOUNDS[max_batch["bound"]].format(batch=max_batch["next_checked"])
+                out.write(f"    bound by {bound}\n")
+            else:
+                out.write("    bound by memory: the line's answer, checked by a fake run\n")
+            if max_batch.get("explanation"):
+                out.write(f"    why not the line's answer: {max_batch['explanation']}\n")
         else:
             out.write(f"  largest batch that fits: none ({max_batch.get('reason')})\n")
         accumulation = max_batch.get("gradient_accumulation")

@@ -33,7 +33,7 @@ MIB, GIB = 2**20, 2**30
 # Not in memory_allocated/reserved, only in nvidia-smi: ~300 MB with CUDA's lazy
 # module loading (the default since CUDA 12.2), 200-700 MB by machine.
 CUDA_CONTEXT = 400 * MIB
-TIGHT_MARGIN = 0.10
+DEFAULT_MARGIN = 0.10
 CUBLAS_WORKSPACE_PRE_HOPPER = 8_519_680  # CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8
 CUBLAS_WORKSPACE_HOPPER = 32 * MIB
 _NO_KNOB = (
@@ -58,8 +58,13 @@ class EstimateOptions:
     cwd: Path | None = None
     threads: int = 1
     autocast_dtype: str | None = None  # --dtype bf16/fp16: the step as if under torch.autocast
+    # The share of the GPU kept free: "tight" above it, and the largest batch stays under it.
+    margin: float = DEFAULT_MARGIN
     # Set from another thread (the editor) to stop every run of this estimate.
     cancel: threading.Event | None = None
+    # Progress: {"event": "starting"} before each child interpreter, then the harness's own
+    # events from a reader thread: "ready", "run-start", "step", "run" (harness.py).
+    on_event: Callable[[dict[str, Any]], None] | None = None
 
 
 class _HarnessRun(ProfileRun):
@@ -67,9 +72,13 @@ class _HarnessRun(ProfileRun):
     with this package's harness and result file."""
 
     def __init__(
-        self, request: ProfileRequest, payload: dict[str, Any], cancel: threading.Event | None
+        self,
+        request: ProfileRequest,
+        payload: dict[str, Any],
+        cancel: threading.Event | None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        super().__init__(request, cancel=cancel)
+        super().__init__(request, on_progress=on_event, cancel=cancel)
         self.payload = payload
         self.outcome: str | None = None
         self.returncode: int | None = None
@@ -127,7 +136,9 @@ def run_harness(
             timeout=options.timeout,
             cwd=options.cwd,
         )
-        run = _HarnessRun(request, payload, cancel or options.cancel)
+        run = _HarnessRun(request, payload, cancel or options.cancel, options.on_event)
+        if options.on_event:
+            options.on_event({"event": "starting"})
         try:
             run.start()
         except ProfileError as error:
@@ -189,12 +200,21 @@ def _version(text: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def verdict(required: int, capacity: int) -> str:
+def verdict(required: int, capacity: int, margin: float = DEFAULT_MARGIN) -> str:
     if required > capacity:
         return "will run out of memory"
-    if required > capacity * (1 - TIGHT_MARGIN):
+    if required > capacity * (1 - margin):
         return "tight"
     return "fits"
+
+
+def needed_bytes(prediction: dict[str, Any]) -> int:
+    """What must stay under the margin: on CUDA the modelled reserved memory
+    (the allocator's segments, fragmentation included) plus the context, as
+    nvidia-smi would count the process; on the CPU the allocated peak."""
+    reserved = prediction.get("reserved_bytes")
+    held = reserved if reserved is not None else prediction["peak_bytes"]
+    return held + (prediction.get("context_bytes") or 0)
 
 
 def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
@@ -351,9 +371,9 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
             )
         )
     capacity = options.gpu.memory if options.gpu else None
-    required = allocated + (context or 0)
     prediction = {
         "script": str(options.script),
+        "args": list(options.script_args),
         "device": options.device,
         "batch_size": trace.get("batch_size"),
         "peak_bytes": allocated,
@@ -380,19 +400,15 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
         "batch_knobs": trace.get("batch_knobs", []),
     }
     if capacity is not None:
-        prediction["verdict"] = verdict(required, capacity)
-        if (
-            prediction["verdict"] == "fits"
-            and reserved is not None
-            and reserved + (context or 0) > capacity * (1 - TIGHT_MARGIN)
-        ):
-            prediction["verdict"] = "tight"
-    if trace.get("steps", 0) < 2 and trace.get("status") != "stopped":
-        prediction["warning"] = (
-            f"the script finished after {trace.get('steps', 0)} optimizer step(s): the steady-state peak "
-            "(with optimizer state) may be higher"
-        )
+        _set_verdict(prediction, capacity, options.margin)
     return prediction
+
+
+def _set_verdict(prediction: dict[str, Any], capacity: int, margin: float) -> None:
+    required = prediction["peak_bytes"] + (prediction.get("context_bytes") or 0)
+    prediction["verdict"] = verdict(required, capacity, margin)
+    if prediction["verdict"] == "fits" and needed_bytes(prediction) > capacity * (1 - margin):
+        prediction["verdict"] = "tight"
 
 
 def _note(name: str, detail: str, size: int | None = None) -> dict[str, Any]:
@@ -402,15 +418,83 @@ def _note(name: str, detail: str, size: int | None = None) -> dict[str, Any]:
     return note
 
 
+def _place(file: str | None, line: int | None) -> str:
+    """file:line, the file relative to the current folder when it is under it."""
+    if not file:
+        return "?"
+    try:
+        shown = str(Path(file).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        shown = file
+    return f"{shown}:{line}"
+
+
 def _failure_error(trace: dict[str, Any]) -> EstimateError:
+    """The crash in one line, then the script's own frames (not runpy's, torch's or ours)."""
     failure = trace.get("failure") or {}
-    where = failure.get("where") or {}
-    location = f"{where.get('file')}:{where.get('line')}: " if where else ""
-    code = f"\n    {where['code']}" if where.get("code") else ""
-    tail = _last_lines(failure.get("traceback", ""), 6)
-    return EstimateError(
-        f"the script crashed: {location}{failure.get('type')}: {failure.get('message')}{code}\n{tail}"
-    )
+    where = failure.get("where")
+    location = f" at {_place(where['file'], where['line'])}" if where else ""
+    lines = [f"the script crashed{location}: {failure.get('type')}: {failure.get('message')}"]
+    frames = failure.get("frames") or []
+    if frames:
+        lines.append("  the script's frames, innermost last:")
+        for frame in frames:
+            lines.append(f"    {_place(frame['file'], frame['line'])}, in {frame['function']}")
+            if frame.get("code"):
+                lines.append(f"      {frame['code']}")
+    else:  # raised where no frame is in the script's folder: the traceback's end is all there is
+        lines += [f"  {line}" for line in _last_lines(failure.get("traceback", ""), 6).splitlines()]
+    return EstimateError("\n".join(lines))
+
+
+def reached_two_steps(trace: dict[str, Any]) -> bool:
+    """The evidence an estimate needs: the harness stops the script at the end of its second step."""
+    return trace["status"] == "stopped"
+
+
+def _no_steps_error(trace: dict[str, Any], batch: int | None = None) -> EstimateError:
+    """Why a run that did not reach two optimizer steps gives no estimate: one
+    line, then what the script's data loaders gave and the end of its output."""
+    steps = trace.get("steps", 0)
+    when = "before its first optimizer step" if steps == 0 else f"after {steps} optimizer step"
+    at_batch = f" at batch {batch}" if batch else ""
+    failure = trace.get("failure") or {}
+    if trace["status"] == "script-exit":
+        where = failure.get("where")
+        location = f" at {_place(where['file'], where['line'])}" if where else ""
+        reason = f"the script exited with code {failure.get('exit_code')}{location}{at_batch} {when}"
+    else:
+        reason = f"the script ended{at_batch} {when}"
+    lines = [f"no estimate: {reason}; an estimate needs two"]
+    lines += [f"  {explanation}" for explanation in _short_loaders(trace)]
+    tail = [line for line in (trace.get("output_tail") or "").splitlines() if line.strip()][-6:]
+    if tail:
+        lines.append("  the script's output ended with:")
+        lines += [f"    | {line}" for line in tail]
+    return EstimateError("\n".join(lines))
+
+
+def _short_loaders(trace: dict[str, Any]) -> list[str]:
+    """DataLoaders that give fewer than two batches, in words."""
+    found = []
+    for loader in trace.get("loaders") or []:
+        if loader.get("batches") is None or loader["batches"] >= 2:
+            continue
+        batches = loader["batches"]
+        found.append(
+            f"DataLoader at {_place(loader['file'], loader['line'])} gives {batches} "
+            f"batch{'' if batches == 1 else 'es'}: {loader['samples']} samples in batches of "
+            f"{loader['batch_size']}"
+            + (", drop_last=True" if loader["drop_last"] else "")
+        )
+    return found
+
+
+def _require_two_steps(trace: dict[str, Any], batch: int | None = None) -> None:
+    if trace["status"] == "failed":
+        raise _failure_error(trace)
+    if not reached_two_steps(trace):
+        raise _no_steps_error(trace, batch)
 
 
 # --- Commands ----------------------------------------------------------------------
@@ -423,6 +507,7 @@ def estimate(options: EstimateOptions, progress: Progress | None = None) -> dict
     """One prediction; falls back to real CPU steps when the script cannot be faked."""
     (trace,) = run_harness(options, [{"batch_size": options.batch_size}])
     if trace["status"] != "failed":
+        _require_two_steps(trace)
         if options.batch_size is not None and not trace.get("override_applied"):
             raise EstimateError(_NO_KNOB)
         return predict(trace, options)
@@ -448,9 +533,8 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
     if fake_trace.get("batch_knobs") and target and target >= 4:
         sizes = fallback_batches(target)
         traces = run_harness(options, [{"batch_size": size} for size in sizes], mode="real")
-        for trace in traces:
-            if trace["status"] == "failed":
-                raise _failure_error(trace)
+        for size, trace in zip(sizes, traces):
+            _require_two_steps(trace, size)
         intercept, slope = _fit(traces)
         prediction = predict(traces[-1], options)
         scaled = int(intercept + slope * target)
@@ -467,17 +551,15 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
         )
     else:
         (trace,) = run_harness(options, [{"batch_size": options.batch_size}], mode="real")
-        if trace["status"] == "failed":
-            raise _failure_error(trace)
+        _require_two_steps(trace)
         prediction = predict(trace, options)
         prediction["method"] = "a real CPU step at the script's own batch size"
         uncertainty = "CPU kernels, not CUDA's (attention math path, no cuDNN)"
     if options.gpu is not None:
-        context = prediction["context_bytes"] or 0
-        prediction["verdict"] = verdict(prediction["peak_bytes"] + context, options.gpu.memory)
         if prediction["reserved_bytes"] is not None:
             prediction["reserved_bytes"] = max(prediction["reserved_bytes"], prediction["peak_bytes"])
-            prediction["process_bytes"] = prediction["reserved_bytes"] + context
+            prediction["process_bytes"] = prediction["reserved_bytes"] + (prediction["context_bytes"] or 0)
+        _set_verdict(prediction, options.gpu.memory, options.margin)
     prediction["fallback"] = {"reason": reason, "uncertainty": uncertainty}
     return prediction
 
@@ -505,7 +587,87 @@ def accumulation_steps(batch: int, largest: int) -> int:
     return minimum
 
 
-_MAX_CHECKS = 6
+_MAX_CHECKS = 8
+
+
+@dataclass
+class _Search:
+    """What the checks of a batch-size search found: the largest batch that
+    fits the budget, the smallest that does not, the smallest at which the
+    script did not reach two optimizer steps (each: batch, prediction or trace)."""
+
+    budget: int
+    fitting: tuple[int, dict[str, Any]] | None = None
+    over: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # the checks over the budget
+    no_steps: tuple[int, dict[str, Any]] | None = None
+    checks: int = 0
+
+    @property
+    def too_large(self) -> tuple[int, dict[str, Any]] | None:
+        return min(self.over, key=lambda check: check[0]) if self.over else None
+
+    def upper(self) -> tuple[str, int] | None:
+        bounds = [("memory", self.too_large[0])] if self.too_large else []
+        if self.no_steps:
+            bounds.append(("data", self.no_steps[0]))
+        return min(bounds, key=lambda bound: bound[1]) if bounds else None
+
+    def next_candidate(self) -> int | None:
+        """The next batch to check, or None when the search is done."""
+        upper = self.upper()
+        if upper is None:
+            return None  # the line's answer fits, and nothing above it was asked
+        kind, high_batch = upper
+        low_batch = self.fitting[0] if self.fitting else 0
+        if high_batch <= low_batch + 1:
+            return None
+        if kind == "data":
+            assert self.no_steps is not None
+            bound = _fewer_batches_above(self.no_steps[1])
+            if bound is None:
+                return (low_batch + high_batch) // 2 or None
+            # Every batch above `bound` gives the loader as few batches per pass as the failed check.
+            return bound if low_batch < bound < high_batch else None
+        if self.fitting is None:
+            return high_batch // 2 or None
+        # Slopes of the allocated peak (the reserved memory grows in whole segments). With two
+        # checks over the budget, the line through them (the regime of large batches: the peak
+        # may have moved to another phase there, where it grows faster) is followed down from
+        # the lower one; with one, the secant from the largest batch that fits is followed up.
+        if high_batch - low_batch <= low_batch // 200:
+            return None  # within 0.5 %: the reserved memory moves in whole segments anyway
+        if len(self.over) >= 2:
+            (below, lower), (above, upper_check) = sorted(self.over, key=lambda check: check[0])[:2]
+            slope = (upper_check["peak_bytes"] - lower["peak_bytes"]) / (above - below)
+            if slope > 0:
+                candidate = below - math.ceil((needed_bytes(lower) - self.budget) / slope)
+                if low_batch < candidate < high_batch:
+                    return candidate
+        low, high = self.fitting[1], self.over_at(high_batch)
+        slope = (high["peak_bytes"] - low["peak_bytes"]) / (high_batch - low_batch)
+        room = self.budget - needed_bytes(low)
+        step = math.floor(room / slope) if slope > 0 else 0
+        candidate = min(high_batch - 1, low_batch + max(1, step))
+        return candidate if candidate > low_batch else None
+
+    def over_at(self, batch: int) -> dict[str, Any]:
+        return next(prediction for checked, prediction in self.over if checked == batch)
+
+
+def _fewer_batches_above(trace: dict[str, Any]) -> int | None:
+    """For a run whose loaders gave too few batches: the largest batch at which
+    each of them gives one batch more per pass (all samples in one batch when
+    it gave none; two batches when it gave one)."""
+    bounds = []
+    for loader in trace.get("loaders") or []:
+        batches, samples = loader.get("batches"), loader.get("samples")
+        if batches is None or batches >= 2 or not samples:
+            continue
+        if batches == 0:
+            bounds.append(samples)
+        else:
+            bounds.append(samples // 2 if loader["drop_last"] else samples - 1)
+    return min(bounds) if bounds else None
 
 
 def _search_largest_fitting(
@@ -515,94 +677,153 @@ def _search_largest_fitting(
     candidate: int,
     budget: int,
     progress: Progress | None,
-) -> tuple[int, dict[str, Any] | None]:
+) -> _Search:
     """Check the line's answer with fake runs and refine it.
 
     The peak is affine in the batch size only while it happens at the same
     place: a small batch can peak in the optimizer step and a large one in
     the backward pass, with a much steeper slope. So each check that does not
     fit becomes a new point of a secant through the largest batch known to
-    fit, and the search stays between the two bounds.
+    fit, and the search stays between the two bounds. A check at which the
+    script does not reach two optimizer steps (a batch larger than its data)
+    is no evidence either way: it bounds the search from above too.
     """
-    fitting: tuple[int, dict[str, Any]] | None = None
-    if base["verdict"] != "will run out of memory":
-        fitting = (base_batch, base)
-    too_large: tuple[int, dict[str, Any]] | None = None
-    for _ in range(_MAX_CHECKS):
+    search = _Search(budget)
+    if needed_bytes(base) <= budget:
+        search.fitting = (base_batch, base)
+    next_batch: int | None = candidate
+    while next_batch is not None and search.checks < _MAX_CHECKS:
         if progress:
-            progress(f"checking batch size {candidate} with a fake run")
-        (trace,) = run_harness(options, [{"batch_size": candidate}])
+            progress(f"checking batch size {next_batch} with a fake run")
+        (trace,) = run_harness(options, [{"batch_size": next_batch}])
+        search.checks += 1
         if trace["status"] == "failed":
             raise _failure_error(trace)
-        checked = predict(trace, options)
-        if checked["verdict"] != "will run out of memory":
-            fitting = (candidate, checked)
-            if too_large is None or candidate + 1 >= too_large[0]:
-                break
+        if not reached_two_steps(trace):
+            search.no_steps = (next_batch, trace)
         else:
-            too_large = (candidate, checked)
-            if candidate == 1:
-                break
-        if fitting is None:
-            candidate = max(1, candidate // 2)
-            continue
-        low_batch, low = fitting
-        high_batch, high = too_large  # type: ignore[misc]
-        slope = (high["peak_bytes"] - low["peak_bytes"]) / (high_batch - low_batch)
-        step = math.floor((budget - low["peak_bytes"]) / slope) if slope > 0 else 0
-        candidate = min(high_batch - 1, low_batch + max(1, step))
-        if candidate <= low_batch:
-            break
-    if fitting is None:
-        return 0, None
-    return fitting
+            checked = predict(trace, options)
+            if needed_bytes(checked) <= budget:
+                search.fitting = (next_batch, checked)
+            else:
+                search.over.append((next_batch, checked))
+        next_batch = search.next_candidate()
+    return search
+
+
+def _budget_text(options: EstimateOptions, budget: int) -> str:
+    assert options.gpu is not None
+    held = "reserved memory + CUDA context" if options.device == "cuda" else "allocated memory"
+    return (
+        f"{held} within {budget_share(options.margin)} of {format_bytes(options.gpu.memory)} "
+        f"({format_bytes(budget)}, a {100 * options.margin:g}% margin)"
+    )
+
+
+def budget_share(margin: float) -> str:
+    return f"{100 * (1 - margin):g}%"
+
+
+_PHASES = {"forward": "forward pass", "backward": "backward pass"}
+
+
+def _why_not_the_line(
+    search: _Search, answer: int, line_answer: int, base_batches: list[int], first: dict[str, Any]
+) -> str | None:
+    """Why the checked answer is not the line's, when they differ by more than a tenth."""
+    upper = search.upper()
+    if upper is None or abs(line_answer - answer) <= 0.1 * max(answer, 1):
+        return None
+    kind, high_batch = upper
+    if kind == "data":
+        assert search.no_steps is not None
+        trace = search.no_steps[1]
+        loaders = _short_loaders(trace)
+        steps = trace.get("steps", 0)
+        return (
+            f"the memory line alone gives {line_answer:,}, but at batch {high_batch:,} the script reached "
+            f"{steps} optimizer step{'' if steps == 1 else 's'}"
+            + (f" ({loaders[0]})" if loaders else "")
+            + f": {answer:,} is the largest batch checked with two"
+        )
+    assert search.too_large is not None and search.fitting is not None
+    low_batch, low = search.fitting
+    high = search.too_large[1]
+    slope = (high["peak_bytes"] - low["peak_bytes"]) / max(high_batch - low_batch, 1)
+    phases = [_PHASES.get(p, p) for p in (first["peak_at"].get("phase"), high["peak_at"].get("phase"))]
+    moved = (
+        f"the peak moves from the {phases[0]} (at batch {base_batches[0]:,}) to the {phases[1]} (at batch "
+        f"{high_batch:,}), where it grows faster"
+        if phases[0] and phases[1] and phases[0] != phases[1]
+        else "the peak grows faster at large batches than between the two traces"
+    )
+    return (
+        f"the line through batches {base_batches[0]:,} and {base_batches[1]:,} gives {line_answer:,}; "
+        f"{moved}: {format_bytes(int(slope))} per sample between batches {low_batch:,} and {high_batch:,}, "
+        f"so the checked answer is {answer:,}"
+    )
 
 
 def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -> dict[str, Any]:
-    """The largest batch that fits the target: two fake traces give
-    peak(bs) = a + b*bs, solved for the GPU's memory, then checked (and
-    refined where the line does not hold) by fake runs."""
+    """The largest batch that fits the target with a margin: two fake traces
+    give peak(bs) = a + b*bs, solved for the budget, then checked (and refined
+    where the line does not hold) by fake runs."""
     if options.gpu is None:
         raise EstimateError("--find-max-batch needs a target: --gpu NAME or --gpu-memory SIZE")
     traces = run_harness(options, [{"batch_size": options.batch_size}, {"batch_size": "double"}])
     base = traces[0]
-    if base["status"] == "failed":
-        raise _failure_error(base)
+    _require_two_steps(base, base.get("batch_size"))
     if not base.get("batch_knobs") or not base.get("batch_size"):
         raise EstimateError(_NO_KNOB)
-    if len(traces) < 2 or traces[1]["status"] == "failed" or not traces[1].get("override_applied"):
-        raise EstimateError(
-            "the second trace (at twice the batch size) failed; see --format json of each run"
-        )
+    if len(traces) < 2 or not traces[1].get("override_applied"):
+        raise EstimateError("the second trace (at twice the batch size) could not change the batch size")
+    _require_two_steps(traces[1], traces[1].get("batch_size"))
     first, second = predict(traces[0], options), predict(traces[1], options)
-    slope = (second["peak_bytes"] - first["peak_bytes"]) / (traces[1]["batch_size"] - traces[0]["batch_size"])
-    intercept = first["peak_bytes"] - slope * traces[0]["batch_size"]
-    budget = options.gpu.memory - (first["context_bytes"] or 0)
+    batches = [traces[0]["batch_size"], traces[1]["batch_size"]]
+    slope = (second["peak_bytes"] - first["peak_bytes"]) / (batches[1] - batches[0])
+    intercept = first["peak_bytes"] - slope * batches[0]
+    budget = int(options.gpu.memory * (1 - options.margin))
     result: dict[str, Any] = {
-        "fit": {
-            "intercept_bytes": int(intercept),
-            "bytes_per_sample": int(slope),
-            "batch_sizes": [traces[0]["batch_size"], traces[1]["batch_size"]],
-        },
+        "fit": {"intercept_bytes": int(intercept), "bytes_per_sample": int(slope), "batch_sizes": batches},
+        "margin": options.margin,
+        "budget_bytes": budget,
+        "limit": _budget_text(options, budget),
         "script_batch_size": base.get("batch_size"),
         "gradient_accumulation": None,
     }
     if slope <= 0:
         result.update(max_batch=None, reason="the peak does not grow with the batch size")
         return {"estimate": first, "max_batch": result}
-    largest = math.floor((budget - intercept) / slope)
-    if largest < 1:
+    # The line is the allocated peak's; what the budget holds above it (reserved segments, the
+    # context) is taken as at the first trace, and every answer is checked by a fake run.
+    overhead = needed_bytes(first) - first["peak_bytes"]
+    line_answer = math.floor((budget - overhead - intercept) / slope)
+    result["line_max_batch"] = line_answer
+    if line_answer < 1:
         result.update(
-            max_batch=0, reason="even batch size 1 does not fit: the model states alone exceed the GPU"
+            max_batch=0,
+            reason=f"even batch size 1 does not keep {result['limit']}: the model states alone need more",
         )
         return {"estimate": first, "max_batch": result}
-    largest, verified = _search_largest_fitting(
-        options, first, traces[0]["batch_size"], largest, budget, progress
-    )
-    if verified is None:
-        result.update(max_batch=0, reason="no batch size checked by a fake run fits the GPU")
+    search = _search_largest_fitting(options, first, batches[0], line_answer, budget, progress)
+    if search.fitting is None:
+        reason = f"no batch size checked by a fake run keeps {result['limit']}"
+        if search.no_steps is not None and search.too_large is None:
+            reason = (
+                f"no batch size checked by a fake run reached two optimizer steps ({search.no_steps[0]:,})"
+            )
+        result.update(max_batch=0, reason=reason)
         return {"estimate": first, "max_batch": result}
-    result.update(max_batch=largest, verified=verified)
+    largest, verified = search.fitting
+    upper = search.upper()
+    result.update(
+        max_batch=largest,
+        verified=verified,
+        bound=upper[0] if upper else "memory",
+        next_checked=upper[1] if upper else None,
+        checks=search.checks,
+        explanation=_why_not_the_line(search, largest, line_answer, batches, first),
+    )
     script_batch = base.get("batch_size")
     if script_batch and script_batch > largest:
         steps = accumulation_steps(script_batch, largest)

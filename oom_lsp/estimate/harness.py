@@ -36,9 +36,12 @@ import runpy
 import sys
 import time
 import traceback
+import warnings
 import weakref
 
 NO_TORCH_EXIT = 3  # what oom_lsp.profiling.runner reads as "this interpreter has no torch"
+# torch warns at import when NumPy is not installed; that is the environment, not the script.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 try:
     import torch
@@ -65,6 +68,20 @@ BATCH_OPTION_NAMES = {
 CUDA_BLOCK = 512
 SHADOW_NUMEL_LIMIT = 50_000_000
 HARNESS_FILE = os.path.abspath(__file__)
+
+
+# JSON lines to the parent (--progress-fd): {"event": "ready"} once torch is imported,
+# {"event": "run-start", "batch_size"}, {"event": "step", "step"}, {"event": "run"} per run.
+_progress = None
+
+
+def _emit(event: str, **fields) -> None:
+    if _progress is None:
+        return
+    try:
+        _progress.write(json.dumps({"event": event, **fields}) + "\n")
+    except OSError:  # the parent stopped listening: the run goes on, progress is a convenience
+        pass
 
 
 class StopEstimate(BaseException):
@@ -1164,6 +1181,7 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
                     tracker.set_category(value, "optimizer_state")
         state["steps"] += 1
         state["step_ends"].append(time.perf_counter())
+        _emit("step", step=state["steps"])
         if state["steps"] >= request.get("steps", 2):
             raise StopEstimate()
 
@@ -1194,6 +1212,7 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
             if state.get("loader_batch") is None:
                 state["loader_batch"] = batch_size
         original_loader_init(self, dataset, batch_size, *args, **kwargs)
+        _record_loader(state, context, self)
 
     shims.patch(DataLoader, "__init__", loader_init)
 
@@ -1323,10 +1342,32 @@ def install_shims(shims: Shims, request: dict, tracker: StorageTracker, context:
         return parsed, extras
 
     state["override_applied"] = []
+    state["loaders"] = []
     state["batch_knobs"] = {}
     state["batch_dests"] = set()
     shims.patch(argparse._ActionsContainer, "add_argument", add_argument)
     shims.patch(argparse.ArgumentParser, "parse_known_args", parse_known_args)
+
+
+def _record_loader(state: dict, context: Context, loader) -> None:
+    """What a run that ends before two optimizer steps is explained with: a
+    loader that gives fewer than two batches (a batch larger than the dataset
+    with drop_last=True gives none)."""
+    try:
+        samples, batches = len(loader.dataset), len(loader)
+    except TypeError:  # an IterableDataset without __len__
+        samples = batches = None
+    where = context.user_line()
+    state["loaders"].append(
+        {
+            "file": where[0] if where else None,
+            "line": where[1] if where else None,
+            "samples": samples,
+            "batch_size": loader.batch_size,
+            "drop_last": bool(loader.drop_last),
+            "batches": batches,
+        }
+    )
 
 
 def _add_knob(state: dict, context: Context, kind: str) -> None:
@@ -1344,14 +1385,22 @@ def _add_knob(state: dict, context: Context, kind: str) -> None:
 # --- Running -----------------------------------------------------------------------
 
 
-def _user_frame(tb, script_dir: str):
-    """The innermost traceback frame in the user's files."""
-    found = None
+def _user_frames(tb, script_dir: str) -> list[dict]:
+    """The traceback's frames in the user's files (not runpy's, torch's or
+    ours), outermost first."""
+    frames = []
     for frame, lineno in traceback.walk_tb(tb):
         filename = frame.f_code.co_filename
         if filename.startswith(script_dir + os.sep) and filename != HARNESS_FILE:
-            found = {"file": filename, "line": lineno, "code": _source_line(filename, lineno)}
-    return found
+            frames.append(
+                {
+                    "file": filename,
+                    "line": lineno,
+                    "function": frame.f_code.co_name,
+                    "code": _source_line(filename, lineno),
+                }
+            )
+    return frames
 
 
 def _source_line(filename: str, lineno: int) -> str:
@@ -1506,16 +1555,24 @@ def run(request: dict) -> dict:
     except SystemExit as exit_:
         status = "finished" if exit_.code in (None, 0) else "script-exit"
         if status == "script-exit":
-            failure = {"kind": "script-error", "message": f"the script called sys.exit({exit_.code!r})"}
+            frames = _user_frames(exit_.__traceback__, script_dir)
+            failure = {
+                "kind": "script-error",
+                "message": f"the script called sys.exit({exit_.code!r})",
+                "exit_code": exit_.code,
+                "where": frames[-1] if frames else None,
+            }
     except Exception as error:  # noqa: BLE001 - the user's code: every failure is reported, classified
         status = "failed"
+        frames = _user_frames(error.__traceback__, script_dir)
         failure = {
             "kind": classify_failure(error),
             "type": type(error).__name__,
             "message": str(error).strip().splitlines()[0][:500]
             if str(error).strip()
             else type(error).__name__,
-            "where": _user_frame(error.__traceback__, script_dir),
+            "where": frames[-1] if frames else None,
+            "frames": frames,
             "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))[-4000:],
         }
     finally:
@@ -1565,6 +1622,7 @@ def run(request: dict) -> dict:
         override_applied=state["override_applied"],
         batch_knobs=list(state["batch_knobs"].values()),
         batch_padded=state.get("batch_padded"),
+        loaders=state["loaders"],
     )
     if prof is not None:
         result["profile_replay_peak"] = profile_replay_peak(prof)
@@ -1603,12 +1661,15 @@ def main() -> int:
         "--request", required=True, help="JSON file: script, args, mode, device, runs, output"
     )
     parser.add_argument(
-        "--progress-fd", type=int, default=None, help="write one JSON line per finished run here"
+        "--progress-fd", type=int, default=None, help="write progress here, one JSON line per event"
     )
     options = parser.parse_args()
     with open(options.request, encoding="utf-8") as handle:
         request = json.load(handle)
-    progress = os.fdopen(options.progress_fd, "w", buffering=1) if options.progress_fd is not None else None
+    global _progress
+    if options.progress_fd is not None:
+        _progress = os.fdopen(options.progress_fd, "w", buffering=1)
+    _emit("ready")
     results = []
     previous_batch = None
     # Each run executes the script afresh; "double" asks for twice the
@@ -1619,13 +1680,10 @@ def main() -> int:
             if not previous_batch:
                 break
             batch_size = 2 * previous_batch
+        _emit("run-start", batch_size=batch_size)
         result = run({**request, **run_request, "batch_size": batch_size})
         results.append(result)
-        if progress is not None:
-            progress.write(
-                json.dumps({"event": "run", "batch_size": result["batch_size"], "status": result["status"]})
-                + "\n"
-            )
+        _emit("run", batch_size=result["batch_size"], status=result["status"])
         previous_batch = result["batch_size"] if result["status"] != "failed" else None
     with open(request["output"], "w", encoding="utf-8") as handle:
         json.dump({"runs": results}, handle)

@@ -315,12 +315,23 @@ def _display(path: Path, root: Path) -> str:
 
 
 def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from oom_lsp.llm.validation import MeasurementError, figures, measure_again, read_measurement
+    from oom_lsp.llm.validation import (
+        MeasurementError,
+        comparison_problems,
+        figures,
+        measure_again,
+        noise_tolerance,
+        read_measurement,
+    )
 
     out, err = out or sys.stdout, err or sys.stderr
     try:
+        if not args.no_log:
+            _config(args.script)  # a broken configuration is reported now, not after the run
         if not args.script.is_file():
-            raise CommandError(f"{args.script}: no such file")
+            raise CommandError(
+                f"{args.script}: {'a folder, not a script' if args.script.is_dir() else 'no such file'}"
+            )
         before = read_measurement(args.before)
         if args.after is not None:
             after = read_measurement(args.after)
@@ -333,14 +344,33 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
             after = measure_again(args.script, before, python=args.python, timeout=args.timeout, out=args.out)
     except (CommandError, MeasurementError) as error:
         return _fail(str(error), err)
+    problems = comparison_problems(before, after)
+    broken_after = [problem.message for problem in problems if problem.refuse and problem.after_run]
+    if broken_after:
+        for message in broken_after:
+            out.write(f"not validated: {message}\n")
+        tail = [line for line in (after.data.output_tail or "").splitlines() if line.strip()][-8:]
+        out.writelines(f"  | {line}\n" for line in tail)
+        return EXIT_NO_FIX
+    refused = [problem.message for problem in problems if problem.refuse]
+    if refused:
+        after_name = args.after or "the new run"
+        return _fail(f"{args.before} and {after_name} cannot be compared: {'; '.join(refused)}", err)
+    for problem in problems:
+        err.write(f"warning: {problem.message}\n")
     out.write(f"peak before: {_format(before.peak)} ({before.kind}, {before.source})\n")
     if after.peak is None:
         out.write(f"peak after:  not measured (the run ended with status `{after.status}`)\n")
         return EXIT_NO_FIX
     out.write(f"peak after:  {_format(after.peak)} ({after.kind}, {after.source})\n")
     change = figures(before, after)
+    tolerance = noise_tolerance(before)
     if change is not None:
-        out.write(f"change:      {change.render().split(', ', 1)[1]}\n")
+        within = abs(change.after - change.before) <= tolerance
+        noise = f" (within the measurement noise of ±{_format(tolerance)}: unchanged)"
+        if not (within and tolerance):
+            noise = ""
+        out.write(f"change:      {change.render().split(', ', 1)[1]}{noise}\n")
     if after.ran_out_of_memory:
         out.write("it still runs out of memory\n")
     if change is not None and not args.no_log:
@@ -348,7 +378,7 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
             _record(args, change, out)
         except CommandError as error:
             return _fail(str(error), err)
-    if after.ran_out_of_memory or (change is not None and change.after > change.before):
+    if after.ran_out_of_memory or (change is not None and change.after > change.before + tolerance):
         return EXIT_NO_FIX
     return EXIT_OK
 

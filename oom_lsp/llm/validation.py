@@ -83,6 +83,32 @@ def measure_again(
     return _estimate(script, before.data, python, timeout, cancel)
 
 
+# How much two CPU profiles of the same unchanged script differ: 11 runs of each of
+# fixtures/estimate/{mlp,vit}.py and fixtures/profiling/small_{cnn,transformer}.py (3 steps,
+# --device cpu) gave the same peak to the byte but for the MLP, whose peak took three values
+# 64.5 KiB apart (132 096 B, 0.44 % of its 29 MiB). A CUDA run has its own variation
+# (workspaces, the allocator's segments); twice the spread seen, at least 256 KiB, covers both.
+NOISE_SHARE = 0.01
+NOISE_FLOOR = 256 * 1024
+
+
+def noise_tolerance(before: Measurement) -> int:
+    """Changes of a profiled peak this small are no change. An estimate is the same to the
+    byte from run to run: no tolerance."""
+    if before.kind != "profile" or before.peak is None:
+        return 0
+    return max(NOISE_FLOOR, int(before.peak * NOISE_SHARE))
+
+
+def comparison_problems(before: Measurement, after: Measurement) -> list[Any]:
+    """What the two measured differently (oom_lsp.profiling.report.Mismatch), for profiles."""
+    if before.kind != "profile" or after.kind != "profile":
+        return []
+    from oom_lsp.profiling.report import mismatches
+
+    return mismatches(before.data, after.data)
+
+
 def figures(before: Measurement, after: Measurement) -> Figures | None:
     """None when either peak is unknown (a run that ended before its first step)."""
     if before.peak is None or after.peak is None:
@@ -128,7 +154,13 @@ def _estimate(
             gpu = custom_gpu(target["memory"])
     # The script's own batch size, not the one estimated before: the fix may have changed it.
     options = EstimateOptions(
-        script=script, device=prediction.get("device", "cuda"), gpu=gpu, python=python, timeout=timeout
+        script=script,
+        script_args=list(prediction.get("args") or []),
+        device=prediction.get("device", "cuda"),
+        gpu=gpu,
+        python=python,
+        timeout=timeout,
+        cancel=cancel,
     )
     if cancel is not None and cancel.is_set():
         raise MeasurementError("cancelled")

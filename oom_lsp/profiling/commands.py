@@ -9,16 +9,19 @@ no OOM error; 2 usage errors and runs that could not start (no torch, no such fi
 
 from __future__ import annotations
 
+import abc
 import argparse
 import json
+import os
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from oom_lsp.profiling.oom_messages import describe, find_ooms, format_bytes
-from oom_lsp.profiling.report import Report, ReportError, read_report
+from oom_lsp.config import ConfigError
+from oom_lsp.profiling.oom_messages import OomError, describe, find_ooms, format_bytes
+from oom_lsp.profiling.report import Report, ReportError, mismatches, read_report
 from oom_lsp.script_args import split_script_arguments
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
@@ -39,7 +42,7 @@ def add_parsers(subparsers: Any) -> None:
     # (argparse alone cannot take options after a positional and more positionals after `--`).
     profile.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     _add_profile_options(profile, defaults=True)
-    profile.set_defaults(handler=run_profile)
+    profile.set_defaults(handler=run_profile, takes_script_args=True)
 
     explain = subparsers.add_parser(
         "explain",
@@ -63,6 +66,11 @@ def add_parsers(subparsers: Any) -> None:
     compare.add_argument("before", type=Path)
     compare.add_argument("after", type=Path)
     compare.add_argument("--format", choices=("text", "json"), default="text")
+    compare.add_argument(
+        "--force",
+        action="store_true",
+        help="compare reports that do not measure the same thing (a failed run, another script or device)",
+    )
     compare.set_defaults(handler=run_compare)
 
 
@@ -93,22 +101,20 @@ def _error(message: str) -> int:
 # --- profile -------------------------------------------------------------------------------
 
 
-class ProgressDisplay:
-    """Steps done and elapsed time on stderr: one redrawn line on a terminal, plain lines otherwise."""
+class LiveLine(abc.ABC):
+    """A status line on stderr, redrawn twice a second on a terminal (`render()`); on anything
+    else no line at all, only what `line()` prints."""
 
-    def __init__(self, stream: TextIO, steps: int, label: str) -> None:
+    def __init__(self, stream: TextIO, label: str, live: bool = True) -> None:
         self.stream = stream
-        self.steps = steps
         self.label = label
-        self.tty = stream.isatty()
-        self.done = 0
-        self.phase = "starting"
+        self.tty = live and stream.isatty()
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._ticker = threading.Thread(target=self._tick, daemon=True) if self.tty else None
 
-    def __enter__(self) -> ProgressDisplay:
+    def __enter__(self) -> LiveLine:
         if self._ticker:
             self._ticker.start()
         return self
@@ -119,6 +125,46 @@ class ProgressDisplay:
             self._ticker.join()
             self.stream.write("\n")
             self.stream.flush()
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    @abc.abstractmethod
+    def render(self) -> str:
+        """The status line's text."""
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.5):
+            self.draw()
+
+    def draw(self) -> None:
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):  # not a real file descriptor
+            columns = 0
+        width = (columns or 80) - 1  # a terminal that reports no size (a bare pty) gets 80
+        with self._lock:
+            self.stream.write(f"\r{self.render()[:width]}\x1b[K")
+            self.stream.flush()
+
+    def line(self, text: str) -> None:
+        """A line of its own, above the status line on a terminal."""
+        with self._lock:
+            self.stream.write(("\r\x1b[K" if self.tty else "") + text + "\n")
+            self.stream.flush()
+        if self.tty:
+            self.draw()
+
+
+class ProgressDisplay(LiveLine):
+    """Steps done and elapsed time: a bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, stream: TextIO, steps: int, label: str) -> None:
+        super().__init__(stream, label)
+        self.steps = steps
+        self.done = 0
+        self.phase = "starting"
 
     def on_progress(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
@@ -132,28 +178,17 @@ class ProgressDisplay:
         else:
             return
         if self.tty:
-            self._draw()
+            self.draw()
         elif kind == "step":
-            self._line(f"step {self.done}/{self.steps} done")
+            self.line(f"{self.label}: step {self.done}/{self.steps} done ({self.elapsed:.1f} s)")
         else:
-            self._line(self.phase)
+            self.line(f"{self.label}: {self.phase} ({self.elapsed:.1f} s)")
 
-    def _tick(self) -> None:
-        while not self._stop.wait(0.5):
-            self._draw()
-
-    def _draw(self) -> None:
+    def render(self) -> str:
         width = 20
         filled = width * min(self.done, self.steps) // max(self.steps, 1)
         bar = "#" * filled + "-" * (width - filled)
-        elapsed = time.monotonic() - self.started
-        with self._lock:
-            self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.steps} steps  {elapsed:5.1f} s  {self.phase} ")
-            self.stream.flush()
-
-    def _line(self, text: str) -> None:
-        elapsed = time.monotonic() - self.started
-        print(f"{self.label}: {text} ({elapsed:.1f} s)", file=self.stream, flush=True)
+        return f"{self.label} [{bar}] {self.done}/{self.steps} steps  {self.elapsed:5.1f} s  {self.phase}"
 
 
 def run_profile(args: argparse.Namespace) -> int:
@@ -167,7 +202,8 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.script is None:
         return _error("profile needs a SCRIPT (or --import FILE)")
     if not args.script.is_file():
-        return _error(f"{args.script}: no such file")
+        problem = "a folder, not a script" if args.script.is_dir() else "no such file"
+        return _error(f"{args.script}: {problem}")
     if args.steps < 1:
         return _error("--steps must be at least 1")
     request = ProfileRequest(
@@ -178,14 +214,24 @@ def run_profile(args: argparse.Namespace) -> int:
     try:
         with display:
             report = profile(request, on_progress=display.on_progress)
-    except ProfileError as exc:
+        advice = next_steps(report.oom.error) if report.oom else []
+    except (ProfileError, ConfigError) as exc:
         return _error(str(exc))
-    print_summary(report, args.out, sys.stdout)
+    print_summary(report, args.out, sys.stdout, advice)
+    if report.status in ("completed", "finished", "exited") and not completed_steps(report):
+        ended = f"exited with code {report.exit_code}" if report.status == "exited" else "ended"
+        return _error(f"no measurement: the script {ended} before its first optimizer step")
+    if report.status == "exited" and report.exit_code:
+        return EXIT_FAILED  # the script said it failed
     if report.status in ("completed", "finished", "exited"):
         return EXIT_OK
     if report.status in ("timeout", "cancelled", "crashed"):
         return EXIT_ERROR
     return EXIT_FAILED
+
+
+def completed_steps(report: Report) -> int:
+    return sum(1 for step in report.steps if step.complete)
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -215,7 +261,7 @@ def _where(file: str, line: int) -> str:
     return f"{file}:{line}"
 
 
-def print_summary(report: Report, out_dir: Path, out: TextIO) -> None:
+def print_summary(report: Report, out_dir: Path, out: TextIO, advice: list[str] | None = None) -> None:
     device = report.device
     device_text = device.type + (f" ({device.name})" if device.name else "")
     if device.total_memory:
@@ -252,9 +298,14 @@ def print_summary(report: Report, out_dir: Path, out: TextIO) -> None:
         print("\nout of memory:", file=out)
         for label, value in describe(report.oom.error):
             print(f"  {label}: {value}", file=out)
+        for line in advice or []:
+            print(f"  next: {line}", file=out)
     if report.error:
         print(f"\nerror: {report.error}", file=out)
-    if report.status in ("oom", "error", "timeout", "crashed") and report.output_tail:
+    failed = report.status in ("oom", "error", "timeout", "crashed") or (
+        report.status in ("finished", "exited") and (report.exit_code or not completed_steps(report))
+    )
+    if failed and report.output_tail:
         print("\nlast lines of the script's output:", file=out)
         for line in report.output_tail.splitlines()[-OUTPUT_LINES:]:
             print(f"  | {line}", file=out)
@@ -288,13 +339,67 @@ def run_explain(args: argparse.Namespace) -> int:
     elif not ooms:
         print("no out-of-memory error found", file=sys.stderr)
     else:
-        for number, oom in enumerate(ooms, 1):
+        try:
+            advice = [next_steps(oom) for oom in ooms]
+        except ConfigError as error:
+            return _error(str(error))
+        for number, (oom, lines) in enumerate(zip(ooms, advice), 1):
             if number > 1:
                 print()
             print(f"out-of-memory error {number} of {len(ooms)} (line {oom.log_line}):")
             for label, value in describe(oom):
                 print(f"  {label}: {value}")
+            for line in lines:
+                print(f"  next: {line}")
     return EXIT_OK if ooms else EXIT_FAILED
+
+
+def next_steps(oom: OomError) -> list[str]:
+    """What to do about it: the rules that fire on the failing line of the user's file (when
+    the file is here to analyse), and the estimate that finds the largest batch for that GPU.
+    Reads the file's [tool.oom-lsp] (ConfigError when it is broken)."""
+    from oom_lsp.analysis.engine import analyze
+    from oom_lsp.config import ConfigResolver
+
+    advice = []
+    failing = oom.failing_frame
+    path = Path(failing.file) if failing else None
+    if failing and path is not None and path.is_file():
+        settings = ConfigResolver().resolve(path).settings_for(path)
+        text = path.read_text(encoding="utf-8", errors="replace")
+        findings = [f for f in analyze(text, settings, str(path)) if f.code != "OOM000"]
+        here = [f for f in findings if f.range.start.line <= failing.line <= f.range.end.line]
+        shown = _shown(path)
+        for finding in here:
+            fix = ""
+            if finding.fix is not None:
+                flags = "--fix" if finding.fix.is_safe else "--fix --unsafe-fixes"
+                fix = f"; `oom-lsp --check {flags} {shown}` applies its fix"
+            advice.append(
+                f"{finding.code} {finding.name} fires on that line: {finding.message.split('. ')[0].rstrip('.')}. "
+                f"`oom-lsp rule {finding.code}` explains it{fix}"
+            )
+        if not here and findings:
+            advice.append(
+                f"no rule fires on that line; `oom-lsp --check {shown}` lists the {len(findings)} "
+                f"risk{'s' if len(findings) > 1 else ''} it finds elsewhere in the file"
+            )
+    entry = next((_shown(Path(frame.file)) for frame in oom.frames if Path(frame.file).is_file()), "train.py")
+    target = f"--gpu-memory {_size_argument(oom.total_capacity)}" if oom.total_capacity else "--gpu NAME"
+    advice.append(f"the largest batch that fits this GPU: `oom-lsp estimate {entry} {target} --find-max-batch`")
+    return advice
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _size_argument(size: int) -> str:
+    """A --gpu-memory value: GiB when whole (the message's "23.69 GiB" is not), else MiB."""
+    return f"{size // 2**30}GiB" if size % 2**30 == 0 else f"{size // 2**20}MiB"
 
 
 # --- compare -------------------------------------------------------------------------------
@@ -349,7 +454,16 @@ def run_compare(args: argparse.Namespace) -> int:
         before, after = read_report(args.before), read_report(args.after)
     except ReportError as exc:
         return _error(str(exc))
+    found = mismatches(before, after)
+    refused = [m.message for m in found if m.refuse]
+    if refused and not args.force:
+        for message in refused:
+            print(f"oom-lsp: cannot compare {args.before} and {args.after}: {message}", file=sys.stderr)
+        return _error("--force compares them anyway")
+    for mismatch in found:
+        print(f"warning: {mismatch.message}", file=sys.stderr)
     result = compare_reports(before, after)
+    result["warnings"] = [m.message for m in found]
     if args.format == "json":
         print(json.dumps(result, indent=2))
         return EXIT_OK

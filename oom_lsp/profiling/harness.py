@@ -43,6 +43,7 @@ import sys
 import time
 import traceback
 import types
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -468,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
     progress = Progress(args.progress_fd)
+    # torch warns at import when NumPy is not installed; that is the environment, not the script.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     try:
         import torch  # noqa: F401  (only to fail early and clearly)
     except ImportError as exc:

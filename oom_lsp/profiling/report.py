@@ -187,6 +187,11 @@ class Report:
     output_tail: str | None = None  # last lines of the script's stdout+stderr
     notes: list[str] = field(default_factory=list)  # what could not be measured, and why
 
+    @property
+    def steps_reached(self) -> int:
+        """Optimizer steps that ran to their end."""
+        return sum(1 for step in self.steps if step.complete)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
@@ -258,6 +263,55 @@ class Report:
         temporary = path.with_name(path.name + ".tmp")
         temporary.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
         temporary.replace(path)  # readers (the editor watching the folder) never see half a file
+
+
+# Runs whose peaks mean nothing to compare: the script failed, or was stopped from outside.
+_BROKEN = ("error", "crashed", "timeout", "cancelled")
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Why two reports do not measure the same thing. `refuse`: comparing their peaks would
+    mislead; otherwise a warning. `after_run`: the trouble is the "after" run's own outcome."""
+
+    message: str
+    refuse: bool
+    after_run: bool = False
+
+
+def mismatches(before: Report, after: Report) -> list[Mismatch]:
+    """What two reports of `compare` (or `validate`) measured differently."""
+    found = []
+    for label, report in (("before", before), ("after", after)):
+        steps = f"{report.steps_reached} optimizer step{'' if report.steps_reached == 1 else 's'}"
+        if report.status in _BROKEN:
+            detail = f": {report.error}" if report.error else ""
+            message = f"the {label} run ended `{report.status}` after {steps}{detail}"
+            found.append(Mismatch(message, True, label == "after"))
+        elif report.status == "oom":
+            message = f"the {label} run ran out of memory after {steps}: its peak is where it stopped"
+            found.append(Mismatch(message, False))
+        elif report.status != "imported" and not report.steps_reached:
+            message = f"the {label} run measured no optimizer step (`{report.status}`)"
+            found.append(Mismatch(message, True, label == "after"))
+    if before.script and after.script and Path(before.script).resolve() != Path(after.script).resolve():
+        message = f"the reports are of different scripts: {before.script} and {after.script}"
+        found.append(Mismatch(message, True))
+    if before.device.type != after.device.type:
+        message = f"measured on different devices: {before.device.type} and {after.device.type}"
+        found.append(Mismatch(message, True))
+    if before.argv != after.argv and before.status != "imported" and after.status != "imported":
+        found.append(
+            Mismatch(f"the script's arguments differ: {' '.join(before.argv) or '(none)'} and "
+                     f"{' '.join(after.argv) or '(none)'}", False)
+        )
+    if None not in (before.batch_size, after.batch_size) and before.batch_size != after.batch_size:
+        found.append(Mismatch(f"batch size {before.batch_size} before and {after.batch_size} after", False))
+    if before.steps_reached and after.steps_reached and before.steps_reached != after.steps_reached:
+        found.append(
+            Mismatch(f"{before.steps_reached} optimizer steps before and {after.steps_reached} after", False)
+        )
+    return found
 
 
 def read_report(path: Path) -> Report:

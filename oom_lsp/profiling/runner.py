@@ -6,6 +6,11 @@ timeout, its stdout and stderr captured, and progress read as JSON lines from a 
 and cancellation kill the whole group, so a script that hangs or forks workers leaves nothing
 behind (a process that starts its own session on purpose is out of reach, as with any tool).
 The parent never waits on the child without a deadline, whatever the script does.
+
+Every process group started here is kept in a registry until it is gone, so that the CLI's
+handler of SIGINT/SIGTERM/SIGHUP (oom_lsp.cli) kills them all whatever its main thread was
+doing: `kill_live_groups()`. A signal that arrives while a group is being started is held
+until the group is in the registry (`spawning()`, `deliver_held_signal()`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +33,47 @@ from oom_lsp.profiling.report import DeviceInfo, Report, ReportError, read_repor
 NO_TORCH_EXIT = 3  # the harness's exit code when `import torch` fails
 OUTPUT_TAIL_LINES = 200
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
+# Kineto (torch.profiler) writes `USDT:2026-12-01 22:15:35 2686:2686 SyncActivityProfilerHandler.cpp:52]
+# profiler_start` to stderr whatever its log level.
+_PROFILER_LOG_LINE = re.compile(r"[A-Z]+:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] ")
+
+
+# Process groups started and not yet known to be gone (the leader's pid is the group id).
+_live_groups: set[int] = set()
+# While a group is being started it is not in the registry yet: a signal handler that sees
+# `_spawning` holds the signal in `_held_signals`, delivered again once the group is in.
+_spawning = threading.local()
+_held_signals: list[int] = []
+
+
+def kill_live_groups() -> list[int]:
+    """SIGKILL every process group this process started that may still run; their ids.
+    Safe to call from a signal handler."""
+    killed = []
+    for group in list(_live_groups):
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            _live_groups.discard(group)  # gone already
+            continue
+        killed.append(group)
+    return killed
+
+
+def spawning() -> bool:
+    """True while this thread is between starting a process group and registering it."""
+    return getattr(_spawning, "active", False)
+
+
+def hold_signal(signum: int) -> None:
+    _held_signals.append(signum)
+
+
+def deliver_held_signal() -> None:
+    if _held_signals:
+        signum = _held_signals.pop(0)
+        _held_signals.clear()
+        signal.raise_signal(signum)
 
 
 class ProfileError(RuntimeError):
@@ -93,6 +140,7 @@ class ProfileRun:
         request.out.mkdir(parents=True, exist_ok=True)
         (request.out / "report.json").unlink(missing_ok=True)  # a stale report must not pass for this run's
         read_end, write_end = os.pipe()
+        _spawning.active = True
         try:
             self._process = subprocess.Popen(
                 self.command(write_end),
@@ -104,11 +152,14 @@ class ProfileRun:
                 pass_fds=(write_end,),
                 start_new_session=True,
             )
+            _live_groups.add(self._process.pid)
         except OSError as exc:
             os.close(read_end)
             raise ProfileError(f"cannot run {request.python}: {exc.strerror or exc}") from exc
         finally:
+            _spawning.active = False
             os.close(write_end)
+        deliver_held_signal()
         self._threads = [
             threading.Thread(target=self._read_progress, args=(read_end,), daemon=True),
             threading.Thread(target=self._read_output, args=(self._process.stdout,), daemon=True),
@@ -130,20 +181,26 @@ class ProfileRun:
         process = self._process
         deadline = time.monotonic() + self.request.timeout if self.request.timeout is not None else None  # from wait()
         outcome = None
-        while process.poll() is None:
-            if self._cancelled.is_set():
-                outcome = "cancelled"
-            elif deadline is not None and time.monotonic() >= deadline:
-                outcome = "timeout"
-            if outcome:
-                self._kill_group()
-                process.wait()
-                break
-            try:
-                process.wait(timeout=0.05)
-            except subprocess.TimeoutExpired:
-                pass
-        self._kill_group()  # workers or grandchildren the script left in the group
+        try:
+            while process.poll() is None:
+                if self._cancelled.is_set():
+                    outcome = "cancelled"
+                elif deadline is not None and time.monotonic() >= deadline:
+                    outcome = "timeout"
+                if outcome:
+                    self._kill_group()
+                    process.wait()
+                    break
+                try:
+                    process.wait(timeout=0.05)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            # Also on the way out of an exception (the CLI's signal handler raises one here):
+            # workers or grandchildren the script left in the group go too.
+            self._kill_group()
+            process.wait()  # killed: no zombie left
+            _live_groups.discard(process.pid)
         for thread in self._threads:
             thread.join(timeout=5)
         return self._report(outcome, process.returncode)
@@ -170,6 +227,8 @@ class ProfileRun:
         with stream:
             for raw in stream:
                 line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                if _PROFILER_LOG_LINE.match(line):
+                    continue  # the profiler's own start/stop log, not the script's output
                 self._tail.append(line)
                 if self._on_output:
                     self._on_output(line)

@@ -568,7 +568,14 @@ def _unsaved(ls: OomLanguageServer, uri: str, path: Path) -> bool:
 
 async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str, Any]:
     from oom_lsp.llm import fixlog
-    from oom_lsp.llm.validation import MeasurementError, figures, measure_again, read_measurement
+    from oom_lsp.llm.validation import (
+        MeasurementError,
+        comparison_problems,
+        figures,
+        measure_again,
+        noise_tolerance,
+        read_measurement,
+    )
 
     path = _path_of(args.uri)
     if path is None or not path.is_file():
@@ -618,11 +625,15 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
             after = work.result()
         except MeasurementError as error:
             raise JsonRpcInternalError(str(error)) from None
+    broken = [problem.message for problem in comparison_problems(before, after) if problem.refuse]
+    if broken:
+        raise JsonRpcInternalError(f"not validated: {'; '.join(broken)}")
     change = figures(before, after)
     if change is None:
         raise JsonRpcInternalError(
             f"the new {after.kind} ended with status `{after.status}` before a peak was known"
         )
+    tolerance = noise_tolerance(before)
     settings = _llm_settings(config)
     fixlog.record_figures(settings.fix_log_path(config.root), _display(path, config.root), change)
     _show(ls, f"{path.name}: {change.render()}", types.MessageType.Info)
@@ -631,4 +642,5 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
         "after": change.after,
         "change": change.after - change.before,
         "source": before.kind,
+        "withinNoise": abs(change.after - change.before) <= tolerance,
     }

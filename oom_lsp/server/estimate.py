@@ -26,7 +26,13 @@ from pygls.workspace import TextDocument
 from oom_lsp.analysis import LintSettings, Severity, analyze
 from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
 from oom_lsp.edits import Position, Range
-from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, find_max_batch
+from oom_lsp.estimate.estimator import (
+    DEFAULT_MARGIN,
+    EstimateError,
+    EstimateOptions,
+    estimate,
+    find_max_batch,
+)
 from oom_lsp.estimate.gpus import Gpu, UnknownGpuError, custom_gpu, find_gpu
 from oom_lsp.output import rule_url
 from oom_lsp.server import code_actions
@@ -70,6 +76,7 @@ class EstimateArgs:
     python: str | None = None
     find_max_batch: bool | None = attrs.field(default=None, alias="findMaxBatch")
     timeout: float | None = None
+    margin: float | None = None  # the share of the GPU kept free (default 10%)
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,10 @@ def _gpu_label(gpu: dict[str, Any] | None) -> str:
 async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
     if args.device not in ("cuda", "cpu"):
         raise JsonRpcInvalidParams(f"device must be cuda or cpu, not {args.device!r}")
+    if args.margin is not None and not 0 <= args.margin < 1:
+        raise JsonRpcInvalidParams(
+            f"margin must be from 0 to below 1 (0.1 keeps 10% free), not {args.margin!r}"
+        )
     script = script_of(args.uri)
     gpu = _target_gpu(ls, args, script)
     profile_settings = command_setting(ls, "profile")
@@ -163,6 +174,7 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         timeout=args.timeout or DEFAULT_ESTIMATE_TIMEOUT_S,
         cwd=ls.lint_settings.project_config(script).root,
         cancel=job.cancel,
+        margin=DEFAULT_MARGIN if args.margin is None else args.margin,
     )
     # The code actions need the largest batch that fits: searched by default
     # whenever there is a target to fit.
@@ -170,6 +182,18 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     if search and gpu is None:
         raise JsonRpcInvalidParams("findMaxBatch needs a target: gpu, gpuMemory, or oomLsp.gpu / gpu-memory")
     version = document_version(ls, args.uri)
+    traces = [0]
+
+    def on_event(event: dict[str, Any]) -> None:
+        """The work-done progress says which trace and how many optimizer steps it reached."""
+        kind = event.get("event")
+        if kind == "run-start":
+            traces[0] += 1
+            job.report(f"trace {traces[0]}: running the script")
+        elif kind == "step":
+            job.report(f"trace {traces[0]}: {event.get('step')} of 2 optimizer steps traced")
+
+    options.on_event = on_event
 
     def work() -> dict[str, Any]:
         job.report("tracing two optimizer steps on fake tensors", 10)

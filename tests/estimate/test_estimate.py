@@ -360,13 +360,13 @@ def test_cuda_lstm_uses_the_cudnn_reserve_model(traces):
 
 
 def test_find_max_batch_on_a_small_gpu(capsys):
-    # 460 MiB: the CUDA context (400 MiB) leaves ~60 MiB for the MLP step.
+    # 500 MiB with a 10% margin: 450 MiB for reserved memory and the CUDA context (400 MiB).
     code = cli_main(
         [
             "estimate",
             str(FIXTURES / "mlp.py"),
             "--gpu-memory",
-            "460MiB",
+            "500MiB",
             "--find-max-batch",
             "--format",
             "json",
@@ -383,14 +383,30 @@ def test_find_max_batch_on_a_small_gpu(capsys):
     max_batch = result["max_batch"]
     largest = max_batch["max_batch"]
     assert 0 < largest < 4096
+    assert max_batch["margin"] == 0.1 and max_batch["budget_bytes"] == int(500 * MIB * 0.9)
+    verified = max_batch["verified"]
+    assert verified["reserved_bytes"] + verified["context_bytes"] <= max_batch["budget_bytes"]
+    assert max_batch["bound"] == "memory"
     fit = max_batch["fit"]
-    budget = 460 * MIB - 400 * MIB
-    assert fit["intercept_bytes"] + fit["bytes_per_sample"] * largest <= budget
-    assert fit["intercept_bytes"] + fit["bytes_per_sample"] * (largest + 1) > budget
-    assert max_batch["verified"]["verdict"] != "will run out of memory"
+    overhead = result["reserved_bytes"] + result["context_bytes"] - result["peak_bytes"]
+    line = lambda batch: fit["intercept_bytes"] + fit["bytes_per_sample"] * batch + overhead  # noqa: E731
+    assert line(max_batch["line_max_batch"]) <= max_batch["budget_bytes"] < line(max_batch["line_max_batch"] + 1)
     accumulation = max_batch["gradient_accumulation"]
     assert accumulation["micro_batch"] <= largest
     assert accumulation["effective_batch"] == 4096  # a divisor of 4096 fits: the same effective batch
+
+
+def test_a_larger_margin_gives_a_smaller_batch(capsys):
+    answers = []
+    for given, margin in (("10%", 0.1), ("0.15", 0.15)):
+        cli_main(
+            ["estimate", str(FIXTURES / "mlp.py"), "--gpu-memory", "600MiB", "--find-max-batch",
+             "--margin", given, "--format", "json", "--", "--width", "1024"]
+        )
+        max_batch = json.loads(capsys.readouterr().out)["max_batch"]
+        assert max_batch["budget_bytes"] == int(600 * MIB * (1 - margin))
+        answers.append(max_batch["max_batch"])
+    assert 0 < answers[1] < answers[0]
 
 
 def test_json_output_has_the_documented_fields(capsys):
@@ -503,6 +519,9 @@ def test_find_max_batch_when_the_peak_moves_with_the_batch(capsys):
     largest = max_batch["max_batch"]
     assert largest > 1000
     assert max_batch["verified"]["verdict"] != "will run out of memory"
+    # The line through batches 32 and 64 is far off; the answer says why.
+    assert max_batch["line_max_batch"] > 2 * largest
+    assert "the peak moves from the optimizer step (at batch 32) to the backward pass" in max_batch["explanation"]
     # Twice the answer does not fit: the answer is not a gross underestimate.
     code = cli_main(
         [

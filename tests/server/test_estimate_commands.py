@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import pytest_lsp
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
 from oom_lsp.config import ConfigError, parse_config_table
 from oom_lsp.estimate.gpus import UnknownGpuError, find_gpu
+from tests import console
 from tests.server.lsp_session import (
     BATCH_LINE,
     CONFIG,
@@ -31,7 +33,7 @@ in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
 TIMEOUT_S = 120
 # On the CPU the trace is byte-exact: 10 054 232 B at batch 64, 9 529 432 B + 8 200 B per sample;
-# 9 700 KiB holds batch 49 at most.
+# 9 700 KiB holds batch 49 at most with no margin (the model is too small for the default 10%).
 GPU_MEMORY = "9700KiB"
 
 
@@ -81,7 +83,9 @@ async def test_estimate_over_the_gpu(client: LanguageClient):
     before = {str(d.code) for d in await diagnostics_for(client, uri, 1)}
     assert "OOM100" not in before and "OOM101" in before  # 64 > the default limit of 32
 
-    result = await execute(client, "oom-lsp.estimate", {"uri": uri, "gpuMemory": GPU_MEMORY, "device": "cpu"})
+    result = await execute(
+        client, "oom-lsp.estimate", {"uri": uri, "gpuMemory": GPU_MEMORY, "device": "cpu", "margin": 0}
+    )
 
     assert result["verdict"] == "oom" and result["maxBatch"] == 49
     assert result["peakBytes"] == 10_054_232 and result["gpuMemoryBytes"] == 9700 * 1024
@@ -131,6 +135,44 @@ async def test_estimate_over_the_gpu(client: LanguageClient):
     assert [str(d.code) for d in after if d.code in ("OOM100", "OOM101")] == []
     assert not await hints(client, uri)
     assert client.statuses[-1] == {"uri": uri, "peakBytes": None, "source": "estimate"}
+
+
+async def _pids_recorded(record: Path) -> list[int]:
+    deadline = asyncio.get_running_loop().time() + TIMEOUT_S
+    while not (record.is_file() and record.read_text().endswith("\n")):
+        assert asyncio.get_running_loop().time() < deadline, "the script never recorded its pids"
+        await asyncio.sleep(0.1)
+    return [int(pid) for pid in record.read_text().split()]
+
+
+async def _all_gone(pids: list[int]) -> None:
+    # The script runs inside the harness, its process group's leader: its pid is the group's id.
+    deadline = asyncio.get_running_loop().time() + 15
+    while any(console.alive(pid) for pid in pids) or console.members_of_session(pids[0]):
+        assert asyncio.get_running_loop().time() < deadline, f"left behind: {pids}"
+        await asyncio.sleep(0.1)
+
+
+@in_module_loop
+@pytest.mark.parametrize("how", ["cancel-request", "progress-cancel"])
+async def test_cancelling_an_estimate_leaves_no_process(client: LanguageClient, how: str):
+    script, record = console.write_hanging_script(client.root, f"hangs_{how.replace('-', '_')}.py")
+    known_tokens = set(client.progress_reports)
+    params = types.ExecuteCommandParams(
+        command="oom-lsp.estimate", arguments=[{"uri": script.as_uri(), "device": "cpu"}]
+    )
+    request = asyncio.ensure_future(
+        client.protocol.send_request_async(types.WORKSPACE_EXECUTE_COMMAND, params, msg_id=how)
+    )
+    pids = await _pids_recorded(record)
+    if how == "cancel-request":
+        client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=how))
+    else:
+        (token,) = set(client.progress_reports) - known_tokens
+        client.window_work_done_progress_cancel(types.WorkDoneProgressCancelParams(token=token))
+    with pytest.raises(JsonRpcException):
+        await asyncio.wait_for(request, TIMEOUT_S)
+    await _all_gone(pids)
 
 
 @in_module_loop

@@ -15,6 +15,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
+from tests import console
 from tests.server.lsp_session import CONFIG, diagnostics_for, open_document, replace_text, start_session
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -180,6 +181,25 @@ async def test_cancel_from_the_progress_kills_the_process_tree(client: LanguageC
         await request
     assert client.progress_reports[token][-1].kind == "end"
     await _gone(child)
+
+
+async def test_cancel_leaves_no_process_of_the_script_group(client: LanguageClient):
+    script, record = console.write_hanging_script(client.root, "hangs_recorded.py")
+    request = asyncio.ensure_future(
+        execute(client, "oom-lsp.profile", {"uri": script.as_uri(), "device": "cpu"}, msg_id="profile-recorded")
+    )
+    deadline = asyncio.get_running_loop().time() + 60
+    while not (record.is_file() and record.read_text().endswith("\n")):
+        assert asyncio.get_running_loop().time() < deadline, "the script never recorded its pids"
+        await asyncio.sleep(0.1)
+    pids = [int(pid) for pid in record.read_text().split()]
+    client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="profile-recorded"))
+    with pytest.raises(JsonRpcException):
+        await request
+    for pid in pids:
+        await _gone(pid)
+    # The script runs in the harness, the leader of its process group: nothing of the group is left.
+    assert console.members_of_session(pids[0]) == []
 
 
 async def test_explain_oom_puts_an_error_on_the_failing_line(client: LanguageClient):

@@ -1,0 +1,64 @@
+"""Ctrl-C, SIGTERM and SIGHUP on the installed console script while it runs a
+user's script: the whole process tree of the script goes, and the exit status
+says the command was interrupted. To the process group, as a terminal sends
+Ctrl-C or a hang-up; to the process alone, as a parent (CI, an editor) does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from tests import console
+
+pytest.importorskip("torch")
+
+COMMANDS = {
+    "profile": ["profile", "train.py", "--device", "cpu"],
+    "estimate": ["estimate", "train.py", "--device", "cpu"],
+    "validate": ["validate", "train.py", "--before", "before.json", "--no-log"],
+}
+CASES = [
+    ("profile", signal.SIGINT, "group"),
+    ("profile", signal.SIGTERM, "process"),
+    ("profile", signal.SIGHUP, "group"),
+    ("estimate", signal.SIGINT, "group"),
+    ("estimate", signal.SIGINT, "process"),
+    ("estimate", signal.SIGTERM, "process"),
+    ("estimate", signal.SIGHUP, "group"),
+    ("validate", signal.SIGTERM, "process"),
+    ("validate", signal.SIGINT, "group"),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "signum", "target"), CASES, ids=[f"{c}-{s.name}-{t}" for c, s, t in CASES]
+)
+def test_a_signal_kills_the_script_and_all_it_started(tmp_path, command, signum, target):
+    script, record = console.write_hanging_script(tmp_path)
+    before = {"script": str(script), "device": "cpu", "peak_bytes": 2**20, "gpu": None}
+    (tmp_path / "before.json").write_text(json.dumps(before))
+    with console.started(COMMANDS[command], tmp_path, record) as (process, script_pids):
+        if target == "group":
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == 128 + signum, err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(f"oom-lsp {command}: interrupted by {signum.name}; killed process group "), err
+        groups = console.killed_groups(err)
+        assert groups, err
+        console.assert_all_gone(script_pids, groups)
+
+
+@pytest.mark.parametrize("command", ["profile", "estimate"])
+def test_a_timeout_kills_the_script_and_all_it_started(tmp_path, command):
+    script, record = console.write_hanging_script(tmp_path)
+    with console.started([*COMMANDS[command], "--timeout", "8"], tmp_path, record) as (process, script_pids):
+        process.communicate(timeout=120)
+        assert process.returncode == 2
+        # The script runs inside the harness, its process group's leader: its pid is the group's.
+        console.assert_all_gone(script_pids, [script_pids[0]])
