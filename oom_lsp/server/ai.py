@@ -113,6 +113,7 @@ class _PendingLog:
     new_text: str
     proposal: Any  # oom_lsp.llm.fixer.Proposal
     log: Path
+    root: Path  # the project's: the log stays inside it
     display: str
     host: str
 
@@ -140,10 +141,31 @@ def _project(ls: OomLanguageServer, uri: str) -> ProjectConfig:
     return ls.lint_settings.project_config(_path_of(uri))
 
 
-def _llm_settings(config: ProjectConfig) -> Any:
-    from oom_lsp.llm.settings import LlmSettings
+_notes_shown: set[str] = set()
 
-    return LlmSettings.from_table(config.llm)
+
+def _llm_settings(ls: OomLanguageServer, config: ProjectConfig) -> Any:
+    """The user's settings (their config file, then the editor's `oomLsp.llm`) with what the
+    project's table may set (oom_lsp.llm.settings); a broken user config file is
+    reported and leaves AI fixes off."""
+    from oom_lsp.config import ConfigError
+    from oom_lsp.llm.settings import LlmSettings, resolve_settings
+
+    try:
+        settings = resolve_settings(config, editor=ls.editor.llm)
+    except ConfigError as error:
+        _note(ls, f"AI fixes are off: {error}")
+        return LlmSettings()
+    for note in settings.notes():
+        _note(ls, note)
+    return settings
+
+
+def _note(ls: OomLanguageServer, message: str) -> None:
+    # Once per session: the settings are resolved for every code-action request.
+    if message not in _notes_shown:
+        _notes_shown.add(message)
+        _show(ls, message)
 
 
 # --- listing ---------------------------------------------------------------------------------
@@ -189,7 +211,7 @@ async def list_actions(
         return []
     from oom_lsp.llm.settings import NotReady
 
-    settings = _llm_settings(_project(ls, document.uri))
+    settings = _llm_settings(ls, _project(ls, document.uri))
     try:
         settings.check_ready()
     except NotReady as problem:
@@ -329,7 +351,7 @@ async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -
     uri, version, text = document.uri, document.version, document.source
     path = _path_of(uri)
     config = _project(ls, uri)
-    settings = _llm_settings(config)
+    settings = _llm_settings(ls, config)
     async with _work_done(ls, f"oom-lsp: {_title(target)}") as progress:
         report = _read_report(target.report)
         if report is not None:
@@ -364,9 +386,13 @@ async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -
         return _Outcome("the document changed while the model was answering; nothing was changed: try again")
     edit = _workspace_edit(ls, uri, version, text, result, settings.host)
     display = _display(path, config.root) if path else uri
-    pending = _PendingLog(
-        uri, result.edit.new_text, result, settings.fix_log_path(config.root), display, settings.host
-    )
+    from oom_lsp.llm.fixlog import FixLogError
+
+    try:
+        log = settings.fix_log_path(config.root)
+    except FixLogError as error:
+        return _Outcome(f"no edit offered: {error}")
+    pending = _PendingLog(uri, result.edit.new_text, result, log, config.root, display, settings.host)
     return _Outcome(result.changelog, edit, pending)
 
 
@@ -419,10 +445,12 @@ def _write_log(pending: _PendingLog) -> str | None:
 
     try:
         fixlog.append_entry(
-            pending.log, fixlog.entry_from_proposal(pending.proposal, pending.display, pending.host)
+            pending.log,
+            fixlog.entry_from_proposal(pending.proposal, pending.display, pending.host),
+            pending.root,
         )
-    except OSError as error:
-        reason = error.strerror or str(error)
+    except (fixlog.FixLogError, OSError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         return f"the fix is applied, but the fix log {pending.log} could not be written: {reason}"
     return None
 
@@ -484,7 +512,7 @@ async def ask_ai(ls: OomLanguageServer, args: AskAiArgs) -> dict[str, Any]:
     document = ls.open_document(args.uri)
     if document is None:
         return _answer(ls, False, f"{args.uri} is not open in the editor")
-    settings = _llm_settings(_project(ls, document.uri))
+    settings = _llm_settings(ls, _project(ls, document.uri))
     try:
         settings.check_ready()
     except NotReady as problem:
@@ -623,8 +651,12 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
         raise JsonRpcInternalError(
             f"the new {after.kind} ended with status `{after.status}` before a peak was known"
         )
-    settings = _llm_settings(config)
-    fixlog.record_figures(settings.fix_log_path(config.root), _display(path, config.root), change)
+    try:
+        log = _llm_settings(ls, config).fix_log_path(config.root)
+    except fixlog.FixLogError as error:
+        _show(ls, f"the figures were not recorded: {error}")
+    else:
+        fixlog.record_figures(log, _display(path, config.root), change)
     _show(ls, f"{path.name}: {change.render()}", types.MessageType.Info)
     return {
         "before": change.before,

@@ -11,7 +11,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pygls.workspace import TextDocument
 from oom_lsp import __version__
 from oom_lsp.analysis import Finding, LintSettings, analyze
 from oom_lsp.analysis.incremental import IncrementalParser
+from oom_lsp.edits import split_lines
 from oom_lsp.server import settings as editor_settings
 from oom_lsp.server.logs import LogSetup
 from oom_lsp.server.positions import PositionConverter
@@ -51,9 +51,6 @@ class Analysis:
         return PositionConverter(self.source, encoding)
 
 
-_LSP_LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
-
-
 class LspLinesTextDocument(TextDocument):
     """pygls' document with the LSP's lines: only `\\n`, `\\r\\n` and `\\r` end
     a line. pygls splits with `str.splitlines`, which also breaks at form
@@ -63,7 +60,7 @@ class LspLinesTextDocument(TextDocument):
 
     @property
     def lines(self) -> Sequence[str]:
-        return tuple(_LSP_LINE_RE.findall(self.source))
+        return tuple(split_lines(self.source, keepends=True))
 
 
 class OomLanguageServer(LanguageServer):
@@ -113,6 +110,8 @@ class OomLanguageServer(LanguageServer):
         self.editor = editor_settings.parse_editor_settings(raw)
         self.logs.configure(self.editor.log_level, self.editor.log_file)
         self.lint_settings.update_editor_settings(self.editor)
+        for problem in self.editor.problems:
+            self.show_error(problem)
         self.forget_analyses()
 
     async def fetch_configuration(self) -> dict[str, Any] | None:
