@@ -7,6 +7,7 @@ import json
 import shutil
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -431,3 +432,22 @@ def test_fix_an_oom_error_from_a_log(
     assert " · CUDA out of memory · `cnn_cifar_risky.py`" in (project / "OOM_FIXES.md").read_text()
     sent = fake.requests[0]["body"]["messages"][1]["content"]
     assert "## Error" in sent and "OutOfMemoryError" in sent
+
+
+@pytest.mark.parametrize(
+    ("encode", "name"),
+    [
+        (lambda text: text.replace("\n", "\r\n").encode(), "CRLF line endings"),
+        (lambda text: b"\xef\xbb\xbf" + text.encode(), "a UTF-8 BOM"),
+        (lambda text: ("# -*- coding: latin-1 -*-\n# caf\xe9\n" + text).encode("latin-1"), "a latin-1 cookie"),
+    ],
+)
+def test_fix_keeps_the_file_as_it_was_written(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str], encode: Any, name: str
+) -> None:
+    (project / "train.py").write_bytes(encode(TRAIN))
+    fake.script({"content": GOOD_ANSWER})
+    assert run("fix", "--ai", "train.py", "--line", "17" if "cookie" in name else "15", "--python", "./fake-python") == 0, (
+        capsys.readouterr()
+    )
+    assert (project / "train.py").read_bytes() == encode(TRAIN.replace("        total_loss += loss\n", FIXED_LINE))
