@@ -39,6 +39,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 TOOL_TABLE = "oom-lsp"
 DEFAULT_MAX_BATCH_SIZE = 32
+# Larger files are not analysed (reported instead): the analysis needs ~650x the source in
+# memory and ~45 s per MiB on a loaded 2-core machine (bench/check_throughput.py).
+DEFAULT_MAX_FILE_SIZE = 2**20
 
 # Folders never worth descending into, as Ruff's default `exclude`.
 DEFAULT_EXCLUDE: tuple[str, ...] = (
@@ -360,6 +363,7 @@ _PARSERS: dict[str, Callable[[str, str, Any], Any]] = {
     "extend-exclude": _string_list,
     "respect-gitignore": _bool,
     "max-batch-size": _positive_int,
+    "max-file-size": _memory,
     "severity": _severity_table,
     "gpu-memory": _memory,
     "gpus": _gpus_table,
@@ -414,6 +418,7 @@ class ProjectConfig:
     extend_exclude: tuple[str, ...] = ()
     respect_gitignore: bool = True
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE  # bytes; larger files are reported, not analysed
     severity: dict[str, Severity] = field(default_factory=dict)
     gpu_memory: int | None = None
     gpus: dict[str, int] = field(default_factory=dict)  # name -> bytes, beside the built-in catalogue

@@ -343,6 +343,39 @@ def test_unreadable_and_missing_files_are_reported_and_the_run_goes_on(
     assert (code, out) == (1, "No findings, but 1 file could not be checked.\n")
 
 
+def test_an_unreadable_folder_is_reported_and_the_rest_is_checked(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder without read and search permission, as the kernel treats one for a
+    user who is not root (root, who runs this suite, ignores the mode bits)."""
+    write(project / "a_ok" / "risky.py", RISKY)
+    locked = project / "b_locked"
+    write(locked / "hidden.py", RISKY)
+    write(project / "c_ok" / "risky.py", RISKY)
+    real_scandir, real_stat = os.scandir, Path.stat
+
+    def scandir(path: object = ".") -> object:
+        if Path(os.fspath(path)).absolute() == locked.absolute():
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    def stat(path: Path, *args: object, **kwargs: object) -> os.stat_result:
+        if locked.absolute() in path.absolute().parents:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(Path, "stat", stat)
+    code, out, err = run(capsys, "--check", *SELECT, "--no-cache", ".")
+    assert code == 1
+    assert "error: b_locked: cannot list the folder: Permission denied\n" in err
+    assert "Traceback" not in err
+    assert [line.split(":")[0] for line in out.splitlines() if "OOM501" in line] == [
+        os.path.join("a_ok", "risky.py"),
+        os.path.join("c_ok", "risky.py"),
+    ]
+
+
 def test_a_crash_on_one_file_is_reported_and_the_others_are_checked(
     project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

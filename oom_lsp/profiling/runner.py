@@ -5,7 +5,9 @@ No torch import here: this runs in the CLI and in the language server. The harne
 timeout, its stdout and stderr captured, and progress read as JSON lines from a pipe. Timeout
 and cancellation kill the whole group, so a script that hangs or forks workers leaves nothing
 behind (a process that starts its own session on purpose is out of reach, as with any tool).
-The parent never waits on the child without a deadline, whatever the script does.
+The parent never waits on the child without a deadline, whatever the script does; and the
+child watches its parent and its own deadline (oom_lsp.profiling.watchdog), so a parent that
+is killed itself leaves nothing running either.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from oom_lsp.profiling import watchdog
 from oom_lsp.profiling.report import DeviceInfo, Report, ReportError, read_report
 
 NO_TORCH_EXIT = 3  # the harness's exit code when `import torch` fails
@@ -67,6 +70,7 @@ class ProfileRun:
         self._tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._events: list[dict[str, Any]] = []
         self._threads: list[threading.Thread] = []
+        self._parent_fd: int | None = None  # the write end of the child's watchdog pipe
 
     def command(self, progress_fd: int) -> list[str]:
         request = self.request
@@ -93,22 +97,27 @@ class ProfileRun:
         request.out.mkdir(parents=True, exist_ok=True)
         (request.out / "report.json").unlink(missing_ok=True)  # a stale report must not pass for this run's
         read_end, write_end = os.pipe()
+        # Held open by this process only: its end of file tells the child its parent is gone.
+        watch_read, self._parent_fd = os.pipe()
+        env = {**self.environment(), **watchdog.child_environment(watch_read, request.timeout)}
         try:
             self._process = subprocess.Popen(
                 self.command(write_end),
                 cwd=request.cwd,
-                env=self.environment(),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                pass_fds=(write_end,),
+                pass_fds=(write_end, watch_read),
                 start_new_session=True,
             )
         except OSError as exc:
             os.close(read_end)
+            self._close_parent_fd()
             raise ProfileError(f"cannot run {request.python}: {exc.strerror or exc}") from exc
         finally:
             os.close(write_end)
+            os.close(watch_read)
         self._threads = [
             threading.Thread(target=self._read_progress, args=(read_end,), daemon=True),
             threading.Thread(target=self._read_output, args=(self._process.stdout,), daemon=True),
@@ -144,9 +153,15 @@ class ProfileRun:
             except subprocess.TimeoutExpired:
                 pass
         self._kill_group()  # workers or grandchildren the script left in the group
+        self._close_parent_fd()
         for thread in self._threads:
             thread.join(timeout=5)
         return self._report(outcome, process.returncode)
+
+    def _close_parent_fd(self) -> None:
+        if self._parent_fd is not None:
+            os.close(self._parent_fd)
+            self._parent_fd = None
 
     def _kill_group(self) -> None:
         assert self._process is not None

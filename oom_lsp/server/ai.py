@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInternalError
+from pygls.exceptions import JsonRpcRequestCancelled
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
@@ -39,6 +39,7 @@ from oom_lsp.analysis import Finding
 from oom_lsp.config import ProjectConfig
 from oom_lsp.server import code_actions, diagnostics
 from oom_lsp.server.positions import PositionConverter
+from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.profiling import interpreter, latest_report, results_folder
 from oom_lsp.server.server import OomLanguageServer
 
@@ -595,18 +596,17 @@ def _unsaved(ls: OomLanguageServer, uri: str, path: Path) -> bool:
 
 
 async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str, Any]:
-    from oom_lsp.llm import fixlog
-    from oom_lsp.llm.validation import MeasurementError, figures, measure_again, read_measurement
+    from oom_lsp.llm.validation import MeasurementError, read_measurement
 
     path = _path_of(args.uri)
     if path is None or not path.is_file():
-        raise JsonRpcInternalError(f"{args.uri}: not a file on disk")
+        raise RequestFailed(f"{args.uri}: not a file on disk")
     if _unsaved(ls, args.uri, path):
-        raise JsonRpcInternalError(f"save {path.name} first: the measurement runs the file as it is on disk")
+        raise RequestFailed(f"save {path.name} first: the measurement runs the file as it is on disk")
     config = _project(ls, args.uri)
     report = _before_report(args.uri, config.root)
     if report is None:
-        raise JsonRpcInternalError(
+        raise RequestFailed(
             f"no estimate or profile of {path.name} to compare with: "
             "run oom-lsp.estimate or oom-lsp.profile first"
         )
@@ -615,8 +615,21 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
         if before.kind == "profile" and Path(before.data.script or "").name not in ("", path.name):
             raise MeasurementError(f"{report} is a profile of {before.data.script}, not of {path.name}")
     except MeasurementError as error:
-        raise JsonRpcInternalError(str(error)) from None
+        raise RequestFailed(str(error)) from None
     cancel = threading.Event()
+    ls.job_cancels.add(cancel)
+    try:
+        return await _validate(ls, path, config, before, cancel)
+    finally:
+        ls.job_cancels.discard(cancel)
+
+
+async def _validate(
+    ls: OomLanguageServer, path: Path, config: ProjectConfig, before: Any, cancel: threading.Event
+) -> dict[str, Any]:
+    from oom_lsp.llm import fixlog
+    from oom_lsp.llm.validation import MeasurementError, figures, measure_again
+
     async with _work_done(ls, f"oom-lsp: measuring {path.name} again") as progress:
         progress.report(f"re-running the {before.kind}")
         work = asyncio.ensure_future(
@@ -641,14 +654,14 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
         if not work.done():
             cancel.set()
             await asyncio.gather(work, return_exceptions=True)
-            raise JsonRpcInternalError("cancelled: nothing was measured")
+            raise JsonRpcRequestCancelled("cancelled: nothing was measured")
         try:
             after = work.result()
         except MeasurementError as error:
-            raise JsonRpcInternalError(str(error)) from None
+            raise RequestFailed(str(error)) from None
     change = figures(before, after)
     if change is None:
-        raise JsonRpcInternalError(
+        raise RequestFailed(
             f"the new {after.kind} ended with status `{after.status}` before a peak was known"
         )
     try:

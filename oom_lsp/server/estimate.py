@@ -32,6 +32,7 @@ from oom_lsp.output import rule_url
 from oom_lsp.server import code_actions
 from oom_lsp.server.diagnostics import SOURCE
 from oom_lsp.server.positions import PositionConverter, split_lines
+from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.profiling import (
     FileResult,
     Job,
@@ -185,7 +186,7 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     try:
         prediction = await job.run(work)
     except EstimateError as error:
-        raise RuntimeError(f"the estimate failed: {error}") from None
+        raise RequestFailed(f"the estimate failed: {error}") from None
     folder = results_folder(ls, script, "estimate")
     folder.mkdir(parents=True, exist_ok=True)
     report_path = folder / f"{script.stem}.json"
