@@ -376,6 +376,37 @@ def test_an_unreadable_folder_is_reported_and_the_rest_is_checked(
     ]
 
 
+def test_a_file_over_max_file_size_is_reported_and_the_others_checked(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(project / "pyproject.toml", '[tool.oom-lsp]\nmax-file-size = "4KiB"\n')
+    write(project / "big.py", RISKY + "x = 1\n" * 2000)
+    write(project / "small.py", RISKY)
+    code, out, err = run(capsys, "--check", *SELECT, "--no-cache", ".")
+    assert code == 1
+    assert (
+        "error: big.py: not checked: 11.8 KiB is over max-file-size (4 KiB); raise max-file-size in "
+        "[tool.oom-lsp] (or the editor's oomLsp.maxFileSize) to check it\n"
+    ) in err
+    assert out.startswith("small.py:2:9: OOM501")
+    feed_stdin(monkeypatch, (RISKY + "x = 1\n" * 2000).encode())
+    code, _, err = run(capsys, "--check", *SELECT, "--stdin-filename", "big.py", "-")
+    assert code == 1 and "not checked: 11.8 KiB is over max-file-size" in err
+
+
+def test_tokenizer_errors_are_placed_where_python_places_them(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(project / "open_string.py", 'import torch\nx = 1\ns = "abc\ny = 2\n')
+    write(project / "dedent.py", "import torch\nif x:\n        a = 1\n    b = 2\n")
+    code, out, _ = run(capsys, "--check", *SELECT, "--no-cache", ".")
+    assert code == 1
+    assert out.splitlines()[:2] == [
+        "dedent.py:4:10: OOM000 SyntaxError: unindent does not match any outer indentation level",
+        "open_string.py:3:5: OOM000 SyntaxError: unterminated string literal (detected at line 3)",
+    ]
+
+
 def test_a_crash_on_one_file_is_reported_and_the_others_are_checked(
     project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
