@@ -641,13 +641,13 @@ def test_console_script_entry_point(project: Path) -> None:
     assert version.stdout.startswith("oom-lsp ")
 
 
-def test_check_imports_neither_pygls_lsprotocol_nor_torch(project: Path) -> None:
+def test_check_imports_neither_pygls_lsprotocol_torch_nor_detect_secrets(project: Path) -> None:
     write(project / "risky.py", RISKY)
     probe = (
         "import sys\n"
         "from oom_lsp.cli import main\n"
         "code = main(['--check', '--no-cache', '--format', 'json', 'risky.py'])\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pygls', 'lsprotocol', 'torch'))\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pygls', 'lsprotocol', 'torch', 'detect_secrets'))\n"
         "print('HEAVY', heavy, code, file=sys.stderr)\n"
     )
     done = subprocess.run(

@@ -135,7 +135,7 @@ def test_settings_not_ready() -> None:
 def test_command_module_is_light() -> None:
     code = (
         "import sys, oom_lsp.cli as cli; cli.build_parser(); "
-        "print(sorted(m for m in ('openai', 'pydantic', 'torch', 'libcst', 'httpx2') if m in sys.modules))"
+        "print(sorted(m for m in ('openai', 'pydantic', 'torch', 'libcst', 'httpx2', 'detect_secrets') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
