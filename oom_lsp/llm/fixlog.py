@@ -42,19 +42,20 @@ class FixLogError(ValueError):
     """The fix log may not be written there; the message says why and what to set."""
 
 
-def checked_log_path(path: Path, root: Path | None) -> Path:
+def checked_log_path(path: Path, root: Path | None, name: str | None = None) -> Path:
     """`path` if a fix log may be written there: a Markdown file, inside `root` (when
     given: after resolving `..` and symbolic links), that is not there yet or already
-    starts like a fix log. Raises FixLogError."""
+    starts like a fix log. Raises FixLogError; `name` is the setting as written."""
+    name = name or str(path)
     resolved = Path(os.path.realpath(path))
     if resolved.suffix.lower() not in LOG_SUFFIXES:
-        raise FixLogError(f"the fix log must be a Markdown file (.md), not {path}; set fix-log to e.g. OOM_FIXES.md")
+        raise FixLogError(f"the fix log must be a Markdown file (.md), not {name}; set fix-log to e.g. OOM_FIXES.md")
     if root is not None:
         real_root = Path(os.path.realpath(root))
         if real_root != resolved and real_root not in resolved.parents:
-            raise FixLogError(f"the fix log {path} is outside the project {root}; set fix-log to a path inside it")
+            raise FixLogError(f"the fix log {name} is outside the project {root}; set fix-log to a path inside it")
     if resolved.exists() and not _is_fix_log(resolved):
-        raise FixLogError(f"{path} exists and is not an oom-lsp fix log; choose another fix-log file")
+        raise FixLogError(f"{name} exists and is not an oom-lsp fix log; choose another fix-log file")
     return path
 
 

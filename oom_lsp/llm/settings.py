@@ -152,7 +152,7 @@ class LlmSettings:
         from oom_lsp.llm.fixlog import checked_log_path
 
         path = Path(self.fix_log).expanduser()
-        return checked_log_path(path if path.is_absolute() else root / path, root)
+        return checked_log_path(path if path.is_absolute() else root / path, root, self.fix_log)
 
 
 def resolve_settings(
