@@ -337,7 +337,7 @@ def too_large(size: int, limit: int) -> str | None:
         return None
     return (
         f"not checked: {format_size(size)} is over max-file-size ({format_size(limit)}); "
-        "raise max-file-size in [tool.oom-lsp] (or the editor's oomLsp.maxFileSize) to check it"
+        "raise max-file-size in [tool.oom-lsp] to check it"
     )
 
 

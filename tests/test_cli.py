@@ -386,7 +386,7 @@ def test_a_file_over_max_file_size_is_reported_and_the_others_checked(
     assert code == 1
     assert (
         "error: big.py: not checked: 11.8 KiB is over max-file-size (4 KiB); raise max-file-size in "
-        "[tool.oom-lsp] (or the editor's oomLsp.maxFileSize) to check it\n"
+        "[tool.oom-lsp] to check it\n"
     ) in err
     assert out.startswith("small.py:2:9: OOM501")
     feed_stdin(monkeypatch, (RISKY + "x = 1\n" * 2000).encode())

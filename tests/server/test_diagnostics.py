@@ -269,7 +269,7 @@ async def test_a_document_over_max_file_size_is_reported_not_analysed(client: La
     assert diagnostic.code is None and diagnostic.severity == types.DiagnosticSeverity.Warning
     assert diagnostic.message == (
         "oom-lsp not checked: 11.8 KiB is over max-file-size (4 KiB); raise max-file-size in "
-        "[tool.oom-lsp] (or the editor's oomLsp.maxFileSize) to check it"
+        "[tool.oom-lsp] to check it"
     )
 
 
