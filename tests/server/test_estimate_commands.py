@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import pytest_lsp
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
 from oom_lsp.config import ConfigError, parse_config_table
@@ -130,6 +131,18 @@ async def test_estimate_over_the_gpu(client: LanguageClient):
     assert [str(d.code) for d in after if d.code in ("OOM100", "OOM101")] == []
     assert not await hints(client, uri)
     assert client.statuses[-1] == {"uri": uri, "peakBytes": None, "source": "estimate"}
+
+
+@in_module_loop
+async def test_a_failed_estimate_is_request_failed_without_the_servers_traceback(client: LanguageClient):
+    script = client.root / "crashes.py"
+    script.write_text((Path(__file__).resolve().parents[2] / "fixtures" / "estimate" / "crashes.py").read_text())
+    params = types.ExecuteCommandParams(command="oom-lsp.estimate", arguments=[{"uri": script.as_uri(), "device": "cpu"}])
+    with pytest.raises(JsonRpcException) as raised:
+        await asyncio.wait_for(client.protocol.send_request_async(types.WORKSPACE_EXECUTE_COMMAND, params), TIMEOUT_S)
+    assert raised.value.code == -32803  # RequestFailed, not InternalError
+    assert raised.value.message.startswith("the estimate failed: ")
+    assert "Traceback" not in raised.value.message and raised.value.data is None
 
 
 @in_module_loop
