@@ -100,9 +100,11 @@ def serve_stdio(server: Any, stdin: BinaryIO | None = None, stdout: BinaryIO | N
                     data = read(CHUNK_BYTES)
                 except (OSError, ValueError):  # closed under us
                     data = b""
+                put = chunks.put(data)
                 try:
-                    asyncio.run_coroutine_threadsafe(chunks.put(data), loop).result()
+                    asyncio.run_coroutine_threadsafe(put, loop).result()
                 except (RuntimeError, concurrent.futures.CancelledError):  # the server is exiting
+                    put.close()  # never scheduled: no "never awaited" warning on stderr
                     return
                 if not data:
                     return
