@@ -482,7 +482,7 @@ def run_job(job: Job) -> JobResult:
     files are still checked (as Ruff reports a panic)."""
     try:
         return _run_job(job)
-    except Exception:  # noqa: BLE001 - reported in full, never swallowed
+    except Exception:
         return JobResult(job.index, [], internal_error=traceback.format_exc())
 
 

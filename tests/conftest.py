@@ -31,7 +31,9 @@ def write_user_config(home: Path, *, llm: dict[str, Any] | None = None, trusted:
 
 
 @pytest.fixture
-def user_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> UserConfigWriter:
+def user_config(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> UserConfigWriter:
     """A writer of the user's own config file, in a config home of this test alone."""
     home = tmp_path_factory.mktemp("config-home")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from oom_lsp import checker, cli
+from oom_lsp import cli
 from oom_lsp.analysis import engine
 
 RISKY = 'import torch\nstate = torch.load("x.pt")\n'

@@ -38,7 +38,13 @@ _TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 # detect-secrets plugins that are no key formats: IP addresses, and a private key's
 # first line (the block rule below takes all of it); entropy rules would hide hashes.
 _SKIPPED_PLUGINS = frozenset(
-    {"IPPublicDetector", "PrivateKeyDetector", "Base64HighEntropyString", "HexHighEntropyString", "KeywordDetector"}
+    {
+        "IPPublicDetector",
+        "PrivateKeyDetector",
+        "Base64HighEntropyString",
+        "HexHighEntropyString",
+        "KeywordDetector",
+    }
 )
 _PEM_BLOCK = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.DOTALL)
 _OWN_FORMATS = (
@@ -63,7 +69,9 @@ _NAMED_VALUES = (
         re.IGNORECASE,
     ),
     # os.getenv("WANDB_API_KEY", "value"), os.environ.get(...), environ.setdefault(...)
-    re.compile(r"(?:getenv|environ\.get|environ\.setdefault)\(\s*['\"](?P<name>[^'\"]+)['\"]\s*,\s*" + _VALUE),
+    re.compile(
+        r"(?:getenv|environ\.get|environ\.setdefault)\(\s*['\"](?P<name>[^'\"]+)['\"]\s*,\s*" + _VALUE
+    ),
     # add_argument("--hf-token", ..., default="value")
     re.compile(r"add_argument\(\s*['\"](?P<name>[^'\"]+)['\"][^()]{0,300}?\bdefault\s*=\s*" + _VALUE),
     # a comment: "# HF token: hf-abc...", "# the password is hunter22"
@@ -106,7 +114,11 @@ def redact(text: str, secrets: dict[str, str] | None = None) -> Redaction:
         else:
             merged.append((start, end))
     # Numbered in reading order, replaced from the end so that the spans stay valid.
-    names = [(start, end, placeholder_for(text[start:end])) for start, end in merged if not PLACEHOLDER_RE.fullmatch(text[start:end])]
+    names = [
+        (start, end, placeholder_for(text[start:end]))
+        for start, end in merged
+        if not PLACEHOLDER_RE.fullmatch(text[start:end])
+    ]
     for start, end, name in reversed(names):
         text = text[:start] + name + text[end:]
     return Redaction(text, mapping)

@@ -402,7 +402,7 @@ def _ask(request: Any, config: Any, out: Path, log: Callable[[str], None]) -> No
         # A fresh event loop in its own thread: the guard may be inside the user's running loop.
         try:
             outcome.append(asyncio.run(propose_fix(request, settings)))
-        except Exception:  # noqa: BLE001 - reported below; the OOM must still propagate
+        except Exception:
             outcome.append(FixError("server", traceback.format_exc()))
 
     worker = threading.Thread(target=converse, name="oom-lsp-ask", daemon=True)

@@ -39,8 +39,8 @@ from oom_lsp.analysis import Finding
 from oom_lsp.config import ProjectConfig
 from oom_lsp.server import code_actions, diagnostics
 from oom_lsp.server.positions import PositionConverter
-from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.profiling import interpreter, latest_report, results_folder
+from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 
 logger = logging.getLogger(__name__)

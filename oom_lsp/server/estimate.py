@@ -32,7 +32,6 @@ from oom_lsp.output import rule_url
 from oom_lsp.server import code_actions
 from oom_lsp.server.diagnostics import SOURCE
 from oom_lsp.server.positions import PositionConverter, split_lines
-from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.profiling import (
     FileResult,
     Job,
@@ -45,6 +44,7 @@ from oom_lsp.server.profiling import (
     send_memory_status,
     store_result,
 )
+from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 
 ESTIMATE_COMMAND = "oom-lsp.estimate"

@@ -162,7 +162,12 @@ class MessageFramer:
         if prefix is not None:
             value, end = prefix
             return self._consume(
-                end, [Frame(value, problem=f"Content-Length {declared} was longer than the message ({end} bytes)")]
+                end,
+                [
+                    Frame(
+                        value, problem=f"Content-Length {declared} was longer than the message ({end} bytes)"
+                    )
+                ],
             )
         # Too short: the message goes on past the declared length.
         whole = _leading_value(bytes(self._buffer))
@@ -170,7 +175,11 @@ class MessageFramer:
             value, end = whole
             return self._consume(
                 end,
-                [Frame(value, problem=f"Content-Length {declared} was shorter than the message ({end} bytes)")],
+                [
+                    Frame(
+                        value, problem=f"Content-Length {declared} was shorter than the message ({end} bytes)"
+                    )
+                ],
             )
         if not final and len(self._buffer) == declared:
             return []  # the rest of the message may still be on its way

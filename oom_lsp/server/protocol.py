@@ -83,7 +83,9 @@ class OomProtocol(LanguageServerProtocol):
         """One JSON value read from the client."""
         if isinstance(value, list):
             # The LSP has no batches; answer each request in it, so no client waits.
-            ids = [item.get("id") for item in value if isinstance(item, dict) and _is_valid_id(item.get("id"))]
+            ids = [
+                item.get("id") for item in value if isinstance(item, dict) and _is_valid_id(item.get("id"))
+            ]
             for msg_id in ids or [None]:
                 self._send_error(msg_id, INVALID_REQUEST, "Invalid Request: batches are not supported")
             return
@@ -101,7 +103,9 @@ class OomProtocol(LanguageServerProtocol):
                 self._reject(value, answerable, 'Invalid Request: "method" must be a string')
                 return
             if "id" in value and not answerable:
-                self._send_error(None, INVALID_REQUEST, 'Invalid Request: "id" must be a string or an integer')
+                self._send_error(
+                    None, INVALID_REQUEST, 'Invalid Request: "id" must be a string or an integer'
+                )
                 return
         elif not answerable or not ("result" in value or "error" in value):
             self._reject(value, False, "Invalid Request: neither a request, a notification nor a response")
@@ -136,7 +140,11 @@ class OomProtocol(LanguageServerProtocol):
             if "method" in data:
                 kind = self.get_message_type(data["method"])
                 # A method no type is known for (answered MethodNotFound): params are optional.
-                return self._converter.structure(data, kind) if kind else self._generic(data, JsonRPCRequestMessage)
+                return (
+                    self._converter.structure(data, kind)
+                    if kind
+                    else self._generic(data, JsonRPCRequestMessage)
+                )
             kind = self._result_types.pop(data["id"], None) or JsonRPCResponseMessage
             return self._converter.structure(data, kind)
         kind = self.get_message_type(data.get("method", ""))
@@ -158,21 +166,28 @@ class OomProtocol(LanguageServerProtocol):
         elif "method" in value or not answerable:
             self._send_error(None, INVALID_REQUEST, message)
 
-    def _send_response(self, msg_id: Any, result: Any = None, error: types.ResponseError | None = None) -> None:
+    def _send_response(
+        self, msg_id: Any, result: Any = None, error: types.ResponseError | None = None
+    ) -> None:
         """pygls' response, but a result that cannot be encoded becomes an InternalError
         answer: pygls logs the failure and sends nothing, and the client waits forever."""
         if error is None:
             try:
                 json.dumps(result, default=self._serialize_message)
-            except Exception as failure:  # noqa: BLE001 - logged in full, and answered
+            except Exception as failure:
                 logger.exception("The answer to request %r cannot be encoded", msg_id)
-                result, error = None, types.ResponseError(
-                    code=INTERNAL_ERROR, message=f"the server could not encode its answer: {failure}"
+                result, error = (
+                    None,
+                    types.ResponseError(
+                        code=INTERNAL_ERROR, message=f"the server could not encode its answer: {failure}"
+                    ),
                 )
         super()._send_response(msg_id, result, error)
 
     def _send_error(self, msg_id: Any, code: int, message: str) -> None:
-        logger.warning("Answering %s: %s", f"request {msg_id!r}" if msg_id is not None else "a message", message)
+        logger.warning(
+            "Answering %s: %s", f"request {msg_id!r}" if msg_id is not None else "a message", message
+        )
         self._send_response(msg_id, error=types.ResponseError(code=code, message=message))
 
     # --- LSP methods --------------------------------------------------------------
@@ -203,7 +218,7 @@ class OomProtocol(LanguageServerProtocol):
         given = params if params.arguments is not None else attrs.evolve(params, arguments=[])
         try:
             args, kwargs = _prepare_command_arguments(handler, given, self._converter)
-        except Exception as error:  # noqa: BLE001 - whatever the arguments broke is the caller's to fix
+        except Exception as error:
             raise JsonRpcInvalidParams(f"{params.command}: {_reason(error)}") from None
         return (yield handler, args, kwargs)
 
@@ -258,5 +273,7 @@ def make_converter() -> cattrs.Converter:
 
         return structure
 
-    converter.register_structure_hook_factory(lambda kind: typing.get_origin(kind) in _SEQUENCES, sequence_hook)
+    converter.register_structure_hook_factory(
+        lambda kind: typing.get_origin(kind) in _SEQUENCES, sequence_hook
+    )
     return converter

@@ -57,7 +57,7 @@ def _dispatch(protocol: Any, frame: Frame) -> None:
             protocol.receive_unreadable(frame.unreadable)
         elif frame.value is not None:
             protocol.receive(frame.value)
-    except Exception:  # noqa: BLE001 - logged in full; one message must not end the server
+    except Exception:
         logger.exception("Handling a message failed")
 
 

@@ -14,6 +14,7 @@ import pytest
 from oom_lsp import cli
 from oom_lsp.llm import fixlog
 from oom_lsp.profiling.report import read_report
+from tests.conftest import UserConfigWriter
 from tests.llm.conftest import (
     AMBIGUOUS_ANSWER,
     BROKEN_ANSWER,
@@ -24,7 +25,6 @@ from tests.llm.conftest import (
     TARGET_LINE,
     TRAIN,
 )
-from tests.conftest import UserConfigWriter
 from tests.llm.fake_server import FakeModelServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
+from oom_lsp.config import ProjectConfig, UserConfig
 from oom_lsp.llm.context import code_region, detect_code_facts, probe_environment
 from oom_lsp.llm.edits import Region
-from oom_lsp.config import ProjectConfig, UserConfig
 from oom_lsp.llm.fixlog import FixLogError
 from oom_lsp.llm.settings import LOCAL_PLACEHOLDER_KEY, LlmSettings, NotReady, resolve_settings
 

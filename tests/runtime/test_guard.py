@@ -18,8 +18,8 @@ import torch
 from oom_lsp.profiling.report import read_report
 from oom_lsp.runtime import oom_guard
 from oom_lsp.runtime.reports import latest_oom_diagnostic
-from tests.llm.conftest import GOOD_ANSWER
 from tests.conftest import UserConfigWriter
+from tests.llm.conftest import GOOD_ANSWER
 from tests.llm.fake_server import FakeModelServer
 
 MESSAGE = (

@@ -26,11 +26,13 @@ def frame(message: Message | bytes) -> bytes:
 
 
 class StdioServer:
-    def __init__(self, root: Path, env: dict[str, str] | None = None, settings: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, root: Path, env: dict[str, str] | None = None, settings: dict[str, Any] | None = None
+    ) -> None:
         self.root = root
         self.settings = settings or {}
         self.stderr_path = root / "server.stderr"
-        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in close()
+        self._stderr = open(self.stderr_path, "wb")
         self.process = subprocess.Popen(
             SERVER_COMMAND,
             stdin=subprocess.PIPE,
@@ -102,7 +104,9 @@ class StdioServer:
                 message = self._inbox.get(timeout=remaining)
             except queue.Empty:
                 continue
-            assert message is not None, f"the server closed its output: {self.stderr_path.read_text()[-2000:]}"
+            assert message is not None, (
+                f"the server closed its output: {self.stderr_path.read_text()[-2000:]}"
+            )
             self.received.append(message)
             if "method" in message and "id" in message:
                 self._answer(message)
@@ -136,7 +140,9 @@ class StdioServer:
             rootUri=self.root.as_uri(),
             rootPath=str(self.root),
             workspaceFolders=[{"uri": self.root.as_uri(), "name": self.root.name}],
-            initializationOptions=initialization_options if initialization_options is not None else {"settings": self.settings},
+            initializationOptions=initialization_options
+            if initialization_options is not None
+            else {"settings": self.settings},
         )
         answer = self.call("initialize", params)
         self.notify("initialized", {})
@@ -156,7 +162,8 @@ class StdioServer:
             answer = self.call("textDocument/diagnostic", {"textDocument": {"uri": uri}}, timeout)
             return answer["result"]["items"]
         pushed = self.wait_for(
-            lambda m: m.get("method") == "textDocument/publishDiagnostics" and m["params"]["uri"] == uri, timeout
+            lambda m: m.get("method") == "textDocument/publishDiagnostics" and m["params"]["uri"] == uri,
+            timeout,
         )
         return pushed["params"]["diagnostics"]
 

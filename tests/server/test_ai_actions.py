@@ -73,7 +73,7 @@ async def client(
     # lsprotocol reads any code action with a `command` as a Command; clients tell
     # them apart by the type of `command` (a string in a Command), as this does.
     lsp_client.protocol._converter.register_structure_hook(
-        Union[types.Command, types.CodeAction],  # noqa: UP007 (the key lsprotocol registers its hook under)
+        Union[types.Command, types.CodeAction],
         lambda value, _: lsp_client.protocol._converter.structure(
             value, types.Command if isinstance(value.get("command"), str) else types.CodeAction
         ),

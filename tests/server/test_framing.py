@@ -16,7 +16,9 @@ def message(number: int) -> dict:
     return {"jsonrpc": "2.0", "id": number, "method": "textDocument/hover", "params": {"n": "é" * number}}
 
 
-def framed(value: dict, length_change: int = 0, header: bytes = b"Content-Length", newline: bytes = b"\r\n") -> bytes:
+def framed(
+    value: dict, length_change: int = 0, header: bytes = b"Content-Length", newline: bytes = b"\r\n"
+) -> bytes:
     body = json.dumps(value, ensure_ascii=False).encode()
     return header + b": %d" % (len(body) + length_change) + newline + newline + body
 
@@ -33,7 +35,11 @@ def test_well_formed_messages_in_any_chunks():
     stream = b"".join(framed(message(n)) for n in range(5))
     for size in (1, 7, 64, len(stream)):
         framer = MessageFramer()
-        frames = [frame for start in range(0, len(stream), size) for frame in framer.feed(stream[start : start + size])]
+        frames = [
+            frame
+            for start in range(0, len(stream), size)
+            for frame in framer.feed(stream[start : start + size])
+        ]
         assert values(frames) == [message(n) for n in range(5)] and problems(frames) == []
 
 
@@ -92,7 +98,9 @@ def test_a_body_that_is_not_json_is_unreadable_and_the_next_is_read():
 
 
 def test_headers_without_a_valid_length_skip_their_body():
-    frames = MessageFramer().feed(b"Content-Length: -4\r\n\r\n{}" + b"Content-Length: x\r\n\r\n{}" + framed(message(1)))
+    frames = MessageFramer().feed(
+        b"Content-Length: -4\r\n\r\n{}" + b"Content-Length: x\r\n\r\n{}" + framed(message(1))
+    )
     assert values(frames) == [message(1)]
     assert any("invalid Content-Length" in problem for problem in problems(frames))
 
@@ -122,7 +130,9 @@ def damaged_streams(draw: st.DrawFn) -> tuple[bytes, list[dict], int]:
         if damage == "length":
             damaged += framed(message(number), draw(st.integers(-20, 20)))
         elif damage == "header":
-            damaged += framed(message(number), header=draw(st.sampled_from([b"CONTENT-LENGTH", b"Content-Lenght", b""])))
+            damaged += framed(
+                message(number), header=draw(st.sampled_from([b"CONTENT-LENGTH", b"Content-Lenght", b""]))
+            )
         elif damage == "garbage":
             damaged += draw(st.binary(max_size=40)) + framed(message(number))
         elif damage == "truncate":

@@ -14,7 +14,13 @@ import pytest
 from tests.server.stdio_client import StdioServer, frame
 
 LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n'
-PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
+    -32700,
+    -32600,
+    -32601,
+    -32602,
+    -32603,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +60,9 @@ FRAMING = {
     "a Content-Length too long": lambda m: b"Content-Length: %d\r\n\r\n" % (len(body(m)) + 25) + body(m),
     "a lower-case header": lambda m: b"content-length: %d\r\n\r\n" % len(body(m)) + body(m),
     "LF-only header lines": lambda m: b"Content-Length: %d\n\n" % len(body(m)) + body(m),
-    "a Content-Type first": lambda m: b"Content-Type: application/vscode-jsonrpc; charset=utf-8\r\n" + frame(m),
+    "a Content-Type first": lambda m: (
+        b"Content-Type: application/vscode-jsonrpc; charset=utf-8\r\n" + frame(m)
+    ),
     "garbage before it": lambda m: b"\x00\xffnot a header\r\n}{\r\n" + frame(m),
 }
 
@@ -92,14 +100,22 @@ def error_of(server: StdioServer, raw: bytes, msg_id: object) -> dict:
     ("raw", "msg_id", "code"),
     [
         (b"{not json", None, PARSE_ERROR),
-        (b'{"jsonrpc": "2.0", "id": 7001, "method": "textDocument/hover", "params": ' + b"[" * 5000, None, PARSE_ERROR),
+        (
+            b'{"jsonrpc": "2.0", "id": 7001, "method": "textDocument/hover", "params": ' + b"[" * 5000,
+            None,
+            PARSE_ERROR,
+        ),
         (b"[]", None, INVALID_REQUEST),
         (b"5", None, INVALID_REQUEST),
         (b'{"id": 7002, "method": "textDocument/hover", "params": {}}', 7002, INVALID_REQUEST),
         (b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "textDocument/hover"}', None, INVALID_REQUEST),
         (b'{"jsonrpc": "2.0", "id": 7003, "method": 5}', 7003, INVALID_REQUEST),
         (b'{"jsonrpc": "2.0", "id": 7004, "method": "no/such/method"}', 7004, METHOD_NOT_FOUND),
-        (b'{"jsonrpc": "2.0", "id": 7005, "method": "textDocument/hover", "params": "x"}', 7005, INVALID_PARAMS),
+        (
+            b'{"jsonrpc": "2.0", "id": 7005, "method": "textDocument/hover", "params": "x"}',
+            7005,
+            INVALID_PARAMS,
+        ),
     ],
 )
 def test_malformed_messages_are_answered(server: StdioServer, raw: bytes, msg_id: object, code: int):
@@ -121,18 +137,27 @@ def position_params(server: StdioServer, line: int, character: int) -> dict:
     ("method", "params", "where"),
     [
         ("textDocument/hover", "position", "negative line"),
-        ("textDocument/hover", {"textDocument": {"uri": "file:///x.py"}, "position": {"line": "0", "character": 0}}, "line"),
+        (
+            "textDocument/hover",
+            {"textDocument": {"uri": "file:///x.py"}, "position": {"line": "0", "character": 0}},
+            "line",
+        ),
         ("textDocument/codeAction", "no context", "context"),
         ("textDocument/hover", {"textDocument": {"uri": 5}, "position": {"line": 0, "character": 0}}, "uri"),
         ("textDocument/inlayHint", {"textDocument": {}}, "range"),
         ("codeAction/resolve", {"title": 5}, "title"),
     ],
 )
-def test_params_that_do_not_fit_the_schema_are_invalid_params(server: StdioServer, method: str, params: object, where: str):
+def test_params_that_do_not_fit_the_schema_are_invalid_params(
+    server: StdioServer, method: str, params: object, where: str
+):
     if params == "position":
         params = position_params(server, -1, 0)
     elif params == "no context":
-        params = {"textDocument": {"uri": server.uri}, "range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 1}}}
+        params = {
+            "textDocument": {"uri": server.uri},
+            "range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 1}},
+        }
     answer = server.call(method, params)
     assert answer["error"]["code"] == INVALID_PARAMS, answer
     assert_still_answers(server, 2)
@@ -159,7 +184,16 @@ def test_a_string_is_not_an_argument_list(server: StdioServer):
 
 COMMANDS = {
     "oom-lsp.profile": ["steps", "args", "python", "device", "timeout"],
-    "oom-lsp.estimate": ["batchSize", "gpu", "gpuMemory", "device", "args", "python", "findMaxBatch", "timeout"],
+    "oom-lsp.estimate": [
+        "batchSize",
+        "gpu",
+        "gpuMemory",
+        "device",
+        "args",
+        "python",
+        "findMaxBatch",
+        "timeout",
+    ],
     "oom-lsp.explainOom": ["text", "path"],
     "oom-lsp.askAi": ["line", "code"],
     "oom-lsp.validateFix": [],
@@ -187,7 +221,9 @@ def test_wrong_typed_command_arguments_never_give_an_internal_error(server: Stdi
     assert_still_answers(server, 2)
 
 
-def test_an_answer_of_the_client_that_does_not_fit_does_not_hang_the_request(server: StdioServer, tmp_path: Path):
+def test_an_answer_of_the_client_that_does_not_fit_does_not_hang_the_request(
+    server: StdioServer, tmp_path: Path
+):
     report = tmp_path / "report.json"
     report.write_text("{}")
     server.answers["window/showDocument"] = {"success": "maybe"}
@@ -205,7 +241,9 @@ def test_requests_after_shutdown_are_invalid_and_exit_without_shutdown_is_1(tmp_
     try:
         late.initialize()
         assert late.call("shutdown")["result"] is None
-        assert late.call("textDocument/hover", position_params(late, 0, 0))["error"]["code"] == INVALID_REQUEST
+        assert (
+            late.call("textDocument/hover", position_params(late, 0, 0))["error"]["code"] == INVALID_REQUEST
+        )
         late.notify("exit")
         assert late.exit_code() == 0
     finally:
