@@ -16,6 +16,8 @@ the process pool and fixing. The CLI's engine room; no output formatting.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import hashlib
 import io
 import json
@@ -24,10 +26,11 @@ import os
 import re
 import tokenize
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import oom_lsp
 from oom_lsp.analysis import registry
@@ -216,7 +219,7 @@ def discover_files(
             if force_exclude and _force_excluded(absolute, config):
                 continue
             ignores = _ancestor_ignores(absolute) if config.respect_gitignore else []
-            for file in _walk(absolute, resolver, ignores):
+            for file in _walk(absolute, resolver, ignores, missing):
                 found.setdefault(str(file), file)
         elif absolute.is_file():
             if force_exclude and _force_excluded(absolute, resolver.resolve(absolute)):
@@ -227,7 +230,11 @@ def discover_files(
     return sorted(found.values()), missing
 
 
-def _walk(folder: Path, resolver: ConfigResolver, ignores: list[GitIgnore]) -> Iterator[Path]:
+def _walk(
+    folder: Path, resolver: ConfigResolver, ignores: list[GitIgnore], unreadable: list[FileResult]
+) -> Iterator[Path]:
+    """The Python files below `folder`; a folder that cannot be listed is added to
+    `unreadable` (reported like an unreadable file) and the walk goes on."""
     config = resolver.resolve_folder(folder)
     if config.respect_gitignore:
         own = GitIgnore.load(folder / ".gitignore")
@@ -235,7 +242,9 @@ def _walk(folder: Path, resolver: ConfigResolver, ignores: list[GitIgnore]) -> I
             ignores = [*ignores, own]
     try:
         entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
-    except OSError:
+    except OSError as error:
+        reason = error.strerror or str(error)
+        unreadable.append(FileResult(folder, display_path(folder), error=f"cannot list the folder: {reason}"))
         return
     for entry in entries:
         path = Path(entry.path)
@@ -251,7 +260,7 @@ def _walk(folder: Path, resolver: ConfigResolver, ignores: list[GitIgnore]) -> I
         if config.respect_gitignore and ignores and _is_ignored(ignores, path, is_dir):
             continue
         if is_dir:
-            yield from _walk(path, resolver, ignores)
+            yield from _walk(path, resolver, ignores, unreadable)
         else:
             yield path
 
@@ -313,6 +322,61 @@ def undecodable_finding(problem: tuple[int, int, str], settings: LintSettings) -
             statement_line=line,
         )
     ]
+
+
+def format_size(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{size} bytes"
+
+
+def too_large(size: int, limit: int) -> str | None:
+    """Why a file of `size` bytes is not analysed, or None when it is not over `limit`."""
+    if size <= limit:
+        return None
+    return (
+        f"not checked: {format_size(size)} is over max-file-size ({format_size(limit)}); "
+        "raise max-file-size in [tool.oom-lsp] to check it"
+    )
+
+
+def analyze_text(
+    source: str, settings: LintSettings, path: str, parse: Callable[[str], Any] | None = None
+) -> list[Finding]:
+    """The analysis (oom_lsp.analysis.engine.analyze) as the CLI and the editor both run
+    it, with what Python itself says about text it cannot compile: a NUL byte is OOM000
+    at its position (libcst parses it; Python refuses the file), and a tokenizer error,
+    which libcst places at 1:1, is moved to where Python finds it, with Python's words."""
+    from oom_lsp.analysis.engine import analyze
+
+    nul = source.find("\x00")
+    if nul != -1:
+        line = source.count("\n", 0, nul) + 1
+        column = nul - (source.rfind("\n", 0, nul) + 1)
+        return undecodable_finding((line, column, "source code cannot contain null bytes"), settings)
+    findings = analyze(source, settings, path, parse) if parse is not None else analyze(source, settings, path)
+    return [_located(finding, source, path) for finding in findings]
+
+
+def _located(finding: Finding, source: str, path: str) -> Finding:
+    if finding.code != registry.INVALID_SYNTAX.code or "tokenizer error" not in finding.message:
+        return finding
+    try:
+        compile(source, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as error:
+        if not error.lineno:
+            return finding
+        start = Position(error.lineno, max((error.offset or 1) - 1, 0))
+        return dataclasses.replace(
+            finding,
+            message=f"SyntaxError: {error.msg}",
+            range=Range(start, Position(start.line, start.column + 1)),
+            statement_line=start.line,
+        )
+    except ValueError:  # nothing Python itself would say more precisely
+        return finding
+    return finding
 
 
 # --- Cache --------------------------------------------------------------------------------------
@@ -418,16 +482,15 @@ def run_job(job: Job) -> JobResult:
     files are still checked (as Ruff reports a panic)."""
     try:
         return _run_job(job)
-    except Exception:  # noqa: BLE001 - reported in full, never swallowed
+    except Exception:
         return JobResult(job.index, [], internal_error=traceback.format_exc())
 
 
 def _run_job(job: Job) -> JobResult:
     # Imported here: a run answered from the cache never needs libcst.
     from oom_lsp.analysis.autofix import fix_source
-    from oom_lsp.analysis.engine import analyze
 
-    findings = analyze(job.source, job.settings, job.path)
+    findings = analyze_text(job.source, job.settings, job.path)
     if not job.fix or not has_applicable_fix(findings, job.unsafe_fixes):
         return JobResult(job.index, findings)
     fixed = fix_source(job.source, job.settings, unsafe=job.unsafe_fixes, path=job.path)
@@ -513,12 +576,17 @@ def check_files(
     for file in files:
         result = FileResult(file, display_path(file))
         results.append(result)
+        config = resolver.resolve(file)
         try:
-            raw = file.read_bytes()
+            # Measured before reading: a 100 MB file is not read at all.
+            oversize = too_large(file.stat().st_size, config.max_file_size)
+            raw = b"" if oversize else file.read_bytes()
         except OSError as error:
             result.error = error.strerror or str(error)
             continue
-        config = resolver.resolve(file)
+        if oversize is not None:
+            result.error = oversize
+            continue
         settings = config.settings_for(file)
         decoded = decode_source(raw)
         if decoded.problem is not None:
@@ -600,6 +668,10 @@ def check_source(
     result = FileResult(path, display)
     config = resolver.resolve(path)
     settings = config.settings_for(path)
+    oversize = too_large(len(raw), config.max_file_size)
+    if oversize is not None:
+        result.error = oversize
+        return result
     decoded = decode_source(raw)
     if decoded.problem is not None:
         result.findings = undecodable_finding(decoded.problem, settings)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import sys
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.findings import Severity
@@ -37,6 +39,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 TOOL_TABLE = "oom-lsp"
 DEFAULT_MAX_BATCH_SIZE = 32
+# Larger files are not analysed (reported instead): a 1 MiB file took 44 s and 700 MB of
+# memory, a 2 MiB one 88 s and 1.4 GB, on a loaded 2-core machine.
+DEFAULT_MAX_FILE_SIZE = 2**20
 
 # Folders never worth descending into, as Ruff's default `exclude`.
 DEFAULT_EXCLUDE: tuple[str, ...] = (
@@ -303,10 +308,12 @@ def _gpus_table(origin: str, key: str, value: object) -> dict[str, int]:
 
 LLM_KEYS = ["enabled", "base-url", "model", "api-key-env", "timeout", "response-format", "fix-log"]
 LLM_RESPONSE_FORMATS = ("text", "json_schema")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def _llm_table(origin: str, key: str, value: object) -> dict[str, Any]:
-    """Type-checked only: the LLM feature owns the meaning of each key."""
+    """Type-checked only: the LLM feature owns the meaning of each key (and
+    oom_lsp.llm.settings decides which source may set which)."""
     if not isinstance(value, dict):
         raise ConfigError(origin, key, f"expected a table, got {_type_name(value)}")
     table = _normalize_keys(value, origin, LLM_KEYS, prefix=f"{key}.")
@@ -315,15 +322,36 @@ def _llm_table(origin: str, key: str, value: object) -> dict[str, Any]:
         if name == "enabled":
             _bool(origin, entry_key, item)
         elif name == "timeout":
-            if isinstance(item, bool) or not isinstance(item, (int, float)) or item <= 0:
+            # nan passes `<= 0` and inf never times out: both would hang a request forever.
+            if (
+                isinstance(item, bool)
+                or not isinstance(item, (int, float))
+                or not math.isfinite(item)
+                or item <= 0
+            ):
                 raise ConfigError(origin, entry_key, f"expected a positive number of seconds, got {item!r}")
         elif not isinstance(item, str):
             raise ConfigError(origin, entry_key, f"expected a string, got {_type_name(item)}")
+        elif not item.strip():
+            raise ConfigError(origin, entry_key, "expected a value, got an empty string")
         elif name == "response-format" and item not in LLM_RESPONSE_FORMATS:
             raise ConfigError(
                 origin, entry_key, f"expected one of {', '.join(LLM_RESPONSE_FORMATS)}, got {item!r}"
             )
+        elif name == "base-url" and urlparse(item).scheme not in ("http", "https"):
+            raise ConfigError(
+                origin, entry_key, f"expected an http:// or https:// URL such as http://localhost:11434/v1, got {item!r}"
+            )
+        elif name == "api-key-env" and not _ENV_NAME_RE.match(item):
+            raise ConfigError(
+                origin, entry_key, f"expected the name of an environment variable (OPENAI_API_KEY), got {item!r}"
+            )
     return table
+
+
+def validate_llm_table(table: object, origin: str) -> dict[str, Any]:
+    """An `llm` table from editor settings (`oomLsp.llm`), kebab-case keys; raises ConfigError."""
+    return _llm_table(origin, "llm", table)
 
 
 _PARSERS: dict[str, Callable[[str, str, Any], Any]] = {
@@ -335,6 +363,7 @@ _PARSERS: dict[str, Callable[[str, str, Any], Any]] = {
     "extend-exclude": _string_list,
     "respect-gitignore": _bool,
     "max-batch-size": _positive_int,
+    "max-file-size": _memory,
     "severity": _severity_table,
     "gpu-memory": _memory,
     "gpus": _gpus_table,
@@ -389,6 +418,7 @@ class ProjectConfig:
     extend_exclude: tuple[str, ...] = ()
     respect_gitignore: bool = True
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE  # bytes; larger files are reported, not analysed
     severity: dict[str, Severity] = field(default_factory=dict)
     gpu_memory: int | None = None
     gpus: dict[str, int] = field(default_factory=dict)  # name -> bytes, beside the built-in catalogue
@@ -495,10 +525,19 @@ def _read_toml(path: Path) -> dict[str, Any]:
             _display(path), None, f"not valid UTF-8 ({error.reason} at byte {error.start})"
         ) from None
     try:
-        return tomllib.loads(text)
+        return _parse_toml(text)
     except tomllib.TOMLDecodeError as error:
         # tomllib's message ends with "(at line L, column C)".
         raise ConfigError(_display(path), None, f"invalid TOML: {error}") from None
+
+
+def _parse_toml(text: str) -> dict[str, Any]:
+    """tomllib's parse; its recursive descent overflows the stack on arrays or
+    inline tables nested ~1,000 deep, which no configuration needs."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise tomllib.TOMLDecodeError("arrays or inline tables nested too deeply") from None
 
 
 def _tool_table(document: dict[str, Any]) -> Any:
@@ -539,7 +578,7 @@ def _has_tool_table(pyproject: Path) -> bool:
     # A broken pyproject that mentions the tool is the user's config: let
     # load_config report it rather than silently skipping to a parent.
     try:
-        document = tomllib.loads(raw.decode("utf-8", errors="replace"))
+        document = _parse_toml(raw.decode("utf-8", errors="replace"))
     except tomllib.TOMLDecodeError:
         return True
     return _tool_table(document) is not None
@@ -552,9 +591,19 @@ def find_pyproject(start: Path) -> Path | None:
     folder = start if start.is_dir() else start.parent
     for candidate_dir in (folder, *folder.parents):
         candidate = candidate_dir / "pyproject.toml"
-        if candidate.is_file() and _has_tool_table(candidate):
+        if _is_file(candidate) and _has_tool_table(candidate):
             return candidate
     return None
+
+
+def _is_file(path: Path) -> bool:
+    """`Path.is_file`, False for a file in a folder that cannot be searched
+    (pathlib raises PermissionError there): such a folder cannot hold the
+    configuration of the files below it either, since they cannot be read."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 class ConfigResolver:
@@ -619,7 +668,7 @@ class ConfigResolver:
                 break
             passed.append(current)
             candidate = current / "pyproject.toml"
-            if candidate.is_file() and _has_tool_table(candidate):
+            if _is_file(candidate) and _has_tool_table(candidate):
                 config = self._config_at(candidate)
                 break
             if current.parent == current:
@@ -662,3 +711,64 @@ class ConfigResolver:
         if overrides.is_empty():
             return config
         return dataclasses.replace(config, overrides=overrides)
+
+
+# --- The user's own configuration ------------------------------------------------
+
+USER_CONFIG_KEYS = ["llm", "trusted-projects"]
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    """`~/.config/oom-lsp/config.toml`: what only the user decides, whatever
+    project is open (docs/ai-fixes.md#security). `llm` has the keys of
+    `[tool.oom-lsp.llm]`; `trusted_projects` are the folders whose own
+    pyproject.toml may set them too."""
+
+    path: Path | None = None
+    llm: dict[str, Any] = field(default_factory=dict)
+    trusted_projects: tuple[Path, ...] = ()
+
+    def trusts(self, project_root: Path) -> bool:
+        """Whether the configuration file in `project_root` is the user's.
+        Only the listed folder itself: a repository cloned below a trusted one
+        brings its own pyproject.toml, which is not the user's."""
+        root = Path(os.path.realpath(project_root))
+        return any(Path(os.path.realpath(trusted)) == root for trusted in self.trusted_projects)
+
+
+def user_config_path(environ: dict[str, str] | None = None) -> Path:
+    """`$XDG_CONFIG_HOME/oom-lsp/config.toml` (default `~/.config`), or
+    `%APPDATA%\\oom-lsp\\config.toml` on Windows."""
+    environ = dict(os.environ) if environ is None else environ
+    if sys.platform == "win32" and environ.get("APPDATA"):
+        return Path(environ["APPDATA"]) / TOOL_TABLE / "config.toml"
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / TOOL_TABLE / "config.toml"
+
+
+def parse_user_config(table: dict[str, Any], origin: str, path: Path | None = None) -> UserConfig:
+    normalized = _normalize_keys(table, origin, USER_CONFIG_KEYS)
+    llm = _llm_table(origin, "llm", normalized.get("llm", {}))
+    folders = _string_list(origin, "trusted-projects", normalized.get("trusted-projects", []))
+    return UserConfig(path, llm, tuple(Path(os.path.expanduser(folder)) for folder in folders))
+
+
+_user_config_cache: dict[Path, tuple[tuple[int, int], UserConfig]] = {}
+
+
+def load_user_config(path: Path | None = None) -> UserConfig:
+    """The user's configuration (empty when the file does not exist); raises
+    ConfigError for a broken one. Re-read when the file changes."""
+    path = path or user_config_path()
+    try:
+        stat = path.stat()
+    except OSError:
+        return UserConfig()
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    cached = _user_config_cache.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    config = parse_user_config(_read_toml(path), _display(path), path)
+    _user_config_cache[path] = (stamp, config)
+    return config

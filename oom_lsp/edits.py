@@ -19,7 +19,18 @@ if TYPE_CHECKING:
     # Only for annotations: the CLI answers cached files without importing libcst.
     import libcst as cst
 
-_NEWLINE_RE = re.compile(r"\r\n?|\n")
+# What ends a line for Python's tokenizer, libcst and the LSP. `str.splitlines` also
+# breaks at \v, \f, \x1c-\x1e, \x85, U+2028 and U+2029: text split with it numbers its
+# lines differently from the editor once one of those precedes an edit.
+NEWLINE_RE = re.compile(r"\r\n?|\n")
+_LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def split_lines(text: str, keepends: bool = False) -> list[str]:
+    """`text.splitlines(keepends)`, but with only `\\n`, `\\r\\n` and `\\r` ending a line:
+    the one line splitting for every path from text to line numbers and ranges."""
+    lines = _LINE_RE.findall(text)
+    return lines if keepends else [line.rstrip("\r\n") for line in lines]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -132,7 +143,7 @@ class OverlappingEdits(ValueError):
 def line_starts(source: str) -> list[int]:
     """Offsets at which each line (1-based index - 1) starts."""
     starts = [0]
-    starts.extend(match.end() for match in _NEWLINE_RE.finditer(source))
+    starts.extend(match.end() for match in NEWLINE_RE.finditer(source))
     return starts
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from oom_lsp import checker, cli
+from oom_lsp import cli
 from oom_lsp.analysis import engine
 
 # A checkpoint of a CUDA model restored without map_location (OOM501).
@@ -345,6 +345,70 @@ def test_unreadable_and_missing_files_are_reported_and_the_run_goes_on(
     assert (code, out) == (1, "No findings, but 1 file could not be checked.\n")
 
 
+def test_an_unreadable_folder_is_reported_and_the_rest_is_checked(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder without read and search permission, as the kernel treats one for a
+    user who is not root (root, who runs this suite, ignores the mode bits)."""
+    write(project / "a_ok" / "risky.py", RISKY)
+    locked = project / "b_locked"
+    write(locked / "hidden.py", RISKY)
+    write(project / "c_ok" / "risky.py", RISKY)
+    real_scandir, real_stat = os.scandir, Path.stat
+
+    def scandir(path: object = ".") -> object:
+        if Path(os.fspath(path)).absolute() == locked.absolute():
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    def stat(path: Path, *args: object, **kwargs: object) -> os.stat_result:
+        if locked.absolute() in path.absolute().parents:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(Path, "stat", stat)
+    code, out, err = run(capsys, "--check", *SELECT, "--no-cache", ".")
+    assert code == 1
+    assert "error: b_locked: cannot list the folder: Permission denied\n" in err
+    assert "Traceback" not in err
+    assert [line.split(":")[0] for line in out.splitlines() if "OOM501" in line] == [
+        os.path.join("a_ok", "risky.py"),
+        os.path.join("c_ok", "risky.py"),
+    ]
+
+
+def test_a_file_over_max_file_size_is_reported_and_the_others_checked(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(project / "pyproject.toml", '[tool.oom-lsp]\nmax-file-size = "4KiB"\n')
+    write(project / "big.py", RISKY + "x = 1\n" * 2000)
+    write(project / "small.py", RISKY)
+    code, out, err = run(capsys, "--check", *SELECT, "--no-cache", ".")
+    assert code == 1
+    assert (
+        "error: big.py: not checked: 11.8 KiB is over max-file-size (4 KiB); raise max-file-size in "
+        "[tool.oom-lsp] to check it\n"
+    ) in err
+    assert out.startswith("small.py:2:9: OOM501")
+    feed_stdin(monkeypatch, (RISKY + "x = 1\n" * 2000).encode())
+    code, _, err = run(capsys, "--check", *SELECT, "--stdin-filename", "big.py", "-")
+    assert code == 1 and "not checked: 11.8 KiB is over max-file-size" in err
+
+
+def test_tokenizer_errors_are_placed_where_python_places_them(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(project / "open_string.py", 'import torch\nx = 1\ns = "abc\ny = 2\n')
+    write(project / "dedent.py", "import torch\nif x:\n        a = 1\n    b = 2\n")
+    code, out, _ = run(capsys, "--check", *SELECT, "--no-cache", ".")
+    assert code == 1
+    assert out.splitlines()[:2] == [
+        "dedent.py:4:10: OOM000 SyntaxError: unindent does not match any outer indentation level",
+        "open_string.py:3:5: OOM000 SyntaxError: unterminated string literal (detected at line 3)",
+    ]
+
+
 def test_a_crash_on_one_file_is_reported_and_the_others_are_checked(
     project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -579,13 +643,13 @@ def test_console_script_entry_point(project: Path) -> None:
     assert version.stdout.startswith("oom-lsp ")
 
 
-def test_check_imports_neither_pygls_lsprotocol_nor_torch(project: Path) -> None:
+def test_check_imports_neither_pygls_lsprotocol_torch_nor_detect_secrets(project: Path) -> None:
     write(project / "risky.py", RISKY)
     probe = (
         "import sys\n"
         "from oom_lsp.cli import main\n"
         "code = main(['--check', '--no-cache', '--format', 'json', 'risky.py'])\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pygls', 'lsprotocol', 'torch'))\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pygls', 'lsprotocol', 'torch', 'detect_secrets'))\n"
         "print('HEAVY', heavy, code, file=sys.stderr)\n"
     )
     done = subprocess.run(

@@ -11,10 +11,13 @@ from oom_lsp.config import (
     ConfigError,
     ConfigResolver,
     GlobPattern,
+    UserConfig,
     find_pyproject,
     load_config,
+    load_user_config,
     parse_config_table,
     parse_memory_size,
+    user_config_path,
 )
 
 ORIGIN = "pyproject.toml: [tool.oom-lsp]"
@@ -162,6 +165,12 @@ def test_unknown_code() -> None:
         ({"llm": {"timeout": "10"}}, "llm.timeout: expected a positive number of seconds"),
         ({"llm": {"response-format": "xml"}}, "llm.response-format: expected one of text, json_schema"),
         ({"llm": "on"}, "llm: expected a table, got a string"),
+        ({"llm": {"timeout": float("nan")}}, "llm.timeout: expected a positive number of seconds, got nan"),
+        ({"llm": {"timeout": float("inf")}}, "llm.timeout: expected a positive number of seconds, got inf"),
+        ({"llm": {"model": " "}}, "llm.model: expected a value, got an empty string"),
+        ({"llm": {"base-url": "localhost:11434"}}, "llm.base-url: expected an http:// or https:// URL"),
+        ({"llm": {"base-url": "file:///etc/passwd"}}, "llm.base-url: expected an http:// or https:// URL"),
+        ({"llm": {"api-key-env": "$HOME"}}, "llm.api-key-env: expected the name of an environment variable"),
     ],
 )
 def test_wrong_types_name_the_key(table: dict, expected: str | None) -> None:
@@ -398,3 +407,28 @@ def test_resolver_errors_name_their_origin() -> None:
         ConfigResolver(overrides={"select": ["OOM999"]})
     with pytest.raises(ConfigError, match=r"^editor settings maxBatchSiz: unknown key; did you mean"):
         ConfigResolver(defaults={"maxBatchSiz": 3})
+
+
+@pytest.mark.parametrize("nested", ["[" * 2000 + "]" * 2000, "{a = " * 2000 + "1" + "}" * 2000])
+def test_a_deeply_nested_value_is_a_config_error(tmp_path: Path, nested: str) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(f"[tool.oom-lsp]\nselect = {nested}\n")
+    with pytest.raises(ConfigError, match="invalid TOML: arrays or inline tables nested too deeply"):
+        ConfigResolver().resolve(tmp_path / "train.py")
+
+
+def test_the_user_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "oom-lsp" / "config.toml"
+    assert user_config_path({"XDG_CONFIG_HOME": str(tmp_path)}) == path
+    assert load_user_config(path) == UserConfig()  # no file: nothing configured
+    path.parent.mkdir()
+    path.write_text('trusted-projects = ["~/src/mine"]\n[llm]\nenabled = true\nbaseUrl = "http://localhost:1/v1"\n')
+    config = load_user_config(path)
+    assert config.llm == {"enabled": True, "base-url": "http://localhost:1/v1"}
+    assert config.trusted_projects == (Path.home() / "src" / "mine",)
+    path.write_text("[llm]\nmodle = 'x'\n")
+    with pytest.raises(ConfigError, match="llm.modle: unknown key; did you mean 'model'"):
+        load_user_config(path)
+    path.write_text("trust = []\n")
+    with pytest.raises(ConfigError, match="trust: unknown key; known keys: llm, trusted-projects"):
+        load_user_config(path)

@@ -1655,6 +1655,17 @@ def _top(counter: dict, limit: int = 8) -> list[list]:
     return [[name, size] for name, size in items[:limit]]
 
 
+def _arm_watchdog() -> None:
+    """oom_lsp/profiling/watchdog.py, loaded by path like this file: the run ends itself if
+    its parent dies or its deadline passes."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiling", "watchdog.py")
+    spec = importlib.util.spec_from_file_location("oom_lsp_watchdog", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.arm_from_environment()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -1664,6 +1675,7 @@ def main() -> int:
         "--progress-fd", type=int, default=None, help="write progress here, one JSON line per event"
     )
     options = parser.parse_args()
+    _arm_watchdog()
     with open(options.request, encoding="utf-8") as handle:
         request = json.load(handle)
     global _progress

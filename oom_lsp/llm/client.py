@@ -23,6 +23,9 @@ from oom_lsp.llm.settings import LlmSettings
 
 TextProgress = Callable[[int], None]  # characters received so far
 PROGRESS_EVERY = 200  # characters between two progress reports of a streamed answer
+# Far above max_output_tokens (1,500 tokens are ~6,000 characters): a server that sends more
+# ignores the limit, and its answer is refused rather than kept in memory and in the fix log.
+MAX_ANSWER_CHARS = 100_000
 
 
 class ModelError(Exception):
@@ -94,37 +97,84 @@ class ChatClient:
                 return await self._parse(messages)
             if stream:
                 return await self._stream(messages, on_text)
-            response = await self._client.chat.completions.create(**self._arguments(messages))
+            response = await self._create(messages)
         except openai.APIError as error:
             raise self._model_error(error, json_schema) from None
-        choice = response.choices[0]
-        usage = response.usage
+        text, finish_reason = self._choice(getattr(response, "choices", None), "message")
+        usage = getattr(response, "usage", None)
         completion = Completion(
-            choice.message.content or "",
-            choice.finish_reason,
-            usage.prompt_tokens if usage else None,
-            usage.completion_tokens if usage else None,
+            text,
+            finish_reason,
+            _count(getattr(usage, "prompt_tokens", None)),
+            _count(getattr(usage, "completion_tokens", None)),
         )
         _check_finish(completion)
         return completion
+
+    async def _create(self, messages: list[dict[str, str]]) -> Any:
+        try:
+            return await self._client.chat.completions.create(**self._arguments(messages))
+        except ValueError as error:  # a 200 whose body is not JSON
+            raise self._unusable(f"its body is not JSON ({error})") from None
+
+    def _unusable(self, why: str) -> ModelError:
+        return ModelError("server", f"the server at {self.settings.host} gave an unusable answer: {why}")
+
+    def _choice(self, choices: Any, field: str) -> tuple[str, str | None]:
+        """The text and finish reason of the first choice; the SDK builds its objects from
+        the JSON without validating it, so an OpenAI-compatible server that is not has to
+        be caught here: no choices, a choice without a message, content that is no string."""
+        if not isinstance(choices, list) or not choices:
+            raise self._unusable("no choices in it")
+        message = getattr(choices[0], field, None)
+        content = getattr(message, "content", None) if message is not None else None
+        if content is not None and not isinstance(content, str):
+            raise self._unusable(f"the {field} content is {type(content).__name__}, not text")
+        finish_reason = getattr(choices[0], "finish_reason", None)
+        if message is None and finish_reason is None:
+            raise self._unusable(f"the first choice has no {field}")
+        if len(content or "") > MAX_ANSWER_CHARS:
+            raise self._too_long()
+        return content or "", finish_reason if isinstance(finish_reason, str) else None
+
+    def _too_long(self) -> ModelError:
+        return ModelError(
+            "too-long",
+            f"the answer from {self.settings.host} is longer than {MAX_ANSWER_CHARS:,} characters "
+            f"(it ignored the {self.settings.max_output_tokens}-token limit); nothing was changed",
+        )
 
     async def _stream(self, messages: list[dict[str, str]], on_text: TextProgress | None) -> Completion:
         pieces: list[str] = []
         received = reported = 0
         finish_reason = None
-        stream = await self._client.chat.completions.create(**self._arguments(messages), stream=True)
-        async with stream:
-            async for chunk in stream:
-                if not chunk.choices:
-                    continue
-                choice = chunk.choices[0]
-                if choice.delta and choice.delta.content:
-                    pieces.append(choice.delta.content)
-                    received += len(choice.delta.content)
-                    if on_text and received - reported >= PROGRESS_EVERY:
-                        on_text(received)
-                        reported = received
-                finish_reason = choice.finish_reason or finish_reason
+        chunks = 0
+        try:
+            stream = await self._client.chat.completions.create(**self._arguments(messages), stream=True)
+            async with stream:
+                async for chunk in stream:
+                    chunks += 1
+                    choices = getattr(chunk, "choices", None)
+                    if not choices:
+                        continue
+                    text, reason = self._choice(choices, "delta")
+                    if text:
+                        pieces.append(text)
+                        received += len(text)
+                        if received > MAX_ANSWER_CHARS:
+                            raise self._too_long()
+                        if on_text and received - reported >= PROGRESS_EVERY:
+                            on_text(received)
+                            reported = received
+                    finish_reason = reason or finish_reason
+        except ValueError as error:  # an event whose data is not JSON
+            raise self._unusable(f"an event of the stream is not JSON ({error})") from None
+        if not pieces and finish_reason is None:
+            raise self._unusable(
+                "the event stream held no answer"
+                if chunks
+                else "no answer in it (an empty event stream, or none at all: is it an OpenAI-compatible server?)"
+            )
         completion = Completion("".join(pieces), finish_reason)
         _check_finish(completion)
         return completion
@@ -138,14 +188,16 @@ class ChatClient:
             raise ParseError("the answer was cut off (the output token limit): answer more briefly") from None
         except ValidationError as error:  # the SDK validates the JSON it receives with the model
             raise from_validation_error(error) from None
-        choice = response.choices[0]
-        usage = response.usage
+        choices = getattr(response, "choices", None)
+        text, finish_reason = self._choice(choices, "message")
+        parsed = getattr(choices[0].message, "parsed", None)
+        usage = getattr(response, "usage", None)
         return Completion(
-            choice.message.content or "",
-            choice.finish_reason,
-            usage.prompt_tokens if usage else None,
-            usage.completion_tokens if usage else None,
-            parsed=choice.message.parsed,
+            text,
+            finish_reason,
+            _count(getattr(usage, "prompt_tokens", None)),
+            _count(getattr(usage, "completion_tokens", None)),
+            parsed=parsed if isinstance(parsed, FixProposal) else None,
         )
 
     def _model_error(self, error: openai.APIError, json_schema: bool) -> Exception:
@@ -188,6 +240,10 @@ class ChatClient:
         return ModelError(
             "bad-request", f"the server at {host} rejected the request (HTTP {status}): {detail}"
         )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _detail(error: openai.APIStatusError) -> str:

@@ -133,12 +133,55 @@ def _read_text(path: Path, what: str) -> str:
         raise CommandError(f"{path}: {error.strerror or error}") from None
 
 
+def _read_script(path: Path) -> tuple[str, str]:
+    """The script's text as Python reads it (BOM and coding cookie honoured, line endings
+    kept as they are) and its encoding, to write it back the same way."""
+    from oom_lsp.checker import decode_source
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise CommandError(f"{path}: no such file") from None
+    except OSError as error:
+        raise CommandError(f"{path}: {error.strerror or error}") from None
+    decoded = decode_source(raw)
+    if decoded.text is None:
+        line, column, message = decoded.problem or (1, 0, "cannot be decoded")
+        raise CommandError(f"{path}:{line}:{column + 1}: {message}")
+    return decoded.text, decoded.encoding
+
+
 def _config(script: Path) -> Any:
     from oom_lsp.config import ConfigError, ConfigResolver
 
     try:
         return ConfigResolver().resolve(script)
     except ConfigError as error:
+        raise CommandError(str(error)) from None
+
+
+def _llm_settings(config: Any) -> Any:
+    """The LLM settings for the CLI: the user's config file under the project's table
+    (oom_lsp.llm.settings says which keys a project may set)."""
+    from oom_lsp.config import ConfigError
+    from oom_lsp.llm.settings import resolve_settings
+
+    try:
+        return resolve_settings(config)
+    except ConfigError as error:
+        raise CommandError(str(error)) from None
+
+
+def _fix_log(args: argparse.Namespace, settings: Any, config: Any) -> Path:
+    """`--fix-log` (the user's own choice: anywhere, but a Markdown fix log), else the
+    settings' `fix-log`, inside the project."""
+    from oom_lsp.llm.fixlog import FixLogError, checked_log_path
+
+    try:
+        if args.fix_log is not None:
+            return checked_log_path(args.fix_log, None)
+        return settings.fix_log_path(config.root)
+    except FixLogError as error:
         raise CommandError(str(error)) from None
 
 
@@ -166,7 +209,7 @@ def _build_request(args: argparse.Namespace, config: Any) -> Any:
     from oom_lsp.llm.prompt import FixRequest, PromptError
     from oom_lsp.profiling.oom_messages import find_ooms
 
-    text = _read_text(args.script, "the script")
+    text, _ = _read_script(args.script)
     oom = None
     if args.error is not None:
         ooms = find_ooms(_read_text(args.error, "the log"))
@@ -219,13 +262,12 @@ def _build_request(args: argparse.Namespace, config: Any) -> Any:
 
 def run_prompt(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from oom_lsp.llm.prompt import PromptError, build_prompt
-    from oom_lsp.llm.settings import LlmSettings
 
     out, err = out or sys.stdout, err or sys.stderr
     try:
         config = _config(args.script)
         request = _build_request(args, config)
-        prompt = build_prompt(request, LlmSettings.from_table(config.llm).response_format)
+        prompt = build_prompt(request, _llm_settings(config).response_format)
     except (CommandError, PromptError) as error:
         return _fail(str(error), err)
     out.write(prompt.markdown(include_system=args.system))
@@ -237,20 +279,23 @@ def run_prompt(args: argparse.Namespace, out: TextIO | None = None, err: TextIO 
 
 
 def run_fix(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from oom_lsp.llm.settings import LlmSettings, NotReady
+    from oom_lsp.llm.settings import NotReady
 
     out, err = out or sys.stdout, err or sys.stderr
     if not args.ai:
         return _fail("`fix` needs --ai (deterministic fixes: `oom-lsp check --fix`)", err)
     try:
         config = _config(args.script)
-        settings = LlmSettings.from_table(config.llm)
+        settings = _llm_settings(config)
         settings.check_ready()
         settings.api_key()
+        log = None if args.dry_run else _fix_log(args, settings, config)
     except NotReady as problem:
         return _fail(str(problem), err)
     except CommandError as error:
         return _fail(str(error), err)
+    for note in settings.notes():
+        err.write(f"oom-lsp: {note}\n")
     from oom_lsp.llm.fixer import FixError, propose_fix
     from oom_lsp.llm.prompt import PromptError
 
@@ -275,31 +320,40 @@ def run_fix(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
         return EXIT_NO_FIX
     out.write(result.edit.diff(str(args.script)))
     out.write(f"Changelog: {result.changelog}\n")
-    if args.dry_run:
+    if args.dry_run or log is None:
         out.write(f"--dry-run: {args.script} was not changed.\n")
         return EXIT_OK
-    return _apply(args, config, settings, result, out, err)
+    return _apply(args, config, settings, result, log, out, err)
 
 
 def _apply(
-    args: argparse.Namespace, config: Any, settings: Any, result: Any, out: TextIO, err: TextIO
+    args: argparse.Namespace, config: Any, settings: Any, result: Any, log: Path, out: TextIO, err: TextIO
 ) -> int:
     from oom_lsp.llm import fixlog
 
     try:
-        current = _read_text(args.script, "the script")
+        current, encoding = _read_script(args.script)
     except CommandError as error:
         return _fail(str(error), err)
     if current != result.request.text:
         return _fail(
             f"{args.script} changed while the model was answering; nothing was written: run again", err
         )
-    with open(args.script, "w", encoding="utf-8", newline="") as stream:  # keep the file's own line endings
-        stream.write(result.edit.new_text)
-    log = args.fix_log or settings.fix_log_path(config.root)
+    # The same encoding (a BOM stays) and, in the text, the file's own line endings.
+    args.script.write_bytes(result.edit.new_text.encode(encoding))
     display = _display(args.script, config.root)
-    fixlog.append_entry(log, fixlog.entry_from_proposal(result, display, settings.host))
-    out.write(f"Applied to {args.script}; logged in {log}.\n")
+    try:
+        fixlog.append_entry(
+            log,
+            fixlog.entry_from_proposal(result, display, settings.host),
+            None if args.fix_log is not None else config.root,
+        )
+    except (fixlog.FixLogError, OSError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        out.write(f"Applied to {args.script}.\n")
+        err.write(f"oom-lsp: warning: the fix log {log} could not be written: {reason}\n")
+    else:
+        out.write(f"Applied to {args.script}; logged in {log}.\n")
     out.write(f"Measure it: oom-lsp validate {args.script} --before REPORT.json\n")
     return EXIT_OK
 
@@ -391,10 +445,9 @@ def _format(size: int | None) -> str:
 
 def _record(args: argparse.Namespace, figures: Any, out: TextIO) -> None:
     from oom_lsp.llm import fixlog
-    from oom_lsp.llm.settings import LlmSettings
 
     config = _config(args.script)
-    log = args.fix_log or LlmSettings.from_table(config.llm).fix_log_path(config.root)
+    log = _fix_log(args, _llm_settings(config), config)
     entry = fixlog.record_figures(log, _display(args.script, config.root), figures)
     if entry:
         out.write(f"recorded in {log} (entry {entry})\n")

@@ -11,7 +11,9 @@ No fuzzy matching: an edit the user did not see verbatim is never applied.
 
 The result is expressed as minimal line edits (difflib opcodes between the old and the
 new lines), so an editor's preview shows the real change, in the positions of
-oom_lsp.analysis.findings (1-based lines, 0-based columns in code points).
+oom_lsp.analysis.findings (1-based lines, 0-based columns in code points). Lines are
+those of `oom_lsp.edits.split_lines`, the editor's: a form feed or U+2028 inside a line
+does not end it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import difflib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from oom_lsp.edits import Position, Range, TextEdit
+from oom_lsp.edits import Position, Range, TextEdit, split_lines
 from oom_lsp.llm.secrets import PLACEHOLDER_RE, restore
 
 MAX_BLOCKS = 5
@@ -90,7 +92,7 @@ def apply_blocks(
         raise EditRefused("the answer contains no SEARCH/REPLACE block")
     if len(blocks) > MAX_BLOCKS:
         raise EditRefused(f"too many edits ({len(blocks)}); propose at most {MAX_BLOCKS}")
-    lines = text.splitlines(keepends=True)
+    lines = split_lines(text, keepends=True)
     newline = _newline_of(text)
     matches = []
     for number, block in enumerate(blocks, 1):
@@ -130,7 +132,7 @@ def _newline_of(text: str) -> str:
 
 
 def _split(block_text: str) -> list[str]:
-    lines = block_text.splitlines()
+    lines = split_lines(block_text)
     # A block's own first/last blank line is framing, not content.
     while lines and not lines[0].strip():
         lines.pop(0)
@@ -267,8 +269,8 @@ def _closest_lines(region_lines: list[str], wanted: list[str]) -> str:
 
 def line_edits(old: str, new: str) -> tuple[TextEdit, ...]:
     """Minimal whole-line edits turning `old` into `new`, in positions of `old`."""
-    old_lines = old.splitlines(keepends=True)
-    new_lines = new.splitlines(keepends=True)
+    old_lines = split_lines(old, keepends=True)
+    new_lines = split_lines(new, keepends=True)
     matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
     edits = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -290,8 +292,8 @@ def _line_start(lines: list[str], index: int) -> Position:
 def unified_diff(old: str, new: str, path: str) -> str:
     return "".join(
         difflib.unified_diff(
-            old.splitlines(keepends=True),
-            new.splitlines(keepends=True),
+            split_lines(old, keepends=True),
+            split_lines(new, keepends=True),
             fromfile=f"a/{path}",
             tofile=f"b/{path}",
         )

@@ -16,6 +16,7 @@ from typing import Any
 from oom_lsp.llm.edits import EditRefused, EditResult, Region, apply_blocks
 from oom_lsp.llm.prompt import FixRequest, Prompt, PromptError, build_prompt
 from oom_lsp.llm.response import FixProposal, ParseError, parse_answer
+from oom_lsp.llm.secrets import redact
 from oom_lsp.llm.settings import LlmSettings, NotReady
 
 Progress = Callable[[str], None]
@@ -202,7 +203,8 @@ async def _converse(
                     messages = [
                         *messages,
                         {"role": "assistant", "content": answer},
-                        {"role": "user", "content": _retry_note(refusal.feedback())},
+                        # The closest lines come from the file itself: redacted like the prompt.
+                        {"role": "user", "content": _retry_note(redact(refusal.feedback(), prompt.secrets).text)},
                     ]
                     continue
                 problem = f"could not apply the proposed change: {refusal.reason}"

@@ -24,6 +24,7 @@ import libcst as cst
 from oom_lsp.analysis.engine import analyze
 from oom_lsp.analysis.findings import Finding
 from oom_lsp.analysis.settings import LintSettings
+from oom_lsp.edits import split_lines
 from oom_lsp.llm.context import CodeFacts, EnvironmentFacts, code_region, detect_code_facts
 from oom_lsp.llm.edits import MAX_BLOCKS, Region
 from oom_lsp.llm.secrets import redact
@@ -207,7 +208,7 @@ def build_prompt(request: FixRequest, response_format: str = "text", budget: int
             f"{request.path} does not parse (line {error.raw_line}): fix the syntax first"
         ) from None
     line = request.target_line()
-    total_lines = len(request.text.splitlines()) or 1
+    total_lines = len(split_lines(request.text)) or 1
     if not 1 <= line <= total_lines:
         raise PromptError(f"line {line} is outside {request.path} ({total_lines} lines)")
     located = code_region(module, line)
@@ -490,7 +491,7 @@ def _solutions(
     line: int,
     limits: _Limits,
 ) -> str:
-    lines = request.text.splitlines()
+    lines = split_lines(request.text)
     shown_imports = [number for number in import_lines if number < region.start_line]
     code: list[str] = [lines[number - 1] for number in shown_imports]
     if shown_imports and shown_imports[-1] + 1 < region.start_line:

@@ -30,6 +30,7 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from oom_lsp.edits import split_lines
 from oom_lsp.llm.edits import MAX_BLOCKS, SearchReplace
 
 MAX_CAUSES = 3
@@ -162,7 +163,7 @@ def _sections(answer: str) -> dict[str, str]:
 
 
 def _unfence(text: str) -> str:
-    lines = [line for line in text.splitlines(keepends=True) if not _FENCE.match(line)]
+    lines = [line for line in split_lines(text, keepends=True) if not _FENCE.match(line)]
     return "".join(lines)
 
 

@@ -48,6 +48,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from oom_lsp.profiling import watchdog
 from oom_lsp.profiling.keepalive import KeepCodeAlive
 from oom_lsp.profiling.oom_messages import Frame, from_exception, is_user_file
 from oom_lsp.profiling.report import DeviceInfo, LineUsage, ModuleUsage, OomFailure, Report, StepStats
@@ -467,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("script", type=Path)
     parser.add_argument("script_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    watchdog.arm_from_environment()
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
     progress = Progress(args.progress_fd)
     # torch warns at import when NumPy is not installed; that is the environment, not the script.

@@ -11,6 +11,9 @@ Every process group started here is kept in a registry until it is gone, so that
 handler of SIGINT/SIGTERM/SIGHUP (oom_lsp.cli) kills them all whatever its main thread was
 doing: `kill_live_groups()`. A signal that arrives while a group is being started is held
 until the group is in the registry (`spawning()`, `deliver_held_signal()`).
+
+The child watches its parent and its own deadline (oom_lsp.profiling.watchdog), so a parent that
+is killed itself leaves nothing running either.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from oom_lsp.profiling import watchdog
 from oom_lsp.profiling.report import DeviceInfo, Report, ReportError, read_report
 
 NO_TORCH_EXIT = 3  # the harness's exit code when `import torch` fails
@@ -114,6 +118,7 @@ class ProfileRun:
         self._tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._events: list[dict[str, Any]] = []
         self._threads: list[threading.Thread] = []
+        self._parent_fd: int | None = None  # the write end of the child's watchdog pipe
 
     def command(self, progress_fd: int) -> list[str]:
         request = self.request
@@ -140,25 +145,30 @@ class ProfileRun:
         request.out.mkdir(parents=True, exist_ok=True)
         (request.out / "report.json").unlink(missing_ok=True)  # a stale report must not pass for this run's
         read_end, write_end = os.pipe()
+        # Held open by this process only: its end of file tells the child its parent is gone.
+        watch_read, self._parent_fd = os.pipe()
+        env = {**self.environment(), **watchdog.child_environment(watch_read, request.timeout)}
         _spawning.active = True
         try:
             self._process = subprocess.Popen(
                 self.command(write_end),
                 cwd=request.cwd,
-                env=self.environment(),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                pass_fds=(write_end,),
+                pass_fds=(write_end, watch_read),
                 start_new_session=True,
             )
             _live_groups.add(self._process.pid)
         except OSError as exc:
             os.close(read_end)
+            self._close_parent_fd()
             raise ProfileError(f"cannot run {request.python}: {exc.strerror or exc}") from exc
         finally:
             _spawning.active = False
             os.close(write_end)
+            os.close(watch_read)
         deliver_held_signal()
         self._threads = [
             threading.Thread(target=self._read_progress, args=(read_end,), daemon=True),
@@ -201,9 +211,15 @@ class ProfileRun:
             self._kill_group()
             process.wait()  # killed: no zombie left
             _live_groups.discard(process.pid)
+            self._close_parent_fd()
         for thread in self._threads:
             thread.join(timeout=5)
         return self._report(outcome, process.returncode)
+
+    def _close_parent_fd(self) -> None:
+        if self._parent_fd is not None:
+            os.close(self._parent_fd)
+            self._parent_fd = None
 
     def _kill_group(self) -> None:
         assert self._process is not None

@@ -383,13 +383,18 @@ def _write_report(report: Report, tensors: list[dict[str, Any]], path: Path) -> 
 
 def _ask(request: Any, config: Any, out: Path, log: Callable[[str], None]) -> None:
     """Ask the configured model for a diagnosis; write answer.md. Never edits code, never raises."""
+    from oom_lsp.config import ConfigError, ProjectConfig
     from oom_lsp.llm.fixer import FixError, propose_fix
-    from oom_lsp.llm.settings import LlmSettings
+    from oom_lsp.llm.settings import NotReady, resolve_settings
 
-    settings = LlmSettings.from_table(config.llm if config else {})
-    if not settings.enabled:
-        log("oom-lsp: ask=True, but AI fixes are not enabled in [tool.oom-lsp.llm]; nothing was sent")
+    try:
+        settings = resolve_settings(config or ProjectConfig(path=None, root=Path.cwd()))
+        settings.check_ready()
+    except (ConfigError, NotReady) as problem:
+        log(f"oom-lsp: ask=True, but {problem}")
         return
+    for note in settings.notes():
+        log(f"oom-lsp: {note}")
     log(f"oom-lsp: asking {settings.model} at {settings.host} for a diagnosis")
     outcome: list[Any] = []
 
@@ -397,7 +402,7 @@ def _ask(request: Any, config: Any, out: Path, log: Callable[[str], None]) -> No
         # A fresh event loop in its own thread: the guard may be inside the user's running loop.
         try:
             outcome.append(asyncio.run(propose_fix(request, settings)))
-        except Exception:  # noqa: BLE001 - reported below; the OOM must still propagate
+        except Exception:
             outcome.append(FixError("server", traceback.format_exc()))
 
     worker = threading.Thread(target=converse, name="oom-lsp-ask", daemon=True)

@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInternalError
+from pygls.exceptions import JsonRpcRequestCancelled
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
@@ -40,6 +40,7 @@ from oom_lsp.config import ProjectConfig
 from oom_lsp.server import code_actions, diagnostics
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.profiling import interpreter, latest_report, results_folder
+from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 
 logger = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ class _PendingLog:
     new_text: str
     proposal: Any  # oom_lsp.llm.fixer.Proposal
     log: Path
+    root: Path  # the project's: the log stays inside it
     display: str
     host: str
 
@@ -140,10 +142,31 @@ def _project(ls: OomLanguageServer, uri: str) -> ProjectConfig:
     return ls.lint_settings.project_config(_path_of(uri))
 
 
-def _llm_settings(config: ProjectConfig) -> Any:
-    from oom_lsp.llm.settings import LlmSettings
+_notes_shown: set[str] = set()
 
-    return LlmSettings.from_table(config.llm)
+
+def _llm_settings(ls: OomLanguageServer, config: ProjectConfig) -> Any:
+    """The user's settings (their config file, then the editor's `oomLsp.llm`) with what the
+    project's table may set (oom_lsp.llm.settings); a broken user config file is
+    reported and leaves AI fixes off."""
+    from oom_lsp.config import ConfigError
+    from oom_lsp.llm.settings import LlmSettings, resolve_settings
+
+    try:
+        settings = resolve_settings(config, editor=ls.editor.llm)
+    except ConfigError as error:
+        _note(ls, f"AI fixes are off: {error}")
+        return LlmSettings()
+    for note in settings.notes():
+        _note(ls, note)
+    return settings
+
+
+def _note(ls: OomLanguageServer, message: str) -> None:
+    # Once per session: the settings are resolved for every code-action request.
+    if message not in _notes_shown:
+        _notes_shown.add(message)
+        _show(ls, message)
 
 
 # --- listing ---------------------------------------------------------------------------------
@@ -189,7 +212,7 @@ async def list_actions(
         return []
     from oom_lsp.llm.settings import NotReady
 
-    settings = _llm_settings(_project(ls, document.uri))
+    settings = _llm_settings(ls, _project(ls, document.uri))
     try:
         settings.check_ready()
     except NotReady as problem:
@@ -329,7 +352,7 @@ async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -
     uri, version, text = document.uri, document.version, document.source
     path = _path_of(uri)
     config = _project(ls, uri)
-    settings = _llm_settings(config)
+    settings = _llm_settings(ls, config)
     async with _work_done(ls, f"oom-lsp: {_title(target)}") as progress:
         report = _read_report(target.report)
         if report is not None:
@@ -364,9 +387,13 @@ async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -
         return _Outcome("the document changed while the model was answering; nothing was changed: try again")
     edit = _workspace_edit(ls, uri, version, text, result, settings.host)
     display = _display(path, config.root) if path else uri
-    pending = _PendingLog(
-        uri, result.edit.new_text, result, settings.fix_log_path(config.root), display, settings.host
-    )
+    from oom_lsp.llm.fixlog import FixLogError
+
+    try:
+        log = settings.fix_log_path(config.root)
+    except FixLogError as error:
+        return _Outcome(f"no edit offered: {error}")
+    pending = _PendingLog(uri, result.edit.new_text, result, log, config.root, display, settings.host)
     return _Outcome(result.changelog, edit, pending)
 
 
@@ -419,10 +446,12 @@ def _write_log(pending: _PendingLog) -> str | None:
 
     try:
         fixlog.append_entry(
-            pending.log, fixlog.entry_from_proposal(pending.proposal, pending.display, pending.host)
+            pending.log,
+            fixlog.entry_from_proposal(pending.proposal, pending.display, pending.host),
+            pending.root,
         )
-    except OSError as error:
-        reason = error.strerror or str(error)
+    except (fixlog.FixLogError, OSError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         return f"the fix is applied, but the fix log {pending.log} could not be written: {reason}"
     return None
 
@@ -484,7 +513,7 @@ async def ask_ai(ls: OomLanguageServer, args: AskAiArgs) -> dict[str, Any]:
     document = ls.open_document(args.uri)
     if document is None:
         return _answer(ls, False, f"{args.uri} is not open in the editor")
-    settings = _llm_settings(_project(ls, document.uri))
+    settings = _llm_settings(ls, _project(ls, document.uri))
     try:
         settings.check_ready()
     except NotReady as problem:
@@ -567,25 +596,17 @@ def _unsaved(ls: OomLanguageServer, uri: str, path: Path) -> bool:
 
 
 async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str, Any]:
-    from oom_lsp.llm import fixlog
-    from oom_lsp.llm.validation import (
-        MeasurementError,
-        comparison_problems,
-        figures,
-        measure_again,
-        noise_tolerance,
-        read_measurement,
-    )
+    from oom_lsp.llm.validation import MeasurementError, read_measurement
 
     path = _path_of(args.uri)
     if path is None or not path.is_file():
-        raise JsonRpcInternalError(f"{args.uri}: not a file on disk")
+        raise RequestFailed(f"{args.uri}: not a file on disk")
     if _unsaved(ls, args.uri, path):
-        raise JsonRpcInternalError(f"save {path.name} first: the measurement runs the file as it is on disk")
+        raise RequestFailed(f"save {path.name} first: the measurement runs the file as it is on disk")
     config = _project(ls, args.uri)
     report = _before_report(args.uri, config.root)
     if report is None:
-        raise JsonRpcInternalError(
+        raise RequestFailed(
             f"no estimate or profile of {path.name} to compare with: "
             "run oom-lsp.estimate or oom-lsp.profile first"
         )
@@ -594,8 +615,27 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
         if before.kind == "profile" and Path(before.data.script or "").name not in ("", path.name):
             raise MeasurementError(f"{report} is a profile of {before.data.script}, not of {path.name}")
     except MeasurementError as error:
-        raise JsonRpcInternalError(str(error)) from None
+        raise RequestFailed(str(error)) from None
     cancel = threading.Event()
+    ls.job_cancels.add(cancel)
+    try:
+        return await _validate(ls, path, config, before, cancel)
+    finally:
+        ls.job_cancels.discard(cancel)
+
+
+async def _validate(
+    ls: OomLanguageServer, path: Path, config: ProjectConfig, before: Any, cancel: threading.Event
+) -> dict[str, Any]:
+    from oom_lsp.llm import fixlog
+    from oom_lsp.llm.validation import (
+        MeasurementError,
+        comparison_problems,
+        figures,
+        measure_again,
+        noise_tolerance,
+    )
+
     async with _work_done(ls, f"oom-lsp: measuring {path.name} again") as progress:
         progress.report(f"re-running the {before.kind}")
         work = asyncio.ensure_future(
@@ -620,22 +660,26 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
         if not work.done():
             cancel.set()
             await asyncio.gather(work, return_exceptions=True)
-            raise JsonRpcInternalError("cancelled: nothing was measured")
+            raise JsonRpcRequestCancelled("cancelled: nothing was measured")
         try:
             after = work.result()
         except MeasurementError as error:
-            raise JsonRpcInternalError(str(error)) from None
+            raise RequestFailed(str(error)) from None
     broken = [problem.message for problem in comparison_problems(before, after) if problem.refuse]
     if broken:
-        raise JsonRpcInternalError(f"not validated: {'; '.join(broken)}")
+        raise RequestFailed(f"not validated: {'; '.join(broken)}")
     change = figures(before, after)
     if change is None:
-        raise JsonRpcInternalError(
+        raise RequestFailed(
             f"the new {after.kind} ended with status `{after.status}` before a peak was known"
         )
     tolerance = noise_tolerance(before)
-    settings = _llm_settings(config)
-    fixlog.record_figures(settings.fix_log_path(config.root), _display(path, config.root), change)
+    try:
+        log = _llm_settings(ls, config).fix_log_path(config.root)
+    except fixlog.FixLogError as error:
+        _show(ls, f"the figures were not recorded: {error}")
+    else:
+        fixlog.record_figures(log, _display(path, config.root), change)
     _show(ls, f"{path.name}: {change.render()}", types.MessageType.Info)
     return {
         "before": change.before,

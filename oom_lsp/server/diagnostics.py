@@ -66,6 +66,16 @@ def to_diagnostic(finding: Finding, analysis: Analysis, converter: PositionConve
 
 
 def to_diagnostics(analysis: Analysis, encoding: str) -> list[types.Diagnostic]:
+    if analysis.skipped is not None:
+        return [
+            types.Diagnostic(
+                range=types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)),
+                severity=types.DiagnosticSeverity.Warning,
+                source=SOURCE,
+                message=f"oom-lsp {analysis.skipped}",
+                data={"kind": "skipped"},
+            )
+        ]
     if not analysis.findings:
         return []
     converter = analysis.converter(encoding)

@@ -50,6 +50,7 @@ from oom_lsp.server.profiling import (
     send_memory_status,
     store_result,
 )
+from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 
 ESTIMATE_COMMAND = "oom-lsp.estimate"
@@ -209,7 +210,7 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     try:
         prediction = await job.run(work)
     except EstimateError as error:
-        raise RuntimeError(f"the estimate failed: {error}") from None
+        raise RequestFailed(f"the estimate failed: {error}") from None
     folder = results_folder(ls, script, "estimate")
     folder.mkdir(parents=True, exist_ok=True)
     report_path = folder / f"{script.stem}.json"

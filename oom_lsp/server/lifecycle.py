@@ -1,4 +1,4 @@
-"""initialize / initialized, settings changes and config-file changes."""
+"""initialize / initialized / shutdown, settings changes and config-file changes."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ def watch_files(globs: list[str], listener: WatchListener) -> None:
 def register(server: OomLanguageServer) -> None:
     server.feature(types.INITIALIZE)(on_initialize)
     server.feature(types.INITIALIZED)(on_initialized)
+    server.feature(types.SHUTDOWN)(on_shutdown)
     server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)(on_did_change_configuration)
     server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)(on_did_change_watched_files)
 
@@ -67,6 +68,12 @@ async def on_initialized(ls: OomLanguageServer, params: types.InitializedParams)
             await _watch_config_files(ls)
     finally:
         ls.settings_ready.set()
+
+
+def on_shutdown(ls: OomLanguageServer, params: None) -> None:
+    """Stop every running profile, estimate or validation (their process groups are
+    killed) before answering: the client may end the process right after."""
+    ls.stop_jobs()
 
 
 async def _watch_config_files(ls: OomLanguageServer) -> None:

@@ -4,18 +4,16 @@ client offered UTF-8 or UTF-32 and pygls chose it)."""
 
 from __future__ import annotations
 
-import re
-
 from lsprotocol import types
 
-from oom_lsp.edits import Position, Range
-
-_NEWLINE_RE = re.compile(r"\r\n?|\n")
+from oom_lsp.edits import NEWLINE_RE, Position, Range
 
 
 def split_lines(source: str) -> list[str]:
-    """Lines as the LSP counts them (`\\n`, `\\r\\n` and `\\r` end a line)."""
-    return _NEWLINE_RE.split(source)
+    """Lines as the LSP counts them (`\\n`, `\\r\\n` and `\\r` end a line, as in
+    `oom_lsp.edits.split_lines`), with the empty line after a final newline: a
+    position may point there."""
+    return NEWLINE_RE.split(source)
 
 
 def _units(text: str, encoding: str) -> int:

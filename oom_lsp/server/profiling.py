@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -33,7 +34,7 @@ from typing import Any, TypeVar
 
 import attrs
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams, JsonRpcRequestCancelled
+from pygls.exceptions import JsonRpcInvalidParams, JsonRpcRequestCancelled
 from pygls.uris import from_fs_path, to_fs_path
 
 from oom_lsp.edits import Position, Range
@@ -43,6 +44,7 @@ from oom_lsp.profiling.runner import ProfileError, ProfileRequest, ProfileRun
 from oom_lsp.server import diagnostics
 from oom_lsp.server.diagnostics import SOURCE
 from oom_lsp.server.positions import PositionConverter, split_lines
+from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ SHOW_REPORT_COMMAND = "oom-lsp.showReport"
 MEMORY_STATUS = "oomLsp/memoryStatus"
 DEFAULT_PROFILE_TIMEOUT_S = 600.0
 DEFAULT_STEPS = 3
+MAX_LOG_CHARS = 4 * 2**20  # of a log given to explainOom: its end, where the error is
 TOP_LINES_SHOWN = 5
 RESULTS_FOLDER = ".oom_lsp"
 
@@ -180,7 +183,7 @@ class Job:
     def __init__(self, ls: OomLanguageServer, title: str, kind: str, script: Path) -> None:
         self.key = (kind, script.resolve())
         if self.key in _running_jobs:
-            raise JsonRpcInternalError(f"{title}: already running; cancel it or wait for it")
+            raise RequestFailed(f"{title}: already running; cancel it or wait for it")
         self.ls = ls
         self.title = title
         self.cancel = threading.Event()
@@ -235,10 +238,12 @@ class Job:
     async def run(self, work: Callable[[], T]) -> T:
         """`work` in a thread; it must stop soon after `self.cancel` is set."""
         _running_jobs.add(self.key)
+        self.ls.job_cancels.add(self.cancel)
         try:
             return await self._run(work)
         finally:
             _running_jobs.discard(self.key)
+            self.ls.job_cancels.discard(self.cancel)
 
     async def _run(self, work: Callable[[], T]) -> T:
         await self.begin()
@@ -342,6 +347,65 @@ def document_version(ls: OomLanguageServer, uri: str) -> int | None:
 # --- oom-lsp.profile -------------------------------------------------------------------
 
 
+class OutputRelay:
+    """The profiled script's output to the server's log (the client's output panel, through
+    `window/logMessage`, and the log file): in batches of what arrived within `EVERY_S`,
+    each line cut at `MAX_LINE_CHARS`, and at most `MAX_LINES` lines a run. A script that
+    prints a million lines used to send a million notifications and grow the log to
+    900 MB; the report keeps the last lines anyway (`output_tail`). Thread-safe: the
+    runner's reader thread calls `line`."""
+
+    EVERY_S = 0.5
+    MAX_LINES = 2000
+    MAX_LINE_CHARS = 2000
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._pending: list[str] = []
+        self._sent = 0
+        self._dropped = 0
+        self._timer: threading.Timer | None = None
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            if self._sent + len(self._pending) >= self.MAX_LINES:
+                self._dropped += 1
+                return
+            if len(text) > self.MAX_LINE_CHARS:
+                text = text[: self.MAX_LINE_CHARS] + f" … ({len(text) - self.MAX_LINE_CHARS:,} characters more)"
+            self._pending.append(text)
+            if self._timer is None:  # the first line of a batch: it goes out EVERY_S from now
+                self._timer = threading.Timer(self.EVERY_S, self._flush_later)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _flush_later(self) -> None:
+        with self._lock:
+            self._timer = None
+            self._flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._flush()
+            if self._dropped:
+                logger.info(
+                    "[%s] … %d more lines of output not shown (the report keeps the last ones)",
+                    self.name,
+                    self._dropped,
+                )
+
+    def _flush(self) -> None:
+        if self._pending:
+            logger.info("[%s] %s", self.name, f"\n[{self.name}] ".join(self._pending))
+            self._sent += len(self._pending)
+            self._pending = []
+
+
+
 @attrs.define
 class ProfileArgs:
     uri: str
@@ -388,18 +452,20 @@ async def profile_command(ls: OomLanguageServer, args: ProfileArgs) -> dict[str,
         elif event.get("event") == "analysing":
             job.report("reading the profile", 99)
 
-    def on_output(line: str) -> None:
-        logger.info("[%s] %s", script.name, line)
+    relay = OutputRelay(script.name)
 
     def work() -> Report:
-        run = ProfileRun(request, on_progress, on_output, cancel=job.cancel)
+        run = ProfileRun(request, on_progress, relay.line, cancel=job.cancel)
         run.start()
-        return run.wait()
+        try:
+            return run.wait()
+        finally:
+            relay.close()
 
     try:
         report = await job.run(work)
     except ProfileError as error:
-        raise RuntimeError(str(error)) from None
+        raise RequestFailed(str(error)) from None
     report_path = out / "report.json"
     _show_profile(ls, args.uri, script, report, str(report_path), version)
     result: dict[str, Any] = {
@@ -413,8 +479,10 @@ async def profile_command(ls: OomLanguageServer, args: ProfileArgs) -> dict[str,
         result["reservedBytes"] = report.peak_reserved
     if report.oom is not None:
         result["oom"] = explain_dict(report.oom.error)
+    if report.error is not None:
+        result["error"] = report.error  # the script's own exception, "ValueError: corrupt shard 17"
     if report.status in ("timeout", "crashed", "error") and report.oom is None:
-        result["message"] = "; ".join(report.notes) or report.error or report.status
+        result["message"] = "; ".join([*([report.error] if report.error else []), *report.notes]) or report.status
     return result
 
 
@@ -533,13 +601,14 @@ async def explain_command(ls: OomLanguageServer, args: ExplainArgs) -> dict[str,
     if args.path is not None:
         log = Path(args.path)
         try:
-            text = log.read_text(encoding="utf-8", errors="replace")
+            text = await asyncio.to_thread(_read_log_tail, log)
         except OSError as error:
             raise JsonRpcInvalidParams(f"{log}: {error.strerror or error}") from None
         base = log.parent if base is None else base
     else:
-        text = args.text or ""
-    ooms = find_ooms(text)
+        text = (args.text or "")[-MAX_LOG_CHARS:]
+    # Off the event loop: a 20 MB log took 22.7 s, and every other request waited.
+    ooms = await asyncio.to_thread(find_ooms, text)
     by_uri: dict[str, list[types.Diagnostic]] = {}
     for oom in ooms:
         frame = oom.failing_frame
@@ -558,10 +627,32 @@ async def explain_command(ls: OomLanguageServer, args: ExplainArgs) -> dict[str,
     return {"errors": [explain_dict(oom) for oom in ooms]}
 
 
+def _read_log_tail(log: Path) -> str:
+    """The last `MAX_LOG_CHARS` of a log: the error that ended a run is at its end."""
+    with open(log, "rb") as stream:
+        stream.seek(0, os.SEEK_END)
+        stream.seek(max(0, stream.tell() - 4 * MAX_LOG_CHARS))
+        return stream.read().decode("utf-8", errors="replace")[-MAX_LOG_CHARS:]
+
+
+def _in_workspace(ls: OomLanguageServer, path: Path) -> bool:
+    folders = [folder.uri for folder in ls.workspace.folders.values()] + (
+        [ls.workspace.root_uri] if ls.workspace.root_uri else []
+    )
+    resolved = path.resolve()
+    for uri in folders:
+        root = to_fs_path(uri)
+        if root and (resolved == Path(root).resolve() or Path(root).resolve() in resolved.parents):
+            return True
+    return False
+
+
 def _write_explanation(ls: OomLanguageServer, uri: str, ooms: list[OomError]) -> str | None:
-    """The facts as JSON under `.oom_lsp/explain/` (what showReport opens)."""
+    """The facts as JSON under `.oom_lsp/explain/` (what showReport opens), for a file of
+    the workspace: a log names whatever files its traceback went through, and the
+    explanation must not be written into other projects' folders."""
     path = to_fs_path(uri)
-    if path is None:
+    if path is None or not _in_workspace(ls, Path(path)):
         return None
     folder = results_folder(ls, Path(path), "explain")
     folder.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-import re
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,15 +25,22 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from oom_lsp import __version__
-from oom_lsp.analysis import Finding, LintSettings, analyze
+from oom_lsp.analysis import Finding, LintSettings
 from oom_lsp.analysis.incremental import IncrementalParser
+from oom_lsp.checker import analyze_text, too_large
+from oom_lsp.edits import split_lines
 from oom_lsp.server import settings as editor_settings
+from oom_lsp.server import transport
 from oom_lsp.server.logs import LogSetup
 from oom_lsp.server.positions import PositionConverter
+from oom_lsp.server.protocol import OomProtocol, make_converter
 
 logger = logging.getLogger(__name__)
 
 CONFIGURATION_TIMEOUT_S = 5.0
+# ~100 KB of source: a few seconds of analysis and more (a 1 MiB file takes ~45 s on a
+# loaded 2-core machine); such documents are analysed by a worker of their own.
+LARGE_SOURCE_CHARS = 100_000
 WATCHED_CONFIG_GLOBS = [f"**/{name}" for name in editor_settings.CONFIG_FILE_NAMES]
 
 
@@ -46,12 +53,10 @@ class Analysis:
     source: str
     settings: LintSettings | None  # None: the file is excluded
     findings: list[Finding]
+    skipped: str | None = None  # why the text was not analysed (over max-file-size)
 
     def converter(self, encoding: str) -> PositionConverter:
         return PositionConverter(self.source, encoding)
-
-
-_LSP_LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 
 class LspLinesTextDocument(TextDocument):
@@ -63,7 +68,7 @@ class LspLinesTextDocument(TextDocument):
 
     @property
     def lines(self) -> Sequence[str]:
-        return tuple(_LSP_LINE_RE.findall(self.source))
+        return tuple(split_lines(self.source, keepends=True))
 
 
 class OomLanguageServer(LanguageServer):
@@ -72,7 +77,13 @@ class OomLanguageServer(LanguageServer):
             name="oom-lsp",
             version=__version__,
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+            protocol_cls=OomProtocol,
+            converter_factory=make_converter,
         )
+        self.protocol: OomProtocol
+        # The cancel events of the jobs running (profiles, estimates, validations):
+        # set at shutdown and exit, so no run outlives the session.
+        self.job_cancels: set[threading.Event] = set()
         self.logs = LogSetup(self, log_file)
         self.editor = editor_settings.EditorSettings()
         self.lint_settings = editor_settings.LintSettingsSource(report_error=self.show_error)
@@ -85,12 +96,28 @@ class OomLanguageServer(LanguageServer):
         self.analysis_executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="oom-analysis"
         )
+        self.large_analysis_executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="oom-analysis-large"
+        )
         self._analyses: dict[str, Analysis] = {}
         # Per open document: keeps the last version's parsed statements, so an
         # edit re-parses only the statements it touched.
         self._parsers: dict[str, IncrementalParser] = {}
         # OOM101's threshold per URI: the largest batch an estimate found to fit.
         self.max_batch_by_uri: dict[str, int] = {}
+
+    # --- transport and lifetime -----------------------------------------------
+
+    def start_io(self, stdin: Any = None, stdout: Any = None) -> int:  # type: ignore[override]
+        """Serve on stdio until `exit` (or the client closes stdin); the exit code."""
+        return transport.serve_stdio(self, stdin, stdout)
+
+    def start_tcp(self, host: str, port: int) -> int:  # type: ignore[override]
+        return transport.serve_tcp(self, host, port)
+
+    def stop_jobs(self) -> None:
+        for cancel in list(self.job_cancels):
+            cancel.set()
 
     # --- client capabilities -------------------------------------------------
 
@@ -113,6 +140,8 @@ class OomLanguageServer(LanguageServer):
         self.editor = editor_settings.parse_editor_settings(raw)
         self.logs.configure(self.editor.log_level, self.editor.log_file)
         self.lint_settings.update_editor_settings(self.editor)
+        for problem in self.editor.problems:
+            self.show_error(problem)
         self.forget_analyses()
 
     async def fetch_configuration(self) -> dict[str, Any] | None:
@@ -190,16 +219,17 @@ class OomLanguageServer(LanguageServer):
             and cached.settings == settings
         ):
             return cached
-        if settings is None:
+        skipped = self._too_large(uri, source) if settings is not None else None
+        if settings is None or skipped is not None:
             findings: list[Finding] = []
         else:
             path = to_fs_path(uri) or uri
             loop = asyncio.get_running_loop()
             started = time.perf_counter()
             parser = self._parsers.setdefault(uri, IncrementalParser())
-            findings = await loop.run_in_executor(
-                self.analysis_executor, analyze, source, settings, path, parser.parse
-            )
+            # A big file has a worker of its own: the others' analyses do not queue behind it.
+            executor = self.large_analysis_executor if len(source) > LARGE_SOURCE_CHARS else self.analysis_executor
+            findings = await loop.run_in_executor(executor, analyze_text, source, settings, path, parser.parse)
             logger.debug(
                 "%s v%s: %d findings in %.0f ms (queue + analysis)",
                 uri,
@@ -207,12 +237,20 @@ class OomLanguageServer(LanguageServer):
                 len(findings),
                 (time.perf_counter() - started) * 1000,
             )
-        analysis = Analysis(uri, version, source, settings, findings)
+        analysis = Analysis(uri, version, source, settings, findings, skipped)
         if self.open_document(uri) is not None:
             self._analyses[uri] = analysis
         else:
             self._parsers.pop(uri, None)  # closed while it was analysed
         return analysis
+
+    def _too_large(self, uri: str, source: str) -> str | None:
+        path = to_fs_path(uri)
+        limit = self.lint_settings.project_config(Path(path) if path else None).max_file_size
+        if 4 * len(source) <= limit:  # no UTF-8 character takes more than 4 bytes
+            return None
+        size = len(source) if len(source) > limit else len(source.encode("utf-8", "surrogatepass"))
+        return too_large(size, limit)
 
     def is_current(self, analysis: Analysis) -> bool:
         document = self.open_document(analysis.uri)

@@ -8,9 +8,11 @@ or the flat `oomLsp` object), as the answer to `workspace/configuration`
 The lint keys are those of `[tool.oom-lsp]` in camelCase (`select`,
 `extendSelect`, `ignore`, `severity`, `maxBatchSize`, ...). They are the
 defaults under a project's `pyproject.toml`: the project's configuration wins
-for everything it sets, so the editor and CI agree. `logLevel`, `logFile` and
-`debounceMs` belong to the server only; `gpu`, `interpreter` and `profile` to
-the server commands (`EditorSettings.commands`).
+for everything it sets, so the editor and CI agree. `llm` is the user's own
+(oom_lsp.llm.settings layers it with the project's table, which may not set
+where code and keys go). `logLevel`, `logFile` and `debounceMs` belong to the
+server only; `gpu`, `interpreter` and `profile` to the server commands
+(`EditorSettings.commands`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from oom_lsp.analysis import LintSettings, default_settings
-from oom_lsp.config import ConfigError, ConfigResolver, ProjectConfig, parse_config_table
+from oom_lsp.config import ConfigError, ConfigResolver, ProjectConfig, parse_config_table, validate_llm_table
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ _LOG_LEVELS = {
     "info": logging.INFO,
     "debug": logging.DEBUG,
 }
-_SERVER_KEYS = ("logLevel", "logFile", "debounceMs")
+_SERVER_KEYS = ("logLevel", "logFile", "debounceMs", "llm")
 # Read by the server commands (docs/server-commands.md), not by the analysis.
 COMMAND_KEYS = ("gpu", "interpreter", "profile")
 
@@ -50,6 +52,8 @@ class EditorSettings:
     log_file: str | None = None
     debounce_seconds: float = DEFAULT_DEBOUNCE_MS / 1000
     commands: dict[str, Any] = field(default_factory=dict)  # COMMAND_KEYS, as sent
+    llm: dict[str, Any] = field(default_factory=dict)  # `oomLsp.llm`, type-checked, kebab-case keys
+    problems: tuple[str, ...] = ()  # settings ignored, for the user
 
 
 def unwrap(payload: Any) -> dict[str, Any] | None:
@@ -84,7 +88,16 @@ def parse_editor_settings(raw: Mapping[str, Any]) -> EditorSettings:
             "oomLsp.debounceMs must be a number >= 0, got %r; using %d", debounce, DEFAULT_DEBOUNCE_MS
         )
         debounce = DEFAULT_DEBOUNCE_MS
+    llm: dict[str, Any] = {}
+    problems: list[str] = []
+    if raw.get("llm") is not None:
+        try:
+            llm = validate_llm_table(raw["llm"], "editor settings")
+        except ConfigError as error:
+            problems.append(f"Ignoring oomLsp.llm: {error}")
     return EditorSettings(
+        llm=llm,
+        problems=tuple(problems),
         lint=lint,
         log_level=log_level,
         log_file=os.path.expanduser(log_file) if log_file else None,

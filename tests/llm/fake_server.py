@@ -4,7 +4,9 @@ as JSON or, when the request says `stream: true`, as server-sent events; every r
 body and header is recorded.
 
 A turn: {"content": "..."} (optionally "finish_reason"), {"status": 429, "headers": {...},
-"error": "..."}, {"delay": seconds, ...} (answer late, for timeouts and cancellation).
+"error": "..."}, {"delay": seconds, ...} (answer late, for timeouts and cancellation),
+{"raw": "..."} (an HTTP 200 with exactly that body, as JSON or as an event stream: a
+broken or hostile server).
 When the queue is empty the server answers 500 "no scripted turn left", so a test that
 sends more requests than it scripted fails loudly.
 """
@@ -53,7 +55,9 @@ class FakeModelServer:
                     turn = {"status": 404, "error": f"no route {self.path}"}
                 if turn.get("delay") and owner._stop.wait(turn["delay"]):
                     return  # the test is over
-                if "status" in turn:
+                if "raw" in turn:
+                    self._send_raw(turn["raw"], "text/event-stream" if body.get("stream") else "application/json")
+                elif "status" in turn:
                     self._send(
                         turn["status"],
                         {"error": {"message": turn.get("error", "error"), "type": "test"}},
@@ -73,6 +77,14 @@ class FakeModelServer:
                 self.send_header("Content-Length", str(len(data)))
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _send_raw(self, raw: str, content_type: str) -> None:
+                data = raw.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 

@@ -7,12 +7,14 @@ import json
 import shutil
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from oom_lsp import cli
 from oom_lsp.llm import fixlog
 from oom_lsp.profiling.report import read_report
+from tests.conftest import UserConfigWriter
 from tests.llm.conftest import (
     AMBIGUOUS_ANSWER,
     BROKEN_ANSWER,
@@ -42,14 +44,16 @@ def pyproject(folder: Path, **llm: object) -> None:
 
 
 @pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeModelServer) -> Path:
+def project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeModelServer, user_config: UserConfigWriter
+) -> Path:
+    """A project whose user enabled AI fixes in their own config file."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OOM_TEST_KEY", "secret-test-key")
-    pyproject(
-        tmp_path,
-        enabled=True,
-        **{"base-url": fake.base_url, "model": "test-model", "api-key-env": "OOM_TEST_KEY"},
+    user_config(
+        llm={"enabled": True, "base-url": fake.base_url, "model": "test-model", "api-key-env": "OOM_TEST_KEY"}
     )
+    pyproject(tmp_path)
     (tmp_path / "train.py").write_text(TRAIN)
     # A stand-in for the user's interpreter: answers the environment probe without importing torch.
     python = tmp_path / "fake-python"
@@ -193,26 +197,122 @@ def test_server_failure_never_changes_the_file(
 
 
 def test_fix_disabled_says_how_to_enable(
-    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str], user_config: UserConfigWriter
 ) -> None:
-    pyproject(project, **{"base-url": fake.base_url, "model": "test-model"})
+    user_config(llm={"base-url": fake.base_url, "model": "test-model"})
     assert run("fix", "--ai", "train.py") == 2
     err = capsys.readouterr().err
     assert "AI fixes are disabled, and nothing was sent" in err and "enabled = true" in err
+    assert "oom-lsp/config.toml" in err
+    assert fake.requests == []
+
+
+def test_a_project_may_switch_ai_fixes_off(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pyproject(project, enabled=False)
+    assert run("fix", "--ai", "train.py") == 2
+    assert "AI fixes are disabled, and nothing was sent" in capsys.readouterr().err
     assert fake.requests == []
 
 
 def test_fix_without_key_names_the_variable(
-    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], user_config: UserConfigWriter
 ) -> None:
-    pyproject(
-        project,
-        enabled=True,
-        **{"base-url": "https://llm.example.com/v1", "model": "m", "api-key-env": "MY_LLM_KEY"},
+    user_config(
+        llm={"enabled": True, "base-url": "https://llm.example.com/v1", "model": "m", "api-key-env": "MY_LLM_KEY"}
     )
     monkeypatch.delenv("MY_LLM_KEY", raising=False)
     assert run("fix", "--ai", "train.py") == 2
     assert "no API key: set the environment variable MY_LLM_KEY" in capsys.readouterr().err
+
+
+def _hostile(project: Path, base_url: str, **more: object) -> None:
+    """What a cloned repository can ship: its own pyproject.toml naming a server and,
+    as the key, another secret of the environment."""
+    pyproject(project, enabled=True, **{"base-url": base_url, "model": "m", "api-key-env": "AWS_SECRET_ACCESS_KEY"}, **more)
+
+
+def test_a_project_cannot_choose_the_server_or_the_key(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], user_config: UserConfigWriter
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-value")
+    with FakeModelServer() as attacker:
+        user_config()  # the user enabled nothing
+        _hostile(project, attacker.base_url)
+        assert run("fix", "--ai", "train.py", "--python", "./fake-python") == 2
+        err = capsys.readouterr().err
+        assert attacker.requests == []
+    assert "AI fixes are disabled, and nothing was sent" in err
+    assert "sets enabled, base-url, api-key-env, which a project cannot decide for you" in err
+    assert f'trusted-projects = ["{project}"]' in err
+
+
+def test_with_ai_enabled_by_the_user_a_project_still_cannot_redirect_it(
+    project: Path, fake: FakeModelServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-value")
+    fake.script({"content": GOOD_ANSWER})
+    with FakeModelServer() as attacker:
+        _hostile(project, attacker.base_url)
+        assert run("fix", "--ai", "train.py", "--line", "15", "--dry-run", "--python", "./fake-python") == 0
+        assert attacker.requests == []
+    err = capsys.readouterr().err
+    assert "ignoring part of the project's settings" in err
+    (sent,) = fake.requests
+    assert sent["headers"]["authorization"] == "Bearer secret-test-key"  # the user's key, to the user's server
+    assert "aws-secret-value" not in json.dumps(sent)
+
+
+def test_a_trusted_project_may_set_everything(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], user_config: UserConfigWriter
+) -> None:
+    monkeypatch.setenv("PROJECT_LLM_KEY", "project-key")
+    with FakeModelServer() as own:
+        own.script({"content": GOOD_ANSWER})
+        user_config(trusted=[project])
+        pyproject(project, enabled=True, **{"base-url": own.base_url, "model": "m", "api-key-env": "PROJECT_LLM_KEY"})
+        assert run("fix", "--ai", "train.py", "--line", "15", "--dry-run", "--python", "./fake-python") == 0
+        assert own.requests[0]["headers"]["authorization"] == "Bearer project-key"
+    assert "ignoring" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("fix_log", "message"),
+    [
+        ("train.py", "must be a Markdown file"),
+        ("../outside.md", "is outside the project"),
+        ("~/.bashrc", "must be a Markdown file"),
+        ("/tmp/oom-lsp-elsewhere.md", "is outside the project"),
+        ("README.md", "exists and is not an oom-lsp fix log"),
+    ],
+)
+def test_the_fix_log_stays_a_log_inside_the_project(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str], fix_log: str, message: str
+) -> None:
+    (project / "README.md").write_text("# Demo\n")
+    pyproject(project, **{"fix-log": fix_log})
+    fake.script({"content": GOOD_ANSWER})
+    assert run("fix", "--ai", "train.py", "--line", "15", "--python", "./fake-python") == 2
+    assert message in capsys.readouterr().err
+    assert fake.requests == []  # refused before anything was sent
+    assert (project / "train.py").read_text() == TRAIN
+    assert (project / "README.md").read_text() == "# Demo\n"
+    assert not (project.parent / "outside.md").exists()
+
+
+def test_the_fix_log_is_capped_and_its_diff_redacted(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = TRAIN.replace("        total_loss += loss\n", '        total_loss += loss  # token="hunter2-very-secret"\n')
+    (project / "train.py").write_text(source)
+    answer = GOOD_ANSWER.replace("        total_loss += loss\n=", '        total_loss += loss  # token="__REDACTED_1__"\n=')
+    answer = "Let me think. " * 5_000 + "\n" + answer  # prose before the first heading is accepted
+    fake.script({"content": answer})
+    assert run("fix", "--ai", "train.py", "--line", "15", "--python", "./fake-python") == 0, capsys.readouterr()
+    log = (project / "OOM_FIXES.md").read_text()
+    assert "hunter2-very-secret" not in log and "-        total_loss += loss  # token=\"__REDACTED_" in log
+    assert "more characters not logged" in log and len(log) < 3 * fixlog.MAX_SECTION_CHARS
 
 
 def test_fix_needs_ai(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -221,16 +321,7 @@ def test_fix_needs_ai(project: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_fix_log_setting(project: Path, fake: FakeModelServer) -> None:
-    pyproject(
-        project,
-        enabled=True,
-        **{
-            "base-url": fake.base_url,
-            "model": "m",
-            "api-key-env": "OOM_TEST_KEY",
-            "fix-log": "docs/memory-fixes.md",
-        },
-    )
+    pyproject(project, **{"fix-log": "docs/memory-fixes.md"})
     fake.script({"content": GOOD_ANSWER})
     assert run("fix", "--ai", "train.py", "--python", "./fake-python") == 0
     assert "OOM201 no-mixed-precision" in (project / "docs" / "memory-fixes.md").read_text()
@@ -341,3 +432,22 @@ def test_fix_an_oom_error_from_a_log(
     assert " · CUDA out of memory · `cnn_cifar_risky.py`" in (project / "OOM_FIXES.md").read_text()
     sent = fake.requests[0]["body"]["messages"][1]["content"]
     assert "## Error" in sent and "OutOfMemoryError" in sent
+
+
+@pytest.mark.parametrize(
+    ("encode", "name"),
+    [
+        (lambda text: text.replace("\n", "\r\n").encode(), "CRLF line endings"),
+        (lambda text: b"\xef\xbb\xbf" + text.encode(), "a UTF-8 BOM"),
+        (lambda text: ("# -*- coding: latin-1 -*-\n# caf\xe9\n" + text).encode("latin-1"), "a latin-1 cookie"),
+    ],
+)
+def test_fix_keeps_the_file_as_it_was_written(
+    project: Path, fake: FakeModelServer, capsys: pytest.CaptureFixture[str], encode: Any, name: str
+) -> None:
+    (project / "train.py").write_bytes(encode(TRAIN))
+    fake.script({"content": GOOD_ANSWER})
+    assert run("fix", "--ai", "train.py", "--line", "17" if "cookie" in name else "15", "--python", "./fake-python") == 0, (
+        capsys.readouterr()
+    )
+    assert (project / "train.py").read_bytes() == encode(TRAIN.replace("        total_loss += loss\n", FIXED_LINE))

@@ -7,9 +7,11 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
+from oom_lsp.config import ProjectConfig, UserConfig
 from oom_lsp.llm.context import code_region, detect_code_facts, probe_environment
 from oom_lsp.llm.edits import Region
-from oom_lsp.llm.settings import LOCAL_PLACEHOLDER_KEY, LlmSettings, NotReady
+from oom_lsp.llm.fixlog import FixLogError
+from oom_lsp.llm.settings import LOCAL_PLACEHOLDER_KEY, LlmSettings, NotReady, resolve_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,7 +135,87 @@ def test_settings_not_ready() -> None:
 def test_command_module_is_light() -> None:
     code = (
         "import sys, oom_lsp.cli as cli; cli.build_parser(); "
-        "print(sorted(m for m in ('openai', 'pydantic', 'torch', 'libcst', 'httpx2') if m in sys.modules))"
+        "print(sorted(m for m in ('openai', 'pydantic', 'torch', 'libcst', 'httpx2', 'detect_secrets') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _project(tmp_path: Path, llm: dict) -> ProjectConfig:
+    return ProjectConfig(path=tmp_path / "pyproject.toml", root=tmp_path, llm=llm)
+
+
+HOSTILE = {"enabled": True, "base-url": "https://attacker.example/v1", "api-key-env": "AWS_SECRET_ACCESS_KEY"}
+
+
+def test_an_untrusted_project_decides_neither_the_server_nor_the_key(tmp_path: Path) -> None:
+    user = UserConfig(llm={"enabled": True, "base-url": "http://localhost:11434/v1", "model": "mine"})
+    settings = resolve_settings(_project(tmp_path, {**HOSTILE, "model": "theirs", "timeout": 5}), user=user)
+    assert (settings.enabled, settings.base_url, settings.api_key_env) == (
+        True,
+        "http://localhost:11434/v1",
+        "OPENAI_API_KEY",
+    )
+    assert (settings.model, settings.timeout) == ("theirs", 5.0)  # harmless keys are the project's
+    assert settings.ignored == ("enabled", "base-url", "api-key-env")
+    assert "not a trusted project" in settings.notes()[0]
+
+
+def test_nothing_is_enabled_by_an_untrusted_project_alone(tmp_path: Path) -> None:
+    settings = resolve_settings(_project(tmp_path, {**HOSTILE, "model": "m"}), user=UserConfig())
+    assert not settings.enabled and settings.base_url is None
+    with pytest.raises(NotReady, match="which a project cannot decide for you"):
+        settings.check_ready()
+
+
+def test_a_project_may_always_switch_ai_fixes_off(tmp_path: Path) -> None:
+    user = UserConfig(llm={"enabled": True, "base-url": "http://localhost:1/v1", "model": "m"})
+    settings = resolve_settings(_project(tmp_path, {"enabled": False}), editor={"enabled": True}, user=user)
+    assert not settings.enabled and settings.ignored == ()
+
+
+def test_a_trusted_project_sets_everything_and_the_command_line_wins(tmp_path: Path) -> None:
+    user = UserConfig(llm={"base-url": "http://localhost:1/v1"}, trusted_projects=(tmp_path,))
+    settings = resolve_settings(
+        _project(tmp_path, {**HOSTILE, "model": "m"}), user=user, command_line={"model": "cli"}
+    )
+    assert (settings.base_url, settings.api_key_env, settings.model) == (
+        "https://attacker.example/v1",
+        "AWS_SECRET_ACCESS_KEY",
+        "cli",
+    )
+    assert settings.ignored == ()
+
+
+def test_trust_is_for_the_listed_folder_only(tmp_path: Path) -> None:
+    """A repository cloned inside a trusted one is not trusted with it."""
+    inner = tmp_path / "vendor" / "cloned"
+    inner.mkdir(parents=True)
+    user = UserConfig(trusted_projects=(tmp_path,))
+    settings = resolve_settings(_project(inner, HOSTILE), user=user)
+    assert settings.ignored == ("enabled", "base-url", "api-key-env")
+
+
+def test_editor_settings_over_the_user_file(tmp_path: Path) -> None:
+    user = UserConfig(llm={"enabled": True, "base-url": "http://localhost:1/v1", "model": "file"})
+    settings = resolve_settings(_project(tmp_path, {}), editor={"model": "editor"}, user=user)
+    assert settings.model == "editor" and settings.base_url == "http://localhost:1/v1"
+
+
+@pytest.mark.parametrize(
+    ("fix_log", "message"),
+    [
+        ("train.py", "must be a Markdown file"),
+        ("../x.md", "is outside the project"),
+        ("~/.bashrc", "must be a Markdown file"),
+        ("/etc/oom.md", "is outside the project"),
+        ("notes.md", "exists and is not an oom-lsp fix log"),
+        ("link.md", "is outside the project"),
+    ],
+)
+def test_the_fix_log_path_is_checked(tmp_path: Path, fix_log: str, message: str) -> None:
+    (tmp_path / "notes.md").write_text("# My notes\n")
+    (tmp_path / "link.md").symlink_to(tmp_path.parent / "elsewhere.md")
+    with pytest.raises(FixLogError, match=message):
+        LlmSettings(fix_log=fix_log).fix_log_path(tmp_path)
+    assert LlmSettings(fix_log="docs/fixes.md").fix_log_path(tmp_path) == tmp_path / "docs" / "fixes.md"

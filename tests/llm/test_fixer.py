@@ -346,3 +346,57 @@ def test_an_import_can_be_added(fake: FakeModelServer) -> None:
     assert isinstance(result, Proposal) and result.edit is not None, result
     assert result.edit.new_text.startswith("import torch\nimport torch.utils.checkpoint\n")
     assert result.prompt.import_lines == (1,)
+
+
+def test_the_retry_hint_is_redacted_too(fake: FakeModelServer) -> None:
+    """The closest actual lines of a refused SEARCH come from the file: a secret on them
+    is sent as its placeholder, as in the first prompt."""
+    text = TRAIN.replace("        total_loss += loss\n", '        total_loss += loss  # token="hunter2-very-secret"\n')
+    near_miss = GOOD_ANSWER.replace("        total_loss += loss\n=", '        total_loss += loss  # tokn="x"\n=')
+    fake.script({"content": near_miss}, {"content": near_miss})
+    request = FixRequest(path="train.py", text=text, line=TARGET_LINE)
+    result = asyncio.run(propose_fix(request, settings_for(fake), environ=ENV))
+    assert isinstance(result, Proposal) and result.edit is None
+    retry = fake.requests[1]["body"]["messages"][-1]["content"]
+    assert "Did you mean to match" in retry and 'token="__REDACTED_1__"' in retry
+    assert "hunter2-very-secret" not in json.dumps([request["body"] for request in fake.requests])
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("not json", "its body is not JSON"),
+        ('{"choices": []}', "no choices in it"),
+        ('{"object": "error"}', "no choices in it"),
+        ('{"choices": [{"index": 0, "message": null}]}', "the first choice has no message"),
+        ('{"choices": [{"index": 0, "message": {"content": 5}, "finish_reason": "stop"}]}', "content is int"),
+    ],
+)
+def test_an_http_200_that_is_no_completion_is_a_message(fake: FakeModelServer, raw: str, message: str) -> None:
+    fake.script({"raw": raw})
+    result = ask(fake, settings=settings_for(fake, max_retries=0))
+    assert isinstance(result, FixError) and result.kind == "server", result
+    assert "gave an unusable answer" in result.message and message in result.message
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("", "no answer in it"),
+        ("data: {broken\n\n", "an event of the stream is not JSON"),
+        ("data: [DONE]\n\n", "no answer in it"),
+        ('data: {"choices": "x"}\n\ndata: [DONE]\n\n', "no choices in it"),
+    ],
+)
+def test_a_broken_event_stream_is_a_message(fake: FakeModelServer, raw: str, message: str) -> None:
+    fake.script({"raw": raw})
+    result = ask(fake, settings=settings_for(fake, max_retries=0), stream=True)
+    assert isinstance(result, FixError) and result.kind == "server", result
+    assert message in result.message
+
+
+def test_an_answer_past_any_token_limit_is_refused(fake: FakeModelServer) -> None:
+    fake.script({"content": GOOD_ANSWER + "x" * 200_000})
+    result = ask(fake, stream=True)
+    assert isinstance(result, FixError) and result.kind == "too-long"
+    assert "longer than 100,000 characters" in result.message

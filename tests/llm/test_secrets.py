@@ -30,6 +30,51 @@ def test_redacted_and_restored(line: str, secret: str) -> None:
     assert redaction.restore(redaction.text) == line
 
 
+# Fakes shaped like each family's real keys (none is a live credential).
+STRIPE_LIVE = "sk_live_" + "51H8xYzAbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdefghijklmnopqrstuvwx"
+JWT = (
+    "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9"
+    ".eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIn0"
+    ".SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+)
+AZURE = "AccountKey=" + "A" * 43 + "bcd+/" + "E" * 38 + "=="
+
+
+@pytest.mark.parametrize(
+    ("line", "secret"),
+    [
+        ('REDIS = "redis://:s3cretpassw0rd@cache:6379/0"', "s3cretpassw0rd"),
+        (f'stripe.api_key_live = "{STRIPE_LIVE}"', STRIPE_LIVE),
+        ('STRIPE = "sk_test_4eC39HqLyjWDarjtT1zdp7dc"', "sk_test_4eC39HqLyjWDarjtT1zdp7dc"),
+        ('maps = Client("AIzaSyA-1234567890abcdefghijklmnopqrstu")', "AIzaSyA-1234567890abcdefghijklmnopqrstu"),
+        (f'headers = {{"Authorization": "Bearer {JWT}"}}', JWT),
+        (f'conn = "DefaultEndpointsProtocol=https;AccountName=acct;{AZURE};EndpointSuffix=core"', AZURE.split("=", 1)[1]),
+        (
+            'bus = "Endpoint=sb://x/;SharedAccessKeyName=Root;SharedAccessKey=abcDEF123456ghiJKL789+/="',
+            "abcDEF123456ghiJKL789+/=",
+        ),
+        ('parser.add_argument("--hf-token", type=str, default="my-own-token-value")', "my-own-token-value"),
+        ('key = os.getenv("WANDB_API_KEY", "0123456789abcdef0123")', "0123456789abcdef0123"),
+        ('token = os.environ.get("HF_TOKEN", "hf-like-but-not-hf-format")', "hf-like-but-not-hf-format"),
+        ("# my HF token: abcdefgh1234567890", "abcdefgh1234567890"),
+        ("x = 1  # the password is hunter2hunter2", "hunter2hunter2"),
+        ('SENDGRID = "SG.abcdefghijklmnopqrstuv.abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG"', None),
+        ('TWILIO = "SK0123456789abcdef0123456789abcdef"', None),
+        ('discord = "MTIzNDU2Nzg5MDEyMzQ1Njc4.GaBcDe.abcdefghijklmnopqrstuvwxyz0"', None),
+        ('gitlab = "glpat-abcdefghijklmnopqrst"', "glpat-abcdefghijklmnopqrst"),
+        ('pypi = "pypi-AgEIcHlwaS5vcmc' + "x" * 70 + '"', "pypi-AgEIcHlwaS5vcmc" + "x" * 70),
+        ('db_pass = "correct-horse-battery"', "correct-horse-battery"),
+    ],
+)
+def test_each_family_is_redacted(line: str, secret: str | None) -> None:
+    redaction = redact(line)
+    (value,) = redaction.secrets.values()
+    if secret is not None:
+        assert value == secret
+    assert value not in redaction.text
+    assert redaction.restore(redaction.text) == line
+
+
 @pytest.mark.parametrize(
     "line",
     [

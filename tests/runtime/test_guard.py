@@ -18,6 +18,7 @@ import torch
 from oom_lsp.profiling.report import read_report
 from oom_lsp.runtime import oom_guard
 from oom_lsp.runtime.reports import latest_oom_diagnostic
+from tests.conftest import UserConfigWriter
 from tests.llm.conftest import GOOD_ANSWER
 from tests.llm.fake_server import FakeModelServer
 
@@ -266,21 +267,20 @@ def test_the_diagnostic_for_the_language_server(project: Path) -> None:
     assert facts["batch_size"] == 64 and facts["tried_to_allocate"] == int(1.5 * 2**30)
 
 
-def _enable_llm(project: Path, base_url: str) -> None:
-    (project / "pyproject.toml").write_text(
-        f'[tool.oom-lsp.llm]\nenabled = true\nbase-url = "{base_url}"\nmodel = "test-model"\n',
-        encoding="utf-8",
-    )
+def _enable_llm(user_config: UserConfigWriter, base_url: str) -> None:
+    user_config(llm={"enabled": True, "base-url": base_url, "model": "test-model"})
 
 
-def test_ask_writes_the_answer_beside_the_report_and_changes_no_code(project: Path) -> None:
+def test_ask_writes_the_answer_beside_the_report_and_changes_no_code(
+    project: Path, user_config: UserConfigWriter
+) -> None:
     training = load_training_module(project)
     answer = GOOD_ANSWER.replace("line 15 adds `loss`", "line 16 allocates").split("## Edits")[0] + (
         "## Edits\n## Validation\nThe peak stays under the capacity.\n## Changelog\nHalve the batch size\n"
     )
     with FakeModelServer() as server:
         server.script({"content": answer})
-        _enable_llm(project, server.base_url)
+        _enable_llm(user_config, server.base_url)
         messages: list[str] = []
         with pytest.raises(torch.OutOfMemoryError):
             with oom_guard(project_root=project, ask=True, log=messages.append):
@@ -295,10 +295,12 @@ def test_ask_writes_the_answer_beside_the_report_and_changes_no_code(project: Pa
     assert any("diagnosis written" in message for message in messages)
 
 
-def test_ask_failures_are_logged_and_the_oom_still_propagates(project: Path) -> None:
+def test_ask_failures_are_logged_and_the_oom_still_propagates(
+    project: Path, user_config: UserConfigWriter
+) -> None:
     with FakeModelServer() as server:
         server.script({"status": 401, "error": "bad key"})
-        _enable_llm(project, server.base_url)
+        _enable_llm(user_config, server.base_url)
         training = load_training_module(project)
         messages: list[str] = []
         with pytest.raises(torch.OutOfMemoryError):
@@ -315,7 +317,22 @@ def test_ask_with_ai_fixes_disabled_sends_nothing(project: Path) -> None:
     with pytest.raises(torch.OutOfMemoryError):
         with oom_guard(project_root=project, ask=True, log=messages.append):
             training.train_step(training.Net(), batch())
-    assert "AI fixes are not enabled" in messages[-1]
+    assert "AI fixes are disabled, and nothing was sent" in messages[-1]
+
+
+def test_ask_ignores_a_project_that_enables_itself(project: Path) -> None:
+    """A repository's own pyproject.toml cannot send its code (and a key) anywhere."""
+    with FakeModelServer() as server:
+        (project / "pyproject.toml").write_text(
+            f'[tool.oom-lsp.llm]\nenabled = true\nbase-url = "{server.base_url}"\nmodel = "m"\n', encoding="utf-8"
+        )
+        training = load_training_module(project)
+        messages: list[str] = []
+        with pytest.raises(torch.OutOfMemoryError):
+            with oom_guard(project_root=project, ask=True, log=messages.append):
+                training.train_step(training.Net(), batch())
+        assert server.requests == []
+    assert "which a project cannot decide for you" in messages[-1]
 
 
 def test_importing_the_runtime_loads_neither_libcst_nor_torch() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -191,9 +192,15 @@ def edits_of(action: types.CodeAction, uri: str) -> list[types.TextEdit]:
     return list(action.edit.changes[uri])
 
 
+# The LSP's lines, written out here rather than imported from the server: this is
+# the client's side of the contract (only \n, \r\n and \r end a line; a form feed
+# or U+2028 does not, whatever str.splitlines says).
+_CLIENT_LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
 def apply_text_edits(text: str, edits: list[types.TextEdit], encoding: str = "utf-16") -> str:
     """Apply LSP edits as a client does (positions in the given encoding)."""
-    lines = text.splitlines(keepends=True)
+    lines = _CLIENT_LINE_RE.findall(text)
 
     def offset(position: types.Position) -> int:
         if position.line >= len(lines):

@@ -16,7 +16,7 @@ from typing import Any, Union
 import pytest
 import pytest_lsp
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInternalError
+from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
 from tests.llm.conftest import FIXED_LINE, GARBAGE, GOOD_ANSWER, TRAIN
@@ -73,7 +73,7 @@ async def client(
     # lsprotocol reads any code action with a `command` as a Command; clients tell
     # them apart by the type of `command` (a string in a Command), as this does.
     lsp_client.protocol._converter.register_structure_hook(
-        Union[types.Command, types.CodeAction],  # noqa: UP007 (the key lsprotocol registers its hook under)
+        Union[types.Command, types.CodeAction],
         lambda value, _: lsp_client.protocol._converter.structure(
             value, types.Command if isinstance(value.get("command"), str) else types.CodeAction
         ),
@@ -365,7 +365,7 @@ async def test_validate_fix_measures_again_and_compares(client: LanguageClient):
     fixed = TRAINING_SCRIPT.replace("default=64", "default=32")  # the fix: half the batch
     replace_text(client, uri, 2, fixed)
     validate = types.Command(title="validate", command="oom-lsp.validateFix", arguments=[{"uri": uri}])
-    with pytest.raises(JsonRpcInternalError, match="save estimated.py first"):
+    with pytest.raises(JsonRpcException, match="save estimated.py first"):
         await _run(client, validate)
     script.write_text(fixed, encoding="utf-8")
 

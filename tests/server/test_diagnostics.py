@@ -12,6 +12,8 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
 from pytest_lsp import LanguageClient
 
+from oom_lsp import checker
+from oom_lsp.config import ConfigResolver
 from tests.server.lsp_session import (
     TIMEOUT_S,
     close_document,
@@ -236,3 +238,62 @@ async def test_incremental_edits_after_a_form_feed_line(client: LanguageClient):
         )
     )
     assert await diagnostics_for(client, uri, 2, since) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'import torch\nx = 1\ny = "a\x00b"\nstate = torch.load("ckpt.pt")\n',
+        'import torch\nx = 1\ns = "abc\ny = 2\n',
+        'import torch\nx = 1\ns = """abc\n\ny = 2\n',
+        "import torch\nif x:\n        a = 1\n    b = 2\n",
+    ],
+    ids=["nul byte", "unterminated string", "unterminated triple quote", "bad dedent"],
+)
+async def test_the_editor_says_what_the_cli_says_about_text_python_rejects(
+    client: LanguageClient, text: str, tmp_path_factory: pytest.TempPathFactory
+):
+    folder = tmp_path_factory.mktemp("rejected")
+    (folder / "train.py").write_text(text)
+    cli = checker.check_files([folder / "train.py"], ConfigResolver(fallback_root=folder), use_cache=False)
+    expected = [(f.code, f.line - 1, f.column, f.message) for f in cli.results[0].findings]
+    assert expected and expected[0][1:3] != (0, 0)  # not at 1:1
+    uri = new_uri(client)
+    since = len(client.published)
+    open_document(client, uri, text)
+    diagnostics = await diagnostics_for(client, uri, 1, since)
+    assert [(d.code, d.range.start.line, d.range.start.character, d.message) for d in diagnostics] == expected
+
+
+async def test_a_document_over_max_file_size_is_reported_not_analysed(client: LanguageClient):
+    folder = client.root / f"limited{next(_names)}"
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text('[tool.oom-lsp]\nmax-file-size = "4KiB"\n')
+    uri = (folder / "big.py").as_uri()
+    since = len(client.published)
+    open_document(client, uri, LOAD + "x = 1\n" * 2000)
+    (diagnostic,) = await diagnostics_for(client, uri, 1, since)
+    assert diagnostic.code is None and diagnostic.severity == types.DiagnosticSeverity.Warning
+    assert diagnostic.message == (
+        "oom-lsp not checked: 11.8 KiB is over max-file-size (4 KiB); raise max-file-size in "
+        "[tool.oom-lsp] to check it"
+    )
+
+
+async def test_a_big_document_does_not_hold_up_the_others(client: LanguageClient):
+    """Its analysis takes seconds: a small document opened after it is answered first."""
+    big, small = new_uri(client), new_uri(client)
+    body = "".join(f"def step_{n}(model, batch):\n    return model(batch) * {n}\n\n" for n in range(6000))
+    since = len(client.published)
+    order: list[str] = []
+
+    async def diagnostics(uri: str, name: str) -> None:
+        await diagnostics_for(client, uri, 1, since)
+        order.append(name)
+
+    open_document(client, big, "import torch\n" + body + 'state = torch.load("ckpt.pt")\n')
+    waiting_big = asyncio.ensure_future(diagnostics(big, "big"))
+    await asyncio.sleep(0.2)  # the big one's analysis has started
+    open_document(client, small, LOAD)
+    await asyncio.gather(waiting_big, diagnostics(small, "small"))
+    assert order == ["small", "big"]

@@ -176,6 +176,18 @@ async def test_cancelling_an_estimate_leaves_no_process(client: LanguageClient, 
 
 
 @in_module_loop
+async def test_a_failed_estimate_is_request_failed_without_the_servers_traceback(client: LanguageClient):
+    script = client.root / "crashes.py"
+    script.write_text((Path(__file__).resolve().parents[2] / "fixtures" / "estimate" / "crashes.py").read_text())
+    params = types.ExecuteCommandParams(command="oom-lsp.estimate", arguments=[{"uri": script.as_uri(), "device": "cpu"}])
+    with pytest.raises(JsonRpcException) as raised:
+        await asyncio.wait_for(client.protocol.send_request_async(types.WORKSPACE_EXECUTE_COMMAND, params), TIMEOUT_S)
+    assert raised.value.code == -32803  # RequestFailed, not InternalError
+    assert raised.value.message.startswith("the estimate failed: ")
+    assert "Traceback" not in raised.value.message and raised.value.data is None
+
+
+@in_module_loop
 async def test_estimate_needs_a_file_on_disk(client: LanguageClient):
     with pytest.raises(Exception, match="no such file"):
         await execute(client, "oom-lsp.estimate", {"uri": (client.root / "missing.py").as_uri()})

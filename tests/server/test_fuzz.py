@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
-from oom_lsp.analysis import analyze, default_settings
+from oom_lsp.analysis import default_settings
+from oom_lsp.checker import analyze_text
 from oom_lsp.server.positions import PositionConverter
 from tests.server.lsp_session import CONFIG, TIMEOUT_S, diagnostics_for, open_document, pulls, start_session
 
@@ -92,7 +93,8 @@ async def client(
 def _expected(text: str, encoding: str) -> list[tuple[str, types.Range]]:
     converter = PositionConverter(text, encoding)
     return [
-        (finding.code, converter.range_to_lsp(finding.range)) for finding in analyze(text, default_settings())
+        (finding.code, converter.range_to_lsp(finding.range))
+        for finding in analyze_text(text, default_settings(), "<stdin>")
     ]
 
 

@@ -15,6 +15,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
+from oom_lsp.server.profiling import OutputRelay
 from tests import console
 from tests.server.lsp_session import CONFIG, diagnostics_for, open_document, replace_text, start_session
 
@@ -244,3 +245,62 @@ async def test_explain_oom_puts_an_error_on_the_failing_line(client: LanguageCli
 async def test_explain_oom_without_text_or_path_is_invalid(client: LanguageClient):
     with pytest.raises(JsonRpcException):
         await execute(client, "oom-lsp.explainOom", {})
+
+
+async def test_a_flood_of_output_reaches_the_client_in_a_few_capped_batches(client: LanguageClient):
+    script = client.root / "noisy.py"
+    script.write_text("for i in range(200_000):\n    print('line', i)\n" + "print('x' * 100_000)\n")
+    since = len(client.log_messages)
+    result = await execute(client, "oom-lsp.profile", {"uri": script.as_uri(), "device": "cpu"})
+    assert result["status"] == "finished"
+    relayed = [m.message for m in client.log_messages[since:] if m.message.startswith("[noisy.py]")]
+    assert sum(message.count("[noisy.py] ") for message in relayed) <= OutputRelay.MAX_LINES + 1
+    assert len(relayed) < 50  # batches, not one notification a line
+    assert "more lines of output not shown" in relayed[-1]
+    assert max(len(message) for message in relayed) < OutputRelay.MAX_LINES * (OutputRelay.MAX_LINE_CHARS + 50)
+
+
+async def test_the_profile_result_names_the_scripts_exception(client: LanguageClient):
+    script = client.root / "crashes.py"
+    shutil.copy(FIXTURES / "crashes.py", script)
+    result = await execute(client, "oom-lsp.profile", {"uri": script.as_uri(), "device": "cpu"})
+    assert result["status"] == "error"
+    assert result["error"] == "ValueError: corrupt shard 17"
+    assert result["message"].startswith("ValueError: corrupt shard 17")
+
+
+async def test_explaining_a_huge_log_blocks_nothing_and_writes_only_in_the_workspace(
+    client: LanguageClient, tmp_path_factory: pytest.TempPathFactory
+):
+    """The log names a file of another project: it gets its diagnostic, but nothing is
+    written into that project's folder; and other requests are answered meanwhile."""
+    other = tmp_path_factory.mktemp("other-project")
+    (other / "train.py").write_text("import torch\n\n\ndef step(model, x):\n    return model(x)\n")
+    oom = (
+        "Traceback (most recent call last):\n"
+        f'  File "{other / "train.py"}", line 5, in step\n'
+        "    return model(x)\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 6.00 GiB total "
+        "capacity; 5.00 GiB already allocated; 3.00 MiB free; 5.10 GiB reserved in total by PyTorch)\n"
+    )
+    log = client.root / "huge.log"
+    with open(log, "w") as stream:
+        for step in range(400_000):
+            stream.write(f"step {step}: loss 0.{step % 1000:03d} lr 1e-4 throughput 512 samples/s\n")
+        stream.write(oom)
+    assert log.stat().st_size > 20 * MiB
+    explaining = asyncio.ensure_future(execute(client, "oom-lsp.explainOom", {"path": str(log)}))
+    answered_first = []
+    hover = client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=(client.root / "fake_oom.py").as_uri()),
+            position=types.Position(line=0, character=0),
+        )
+    )
+    hover_task = asyncio.ensure_future(hover)
+    hover_task.add_done_callback(lambda _: answered_first.append("hover") if not explaining.done() else None)
+    result = await explaining
+    await hover_task
+    assert answered_first == ["hover"]
+    assert [error["frame"]["path"] for error in result["errors"]] == [str(other / "train.py")]
+    assert not (other / ".oom_lsp").exists()
