@@ -13,7 +13,7 @@ import pytest
 
 from tests.server.stdio_client import StdioServer, frame
 
-LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n'
+LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\nmodel.cuda().load_state_dict(state)\n'
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
     -32700,
     -32600,
