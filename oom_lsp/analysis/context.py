@@ -47,6 +47,10 @@ class ImportMap:
         self.bindings: dict[str, str] = {}
         # local name -> relative import ("BertModel" -> "..bert.modeling_bert.BertModel")
         self.relative: dict[str, str] = {}
+        # qualified_name's answers by node (kept alive, so that its id stays
+        # its own): every rule asks it of every call. Forgotten when an import
+        # binds a name.
+        self._qualified: dict[int, tuple[cst.BaseExpression, str | None]] = {}
 
     @classmethod
     def from_module(cls, module: cst.Module) -> ImportMap:
@@ -80,6 +84,7 @@ class ImportMap:
                 self.bindings.pop(target.value, None)
 
     def add_import(self, node: cst.Import | cst.ImportFrom) -> None:
+        self._qualified.clear()
         if isinstance(node, cst.Import):
             for alias in node.names:
                 full = _module_name(alias.name)
@@ -124,14 +129,18 @@ class ImportMap:
 
     def qualified_name(self, expr: cst.BaseExpression) -> str | None:
         """The fully qualified name `expr` refers to, if it is an imported one."""
+        known = self._qualified.get(id(expr))
+        if known is not None:
+            return known[1]
+        qualified = None
         dotted = dotted_name(expr)
-        if dotted is None:
-            return None
-        head, _, rest = dotted.partition(".")
-        bound = self.bindings.get(head)
-        if bound is None:
-            return None
-        return f"{bound}.{rest}" if rest else bound
+        if dotted is not None:
+            head, _, rest = dotted.partition(".")
+            bound = self.bindings.get(head)
+            if bound is not None:
+                qualified = f"{bound}.{rest}" if rest else bound
+        self._qualified[id(expr)] = (expr, qualified)
+        return qualified
 
     def reference_to(self, qualified: str) -> str | None:
         """How this file can spell `qualified` with its current imports.

@@ -149,7 +149,7 @@ def _run_rules(parsed: ParsedSource, source: str, settings: LintSettings, path: 
         return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
     if not context.reports:
         return []
-    resolver = PositionResolver(module, source, parsed.statements)
+    resolver = PositionResolver(module, source, parsed.statements, parsed.positions)
     builder = _FixBuilder(context, resolver)
     findings = []
     for report in context.reports:

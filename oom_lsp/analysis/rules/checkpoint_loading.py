@@ -15,7 +15,7 @@ from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.analysis.rules._devices import file_uses_cuda
-from oom_lsp.analysis.rules._scan import SCOPES, descendants, names_read, scope_of
+from oom_lsp.analysis.rules._scan import SCOPES, children, descendants, scope_of
 from oom_lsp.fixes.map_location import add_map_location
 
 
@@ -362,15 +362,11 @@ class _ScopeIndex:
 
     scope: cst.CSTNode
     sinks: list[cst.Call] = field(default_factory=list)
-    bindings: list[tuple[list[cst.BaseExpression], cst.CSTNode]] = field(default_factory=list)
-    _reads: collections.Counter[str] | None = None
-
-    def reads(self) -> collections.Counter[str]:
-        """How often each plain name is read in the scope (as `references`
-        counts: not `obj.name`, not the keyword of `f(name=1)`)."""
-        if self._reads is None:
-            self._reads = collections.Counter(name for name in names_read(self.scope))
-        return self._reads
+    # Each binding's targets and the names its value mentions.
+    bindings: list[tuple[list[cst.BaseExpression], frozenset[str]]] = field(default_factory=list)
+    # How often each plain name is read in the scope, nested scopes included
+    # (as `references` counts: not `obj.name`, not the keyword of `f(name=1)`).
+    reads: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 _SCOPE_INDEXES: weakref.WeakKeyDictionary[FileContext, dict[int, _ScopeIndex]] = weakref.WeakKeyDictionary()
@@ -380,19 +376,43 @@ def _scope_index(context: FileContext, scope: cst.CSTNode) -> _ScopeIndex:
     indexes = _SCOPE_INDEXES.setdefault(context, {})
     index = indexes.get(id(scope))
     if index is None:
-        index = indexes[id(scope)] = _ScopeIndex(scope)
-        for node in descendants(scope, skip=SCOPES):
-            node_type = type(node)
+        index = indexes[id(scope)] = _build_scope_index(scope)
+    return index
+
+
+def _build_scope_index(scope: cst.CSTNode) -> _ScopeIndex:
+    """One walk of the scope: the names it reads (nested scopes included) and,
+    outside nested scopes, its state sinks and bindings."""
+    index = _ScopeIndex(scope)
+    reads = index.reads
+    stack: list[tuple[cst.CSTNode, bool]] = [(scope, False)]
+    while stack:
+        node, nested = stack.pop()
+        node_type = type(node)
+        if node_type is cst.Name:
+            reads[node.value] += 1
+            continue
+        if node_type is cst.Attribute or node_type is cst.Arg:
+            stack.append((node.value, nested))  # not `obj.name`, not a keyword
+            continue
+        if not nested:
             if node_type is cst.Call:
                 if _is_state_sink(node):
                     index.sinks.append(node)
             elif node_type is cst.Assign:
-                index.bindings.append(([target.target for target in node.targets], node.value))
+                index.bindings.append(([target.target for target in node.targets], _names_in(node.value)))
             elif (node_type is cst.AugAssign or node_type is cst.AnnAssign) and node.value is not None:
-                index.bindings.append(([node.target], node.value))
+                index.bindings.append(([node.target], _names_in(node.value)))
             elif node_type is cst.For:
-                index.bindings.append(([node.target], node.iter))
+                index.bindings.append(([node.target], _names_in(node.iter)))
+            nested = node is not scope and node_type in SCOPES
+        stack.extend((child, nested) for child in children(node))
     return index
+
+
+def _names_in(expression: cst.CSTNode) -> frozenset[str]:
+    """Every name in `expression`, attribute names included."""
+    return frozenset(node.value for node in descendants(expression) if type(node) is cst.Name)
 
 
 def _state_sinks(index: _ScopeIndex, load: cst.Call, statement: cst.CSTNode | None) -> _Sinks | None:
@@ -433,7 +453,7 @@ def _state_sinks(index: _ScopeIndex, load: cst.Call, statement: cst.CSTNode | No
                 other_uses += 1
     if not reached:
         return None
-    reads = sum(index.reads()[name] for name in assigned) - len(assigned)
+    reads = sum(index.reads[name] for name in assigned) - len(assigned)
     return _Sinks(whole_only=other_uses == 0 and whole_uses == reads and len(derived) == len(assigned))
 
 
@@ -461,8 +481,8 @@ def _derived_names(index: _ScopeIndex, seeds: set[str]) -> set[str]:
     changed = True
     while changed:
         changed = False
-        for targets, value in index.bindings:
-            if not any(type(inner) is cst.Name and inner.value in names for inner in descendants(value)):
+        for targets, value_names in index.bindings:
+            if names.isdisjoint(value_names):
                 continue
             for target in targets:
                 for bound in _written_names(target):
