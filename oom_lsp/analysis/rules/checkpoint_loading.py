@@ -15,7 +15,7 @@ from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.analysis.rules._devices import file_uses_cuda
-from oom_lsp.analysis.rules._scan import SCOPES, children, descendants, scope_of
+from oom_lsp.analysis.rules._scan import SCOPES, descendants, names_read, scope_of
 from oom_lsp.fixes.map_location import add_map_location
 
 
@@ -364,9 +364,15 @@ class _ScopeIndex:
     sinks: list[cst.Call] = field(default_factory=list)
     # Each binding's targets and the names its value mentions.
     bindings: list[tuple[list[cst.BaseExpression], frozenset[str]]] = field(default_factory=list)
-    # How often each plain name is read in the scope, nested scopes included
-    # (as `references` counts: not `obj.name`, not the keyword of `f(name=1)`).
-    reads: collections.Counter[str] = field(default_factory=collections.Counter)
+    _reads: collections.Counter[str] | None = None
+
+    def reads(self) -> collections.Counter[str]:
+        """How often each plain name is read in the scope, nested scopes
+        included (as `references` counts: not `obj.name`, not the keyword of
+        `f(name=1)`). A walk of the whole scope: asked only when it decides."""
+        if self._reads is None:
+            self._reads = collections.Counter(names_read(self.scope))
+        return self._reads
 
 
 _SCOPE_INDEXES: weakref.WeakKeyDictionary[FileContext, dict[int, _ScopeIndex]] = weakref.WeakKeyDictionary()
@@ -376,26 +382,9 @@ def _scope_index(context: FileContext, scope: cst.CSTNode) -> _ScopeIndex:
     indexes = _SCOPE_INDEXES.setdefault(context, {})
     index = indexes.get(id(scope))
     if index is None:
-        index = indexes[id(scope)] = _build_scope_index(scope)
-    return index
-
-
-def _build_scope_index(scope: cst.CSTNode) -> _ScopeIndex:
-    """One walk of the scope: the names it reads (nested scopes included) and,
-    outside nested scopes, its state sinks and bindings."""
-    index = _ScopeIndex(scope)
-    reads = index.reads
-    stack: list[tuple[cst.CSTNode, bool]] = [(scope, False)]
-    while stack:
-        node, nested = stack.pop()
-        node_type = type(node)
-        if node_type is cst.Name:
-            reads[node.value] += 1
-            continue
-        if node_type is cst.Attribute or node_type is cst.Arg:
-            stack.append((node.value, nested))  # not `obj.name`, not a keyword
-            continue
-        if not nested:
+        index = indexes[id(scope)] = _ScopeIndex(scope)
+        for node in descendants(scope, skip=SCOPES):
+            node_type = type(node)
             if node_type is cst.Call:
                 if _is_state_sink(node):
                     index.sinks.append(node)
@@ -405,8 +394,6 @@ def _build_scope_index(scope: cst.CSTNode) -> _ScopeIndex:
                 index.bindings.append(([node.target], _names_in(node.value)))
             elif node_type is cst.For:
                 index.bindings.append(([node.target], _names_in(node.iter)))
-            nested = node is not scope and node_type in SCOPES
-        stack.extend((child, nested) for child in children(node))
     return index
 
 
@@ -453,8 +440,10 @@ def _state_sinks(index: _ScopeIndex, load: cst.Call, statement: cst.CSTNode | No
                 other_uses += 1
     if not reached:
         return None
-    reads = sum(index.reads[name] for name in assigned) - len(assigned)
-    return _Sinks(whole_only=other_uses == 0 and whole_uses == reads and len(derived) == len(assigned))
+    if other_uses or len(derived) != len(assigned):
+        return _Sinks(whole_only=False)
+    reads = sum(index.reads()[name] for name in assigned) - len(assigned)
+    return _Sinks(whole_only=whole_uses == reads)
 
 
 def _assigned_from(statement: cst.CSTNode, load: cst.Call) -> set[str]:
