@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -471,17 +472,30 @@ class FileContext:
         module: cst.Module,
         settings: LintSettings,
         path: str,
+        syntax_tree: ast.Module | None = None,
     ) -> None:
         self.source = source
         self.module = module
         self.settings = settings
         self.path = path
+        self._syntax_tree = syntax_tree
         self.imports = ImportMap.from_module(module)
         self.tracker = Tracker(self.imports, module)
         self.reports: list[Report] = []
 
     def add_report(self, report: Report) -> None:
         self.reports.append(report)
+
+    def syntax_tree(self) -> ast.Module | None:
+        """The stdlib tree of the source (with line numbers, which libcst's
+        nodes lack), parsed on first use when the parser did not keep it;
+        None when `ast` rejects what libcst accepted."""
+        if self._syntax_tree is None:
+            try:
+                self._syntax_tree = ast.parse(self.source)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                return None
+        return self._syntax_tree
 
     def qualified_name(self, expr: cst.BaseExpression) -> str | None:
         return self.imports.qualified_name(expr)

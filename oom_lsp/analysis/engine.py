@@ -129,7 +129,9 @@ def _syntax_error_at(line: int, column: int, message: str, settings: LintSetting
 
 def _run_rules(parsed: ParsedSource, source: str, settings: LintSettings, path: str) -> list[Finding]:
     module = parsed.module
-    context = FileContext(source=source, module=module, settings=settings, path=path)
+    context = FileContext(
+        source=source, module=module, settings=settings, path=path, syntax_tree=parsed.statements
+    )
     rules = [
         rule_class(context)
         for code, rule_class in registry.all_rules().items()
