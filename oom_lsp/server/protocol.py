@@ -188,6 +188,13 @@ class OomProtocol(LanguageServerProtocol):
         logger.warning(
             "Answering %s: %s", f"request {msg_id!r}" if msg_id is not None else "a message", message
         )
+        if msg_id is None:
+            # JSON-RPC 2.0: an error whose request's id could not be read has `"id": null`;
+            # pygls' converter leaves out a None id, and vscode-jsonrpc then takes the
+            # answer for neither a response nor a notification.
+            error = {"code": code, "message": message}
+            self._send_data({"jsonrpc": self.VERSION, "id": None, "error": error})
+            return
         self._send_response(msg_id, error=types.ResponseError(code=code, message=message))
 
     # --- LSP methods --------------------------------------------------------------
