@@ -511,12 +511,14 @@ def _fixed_listing(results: list[Any]) -> str:
 
 
 def _report_diff(args: argparse.Namespace, results: list[Any]) -> int:
+    from oom_lsp.edits import split_lines
+
     changed = [result for result in results if result.changed]
     for result in changed:
         sys.stdout.writelines(
             difflib.unified_diff(
-                result.original.splitlines(keepends=True),
-                result.source.splitlines(keepends=True),
+                split_lines(result.original, keepends=True),
+                split_lines(result.source, keepends=True),
                 fromfile=result.display,
                 tofile=result.display,
             )

@@ -270,6 +270,15 @@ def test_diff_shows_but_does_not_write(project: Path, capsys: pytest.CaptureFixt
     assert (code, out) == (0, "")
 
 
+def test_diff_numbers_lines_as_python_does_below_a_form_feed(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(project / "paged.py", RISKY.replace("import torch\n", "import torch\n# page \x0c break\n"))
+    code, out, _ = run(capsys, "--check", *SELECT, "--diff", ".")
+    assert code == 1
+    assert out.split("\n")[2:5] == ["@@ -1,4 +1,4 @@", " import torch", " # page \x0c break"]
+
+
 # --- outputs through the CLI ------------------------------------------------------------------------------------------
 
 
