@@ -228,6 +228,30 @@ async def test_ask_ai_applies_the_fix_and_logs_it(client: LanguageClient, fake: 
     assert kinds[0] == "begin" and kinds[-1] == "end" and "report" in kinds
 
 
+async def test_an_ai_fix_below_page_breaks_lands_where_it_was_checked(
+    client: LanguageClient, fake: FakeModelServer
+):
+    """A form feed, \\x1c and U+2028 in a comment above the edit end no line for the client
+    (only \\n, \\r\\n and \\r do): the edit applied as the client applies it gives the
+    text the server checked."""
+    paged = TRAIN.replace("import torch\n", "import torch\n# page \x0c break \x1c \u2028 here\n", 1)
+    path = client.root / f"paged{next(_names)}.py"
+    path.write_text(paged, encoding="utf-8")
+    uri = path.as_uri()
+    since = len(client.published)
+    open_document(client, uri, paged)
+    client.texts[uri] = (1, paged)
+    found = await diagnostics_for(client, uri, 1, since)
+    diagnostic = next(diagnostic for diagnostic in found if diagnostic.code == "OOM301")
+    assert diagnostic.range.start.line == 15
+    action = await _ask_ai_action(client, uri, diagnostic)
+    fake.script({"content": GOOD_ANSWER})
+
+    await _choose(client, action)
+
+    assert client.texts[uri][1] == paged.replace("        total_loss += loss\n", FIXED_LINE)
+
+
 async def test_a_bad_answer_is_a_message_and_no_edit(client: LanguageClient, fake: FakeModelServer):
     uri, diagnostic = await _open(client)
     action = await _ask_ai_action(client, uri, diagnostic)
