@@ -16,7 +16,6 @@ the process pool and fixing. The CLI's engine room; no output formatting.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import hashlib
 import io
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import oom_lsp
+from oom_lsp import python_ast
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.findings import Finding
 from oom_lsp.analysis.settings import LintSettings
@@ -364,7 +364,7 @@ def _located(finding: Finding, source: str, path: str) -> Finding:
     if finding.code != registry.INVALID_SYNTAX.code or "tokenizer error" not in finding.message:
         return finding
     try:
-        compile(source, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        python_ast.parse_only(source, path)
     except SyntaxError as error:
         if not error.lineno:
             return finding
