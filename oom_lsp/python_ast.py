@@ -2,13 +2,13 @@
 
 CPython 3.11 before 3.11.8 and 3.12 before 3.12.2 count the depth of the conversion from
 its C syntax tree to Python objects in state shared by every thread (python/cpython#106905,
-fixed by #113035):
-two threads converting at once fail with `SystemError: AST constructor recursion depth
-mismatch (before=27, after=22)`. The language server analyses a big document in a worker of
-its own while the others go on, and builds prompts and checks AI edits in threads, so its
-parses do meet: a document then got no diagnostics at all. The conversion is a small part
-of a parse (libcst's own parser, which the rules use, is not affected), so the lock costs
-little.
+fixed by #113035): a garbage collection that runs a finalizer in the middle of one
+conversion lets another thread convert, and one of them fails with `SystemError: AST
+constructor recursion depth mismatch (before=27, after=22)`. The language server analyses
+a big document in a worker of its own while the others go on, and builds prompts and
+checks AI edits in threads, so its parses do meet: a document then got no diagnostics at
+all. `ast.parse` is a small part of an analysis (libcst's parser, which is not affected,
+and the rules take most of it), so holding the lock over the whole call costs little.
 """
 
 from __future__ import annotations
