@@ -4,7 +4,7 @@ cancellation), then turn its trace into a prediction for the target GPU.
 
 No torch import here: this runs in the CLI and, later, in the language server.
 
-What the trace gives (harness.py): the peak of live storages over the first
+What the trace gives (the harness/ package): the peak of live storages over the first
 two optimizer steps, its breakdown and location, and the allocation log.
 What is added here for `device="cuda"` (each listed in `corrections`):
 cuBLAS/cuBLASLt workspaces, the caching allocator's segments (reserved), the
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import tempfile
 import threading
@@ -28,7 +29,8 @@ from oom_lsp.estimate.allocator import simulate
 from oom_lsp.estimate.gpus import Gpu, format_bytes
 from oom_lsp.profiling.runner import NO_TORCH_EXIT, ProfileError, ProfileRequest, ProfileRun
 
-HARNESS = Path(__file__).resolve().parent / "harness.py"
+# Started by path (harness/__main__.py explains why): the user's interpreter need not have oom_lsp.
+HARNESS = Path(__file__).resolve().parent / "harness" / "__main__.py"
 MIB, GIB = 2**20, 2**30
 # Not in memory_allocated/reserved, only in nvidia-smi: ~300 MB with CUDA's lazy
 # module loading (the default since CUDA 12.2), 200-700 MB by machine.
@@ -63,7 +65,7 @@ class EstimateOptions:
     # Set from another thread (the editor) to stop every run of this estimate.
     cancel: threading.Event | None = None
     # Progress: {"event": "starting"} before each child interpreter, then the harness's own
-    # events from a reader thread: "ready", "run-start", "step", "run" (harness.py).
+    # events from a reader thread: "ready", "run-start", "step", "run" (harness/progress.py).
     on_event: Callable[[dict[str, Any]], None] | None = None
 
 
@@ -94,6 +96,16 @@ class _HarnessRun(ProfileRun):
             "--progress-fd",
             str(progress_fd),
         ]
+
+    def environment(self) -> dict[str, str]:
+        # The profiling harness is found through PYTHONPATH; this one is started by path and
+        # needs nothing there: the script gets the PYTHONPATH it would have had.
+        env = super().environment()
+        if "PYTHONPATH" in os.environ:
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        else:
+            env.pop("PYTHONPATH", None)
+        return env
 
     def _report(self, outcome: str | None, returncode: int) -> Any:
         self.outcome, self.returncode = outcome, returncode

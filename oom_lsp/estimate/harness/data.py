@@ -1,0 +1,161 @@
+"""DataLoader: in-process (no workers), unpinned, its batch size overridden;
+under fake mode one real batch is fetched outside it and replayed as fake
+tensors for every iteration."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils.data import DataLoader
+
+from .common import has_exact_values, tensors_in
+from .knobs import add_knob
+
+
+def install(shims, request: dict, tracker, context, state: dict) -> None:
+    fake_mode = state.get("fake_mode")
+    batch_override = request.get("batch_size")
+    state["loaders"] = []
+
+    # DataLoader: in-process, unpinned, the batch size overridden; under fake
+    # mode one real batch is fetched outside it (a TensorDataset's is made from
+    # its shapes) and replayed as fake tensors.
+    original_loader_init = DataLoader.__init__
+
+    def loader_init(self, dataset, batch_size=1, *args, **kwargs):
+        kwargs["num_workers"] = 0
+        kwargs["pin_memory"] = False
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+        if batch_override is not None and kwargs.get("batch_sampler") is None and batch_size is not None:
+            batch_size = batch_override
+            state["override_applied"].append("DataLoader(batch_size=...)")
+        if batch_size is not None and kwargs.get("batch_sampler") is None:
+            add_knob(state, context, "DataLoader(batch_size=...)")
+            if state.get("loader_batch") is None:
+                state["loader_batch"] = batch_size
+        original_loader_init(self, dataset, batch_size, *args, **kwargs)
+        record_loader(state, context, self)
+
+    shims.patch(DataLoader, "__init__", loader_init)
+
+    if fake_mode is not None:
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+        from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, TensorDataset
+        from torch.utils.data._utils.collate import default_collate
+
+        original_iter = DataLoader.__iter__
+
+        def fetch_first_batch(loader):
+            """The loader's own first batch, fetched outside fake mode, and the
+            real twin of each of its tensors (None for floats, and for fake
+            tensors: a fake dataset's values are unknown)."""
+            tracker.paused += 1
+            try:
+                with unset_fake_temporarily():
+                    try:
+                        batch = next(iter(original_iter(loader)))
+                    except StopIteration:
+                        return None
+            finally:
+                tracker.paused -= 1
+            twins = [
+                None if isinstance(leaf, FakeTensor) or not has_exact_values(leaf) else leaf
+                for leaf in tensors_in(batch)
+            ]
+            return batch, twins
+
+        def is_plain_tensor_dataset(loader) -> bool:
+            return (
+                type(loader.dataset) is TensorDataset
+                and loader.collate_fn is default_collate
+                and type(loader.batch_sampler) is BatchSampler
+                and type(loader.batch_sampler.sampler) in (SequentialSampler, RandomSampler)
+            )
+
+        def tensor_dataset_first_batch(loader):
+            """What the default collate makes of a TensorDataset's first batch,
+            without indexing it row by row (a fake dataset costs a fake op per
+            row and tensor, then a fake stack): a fresh tensor per dataset
+            tensor, (rows, *rest), contiguous, as torch.stack gives it; the twin
+            of an integer one is the first rows of its real values, when known."""
+            sampler = loader.batch_sampler
+            available = len(sampler.sampler)
+            if available == 0 or (sampler.drop_last and available < sampler.batch_size):
+                return None
+            rows = min(available, sampler.batch_size)
+            tracker.paused += 1
+            try:
+                with fake_mode:
+                    batch = [
+                        torch.empty((rows, *tensor.shape[1:]), dtype=tensor.dtype)
+                        for tensor in loader.dataset.tensors
+                    ]
+                with unset_fake_temporarily():
+                    twins = []
+                    for tensor in loader.dataset.tensors:
+                        known = tracker.shadows.get(tensor) if isinstance(tensor, FakeTensor) else tensor
+                        exact = known is not None and has_exact_values(tensor)
+                        twins.append(known[:rows] if exact else None)
+            finally:
+                tracker.paused -= 1
+            return batch, twins
+
+        def loader_iter(self):
+            first_batch = tensor_dataset_first_batch if is_plain_tensor_dataset(self) else fetch_first_batch
+            fetched = first_batch(self)
+            if fetched is None:
+                return
+            real_batch, twins = fetched
+            wanted = self.batch_size
+            got = (
+                tensors_in(real_batch)[0].shape[0]
+                if tensors_in(real_batch) and tensors_in(real_batch)[0].dim()
+                else None
+            )
+
+            def to_fake(leaf):
+                if not isinstance(leaf, torch.Tensor):
+                    return leaf
+                if wanted and got and got < wanted and leaf.dim() and leaf.shape[0] == got:
+                    # A dataset smaller than the batch (a sample file, a larger
+                    # --batch-size): the batch the real data would give.
+                    tracker.paused += 1
+                    try:
+                        return torch.empty((wanted, *leaf.shape[1:]), dtype=leaf.dtype)
+                    finally:
+                        tracker.paused -= 1
+                return fake_mode.from_tensor(leaf)
+
+            if wanted and got and got < wanted:
+                state["batch_padded"] = [got, wanted]
+            for _ in range(max(1, len(self)) if hasattr(self.dataset, "__len__") else 1_000_000):
+                batch = pytree.tree_map(to_fake, real_batch)
+                for fake, twin in zip(tensors_in(batch), twins):
+                    tracker.register(fake, False, "DataLoader", "inputs")
+                    if twin is not None and fake.shape == twin.shape:
+                        tracker.shadows[fake] = twin
+                yield batch
+
+        shims.patch(DataLoader, "__iter__", loader_iter)
+
+
+def record_loader(state: dict, context, loader) -> None:
+    """What a run that ends before two optimizer steps is explained with: a
+    loader that gives fewer than two batches (a batch larger than the dataset
+    with drop_last=True gives none)."""
+    try:
+        samples, batches = len(loader.dataset), len(loader)
+    except TypeError:  # an IterableDataset without __len__
+        samples = batches = None
+    where = context.user_line()
+    state["loaders"].append(
+        {
+            "file": where[0] if where else None,
+            "line": where[1] if where else None,
+            "samples": samples,
+            "batch_size": loader.batch_size,
+            "drop_last": bool(loader.drop_last),
+            "batches": batches,
+        }
+    )
