@@ -72,7 +72,9 @@ def test_an_unsafe_view_of_a_step_lies_over_that_step(memo_module, fake_mode):
 
 
 @pytest.mark.parametrize("func, arguments", [(aten.slice.Tensor, (0, 37, 53)), (aten.select.int, (0, 411))])
-def test_views_at_data_indices_are_computed_as_fake_tensor_mode_computes_them(memo_module, fake_mode, func, arguments):
+def test_views_at_data_indices_are_computed_as_fake_tensor_mode_computes_them(
+    memo_module, fake_mode, func, arguments
+):
     memo = memo_module.FakeDispatchMemo(fake_mode, entries={})
     tokens = torch.empty(1000, dtype=torch.long)
     view = _check(memo, func, (tokens, *arguments))

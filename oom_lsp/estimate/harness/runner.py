@@ -194,6 +194,7 @@ def run(request: dict) -> dict:
             tracker.op_counts[name] for name in ("convolution", "mkldnn_convolution", "_convolution")
         ),
         stubbed_scalars=tracker.stubbed_scalars,
+        value_reads=tracker.value_reads,
         fake_memo_hits=tracker.fake_memo.hits if tracker.fake_memo is not None else None,
         sdpa=sdpa_notes,
         rnn_workspace=rnn_notes,

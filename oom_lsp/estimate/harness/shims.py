@@ -3,7 +3,7 @@ the run; `install_shims` installs them all, concern by concern."""
 
 from __future__ import annotations
 
-from . import cuda, data, knobs, training
+from . import cuda, data, knobs, training, values
 
 
 class Shims:
@@ -28,3 +28,5 @@ def install_shims(shims: Shims, request: dict, tracker, context, state: dict) ->
     training.install(shims, request, tracker, context, state)
     data.install(shims, request, tracker, context, state)
     knobs.install(shims, request, context, state)
+    if state.get("fake_mode") is not None:
+        values.install(shims, tracker, state)

@@ -54,6 +54,7 @@ class StorageTracker(TorchDispatchMode):
         self.paused = 0
         self.device_scope = 0
         self.stubbed_scalars = 0
+        self.value_reads = 0  # `.item()`-like reads of one value (_local_scalar_dense)
         # Fake integer/bool tensors computed outside the training step (token
         # arrays, random indices, their slices) keep a real twin, so that
         # `data[i : i + block]` reads real indices instead of a stubbed 0.
@@ -272,6 +273,7 @@ class StorageTracker(TorchDispatchMode):
     def _local_scalar(self, func, args, kwargs):
         from torch._subclasses.fake_tensor import DataDependentOutputException
 
+        self.value_reads += 1
         if self.shadows is not None and args[0] in self.shadows:
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
