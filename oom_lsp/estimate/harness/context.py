@@ -9,6 +9,7 @@ import sys
 import torch
 
 from .common import is_harness_file
+from .modules import ModuleScope
 
 
 class Context:
@@ -19,17 +20,14 @@ class Context:
         self.forward_depth = 0
         self.in_backward = 0
         self.in_optimizer = 0
-        self.module_tracker = None
+        self.modules = ModuleScope()
 
     @property
     def in_step(self) -> bool:
         return self.forward_depth > 0 or self.in_backward > 0 or self.in_optimizer > 0
 
     def module(self) -> str:
-        if self.module_tracker is None:
-            return ""
-        parents = [name for name in self.module_tracker.parents if name != "Global"]
-        return max(parents, key=lambda name: name.count(".")) if parents else ""
+        return self.modules.current()
 
     def user_line(self) -> tuple[str, int] | None:
         frame = sys._getframe(2)

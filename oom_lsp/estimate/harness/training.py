@@ -46,12 +46,14 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
 
     shims.patch(nn.Module, "register_buffer", register_buffer)
 
-    # Forward phase: global module hooks.
+    # Forward phase and the module it runs in: global module hooks (which hold nothing: see modules.py).
     def forward_pre(module, inputs):
         context.forward_depth += 1
+        context.modules.enter(module)
 
     def forward_post(module, inputs, output):
         context.forward_depth -= 1
+        context.modules.leave()
 
     state["hooks"] = [
         nn.modules.module.register_module_forward_pre_hook(forward_pre),
