@@ -138,6 +138,7 @@ def run_harness(
             "autocast_dtype": options.autocast_dtype,
             "gpu_name": options.gpu.name if options.gpu else None,
             "gpu_memory": options.gpu.memory if options.gpu else None,
+            "gpu_capability": list(options.gpu.arch) if options.gpu and options.gpu.arch else None,
         }
         request = ProfileRequest(
             script=options.script,
@@ -304,6 +305,16 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
             _note(
                 "batch-shaped",
                 f"the dataset gave batches of {got}; the inputs were shaped as batches of {wanted}",
+            )
+        )
+    if trace.get("bf16_emulated"):
+        arch = options.gpu.arch if options.gpu else None
+        target = f"{options.gpu.name} (sm {arch[0]}.{arch[1]})" if options.gpu and arch else "the target"
+        corrections.append(
+            _note(
+                "bf16-emulated",
+                f"{target} has no native bf16: torch.cuda.is_bf16_supported() answered True, as torch does "
+                "there (it emulates bf16), so the script's bf16 path was traced",
             )
         )
     if trace.get("stubbed_scalars"):
@@ -496,8 +507,7 @@ def _short_loaders(trace: dict[str, Any]) -> list[str]:
         found.append(
             f"DataLoader at {_place(loader['file'], loader['line'])} gives {batches} "
             f"batch{'' if batches == 1 else 'es'}: {loader['samples']} samples in batches of "
-            f"{loader['batch_size']}"
-            + (", drop_last=True" if loader["drop_last"] else "")
+            f"{loader['batch_size']}" + (", drop_last=True" if loader["drop_last"] else "")
         )
     return found
 

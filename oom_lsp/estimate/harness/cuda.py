@@ -21,6 +21,23 @@ _REDIRECTED = (
 )
 
 
+DEFAULT_CAPABILITY = (9, 0)
+_CUDA_DTYPES = {
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+}
+
+
 class CudaRedirect(TorchFunctionMode):
     """The script asks for `cuda`; it gets the CPU, and the tracker learns that
     the result lives on the GPU."""
@@ -89,11 +106,62 @@ class CudaEvent:
         return 0.0
 
 
+class CudaStream:
+    """torch.cuda.Stream (timm's prefetching loader copies batches on a side stream): the trace
+    runs in program order, so waiting and recording do nothing. What a real side stream adds,
+    memory freed only once the other stream's work is done (`record_stream`), is not modelled."""
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        self.device = torch.device("cuda", 0)
+        self.priority = priority
+        self.cuda_stream = 0
+
+    def wait_event(self, event):
+        pass
+
+    def wait_stream(self, stream):
+        pass
+
+    def record_event(self, event=None):
+        event = event if event is not None else CudaEvent()
+        event.record(self)
+        return event
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def is_capturing(self):
+        # What optimizers ask before a step (CUDA graph capture): no graph is ever captured.
+        return False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class StreamContext:
+    """`with torch.cuda.stream(s):` (and `torch.cuda.StreamContext(s)`)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+
+    def __enter__(self):
+        return self.stream
+
+    def __exit__(self, *exc):
+        return False
+
+
 class FakeCudaProperties:
-    def __init__(self, name, total_memory):
+    def __init__(self, name, total_memory, capability):
         self.name = name
         self.total_memory = total_memory
-        self.major, self.minor = 9, 0
+        self.major, self.minor = capability
         self.multi_processor_count = 132
 
 
@@ -119,10 +187,57 @@ def fake_apply(self, fn, recurse=True):
     return self
 
 
+def install_accelerator(shims, gpu_memory: int, default_stream: CudaStream) -> None:
+    """torch.accelerator (torch 2.6+), which pytorch/examples ask for their device: CUDA, as
+    torch.cuda says."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:
+        return
+    answers = {
+        "current_accelerator": lambda check_available=False: torch.device("cuda"),
+        "is_available": lambda: True,
+        "device_count": lambda: 1,
+        "current_device_index": lambda: 0,
+        "current_device_idx": lambda: 0,
+        "set_device_index": lambda device: None,
+        "set_device_idx": lambda device: None,
+        "device_index": StreamContext,
+        "current_stream": lambda device=None: default_stream,
+        "set_stream": lambda stream: None,
+        "synchronize": lambda device=None: None,
+        "get_device_capability": lambda device=None: {"supported_dtypes": _CUDA_DTYPES},
+        "empty_cache": lambda: None,
+        "empty_host_cache": lambda: None,
+        "memory_stats": lambda device_index=None: {},
+        "memory_allocated": lambda device_index=None: 0,
+        "max_memory_allocated": lambda device_index=None: 0,
+        "memory_reserved": lambda device_index=None: 0,
+        "max_memory_reserved": lambda device_index=None: 0,
+        "reset_accumulated_memory_stats": lambda device_index=None: None,
+        "reset_peak_memory_stats": lambda device_index=None: None,
+        "get_memory_info": lambda device_index=None: (gpu_memory, gpu_memory),
+    }
+    for name, answer in answers.items():
+        if hasattr(accelerator, name):
+            shims.patch(accelerator, name, answer)
+
+
 def install(shims, request: dict, state: dict) -> None:
     """torch.cuda: the script takes its GPU path."""
     gpu_name = request.get("gpu_name") or "oom-lsp estimated GPU"
     gpu_memory = request.get("gpu_memory") or 80 * 2**30
+    # The target's compute capability (the GPU catalogue's); a target without one (a size, not
+    # a model) answers as a current datacenter GPU.
+    capability = tuple(request.get("gpu_capability") or DEFAULT_CAPABILITY)
+
+    def is_bf16_supported(including_emulation=True):
+        # As torch answers on that GPU: natively from sm 8.0 on; below, True through emulation
+        # (torch creates a bf16 tensor to check) unless the script asks without emulation.
+        if capability >= (8, 0):
+            return True
+        if including_emulation:
+            state["bf16_emulated"] = True
+        return bool(including_emulation)
 
     cuda = torch.cuda
     shims.patch(cuda, "is_available", lambda: True)
@@ -134,9 +249,13 @@ def install(shims, request: dict, state: dict) -> None:
     shims.patch(cuda, "manual_seed", lambda seed: None)
     shims.patch(cuda, "manual_seed_all", lambda seed: None)
     shims.patch(cuda, "get_device_name", lambda device=None: gpu_name)
-    shims.patch(cuda, "get_device_capability", lambda device=None: (9, 0))
-    shims.patch(cuda, "get_device_properties", lambda device=None: FakeCudaProperties(gpu_name, gpu_memory))
-    shims.patch(cuda, "is_bf16_supported", lambda *a, **k: True)
+    shims.patch(cuda, "get_device_capability", lambda device=None: capability)
+    shims.patch(
+        cuda,
+        "get_device_properties",
+        lambda device=None: FakeCudaProperties(gpu_name, gpu_memory, capability),
+    )
+    shims.patch(cuda, "is_bf16_supported", is_bf16_supported)
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         shims.patch(cuda, name, lambda device=None: 0)
     for name in ("reset_peak_memory_stats", "reset_max_memory_allocated"):
@@ -145,6 +264,15 @@ def install(shims, request: dict, state: dict) -> None:
     shims.patch(cuda, "set_per_process_memory_fraction", lambda fraction, device=None: None)
     shims.patch(cuda, "memory_summary", lambda *a, **k: "")
     shims.patch(cuda, "Event", CudaEvent)
+    default_stream = CudaStream()
+    shims.patch(cuda, "Stream", CudaStream)
+    shims.patch(cuda, "StreamContext", StreamContext)
+    shims.patch(cuda, "stream", StreamContext)
+    shims.patch(cuda, "current_stream", lambda device=None: default_stream)
+    shims.patch(cuda, "default_stream", lambda device=None: default_stream)
+    shims.patch(cuda, "set_stream", lambda stream: None)
+    shims.patch(torch.Tensor, "record_stream", lambda self, stream: None)
+    install_accelerator(shims, gpu_memory, default_stream)
 
     # autocast("cuda", dtype) -> autocast("cpu", same dtype); CUDA's default is fp16.
     autocast_cls = torch.amp.autocast_mode.autocast

@@ -211,6 +211,7 @@ def run(request: dict) -> dict:
         override_applied=state["override_applied"],
         batch_knobs=list(state["batch_knobs"].values()),
         batch_padded=state.get("batch_padded"),
+        bf16_emulated=bool(state.get("bf16_emulated")),
         loaders=state["loaders"],
     )
     if prof is not None:
