@@ -38,6 +38,8 @@ CUDA_CONTEXT = 400 * MIB
 DEFAULT_MARGIN = 0.10
 CUBLAS_WORKSPACE_PRE_HOPPER = 8_519_680  # CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8
 CUBLAS_WORKSPACE_HOPPER = 32 * MIB
+# Traces of the estimate when the draw of the data decides the first batch's shapes (seeds 0, 1, 2).
+DATA_DRAWS = 3
 _NO_KNOB = (
     "cannot change the script's batch size: it is set neither by an argparse option (--batch-size, "
     "--batch_size, --bs...) nor by DataLoader(batch_size=...); pass it one of those ways"
@@ -101,6 +103,8 @@ class _HarnessRun(ProfileRun):
         # The profiling harness is found through PYTHONPATH; this one is started by path and
         # needs nothing there: the script gets the PYTHONPATH it would have had.
         env = super().environment()
+        # What the harness seeds: Python's hash randomisation too (set order can order data).
+        env.setdefault("PYTHONHASHSEED", "0")
         if "PYTHONPATH" in os.environ:
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         else:
@@ -317,6 +321,18 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 "there (it emulates bf16), so the script's bf16 path was traced",
             )
         )
+    spread = trace.get("data_spread")
+    if spread and len(spread["peak_bytes"]) > 1:
+        peaks = spread["peak_bytes"]
+        corrections.append(
+            _note(
+                "data-draw",
+                f"the draw of the data decides the peak: {len(peaks)} draws of what the harness seeds "
+                f"(the DataLoader's shuffle, random, NumPy, torch) gave {format_bytes(min(peaks))} to "
+                f"{format_bytes(max(peaks))} traced (this estimate: seed {spread['seeds'][0]})",
+                max(peaks) - min(peaks),
+            )
+        )
     if trace.get("stubbed_scalars"):
         corrections.append(
             _note(
@@ -421,6 +437,7 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
         "method": "fake-tensor trace of two optimizer steps",
         "torch": trace.get("torch"),
         "batch_knobs": trace.get("batch_knobs", []),
+        "data_spread": spread,
     }
     if capacity is not None:
         _set_verdict(prediction, capacity, options.margin)
@@ -527,7 +544,7 @@ Progress = Callable[[str], None]
 
 def estimate(options: EstimateOptions, progress: Progress | None = None) -> dict[str, Any]:
     """One prediction; falls back to real CPU steps when the script cannot be faked."""
-    (trace,) = run_harness(options, [{"batch_size": options.batch_size}])
+    (trace,) = run_harness(options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS}])
     if trace["status"] != "failed":
         _require_two_steps(trace)
         if options.batch_size is not None and not trace.get("override_applied"):
@@ -792,7 +809,9 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
     where the line does not hold) by fake runs."""
     if options.gpu is None:
         raise EstimateError("--find-max-batch needs a target: --gpu NAME or --gpu-memory SIZE")
-    traces = run_harness(options, [{"batch_size": options.batch_size}, {"batch_size": "double"}])
+    traces = run_harness(
+        options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS}, {"batch_size": "double"}]
+    )
     base = traces[0]
     _require_two_steps(base, base.get("batch_size"))
     if not base.get("batch_knobs") or not base.get("batch_size"):

@@ -4,12 +4,19 @@ tensors for every iteration."""
 
 from __future__ import annotations
 
+import random
+import weakref
+
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader
 
 from .common import has_exact_values, tensors_in
 from .knobs import add_knob
+from .seeding import RandomStates, seed_samplers, seeded_generator
+
+# DataLoader.__init__'s positional parameters after batch_size, up to its generator.
+_GENERATOR_POSITION = 10
 
 
 def install(shims, request: dict, tracker, context, state: dict) -> None:
@@ -22,7 +29,13 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
     # its shapes) and replayed as fake tensors.
     original_loader_init = DataLoader.__init__
 
+    # Loaders whose shuffle the harness seeded (those without a generator of their own).
+    seeded_loaders: weakref.WeakSet = weakref.WeakSet()
+
     def loader_init(self, dataset, batch_size=1, *args, **kwargs):
+        generator = None
+        if kwargs.get("generator") is None and len(args) <= _GENERATOR_POSITION:
+            generator = kwargs["generator"] = seeded_generator(state["seed"], len(state["loaders"]))
         kwargs["num_workers"] = 0
         kwargs["pin_memory"] = False
         kwargs.pop("prefetch_factor", None)
@@ -35,6 +48,9 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             if state.get("loader_batch") is None:
                 state["loader_batch"] = batch_size
         original_loader_init(self, dataset, batch_size, *args, **kwargs)
+        if generator is not None:
+            seed_samplers(generator, self.sampler, self.batch_sampler)
+            seeded_loaders.add(self)
         record_loader(state, context, self)
 
     shims.patch(DataLoader, "__init__", loader_init)
@@ -64,6 +80,42 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
                 for leaf in tensors_in(batch)
             ]
             return batch, twins
+
+        def shapes(batch) -> list:
+            return [tuple(leaf.shape) for leaf in tensors_in(batch)]
+
+        def draw_decides_shapes(loader, batch) -> bool:
+            """Whether other draws of what the harness seeded (the loader's shuffle, Python's,
+            NumPy's and torch's generators) give a first batch of other shapes: per-batch
+            padding, random crops. The run's own random states are put back."""
+            seen = shapes(batch)
+            tracker.paused += 1
+            try:
+                with unset_fake_temporarily(), RandomStates(loader.generator):
+                    for draw in (1, 2):
+                        random.seed(state["seed"] + draw)
+                        torch.manual_seed(state["seed"] + draw)
+                        loader.generator.manual_seed(state["seed"] + draw)
+                        try:
+                            other = next(iter(original_iter(loader)))
+                        except StopIteration:
+                            return False
+                        if shapes(other) != seen:
+                            return True
+            finally:
+                tracker.paused -= 1
+            return False
+
+        probed_loaders: weakref.WeakSet = weakref.WeakSet()
+
+        def shuffled_by_harness(loader) -> bool:
+            """A map-style loader whose sampler draws from the generator the harness seeded
+            (shuffle=True, a RandomSampler given without a generator): iterating it again is safe,
+            as it would not be for a stream."""
+            if loader not in seeded_loaders:
+                return False
+            samplers = (loader.sampler, getattr(loader.batch_sampler, "sampler", None))
+            return any(getattr(sampler, "generator", None) is loader.generator for sampler in samplers)
 
         def is_plain_tensor_dataset(loader) -> bool:
             return (
@@ -107,6 +159,10 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             if fetched is None:
                 return
             real_batch, twins = fetched
+            if first_batch is fetch_first_batch and shuffled_by_harness(self) and self not in probed_loaders:
+                probed_loaders.add(self)
+                if draw_decides_shapes(self, real_batch):
+                    state["data_varies"] = True
             wanted = self.batch_size
             got = (
                 tensors_in(real_batch)[0].shape[0]

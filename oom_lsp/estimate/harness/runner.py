@@ -17,6 +17,10 @@ the CPU. With `count="device"` only storages the script put on the GPU (and
 whatever is computed from them, or allocated inside a training step) count;
 with `count="all"` every storage counts (what a real CPU step measures).
 
+Each run starts from `seed` (default 0, see seeding.py). With `draws: N`, a
+fake run whose first batch's shapes depend on the draw of the data is run
+again with the next N - 1 seeds, and their peaks are reported (`data_spread`).
+
 The result is one JSON object written to `output`; the script's own stdout
 and stderr are left alone.
 """
@@ -43,6 +47,7 @@ from .cuda import CudaRedirect
 from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
 from .failures import classify_failure, user_frames
 from .memo import FakeDispatchMemo
+from .seeding import seed_everything
 from .shims import Shims, install_shims
 from .tracker import StorageTracker
 
@@ -64,7 +69,7 @@ def run(request: dict) -> dict:
         if not cuda:
             models["conv_scratch"] = make_conv_scratch(conv_notes)
     tracker = StorageTracker(context, count_all=not cuda, round_cuda=cuda, kernel_models=models)
-    state: dict = {}
+    state: dict = {"seed": int(request.get("seed", 0))}
     shims = Shims()
     result: dict = {"mode": mode, "device": "cuda" if cuda else "cpu", "torch": torch.__version__}
 
@@ -107,6 +112,7 @@ def run(request: dict) -> dict:
     numpy_missing = "numpy" not in sys.modules and importlib.util.find_spec("numpy") is None
     if numpy_missing:
         sys.modules["numpy"] = None
+    seed_everything(state["seed"])
     # What an earlier run in this interpreter left in reference cycles (a batch-size search runs
     # the script several times) is freed now, not by a collection in the middle of this run,
     # where the profiler of a real run would count its frees as this run's.
@@ -211,6 +217,8 @@ def run(request: dict) -> dict:
         override_applied=state["override_applied"],
         batch_knobs=list(state["batch_knobs"].values()),
         batch_padded=state.get("batch_padded"),
+        seed=state["seed"],
+        data_varies=bool(state.get("data_varies")),
         bf16_emulated=bool(state.get("bf16_emulated")),
         loaders=state["loaders"],
     )
@@ -257,6 +265,20 @@ def _arm_watchdog() -> None:
     module.arm_from_environment()
 
 
+def _spread(options: dict, first: dict) -> dict:
+    """The peak under other seeds, when the draw of the data decided the first batch's shapes
+    (the run says so: data_varies): the same run again, seeded with the next seeds."""
+    seeds, peaks = [first["seed"]], [first["peak_bytes"]]
+    for offset in range(1, int(options["draws"])):
+        progress.emit("run-start", batch_size=options["batch_size"])
+        again = run({**options, "seed": first["seed"] + offset})
+        progress.emit("run", batch_size=again["batch_size"], status=again["status"])
+        if again["status"] == "stopped":
+            seeds.append(again["seed"])
+            peaks.append(again["peak_bytes"])
+    return {"seeds": seeds, "peak_bytes": peaks}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description="Estimates the peak memory of a training script's first optimizer steps."
@@ -285,7 +307,10 @@ def main() -> int:
                 break
             batch_size = 2 * previous_batch
         progress.emit("run-start", batch_size=batch_size)
-        result = run({**request, **run_request, "batch_size": batch_size})
+        run_options = {**request, **run_request, "batch_size": batch_size}
+        result = run(run_options)
+        if int(run_options.get("draws", 1)) > 1 and result["data_varies"] and result["status"] == "stopped":
+            result["data_spread"] = _spread(run_options, result)
         results.append(result)
         progress.emit("run", batch_size=result["batch_size"], status=result["status"])
         previous_batch = result["batch_size"] if result["status"] != "failed" else None
