@@ -295,6 +295,25 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 conv["bytes"],
             )
         )
+    copies = trace.get("matmul_copies") or {}
+    if copies.get("calls"):
+        what = (
+            f"{copies['calls']} matrix product(s) read an operand BLAS cannot read in place (a stride-0 "
+            f"gradient, a column slice, a broadcast row), which the kernel copies and frees inside itself "
+            f"(up to {format_bytes(copies['bytes'])} at once)"
+        )
+        corrections.append(
+            _note(
+                "matmul-operand-copy",
+                what
+                + (
+                    ": cuBLAS copies them too (PyTorch's source), not added: not checked on a GPU"
+                    if cuda
+                    else ": added at that op, as measured on the CPU kernels"
+                ),
+                None if cuda else copies["bytes"],
+            )
+        )
     if cuda and trace.get("convolutions"):
         corrections.append(
             _note(

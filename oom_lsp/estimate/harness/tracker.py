@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .common import CUDA_BLOCK, aten, has_exact_values, op_tensors
 from .context import Context
-from .cpu_kernels import CONVOLUTIONS
+from .cpu_kernels import CONVOLUTIONS, MATMULS
 from .memo import FakeDispatchMemo
 
 PRIM_DEVICE = torch.ops.prim.device.default
@@ -223,6 +223,8 @@ class StorageTracker(TorchDispatchMode):
             self.register(tensor, device, op)
         if func in CONVOLUTIONS and "conv_scratch" in self.kernel_models:
             self._transient(self.kernel_models["conv_scratch"](self, func, args), op)
+        elif func in MATMULS and "matmul_copies" in self.kernel_models:
+            self._transient(self.kernel_models["matmul_copies"](func, args), op)
         return out
 
     def _transient(self, size: int, op: str) -> None:
