@@ -18,6 +18,7 @@ One module per concern:
 - `runner`: the request, one run of the script under the shims, its result; `main`.
 - `tracker`: the live-storage tracker (a TorchDispatchMode) and what it counts.
 - `context`: where the script is (phase, module, line) when a storage is made.
+- `modules`: which module, found without holding anything alive (no graph hooks).
 - `memo`: FakeDispatchMemo, the cache of fake dispatches.
 - `shims`: the patcher that every shim goes through, and their order.
 - `cuda`: the GPU the script believes it has (torch.cuda, `device="cuda"`, autocast, GradScaler).
@@ -25,6 +26,8 @@ One module per concern:
 - `cpu_kernels`: what CPU kernels allocate inside themselves (oneDNN scratch and workspaces).
 - `training`: the training step's phases, parameters, gradients, optimizer state, the stop.
 - `data`: DataLoader in-process, its batch replayed as fake tensors.
+- `seeding`: the seeds of a run (random, NumPy, torch, each DataLoader's shuffle).
+- `values`: values read from fake tensors (`f"{loss:.4f}"`, `.tolist()`).
 - `knobs`: where the script sets its batch size, and the `--batch-size` override.
 - `failures`: how a failed run is explained (the user's frames, the kind of failure).
 - `progress`: progress events to the parent.
