@@ -29,4 +29,4 @@ def install_shims(shims: Shims, request: dict, tracker, context, state: dict) ->
     data.install(shims, request, tracker, context, state)
     knobs.install(shims, request, context, state)
     if state.get("fake_mode") is not None:
-        values.install(shims, tracker, state)
+        values.install(shims, tracker)

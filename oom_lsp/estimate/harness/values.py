@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 
-def install(shims, tracker, state: dict) -> None:
+def install(shims, tracker) -> None:
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
     original_format = torch.Tensor.__format__
