@@ -21,6 +21,8 @@ import textwrap
 
 from jupyter_client.manager import start_new_kernel
 
+from oom_lsp.fixes.notebook import FREE_FAILED_CELL
+
 SETUP = textwrap.dedent(
     """
     import gc, sys, traceback, weakref
@@ -98,6 +100,8 @@ HOOK = FREE_FAILED + textwrap.dedent(
 
 CLEAR_FRAMES_ONLY = "traceback.clear_frames(sys.last_traceback)\ngc.collect()"
 CLEAR_AT_START = FREE_FAILED + "free_failed_frames(getattr(sys, 'last_value', None))\n"
+# OOM701's fix, as it inserts it at the top of the training cell.
+OOM701_FIX = "\n".join(FREE_FAILED_CELL) + "\n"
 
 REPORT = "gc.collect(); print(sorted(k for k in alive if k.startswith('step2')))"
 
@@ -115,7 +119,21 @@ SCENARIOS: list[tuple[str, list[str]]] = [
     ("free_failed_frames(sys.last_value): locals cleared too", [SETUP, TRAIN_FUNCTION, CLEAR_AT_START]),
     ("post_run_cell hook clearing the failed cell's frames", [SETUP, HOOK, TRAIN_FUNCTION]),
     ("post_run_cell hook, loop at module level", [SETUP, HOOK, TRAIN_CELL]),
-    ("cleanup at the top of the training cell, re-run", [SETUP, CLEAR_AT_START + TRAIN_FUNCTION, CLEAR_AT_START]),
+    ("OOM701's fix at the top of the training cell, as it re-runs", [SETUP, OOM701_FIX + TRAIN_FUNCTION, OOM701_FIX]),
+    ("OOM701's fix, loop at module level", [SETUP, OOM701_FIX + TRAIN_CELL, OOM701_FIX]),
+]
+
+# OOM703: the model cell run again while the optimizer of a later cell holds the old parameters.
+MODEL_SETUP = "import gc, weakref\nimport torch\nparameters = weakref.WeakSet()\n"
+MODEL_CELL = "model = torch.nn.Linear(1024, 1024)\nparameters.update(model.parameters())\n"
+OPTIMIZER_CELL = "optimizer = torch.optim.Adam(model.parameters())\n"
+MODEL_REPORT = "gc.collect(); print(len(parameters))"
+MODEL_SCENARIOS: list[tuple[str, list[str]]] = [
+    ("model cell run again", [MODEL_SETUP, MODEL_CELL, OPTIMIZER_CELL, MODEL_CELL]),
+    (
+        "model cell run again with OOM703's fix",
+        [MODEL_SETUP, "model = optimizer = None\n" + MODEL_CELL, OPTIMIZER_CELL, "model = optimizer = None\n" + MODEL_CELL],
+    ),
 ]
 
 # Out[n]: a graph-carrying tensor as a cell's last expression.
@@ -162,6 +180,10 @@ def main() -> int:
     for name, cells in SCENARIOS:
         alive, errors = run(cells, REPORT)
         print(f"  {name:60} {alive:22} ({errors[0] if errors else 'no error'})")
+    print("\nParameters alive after the model cell ran twice (one model: 2):")
+    for name, cells in MODEL_SCENARIOS:
+        alive, _ = run(cells, MODEL_REPORT)
+        print(f"  {name:60} {alive}")
     print("\nA forward pass's output shown by a cell, after `del result` and gc.collect():")
     for name, cells in OUT_SCENARIOS:
         alive, _ = run(cells, OUT_REPORT)

@@ -462,16 +462,16 @@ class FileContext:
         module: cst.Module,
         settings: LintSettings,
         path: str,
-        cell_starts: tuple[int, ...] | None = None,
+        cell_statements: tuple[int, ...] | None = None,
     ) -> None:
         self.source = source
         self.module = module
         self.settings = settings
         self.path = path
-        # A notebook's code cells joined into one program: the 1-based line where
-        # each cell starts, in order. None for a file of Python (the notebook rules
-        # stay silent there).
-        self.cell_starts = cell_starts
+        # A notebook's code cells joined into one program: how many of the module's
+        # top-level statements each cell holds, in order. None for a file of Python
+        # (the notebook rules stay silent there).
+        self.cell_statements = cell_statements
         self.imports = ImportMap.from_module(module)
         self.tracker = Tracker(self.imports, module)
         self.reports: list[Report] = []

@@ -43,6 +43,7 @@ class ProgramCell:
     masked: MaskedCell
     first_line: int  # where the cell starts in the program (1-based)
     line_count: int
+    statements: int  # top-level statements (the program's module body holds them in cell order)
 
     def contains(self, position: Position) -> bool:
         return self.first_line <= position.line < self.first_line + self.line_count
@@ -57,8 +58,8 @@ class Program:
     cells: tuple[ProgramCell, ...]
 
     @property
-    def cell_starts(self) -> tuple[int, ...]:
-        return tuple(cell.first_line for cell in self.cells)
+    def cell_statements(self) -> tuple[int, ...]:
+        return tuple(cell.statements for cell in self.cells)
 
     def cell_at(self, line: int) -> ProgramCell | None:
         index = bisect.bisect_right([cell.first_line for cell in self.cells], line) - 1
@@ -96,7 +97,7 @@ def build_program(cells: Sequence[CellText], settings: LintSettings) -> tuple[Pr
         if not text.strip():
             continue
         problem = _syntax_error(text)
-        if problem is not None:
+        if isinstance(problem, tuple):
             skipped[cell.key] = "syntax error"
             finding = _syntax_finding(problem, settings, cell.number)
             if finding is not None:
@@ -105,7 +106,7 @@ def build_program(cells: Sequence[CellText], settings: LintSettings) -> tuple[Pr
         if not text.endswith(("\n", "\r")):
             text += "\n"
         count = text.count("\n") + text.count("\r") - text.count("\r\n")
-        program_cells.append(ProgramCell(cell, masked, line, count))
+        program_cells.append(ProgramCell(cell, masked, line, count, problem))
         parts.append(text)
         line += count
     return Program("".join(parts), tuple(program_cells)), errors, skipped
@@ -123,7 +124,7 @@ def analyze_cells(
     program, errors, skipped = build_program(cells, settings)
     findings: dict[Hashable, list[Finding]] = {cell.key: list(errors.get(cell.key, ())) for cell in cells}
     if program.cells:
-        arguments = {"cell_starts": program.cell_starts}
+        arguments = {"cell_statements": program.cell_statements}
         if parse is not None:
             arguments["parse"] = parse
         for finding in analyze(program.text, settings, path, **arguments):
@@ -136,15 +137,17 @@ def analyze_cells(
     return NotebookAnalysis(findings, program, skipped)
 
 
-def _syntax_error(text: str) -> tuple[int, int, str] | None:
-    """Where and why the cell does not compile on its own (top-level `await` is
-    IPython's, and allowed); None when it compiles or libcst parses it (syntax newer
-    than this interpreter)."""
+def _syntax_error(text: str) -> tuple[int, int, str] | int:
+    """Where and why the cell does not parse on its own (top-level `await` is
+    IPython's, and allowed), else how many top-level statements it has (libcst's
+    count: simple statements sharing a line are one)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            compile(text, "<cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
-        return None
+            tree = compile(
+                text, "<cell>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
+            )
+        return len({statement.lineno for statement in tree.body})
     except SyntaxError as error:
         problem = (error.lineno or 1, max((error.offset or 1) - 1, 0), error.msg)
     except ValueError as error:  # NUL bytes
@@ -154,10 +157,10 @@ def _syntax_error(text: str) -> tuple[int, int, str] | None:
     import libcst as cst
 
     try:
-        cst.parse_module(text)
+        module = cst.parse_module(text)
     except (cst.ParserSyntaxError, RecursionError):
         return problem
-    return None
+    return len(module.body)
 
 
 def _syntax_finding(
@@ -257,7 +260,7 @@ def fix_cells(
             text, applied = apply_non_overlapping(cell.source, fixes)
             if applied and text != cell.source:
                 masked = mask_cell(text)
-                if masked.text is None or _syntax_error(masked.text) is not None:
+                if masked.text is None or isinstance(_syntax_error(masked.text), tuple):
                     updated.append(cell)
                     continue
                 applied_pass += applied
