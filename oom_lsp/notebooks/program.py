@@ -145,7 +145,11 @@ def _syntax_error(text: str) -> tuple[int, int, str] | int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tree = compile(
-                text, "<cell>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
+                text,
+                "<cell>",
+                "exec",
+                flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
+                dont_inherit=True,
             )
         return len({statement.lineno for statement in tree.body})
     except SyntaxError as error:
