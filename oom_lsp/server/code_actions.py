@@ -72,7 +72,13 @@ def add_provider(provider: ActionProvider, resolvers: dict[str, ActionResolver] 
 
 def register(server: OomLanguageServer) -> None:
     options = types.CodeActionOptions(
-        code_action_kinds=[types.CodeActionKind.QuickFix, types.CodeActionKind.RefactorRewrite, FIX_ALL_KIND],
+        code_action_kinds=[
+            types.CodeActionKind.QuickFix,
+            types.CodeActionKind.RefactorRewrite,
+            FIX_ALL_KIND,
+            # VS Code asks only providers that list it (notebook.codeActionsOnSave): server/notebooks.py.
+            "notebook." + FIX_ALL_KIND,
+        ],
         resolve_provider=True,
     )
     server.feature(types.TEXT_DOCUMENT_CODE_ACTION, options)(on_code_action)

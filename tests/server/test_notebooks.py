@@ -105,7 +105,7 @@ async def test_the_server_advertises_notebook_sync_of_python_cells(client: Langu
     selector = sync.notebook_selector[0]
     assert [cell.language for cell in selector.cells] == ["python"]
     kinds = client.init_result.capabilities.code_action_provider.code_action_kinds
-    assert "source.fixAll.oom-lsp" in kinds
+    assert "source.fixAll.oom-lsp" in kinds and "notebook.source.fixAll.oom-lsp" in kinds
 
 
 async def test_diagnostics_are_published_per_cell_with_cell_lines(client: LanguageClient) -> None:
