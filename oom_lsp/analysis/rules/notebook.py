@@ -246,9 +246,10 @@ class FailedCellKeepsTensors(NotebookRule):
 class CellOutputKeepsGraph(NotebookRule):
     """
     ## What it does
-    Flags a cell whose last line is a graph-attached tensor (a model's
-    output, a loss that `backward()` never consumed), which IPython displays
-    and stores in its output history.
+    Flags a cell whose last line is a graph-attached loss that `backward()`
+    never consumed, which IPython displays and stores in its output history.
+    (A model's output shown the same way keeps its graph too, but it may be a
+    tuple or a library's output object: not reported.)
 
     ## Why is this bad?
     IPython keeps every displayed value in `Out[n]`, `_`, `__` and `_n` for
@@ -260,15 +261,15 @@ class CellOutputKeepsGraph(NotebookRule):
     ## Example
     ```python
     # %%
-    logits = model(batch.cuda())
-    logits
+    loss = criterion(model(batch.cuda()), labels.cuda())
+    loss
     ```
 
     ## Use instead
     ```python
     # %%
-    logits = model(batch.cuda())
-    logits.detach()
+    loss = criterion(model(batch.cuda()), labels.cuda())
+    loss.detach()
     ```
     (or end the line with `;` to show nothing, or compute it under
     `torch.no_grad()`).
@@ -280,7 +281,7 @@ class CellOutputKeepsGraph(NotebookRule):
 
     code = "OOM702"
     name = "cell-output-keeps-graph"
-    summary = "A cell displays a graph-attached tensor, which IPython's output history keeps with its graph."
+    summary = "A cell displays a graph-attached loss, which IPython's output history keeps with its graph."
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -326,16 +327,16 @@ class CellOutputKeepsGraph(NotebookRule):
             # %%
             import torch
             # %%
-            logits = model(batch)
-            logits
+            loss = criterion(model(batch), labels)
+            loss
             """,
             line=6,
             expected_fix="""
             # %%
             import torch
             # %%
-            logits = model(batch)
-            logits.detach()
+            loss = criterion(model(batch), labels)
+            loss.detach()
             """,
         ),
         Invalid(
@@ -362,7 +363,9 @@ class CellOutputKeepsGraph(NotebookRule):
             if type(last) is not cst.Expr or isinstance(last.semicolon, cst.Semicolon):
                 continue
             value = last.value
-            if flow.kind_of(value) not in (Kind.GRAPH, Kind.GRAPH_SCALAR):
+            # A loss: certainly a tensor. A model's output may be a tensor, a tuple or a
+            # library's output object (no `.detach()`): left alone, precision first.
+            if flow.kind_of(value) is not Kind.GRAPH_SCALAR:
                 continue
             if dotted_name(value) in consumed:
                 continue
