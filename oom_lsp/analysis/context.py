@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,10 @@ class ImportMap:
         self.bindings: dict[str, str] = {}
         # local name -> relative import ("BertModel" -> "..bert.modeling_bert.BertModel")
         self.relative: dict[str, str] = {}
+        # qualified_name's answers by node (kept alive, so that its id stays
+        # its own): every rule asks it of every call. Forgotten when an import
+        # binds a name.
+        self._qualified: dict[int, tuple[cst.BaseExpression, str | None]] = {}
 
     @classmethod
     def from_module(cls, module: cst.Module) -> ImportMap:
@@ -80,6 +85,7 @@ class ImportMap:
                 self.bindings.pop(target.value, None)
 
     def add_import(self, node: cst.Import | cst.ImportFrom) -> None:
+        self._qualified.clear()
         if isinstance(node, cst.Import):
             for alias in node.names:
                 full = _module_name(alias.name)
@@ -124,14 +130,18 @@ class ImportMap:
 
     def qualified_name(self, expr: cst.BaseExpression) -> str | None:
         """The fully qualified name `expr` refers to, if it is an imported one."""
+        known = self._qualified.get(id(expr))
+        if known is not None:
+            return known[1]
+        qualified = None
         dotted = dotted_name(expr)
-        if dotted is None:
-            return None
-        head, _, rest = dotted.partition(".")
-        bound = self.bindings.get(head)
-        if bound is None:
-            return None
-        return f"{bound}.{rest}" if rest else bound
+        if dotted is not None:
+            head, _, rest = dotted.partition(".")
+            bound = self.bindings.get(head)
+            if bound is not None:
+                qualified = f"{bound}.{rest}" if rest else bound
+        self._qualified[id(expr)] = (expr, qualified)
+        return qualified
 
     def reference_to(self, qualified: str) -> str | None:
         """How this file can spell `qualified` with its current imports.
@@ -462,12 +472,14 @@ class FileContext:
         module: cst.Module,
         settings: LintSettings,
         path: str,
+        syntax_tree: ast.Module | None = None,
         cell_statements: tuple[int, ...] | None = None,
     ) -> None:
         self.source = source
         self.module = module
         self.settings = settings
         self.path = path
+        self._syntax_tree = syntax_tree
         # A notebook's code cells joined into one program: how many of the module's
         # top-level statements each cell holds, in order. None for a file of Python
         # (the notebook rules stay silent there).
@@ -478,6 +490,17 @@ class FileContext:
 
     def add_report(self, report: Report) -> None:
         self.reports.append(report)
+
+    def syntax_tree(self) -> ast.Module | None:
+        """The stdlib tree of the source (with line numbers, which libcst's
+        nodes lack), parsed on first use when the parser did not keep it;
+        None when `ast` rejects what libcst accepted."""
+        if self._syntax_tree is None:
+            try:
+                self._syntax_tree = ast.parse(self.source)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                return None
+        return self._syntax_tree
 
     def qualified_name(self, expr: cst.BaseExpression) -> str | None:
         return self.imports.qualified_name(expr)

@@ -38,6 +38,8 @@ Functions are analysed lazily, the first time a rule asks about them.
 
 from __future__ import annotations
 
+import ast
+import bisect
 import dataclasses
 import enum
 import re
@@ -322,6 +324,9 @@ class FileFacts:
         self._functions: list[cst.FunctionDef] | None = None
         self._return_kinds: dict[cst.FunctionDef, Kind] = {}
         self._trains: bool | None = None
+        # For `_scopes_whose_lines_mention`; False: not computed yet.
+        self._spans: list[tuple[cst.FunctionDef, int, int]] | None | bool = False
+        self._starts: list[int] | None = None
 
     # --- file-wide facts ---------------------------------------------------
     def _find_classes(self, body: Sequence[cst.CSTNode], owner: cst.ClassDef | None) -> None:
@@ -545,6 +550,7 @@ class FileFacts:
         scopes: list[cst.FunctionDef | None] = [
             method for method, method_owner in self.class_of.items() if method_owner is owner
         ] if owner is not None else [None, *self.functions()]
+        scopes = self._scopes_whose_lines_mention(name, scopes)
         calls = 0
         for scope in scopes:
             for mention, ancestors in self.summary(scope).uses_of(dotted):
@@ -557,6 +563,55 @@ class FileFacts:
                 if not self._call_runs_without_grad(scope, ancestors, depth):
                     return False
         return calls > 0
+
+    def _scopes_whose_lines_mention(
+        self, name: str, scopes: list[cst.FunctionDef | None]
+    ) -> list[cst.FunctionDef | None]:
+        """Those of `scopes` with the word `name` on a line of their own code
+        (not of a function nested in them): the others cannot mention it, and
+        summarising every function of a file to find a function's callers
+        cost more than the rest of the analysis. All of them when the lines
+        are not known."""
+        spans = self._function_spans()
+        if spans is None:
+            return scopes
+        line_starts = self._line_starts()
+        lines = {
+            bisect.bisect_right(line_starts, match.start())
+            for match in re.finditer(rf"\b{re.escape(name)}\b", self.context.source)
+        }
+        mentioned: set[cst.FunctionDef | None] = set()
+        for line in lines:
+            innermost = None
+            for function, first, last in spans:  # outer functions before the ones nested in them
+                if first <= line <= last:
+                    innermost = function
+            mentioned.add(innermost)
+        return [scope for scope in scopes if scope in mentioned]
+
+    def _function_spans(self) -> list[tuple[cst.FunctionDef, int, int]] | None:
+        """Every function of the file with its first and last line, in source
+        order; None when the stdlib tree does not match libcst's."""
+        if self._spans is False:
+            self._spans = None
+            tree = self.context.syntax_tree()
+            if tree is not None:
+                ours = _functions_in_source_order(self.context.module.body)
+                theirs = _ast_functions_in_source_order(tree.body)
+                if len(ours) == len(theirs) and all(
+                    function.name.value == node.name for function, node in zip(ours, theirs)
+                ):
+                    self._spans = [
+                        (function, node.lineno, node.end_lineno or node.lineno)
+                        for function, node in zip(ours, theirs)
+                    ]
+        return self._spans  # type: ignore[return-value]
+
+    def _line_starts(self) -> list[int]:
+        """The offset at which each line after the first starts."""
+        if self._starts is None:
+            self._starts = [match.end() for match in _LINE_END.finditer(self.context.source)]
+        return self._starts
 
     def _call_runs_without_grad(
         self, scope: cst.FunctionDef | None, ancestors: tuple[cst.CSTNode, ...], depth: int
@@ -656,6 +711,59 @@ def _combine(first: Callee | None, second: Callee | None) -> Callee:
 
 def _block(body: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
     return body.body if type(body) is cst.IndentedBlock else ()
+
+
+def _functions_in_source_order(body: Sequence[cst.CSTNode]) -> list[cst.FunctionDef]:
+    found: list[cst.FunctionDef] = []
+    for statement in body:
+        if type(statement) is cst.FunctionDef:
+            found.append(statement)
+        if type(statement) is not cst.SimpleStatementLine:
+            for block in _blocks_in_source_order(statement):
+                found.extend(_functions_in_source_order(block))
+    return found
+
+
+def _blocks_in_source_order(statement: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
+    """The statement blocks of a compound statement, as they come in the text
+    (a `try`'s handlers before its `else`)."""
+    blocks: list[Sequence[cst.BaseStatement]] = []
+    body = getattr(statement, "body", None)
+    if type(body) is cst.IndentedBlock:
+        blocks.append(body.body)
+    for handler in getattr(statement, "handlers", ()):
+        if type(handler.body) is cst.IndentedBlock:
+            blocks.append(handler.body.body)
+    for case in getattr(statement, "cases", ()):
+        if type(case.body) is cst.IndentedBlock:
+            blocks.append(case.body.body)
+    orelse = getattr(statement, "orelse", None)
+    if type(orelse) is cst.If:
+        blocks.extend(_blocks_in_source_order(orelse))
+    elif type(orelse) is cst.Else and type(orelse.body) is cst.IndentedBlock:
+        blocks.append(orelse.body.body)
+    finalbody = getattr(statement, "finalbody", None)
+    if type(finalbody) is cst.Finally and type(finalbody.body) is cst.IndentedBlock:
+        blocks.append(finalbody.body.body)
+    return blocks
+
+
+def _ast_functions_in_source_order(body: list[ast.stmt]) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    found: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append(statement)
+        blocks = [getattr(statement, "body", None)]
+        blocks += [handler.body for handler in getattr(statement, "handlers", ())]
+        blocks += [case.body for case in getattr(statement, "cases", ())]
+        blocks += [getattr(statement, "orelse", None), getattr(statement, "finalbody", None)]
+        for block in blocks:
+            if isinstance(block, list):
+                found.extend(_ast_functions_in_source_order(block))
+    return found
+
+
+_LINE_END = re.compile(r"\r\n?|\n")
 
 
 def _nested_blocks(statement: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:

@@ -138,7 +138,14 @@ def _run_rules(
     cell_statements: tuple[int, ...] | None = None,
 ) -> list[Finding]:
     module = parsed.module
-    context = FileContext(source=source, module=module, settings=settings, path=path, cell_statements=cell_statements)
+    context = FileContext(
+        source=source,
+        module=module,
+        settings=settings,
+        path=path,
+        syntax_tree=parsed.statements,
+        cell_statements=cell_statements,
+    )
     rules = [
         rule_class(context)
         for code, rule_class in registry.all_rules().items()
@@ -158,7 +165,7 @@ def _run_rules(
         return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
     if not context.reports:
         return []
-    resolver = PositionResolver(module, source, parsed.statements)
+    resolver = PositionResolver(module, source, parsed.statements, parsed.positions)
     builder = _FixBuilder(context, resolver)
     findings = []
     for report in context.reports:

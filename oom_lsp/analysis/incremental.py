@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import libcst as cst
 
+from oom_lsp.analysis.positions import PositionCache
+
 _LINE_END_RE = re.compile(r"\r\n|\r|\n")
 
 
@@ -31,6 +33,8 @@ class ParsedSource(NamedTuple):
     module: cst.Module
     # The stdlib tree of the same text, when it was built on the way.
     statements: ast.Module | None
+    # Positions generated for earlier versions of the same document.
+    positions: PositionCache | None = None
 
 
 def parse_whole(source: str) -> ParsedSource:
@@ -45,6 +49,7 @@ class IncrementalParser:
         # (a module is never shared by two places of one tree: positions and
         # reports are keyed by node identity).
         self._chunks: dict[str, list[cst.Module]] = {}
+        self._positions = PositionCache()
 
     def parse(self, source: str) -> ParsedSource:
         """Like `cst.parse_module(source)`. A version that cannot be parsed
@@ -56,7 +61,7 @@ class IncrementalParser:
             return parse_whole(source)
         texts = _chunk_texts(source, statements)
         if len(texts) < 2:
-            return ParsedSource(cst.parse_module(source), statements)
+            return ParsedSource(cst.parse_module(source), statements, self._positions)
         current: dict[str, list[cst.Module]] = {}
         chunks = []
         try:
@@ -69,12 +74,12 @@ class IncrementalParser:
         except cst.ParserSyntaxError:
             # libcst refuses what `ast` accepted: report libcst's error at its
             # place in the whole file.
-            return ParsedSource(cst.parse_module(source), statements)
+            return ParsedSource(cst.parse_module(source), statements, self._positions)
         self._chunks = current
         module = join_chunks(texts, chunks)
         if module is None:
-            return ParsedSource(cst.parse_module(source), statements)
-        return ParsedSource(module, statements)
+            return ParsedSource(cst.parse_module(source), statements, self._positions)
+        return ParsedSource(module, statements, self._positions)
 
 
 def _chunk_texts(source: str, statements: ast.Module) -> list[str]:

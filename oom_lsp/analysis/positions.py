@@ -8,16 +8,24 @@ so we map the report's statement path (kept by the Tracker) onto the `ast`
 tree, and generate the code of the innermost statement alone, starting at its
 known line and indentation. When a fix touches nodes outside that statement,
 the next enclosing statement is tried, then the whole module.
+
+In the editor, most statements of a version are the very nodes of the
+previous one (the incremental parse reuses unchanged chunks), so a
+`PositionCache` kept with the document remembers each generated statement's
+positions and the next version moves them by the lines the edit added or
+removed, instead of generating the statement again.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 import libcst as cst
-from libcst._position import CodeRange
+from libcst._position import CodePosition, CodeRange
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 _NEWLINE_RE = re.compile(r"\r\n?|\n")
@@ -89,12 +97,103 @@ def _ast_index(statements: Sequence[cst.CSTNode], target: cst.CSTNode) -> int | 
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class _GeneratedStatement:
+    """The positions a statement's codegen produced, its code starting on
+    `first_line`. `statement` keeps the nodes alive, so ids stay unique."""
+
+    statement: cst.CSTNode
+    first_line: int
+    positions: dict[cst.CSTNode, CodeRange]
+
+
+class PositionCache:
+    """Generated statements of earlier versions of one document, looked up by
+    the statement's body: joining chunks copies a chunk's first statement to
+    give it the comments above it, but the copy shares its body and header
+    nodes with the original, and generates the same code below its leading
+    lines."""
+
+    MAX_STATEMENTS = 512
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[type, int, str, str, str], _GeneratedStatement] = OrderedDict()
+
+    @staticmethod
+    def _key(statement: cst.CSTNode, indent: str, module: cst.Module) -> tuple[type, int, str, str, str]:
+        return (
+            type(statement),
+            id(getattr(statement, "body", None)),
+            indent,
+            module.default_indent,
+            module.default_newline,
+        )
+
+    def get(self, statement: cst.CSTNode, indent: str, module: cst.Module) -> _GeneratedStatement | None:
+        key = self._key(statement, indent, module)
+        entry = self._entries.get(key)
+        if entry is None or not _same_code_below_leading_lines(entry.statement, statement):
+            return None
+        self._entries.move_to_end(key)
+        return entry
+
+    def put(
+        self, statement: cst.CSTNode, indent: str, module: cst.Module, entry: _GeneratedStatement
+    ) -> None:
+        key = self._key(statement, indent, module)
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.MAX_STATEMENTS:
+            self._entries.popitem(last=False)
+
+
+def _same_code_below_leading_lines(old: cst.CSTNode, new: cst.CSTNode) -> bool:
+    """Whether `new` is `old`, or a copy of it that differs only in the
+    comments and blank lines above it (every other field the same object)."""
+    if old is new:
+        return True
+    if type(old) is not type(new):
+        return False
+    return all(getattr(old, name) is getattr(new, name) for name in _fields_below_leading_lines(type(old)))
+
+
+_FIELDS_BELOW: dict[type, tuple[str, ...]] = {}
+
+
+def _fields_below_leading_lines(node_class: type) -> tuple[str, ...]:
+    names = _FIELDS_BELOW.get(node_class)
+    if names is None:
+        names = _FIELDS_BELOW[node_class] = tuple(
+            field.name for field in dataclasses.fields(node_class) if field.name != "leading_lines"
+        )
+    return names
+
+
+def _moved(code_range: CodeRange, lines: int) -> CodeRange:
+    if lines == 0:
+        return code_range
+    start, end = code_range.start, code_range.end
+    return CodeRange(
+        CodePosition(start.line + lines, start.column), CodePosition(end.line + lines, end.column)
+    )
+
+
 class PositionResolver:
-    def __init__(self, module: cst.Module, source: str, statements: ast.Module | None = None) -> None:
+    def __init__(
+        self,
+        module: cst.Module,
+        source: str,
+        statements: ast.Module | None = None,
+        cache: PositionCache | None = None,
+    ) -> None:
         self.module = module
         self.lines = _NEWLINE_RE.split(source)
         self.source = source
         self.positions: dict[cst.CSTNode, CodeRange] = {}
+        self._cache = cache
+        # Statements whose positions come from the cache, moved lazily: only
+        # the few nodes a finding needs are ever asked for.
+        self._reused: list[tuple[_GeneratedStatement, cst.CSTNode, int]] = []
         # The stdlib tree of `source`; False: not parsed yet.
         self._tree: ast.Module | None | bool = statements if statements is not None else False
         self._generated: set[int] = set()
@@ -102,13 +201,20 @@ class PositionResolver:
         self._elif_ids: set[int] = set()
 
     def range_of(self, node: cst.CSTNode) -> CodeRange | None:
-        return self.positions.get(node)
+        found = self.positions.get(node)
+        if found is None and self._reused:
+            for entry, statement, lines in self._reused:
+                cached = entry.positions.get(entry.statement if node is statement else node)
+                if cached is not None:
+                    found = self.positions[node] = _moved(cached, lines)
+                    break
+        return found
 
     def ensure(self, nodes: Iterable[cst.CSTNode | None], path: Sequence[cst.CSTNode]) -> None:
         """Make the positions of `nodes` known, reported inside `path`
         (outermost statement first)."""
         wanted = [node for node in nodes if node is not None]
-        if all(node in self.positions for node in wanted):
+        if all(self.range_of(node) is not None for node in wanted):
             return
         located = self._locate(path)
         if located is not None:
@@ -116,7 +222,7 @@ class PositionResolver:
                 if id(statement) in self._elif_ids:
                     continue  # generated alone it would print `if`, not `elif`
                 self._generate_statement(statement, ast_statement)
-                if all(node in self.positions for node in wanted):
+                if all(self.range_of(node) is not None for node in wanted):
                     return
         self._generate_module()
 
@@ -178,14 +284,24 @@ class PositionResolver:
         decorators = getattr(statement, "decorators", ())
         if decorators:
             leading += len(decorators[0].leading_lines)
+        cached = self._cache.get(statement, indent, self.module) if self._cache is not None else None
+        if cached is not None:
+            self._reused.append((cached, statement, first_line - cached.first_line))
+            return
+        positions: dict[cst.CSTNode, CodeRange] = {}
         state = PositionProvidingCodegenState(
             default_indent=self.module.default_indent,
             default_newline=self.module.default_newline,
-            provider=_PositionSink(self.positions),  # type: ignore[arg-type]
+            provider=_PositionSink(positions),  # type: ignore[arg-type]
         )
         state.line = first_line - leading
         state.indent_tokens = [indent] if indent else []
         statement._codegen(state)
+        self.positions.update(positions)
+        if self._cache is not None:
+            self._cache.put(
+                statement, indent, self.module, _GeneratedStatement(statement, first_line, positions)
+            )
 
     def _generate_module(self) -> None:
         if self._whole_module_done:

@@ -586,3 +586,64 @@ def test_who_calls_a_function() -> None:
         "unused": False,
         "main": False,
     }
+
+
+WHO_CALLS = """
+    import torch
+
+    def helper(model, x):
+        return model(x)
+
+    class Runner:
+        def predict(self, x):
+            return self.model(x)
+
+        def run(self, x):
+            try:
+                pass
+            except ValueError:
+                def inner(model, x):
+                    return helper(model, x)
+            else:
+                with torch.no_grad():
+                    return self.predict(x)
+            finally:
+                pass
+
+    def main(model, x):
+        match x:
+            case 1:
+                def nested(y):
+                    return helper(model, y)
+            case _:
+                pass
+        f = lambda y: helper(model, y)
+        return nested(x), f
+"""
+
+
+def _every_source() -> list[tuple[str, str]]:
+    from pathlib import Path
+
+    import oom_lsp
+
+    root = Path(__file__).resolve().parents[2]
+    paths = sorted((root / "fixtures").rglob("*.py")) + sorted(Path(oom_lsp.__file__).parent.rglob("*.py"))
+    return [("who_calls", textwrap.dedent(WHO_CALLS))] + [(str(path.name), path.read_text()) for path in paths]
+
+
+@pytest.mark.parametrize(("name", "source"), _every_source(), ids=lambda value: value if len(value) < 60 else "")
+def test_callers_are_looked_for_only_where_the_name_is_written(
+    name: str, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Who calls a function, searched in the scopes whose lines hold its name,
+    is what a search of every scope finds; the stdlib tree's functions are
+    libcst's, in the same order."""
+    context = _context(source, path=name)  # the facts hold it weakly
+    facts = facts_for(context)
+    assert facts._function_spans() is not None
+    narrowed = [facts.runs_without_grad_for_its_callers(function) for function in facts.functions()]
+    monkeypatch.setattr(dataflow.FileFacts, "_scopes_whose_lines_mention", lambda self, name, scopes: scopes)
+    context = _context(source, path=name)
+    every_scope = facts_for(context)
+    assert [every_scope.runs_without_grad_for_its_callers(function) for function in every_scope.functions()] == narrowed

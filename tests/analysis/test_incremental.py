@@ -3,6 +3,7 @@ the chunks an edit touched."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import libcst as cst
@@ -136,7 +137,12 @@ def test_repeated_statements_are_never_one_shared_node(monkeypatch: pytest.Monke
 def test_findings_are_those_of_a_whole_parse_across_edits() -> None:
     lint = default_settings()
     parser = IncrementalParser()
-    versions = [FILE, FILE.replace("running_loss += loss.item()", "running_loss += loss"), FILE + "\n\ndef extra():\n    pass\n", FILE]
+    versions = [
+        FILE,
+        FILE.replace("running_loss += loss.item()", "running_loss += loss"),
+        FILE + "\n\ndef extra():\n    pass\n",
+        FILE,
+    ]
     for version in versions:
         assert analyze(version, lint, "x.py", parse=parser.parse) == analyze(version, lint, "x.py")
 
@@ -183,3 +189,71 @@ def test_any_sequence_of_versions_gives_the_whole_parse_tree(versions: list[list
         assert module.deep_equals(whole)
         assert module.default_indent == whole.default_indent
         assert module.default_newline == whole.default_newline
+
+
+RISKY = sorted((ROOT / "fixtures").glob("*_risky.py"))
+
+
+def _edits_of(text: str, seed: int) -> list[str]:
+    """Versions of `text` as typing makes them: lines inserted, removed or
+    changed above and below the findings, blank lines moved between statements."""
+    chooser = random.Random(seed)
+    versions = []
+    lines = text.splitlines(keepends=True)
+    for _ in range(8):
+        before = list(lines)
+        at = chooser.randrange(len(lines) + 1)
+        kind = chooser.choice(["comment", "blank", "remove-blank", "statement"])
+        if kind == "comment":
+            lines.insert(at, "# typing\n")
+        elif kind == "blank":
+            lines.insert(at, "\n")
+        elif kind == "remove-blank":
+            blanks = [index for index, line in enumerate(lines) if not line.strip()]
+            if blanks:
+                del lines[chooser.choice(blanks)]
+        else:
+            lines.insert(at, "unused_name = 1\n")
+        version = "".join(lines)
+        try:
+            compile(version, "<version>", "exec")
+        except SyntaxError:
+            lines = before  # inside a block or a bracket: typing goes on elsewhere
+            continue
+        versions.append(version)
+    return versions
+
+
+@pytest.mark.parametrize("path", RISKY, ids=lambda path: path.name)
+def test_positions_moved_from_earlier_versions_are_those_of_a_whole_parse(path: Path) -> None:
+    """The editor's position cache: every finding's range and fix is the one a
+    fresh analysis of that version gives, whatever moved above it."""
+    lint = default_settings()
+    parser = IncrementalParser()
+    text = path.read_text(encoding="utf-8")
+    for seed in range(3):
+        for version in [text, *_edits_of(text, seed)]:
+            assert analyze(version, lint, "x.py", parse=parser.parse) == analyze(version, lint, "x.py")
+
+
+def test_an_edit_generates_positions_only_in_the_statements_it_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from oom_lsp.analysis import positions
+
+    lint = default_settings()
+    parser = IncrementalParser()
+    first = analyze(FILE, lint, "x.py", parse=parser.parse)
+    generated: list[cst.CSTNode] = []
+    real_codegen = positions.PositionProvidingCodegenState
+
+    def counting(*args: object, **kwargs: object) -> positions.PositionProvidingCodegenState:
+        generated.append(object())
+        return real_codegen(*args, **kwargs)
+
+    monkeypatch.setattr(positions, "PositionProvidingCodegenState", counting)
+    moved = analyze("# a new first line\n" + FILE, lint, "x.py", parse=parser.parse)
+    assert first and generated == []
+    assert [finding.range.start.line for finding in moved] == [
+        finding.range.start.line + 1 for finding in first
+    ]

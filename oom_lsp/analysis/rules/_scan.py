@@ -49,7 +49,8 @@ def _field_reader(node_class: type) -> Callable[[cst.CSTNode], tuple[object, ...
     return (lambda node: (read(node),)) if len(names) == 1 else read  # type: ignore[return-value]
 
 
-def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The nodes directly under `node`, whitespace and punctuation left out."""
     # Exact type tests through `is_node`: isinstance() on libcst's classes
     # goes through ABCMeta, and whole-file scans call this for every node.
     read = _field_reader(type(node))
@@ -73,7 +74,7 @@ def descendants(node: cst.CSTNode, *, skip: tuple[type[cst.CSTNode], ...] = ()) 
         yield current
         if skip and current is not node and type(current) in skip:
             continue
-        stack.extend(_children(current))
+        stack.extend(children(current))
 
 
 def references(node: cst.CSTNode, dotted: str) -> list[cst.BaseExpression]:
@@ -92,7 +93,7 @@ def references(node: cst.CSTNode, dotted: str) -> list[cst.BaseExpression]:
         if current_type is cst.Attribute or current_type is cst.Arg:
             stack.append(current.value)
         else:
-            stack.extend(_children(current))
+            stack.extend(children(current))
     return found
 
 
@@ -182,4 +183,4 @@ def names_read(node: cst.CSTNode) -> Iterator[str]:
         elif current_type is cst.Attribute or current_type is cst.Arg:
             stack.append(current.value)
         else:
-            stack.extend(_children(current))
+            stack.extend(children(current))

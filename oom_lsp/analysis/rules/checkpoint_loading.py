@@ -362,14 +362,16 @@ class _ScopeIndex:
 
     scope: cst.CSTNode
     sinks: list[cst.Call] = field(default_factory=list)
-    bindings: list[tuple[list[cst.BaseExpression], cst.CSTNode]] = field(default_factory=list)
+    # Each binding's targets and the names its value mentions.
+    bindings: list[tuple[list[cst.BaseExpression], frozenset[str]]] = field(default_factory=list)
     _reads: collections.Counter[str] | None = None
 
     def reads(self) -> collections.Counter[str]:
-        """How often each plain name is read in the scope (as `references`
-        counts: not `obj.name`, not the keyword of `f(name=1)`)."""
+        """How often each plain name is read in the scope, nested scopes
+        included (as `references` counts: not `obj.name`, not the keyword of
+        `f(name=1)`). A walk of the whole scope: asked only when it decides."""
         if self._reads is None:
-            self._reads = collections.Counter(name for name in names_read(self.scope))
+            self._reads = collections.Counter(names_read(self.scope))
         return self._reads
 
 
@@ -387,12 +389,17 @@ def _scope_index(context: FileContext, scope: cst.CSTNode) -> _ScopeIndex:
                 if _is_state_sink(node):
                     index.sinks.append(node)
             elif node_type is cst.Assign:
-                index.bindings.append(([target.target for target in node.targets], node.value))
+                index.bindings.append(([target.target for target in node.targets], _names_in(node.value)))
             elif (node_type is cst.AugAssign or node_type is cst.AnnAssign) and node.value is not None:
-                index.bindings.append(([node.target], node.value))
+                index.bindings.append(([node.target], _names_in(node.value)))
             elif node_type is cst.For:
-                index.bindings.append(([node.target], node.iter))
+                index.bindings.append(([node.target], _names_in(node.iter)))
     return index
+
+
+def _names_in(expression: cst.CSTNode) -> frozenset[str]:
+    """Every name in `expression`, attribute names included."""
+    return frozenset(node.value for node in descendants(expression) if type(node) is cst.Name)
 
 
 def _state_sinks(index: _ScopeIndex, load: cst.Call, statement: cst.CSTNode | None) -> _Sinks | None:
@@ -433,8 +440,10 @@ def _state_sinks(index: _ScopeIndex, load: cst.Call, statement: cst.CSTNode | No
                 other_uses += 1
     if not reached:
         return None
+    if other_uses or len(derived) != len(assigned):
+        return _Sinks(whole_only=False)
     reads = sum(index.reads()[name] for name in assigned) - len(assigned)
-    return _Sinks(whole_only=other_uses == 0 and whole_uses == reads and len(derived) == len(assigned))
+    return _Sinks(whole_only=whole_uses == reads)
 
 
 def _assigned_from(statement: cst.CSTNode, load: cst.Call) -> set[str]:
@@ -461,8 +470,8 @@ def _derived_names(index: _ScopeIndex, seeds: set[str]) -> set[str]:
     changed = True
     while changed:
         changed = False
-        for targets, value in index.bindings:
-            if not any(type(inner) is cst.Name and inner.value in names for inner in descendants(value)):
+        for targets, value_names in index.bindings:
+            if names.isdisjoint(value_names):
                 continue
             for target in targets:
                 for bound in _written_names(target):
