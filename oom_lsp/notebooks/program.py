@@ -81,7 +81,27 @@ class NotebookAnalysis:
         return [finding for findings in self.findings.values() for finding in findings]
 
 
-def build_program(cells: Sequence[CellText], settings: LintSettings) -> tuple[Program, dict, dict]:
+@dataclass(frozen=True)
+class PreparedCell:
+    """What a cell's text gives on its own: its masked Python, and either why it
+    does not compile (line, column, message) or how many top-level statements it has."""
+
+    masked: MaskedCell
+    problem: tuple[int, int, str] | int | None  # None when the cell is not Python or blank
+
+
+def prepare_cell(source: str) -> PreparedCell:
+    masked = mask_cell(source)
+    if masked.text is None or not masked.text.strip():
+        return PreparedCell(masked, None)
+    return PreparedCell(masked, _syntax_error(masked.text))
+
+
+def build_program(
+    cells: Sequence[CellText],
+    settings: LintSettings,
+    prepare: Callable[[str], PreparedCell] = prepare_cell,
+) -> tuple[Program, dict, dict]:
     """(the program, OOM000 findings per cell key, skipped cells: key -> why)."""
     parts: list[str] = []
     program_cells: list[ProgramCell] = []
@@ -89,20 +109,20 @@ def build_program(cells: Sequence[CellText], settings: LintSettings) -> tuple[Pr
     skipped: dict[Hashable, str] = {}
     line = 1
     for cell in cells:
-        masked = mask_cell(cell.source)
+        prepared = prepare(cell.source)
+        masked, problem = prepared.masked, prepared.problem
         if masked.text is None:
             skipped[cell.key] = masked.skipped or "not Python"
             continue
-        text = masked.text
-        if not text.strip():
-            continue
-        problem = _syntax_error(text)
+        if problem is None:
+            continue  # blank
         if isinstance(problem, tuple):
             skipped[cell.key] = "syntax error"
             finding = _syntax_finding(problem, settings, cell.number)
             if finding is not None:
                 errors[cell.key] = [finding]
             continue
+        text = masked.text
         if not text.endswith(("\n", "\r")):
             text += "\n"
         count = text.count("\n") + text.count("\r") - text.count("\r\n")
@@ -117,11 +137,12 @@ def analyze_cells(
     settings: LintSettings,
     path: str = "<notebook>",
     parse: Callable | None = None,
+    prepare: Callable[[str], PreparedCell] = prepare_cell,
 ) -> NotebookAnalysis:
     """Every finding of the notebook, relative to its cell."""
     from oom_lsp.analysis.engine import analyze
 
-    program, errors, skipped = build_program(cells, settings)
+    program, errors, skipped = build_program(cells, settings, prepare)
     findings: dict[Hashable, list[Finding]] = {cell.key: list(errors.get(cell.key, ())) for cell in cells}
     if program.cells:
         arguments = {"cell_statements": program.cell_statements}
@@ -132,9 +153,36 @@ def analyze_cells(
             if located is not None:
                 key, relative = located
                 findings[key].append(relative)
-    for key in findings:
-        findings[key].sort(key=lambda finding: (finding.range.start, finding.code))
+    for cell_findings in findings.values():
+        cell_findings.sort(key=lambda finding: (finding.range.start, finding.code))
     return NotebookAnalysis(findings, program, skipped)
+
+
+class IncrementalNotebook:
+    """Successive versions of one notebook (the editor's): a cell's masking and
+    syntax check are kept by its text until the next version, so an edit
+    prepares the edited cell only, and the joined program is parsed by an
+    IncrementalParser, which parses again only the top-level statements the
+    edit touched and moves the positions of the others. The rules still run on
+    the whole program: a change in one cell can change another's findings."""
+
+    def __init__(self) -> None:
+        from oom_lsp.analysis.incremental import IncrementalParser
+
+        self._parser = IncrementalParser()
+        self._prepared: dict[str, PreparedCell] = {}
+
+    def analyze(self, cells: Sequence[CellText], settings: LintSettings, path: str) -> NotebookAnalysis:
+        current: dict[str, PreparedCell] = {}
+
+        def prepare(source: str) -> PreparedCell:
+            prepared = current.get(source) or self._prepared.get(source) or prepare_cell(source)
+            current[source] = prepared
+            return prepared
+
+        analysis = analyze_cells(cells, settings, path, self._parser.parse, prepare)
+        self._prepared = current
+        return analysis
 
 
 def _syntax_error(text: str) -> tuple[int, int, str] | int:

@@ -4,8 +4,9 @@ diagnostics, code actions and hover per cell URI.
 
 - Every open/change/save of a notebook re-analyses all its code cells, so a
   change in one cell re-checks the cells that depend on it (a loss defined in
-  cell 3 and accumulated in cell 5). The program is parsed incrementally:
-  only the statements of the edited cell are parsed again.
+  cell 3 and accumulated in cell 5). Only the edited cell is prepared (masked,
+  compiled) and parsed again (`IncrementalNotebook`); the rules run on the
+  whole program.
 - Diagnostics of cells are pushed, whether or not the client pulls (as Ruff's
   server does): a pull names one cell, and an edit elsewhere changes its
   findings without a change to it. A pull for a cell answers an empty report,
@@ -30,9 +31,8 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import Finding, LintSettings
-from oom_lsp.analysis.incremental import IncrementalParser
 from oom_lsp.fixes.suppress import ignore_for_line
-from oom_lsp.notebooks.program import CellText, NotebookAnalysis, analyze_cells, fix_cells
+from oom_lsp.notebooks.program import CellText, IncrementalNotebook, NotebookAnalysis, fix_cells
 from oom_lsp.server import code_actions, diagnostics
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.server import Analysis, OomLanguageServer
@@ -58,9 +58,9 @@ SYNC_OPTIONS = types.NotebookDocumentSyncOptions(
 class _State:
     key: tuple | None = None  # (cell URIs and versions, settings) of `analysis`
     analysis: NotebookAnalysis | None = None
-    parser: IncrementalParser | None = None
+    incremental: IncrementalNotebook | None = None
     task: asyncio.Task[None] | None = None
-    published: dict[str, list[types.Diagnostic]] | None = None
+    published: dict[str, tuple[int, list[types.Diagnostic]]] | None = None  # cell URI -> (version, items)
 
 
 _states: dict[str, _State] = {}
@@ -159,11 +159,13 @@ async def _publish_after(ls: OomLanguageServer, uri: str, delay: float) -> None:
         if document is None:
             continue
         items = _diagnostics(ls, document, analysis.findings.get(cell.key, []))
-        if published.get(cell.key) != items:
+        # An edited cell is always answered (its new version is checked, even with the same
+        # findings); another cell only when the edit changed its findings.
+        if published.get(cell.key) != (document.version, items):
             ls.text_document_publish_diagnostics(
                 types.PublishDiagnosticsParams(uri=document.uri, version=document.version, diagnostics=items)
             )
-            published[cell.key] = items
+            published[cell.key] = (document.version, items)
     state.published = published
 
 
@@ -209,12 +211,13 @@ async def _analysis(
     if settings is None:
         state.key, state.analysis = key, None
         return None, cells
-    if state.parser is None:
-        state.parser = IncrementalParser()
+    if state.incremental is None:
+        state.incremental = IncrementalNotebook()
+    incremental = state.incremental
     path = to_fs_path(notebook.uri) or notebook.uri
     loop = asyncio.get_running_loop()
     analysis = await loop.run_in_executor(
-        ls.analysis_executor, lambda: analyze_cells(cells, settings, path, state.parser.parse)
+        ls.analysis_executor, lambda: incremental.analyze(cells, settings, path)
     )
     if _cells_key(ls, notebook) == key:
         state.key, state.analysis = key, analysis
