@@ -133,7 +133,10 @@ class MaskedCell:
         return self.text is not None
 
 
-def mask_cell(source: str) -> MaskedCell:
+def mask_cell(source: str, placeholder: str = _PLACEHOLDER) -> MaskedCell:
+    """The cell as Python of the same shape. `placeholder` replaces each escape
+    (padded to its length): `_` for the analysis, which needs the columns;
+    `None` for a script that runs the cells (`_` may be undefined there)."""
     lines = _LINE_RE.findall(source)
     if not lines:
         return MaskedCell(source)
@@ -161,7 +164,7 @@ def mask_cell(source: str) -> MaskedCell:
             if start is not None:
                 masked.add(number)
                 escape = body[start:]
-                out.append(body[:start] + _PLACEHOLDER.ljust(len(escape)) + ending)
+                out.append(body[:start] + placeholder.ljust(len(escape)) + ending)
                 escape_continues = body.endswith("\\")
                 continue
         out.append(line)
