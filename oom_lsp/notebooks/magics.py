@@ -127,6 +127,14 @@ class MaskedCell:
     # 1-based lines where an escape was replaced (its continuation lines included).
     masked_lines: frozenset[int] = frozenset()
     skipped: str | None = None
+    # A cell whose first line is indented runs dedented (IPython's `leading_indent`):
+    # how many characters came off the start of each of `dedented_lines`.
+    dedent: int = 0
+    dedented_lines: frozenset[int] = frozenset()
+
+    def column_in_cell(self, line: int, column: int) -> int:
+        """A column of `text` as a column of the cell's own line."""
+        return column + self.dedent if line in self.dedented_lines else column
 
     @property
     def analysed(self) -> bool:
@@ -140,6 +148,7 @@ def mask_cell(source: str, placeholder: str = _PLACEHOLDER) -> MaskedCell:
     lines = _LINE_RE.findall(source)
     if not lines:
         return MaskedCell(source)
+    lines, dedent, dedented = _leading_indent(lines)
     skipped = _skipped(lines)
     if skipped is not None:
         return MaskedCell(None, skipped=skipped)
@@ -169,7 +178,21 @@ def mask_cell(source: str, placeholder: str = _PLACEHOLDER) -> MaskedCell:
                 continue
         out.append(line)
         state.feed(body)
-    return MaskedCell("".join(out), frozenset(masked))
+    return MaskedCell("".join(out), frozenset(masked), dedent=dedent, dedented_lines=dedented)
+
+
+def _leading_indent(lines: list[str]) -> tuple[list[str], int, frozenset[int]]:
+    """IPython's `leading_indent` cleanup: when the cell's first non-blank line is
+    indented, that indentation comes off every line that starts with it (IPython
+    drops the blank lines before it first, which changes no other line)."""
+    first = next((line for line in lines if line.strip()), None)
+    if first is None:
+        return lines, 0, frozenset()
+    prefix = first[: len(first) - len(first.lstrip(" \t"))]
+    if not prefix:
+        return lines, 0, frozenset()
+    dedented = frozenset(number for number, line in enumerate(lines, start=1) if line.startswith(prefix))
+    return [line[len(prefix) :] if line.startswith(prefix) else line for line in lines], len(prefix), dedented
 
 
 def _split_ending(line: str) -> tuple[str, str]:

@@ -49,7 +49,8 @@ class ProgramCell:
         return self.first_line <= position.line < self.first_line + self.line_count
 
     def to_cell(self, position: Position) -> Position:
-        return Position(position.line - self.first_line + 1, position.column)
+        line = position.line - self.first_line + 1
+        return Position(line, self.masked.column_in_cell(line, position.column))
 
 
 @dataclass(frozen=True)
@@ -257,10 +258,10 @@ def _to_cell(finding: Finding, program: Program) -> tuple[Hashable, Finding] | N
 
 
 def _localize_fix(fix: Fix | None, cell: ProgramCell) -> Fix | None:
-    """The fix in the cell's coordinates, or None when an edit reaches another cell
-    or a line whose IPython escape was masked."""
-    if fix is None:
-        return None
+    """The fix in the cell's coordinates, or None when an edit reaches another cell,
+    a line whose IPython escape was masked, or the cell runs dedented."""
+    if fix is None or cell.masked.dedent:
+        return None  # a dedented cell's edits would need its indentation back
     limit = Position(cell.first_line + cell.line_count, 0)
     edits = []
     for edit in fix.edits:

@@ -46,3 +46,13 @@ def test_cells_that_are_not_python_are_skipped(source: str, why: str) -> None:
 
 def test_an_automagic_name_assigned_is_python() -> None:
     assert mask_cell("time = 5\nrun = time + 1").text == "time = 5\nrun = time + 1"
+
+
+def test_a_cell_indented_as_a_whole_runs_dedented_as_in_ipython() -> None:
+    # Pasted code, or a leading space before a comment: IPython's `leading_indent`
+    # takes the first line's indentation off every line that starts with it.
+    result = mask_cell(" # Make sure we have a GPU\n device = 'cuda'\n device\n!nvidia-smi")
+    assert result.text == "# Make sure we have a GPU\ndevice = 'cuda'\ndevice\n_          "
+    assert (result.dedent, set(result.dedented_lines), set(result.masked_lines)) == (1, {1, 2, 3}, {4})
+    assert result.column_in_cell(2, 0) == 1 and result.column_in_cell(4, 0) == 0
+    compile(result.text, "<cell>", "exec")

@@ -41,3 +41,13 @@ def test_incremental_analysis_equals_a_fresh_one_for_every_version() -> None:
     # The versions did find things: the loop's accumulation, the syntax error, the load.
     codes = {f.code for cells in versions for f in analyze_cells(cells, settings, "nb.ipynb").all_findings()}
     assert {"OOM000", "OOM301", "OOM501"} <= codes
+
+
+def test_a_dedented_cell_reports_its_own_columns_and_offers_no_fix() -> None:
+    # IPython runs a cell whose first line is indented dedented (real notebooks have
+    # cells starting with " # comment"): no syntax error, columns of the cell's text.
+    loop = "  total = 0\n  for x, y in loader:\n      loss = criterion(model(x), y)\n      total += loss"
+    analysis = analyze_cells(_cells(SETUP, MODEL, loop), default_settings(), "nb.ipynb")
+    (finding,) = [f for f in analysis.findings[2] if f.code != "OOM701"]
+    assert (finding.code, finding.range.start.line, finding.range.start.column) == ("OOM301", 4, 6)
+    assert finding.fix is None
