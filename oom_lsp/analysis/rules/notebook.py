@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
-from oom_lsp.analysis.dataflow import Kind, Role, contains_backward, facts_for, is_backward_call, iter_nodes
+from oom_lsp.analysis.dataflow import Kind, contains_backward, facts_for, is_backward_call, iter_nodes
 from oom_lsp.analysis.findings import Applicability, Severity
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
@@ -63,13 +63,30 @@ def _trains(statement: cst.CSTNode, module_functions: dict[str, cst.FunctionDef]
     return False
 
 
+def _uses_gpu(statement: cst.CSTNode, context) -> bool:
+    """A `.cuda()`, or a `.to(...)` / `device=` given a device expression, in the statement."""
+    for node in iter_nodes(statement):
+        if type(node) is cst.Call and type(node.func) is cst.Attribute:
+            method = node.func.attr.value
+            if method == "cuda":
+                return True
+            if method == "to" and node.args and is_device_expression(node.args[0].value, context):
+                return True
+        elif type(node) is cst.Arg and node.keyword is not None and node.keyword.value == "device":
+            if is_device_expression(node.value, context):
+                return True
+    return False
+
+
 @register
 class FailedCellKeepsTensors(NotebookRule):
     """
     ## What it does
     Flags the first cell-level statement of a notebook that trains on the GPU
     (a loop calling `backward()`, or a call of a notebook function whose loop
-    does) when nothing in the notebook frees what a failed cell leaves behind.
+    does, in or after the first cell that puts something on the GPU: a
+    course's first loop often trains on the CPU) when nothing in the notebook
+    frees what a failed cell leaves behind.
 
     ## Why is this bad?
     When a training step runs out of memory, IPython keeps the error's
@@ -144,6 +161,21 @@ class FailedCellKeepsTensors(NotebookRule):
             for x, y in loader:
                 loss = criterion(model(x), y)
                 loss.backward()
+            """
+        ),
+        # The first loop trains on the CPU; the GPU comes later, for inference only.
+        Valid(
+            """
+            # %%
+            import torch
+            model = Net()
+            # %%
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+            # %%
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            predictions = model.to(device)(x.to(device))
             """
         ),
         # The same code in a .py file: no kernel keeps anything.
@@ -221,9 +253,11 @@ class FailedCellKeepsTensors(NotebookRule):
         if not file_uses_cuda(self.context):
             return
         functions = facts_for(self.context).module_functions
+        on_gpu = False  # whether a cell run before (or this statement) put something on the GPU
         for _, statements in self.cells():
             for statement in statements:
-                if _trains(statement, functions, self.context):
+                on_gpu = on_gpu or _uses_gpu(statement, self.context)
+                if on_gpu and _trains(statement, functions, self.context):
                     self.context.add_report(
                         deferred_report(
                             self,
@@ -409,15 +443,26 @@ def _backward_receivers(context) -> set[str]:
 
 _HOLDER_KEYWORDS = frozenset({"model", "module"})
 _PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
+# Model zoos whose models are known to be sizeable (pretrained architectures). A model
+# class the notebook defines itself (a course's small network) is of unknown size:
+# running its cell again costs little, so OOM703 stays silent there.
+_MODEL_ZOO_RE = re.compile(
+    r"^(torchvision\.models\.|timm\.(models\.)?create_model$|torch\.hub\.load$|transformers\.|diffusers\."
+    r"|open_clip\.|segmentation_models_pytorch\.|ultralytics\.)"
+)
 
 
 @register
 class ModelRebuiltWhileHeld(NotebookRule):
     """
     ## What it does
-    Flags a cell that puts a model on the GPU (`model = Net().cuda()`,
-    `.to(device)`) when a later cell hands that model to an object that
-    keeps it: an optimizer over `model.parameters()`, a `Trainer(model=model)`.
+    Flags a cell that puts a pretrained or model-zoo model on the GPU
+    (`from_pretrained(...)`, `torchvision.models.*`, `timm.create_model`,
+    `torch.hub.load`, then `.cuda()` / `.to(device)`) when a later cell hands
+    that model to an object that keeps it: an optimizer over
+    `model.parameters()`, a `Trainer(model=model)`. A model class the
+    notebook defines itself is of a size the analysis cannot tell (most are
+    a course's small networks, whose second copy costs nothing): not flagged.
 
     ## Why is this bad?
     Notebook cells are run again. Running the model's cell again builds a
@@ -430,7 +475,7 @@ class ModelRebuiltWhileHeld(NotebookRule):
     ## Example
     ```python
     # %%
-    model = Net().to(device)
+    model = AutoModelForCausalLM.from_pretrained("gpt2-large").to(device)
     # %%
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     ```
@@ -439,7 +484,7 @@ class ModelRebuiltWhileHeld(NotebookRule):
     ```python
     # %%
     model = optimizer = None  # free the previous run's before building new ones
-    model = Net().to(device)
+    model = AutoModelForCausalLM.from_pretrained("gpt2-large").to(device)
     # %%
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     ```
@@ -460,17 +505,17 @@ class ModelRebuiltWhileHeld(NotebookRule):
         Valid(
             """
             # %%
-            import torch
-            model = Net().cuda()
+            import torch, torchvision
+            model = torchvision.models.resnet50(weights="DEFAULT").cuda()
             optimizer = torch.optim.AdamW(model.parameters())
             """
         ),
         Valid(
             """
             # %%
-            import torch
+            import torch, torchvision
             model = optimizer = None
-            model = Net().cuda()
+            model = torchvision.models.resnet50(weights="DEFAULT").cuda()
             # %%
             optimizer = torch.optim.AdamW(model.parameters())
             """
@@ -479,10 +524,37 @@ class ModelRebuiltWhileHeld(NotebookRule):
         Valid(
             """
             # %%
-            import torch
-            model = Net()
+            import torch, torchvision
+            model = torchvision.models.resnet50()
             # %%
             optimizer = torch.optim.AdamW(model.parameters())
+            """
+        ),
+        # A network the notebook defines (a course's CircleModelV0, TinyVGG): its size
+        # is unknown, most often a few thousand parameters.
+        Valid(
+            """
+            # %%
+            import torch
+            from torch import nn
+            device = "cuda"
+            class CircleModel(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.layer = nn.Linear(2, 1)
+            model_0 = CircleModel().to(device)
+            # %%
+            optimizer = torch.optim.SGD(params=model_0.parameters(), lr=0.1)
+            """
+        ),
+        # A function given the model returns its results; it keeps no reference.
+        Valid(
+            """
+            # %%
+            import torch, torchvision
+            model = torchvision.models.efficientnet_b0(weights="DEFAULT").to("cuda")
+            # %%
+            results = eval_model(model=model, data_loader=test_loader)
             """
         ),
     ]
@@ -491,20 +563,22 @@ class ModelRebuiltWhileHeld(NotebookRule):
             """
             # %%
             import torch
+            import torchvision
             device = "cuda"
             # %%
-            model = Net().to(device)
+            model = torchvision.models.efficientnet_b0(weights="DEFAULT").to(device)
             # %%
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
             """,
-            line=6,
+            line=7,
             expected_fix="""
             # %%
             import torch
+            import torchvision
             device = "cuda"
             # %%
             model = optimizer = None  # free the previous run's before building new ones
-            model = Net().to(device)
+            model = torchvision.models.efficientnet_b0(weights="DEFAULT").to(device)
             # %%
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
             """,
@@ -565,7 +639,7 @@ class ModelRebuiltWhileHeld(NotebookRule):
             return None
         name = assign.targets[0].target.value
         value = assign.value
-        if not self._builds_model(value, name):
+        if not self._builds_model(value):
             return None
         if self._moved_to_gpu(value):
             return name
@@ -576,7 +650,8 @@ class ModelRebuiltWhileHeld(NotebookRule):
                         return name
         return None
 
-    def _builds_model(self, value: cst.BaseExpression, name: str) -> bool:
+    def _builds_model(self, value: cst.BaseExpression) -> bool:
+        """A pretrained model, or one from a model zoo (`_MODEL_ZOO_RE`)."""
         call = value
         while (
             type(call) is cst.Call
@@ -588,7 +663,8 @@ class ModelRebuiltWhileHeld(NotebookRule):
             return False
         if type(call.func) is cst.Attribute and call.func.attr.value == "from_pretrained":
             return True
-        return facts_for(self.context).flow(None).callee(cst.Name(name)).role is Role.MODULE
+        qualified = self.context.call_name(call)
+        return qualified is not None and _MODEL_ZOO_RE.match(qualified) is not None
 
     def _moved_to_gpu(self, value: cst.BaseExpression) -> bool:
         while type(value) is cst.Call and type(value.func) is cst.Attribute:
@@ -619,6 +695,14 @@ def _targets(target: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [target]
 
 
+def _constructs(call: cst.Call) -> bool:
+    """`Trainer(model=model)`: a class, whose object keeps what it is given (by Python's
+    naming convention), not a function such as `eval_model(model=model)`, which
+    returns its results."""
+    name = dotted_name(call.func)
+    return name is not None and name.rsplit(".", 1)[-1][:1].isupper()
+
+
 def _holder_of(name: str, statements: list[cst.BaseStatement]) -> str | None:
     """The top-level name bound to an object built over `name`'s parameters
     (`torch.optim.X(name.parameters())`) or given `name` (`Trainer(model=name)`)."""
@@ -647,6 +731,7 @@ def _holder_of(name: str, statements: list[cst.BaseStatement]) -> str | None:
                 arg.keyword is not None
                 and arg.keyword.value in _HOLDER_KEYWORDS
                 and dotted_name(argument) == name
+                and _constructs(assign.value)
             ):
                 return assign.targets[0].target.value
     return None
