@@ -1,7 +1,8 @@
 """Running the analysis over files: discovery, decoding, the results cache,
 the process pool and fixing. The CLI's engine room; no output formatting.
 
-- Discovery walks folders for `*.py`, `*.pyi` and `*.ipynb`, skipping the configured
+- Discovery walks folders for the files `include` / `extend-include` match
+  (`*.py`, `*.pyi` and `*.ipynb` by default), skipping the configured
   `exclude` / `extend-exclude` globs and what `.gitignore` files ignore.
   Files named explicitly are checked unless `force_exclude`.
 - Reading follows Python's own rules (PEP 263 coding cookie, BOM); a file
@@ -41,11 +42,9 @@ from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.config import ConfigResolver, GlobPattern, ProjectConfig
 from oom_lsp.edits import Position, Range
 from oom_lsp.gc_tuning import tune_for_analysis
-from oom_lsp.notebooks import NOTEBOOK_SUFFIX, is_notebook_path
+from oom_lsp.notebooks import is_notebook_path
 from oom_lsp.notebooks.document import NotebookError, decode_notebook_bytes
 
-PYTHON_SUFFIXES = (".py", ".pyi")
-CHECKED_SUFFIXES = (*PYTHON_SUFFIXES, NOTEBOOK_SUFFIX)
 CACHE_DIR_NAME = ".oom_lsp_cache"
 # Pending source bytes below which a process pool costs more than it saves.
 # Measured on 2 shared cores: 34 training scripts (110 KB, 3,100 lines) take
@@ -191,11 +190,6 @@ def _ancestor_ignores(folder: Path) -> list[GitIgnore]:
     return ignores
 
 
-def is_python_file(path: Path) -> bool:
-    """A file a folder's walk checks: Python sources and Jupyter notebooks."""
-    return path.suffix in CHECKED_SUFFIXES
-
-
 def _force_excluded(path: Path, config: ProjectConfig) -> bool:
     """`exclude` applied to an explicitly named file: the file or any folder
     between it and the project root."""
@@ -259,7 +253,7 @@ def _walk(
             is_file = entry.is_file()
         except OSError:
             continue
-        if not (is_dir or (is_file and is_python_file(path))):
+        if not (is_dir or (is_file and config.is_included(path))):
             continue
         if config.is_excluded(path):
             continue

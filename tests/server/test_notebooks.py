@@ -155,6 +155,24 @@ async def test_every_version_of_an_edited_cell_is_answered(client: LanguageClien
     assert {params.uri for params in client.published[since:]} == {cells[1], cells[2]}
 
 
+async def test_a_notebook_that_include_leaves_out_gets_no_diagnostics(client: LanguageClient) -> None:
+    # As in a folder's `--check`: `include` without `*.ipynb` leaves notebooks out,
+    # and `per-file-ignores` apply to a notebook by its path.
+    scripts = client.root / "scripts_only"
+    scripts.mkdir()
+    (scripts / "pyproject.toml").write_text('[tool.oom-lsp]\ninclude = ["*.py"]\n')
+    quiet = client.root / "quiet"
+    quiet.mkdir()
+    (quiet / "pyproject.toml").write_text('[tool.oom-lsp.per-file-ignores]\n"*.ipynb" = ["OOM301"]\n')
+    _, left_out = _open(client, "scripts_only/train.ipynb", [SETUP, LOSS, LOOP, LOAD])
+    _, ignored = _open(client, "quiet/train.ipynb", [SETUP, LOSS, LOOP, LOAD])
+    _, checked = _open(client, "checked.ipynb", [SETUP, LOSS, LOOP, LOAD])
+    await _wait_for(client, lambda: "OOM301" in _codes(client, checked[2]), "OOM301 in the included notebook")
+    await _wait_for(client, lambda: "OOM501" in _codes(client, ignored[3]), "OOM501 in the quiet notebook")
+    assert "OOM301" not in _codes(client, ignored[2])
+    assert all(uri not in client.diagnostics for uri in left_out)
+
+
 async def test_quick_fix_and_ignore_in_a_cell(client: LanguageClient) -> None:
     _, cells = _open(client, "fixes.ipynb", [SETUP, LOAD])
     await _wait_for(client, lambda: "OOM501" in _codes(client, cells[1]), "OOM501")
