@@ -7,10 +7,13 @@ diagnostics, code actions, notebook fix-all and hover."""
 from __future__ import annotations
 
 import asyncio
+import json
 
+import nbformat
 import pytest
 import pytest_lsp
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
 from tests.server.lsp_session import CONFIG, TIMEOUT_S, start_session, wait_for_published
@@ -246,3 +249,51 @@ async def test_closing_the_notebook_clears_its_cells(client: LanguageClient) -> 
         )
     )
     await _wait_for(client, lambda: _codes(client, cells[1]) == [], "the cell's diagnostics to clear")
+
+
+TRAINING_CELLS = [
+    "%matplotlib inline\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset",
+    "data = TensorDataset(torch.randn(128, 32), torch.randint(0, 4, (128,)))\nloader = DataLoader(data, batch_size=16)",
+    "model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))\n"
+    "optimizer = torch.optim.Adam(model.parameters())",
+    "for x, y in loader:\n    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+    "    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()",
+]
+
+
+def _save(client: LanguageClient, name: str, sources: list[str]) -> None:
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_markdown_cell("# Train"), *map(nbformat.v4.new_code_cell, sources)]
+    nbformat.write(notebook, client.root / name)
+
+
+async def _estimate(client: LanguageClient, cell: str) -> dict:
+    params = types.ExecuteCommandParams(
+        command="oom-lsp.estimate", arguments=[{"uri": cell, "device": "cpu", "gpuMemory": "8GiB"}]
+    )
+    return await asyncio.wait_for(client.workspace_execute_command_async(params), 240)
+
+
+async def test_estimate_from_a_cell_runs_the_saved_notebook_and_names_cells(client: LanguageClient) -> None:
+    _save(client, "estimated.ipynb", TRAINING_CELLS)
+    # The cells as VS Code numbers them in the notebook document: the markdown cell first.
+    _, cells = _open(client, "estimated.ipynb", ["# Train", *TRAINING_CELLS])
+    result = await _estimate(client, cells[4])
+    assert result["verdict"] == "fits" and result["batchSize"] == 16 and result["peakBytes"] > 0
+    assert result["peakAt"]["cell"] in (4, 5), result  # the model's cell or the training loop's
+    report = json.loads((client.root / ".oom_lsp" / "estimate" / "estimated.json").read_text())
+    assert report["script"] == str(client.root / "estimated.ipynb")
+    assert report["notebook"]["not_run"] == [{"cell": 2, "line": 1, "code": "%matplotlib inline"}]
+    assert all(":cell " in place for place, _ in report["top_lines"] if "estimated.ipynb" in place)
+    assert not list(client.root.glob(".estimated.oom-lsp-*.py"))  # the script is gone
+
+
+async def test_estimate_of_a_notebook_that_cannot_run_is_one_line(client: LanguageClient) -> None:
+    broken = [*TRAINING_CELLS[:3], "for x, y in loader\n    pass"]
+    _save(client, "broken.ipynb", broken)
+    _, cells = _open(client, "broken.ipynb", ["# Train", *broken])
+    with pytest.raises(JsonRpcException) as raised:
+        await _estimate(client, cells[1])
+    assert raised.value.message == (
+        "broken.ipynb: cell 5, line 1: SyntaxError: expected ':'; Run All stops there too"
+    )
