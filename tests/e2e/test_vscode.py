@@ -3,8 +3,9 @@ extension in code-server 4.139.1 (VS Code 1.139.1), driven in Debian's
 Chromium: the Problems panel with the workspace settings applied, a quick fix
 from the light-bulb menu saved to disk, a settings change without a restart,
 fix-all on save, the server log, "Estimate peak memory" with its progress,
-status bar, report and Cancel, "Explain OOM from a log file...", and the
-notification when no server can start.
+status bar, report and Cancel, "Explain OOM from a log file...", a notebook's
+cell diagnostic and its quick fix saved into the .ipynb, and the notification
+when no server can start.
 Opt-in: the first install compiles native modules for several minutes (cached
 in $OOM_E2E_CACHE)."""
 
@@ -51,5 +52,7 @@ def test_vscode_ui_end_to_end(tmp_path: Path):
         "11-estimate-report.png",
         "12-estimate-cancelled.png",
         "13-explain-oom.png",
-        "14-no-server-notification.png",
+        "14-notebook-problems.png",
+        "15-notebook-quick-fix-saved.png",
+        "16-no-server-notification.png",
     ]

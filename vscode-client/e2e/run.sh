@@ -35,7 +35,7 @@ STATE="$ARTIFACTS/state"
 WORKSPACE="$ARTIFACTS/workspace"
 SCREENSHOTS="$ARTIFACTS/screenshots"
 mkdir -p "$STATE/data/User" "$STATE/extensions" "$SCREENSHOTS" "$WORKSPACE/.vscode"
-cp "$HERE/workspace/train.py" "$HERE/workspace/mlp.py" "$WORKSPACE/"
+cp "$HERE/workspace/train.py" "$HERE/workspace/mlp.py" "$HERE/workspace/resume.ipynb" "$WORKSPACE/"
 cp "$HERE/user-settings.json" "$STATE/data/User/settings.json"
 # A CUDA OOM in train.py line 6, as a training run's log would show it.
 cat > "$WORKSPACE/oom.log" <<EOF
