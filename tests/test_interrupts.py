@@ -56,8 +56,10 @@ def test_a_signal_kills_the_script_and_all_it_started(tmp_path, command, signum,
 
 @pytest.mark.parametrize("command", ["profile", "estimate"])
 def test_a_timeout_kills_the_script_and_all_it_started(tmp_path, command):
+    # The timeout leaves room for `import torch` on a loaded machine: the script
+    # must record its pids before it.
     script, record = console.write_hanging_script(tmp_path)
-    with console.started([*COMMANDS[command], "--timeout", "8"], tmp_path, record) as (process, script_pids):
+    with console.started([*COMMANDS[command], "--timeout", "15"], tmp_path, record) as (process, script_pids):
         process.communicate(timeout=120)
         assert process.returncode == 2
         # The script runs inside the harness, its process group's leader: its pid is the group's.

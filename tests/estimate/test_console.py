@@ -122,10 +122,11 @@ def test_progress_on_a_terminal_and_none_in_a_pipe(tmp_path):
 
 
 def test_a_hanging_script_shows_the_time_going_by(tmp_path):
+    # 12 s: `import torch` may take half of it on a loaded machine before the line starts.
     shutil.copy(FIXTURES / "hangs.py", tmp_path)
-    code, _, screen = console.run_on_a_terminal(["estimate", "hangs.py", "--timeout", "6"], tmp_path)
+    code, _, screen = console.run_on_a_terminal(["estimate", "hangs.py", "--timeout", "12"], tmp_path)
     assert code == 2
     states = [line.replace("\x1b[K", "") for line in screen.split("\r") if line.startswith("estimating hangs.py: trace 1")]
     seconds = [float(state.rsplit(" · ", 1)[1].removesuffix(" s")) for state in states]
     assert seconds == sorted(seconds) and seconds[-1] - seconds[0] >= 3, states
-    assert "did not reach its second optimizer step within 6 s" in screen
+    assert "did not reach its second optimizer step within 12 s" in screen
