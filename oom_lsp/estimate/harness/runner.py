@@ -40,6 +40,7 @@ from .context import Context
 from .cpu_kernels import make_conv_scratch, make_onednn_rnn_workspace, profile_replay_peak
 from .cuda import CudaRedirect
 from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
+from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
 from .failures import classify_failure, user_frames
 from .memo import FakeDispatchMemo
 from .shims import Shims, install_shims
@@ -179,7 +180,10 @@ def run(request: dict) -> dict:
         seconds=elapsed,
         step_seconds=_step_seconds(started, state["step_ends"]),
         peak_bytes=tracker.peak,
-        breakdown={category: peak.get("by_category", {}).get(category, 0) for category in CATEGORIES},
+        breakdown={
+            category: peak.get("by_category", {}).get(category, 0)
+            for category in CATEGORIES + (DISTRIBUTED_CATEGORIES if request.get("distributed") else ())
+        },
         peak_op=peak.get("op", ""),
         peak_module=peak.get("module", ""),
         peak_phase=peak.get("phase", ""),
@@ -210,6 +214,7 @@ def run(request: dict) -> dict:
         batch_knobs=list(state["batch_knobs"].values()),
         batch_padded=state.get("batch_padded"),
         loaders=state["loaders"],
+        distributed=state.get("distributed"),
     )
     if prof is not None:
         result["profile_replay_peak"] = profile_replay_peak(prof)
