@@ -310,9 +310,11 @@ def _install_ddp(shims, dist, tracker, context, fake_mode, state: dict) -> None:
     info = state["distributed"]
     ddp_class = ddp_module.DistributedDataParallel
     original_init = ddp_class.__init__
+    records_by_reducer: dict[int, dict] = {}
 
     def ddp_init(self, module, *args, **kwargs):
         options = {name: kwargs.get(name, default) for name, default in _DDP_OPTIONS.items()}
+        # hook: the script's own communication hook, by name, when it registers one.
         record = {"line": _user_place(context), **options, "hook": None, "rebuilt_at_step": None}
         info["ddp"].append(record)
         # The module is on the CPU here: device_ids (a GPU module's) would be refused.
@@ -322,6 +324,7 @@ def _install_ddp(shims, dist, tracker, context, fake_mode, state: dict) -> None:
         kwargs.pop("output_device", None)
         original_init(self, module, *args, **kwargs)
         self._oom_lsp_record = record
+        records_by_reducer[id(self.reducer)] = record
 
     shims.patch(ddp_class, "__init__", ddp_init)
 
@@ -336,13 +339,14 @@ def _install_ddp(shims, dist, tracker, context, fake_mode, state: dict) -> None:
     original_rebuild = Reducer._rebuild_buckets
 
     def rebuild_buckets(reducer):
+        peak = tracker.peak
         with _category(context, "ddp_buckets"), _real_integer_ops(tracker, fake_mode):
             rebuilt = original_rebuild(reducer)
-        if rebuilt:
-            for record in info["ddp"]:
-                if record.get("rebuilt_at_step") is None:
-                    record["rebuilt_at_step"] = state["steps"] + 1
-                    break
+        record = records_by_reducer.get(id(reducer))
+        if rebuilt and record is not None:
+            record["rebuilt_at_step"] = state["steps"] + 1
+            if tracker.peak > peak:
+                record["peak_at_rebuild"] = tracker.peak
         return rebuilt
 
     shims.patch(Reducer, "_rebuild_buckets", rebuild_buckets)
@@ -357,11 +361,12 @@ def _install_ddp(shims, dist, tracker, context, fake_mode, state: dict) -> None:
 
     # A DDP without a communication hook reduces through the group's future.
     original_pre_forward = ddp_class._pre_forward
+    hooks_checked: set[int] = set()
 
     def pre_forward(self, *inputs, **kwargs):
         record = getattr(self, "_oom_lsp_record", None)
-        if record is not None and record["hook"] is None:
-            record["hook"] = "default (allreduce, average)"
+        if record is not None and id(self) not in hooks_checked:
+            hooks_checked.add(id(self))
             if not self._comm_hooks:
                 world = self.process_group.size()
 
