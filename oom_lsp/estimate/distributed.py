@@ -85,7 +85,9 @@ def _note(name: str, detail: str, size: int | None = None) -> dict[str, Any]:
     return note
 
 
-def terms(trace: dict[str, Any], cuda: bool) -> tuple[list[dict[str, Any]], int, int]:
+def terms(
+    trace: dict[str, Any], cuda: bool, script: Path | None = None
+) -> tuple[list[dict[str, Any]], int, int]:
     """The distributed corrections of one traced run: each engine's terms, stated (their
     bytes are in the trace), and on CUDA what the trace cannot see: NCCL's buffers (outside
     the allocator: with the CUDA context) and FSDP2's per-stream pools (reserved).
@@ -178,6 +180,8 @@ def terms(trace: dict[str, Any], cuda: bool) -> tuple[list[dict[str, Any]], int,
                 asymmetry.get("bytes"),
             )
         )
+    if script is not None:
+        notes += _rank_zero_notes(script, info, breakdown)
     reserved_extra = outside = 0
     if cuda:
         groups = [size for size in info.get("process_groups", []) if size > 1]
@@ -277,3 +281,124 @@ def deepspeed_call(script: Path) -> tuple[int, str] | None:
             ):
                 return node.lineno, name
     return None
+
+
+# What a rank-0-only block may hold that the other ranks do not.
+_RANK_NAMES = {
+    "rank",
+    "global_rank",
+    "local_rank",
+    "ddp_rank",
+    "ddp_local_rank",
+    "process_rank",
+    "RANK",
+    "LOCAL_RANK",
+}
+_MAIN_FLAGS = {
+    "master_process",
+    "is_master",
+    "is_main_process",
+    "is_local_main_process",
+    "main_process",
+    "is_rank_zero",
+    "is_world_process_zero",
+}
+_STATE_DICT_CALLS = {
+    "state_dict",
+    "get_model_state_dict",
+    "get_state_dict",
+    "get_optimizer_state_dict",
+    "full_tensor",
+}
+_WORK_CALLS = _STATE_DICT_CALLS | {
+    "save",
+    "save_checkpoint",
+    "save_pretrained",
+    "gather",
+    "gather_object",
+    "evaluate",
+    "validate",
+    "estimate_loss",
+    "generate",
+    "sample",
+}
+
+
+def _is_rank_expression(node: ast.AST) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in _RANK_NAMES
+    if isinstance(node, ast.Attribute):
+        return node.attr in _RANK_NAMES
+    if isinstance(node, ast.Call):
+        name = ast.unparse(node.func)
+        if name.endswith(("get_rank", "get_local_rank")):
+            return True
+        if name == "int" and node.args:  # int(os.environ["RANK"])
+            return _is_rank_expression(node.args[0]) or "RANK" in ast.unparse(node.args[0])
+    if isinstance(node, ast.Subscript):  # os.environ["RANK"]
+        return "RANK" in ast.unparse(node.slice)
+    return False
+
+
+def _is_rank_zero_test(test: ast.AST) -> bool:
+    if isinstance(test, ast.BoolOp):
+        return any(_is_rank_zero_test(value) for value in test.values)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _is_rank_expression(test.operand)
+    if isinstance(test, (ast.Name, ast.Attribute)):
+        return (test.id if isinstance(test, ast.Name) else test.attr) in _MAIN_FLAGS
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, right = test.left, test.comparators[0]
+        zero = [side for side in (left, right) if isinstance(side, ast.Constant) and side.value == 0]
+        if isinstance(test.ops[0], (ast.Eq, ast.Is)) and zero:
+            other = right if zero[0] is left else left
+            return _is_rank_expression(other)
+        if isinstance(test.ops[0], ast.In) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+            return _is_rank_expression(left) and any(
+                isinstance(item, ast.Constant) and item.value == 0 for item in right.elts
+            )
+    return False
+
+
+def rank_zero_blocks(script: Path) -> list[dict[str, Any]]:
+    """`if rank == 0:` blocks (and `if master_process:`, `if dist.get_rank() == 0:`...) whose
+    body saves, gathers or evaluates: work, and memory, that only rank 0 has."""
+    try:
+        tree = ast.parse(script.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    blocks = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If) or not _is_rank_zero_test(node.test):
+            continue
+        calls = []
+        for statement in node.body:
+            for inner in ast.walk(statement):
+                if isinstance(inner, ast.Call):
+                    name = ast.unparse(inner.func)
+                    if name.split(".")[-1] in _WORK_CALLS and name not in calls:
+                        calls.append(name)
+        if calls:
+            blocks.append({"line": node.lineno, "test": ast.unparse(node.test), "calls": calls})
+    return blocks
+
+
+def _rank_zero_notes(script: Path, info: dict[str, Any], breakdown: dict[str, int]) -> list[dict[str, Any]]:
+    notes = []
+    for block in rank_zero_blocks(script)[:3]:
+        detail = (
+            f"rank 0 alone runs {script.name}:{block['line']} (if {block['test']}): "
+            + ", ".join(f"{call}()" for call in block["calls"][:4])
+            + "; what it allocates there is rank 0's alone (in this trace only if it runs within the first "
+            "two steps)"
+        )
+        if info.get("fsdp_units") and any(
+            call.split(".")[-1] in _STATE_DICT_CALLS for call in block["calls"]
+        ):
+            full = breakdown.get("parameters", 0) * info["world_size"]
+            detail += (
+                f"; a full state dict of an FSDP2 model gathers the unsharded parameters, about "
+                f"{format_bytes(full)} (the sharded parameters x {info['world_size']}), unless offloaded to the CPU"
+            )
+        notes.append(_note("rank-asymmetry", detail))
+    return notes

@@ -390,7 +390,7 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
             )
         )
     if trace.get("distributed"):
-        notes, reserved_extra, outside_allocator = distributed.terms(trace, cuda)
+        notes, reserved_extra, outside_allocator = distributed.terms(trace, cuda, options.script)
         corrections += notes
         if reserved is not None:
             reserved += reserved_extra

@@ -79,6 +79,7 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
     _install_spawn(shims, info)
     _install_device_mesh(shims, tracker, fake_mode, info)
     _install_async_futures(shims, dist)
+    _install_rank_zero_collectives(shims, dist, tracker, context, info)
     _install_ddp(shims, dist, tracker, context, fake_mode, state)
     _install_fsdp2(shims, tracker, context, info)
     shims.at_undo(lambda: _destroy_process_groups(dist, info))
@@ -254,6 +255,38 @@ def _install_async_futures(shims, dist) -> None:
 
     for owner in (dist, distributed_c10d):
         shims.patch(owner, "all_reduce", all_reduce)
+
+
+def _install_rank_zero_collectives(shims, dist, tracker, context, info: dict) -> None:
+    """Collectives whose buffers only the root holds: `gather` into `gather_list`, `scatter`
+    from `scatter_list` (rank 0 allocates those lists, the other ranks pass None), and the
+    object variants (pickled to tensors on the root)."""
+    from torch.distributed import distributed_c10d
+
+    def recorder(name: str, list_argument: str, position: int):
+        original = getattr(distributed_c10d, name)
+
+        def collective(*args, **kwargs):
+            tensors = kwargs.get(list_argument, args[position] if len(args) > position else None)
+            if tensors:
+                size = sum(
+                    tracker.record_bytes(tensor) for tensor in tensors if isinstance(tensor, torch.Tensor)
+                )
+                line = _user_place(context)
+                seen = next((entry for entry in info["rank_zero_only"] if entry["line"] == line), None)
+                if seen is None:
+                    what = f"dist.{name} with {len(tensors)} entries on the root"
+                    info["rank_zero_only"].append({"what": what, "line": line, "bytes": size or None})
+                elif size > (seen["bytes"] or 0):
+                    seen["bytes"] = size
+            return original(*args, **kwargs)
+
+        for owner in (dist, distributed_c10d):
+            shims.patch(owner, name, collective)
+
+    recorder("gather", "gather_list", 1)
+    recorder("scatter", "scatter_list", 1)
+    recorder("gather_object", "object_gather_list", 1)
 
 
 class RealIntegerOps(TorchDispatchMode):

@@ -182,6 +182,13 @@ class StorageTracker(TorchDispatchMode):
         if nbytes and (record.device or self.count_all):
             self._count(record, op)
 
+    def record_bytes(self, tensor: torch.Tensor) -> int:
+        """What the tracker counts for `tensor`'s storage (0 when it does not count it)."""
+        if self.unwrap is not None:
+            tensor = self.unwrap(tensor)
+        record = self.live.get(id(tensor.untyped_storage()))
+        return record.nbytes if record is not None and record.counted else 0
+
     def is_device(self, tensor: torch.Tensor) -> bool:
         if self.unwrap is not None:
             tensor = self.unwrap(tensor)
