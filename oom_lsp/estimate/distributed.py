@@ -20,6 +20,7 @@ MIB = 2**20
 # 4 x A100 with NVLink (NVIDIA/nccl#964): 544 MB for a group of 2 GPUs, 688 MB for more.
 NCCL_PAIR = 544 * MIB
 NCCL_GROUP = 688 * MIB
+DDP_DEFAULT_BUCKET_MB = 25
 # The categories harness/distributed.py adds, as the breakdown prints them.
 LABELS = {
     "unsharded_parameters": "unsharded parameters",
@@ -117,6 +118,8 @@ def terms(
     for ddp in info.get("ddp", []):
         options = ", ".join(
             f"{name}={ddp[name]!r}"
+            if ddp[name] is not None
+            else f"{name}={DDP_DEFAULT_BUCKET_MB} (the default)"
             for name in ("gradient_as_bucket_view", "bucket_cap_mb", "find_unused_parameters", "static_graph")
         )
         notes.append(_note("ddp", f"DistributedDataParallel at {_place(ddp['line'])}: {options}"))

@@ -77,6 +77,7 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
     tracker.unwrap = _local_tensor
     _install_process_group(shims, dist, world_size, context, info)
     _install_spawn(shims, info)
+    _install_module_to_rank(shims)
     _install_device_mesh(shims, tracker, fake_mode, info)
     _install_async_futures(shims, dist)
     _install_rank_zero_collectives(shims, dist, tracker, context, info)
@@ -173,6 +174,28 @@ def _install_spawn(shims, info: dict) -> None:
             return spawn(fn, args, nprocs)
 
         shims.patch(mp, "start_processes", start_processes)
+
+
+def _install_module_to_rank(shims) -> None:
+    """`model.to(rank)`: a bare integer is a CUDA ordinal (the DDP tutorials' idiom), which
+    nn.Module.to parses through the current accelerator, absent here; as "cuda:N" it reaches
+    the CUDA redirect like any other."""
+    from torch import nn
+
+    original_to = nn.Module.to
+
+    def module_to(self, *args, **kwargs):
+        if args and _is_ordinal(args[0]):
+            args = (f"cuda:{args[0]}", *args[1:])
+        if _is_ordinal(kwargs.get("device")):
+            kwargs["device"] = f"cuda:{kwargs['device']}"
+        return original_to(self, *args, **kwargs)
+
+    shims.patch(nn.Module, "to", module_to)
+
+
+def _is_ordinal(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # -- device meshes ------------------------------------------------------------
