@@ -109,6 +109,13 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         "estimates each size and finds the fewest GPUs that fit",
     )
     parser.add_argument(
+        "--accelerate-config",
+        type=Path,
+        default=default(None),
+        help="with --world-size: the variables `accelerate launch --config_file FILE` gives the script "
+        "(DDP or FSDP2 from the config), read by the accelerate of --python",
+    )
+    parser.add_argument(
         "--nproc-per-node",
         type=int,
         default=default(None),
@@ -191,6 +198,21 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     if args.nproc_per_node is not None and (world_sizes is None or args.nproc_per_node < 1):
         err.write("oom-lsp estimate: --nproc-per-node needs --world-size, and at least 1 GPU per node\n")
         return EXIT_ERROR
+    launcher_environment = None
+    if args.accelerate_config is not None:
+        if world_sizes is None:
+            err.write("oom-lsp estimate: --accelerate-config needs --world-size\n")
+            return EXIT_ERROR
+        if not args.accelerate_config.is_file():
+            err.write(f"oom-lsp estimate: --accelerate-config {args.accelerate_config}: no such file\n")
+            return EXIT_ERROR
+        try:
+            launcher_environment = distributed.accelerate_environment(
+                args.python, args.accelerate_config, world_sizes[-1], args.nproc_per_node
+            )
+        except distributed.WorldSizeError as error:
+            err.write(f"oom-lsp estimate: {error}\n")
+            return EXIT_ERROR
 
     options = EstimateOptions(
         script=args.script,
@@ -204,6 +226,7 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         margin=DEFAULT_MARGIN if args.margin is None else args.margin,
         world_size=world_sizes[0] if world_sizes and len(world_sizes) == 1 else None,
         nproc_per_node=args.nproc_per_node,
+        launcher_environment=launcher_environment,
     )
     if world_sizes and len(world_sizes) > 1:
         return _run_sweep(args, options, world_sizes, out, err)
@@ -473,7 +496,7 @@ def write_sweep(outcome: dict[str, Any], out: TextIO) -> None:
         header += f"  {'verdict':<22}"
     if searched:
         header += "  largest batch per rank"
-    out.write(header + "\n")
+    out.write(header.rstrip() + "\n")
     for row in runs:
         estimate = row["estimate"]
         line = f"  {row['world_size']:>5}  {format_bytes(estimate['peak_bytes']):>14}"

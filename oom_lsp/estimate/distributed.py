@@ -61,11 +61,61 @@ def parse_world_sizes(text: str) -> list[int]:
     return sorted(set(sizes))
 
 
-def launch(world_size: int, nproc_per_node: int | None) -> dict[str, int]:
+def launch(world_size: int, nproc_per_node: int | None, environment: dict[str, str] | None = None) -> dict:
     """What the harness sets up: rank 0 of `world_size`, `nproc_per_node` GPUs on its node
-    (torchrun's --nproc_per_node; at most the world size)."""
+    (torchrun's --nproc_per_node; at most the world size), and the variables a launcher
+    exports besides torchrun's (accelerate's, from its config file)."""
     per_node = min(nproc_per_node or world_size, world_size)
-    return {"world_size": world_size, "nproc_per_node": per_node}
+    return {"world_size": world_size, "nproc_per_node": per_node, "environment": environment or {}}
+
+
+# Run in the user's interpreter (which has accelerate, when the script uses it): the variables
+# `accelerate launch --config_file CONFIG` exports for the script, by accelerate's own launcher code.
+_ACCELERATE_ENVIRONMENT = r"""
+import json, sys
+from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+from accelerate.utils.launch import prepare_multi_gpu_env
+config, world, per_node = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+args = launch_command_parser().parse_args(["--config_file", config, "--num_processes", str(world),
+    "--num_machines", str(max(1, world // per_node)), "--machine_rank", "0", "train.py"])
+args, _, _ = _validate_launch_command(args)
+if args.use_deepspeed or args.use_megatron_lm:
+    print(json.dumps({"error": "DeepSpeed" if args.use_deepspeed else "Megatron-LM"}))
+    sys.exit(0)
+environment = prepare_multi_gpu_env(args)
+print(json.dumps({"environment": {name: value for name, value in environment.items()
+                                  if name.startswith(("ACCELERATE_", "FSDP_"))}}))
+"""
+
+
+def accelerate_environment(python: str, config: Path, world_size: int, nproc_per_node: int | None) -> dict:
+    """accelerate's variables for `config` (its YAML or JSON config file), or WorldSizeError."""
+    import json
+    import subprocess
+
+    per_node = min(nproc_per_node or world_size, world_size)
+    try:
+        done = subprocess.run(
+            [python, "-c", _ACCELERATE_ENVIRONMENT, str(config), str(world_size), str(per_node)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise WorldSizeError(f"--accelerate-config: cannot run {python}: {error}") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        if "No module named 'accelerate'" in done.stderr:
+            last = f"accelerate is not installed in {python}"
+        raise WorldSizeError(f"--accelerate-config {config}: {last}")
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    if "error" in answer:
+        raise WorldSizeError(
+            f"--accelerate-config {config}: {answer['error']} is out of reach of the fake process group; "
+            "the distributed estimate covers DDP and FSDP2"
+        )
+    return answer["environment"]
 
 
 def _place(where: list | None) -> str:
@@ -107,6 +157,21 @@ def terms(
         if info.get("init_line")
         else "no init_process_group call"
     )
+    launcher = info.get("launcher_environment") or {}
+    if launcher:
+        shown = ", ".join(
+            f"{name}={launcher[name]}"
+            for name in (
+                "ACCELERATE_USE_FSDP",
+                "FSDP_VERSION",
+                "FSDP_AUTO_WRAP_POLICY",
+                "ACCELERATE_MIXED_PRECISION",
+            )
+            if name in launcher
+        )
+        notes.append(
+            _note("accelerate-config", f"accelerate's launch variables from --accelerate-config: {shown}")
+        )
     notes.append(
         _note(
             "fake-process-group",

@@ -68,6 +68,7 @@ class EstimateOptions:
     # torchrun-style scripts: traced as rank 0 of world_size (estimate/distributed.py).
     world_size: int | None = None
     nproc_per_node: int | None = None
+    launcher_environment: dict[str, str] | None = None  # accelerate's, from --accelerate-config
     # Progress: {"event": "starting"} before each child interpreter, then the harness's own
     # events from a reader thread: "ready", "run-start", "step", "run" (harness/progress.py).
     on_event: Callable[[dict[str, Any]], None] | None = None
@@ -142,7 +143,9 @@ def run_harness(
             "autocast_dtype": options.autocast_dtype,
             "gpu_name": options.gpu.name if options.gpu else None,
             "gpu_memory": options.gpu.memory if options.gpu else None,
-            "distributed": distributed.launch(options.world_size, options.nproc_per_node)
+            "distributed": distributed.launch(
+                options.world_size, options.nproc_per_node, options.launcher_environment
+            )
             if options.world_size
             else None,
         }

@@ -366,3 +366,32 @@ def test_bad_distributed_options_and_deepspeed_are_one_line_errors(tmp_path, arg
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr == f"oom-lsp estimate: {message}\n"
+
+
+def test_accelerate_ddp_and_its_fsdp2_config(tmp_path):
+    pytest.importorskip("accelerate")
+    shutil.copy(FIXTURES / "accelerate_fsdp2.yaml", tmp_path)
+    ddp = estimate_json(tmp_path, "accelerate_mlp.py", "--device", "cpu", "--world-size", "4")
+    assert ddp["distributed"]["engines"][0].startswith("DDP at ")
+    fsdp2 = estimate_json(
+        tmp_path,
+        "accelerate_mlp.py",
+        "--device",
+        "cpu",
+        "--world-size",
+        "4",
+        "--accelerate-config",
+        "accelerate_fsdp2.yaml",
+    )
+    assert note(fsdp2, "accelerate-config")["detail"].startswith(
+        "accelerate's launch variables from --accelerate-config: ACCELERATE_USE_FSDP=true, FSDP_VERSION=2"
+    )
+    assert fsdp2["distributed"]["fsdp_units"] == 3  # size-based wrapping: the two large Linears and the root
+    # accelerate keys parameters by data pointer to move the optimizer onto the shards: it must
+    # find them all, or the optimizer state would be missing (two moments per shard, and a step count).
+    shards = fsdp2["breakdown"]["parameters"]
+    assert shards > 0 and 0 <= fsdp2["breakdown"]["optimizer_state"] - 2 * shards < 1024
+    # Loading the full weights on rank 0 and scattering them is rank 0's alone.
+    (scatter,) = [note for note in fsdp2["corrections"] if note["name"] == "rank-asymmetry"]
+    assert scatter["detail"].startswith("dist.scatter with 4 entries on the root")
+    assert fsdp2["peak_bytes"] < ddp["peak_bytes"]

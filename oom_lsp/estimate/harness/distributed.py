@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -57,6 +58,7 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
     info = state["distributed"] = {
         "world_size": world_size,
         "nproc_per_node": per_node,
+        "launcher_environment": config.get("environment") or {},
         "backend": None,
         "init_line": None,
         "ddp": [],
@@ -70,7 +72,7 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
         "largest_reduce_scatter": 0,
         "process_groups": [],
     }
-    _set_environment(shims, world_size, per_node)
+    _set_environment(shims, world_size, per_node, config.get("environment") or {})
     shims.patch(torch.cuda, "device_count", lambda: per_node)
     shims.patch(dist, "is_nccl_available", lambda: True)
     fake_mode = state.get("fake_mode")
@@ -83,12 +85,16 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
     _install_rank_zero_collectives(shims, dist, tracker, context, info)
     _install_ddp(shims, dist, tracker, context, fake_mode, state)
     _install_fsdp2(shims, tracker, context, info)
+    if fake_mode is not None:
+        _install_fake_data_pointers(shims)
     shims.at_undo(lambda: _destroy_process_groups(dist, info))
 
 
-def _set_environment(shims, world_size: int, per_node: int) -> None:
-    """The variables torchrun sets for rank 0 (local rank 0 of the first node)."""
+def _set_environment(shims, world_size: int, per_node: int, launcher: dict) -> None:
+    """The variables torchrun sets for rank 0 (local rank 0 of the first node), and those a
+    launcher adds (`accelerate launch --config_file`: ACCELERATE_*, FSDP_*)."""
     values = {
+        **launcher,
         "RANK": "0",
         "LOCAL_RANK": "0",
         "GROUP_RANK": "0",
@@ -123,6 +129,12 @@ def _destroy_process_groups(dist, info: dict) -> None:
 
     info["process_groups"] = sorted(len(ranks) for ranks in distributed_c10d._world.pg_group_ranks.values())
     dist.destroy_process_group()
+    # accelerate keeps its process state in class-level singletons: the next run (a sweep, a
+    # batch search) must start it afresh, as a new process would.
+    accelerate_state = sys.modules.get("accelerate.state")
+    if accelerate_state is not None:
+        accelerate_state.AcceleratorState._reset_state(reset_partial_state=True)
+        accelerate_state.GradientState._reset_state()
 
 
 def _local_tensor(tensor):
@@ -292,9 +304,13 @@ def _install_rank_zero_collectives(shims, dist, tracker, context, info: dict) ->
         def collective(*args, **kwargs):
             tensors = kwargs.get(list_argument, args[position] if len(args) > position else None)
             if tensors:
-                size = sum(
-                    tracker.record_bytes(tensor) for tensor in tensors if isinstance(tensor, torch.Tensor)
-                )
+                # Entries may be views of one tensor (chunks of it): each storage once.
+                storages = {
+                    id(_local_tensor(tensor).untyped_storage()): tensor
+                    for tensor in tensors
+                    if isinstance(tensor, torch.Tensor)
+                }
+                size = sum(tracker.record_bytes(tensor) for tensor in storages.values())
                 line = _user_place(context)
                 seen = next((entry for entry in info["rank_zero_only"] if entry["line"] == line), None)
                 if seen is None:
@@ -546,9 +562,14 @@ def _install_fsdp2(shims, tracker, context, info: dict) -> None:
             info["fsdp_reshard_after_forward"] = kwargs["reshard_after_forward"]
         tracker.device_scope += 1
         try:
-            return original_fully_shard(module, *args, **kwargs)
+            sharded = original_fully_shard(module, *args, **kwargs)
         finally:
             tracker.device_scope -= 1
+        # The sharded parameters replace the module's without register_parameter (and
+        # accelerate hands them to the optimizer without add_param_group).
+        for parameter in sharded.parameters():
+            tracker.set_category(parameter, "parameters")
+        return sharded
 
     # The names scripts import it by (not the defining module's own, which FSDP2 calls itself).
     import torch.distributed._composable.fsdp as composable_fsdp
@@ -560,6 +581,18 @@ def _install_fsdp2(shims, tracker, context, info: dict) -> None:
 
 def _storage_bytes(tensor) -> int:
     return tensor.untyped_storage().nbytes() if isinstance(tensor, torch.Tensor) else 0
+
+
+def _install_fake_data_pointers(shims) -> None:
+    """accelerate's FSDP2 preparation keys each parameter by `data_ptr()` to move the
+    optimizer onto the sharded ones; every fake tensor answers 0, so they would all be one.
+    A fake tensor answers where its data would be: its storage's identity plus its offset."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def data_ptr(self) -> int:
+        return id(self.untyped_storage()) + self.storage_offset() * self.element_size()
+
+    shims.patch(FakeTensor, "data_ptr", data_ptr)
 
 
 def _categorised(function, context, category: str):
