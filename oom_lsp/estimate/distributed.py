@@ -1,6 +1,6 @@
 """The parent side of the distributed estimate (`--world-size`): what the harness is asked
 (harness/distributed.py traces the script as rank 0 of N on the fake process group), the
-distributed terms of a prediction, the sweep over world sizes, the scripts out of reach.
+distributed terms of a prediction, what the sweep (sweep.py) reads of each size, the scripts out of reach.
 
 No torch import here: this runs in the CLI and the editor.
 """
@@ -303,6 +303,7 @@ def describe(trace: dict[str, Any]) -> dict[str, Any]:
         "engines": engines,
         "ddp": info.get("ddp", []),
         "fsdp_units": info.get("fsdp_units", 0),
+        "device_meshes": info.get("device_meshes", []),
         "process_groups": info.get("process_groups", []),
     }
 

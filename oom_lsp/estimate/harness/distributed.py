@@ -64,7 +64,6 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
         "ddp": [],
         "fsdp_units": 0,
         "fsdp_mixed_precision": None,
-        "fsdp_reshard_after_forward": None,
         "device_meshes": [],
         "spawned": None,
         "rank_zero_only": [],
@@ -558,8 +557,6 @@ def _install_fsdp2(shims, tracker, context, info: dict) -> None:
         policy = kwargs.get("mp_policy")
         if policy is not None and getattr(policy, "param_dtype", None) is not None:
             info["fsdp_mixed_precision"] = str(policy.param_dtype).replace("torch.", "")
-        if "reshard_after_forward" in kwargs:
-            info["fsdp_reshard_after_forward"] = kwargs["reshard_after_forward"]
         tracker.device_scope += 1
         try:
             sharded = original_fully_shard(module, *args, **kwargs)
