@@ -541,7 +541,9 @@ def estimate(options: EstimateOptions, progress: Progress | None = None) -> dict
     return prediction_from(trace, options, progress)
 
 
-def prediction_from(trace: dict[str, Any], options: EstimateOptions, progress: Progress | None = None):
+def prediction_from(
+    trace: dict[str, Any], options: EstimateOptions, progress: Progress | None = None
+) -> dict[str, Any]:
     """The prediction for a fake run of the script, or for real CPU steps when it could not be faked."""
     if trace["status"] != "failed":
         _require_two_steps(trace)
