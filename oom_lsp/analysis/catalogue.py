@@ -29,6 +29,7 @@ CATALOGUE: tuple[tuple[str, str, bool], ...] = (
     ("OOM503", "zero-grad-keeps-grads", True),
     ("OOM601", "no-gradient-checkpointing", True),
     ("OOM602", "data-parallel-gather", True),
+    ("OOM603", "ddp-bucket-copy", False),
     ("OOM701", "failed-cell-keeps-tensors", True),
     ("OOM702", "cell-output-keeps-graph", True),
     ("OOM703", "model-rebuilt-while-held", True),

@@ -2,11 +2,11 @@
 
     oom-lsp estimate train.py [--device cuda|cpu] [--gpu NAME | --gpu-memory 24GiB]
         [--batch-size N] [--dtype bf16] [--python PATH] [--format text|json]
-        [--find-max-batch] [--timeout S] -- ARGS...
+        [--find-max-batch] [--timeout S] [--world-size N|1,2,4,8 [--nproc-per-node M]] -- ARGS...
 
 Exit codes: 0 the step fits (or no target was given), 1 it is predicted to run
 out of memory at the script's batch size (or, with --find-max-batch, not even
-batch size 1 fits), 2 the estimate failed.
+batch size 1 fits; with several world sizes, at none of them), 2 the estimate failed.
 No torch import here: the script runs under --python in a child process.
 """
 
@@ -106,6 +106,25 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     parser.add_argument(
         "--list-gpus", action="store_true", default=default(False), help="print the GPU catalogue and exit"
     )
+    parser.add_argument(
+        "--world-size",
+        default=default(None),
+        help="a torchrun-style script (DDP, FSDP2) traced as rank 0 of N GPUs; a list such as 1,2,4,8 "
+        "estimates each size and finds the fewest GPUs that fit",
+    )
+    parser.add_argument(
+        "--accelerate-config",
+        type=Path,
+        default=default(None),
+        help="with --world-size: the variables `accelerate launch --config_file FILE` gives the script "
+        "(DDP or FSDP2 from the config), read by the accelerate of --python",
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=default(None),
+        help="GPUs per node, as torchrun's --nproc-per-node (default: the world size, all on one node)",
+    )
 
 
 def _margin(text: str) -> float:
@@ -179,6 +198,7 @@ def _estimate(
 ) -> int:
     """`notebook`: when `script` runs a notebook's cells; what is printed names the
     script's lines as the notebook's cells."""
+    from oom_lsp.estimate import distributed
     from oom_lsp.estimate.estimator import (
         DEFAULT_MARGIN,
         EstimateError,
@@ -186,6 +206,40 @@ def _estimate(
         estimate,
         find_max_batch,
     )
+
+    world_sizes = None
+    if args.world_size is not None:
+        try:
+            world_sizes = distributed.parse_world_sizes(args.world_size)
+        except distributed.WorldSizeError as error:
+            err.write(f"oom-lsp estimate: {error}\n")
+            return EXIT_ERROR
+        deepspeed = distributed.deepspeed_call(script)
+        if deepspeed:
+            err.write(
+                f"oom-lsp estimate: no estimate: {args.script.name}:{deepspeed[0]} calls {deepspeed[1]}: DeepSpeed "
+                "(ZeRO) partitions through its own communication layer and CUDA kernels, out of reach of the fake "
+                "process group; the distributed estimate covers DDP and FSDP2\n"
+            )
+            return EXIT_ERROR
+    if args.nproc_per_node is not None and (world_sizes is None or args.nproc_per_node < 1):
+        err.write("oom-lsp estimate: --nproc-per-node needs --world-size, and at least 1 GPU per node\n")
+        return EXIT_ERROR
+    launcher_environment = None
+    if args.accelerate_config is not None:
+        if world_sizes is None:
+            err.write("oom-lsp estimate: --accelerate-config needs --world-size\n")
+            return EXIT_ERROR
+        if not args.accelerate_config.is_file():
+            err.write(f"oom-lsp estimate: --accelerate-config {args.accelerate_config}: no such file\n")
+            return EXIT_ERROR
+        try:
+            launcher_environment = distributed.accelerate_environment(
+                args.python, args.accelerate_config, world_sizes[-1], args.nproc_per_node
+            )
+        except distributed.WorldSizeError as error:
+            err.write(f"oom-lsp estimate: {error}\n")
+            return EXIT_ERROR
 
     options = EstimateOptions(
         script=script,
@@ -198,7 +252,12 @@ def _estimate(
         autocast_dtype=args.dtype,
         margin=DEFAULT_MARGIN if args.margin is None else args.margin,
         cwd=notebook.cwd if notebook is not None else None,
+        world_size=world_sizes[0] if world_sizes and len(world_sizes) == 1 else None,
+        nproc_per_node=args.nproc_per_node,
+        launcher_environment=launcher_environment,
     )
+    if world_sizes and len(world_sizes) > 1:
+        return _run_sweep(args, options, world_sizes, out, err)
 
     display = EstimateDisplay(err, f"estimating {args.script.name}", quiet=args.format != "text")
     options.on_event = display.on_event
@@ -231,6 +290,35 @@ def _estimate(
     if prediction.get("verdict") == "will run out of memory":
         return EXIT_OOM
     if max_batch is not None and max_batch.get("max_batch") == 0:
+        return EXIT_OOM
+    return EXIT_FITS
+
+
+def _run_sweep(
+    args: argparse.Namespace, options: Any, world_sizes: list[int], out: TextIO, err: TextIO
+) -> int:
+    from oom_lsp.estimate.estimator import EstimateError
+    from oom_lsp.estimate.sweep import sweep
+
+    display = EstimateDisplay(err, f"estimating {args.script.name}", quiet=args.format != "text")
+    options.on_event = display.on_event
+    try:
+        with display:
+            outcome = sweep(options, world_sizes, args.find_max_batch, display.message)
+    except EstimateError as error:
+        if args.format == "json":
+            out.write(json.dumps({"error": str(error)}) + "\n")
+        else:
+            err.write(f"oom-lsp estimate: {error}\n")
+        return EXIT_ERROR
+    for row in outcome["runs"]:
+        row["estimate"]["max_batch"] = row["max_batch"]
+    if args.format == "json":
+        out.write(json.dumps(outcome, indent=2) + "\n")
+    else:
+        write_sweep(outcome, out)
+    verdicts = [row["estimate"].get("verdict") for row in outcome["runs"]]
+    if verdicts and all(verdict == "will run out of memory" for verdict in verdicts):
         return EXIT_OOM
     return EXIT_FITS
 
@@ -303,9 +391,13 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
         out.write(f"  {label:<18} {value:>11}{'   ' + note if note else ''}\n")
 
     batch = prediction.get("batch_size")
+    launch = prediction.get("distributed")
     out.write(
-        f"{_rel(prediction['script'])}: batch size {batch if batch else 'as in the script'}, "
-        f"device {prediction['device']}, torch {prediction.get('torch')}\n"
+        f"{_rel(prediction['script'])}: batch size {batch if batch else 'as in the script'}"
+        + (" per rank" if launch else "")
+        + f", device {prediction['device']}, torch {prediction.get('torch')}"
+        + (f", rank 0 of {launch['world_size']} ({launch['nproc_per_node']} per node)" if launch else "")
+        + "\n"
     )
     out.write(f"  method: {prediction['method']}\n")
     if prediction.get("fallback"):
@@ -322,13 +414,18 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
     )
     if prediction.get("breakdown_batch_size"):
         out.write(f"    breakdown measured at batch {prediction['breakdown_batch_size']}:\n")
-    for category, size in prediction["breakdown"].items():
+    from oom_lsp.estimate.distributed import LABELS, ORDER
+
+    breakdown = prediction["breakdown"]
+    for category in sorted(breakdown, key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER)):
+        size = breakdown[category]
         if size > 0:
-            row("  " + category.replace("_", " "), format_bytes(size))
+            row("  " + LABELS.get(category, category.replace("_", " ")), format_bytes(size))
     if prediction.get("reserved_bytes") is not None:
         row("reserved", format_bytes(prediction["reserved_bytes"]), "caching allocator segments (modelled)")
+        nccl = any(note["name"] == "nccl-buffers" for note in prediction["corrections"])
         row(
-            "+ CUDA context",
+            "+ context, NCCL" if nccl else "+ CUDA context",
             format_bytes(prediction["context_bytes"]),
             f"= {format_bytes(prediction['process_bytes'])} process total (nvidia-smi)",
         )
@@ -366,7 +463,8 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
             shares += f", {100 * prediction['process_bytes'] / gpu['memory']:.0f}% reserved"
         named = not gpu["name"].startswith("GPU with ")  # --gpu-memory: the name is the size already
         out.write(f"  target: {gpu['name']}" + (f", {format_bytes(gpu['memory'])}" if named else "") + "\n")
-        out.write(f"  verdict: {prediction['verdict'].upper()} ({shares}, CUDA context included)\n")
+        per_gpu = " on each GPU" if launch else ""
+        out.write(f"  verdict: {prediction['verdict'].upper()}{per_gpu} ({shares}, CUDA context included)\n")
         if needed <= gpu["memory"] < (prediction.get("process_bytes") or 0):
             out.write(
                 "  the allocated peak fits but the modelled reserved memory does not: the allocator frees "
@@ -419,3 +517,54 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
                 f"{accumulation['micro_batch']} with {accumulation['steps']} gradient accumulation steps "
                 f"(effective batch {accumulation['effective_batch']})\n"
             )
+
+
+def write_sweep(outcome: dict[str, Any], out: TextIO) -> None:
+    """The per-rank peak at each world size, the fewest GPUs that fit, then the details of that size."""
+    from oom_lsp.estimate.gpus import format_bytes
+
+    runs = outcome["runs"]
+    first = runs[0]["estimate"]
+    batch = first.get("batch_size")
+    sizes = ", ".join(str(row["world_size"]) for row in runs)
+    out.write(
+        f"{_rel(first['script'])}: batch size {batch if batch else 'as in the script'} per rank, "
+        f"device {first['device']}, torch {first.get('torch')}, world sizes {sizes}\n"
+    )
+    out.write(f"  method: {first['method'].split(' as rank 0 of ')[0]} as rank 0 of each world size\n")
+    gpu = first.get("gpu")
+    cuda = first["device"] == "cuda"
+    searched = any(row["max_batch"] is not None for row in runs)
+    header = f"  {'GPUs':>5}  {'peak per rank':>14}"
+    if cuda:
+        header += f"  {'reserved + context, NCCL':>25}"
+    if gpu:
+        header += f"  {'verdict':<22}"
+    if searched:
+        header += "  largest batch per rank"
+    out.write(header.rstrip() + "\n")
+    for row in runs:
+        estimate = row["estimate"]
+        line = f"  {row['world_size']:>5}  {format_bytes(estimate['peak_bytes']):>14}"
+        if cuda:
+            line += f"  {format_bytes(estimate.get('process_bytes') or 0):>25}"
+        if gpu:
+            line += f"  {estimate.get('verdict') or '-':<22}"
+        if searched:
+            found = (row["max_batch"] or {}).get("max_batch")
+            line += f"  {found:,}" if found else "  none"
+        out.write(line.rstrip() + "\n")
+    if gpu:
+        named = not gpu["name"].startswith("GPU with ")
+        each = f"{gpu['name']}" + (f", {format_bytes(gpu['memory'])}" if named else "")
+        fewest = outcome["fewest_gpus"]
+        if fewest is not None:
+            out.write(f"  fewest GPUs that fit: {fewest} x {each}\n")
+        else:
+            out.write(f"  fewest GPUs that fit: none of {sizes} x {each} fits with the margin\n")
+        shown = next((row for row in runs if row["world_size"] == fewest), runs[-1])
+    else:
+        out.write("  target: none (pass --gpu NAME or --gpu-memory SIZE for the fewest GPUs that fit)\n")
+        shown = runs[-1]
+    out.write(f"\ndetails at {shown['world_size']} GPU{'s' if shown['world_size'] > 1 else ''}:\n")
+    write_text(shown["estimate"], out)

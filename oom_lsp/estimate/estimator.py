@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oom_lsp.estimate import distributed
 from oom_lsp.estimate.allocator import simulate
 from oom_lsp.estimate.gpus import Gpu, format_bytes
 from oom_lsp.profiling.runner import NO_TORCH_EXIT, ProfileError, ProfileRequest, ProfileRun
@@ -66,6 +67,10 @@ class EstimateOptions:
     margin: float = DEFAULT_MARGIN
     # Set from another thread (the editor) to stop every run of this estimate.
     cancel: threading.Event | None = None
+    # torchrun-style scripts: traced as rank 0 of world_size (estimate/distributed.py).
+    world_size: int | None = None
+    nproc_per_node: int | None = None
+    launcher_environment: dict[str, str] | None = None  # accelerate's, from --accelerate-config
     # Progress: {"event": "starting"} before each child interpreter, then the harness's own
     # events from a reader thread: "ready", "run-start", "step", "run" (harness/progress.py).
     on_event: Callable[[dict[str, Any]], None] | None = None
@@ -143,6 +148,11 @@ def run_harness(
             "gpu_name": options.gpu.name if options.gpu else None,
             "gpu_memory": options.gpu.memory if options.gpu else None,
             "gpu_capability": list(options.gpu.arch) if options.gpu and options.gpu.arch else None,
+            "distributed": distributed.launch(
+                options.world_size, options.nproc_per_node, options.launcher_environment
+            )
+            if options.world_size
+            else None,
         }
         request = ProfileRequest(
             script=options.script,
@@ -428,6 +438,13 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 CUDA_CONTEXT,
             )
         )
+    if trace.get("distributed"):
+        notes, reserved_extra, outside_allocator = distributed.terms(trace, cuda, options.script)
+        corrections += notes
+        if reserved is not None:
+            reserved += reserved_extra
+        if context is not None:
+            context += outside_allocator
     capacity = options.gpu.memory if options.gpu else None
     prediction = {
         "script": str(options.script),
@@ -458,6 +475,9 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
         "batch_knobs": trace.get("batch_knobs", []),
         "data_spread": spread,
     }
+    if trace.get("distributed"):
+        prediction["distributed"] = distributed.describe(trace)
+        prediction["method"] += f" as rank 0 of {trace['distributed']['world_size']} (fake process group)"
     if capacity is not None:
         _set_verdict(prediction, capacity, options.margin)
     return prediction
@@ -564,6 +584,13 @@ Progress = Callable[[str], None]
 def estimate(options: EstimateOptions, progress: Progress | None = None) -> dict[str, Any]:
     """One prediction; falls back to real CPU steps when the script cannot be faked."""
     (trace,) = run_harness(options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS}])
+    return prediction_from(trace, options, progress)
+
+
+def prediction_from(
+    trace: dict[str, Any], options: EstimateOptions, progress: Progress | None = None
+) -> dict[str, Any]:
+    """The prediction for a fake run of the script, or for real CPU steps when it could not be faked."""
     if trace["status"] != "failed":
         _require_two_steps(trace)
         if options.batch_size is not None and not trace.get("override_applied"):
@@ -619,6 +646,8 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
             prediction["process_bytes"] = prediction["reserved_bytes"] + (prediction["context_bytes"] or 0)
         _set_verdict(prediction, options.gpu.memory, options.margin)
     prediction["fallback"] = {"reason": reason, "uncertainty": uncertainty}
+    if prediction.get("distributed"):
+        prediction["method"] += f" as rank 0 of {options.world_size} (fake process group)"
     return prediction
 
 

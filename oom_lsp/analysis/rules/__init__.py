@@ -9,6 +9,7 @@ from oom_lsp.analysis.rules import (  # noqa: F401
     checkpoint_loading,
     concatenation,
     data,
+    distributed,
     evaluation,
     float64,
     hidden_state,

@@ -21,6 +21,9 @@ class Context:
         self.in_backward = 0
         self.in_optimizer = 0
         self.modules = ModuleScope()
+        # What the engine function running now allocates (distributed.py: DDP buckets,
+        # FSDP2 all-gather buffers...), innermost last.
+        self.category_scope: list[str] = []
 
     @property
     def in_step(self) -> bool:
@@ -39,6 +42,8 @@ class Context:
         return None
 
     def default_category(self) -> str:
+        if self.category_scope:
+            return self.category_scope[-1]
         if self.in_optimizer:
             return "temporaries"
         if self.in_backward:

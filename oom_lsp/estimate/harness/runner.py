@@ -45,6 +45,7 @@ from .context import Context
 from .cpu_kernels import make_conv_scratch, make_matmul_copies, make_onednn_rnn_workspace, profile_replay_peak
 from .cuda import CudaRedirect
 from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
+from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
 from .failures import classify_failure, user_frames
 from .memo import FakeDispatchMemo
 from .seeding import seed_everything
@@ -188,7 +189,10 @@ def run(request: dict) -> dict:
         seconds=elapsed,
         step_seconds=_step_seconds(started, state["step_ends"]),
         peak_bytes=tracker.peak,
-        breakdown={category: peak.get("by_category", {}).get(category, 0) for category in CATEGORIES},
+        breakdown={
+            category: peak.get("by_category", {}).get(category, 0)
+            for category in CATEGORIES + (DISTRIBUTED_CATEGORIES if request.get("distributed") else ())
+        },
         peak_op=peak.get("op", ""),
         peak_module=peak.get("module", ""),
         peak_phase=peak.get("phase", ""),
@@ -224,6 +228,7 @@ def run(request: dict) -> dict:
         data_varies=bool(state.get("data_varies")),
         bf16_emulated=bool(state.get("bf16_emulated")),
         loaders=state["loaders"],
+        distributed=state.get("distributed"),
     )
     if prof is not None:
         result["profile_replay_peak"] = profile_replay_peak(prof)

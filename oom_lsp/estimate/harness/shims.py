@@ -3,7 +3,7 @@ the run; `install_shims` installs them all, concern by concern."""
 
 from __future__ import annotations
 
-from . import cuda, data, knobs, training, values
+from . import cuda, data, distributed, knobs, training, values
 
 
 class Shims:
@@ -18,9 +18,16 @@ class Shims:
         self._undo.append((owner, name, original))
         return original
 
+    def at_undo(self, callback):
+        """`callback()` on undo, in the same reverse order as the patches."""
+        self._undo.append((None, None, callback))
+
     def undo(self):
         for owner, name, original in reversed(self._undo):
-            setattr(owner, name, original)
+            if owner is None:
+                original()
+            else:
+                setattr(owner, name, original)
 
 
 def install_shims(shims: Shims, request: dict, tracker, context, state: dict) -> None:
@@ -30,3 +37,5 @@ def install_shims(shims: Shims, request: dict, tracker, context, state: dict) ->
     knobs.install(shims, request, context, state)
     if state.get("fake_mode") is not None:
         values.install(shims, tracker)
+    # torchrun-style scripts as rank 0 of N (only when the request has "distributed").
+    distributed.install(shims, request, tracker, context, state)

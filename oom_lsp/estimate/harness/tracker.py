@@ -61,6 +61,8 @@ class StorageTracker(TorchDispatchMode):
         self.shadows = None
         self.fake_tensor_type = None  # FakeTensor, under fake mode
         self.fake_memo: FakeDispatchMemo | None = None  # under fake mode
+        # A wrapper tensor's storage is its inner tensor's (distributed.py: a DTensor's local shard).
+        self.unwrap = None
         self.op_counts = collections.Counter()
 
     # -- accounting --------------------------------------------------------
@@ -111,6 +113,8 @@ class StorageTracker(TorchDispatchMode):
         self, tensor: torch.Tensor, device: bool, op: str, category: str | None = None, extra: int = 0
     ):
         """Registers `tensor`'s storage if new; returns its record."""
+        if self.unwrap is not None:
+            tensor = self.unwrap(tensor)
         if tensor.is_nested or tensor.layout != torch.strided:
             return None
         storage = tensor.untyped_storage()
@@ -160,7 +164,35 @@ class StorageTracker(TorchDispatchMode):
             self.by_category[category] += record.nbytes
         record.category = category
 
+    def storage_resized(self, tensor: torch.Tensor, op: str, category: str | None = None) -> None:
+        """`tensor`'s storage was resized in place (`untyped_storage().resize_`, below the
+        dispatcher: FSDP2 frees and reallocates its unsharded parameters so): its record
+        follows the new size, as a free and an allocation."""
+        record = self.register(tensor, self.device_scope > 0 or self.context.in_step, op, category)
+        if record is None:
+            return
+        nbytes = self._size(tensor.untyped_storage(), record.device)
+        if nbytes == record.nbytes:
+            return
+        if record.counted:
+            self._uncount(record)
+            record.counted = False
+        record.nbytes = nbytes
+        if nbytes and category is not None:
+            record.category = category
+        if nbytes and (record.device or self.count_all):
+            self._count(record, op)
+
+    def record_bytes(self, tensor: torch.Tensor) -> int:
+        """What the tracker counts for `tensor`'s storage (0 when it does not count it)."""
+        if self.unwrap is not None:
+            tensor = self.unwrap(tensor)
+        record = self.live.get(id(tensor.untyped_storage()))
+        return record.nbytes if record is not None and record.counted else 0
+
     def is_device(self, tensor: torch.Tensor) -> bool:
+        if self.unwrap is not None:
+            tensor = self.unwrap(tensor)
         record = self.live.get(id(tensor.untyped_storage()))
         return record is not None and record.device
 
