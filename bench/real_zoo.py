@@ -1,8 +1,8 @@
 """`oom-lsp estimate --device cpu` on real public training scripts, against two real CPU steps.
 
-The cases are listed in fixtures/estimate/real/zoo.toml (nanoGPT, pytorch/examples, timm, the
-Hugging Face course and docs, Lightning's docs, PEFT), each adapted only to random data and small
-configs (provenance and every change in each script's header). For each case, in a fresh copy of
+The cases are listed in fixtures/estimate/real/zoo.toml: scripts written for oom-lsp after public ones
+(nanoGPT, pytorch/examples, timm, the Hugging Face course and docs, Lightning's docs, PEFT), on random
+data and small configs (what each follows: its header). For each case, in a fresh copy of
 its folder (bench/.work/zoo/<case>/, or --work):
 
 1. its `prepare` steps (random data files, small local checkpoints);
