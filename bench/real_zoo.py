@@ -195,30 +195,41 @@ def run_case(case: Case, work: Path, python: str, timeout: float, with_harness_r
         estimate_cpu_s=predicted["cpu_s"],
         peak_at=predicted.get("peak_at"),
         corrections=[note["name"] for note in predicted.get("corrections", [])],
+        # the peaks of the other seeds the estimate traced when the data's draw decides the peak
+        spread_bytes=(predicted.get("data_spread") or {}).get("peak_bytes"),
     )
     if with_harness_real:
         row["harness_real_bytes"] = harness_real(case, folder, python, timeout)
     return row
 
 
+def _spread(peaks: list[int] | None) -> str:
+    """The traced seeds' peaks as `lowest–highest`, or nothing when the draw did not matter."""
+    if not peaks:
+        return ""
+    return f"{min(peaks) / MIB:.2f}–{max(peaks) / MIB:.2f}"
+
+
 def print_table(rows: list[dict], failures: dict[str, str], skipped: dict[str, list[str]]) -> None:
     with_harness = any("harness_real_bytes" in row for row in rows)
     print(
-        "| case | bs | real CPU peak MiB | estimate MiB | error | estimate s | two real steps s "
-        "| end to end: estimate s | real s | end to end CPU s: estimate | real |"
+        "| case | bs | real CPU peak MiB | estimate MiB | error | seeds' spread MiB | estimate s "
+        "| two real steps s | end to end: estimate s | real s | end to end CPU s: estimate | real |"
         + (" harness real mode MiB |" if with_harness else "")
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_harness else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_harness else ""))
     for row in rows:
         if "estimate_failure" in row:
             print(
-                f"| {row['case']} | | {row['real_bytes'] / MIB:.2f} | no estimate | | | {row['real_s']:.2f} "
+                f"| {row['case']} | | {row['real_bytes'] / MIB:.2f} | no estimate | | | | {row['real_s']:.2f} "
                 f"| | {row['real_wall_s']:.2f} | | {row['real_cpu_s']:.2f} |" + (" |" if with_harness else "")
             )
             continue
+        spread = row.get("spread_bytes")
         line = (
-            f"| {row['case']} | {row['batch']} | {row['real_bytes'] / MIB:.2f} | {row['estimate_bytes'] / MIB:.2f} "
-            f"| {100 * row['error']:+.2f} % | {row['estimate_s']:.2f} | {row['real_s']:.2f} "
+            f"| {row['case']} | {'' if row['batch'] is None else row['batch']} | {row['real_bytes'] / MIB:.2f} "
+            f"| {row['estimate_bytes'] / MIB:.2f} "
+            f"| {100 * row['error']:+.2f} % | {_spread(spread)} | {row['estimate_s']:.2f} | {row['real_s']:.2f} "
             f"| {row['estimate_wall_s']:.2f} | {row['real_wall_s']:.2f} "
             f"| {row['estimate_cpu_s']:.2f} | {row['real_cpu_s']:.2f} |"
         )
@@ -226,7 +237,7 @@ def print_table(rows: list[dict], failures: dict[str, str], skipped: dict[str, l
             line += f" {row['harness_real_bytes'] / MIB:.2f} |" if "harness_real_bytes" in row else " |"
         print(line)
     for name, message in failures.items():
-        print(f"| {name} | | not measured | | | | | | | | |" + (" |" if with_harness else ""))
+        print(f"| {name} | | not measured | | | | | | | | | |" + (" |" if with_harness else ""))
     estimated = [row for row in rows if "estimate_failure" not in row]
     within = [row for row in estimated if abs(row["error"]) <= GOAL]
     print(f"\nwithin {100 * GOAL:.0f} % of the real peak: {len(within)} of {len(rows) + len(failures)} cases")
