@@ -28,13 +28,6 @@ _spec.loader.exec_module(real_zoo)
 CASES = real_zoo.load_cases()
 # The zoo's cases that need only what the test extra installs.
 CI_CASES = ["word_lm_lstm", "word_lm_transformer", "nanogpt"]
-KNOWN_HARNESS_FAILURES = {
-    # Strict: once the harness formats a fake 0-dim tensor with a spec, this case must pass and the mark goes.
-    "nanogpt": (
-        "issue 16, format-spec crash: FakeTensor.__format__ rejects a format spec "
-        "(train.py prints f\"{losses['train']:.4f}\" on estimate_loss()'s 0-dim means)"
-    ),
-}
 # The zoo's own helpers, not scripts modelled on a public one.
 ZOO_HELPERS = {"make_checkpoints.py", "prepare.py", "prepare_images.py", "zoo_cpu.py"}
 
@@ -66,15 +59,7 @@ def test_every_zoo_script_names_the_public_source_it_follows() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(reason=KNOWN_HARNESS_FAILURES[name], strict=True))
-        if name in KNOWN_HARNESS_FAILURES
-        else name
-        for name in CI_CASES
-    ],
-)
+@pytest.mark.parametrize("name", CI_CASES)
 def test_estimate_within_two_percent_of_two_real_steps(name: str, tmp_path: Path) -> None:
     case = CASES[name]
     folder = real_zoo.prepare(case, tmp_path, sys.executable)
