@@ -426,6 +426,11 @@ class NoMixedPrecision(Rule):
     code = "OOM201"
     name = "no-mixed-precision"
     summary = "A CUDA training loop runs entirely in float32: no autocast, bf16 or fp16."
+    why = (
+        "Every activation saved for backward takes 4 bytes per element in float32; under bfloat16 "
+        "autocast, matmuls and convolutions save theirs in 2."
+    )
+    remedy = 'Wrap the forward pass and the loss in torch.autocast(device_type="cuda", dtype=torch.bfloat16).'
     fix_applicability = Applicability.UNSAFE
 
     VALID = [
@@ -714,10 +719,7 @@ class NoMixedPrecision(Rule):
                 deferred_report(
                     self,
                     training.loop,
-                    "This CUDA training loop runs entirely in float32, so every activation saved for "
-                    "`backward()` takes 4 bytes per element, twice what bfloat16 needs. Wrap the forward "
-                    'pass and the loss in `torch.autocast("cuda", dtype=torch.bfloat16)` '
-                    "(or float16 with a `GradScaler`).",
+                    "CUDA training loop runs entirely in float32 (no autocast or bf16/fp16)",
                     self._fix(training),
                     training.path,
                 )
