@@ -338,7 +338,9 @@ def _oom100(
         code=OOM100,
         code_description=types.CodeDescription(href=rule_url(OOM100, PREDICTED_OUT_OF_MEMORY.name)),
         source=SOURCE,
-        message=predicted_oom_message(details["peakBytes"], details["batchSize"], gpu["memory"], gpu["name"], fitting),
+        message=predicted_oom_message(
+            details["peakBytes"], details["batchSize"], gpu["memory"], gpu["name"], fitting
+        ),
         # Not "version": the analysis's quick fixes read diagnostics with that key as theirs.
         data={
             "kind": "estimate",

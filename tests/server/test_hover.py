@@ -58,7 +58,10 @@ async def test_hover_on_a_diagnostic_summarises_the_rule(client: LanguageClient,
     lines = text.splitlines()
     assert len(lines) < MAX_HOVER_LINES, text
     # The message, one or two lines of why, the quick fix by its title, a link to the full page.
-    assert lines[0] == "**OOM501** torch.load without map_location restores tensors onto the device they were saved from"
+    assert (
+        lines[0]
+        == "**OOM501** torch.load without map_location restores tensors onto the device they were saved from"
+    )
     assert "the GPU they were saved from" in text
     assert 'Quick fix: Pass `map_location="cpu"` (safe)' in text
     assert f"[torch-load-without-map-location (OOM501)]({URL})" in text
@@ -77,7 +80,9 @@ async def test_hover_on_codes_inside_suppression_comments(client: LanguageClient
     assert by_name is not None and "(OOM501)" in by_name.contents.value
     assert len(by_name.contents.value.splitlines()) < MAX_HOVER_LINES
     # No finding there: the rule's summary and its remedy.
-    assert by_name.contents.value.startswith("**OOM501** torch.load without map_location restores a GPU checkpoint")
+    assert by_name.contents.value.startswith(
+        "**OOM501** torch.load without map_location restores a GPU checkpoint"
+    )
     assert 'Fix: Pass map_location="cpu" and move what you need.' in by_name.contents.value
     by_code = await _hover(client, document, 4, TEXT.splitlines()[4].index("OOM501") + 2)
     assert by_code is not None and "(OOM501)" in by_code.contents.value

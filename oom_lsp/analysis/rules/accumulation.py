@@ -451,7 +451,8 @@ class LossAccumulatedWithGraph(AutogradRule):
             self.report(
                 node,
                 f"{short_code(callee)}() accumulates the graph-attached "
-                f"{short_code(self.context.code_for(argument), 24)} across iterations in {short_code(keep.container)}",
+                f"{short_code(self.context.code_for(argument), 24)} across iterations in "
+                f"{short_code(keep.container)}",
                 fix=FixSpec(
                     title="Pass `.detach()`",
                     edits=detach_fix.call_method(argument, "detach", self._indent(), self.context.module),

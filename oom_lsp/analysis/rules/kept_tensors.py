@@ -427,8 +427,8 @@ class TensorKeptAcrossIterations(AutogradRule):
             callee = dotted_name(node.func) or "the function"
             self.report(
                 node,
-                f"{short_code(callee)}() keeps the graph-attached {short_code(self.context.code_for(argument), 24)} "
-                f"across iterations in {short_code(holder)}",
+                f"{short_code(callee)}() keeps the graph-attached "
+                f"{short_code(self.context.code_for(argument), 24)} across iterations in {short_code(holder)}",
                 fix=FixSpec(
                     title="Pass a `.detach()`ed value",
                     edits=detach_fix.detach(argument, self._indent(), self.context.module),
