@@ -23,7 +23,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.workspace import TextDocument
 
-from oom_lsp.analysis import LintSettings, Severity, analyze
+from oom_lsp.analysis import LintSettings, Severity
 from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
 from oom_lsp.edits import Position, Range
 from oom_lsp.estimate.estimator import (
@@ -97,6 +97,8 @@ def find_batch_literal(
     (argparse defaults, DataLoader/config keywords, the constants feeding
     them), on a line the estimate reported as a batch knob, else one whose
     value is the estimated batch size. None when neither exists."""
+    from oom_lsp.analysis import analyze  # libcst, loaded by the analysis worker at start
+
     settings = LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=1)
     lines = split_lines(source)
     candidates = []
