@@ -16,7 +16,6 @@ the process pool and fixing. The CLI's engine room; no output formatting.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import hashlib
 import io
@@ -24,6 +23,7 @@ import json
 import multiprocessing
 import os
 import re
+import tempfile
 import tokenize
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import oom_lsp
+from oom_lsp import python_ast
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.findings import Finding
 from oom_lsp.analysis.settings import LintSettings
@@ -363,7 +364,7 @@ def _located(finding: Finding, source: str, path: str) -> Finding:
     if finding.code != registry.INVALID_SYNTAX.code or "tokenizer error" not in finding.message:
         return finding
     try:
-        compile(source, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        python_ast.parse_only(source, path)
     except SyntaxError as error:
         if not error.lineno:
             return finding
@@ -432,25 +433,43 @@ class ResultsCache:
     def save(self) -> None:
         if not self._dirty:
             return
+        # A cloned repository may hold symbolic links here (the folder itself, its marker
+        # files, a temporary file's name): nothing is created or written through them.
+        if not os.path.realpath(self.folder).startswith(os.path.realpath(self.root) + os.sep):
+            return
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             top = self.root / CACHE_DIR_NAME
-            if not (top / ".gitignore").exists():
-                (top / ".gitignore").write_text("# Created by oom-lsp automatically.\n*\n")
-                (top / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+            if not os.path.lexists(top / ".gitignore"):
+                _create_new(top / ".gitignore", "# Created by oom-lsp automatically.\n*\n")
+                _create_new(top / "CACHEDIR.TAG", "Signature: 8a477f597d28d172789f06886806bc55\n")
             for fingerprint in sorted(self._dirty):
                 table = self._tables[fingerprint]
                 # Files deleted or renamed since they were cached.
                 for relative in [relative for relative in table if not (self.root / relative).exists()]:
                     del table[relative]
-                target = self.folder / f"{fingerprint}.json"
-                temporary = target.with_suffix(f".{os.getpid()}.tmp")
                 payload = json.dumps({"entries": table}, separators=(",", ":"))
-                temporary.write_text(payload, encoding="utf-8")
-                os.replace(temporary, target)
+                descriptor, temporary = tempfile.mkstemp(suffix=".tmp", dir=self.folder)
+                try:
+                    with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+                        stream.write(payload)
+                    os.replace(temporary, self.folder / f"{fingerprint}.json")
+                except OSError:
+                    Path(temporary).unlink(missing_ok=True)
+                    raise
         except OSError:
             return  # a read-only checkout still gets its results, just not cached
         self._dirty.clear()
+
+
+def _create_new(path: Path, text: str) -> None:
+    """Write a file that must not exist yet: O_EXCL fails on any name there already,
+    a symbolic link included, instead of writing through it."""
+    try:
+        with open(path, "x", encoding="utf-8") as stream:
+            stream.write(text)
+    except FileExistsError:
+        pass
 
 
 # --- Analysis jobs (run in-process or in a worker) ---------------------------------------------

@@ -83,6 +83,22 @@ def _error(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
 
 
+def _last_words(message: str) -> None:
+    """`message` on stderr, if the streams still lead anywhere. After a hang-up (the terminal
+    closed: SIGHUP) every write fails with EIO; the streams are then pointed at /dev/null,
+    so that neither this line nor the interpreter's final flush turns the exit status into
+    an error's."""
+    for stream, text in ((sys.stderr, message + "\n"), (sys.stdout, "")):
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+            except (OSError, ValueError):
+                pass  # not a real file descriptor (a test's capture): nothing is flushed to it
+
+
 # --- Parser -----------------------------------------------------------------------------------
 
 
@@ -265,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if interrupt.killed
             else ""
         )
-        print(f"oom-lsp {arguments[0]}: interrupted by {name}{stopped}", file=sys.stderr)
+        _last_words(f"oom-lsp {arguments[0]}: interrupted by {name}{stopped}")
         return 128 + interrupt.signum
     except UsageError as error:
         _error(str(error))
@@ -495,12 +511,14 @@ def _fixed_listing(results: list[Any]) -> str:
 
 
 def _report_diff(args: argparse.Namespace, results: list[Any]) -> int:
+    from oom_lsp.edits import split_lines
+
     changed = [result for result in results if result.changed]
     for result in changed:
         sys.stdout.writelines(
             difflib.unified_diff(
-                result.original.splitlines(keepends=True),
-                result.source.splitlines(keepends=True),
+                split_lines(result.original, keepends=True),
+                split_lines(result.source, keepends=True),
                 fromfile=result.display,
                 tofile=result.display,
             )

@@ -270,6 +270,15 @@ def test_diff_shows_but_does_not_write(project: Path, capsys: pytest.CaptureFixt
     assert (code, out) == (0, "")
 
 
+def test_diff_numbers_lines_as_python_does_below_a_form_feed(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(project / "paged.py", RISKY.replace("import torch\n", "import torch\n# page \x0c break\n"))
+    code, out, _ = run(capsys, "--check", *SELECT, "--diff", ".")
+    assert code == 1
+    assert out.split("\n")[2:5] == ["@@ -1,4 +1,4 @@", " import torch", " # page \x0c break"]
+
+
 # --- outputs through the CLI ------------------------------------------------------------------------------------------
 
 
@@ -753,8 +762,10 @@ def test_fix_diff_prints_what_fix_would_write_and_writes_nothing(tmp_path: Path)
 # --- bare `oom-lsp` in a terminal (the console script on a pseudo-terminal) ----------------------------
 
 
-@pytest.mark.parametrize("target", ["group", "process"])
-def test_the_server_in_a_terminal_says_what_it_is_and_quits_on_ctrl_c(tmp_path: Path, target: str) -> None:
+@pytest.mark.parametrize(("target", "presses"), [("group", 1), ("group", 2), ("process", 1)])
+def test_the_server_in_a_terminal_says_what_it_is_and_quits_on_ctrl_c(
+    tmp_path: Path, target: str, presses: int
+) -> None:
     import pty
     import select
     import signal
@@ -774,8 +785,17 @@ def test_the_server_in_a_terminal_says_what_it_is_and_quits_on_ctrl_c(tmp_path: 
             assert time.monotonic() < deadline, screen
             if select.select([master], [], [], 0.2)[0]:
                 screen += os.read(master, 4096)
-        time.sleep(0.5)  # the server's reader thread is now blocked on the terminal
-        for _ in range(2):  # twice, as an impatient person does
+        # Typed (pasted) into the terminal: once it is answered, the server is serving, its
+        # reader thread blocked on the terminal, not still importing its modules.
+        body = json.dumps(
+            {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"processId": None, "capabilities": {}}}
+        ).encode()
+        os.write(master, b"Content-Length: %d\r\n\r\n%s\n" % (len(body), body))
+        while b'"result"' not in screen:
+            assert time.monotonic() < deadline, screen
+            if select.select([master], [], [], 0.2)[0]:
+                screen += os.read(master, 4096)
+        for _ in range(presses):  # once, or twice as an impatient person does
             if target == "group":
                 os.killpg(server.pid, signal.SIGINT)
             else:

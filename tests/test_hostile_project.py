@@ -149,3 +149,36 @@ def test_the_editor_sends_nothing_to_the_repository_and_writes_nothing_outside_i
     finally:
         server.close()
     assert snapshot_outside(world["root"], world["clone"]) == before
+
+
+def test_symbolic_links_the_repository_plants_lead_nowhere_outside_it(world: dict):
+    """A repository can commit symbolic links where oom-lsp writes: the fix log's temporary
+    file, the cache's marker files and the cache folder itself. Written through, they
+    overwrite the user's files (the fix log quotes the repository's own code, so
+    `~/.bashrc` would run it)."""
+    clone, home = world["clone"], world["root"] / "home"
+    pyproject = clone / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('fix-log = "../stolen.md"\n', ""))
+    bashrc = os.path.relpath(home / ".bashrc", clone)
+    (clone / "OOM_FIXES.md.tmp").symlink_to(bashrc)
+    (clone / ".oom_lsp_cache").mkdir()
+    (clone / ".oom_lsp_cache" / "CACHEDIR.TAG").symlink_to(os.path.join("..", bashrc))
+    (clone / "sub").mkdir()
+    (clone / "sub" / "pyproject.toml").write_text("[tool.oom-lsp]\n")
+    (clone / "sub" / "train.py").write_text(TRAIN)
+    (home / "elsewhere").mkdir()
+    (clone / "sub" / ".oom_lsp_cache").symlink_to(home / "elsewhere")
+    before = snapshot_outside(world["root"], clone)
+
+    checked = oom_lsp(world, "--check", ".")
+    assert checked.returncode == 1, checked.stderr
+    world["own"].script({"content": GOOD_ANSWER})
+    fixed = oom_lsp(world, "fix", "--ai", "train.py", "--line", "15", "--python", sys.executable)
+    assert fixed.returncode == 0, fixed.stderr
+
+    assert "+        total_loss += loss.item()" in (clone / "OOM_FIXES.md").read_text()
+    assert not (clone / "OOM_FIXES.md").is_symlink()
+    assert (clone / ".oom_lsp_cache" / ".gitignore").is_file()
+    assert snapshot_outside(world["root"], clone) == before
+    assert list((home / "elsewhere").iterdir()) == []
+    assert_nothing_leaked(world)

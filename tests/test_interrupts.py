@@ -62,3 +62,44 @@ def test_a_timeout_kills_the_script_and_all_it_started(tmp_path, command):
         assert process.returncode == 2
         # The script runs inside the harness, its process group's leader: its pid is the group's.
         console.assert_all_gone(script_pids, [script_pids[0]])
+
+
+@pytest.mark.parametrize("command", ["profile", "estimate"])
+def test_a_terminal_that_hangs_up_kills_the_script_and_exits_129(tmp_path, command):
+    """The terminal window closes (or the SSH connection drops) while the status line is
+    drawn: the kernel sends SIGHUP to the command, the session leader of that terminal,
+    and every write to the terminal fails from then on."""
+    import fcntl
+    import pty
+    import subprocess
+    import termios
+
+    script, record = console.write_hanging_script(tmp_path)
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [console.OOM_LSP, *COMMANDS[command]],
+        cwd=tmp_path,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # the terminal of its session
+    )
+    os.close(slave)
+    pids: list[int] = []
+    try:
+        pids = console.wait_for_pids(record, process)
+        os.close(master)  # the hang-up
+        master = -1
+        assert process.wait(timeout=60) == 128 + signal.SIGHUP
+        # The script runs inside the harness, its process group's leader: its pid is the group's.
+        console.assert_all_gone(pids, [pids[0]])
+    finally:
+        if master >= 0:
+            os.close(master)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in pids:
+            if console.alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from oom_lsp import python_ast
+
 if TYPE_CHECKING:
     from oom_lsp.analysis.rule import Report
     from oom_lsp.analysis.settings import LintSettings
@@ -492,7 +494,7 @@ class FileContext:
         None when `ast` rejects what libcst accepted."""
         if self._syntax_tree is None:
             try:
-                self._syntax_tree = ast.parse(self.source)
+                self._syntax_tree = python_ast.parse(self.source)
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 return None
         return self._syntax_tree

@@ -6,6 +6,8 @@ import enum
 
 import libcst as cst
 
+from oom_lsp import python_ast
+
 
 class _Unknown(enum.Enum):
     UNKNOWN = "unknown"
@@ -76,6 +78,6 @@ def string_value(expr: cst.BaseExpression | None) -> str | None:
         quote = raw[:3] if raw[:3] in ('"""', "'''") else raw[:1]
         if quote in ('"', "'", '"""', "'''") and "\\" not in raw:
             return raw[len(quote) : -len(quote)]
-        value = expr.evaluated_value
+        value = python_ast.evaluated_value(expr)
         return value if isinstance(value, str) else None
     return None

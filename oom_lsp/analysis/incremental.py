@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import libcst as cst
 
+from oom_lsp import python_ast
 from oom_lsp.analysis.positions import PositionCache
 
 _LINE_END_RE = re.compile(r"\r\n|\r|\n")
@@ -56,7 +57,7 @@ class IncrementalParser:
         in chunks (a syntax error mid-typing) leaves the kept chunks as they
         were, for the next version."""
         try:
-            statements = ast.parse(source)
+            statements = python_ast.parse(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return parse_whole(source)
         texts = _chunk_texts(source, statements)

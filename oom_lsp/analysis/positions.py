@@ -28,6 +28,8 @@ import libcst as cst
 from libcst._position import CodePosition, CodeRange
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
+from oom_lsp import python_ast
+
 _NEWLINE_RE = re.compile(r"\r\n?|\n")
 
 _CORRESPONDING: dict[type, tuple[type, ...]] = {
@@ -229,7 +231,7 @@ class PositionResolver:
     def _ast_tree(self) -> ast.Module | None:
         if self._tree is False:
             try:
-                self._tree = ast.parse(self.source)
+                self._tree = python_ast.parse(self.source)
             except (SyntaxError, ValueError, RecursionError):
                 # libcst accepted what ast rejects (or the reverse): fall back
                 # to generating the whole module.

@@ -19,7 +19,7 @@ import tokenize
 from dataclasses import dataclass, field
 
 from oom_lsp.analysis.findings import Finding
-from oom_lsp.edits import Position, Range
+from oom_lsp.edits import Position, Range, split_lines
 
 _OOM_RE = re.compile(r"#\s*oom:\s*(ignore-file|file-ignore|ignore)\s*\[([^\]]*)\]", re.IGNORECASE)
 _NOQA_RE = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_\-]+(?:\s*,\s*[A-Za-z0-9_\-]+)*))?", re.IGNORECASE)
@@ -44,7 +44,7 @@ def _split_codes(text: str) -> tuple[str, ...]:
 def _comments(source: str) -> list[tuple[int, int, str, bool]]:
     """(line, column, text, own_line) of every comment."""
     comments: list[tuple[int, int, str, bool]] = []
-    lines = source.splitlines()
+    lines = split_lines(source)
     try:
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
             if token.type == tokenize.COMMENT:
@@ -69,7 +69,7 @@ def _next_code_line(lines: list[str], after: int) -> int:
 def parse_suppressions(source: str) -> list[Suppression]:
     if "noqa" not in source.lower() and "oom:" not in source.lower():
         return []
-    lines = source.splitlines()
+    lines = split_lines(source)
     found: list[Suppression] = []
     for line, column, text, own_line in _comments(source):
         comment_range = Range(Position(line, column), Position(line, column + len(text)))

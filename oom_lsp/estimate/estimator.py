@@ -4,7 +4,7 @@ cancellation), then turn its trace into a prediction for the target GPU.
 
 No torch import here: this runs in the CLI and, later, in the language server.
 
-What the trace gives (harness.py): the peak of live storages over the first
+What the trace gives (the harness/ package): the peak of live storages over the first
 two optimizer steps, its breakdown and location, and the allocation log.
 What is added here for `device="cuda"` (each listed in `corrections`):
 cuBLAS/cuBLASLt workspaces, the caching allocator's segments (reserved), the
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import tempfile
 import threading
@@ -28,7 +29,8 @@ from oom_lsp.estimate.allocator import simulate
 from oom_lsp.estimate.gpus import Gpu, format_bytes
 from oom_lsp.profiling.runner import NO_TORCH_EXIT, ProfileError, ProfileRequest, ProfileRun
 
-HARNESS = Path(__file__).resolve().parent / "harness.py"
+# Started by path (harness/__main__.py explains why): the user's interpreter need not have oom_lsp.
+HARNESS = Path(__file__).resolve().parent / "harness" / "__main__.py"
 MIB, GIB = 2**20, 2**30
 # Not in memory_allocated/reserved, only in nvidia-smi: ~300 MB with CUDA's lazy
 # module loading (the default since CUDA 12.2), 200-700 MB by machine.
@@ -36,6 +38,8 @@ CUDA_CONTEXT = 400 * MIB
 DEFAULT_MARGIN = 0.10
 CUBLAS_WORKSPACE_PRE_HOPPER = 8_519_680  # CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8
 CUBLAS_WORKSPACE_HOPPER = 32 * MIB
+# Traces of the estimate when the draw of the data decides the first batch's shapes (seeds 0, 1, 2).
+DATA_DRAWS = 3
 _NO_KNOB = (
     "cannot change the script's batch size: it is set neither by an argparse option (--batch-size, "
     "--batch_size, --bs...) nor by DataLoader(batch_size=...); pass it one of those ways"
@@ -63,7 +67,7 @@ class EstimateOptions:
     # Set from another thread (the editor) to stop every run of this estimate.
     cancel: threading.Event | None = None
     # Progress: {"event": "starting"} before each child interpreter, then the harness's own
-    # events from a reader thread: "ready", "run-start", "step", "run" (harness.py).
+    # events from a reader thread: "ready", "run-start", "step", "run" (harness/progress.py).
     on_event: Callable[[dict[str, Any]], None] | None = None
 
 
@@ -94,6 +98,18 @@ class _HarnessRun(ProfileRun):
             "--progress-fd",
             str(progress_fd),
         ]
+
+    def environment(self) -> dict[str, str]:
+        # The profiling harness is found through PYTHONPATH; this one is started by path and
+        # needs nothing there: the script gets the PYTHONPATH it would have had.
+        env = super().environment()
+        # What the harness seeds: Python's hash randomisation too (set order can order data).
+        env.setdefault("PYTHONHASHSEED", "0")
+        if "PYTHONPATH" in os.environ:
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        else:
+            env.pop("PYTHONPATH", None)
+        return env
 
     def _report(self, outcome: str | None, returncode: int) -> Any:
         self.outcome, self.returncode = outcome, returncode
@@ -126,6 +142,7 @@ def run_harness(
             "autocast_dtype": options.autocast_dtype,
             "gpu_name": options.gpu.name if options.gpu else None,
             "gpu_memory": options.gpu.memory if options.gpu else None,
+            "gpu_capability": list(options.gpu.arch) if options.gpu and options.gpu.arch else None,
         }
         request = ProfileRequest(
             script=options.script,
@@ -278,6 +295,25 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 conv["bytes"],
             )
         )
+    copies = trace.get("matmul_copies") or {}
+    if copies.get("calls"):
+        what = (
+            f"{copies['calls']} matrix product(s) read an operand BLAS cannot read in place (a stride-0 "
+            f"gradient, a column slice, a broadcast row), which the kernel copies and frees inside itself "
+            f"(up to {format_bytes(copies['bytes'])} at once)"
+        )
+        corrections.append(
+            _note(
+                "matmul-operand-copy",
+                what
+                + (
+                    ": cuBLAS copies them too (PyTorch's source), not added: not checked on a GPU"
+                    if cuda
+                    else ": added at that op, as measured on the CPU kernels"
+                ),
+                None if cuda else copies["bytes"],
+            )
+        )
     if cuda and trace.get("convolutions"):
         corrections.append(
             _note(
@@ -292,6 +328,28 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
             _note(
                 "batch-shaped",
                 f"the dataset gave batches of {got}; the inputs were shaped as batches of {wanted}",
+            )
+        )
+    if trace.get("bf16_emulated"):
+        arch = options.gpu.arch if options.gpu else None
+        target = f"{options.gpu.name} (sm {arch[0]}.{arch[1]})" if options.gpu and arch else "the target"
+        corrections.append(
+            _note(
+                "bf16-emulated",
+                f"{target} has no native bf16: torch.cuda.is_bf16_supported() answered True, as torch does "
+                "there (it emulates bf16), so the script's bf16 path was traced",
+            )
+        )
+    spread = trace.get("data_spread")
+    if spread and len(spread["peak_bytes"]) > 1:
+        peaks = spread["peak_bytes"]
+        corrections.append(
+            _note(
+                "data-draw",
+                f"the draw of the data decides the peak: {len(peaks)} draws of what the harness seeds "
+                f"(the DataLoader's shuffle, random, NumPy, torch) gave {format_bytes(min(peaks))} to "
+                f"{format_bytes(max(peaks))} traced (this estimate: seed {spread['seeds'][0]})",
+                max(peaks) - min(peaks),
             )
         )
     if trace.get("stubbed_scalars"):
@@ -398,6 +456,7 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
         "method": "fake-tensor trace of two optimizer steps",
         "torch": trace.get("torch"),
         "batch_knobs": trace.get("batch_knobs", []),
+        "data_spread": spread,
     }
     if capacity is not None:
         _set_verdict(prediction, capacity, options.margin)
@@ -484,8 +543,7 @@ def _short_loaders(trace: dict[str, Any]) -> list[str]:
         found.append(
             f"DataLoader at {_place(loader['file'], loader['line'])} gives {batches} "
             f"batch{'' if batches == 1 else 'es'}: {loader['samples']} samples in batches of "
-            f"{loader['batch_size']}"
-            + (", drop_last=True" if loader["drop_last"] else "")
+            f"{loader['batch_size']}" + (", drop_last=True" if loader["drop_last"] else "")
         )
     return found
 
@@ -505,7 +563,7 @@ Progress = Callable[[str], None]
 
 def estimate(options: EstimateOptions, progress: Progress | None = None) -> dict[str, Any]:
     """One prediction; falls back to real CPU steps when the script cannot be faked."""
-    (trace,) = run_harness(options, [{"batch_size": options.batch_size}])
+    (trace,) = run_harness(options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS}])
     if trace["status"] != "failed":
         _require_two_steps(trace)
         if options.batch_size is not None and not trace.get("override_applied"):
@@ -770,7 +828,9 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
     where the line does not hold) by fake runs."""
     if options.gpu is None:
         raise EstimateError("--find-max-batch needs a target: --gpu NAME or --gpu-memory SIZE")
-    traces = run_harness(options, [{"batch_size": options.batch_size}, {"batch_size": "double"}])
+    traces = run_harness(
+        options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS}, {"batch_size": "double"}]
+    )
     base = traces[0]
     _require_two_steps(base, base.get("batch_size"))
     if not base.get("batch_knobs") or not base.get("batch_size"):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from oom_lsp.edits import Position, Range, TextEdit, line_starts
+from oom_lsp.edits import Position, Range, TextEdit, line_starts, split_lines
 from oom_lsp.fixes.codegen import code_at_indent
 
 RUNTIME_MODULE = "oom_lsp.runtime"
@@ -70,7 +70,7 @@ class _Facts:
         wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
         self.positions = wrapper.resolve(PositionProvider)
         self.parents = wrapper.resolve(ParentNodeProvider)
-        self.lines = source.splitlines()
+        self.lines = split_lines(source)
         self.step_loops: list[cst.For | cst.While] = []
         functions: dict[str, cst.FunctionDef] = {}
         # Module-level functions that run one step: a backward outside any loop of theirs.

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from oom_lsp import python_ast
 from oom_lsp.analysis.context import ImportMap
 from oom_lsp.llm.edits import Region
 
@@ -142,7 +143,7 @@ def _turns_on_amp(keyword: str, value: cst.BaseExpression) -> bool:
     if keyword in _AMP_FLAGS:
         return isinstance(value, cst.Name) and value.value == "True"
     if keyword in _AMP_MODES and isinstance(value, cst.SimpleString):
-        mode = value.evaluated_value
+        mode = python_ast.evaluated_value(value)
         return isinstance(mode, str) and ("16" in mode or "mixed" in mode)
     return False
 
@@ -201,7 +202,7 @@ class _FactFinder(cst.CSTVisitor):
 
     def _argparse_option(self, node: cst.Call) -> None:
         flags = [
-            arg.value.evaluated_value
+            python_ast.evaluated_value(arg.value)
             for arg in node.args
             if arg.keyword is None and isinstance(arg.value, cst.SimpleString)
         ]

@@ -18,11 +18,11 @@ does not end it.
 
 from __future__ import annotations
 
-import ast
 import difflib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from oom_lsp import python_ast
 from oom_lsp.edits import Position, Range, TextEdit, split_lines
 from oom_lsp.llm.secrets import PLACEHOLDER_RE, restore
 
@@ -118,7 +118,7 @@ def apply_blocks(
             f"the edit contains the placeholder {sorted(leftover)[0]}, which is not in the file"
         )
     try:
-        ast.parse(new_text)
+        python_ast.parse(new_text)
     except SyntaxError as error:
         raise EditRefused(f"the edited file does not parse: {error.msg} (line {error.lineno})") from None
     return EditResult(text, new_text, line_edits(text, new_text))

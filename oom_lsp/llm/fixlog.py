@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import secrets as random_ids
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -163,9 +164,25 @@ def append_entry(log: Path, entry: FixLogEntry, root: Path | None = None) -> Non
     existing = log.read_text(encoding="utf-8") if log.exists() else ""
     text = (existing or HEADER).rstrip("\n") + "\n" + render_entry(entry)
     log.parent.mkdir(parents=True, exist_ok=True)
-    temporary = log.with_name(log.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(log)
+    _replace_contents(log, text)
+
+
+def _replace_contents(log: Path, text: str) -> None:
+    """Write `text` to `log` through a temporary file of a fresh, unpredictable name
+    (O_EXCL): a fixed name such as `OOM_FIXES.md.tmp` could be a symbolic link a cloned
+    repository planted, and writing through it would overwrite any file of the user's.
+    A log that is a link inside the project (checked by `checked_log_path`) stays one."""
+    log = Path(os.path.realpath(log))
+    mode = log.stat().st_mode & 0o777 if log.exists() else 0o644  # mkstemp's own is 0o600
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{log.name}.", suffix=".tmp", dir=log.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.chmod(temporary, mode)
+        os.replace(temporary, log)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def record_figures(log: Path, file: str, figures: Figures, entry_id: str | None = None) -> str | None:
@@ -194,6 +211,6 @@ def record_figures(log: Path, file: str, figures: Figures, entry_id: str | None 
         updated = (
             text[:start] + f"- Peak before / after: {figures.render()}" + text[marker.end() + line.end() :]
         )
-        log.write_text(updated, encoding="utf-8")
+        _replace_contents(log, updated)
         return marker["id"]
     return None

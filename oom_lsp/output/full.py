@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oom_lsp.analysis.findings import Finding
+from oom_lsp.edits import split_lines
 from oom_lsp.output import CheckedFile, RenderOptions, applicable_fix, located
 
 CONTEXT_LINES = 1
@@ -35,7 +36,7 @@ def _block(file: CheckedFile, finding: Finding, options: RenderOptions) -> str:
         f"{finding.code}{marker} {finding.message}",
         f" --> {file.display}:{finding.line}:{finding.column + 1}",
     ]
-    lines = (file.source or "").splitlines()
+    lines = split_lines(file.source or "")
     if lines:
         out.extend(_frame(lines, finding))
     if finding.fix is not None:

@@ -112,6 +112,7 @@ class LiveLine(abc.ABC):
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._gone = False  # the stream failed: nothing more is written to it
         self._ticker = threading.Thread(target=self._tick, daemon=True) if self.tty else None
 
     def __enter__(self) -> LiveLine:
@@ -123,8 +124,8 @@ class LiveLine(abc.ABC):
         self._stop.set()
         if self._ticker:
             self._ticker.join()
-            self.stream.write("\n")
-            self.stream.flush()
+            with self._lock:
+                self._write("\n")
 
     @property
     def elapsed(self) -> float:
@@ -145,16 +146,27 @@ class LiveLine(abc.ABC):
             columns = 0
         width = (columns or 80) - 1  # a terminal that reports no size (a bare pty) gets 80
         with self._lock:
-            self.stream.write(f"\r{self.render()[:width]}\x1b[K")
-            self.stream.flush()
+            self._write(f"\r{self.render()[:width]}\x1b[K")
 
     def line(self, text: str) -> None:
         """A line of its own, above the status line on a terminal."""
         with self._lock:
-            self.stream.write(("\r\x1b[K" if self.tty else "") + text + "\n")
-            self.stream.flush()
+            self._write(("\r\x1b[K" if self.tty else "") + text + "\n")
         if self.tty:
             self.draw()
+
+    def _write(self, text: str) -> None:
+        """Write and flush, unless the stream is gone: a terminal that hung up (its window
+        closed, the SSH connection dropped) fails every write with EIO, and the SIGHUP that
+        comes with it must end the command as an interrupt, not as that error."""
+        if self._gone:
+            return
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self._gone = True
+            self._stop.set()
 
 
 class ProgressDisplay(LiveLine):

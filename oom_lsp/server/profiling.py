@@ -247,10 +247,14 @@ class Job:
 
     async def _run(self, work: Callable[[], T]) -> T:
         await self.begin()
+        running = asyncio.ensure_future(asyncio.to_thread(work))
         try:
-            result = await asyncio.to_thread(work)
+            result = await asyncio.shield(running)
         except asyncio.CancelledError:
             self.cancel.set()
+            # The run stops at once; its script is free again (and the progress ends) once
+            # its process group is gone.
+            await asyncio.gather(running, return_exceptions=True)
             self.end("cancelled")
             raise
         except Exception:

@@ -13,7 +13,8 @@ the rest to pygls' dispatch. The LSP methods overridden here:
 - `exit`: pygls raises SystemExit from inside the handler, with code 0 even without a
   shutdown first; here the code is 1 then, as the spec says, and the read loop ends.
 - `workspace/executeCommand`: pygls calls a command given no `arguments` with none, so a
-  missing argument was an internal error (a TypeError) instead of InvalidParams.
+  missing argument was an internal error (a TypeError) instead of InvalidParams; and
+  `$/cancelRequest` cancelled the request but not the command's own task.
 
 `make_converter` makes cattrs strict about JSON types: by default it structures
 `"--epochs 1"` into `list[str]` as single characters, `"false"` into True and 2.7 into 2.
@@ -21,12 +22,14 @@ the rest to pygls' dispatch. The LSP methods overridden here:
 
 from __future__ import annotations
 
+import asyncio
 import collections.abc
 import json
 import logging
 import math
 import typing
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from concurrent.futures import Future
 from typing import Any
 
 import attrs
@@ -188,6 +191,13 @@ class OomProtocol(LanguageServerProtocol):
         logger.warning(
             "Answering %s: %s", f"request {msg_id!r}" if msg_id is not None else "a message", message
         )
+        if msg_id is None:
+            # JSON-RPC 2.0: an error whose request's id could not be read has `"id": null`;
+            # pygls' converter leaves out a None id, and vscode-jsonrpc then takes the
+            # answer for neither a response nor a notification.
+            error = {"code": code, "message": message}
+            self._send_data({"jsonrpc": self.VERSION, "id": None, "error": error})
+            return
         self._send_response(msg_id, error=types.ResponseError(code=code, message=message))
 
     # --- LSP methods --------------------------------------------------------------
@@ -220,7 +230,28 @@ class OomProtocol(LanguageServerProtocol):
             args, kwargs = _prepare_command_arguments(handler, given, self._converter)
         except Exception as error:
             raise JsonRpcInvalidParams(f"{params.command}: {_reason(error)}") from None
+        if asyncio.iscoroutinefunction(handler):
+            handler = _cancelled_with(self._request_futures.get(self.msg_id), handler)
         return (yield handler, args, kwargs)
+
+
+def _cancelled_with(request: Future[Any] | None, handler: Callable[..., Any]) -> Callable[..., Any]:
+    """`handler`, run as a task that is cancelled when `request` is. pygls runs a command
+    as a second task behind the executeCommand request, and `$/cancelRequest` cancels
+    only the request's future: the command ran on (a validateFix re-run kept its script
+    running for its whole timeout; an AI fix asked for through the command could still
+    be applied after the cancel)."""
+
+    async def command(*args: Any, **kwargs: Any) -> Any:
+        task = asyncio.current_task()
+        if request is not None and task is not None:
+            loop = asyncio.get_running_loop()
+            request.add_done_callback(
+                lambda done: loop.call_soon_threadsafe(task.cancel) if done.cancelled() else None
+            )
+        return await handler(*args, **kwargs)
+
+    return command
 
 
 # --- a strict converter -------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -62,9 +63,11 @@ def _dispatch(protocol: Any, frame: Frame) -> None:
 
 
 def _run(server: Any, main: Callable[[], Awaitable[None]]) -> int:
-    """Run `main` on a fresh loop; the exit code: 0 after shutdown and exit, else 1."""
+    """Run `main` on a fresh loop; the exit code: 0 after shutdown and exit, 130 after
+    Ctrl-C, else 1."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    interrupted = False
     try:
         loop.run_until_complete(main())
         pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
@@ -74,14 +77,16 @@ def _run(server: Any, main: Callable[[], Awaitable[None]]) -> int:
             loop.run_until_complete(asyncio.wait(pending, timeout=EXIT_GRACE_S))
     except BrokenPipeError:
         logger.error("The connection to the client is lost")
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt:  # Ctrl-C on the server started by hand in a terminal
+        interrupted = True
     finally:
         server.stop_jobs()
         loop.close()  # the default executor is shut down without waiting for its threads
     protocol = server.protocol
     if protocol.exit_code is not None:
         return protocol.exit_code
+    if interrupted:
+        return 128 + signal.SIGINT
     return 0 if protocol._shutdown else 1
 
 

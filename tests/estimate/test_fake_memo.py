@@ -1,28 +1,23 @@
-"""FakeDispatchMemo (oom_lsp/estimate/harness.py), called directly: what it
+"""FakeDispatchMemo (oom_lsp/estimate/harness/memo.py), called directly: what it
 answers must be what FakeTensorMode answers, down to each output's storage and
 offset, whether it replays a memo entry or computes a view."""
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-HARNESS = Path(__file__).resolve().parents[2] / "oom_lsp" / "estimate" / "harness.py"
 aten = torch.ops.aten
 
 
 @pytest.fixture(scope="module")
-def harness():
-    # The harness runs by path in the user's interpreter; loaded the same way here.
-    spec = importlib.util.spec_from_file_location("oom_lsp_estimate_harness", HARNESS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def memo_module():
+    # The harness package imports itself relatively: its modules load under this package name too.
+    from oom_lsp.estimate.harness import memo
+
+    return memo
 
 
 @pytest.fixture
@@ -54,8 +49,8 @@ def _check(memo, func, args):
     return answer
 
 
-def test_an_op_on_each_time_step_is_one_entry(harness, fake_mode):
-    memo = harness.FakeDispatchMemo(fake_mode, entries={})
+def test_an_op_on_each_time_step_is_one_entry(memo_module, fake_mode):
+    memo = memo_module.FakeDispatchMemo(fake_mode, entries={})
     sequence = torch.empty(12, 4, 16)
     weight = torch.empty(16, 16)
     for t in range(12):
@@ -65,8 +60,8 @@ def test_an_op_on_each_time_step_is_one_entry(harness, fake_mode):
     assert sum(1 for key in memo.entries if key[0] is aten.mm.default) == 1
 
 
-def test_an_unsafe_view_of_a_step_lies_over_that_step(harness, fake_mode):
-    memo = harness.FakeDispatchMemo(fake_mode, entries={})
+def test_an_unsafe_view_of_a_step_lies_over_that_step(memo_module, fake_mode):
+    memo = memo_module.FakeDispatchMemo(fake_mode, entries={})
     sequence = torch.empty(6, 4, 16)
     for t in range(6):
         step = aten.select.int(sequence, 0, t)
@@ -77,16 +72,18 @@ def test_an_unsafe_view_of_a_step_lies_over_that_step(harness, fake_mode):
 
 
 @pytest.mark.parametrize("func, arguments", [(aten.slice.Tensor, (0, 37, 53)), (aten.select.int, (0, 411))])
-def test_views_at_data_indices_are_computed_as_fake_tensor_mode_computes_them(harness, fake_mode, func, arguments):
-    memo = harness.FakeDispatchMemo(fake_mode, entries={})
+def test_views_at_data_indices_are_computed_as_fake_tensor_mode_computes_them(
+    memo_module, fake_mode, func, arguments
+):
+    memo = memo_module.FakeDispatchMemo(fake_mode, entries={})
     tokens = torch.empty(1000, dtype=torch.long)
     view = _check(memo, func, (tokens, *arguments))
     assert view.untyped_storage() is tokens.untyped_storage()
     assert memo.hits == 1 and not memo.entries  # computed, not learned
 
 
-def test_views_of_an_argument_are_learned_and_replayed_over_it(harness, fake_mode):
-    memo = harness.FakeDispatchMemo(fake_mode, entries={})
+def test_views_of_an_argument_are_learned_and_replayed_over_it(memo_module, fake_mode):
+    memo = memo_module.FakeDispatchMemo(fake_mode, entries={})
     for rows in (10, 10):
         tensor = torch.empty(rows, 4)
         parts = _check(memo, aten.split.Tensor, (tensor, 3))

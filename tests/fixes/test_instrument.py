@@ -141,3 +141,17 @@ def test_a_critic_loop_inside_the_batch_loop_keeps_the_epoch_loop() -> None:
         "    for x in loader:\n        for _ in range(5):\n            critic(x).mean().backward()\n"
         "        generator(x).mean().backward()\n        monitor.step()\n    monitor.epoch_end()\n"
     )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_page_break_above_changes_nothing_but_the_line_numbers(case: str) -> None:
+    """A form feed or U+2028 in a comment is no line break for Python: the edits land as
+    they do without it, one line further down for the comment's line."""
+    action, marker = CASES[case]
+    source = (GOLDEN_DIR / f"{case}.in.py").read_text(encoding="utf-8")
+    paged = "# page \x0c break \u2028 here\n" + source
+    line = source.count("\n", 0, source.index(marker)) + 1
+    edits = action(paged, line + 1)
+    assert edits is not None
+    expected = (GOLDEN_DIR / f"{case}.out.py").read_text(encoding="utf-8")
+    assert apply_edits(paged, edits) == "# page \x0c break \u2028 here\n" + expected

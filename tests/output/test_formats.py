@@ -207,3 +207,10 @@ def test_every_format_renders_every_severity(name: str) -> None:
         for severity in Severity
     ]
     assert render(name, files)
+
+
+def test_full_frames_the_line_python_numbers_below_a_form_feed_or_u2028() -> None:
+    source = 'import torch\n# page \x0c break \u2028 here\nstate = torch.load("x.pt")\n'
+    finding = _finding("OOM501", "torch-load-without-map-location", 3, 8, 26, Severity.WARNING, None)
+    block = render("full", [Checked("train.py", [finding], source)])
+    assert '3 | state = torch.load("x.pt")' in block.splitlines()

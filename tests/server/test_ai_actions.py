@@ -228,6 +228,30 @@ async def test_ask_ai_applies_the_fix_and_logs_it(client: LanguageClient, fake: 
     assert kinds[0] == "begin" and kinds[-1] == "end" and "report" in kinds
 
 
+async def test_an_ai_fix_below_page_breaks_lands_where_it_was_checked(
+    client: LanguageClient, fake: FakeModelServer
+):
+    """A form feed, \\x1c and U+2028 in a comment above the edit end no line for the client
+    (only \\n, \\r\\n and \\r do): the edit applied as the client applies it gives the
+    text the server checked."""
+    paged = TRAIN.replace("import torch\n", "import torch\n# page \x0c break \x1c \u2028 here\n", 1)
+    path = client.root / f"paged{next(_names)}.py"
+    path.write_text(paged, encoding="utf-8")
+    uri = path.as_uri()
+    since = len(client.published)
+    open_document(client, uri, paged)
+    client.texts[uri] = (1, paged)
+    found = await diagnostics_for(client, uri, 1, since)
+    diagnostic = next(diagnostic for diagnostic in found if diagnostic.code == "OOM301")
+    assert diagnostic.range.start.line == 15
+    action = await _ask_ai_action(client, uri, diagnostic)
+    fake.script({"content": GOOD_ANSWER})
+
+    await _choose(client, action)
+
+    assert client.texts[uri][1] == paged.replace("        total_loss += loss\n", FIXED_LINE)
+
+
 async def test_a_bad_answer_is_a_message_and_no_edit(client: LanguageClient, fake: FakeModelServer):
     uri, diagnostic = await _open(client)
     action = await _ask_ai_action(client, uri, diagnostic)
@@ -296,6 +320,37 @@ async def test_cancelling_a_hanging_model_stops_at_once(client: LanguageClient, 
     # The server is free again: the next request is answered.
     assert await _actions(client, uri, diagnostic)
     assert len(fake.requests) == sent + 1
+
+
+async def test_a_cancelled_ask_changes_nothing_when_the_answer_comes_later(
+    client: LanguageClient, fake: FakeModelServer
+):
+    """Through codeAction/resolve or the oom-lsp.askAi command (run by pygls as a task of
+    its own behind the executeCommand request): the cancel stops the work, so an answer
+    that arrives afterwards is neither applied nor logged."""
+    uri, diagnostic = await _open(client)
+    action = await _ask_ai_action(client, uri, diagnostic)
+    sent, applied = len(fake.requests), len(client.applied_edits)
+    log_before = _fix_log(client).read_text(encoding="utf-8") if _fix_log(client).exists() else ""
+    fake.script({"delay": 2, "content": GOOD_ANSWER})
+    if action.data is not None:
+        method, params = types.CODE_ACTION_RESOLVE, action
+    else:
+        method = types.WORKSPACE_EXECUTE_COMMAND
+        params = types.ExecuteCommandParams(
+            command=action.command.command, arguments=action.command.arguments
+        )
+    msg_id = f"cancel-late-{next(_names)}"
+    pending = asyncio.ensure_future(client.protocol.send_request_async(method, params, msg_id=msg_id))
+    await _until(lambda: len(fake.requests) > sent)
+    client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
+    with pytest.raises(Exception, match="cancel"):
+        await asyncio.wait_for(pending, TIMEOUT_S)
+
+    await asyncio.sleep(4)  # the model has answered by now
+    assert len(client.applied_edits) == applied
+    assert client.texts[uri] == (1, TRAIN)
+    assert (_fix_log(client).read_text(encoding="utf-8") if _fix_log(client).exists() else "") == log_before
 
 
 async def test_cancel_on_the_progress_stops_the_model(client: LanguageClient, fake: FakeModelServer):

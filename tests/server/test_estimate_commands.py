@@ -178,6 +178,42 @@ async def test_cancelling_an_estimate_leaves_no_process(client: LanguageClient, 
 
 
 @in_module_loop
+@pytest.mark.parametrize("before", ["estimate", "profile"])
+async def test_cancelling_a_validate_fix_leaves_no_process(client: LanguageClient, before: str):
+    """oom-lsp.validateFix re-runs the measurement the fix is compared with (the server's
+    last estimate of the file, or the project's last `oom-lsp profile`): cancelled, that
+    run's whole process group goes."""
+    script = client.root / f"validated_{before}.py"
+    if before == "estimate":
+        script.write_text(TRAINING_SCRIPT)
+        await execute(client, "oom-lsp.estimate", {"uri": script.as_uri(), "device": "cpu"})
+    else:
+        from oom_lsp.llm.commands import LAST_PROFILE
+        from oom_lsp.profiling.report import DeviceInfo, Report, StepStats
+
+        steps = [StepStats(index, 2**20) for index in (1, 2, 3)]
+        report = Report(str(script), "finished", DeviceInfo("cpu"), steps_requested=3, steps=steps)
+        report.peak_allocated = 2**20
+        report.write(client.root / LAST_PROFILE)
+    _, record = console.write_hanging_script(client.root, script.name)  # the "fix": it now hangs
+    known_tokens = set(client.progress_reports)
+    params = types.ExecuteCommandParams(command="oom-lsp.validateFix", arguments=[{"uri": script.as_uri()}])
+    msg_id = f"validate-{before}"
+    request = asyncio.ensure_future(
+        client.protocol.send_request_async(types.WORKSPACE_EXECUTE_COMMAND, params, msg_id=msg_id)
+    )
+    pids = await _pids_recorded(record)
+    if before == "profile":
+        client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
+    else:
+        (token,) = set(client.progress_reports) - known_tokens
+        client.window_work_done_progress_cancel(types.WorkDoneProgressCancelParams(token=token))
+    with pytest.raises(JsonRpcException):
+        await asyncio.wait_for(request, TIMEOUT_S)
+    await _all_gone(pids)
+
+
+@in_module_loop
 async def test_a_failed_estimate_is_request_failed_without_the_servers_traceback(client: LanguageClient):
     script = client.root / "crashes.py"
     script.write_text((Path(__file__).resolve().parents[2] / "fixtures" / "estimate" / "crashes.py").read_text())

@@ -87,6 +87,17 @@ def test_garbage_is_skipped_up_to_the_next_header():
     assert values(frames) == [message(1)] and problems(frames)
 
 
+def test_after_garbage_the_next_header_is_found_whatever_its_case():
+    garbage = b"hello\r\nnot a header at all\r\n}{]"
+    frames = MessageFramer().feed(garbage + framed(message(1), header=b"content-LENGTH"))
+    assert values(frames) == [message(1)] and problems(frames)
+    # Inside a body that is not JSON, too: the next message starts at its header.
+    frames = MessageFramer().feed(
+        b"Content-Length: 30\r\n\r\n{broken" + framed(message(2), header=b"CONTENT-LENGTH")
+    )
+    assert values(frames) == [message(2)]
+
+
 def test_a_body_that_is_not_json_is_unreadable_and_the_next_is_read():
     body = b"{not json}"
     framer = MessageFramer()

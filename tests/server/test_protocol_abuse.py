@@ -92,7 +92,8 @@ def test_headers_without_a_length_and_an_oversized_length_are_skipped(server: St
 
 def error_of(server: StdioServer, raw: bytes, msg_id: object) -> dict:
     server.write(frame(raw))
-    answer = server.wait_for(lambda m: "error" in m and m.get("id") == msg_id)
+    # `"id": null` written out when the request's id could not be read (JSON-RPC 2.0, 5.1).
+    answer = server.wait_for(lambda m: "error" in m and "id" in m and m["id"] == msg_id)
     return answer["error"]
 
 

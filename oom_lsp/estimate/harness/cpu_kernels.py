@@ -1,0 +1,197 @@
+"""What CPU kernels allocate and free inside themselves, below the dispatcher,
+where no tracker sees it: measured on the real kernel (run on zeros under the
+profiler) and added to the fake trace."""
+
+from __future__ import annotations
+
+import torch
+
+from .common import aten
+
+CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
+
+# Probes of real kernels, kept for the interpreter's life: a kernel's scratch
+# or workspace depends on its configuration (and thread count), not on the run,
+# and a batch-size search traces the same script several times.
+_CONV_SCRATCH_PROBES: dict[tuple, tuple[int, int]] = {}
+_RNN_WORKSPACE_PROBES: dict[tuple, int] = {}
+
+
+def make_conv_scratch(notes: dict):
+    """oneDNN's convolution scratch (reordered copies of the input, output,
+    gradients), allocated and freed inside the kernel, so no dispatcher-level
+    tracker sees it. Measured on the real kernel: each distinct convolution is
+    run on zeros at batch sizes 2 and 4 under the profiler (after a warm-up
+    call: the first call caches weight layouts), and the transient bytes above
+    the outputs are extrapolated linearly in the batch size."""
+    cache = _CONV_SCRATCH_PROBES
+    used: set[tuple] = set()
+
+    def zeros_like_args(args, batch, batch_positions):
+        return [
+            torch.zeros((batch, *a.shape[1:]) if index in batch_positions else a.shape, dtype=a.dtype)
+            if isinstance(a, torch.Tensor)
+            else a
+            for index, a in enumerate(args)
+        ]
+
+    def measure(func, args, batch, batch_positions):
+        from torch.profiler import ProfilerActivity, profile
+
+        real_args = zeros_like_args(args, batch, batch_positions)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            outputs = func(*real_args)
+        del outputs
+        peak, current = replay_allocations(prof)
+        return peak - max(current, 0)
+
+    def scratch(tracker, func, args):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        batch_positions = (0,) if func is aten.convolution.default else (0, 1)
+        batch = args[0].shape[0]
+        key = (
+            func,
+            tuple(tuple(a.shape[1:]) if isinstance(a, torch.Tensor) else a for a in args[:2]),
+            tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else str(a) for a in args[2:]),
+            args[0].dtype,
+            torch.get_num_threads(),
+        )
+        if key not in cache:
+            tracker.paused += 1
+            try:
+                with unset_fake_temporarily(), torch.no_grad():
+                    func(*zeros_like_args(args, 2, batch_positions))
+                    cache[key] = (
+                        measure(func, args, 2, batch_positions),
+                        measure(func, args, 4, batch_positions),
+                    )
+            finally:
+                tracker.paused -= 1
+        at_2, at_4 = cache[key]
+        size = max(0, int(at_2 + (at_4 - at_2) / 2 * (batch - 2)))
+        used.add(key)
+        notes["probes"] = len(used)
+        notes["bytes"] = max(notes.get("bytes", 0), size)
+        return size
+
+    return scratch
+
+
+def make_onednn_rnn_workspace(notes: dict):
+    """oneDNN's LSTM workspace, which the meta kernel reports as 0 bytes: the
+    real oneDNN LSTM layer is run on zeros, at the real sequence length up to
+    32 steps, else at 16 and 32 steps and extrapolated (the workspace grows by
+    a page-rounded size per step, so short probes under-estimate the slope)."""
+    cache = _RNN_WORKSPACE_PROBES
+
+    def probe(args, seq_dim, length):
+        shape = list(args[0].shape)
+        shape[seq_dim] = length
+        real_args = [
+            torch.zeros(shape, dtype=a.dtype, requires_grad=True)
+            if index == 0
+            else torch.zeros(a.shape, dtype=a.dtype, requires_grad=a.dtype.is_floating_point)
+            if isinstance(a, torch.Tensor)
+            else a
+            for index, a in enumerate(args)
+        ]
+        return aten.mkldnn_rnn_layer.default(*real_args)[3].untyped_storage().nbytes()
+
+    def onednn(tracker, args, outputs):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        seq_dim = 1 if args[14] else 0  # batch_first
+        seq = args[0].shape[seq_dim]
+        key = (
+            tuple(args[0].shape),
+            tuple(outputs[1].shape),
+            args[0].dtype,
+            tuple(str(a) for a in args[7:]),
+            torch.get_num_threads(),
+        )
+        if key not in cache:
+            tracker.paused += 1  # the probe's real tensors are not the script's
+            try:
+                # The workspace exists only when autograd will need it.
+                with unset_fake_temporarily(), torch.enable_grad():
+                    if seq <= 32:
+                        cache[key] = probe(args, seq_dim, seq)
+                    else:
+                        at_16, at_32 = probe(args, seq_dim, 16), probe(args, seq_dim, 32)
+                        cache[key] = at_32 + (at_32 - at_16) * (seq - 32) // 16
+            finally:
+                tracker.paused -= 1
+        notes["bytes"] = max(notes.get("bytes", 0), cache[key])
+        notes["calls"] = notes.get("calls", 0) + 1
+        return cache[key]
+
+    return onednn
+
+
+MATMULS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
+# Below this many multiply-adds per matrix, the CPU's bmm loops in place (no BLAS, no copy).
+_BMM_NAIVE_SIZE = 400
+
+
+def _blas_readable(size: tuple, stride: tuple) -> bool:
+    """Whether BLAS reads a matrix in place: row-major or column-major, its leading dimension no
+    shorter than a row (a column). Anything else (a stride-0 broadcast, a column slice) is
+    copied to a contiguous matrix inside the kernel (addmm_impl_cpu_, and cuBLAS's
+    prepare_matrix_for_cublas alike)."""
+    rows, cols = size
+    return (stride[1] == 1 and stride[0] >= max(1, cols)) or (stride[0] == 1 and stride[1] >= max(1, rows))
+
+
+def make_matmul_copies(notes: dict, add: bool):
+    """The copies a matrix product makes of operands BLAS cannot read in place: `mm`/`addmm` copy
+    the whole operand (the expanded gradient of `(x @ w).sum()`, 8 MiB in a case measured at
+    19 % of the peak), `bmm`/`baddbmm` one matrix of the batch at a time, each freed before the
+    kernel returns. Measured on the CPU kernels (tests/estimate/test_kernel_internals.py) for
+    float32 and float64 at "highest" matmul precision; other dtypes go through oneDNN, whose own
+    scratch this does not model. The same copies are in cuBLAS's path, but unmeasured on a GPU:
+    with `add` false they are counted in `notes` and not added."""
+
+    def copies(func, args) -> int:
+        operands = args[1:3] if func in (aten.addmm.default, aten.baddbmm.default) else args[:2]
+        dtype = operands[0].dtype
+        if dtype not in (torch.float32, torch.float64) or (
+            dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest"
+        ):
+            return 0
+        batched = func in (aten.bmm.default, aten.baddbmm.default)
+        if batched:
+            rows, inner, cols = operands[0].shape[1], operands[0].shape[2], operands[1].shape[2]
+            if rows * inner * cols < _BMM_NAIVE_SIZE:
+                return 0
+        size = 0
+        for operand in operands:
+            matrix_size, matrix_stride = tuple(operand.shape[-2:]), operand.stride()[-2:]
+            if operand.numel() and not _blas_readable(matrix_size, matrix_stride):
+                size += matrix_size[0] * matrix_size[1] * operand.element_size()
+        if size:
+            notes["calls"] = notes.get("calls", 0) + 1
+            notes["bytes"] = max(notes.get("bytes", 0), size)
+        return size if add else 0
+
+    return copies
+
+
+def replay_allocations(prof) -> tuple[int, int]:
+    """(peak, final) of the running sum of the profiler's allocation events
+    in time order: every c10 CPU allocation, kernel scratch included."""
+    events = sorted(
+        (event.start_ns(), index, event.nbytes())
+        for index, event in enumerate(prof.profiler.kineto_results.events())
+        if event.name() == "[memory]"
+    )
+    current = peak = 0
+    for _, _, size in events:
+        current += size
+        peak = max(peak, current)
+    return peak, current
+
+
+def profile_replay_peak(prof) -> int:
+    """Peak of the running sum of the profiler's allocation events."""
+    return replay_allocations(prof)[0]

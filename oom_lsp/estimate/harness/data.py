@@ -1,0 +1,217 @@
+"""DataLoader: in-process (no workers), unpinned, its batch size overridden;
+under fake mode one real batch is fetched outside it and replayed as fake
+tensors for every iteration."""
+
+from __future__ import annotations
+
+import random
+import weakref
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils.data import DataLoader
+
+from .common import has_exact_values, tensors_in
+from .knobs import add_knob
+from .seeding import RandomStates, seed_samplers, seeded_generator
+
+# DataLoader.__init__'s positional parameters after batch_size, up to its generator.
+_GENERATOR_POSITION = 10
+
+
+def install(shims, request: dict, tracker, context, state: dict) -> None:
+    fake_mode = state.get("fake_mode")
+    batch_override = request.get("batch_size")
+    state["loaders"] = []
+
+    # DataLoader: in-process, unpinned, the batch size overridden; under fake
+    # mode one real batch is fetched outside it (a TensorDataset's is made from
+    # its shapes) and replayed as fake tensors.
+    original_loader_init = DataLoader.__init__
+
+    # Loaders whose shuffle the harness seeded (those without a generator of their own).
+    seeded_loaders: weakref.WeakSet = weakref.WeakSet()
+
+    def loader_init(self, dataset, batch_size=1, *args, **kwargs):
+        generator = None
+        if kwargs.get("generator") is None and len(args) <= _GENERATOR_POSITION:
+            generator = kwargs["generator"] = seeded_generator(state["seed"], len(state["loaders"]))
+        kwargs["num_workers"] = 0
+        kwargs["pin_memory"] = False
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+        if batch_override is not None and kwargs.get("batch_sampler") is None and batch_size is not None:
+            batch_size = batch_override
+            state["override_applied"].append("DataLoader(batch_size=...)")
+        if batch_size is not None and kwargs.get("batch_sampler") is None:
+            add_knob(state, context, "DataLoader(batch_size=...)")
+            if state.get("loader_batch") is None:
+                state["loader_batch"] = batch_size
+        original_loader_init(self, dataset, batch_size, *args, **kwargs)
+        if generator is not None:
+            seed_samplers(generator, self.sampler, self.batch_sampler)
+            seeded_loaders.add(self)
+        record_loader(state, context, self)
+
+    shims.patch(DataLoader, "__init__", loader_init)
+
+    if fake_mode is not None:
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+        from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, TensorDataset
+        from torch.utils.data._utils.collate import default_collate
+
+        original_iter = DataLoader.__iter__
+
+        def fetch_first_batch(loader):
+            """The loader's own first batch, fetched outside fake mode, and the
+            real twin of each of its tensors (None for floats, and for fake
+            tensors: a fake dataset's values are unknown)."""
+            tracker.paused += 1
+            try:
+                with unset_fake_temporarily():
+                    try:
+                        batch = next(iter(original_iter(loader)))
+                    except StopIteration:
+                        return None
+            finally:
+                tracker.paused -= 1
+            twins = [
+                None if isinstance(leaf, FakeTensor) or not has_exact_values(leaf) else leaf
+                for leaf in tensors_in(batch)
+            ]
+            return batch, twins
+
+        def shapes(batch) -> list:
+            return [tuple(leaf.shape) for leaf in tensors_in(batch)]
+
+        def draw_decides_shapes(loader, batch) -> bool:
+            """Whether other draws of what the harness seeded (the loader's shuffle, Python's,
+            NumPy's and torch's generators) give a first batch of other shapes: per-batch
+            padding, random crops. The run's own random states are put back."""
+            seen = shapes(batch)
+            tracker.paused += 1
+            try:
+                with unset_fake_temporarily(), RandomStates(loader.generator):
+                    for draw in (1, 2):
+                        random.seed(state["seed"] + draw)
+                        torch.manual_seed(state["seed"] + draw)
+                        loader.generator.manual_seed(state["seed"] + draw)
+                        try:
+                            other = next(iter(original_iter(loader)))
+                        except StopIteration:
+                            return False
+                        if shapes(other) != seen:
+                            return True
+            finally:
+                tracker.paused -= 1
+            return False
+
+        probed_loaders: weakref.WeakSet = weakref.WeakSet()
+
+        def shuffled_by_harness(loader) -> bool:
+            """A map-style loader whose sampler draws from the generator the harness seeded
+            (shuffle=True, a RandomSampler given without a generator): iterating it again is safe,
+            as it would not be for a stream."""
+            if loader not in seeded_loaders:
+                return False
+            samplers = (loader.sampler, getattr(loader.batch_sampler, "sampler", None))
+            return any(getattr(sampler, "generator", None) is loader.generator for sampler in samplers)
+
+        def is_plain_tensor_dataset(loader) -> bool:
+            return (
+                type(loader.dataset) is TensorDataset
+                and loader.collate_fn is default_collate
+                and type(loader.batch_sampler) is BatchSampler
+                and type(loader.batch_sampler.sampler) in (SequentialSampler, RandomSampler)
+            )
+
+        def tensor_dataset_first_batch(loader):
+            """What the default collate makes of a TensorDataset's first batch,
+            without indexing it row by row (a fake dataset costs a fake op per
+            row and tensor, then a fake stack): a fresh tensor per dataset
+            tensor, (rows, *rest), contiguous, as torch.stack gives it; the twin
+            of an integer one is the first rows of its real values, when known."""
+            sampler = loader.batch_sampler
+            available = len(sampler.sampler)
+            if available == 0 or (sampler.drop_last and available < sampler.batch_size):
+                return None
+            rows = min(available, sampler.batch_size)
+            tracker.paused += 1
+            try:
+                with fake_mode:
+                    batch = [
+                        torch.empty((rows, *tensor.shape[1:]), dtype=tensor.dtype)
+                        for tensor in loader.dataset.tensors
+                    ]
+                with unset_fake_temporarily():
+                    twins = []
+                    for tensor in loader.dataset.tensors:
+                        known = tracker.shadows.get(tensor) if isinstance(tensor, FakeTensor) else tensor
+                        exact = known is not None and has_exact_values(tensor)
+                        twins.append(known[:rows] if exact else None)
+            finally:
+                tracker.paused -= 1
+            return batch, twins
+
+        def loader_iter(self):
+            first_batch = tensor_dataset_first_batch if is_plain_tensor_dataset(self) else fetch_first_batch
+            fetched = first_batch(self)
+            if fetched is None:
+                return
+            real_batch, twins = fetched
+            if first_batch is fetch_first_batch and shuffled_by_harness(self) and self not in probed_loaders:
+                probed_loaders.add(self)
+                if draw_decides_shapes(self, real_batch):
+                    state["data_varies"] = True
+            wanted = self.batch_size
+            got = (
+                tensors_in(real_batch)[0].shape[0]
+                if tensors_in(real_batch) and tensors_in(real_batch)[0].dim()
+                else None
+            )
+
+            def to_fake(leaf):
+                if not isinstance(leaf, torch.Tensor):
+                    return leaf
+                if wanted and got and got < wanted and leaf.dim() and leaf.shape[0] == got:
+                    # A dataset smaller than the batch (a sample file, a larger
+                    # --batch-size): the batch the real data would give.
+                    tracker.paused += 1
+                    try:
+                        return torch.empty((wanted, *leaf.shape[1:]), dtype=leaf.dtype)
+                    finally:
+                        tracker.paused -= 1
+                return fake_mode.from_tensor(leaf)
+
+            if wanted and got and got < wanted:
+                state["batch_padded"] = [got, wanted]
+            for _ in range(max(1, len(self)) if hasattr(self.dataset, "__len__") else 1_000_000):
+                batch = pytree.tree_map(to_fake, real_batch)
+                for fake, twin in zip(tensors_in(batch), twins):
+                    tracker.register(fake, False, "DataLoader", "inputs")
+                    if twin is not None and fake.shape == twin.shape:
+                        tracker.shadows[fake] = twin
+                yield batch
+
+        shims.patch(DataLoader, "__iter__", loader_iter)
+
+
+def record_loader(state: dict, context, loader) -> None:
+    """What a run that ends before two optimizer steps is explained with: a
+    loader that gives fewer than two batches (a batch larger than the dataset
+    with drop_last=True gives none)."""
+    try:
+        samples, batches = len(loader.dataset), len(loader)
+    except TypeError:  # an IterableDataset without __len__
+        samples = batches = None
+    where = context.user_line()
+    state["loaders"].append(
+        {
+            "file": where[0] if where else None,
+            "line": where[1] if where else None,
+            "samples": samples,
+            "batch_size": loader.batch_size,
+            "drop_last": bool(loader.drop_last),
+            "batches": batches,
+        }
+    )

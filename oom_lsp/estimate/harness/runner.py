@@ -1,0 +1,326 @@
+"""One run of the user's script under the shims and the tracker, and the
+harness's entry point (`main`, called by `__main__.py`).
+
+Modes (`mode` in the request):
+- "fake": the script runs under FakeTensorMode on the fake *cpu* device
+  (faking `cuda` on a CPU-only wheel aborts the process in backward, see
+  docs/estimate.md). Tensors have shapes and dtypes but no storage; a
+  dispatcher-level live-storage tracker counts what a real run would hold.
+- "real": the same shims and tracker on real CPU tensors (the fallback when
+  something cannot be faked), optionally with the profiler's alloc/free
+  replay (`profile_replay`), the ground truth of tests and benchmarks; with
+  `track: false`, no tracker either: a bare real run, which benchmarks time.
+
+The script believes it has a GPU: `torch.cuda.is_available()` is True, and
+`device="cuda"`, `.cuda()`, `.to("cuda")`, `autocast("cuda")` are rewritten to
+the CPU. With `count="device"` only storages the script put on the GPU (and
+whatever is computed from them, or allocated inside a training step) count;
+with `count="all"` every storage counts (what a real CPU step measures).
+
+Each run starts from `seed` (default 0, see seeding.py). With `draws: N`, a
+fake run whose first batch's shapes depend on the draw of the data is run
+again with the next N - 1 seeds, and their peaks are reported (`data_spread`).
+
+The result is one JSON object written to `output`; the script's own stdout
+and stderr are left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+
+import torch
+
+from . import progress
+from .common import CATEGORIES, StopEstimate
+from .context import Context
+from .cpu_kernels import make_conv_scratch, make_matmul_copies, make_onednn_rnn_workspace, profile_replay_peak
+from .cuda import CudaRedirect
+from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
+from .failures import classify_failure, user_frames
+from .memo import FakeDispatchMemo
+from .seeding import seed_everything
+from .shims import Shims, install_shims
+from .tracker import StorageTracker
+
+
+def run(request: dict) -> dict:
+    script = os.path.abspath(request["script"])
+    script_dir = os.path.dirname(script)
+    mode = request.get("mode", "fake")
+    cuda = request.get("device", "cuda") == "cuda"
+    torch.set_num_threads(max(1, int(request.get("threads", 1))))
+    context = Context(script_dir)
+    sdpa_notes: dict = {}
+    rnn_notes: dict = {}
+    models: dict = {}
+    conv_notes: dict = {}
+    matmul_notes: dict = {}
+    # Real tensors already carry their real workspaces: models only under fake mode.
+    if mode == "fake":
+        models["rnn_workspace"] = (make_cudnn_rnn_reserve if cuda else make_onednn_rnn_workspace)(rnn_notes)
+        if not cuda:
+            models["conv_scratch"] = make_conv_scratch(conv_notes)
+        models["matmul_copies"] = make_matmul_copies(matmul_notes, add=not cuda)
+    tracker = StorageTracker(context, count_all=not cuda, round_cuda=cuda, kernel_models=models)
+    state: dict = {"seed": int(request.get("seed", 0))}
+    shims = Shims()
+    result: dict = {"mode": mode, "device": "cuda" if cuda else "cpu", "torch": torch.__version__}
+
+    fake_mode = None
+    if mode == "fake":
+        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        # copy.deepcopy of a fake tensor (nn.TransformerEncoder copies its
+        # layer, an EMA model its model) deep-copies its __dict__, fake_mode
+        # included: the copy would belong to a mode of its own, a foreign
+        # tensor that this mode converts afresh in every op that reads it.
+        fake_mode.__deepcopy__ = lambda memo: fake_mode
+        state["fake_mode"] = fake_mode
+        tracker.shadows = WeakIdKeyDictionary()
+        tracker.fake_tensor_type = FakeTensor
+        # How fake dispatches are cached: "memo" (FakeDispatchMemo), "fake-tensor-mode"
+        # (FakeTensorMode's own cache) or "none"; the last two for comparisons.
+        fake_cache = request.get("fake_cache", "memo")
+        if fake_cache == "memo":
+            tracker.fake_memo = FakeDispatchMemo(fake_mode)
+        elif fake_cache == "none":
+            fake_mode.cache_enabled = False
+    request = dict(request, cuda_foreach=cuda)
+    install_shims(shims, request, tracker, context, state)
+
+    redirect = CudaRedirect(tracker)
+    if cuda and mode == "fake":
+        install_sdpa_route(shims, make_sdpa_route(sdpa_notes))
+
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = [script, *request.get("args", [])]
+    # As `python train.py` has it: the script's folder first, symbolic links resolved.
+    sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+    # Without numpy, torch.sym_max (which the meta kernel of each op met with
+    # new shapes calls, often several times) tries `import numpy` on every
+    # call: a search of sys.path, as a failed import is not remembered. None in
+    # sys.modules makes the import fail at once, as it would fail anyway.
+    numpy_missing = "numpy" not in sys.modules and importlib.util.find_spec("numpy") is None
+    if numpy_missing:
+        sys.modules["numpy"] = None
+    seed_everything(state["seed"])
+    # What an earlier run in this interpreter left in reference cycles (a batch-size search runs
+    # the script several times) is freed now, not by a collection in the middle of this run,
+    # where the profiler of a real run would count its frees as this run's.
+    gc.collect()
+    prof = None
+    if request.get("profile_replay"):
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    status = "finished"
+    failure = None
+    started = time.perf_counter()
+    try:
+        if prof is not None:
+            prof.start()
+        try:
+            with _script_autocast(request.get("autocast_dtype")):
+                if fake_mode is not None:
+                    with fake_mode, tracker, redirect:
+                        runpy.run_path(script, run_name="__main__")
+                elif request.get("track", True):
+                    with tracker, redirect:
+                        runpy.run_path(script, run_name="__main__")
+                else:
+                    # A bare real run, to time the steps the estimate replaces:
+                    # nothing counted at the dispatcher.
+                    with redirect:
+                        runpy.run_path(script, run_name="__main__")
+        finally:
+            if prof is not None:
+                prof.stop()
+    except StopEstimate:
+        status = "stopped"
+    except SystemExit as exit_:
+        status = "finished" if exit_.code in (None, 0) else "script-exit"
+        if status == "script-exit":
+            frames = user_frames(exit_.__traceback__, script_dir)
+            failure = {
+                "kind": "script-error",
+                "message": f"the script called sys.exit({exit_.code!r})",
+                "exit_code": exit_.code,
+                "where": frames[-1] if frames else None,
+            }
+    except Exception as error:  # noqa: BLE001 - the user's code: every failure is reported, classified
+        status = "failed"
+        frames = user_frames(error.__traceback__, script_dir)
+        failure = {
+            "kind": classify_failure(error),
+            "type": type(error).__name__,
+            "message": str(error).strip().splitlines()[0][:500]
+            if str(error).strip()
+            else type(error).__name__,
+            "where": frames[-1] if frames else None,
+            "frames": frames,
+            "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))[-4000:],
+        }
+    finally:
+        elapsed = time.perf_counter() - started
+        sys.argv, sys.path[:] = old_argv, old_path
+        if numpy_missing and sys.modules.get("numpy", False) is None:
+            del sys.modules["numpy"]
+        for hook in state.get("hooks", []):
+            hook.remove()
+        shims.undo()
+
+    peak = tracker.peak_info
+    result.update(
+        status=status,
+        failure=failure,
+        steps=state["steps"],
+        seconds=elapsed,
+        step_seconds=_step_seconds(started, state["step_ends"]),
+        peak_bytes=tracker.peak,
+        breakdown={category: peak.get("by_category", {}).get(category, 0) for category in CATEGORIES},
+        peak_op=peak.get("op", ""),
+        peak_module=peak.get("module", ""),
+        peak_phase=peak.get("phase", ""),
+        peak_line=list(peak["line"]) if peak.get("line") else None,
+        top_modules=_top(peak.get("by_module", {})),
+        top_lines=_top(peak.get("by_line", {})),
+        events=tracker.events,
+        matmuls=sum(
+            tracker.op_counts[name] for name in ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul")
+        ),
+        convolutions=sum(
+            tracker.op_counts[name] for name in ("convolution", "mkldnn_convolution", "_convolution")
+        ),
+        stubbed_scalars=tracker.stubbed_scalars,
+        value_reads=tracker.value_reads,
+        fake_memo_hits=tracker.fake_memo.hits if tracker.fake_memo is not None else None,
+        sdpa=sdpa_notes,
+        rnn_workspace=rnn_notes,
+        conv_scratch=conv_notes,
+        matmul_copies=matmul_notes,
+        compiled=state.get("compiled", 0),
+        script_autocast=request.get("autocast_dtype")
+        if request.get("autocast_dtype") not in (None, "fp32")
+        else None,
+        autocast_regions=state.get("autocast_regions", 0),
+        autocast_dtypes=sorted(state.get("autocast_dtypes", ())),
+        foreach_pinned=bool(state.get("foreach_pinned")),
+        batch_size=state.get("loader_batch") or state.get("argparse_batch"),
+        override_applied=state["override_applied"],
+        batch_knobs=list(state["batch_knobs"].values()),
+        batch_padded=state.get("batch_padded"),
+        seed=state["seed"],
+        data_varies=bool(state.get("data_varies")),
+        bf16_emulated=bool(state.get("bf16_emulated")),
+        loaders=state["loaders"],
+    )
+    if prof is not None:
+        result["profile_replay_peak"] = profile_replay_peak(prof)
+    return result
+
+
+def _script_autocast(dtype_name: str | None):
+    """`--dtype bf16`: the whole script as if under torch.autocast (on the CPU,
+    where the trace runs); backward and optimizer ops are not autocast ops."""
+    import contextlib
+
+    if dtype_name in (None, "fp32", "float32"):
+        return contextlib.nullcontext()
+    dtype = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+    }[dtype_name]
+    return torch.autocast("cpu", dtype=dtype)
+
+
+def _step_seconds(started: float, step_ends: list[float]) -> float | None:
+    return step_ends[-1] - started if step_ends else None
+
+
+def _top(counter: dict, limit: int = 8) -> list[list]:
+    items = [(name, size) for name, size in counter.items() if size > 0]
+    items.sort(key=lambda item: -item[1])
+    return [[name, size] for name, size in items[:limit]]
+
+
+def _arm_watchdog() -> None:
+    """oom_lsp/profiling/watchdog.py, loaded by path like this package: the run ends itself if
+    its parent dies or its deadline passes."""
+    oom_lsp_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(oom_lsp_dir, "profiling", "watchdog.py")
+    spec = importlib.util.spec_from_file_location("oom_lsp_watchdog", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.arm_from_environment()
+
+
+def _spread(options: dict, first: dict) -> dict:
+    """The peak under other seeds, when the draw of the data decided the first batch's shapes
+    (the run says so: data_varies): the same run again, seeded with the next seeds."""
+    seeds, peaks = [first["seed"]], [first["peak_bytes"]]
+    for offset in range(1, int(options["draws"])):
+        progress.emit("run-start", batch_size=options["batch_size"])
+        again = run({**options, "seed": first["seed"] + offset})
+        progress.emit("run", batch_size=again["batch_size"], status=again["status"])
+        if again["status"] == "stopped":
+            seeds.append(again["seed"])
+            peaks.append(again["peak_bytes"])
+    return {"seeds": seeds, "peak_bytes": peaks}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description="Estimates the peak memory of a training script's first optimizer steps."
+    )
+    parser.add_argument(
+        "--request", required=True, help="JSON file: script, args, mode, device, runs, output"
+    )
+    parser.add_argument(
+        "--progress-fd", type=int, default=None, help="write progress here, one JSON line per event"
+    )
+    options = parser.parse_args()
+    _arm_watchdog()
+    with open(options.request, encoding="utf-8") as handle:
+        request = json.load(handle)
+    if options.progress_fd is not None:
+        progress.open_channel(options.progress_fd)
+    progress.emit("ready")
+    results = []
+    previous_batch = None
+    # Each run executes the script afresh; "double" asks for twice the
+    # previous run's batch size (known only once the script has run).
+    for run_request in request.get("runs", [{}]):
+        batch_size = run_request.get("batch_size")
+        if batch_size == "double":
+            if not previous_batch:
+                break
+            batch_size = 2 * previous_batch
+        progress.emit("run-start", batch_size=batch_size)
+        run_options = {**request, **run_request, "batch_size": batch_size}
+        result = run(run_options)
+        if int(run_options.get("draws", 1)) > 1 and result["data_varies"] and result["status"] == "stopped":
+            result["data_spread"] = _spread(run_options, result)
+        results.append(result)
+        progress.emit("run", batch_size=result["batch_size"], status=result["status"])
+        previous_batch = result["batch_size"] if result["status"] != "failed" else None
+    with open(request["output"], "w", encoding="utf-8") as handle:
+        json.dump({"runs": results}, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

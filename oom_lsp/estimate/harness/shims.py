@@ -1,0 +1,32 @@
+"""Every patch around the script goes through `Shims`, and is undone after
+the run; `install_shims` installs them all, concern by concern."""
+
+from __future__ import annotations
+
+from . import cuda, data, knobs, training, values
+
+
+class Shims:
+    """Everything patched around the script, restored by `undo()`."""
+
+    def __init__(self):
+        self._undo: list = []
+
+    def patch(self, owner, name, value):
+        original = getattr(owner, name)
+        setattr(owner, name, value)
+        self._undo.append((owner, name, original))
+        return original
+
+    def undo(self):
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+
+
+def install_shims(shims: Shims, request: dict, tracker, context, state: dict) -> None:
+    cuda.install(shims, request, state)
+    training.install(shims, request, tracker, context, state)
+    data.install(shims, request, tracker, context, state)
+    knobs.install(shims, request, context, state)
+    if state.get("fake_mode") is not None:
+        values.install(shims, tracker)

@@ -1,0 +1,318 @@
+"""The live-storage tracker: a TorchDispatchMode that counts, at the
+dispatcher, the storages a real run would hold, and where each was made."""
+
+from __future__ import annotations
+
+import collections
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .common import CUDA_BLOCK, aten, has_exact_values, op_tensors
+from .context import Context
+from .cpu_kernels import CONVOLUTIONS, MATMULS
+from .memo import FakeDispatchMemo
+
+PRIM_DEVICE = torch.ops.prim.device.default
+SHADOW_NUMEL_LIMIT = 50_000_000
+
+
+class Record:
+    __slots__ = ("category", "counted", "device", "line", "module", "nbytes", "serial")
+
+    def __init__(self, serial, nbytes, device, category, module, line):
+        self.serial = serial
+        self.nbytes = nbytes
+        self.device = device
+        self.category = category
+        self.module = module
+        self.line = line
+        self.counted = False
+
+
+class StorageTracker(TorchDispatchMode):
+    """Counts live storages at the dispatcher: each op output's untyped
+    storage is registered once, and a weakref finaliser subtracts it when the
+    storage dies (PyTorch keeps one Python object per StorageImpl)."""
+
+    def __init__(self, context: Context, count_all: bool, round_cuda: bool, kernel_models: dict):
+        super().__init__()
+        self.context = context
+        self.count_all = count_all
+        self.round_cuda = round_cuda
+        self.kernel_models = kernel_models
+        self.live: dict[int, Record] = {}
+        self.current = 0
+        self.peak = 0
+        self.peak_info: dict = {}
+        self.by_category = collections.Counter()
+        self.by_module = collections.Counter()
+        self.by_line = collections.Counter()
+        self.events: list[list[int]] = []  # [serial, signed size] of counted allocations, in order
+        self.registered = 0
+        self.paused = 0
+        self.device_scope = 0
+        self.stubbed_scalars = 0
+        self.value_reads = 0  # `.item()`-like reads of one value (_local_scalar_dense)
+        # Fake integer/bool tensors computed outside the training step (token
+        # arrays, random indices, their slices) keep a real twin, so that
+        # `data[i : i + block]` reads real indices instead of a stubbed 0.
+        self.shadows = None
+        self.fake_tensor_type = None  # FakeTensor, under fake mode
+        self.fake_memo: FakeDispatchMemo | None = None  # under fake mode
+        self.op_counts = collections.Counter()
+
+    # -- accounting --------------------------------------------------------
+
+    def _size(self, storage, device: bool) -> int:
+        nbytes = storage.nbytes()
+        if device and self.round_cuda:
+            return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
+        return nbytes
+
+    def _count(self, record: Record, op: str) -> None:
+        record.counted = True
+        self.current += record.nbytes
+        self.by_category[record.category] += record.nbytes
+        self.by_module[record.module] += record.nbytes
+        self.by_line[record.line] += record.nbytes
+        self.events.append([record.serial, record.nbytes])
+        self._count_peak(op)
+
+    def _count_peak(self, op: str) -> None:
+        # ">=": a later step that reaches the same peak has its optimizer
+        # state categorised (the first step creates it as temporaries).
+        if self.current >= self.peak:
+            self.peak = self.current
+            self.peak_info = {
+                "op": op,
+                "module": self.context.module(),
+                "line": self.context.user_line(),
+                "phase": self.context.phase(),
+                "by_category": dict(self.by_category),
+                "by_module": dict(self.by_module),
+                "by_line": dict(self.by_line),
+            }
+
+    def _uncount(self, record: Record) -> None:
+        self.current -= record.nbytes
+        self.by_category[record.category] -= record.nbytes
+        self.by_module[record.module] -= record.nbytes
+        self.by_line[record.line] -= record.nbytes
+        self.events.append([record.serial, -record.nbytes])
+
+    def _finalize(self, key: int) -> None:
+        record = self.live.pop(key, None)
+        if record is not None and record.counted:
+            self._uncount(record)
+
+    def register(
+        self, tensor: torch.Tensor, device: bool, op: str, category: str | None = None, extra: int = 0
+    ):
+        """Registers `tensor`'s storage if new; returns its record."""
+        if tensor.is_nested or tensor.layout != torch.strided:
+            return None
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        record = self.live.get(key)
+        if record is not None:
+            return record
+        line = self.context.user_line()
+        record = Record(
+            self.registered,
+            self._size(storage, device) + extra,
+            device,
+            category or self.context.default_category(),
+            self.context.module(),
+            f"{line[0]}:{line[1]}" if line else "",
+        )
+        self.live[key] = record
+        self.registered += 1
+        weakref.finalize(storage, self._finalize, key)
+        if device or self.count_all:
+            self._count(record, op)
+        return record
+
+    def mark_device(self, tensor: torch.Tensor, op: str) -> None:
+        """The script put `tensor` on the GPU (.to("cuda") returned it as is on the CPU)."""
+        record = self.register(tensor, True, op)
+        if record is None or record.device:
+            return
+        record.device = True
+        if record.category == "other":
+            self._recategorise(record, "inputs")
+        if not record.counted:
+            if self.round_cuda and record.nbytes:
+                record.nbytes = -(-record.nbytes // CUDA_BLOCK) * CUDA_BLOCK
+            self._count(record, op)
+
+    def set_category(self, tensor: torch.Tensor, category: str) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            return
+        record = self.register(tensor, self.device_scope > 0 or self.context.in_step, "", category)
+        if record is not None:
+            self._recategorise(record, category)
+
+    def _recategorise(self, record: Record, category: str) -> None:
+        if record.counted:
+            self.by_category[record.category] -= record.nbytes
+            self.by_category[category] += record.nbytes
+        record.category = category
+
+    def is_device(self, tensor: torch.Tensor) -> bool:
+        record = self.live.get(id(tensor.untyped_storage()))
+        return record is not None and record.device
+
+    # -- dispatch ----------------------------------------------------------
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps a subclass's __torch_dispatch__ in
+        # torch._dynamo.disable (a frame-evaluation switch around every op)
+        # unless this is False; torch.compile is shimmed to eager, so dynamo
+        # never traces the script.
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if (
+            func is PRIM_DEVICE
+            and type(args[0]) is self.fake_tensor_type
+            and not args[0].fake_mode.in_kernel_invocation
+        ):
+            # Half of a fake run's dispatches ask for a fake tensor's device
+            # (the autograd engine, above all): FakeTensorMode's answer outside
+            # its kernels, without going through its dispatch.
+            return args[0].fake_device
+        kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
+        if func is aten._local_scalar_dense.default:
+            return self._local_scalar(func, args, kwargs)
+        traits = _OP_TRAITS.get(func) or _op_traits(func)
+        if self.fake_memo is not None:
+            out = self.fake_memo.call(func, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
+        self.op_counts[traits.packet] += 1
+        outputs = op_tensors((out,), [])
+        if not outputs:
+            return out  # a metadata query: nothing allocated
+        inputs = None
+        if self.shadows is not None and not self.context.in_step:
+            inputs = op_tensors(kwargs.values(), op_tensors(args, []))
+            self._shadow(func, args, kwargs, inputs, outputs)
+        if traits.aliases:
+            # Views and in-place ops allocate nothing. Checked by schema, not by
+            # storage identity: a view of a real tensor, which fake mode converts,
+            # reports a storage object of its own.
+            return out
+        device = self.device_scope > 0 or (self.context.in_step and not self.count_all)
+        if not device:
+            if inputs is None:
+                inputs = op_tensors(kwargs.values(), op_tensors(args, []))
+            device = any(self.is_device(t) for t in inputs)
+        op = traits.name
+        if func is aten.mkldnn_rnn_layer.default and "rnn_workspace" in self.kernel_models:
+            extra = self.kernel_models["rnn_workspace"](self, args, outputs)
+            for tensor in outputs[:-1]:
+                self.register(tensor, device, op)
+            self.register(outputs[-1], device, op, extra=extra)
+            return out
+        for tensor in outputs:
+            self.register(tensor, device, op)
+        if func in CONVOLUTIONS and "conv_scratch" in self.kernel_models:
+            self._transient(self.kernel_models["conv_scratch"](self, func, args), op)
+        elif func in MATMULS and "matmul_copies" in self.kernel_models:
+            self._transient(self.kernel_models["matmul_copies"](func, args), op)
+        return out
+
+    def _transient(self, size: int, op: str) -> None:
+        """Memory a kernel allocates and frees inside itself: a peak candidate only."""
+        if size <= 0 or self.current + size < self.peak:
+            return
+        self.by_category["temporaries"] += size
+        self.by_module[self.context.module()] += size
+        self.current += size
+        self._count_peak(op)
+        self.current -= size
+        self.by_category["temporaries"] -= size
+        self.by_module[self.context.module()] -= size
+
+    def _shadow(self, func, args, kwargs, inputs, outputs):
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        if not outputs or not all(has_exact_values(t) for t in outputs):
+            return
+        if sum(t.numel() for t in outputs) > SHADOW_NUMEL_LIMIT:
+            return
+        real = {}
+        for tensor in inputs:
+            twin = self.shadows.get(tensor) if isinstance(tensor, FakeTensor) else tensor
+            if twin is None:
+                return
+            real[id(tensor)] = twin
+
+        def to_real(value):
+            # An aten op's arguments: tensors, and lists and tuples of them (as _op_tensors walks them).
+            if isinstance(value, torch.Tensor):
+                return real[id(value)]
+            if type(value) is list or type(value) is tuple:
+                return type(value)(to_real(item) for item in value)
+            return value
+
+        self.paused += 1
+        try:
+            with unset_fake_temporarily():
+                real_out = func(
+                    *map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()}
+                )
+        finally:
+            self.paused -= 1
+        for fake, twin in zip(outputs, op_tensors((real_out,), [])):
+            self.shadows[fake] = twin
+
+    def _local_scalar(self, func, args, kwargs):
+        from torch._subclasses.fake_tensor import DataDependentOutputException
+
+        self.value_reads += 1
+        if self.shadows is not None and args[0] in self.shadows:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            self.paused += 1
+            try:
+                with unset_fake_temporarily():
+                    return self.shadows[args[0]].item()
+            finally:
+                self.paused -= 1
+        try:
+            return func(*args, **kwargs)
+        except DataDependentOutputException:
+            # `.item()` / `bool(t)` on a value only a real run knows: answer a
+            # neutral value; a data-dependent branch then goes one way.
+            self.stubbed_scalars += 1
+            dtype = args[0].dtype
+            if dtype == torch.bool:
+                return False
+            if dtype.is_floating_point or dtype.is_complex:
+                return 0.0
+            return 0
+
+
+class OpTraits:
+    """What the tracker reads of an operator on each call, worked out once."""
+
+    __slots__ = ("aliases", "name", "packet")
+
+    def __init__(self, func):
+        self.name = f"aten.{func.__name__ if hasattr(func, '__name__') else func}"
+        self.packet = func.overloadpacket.__name__
+        self.aliases = any(ret.alias_info is not None for ret in func._schema.returns)
+
+
+_OP_TRAITS: dict = {}
+
+
+def _op_traits(func) -> OpTraits:
+    traits = _OP_TRAITS[func] = OpTraits(func)
+    return traits

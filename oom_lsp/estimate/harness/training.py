@@ -1,0 +1,125 @@
+"""The training step as the tracker sees it: its phases (forward, backward,
+optimizer step), what is a parameter, a gradient, optimizer state; CUDA's
+foreach optimizers; the stop after the last traced step; `torch.compile`
+traced eagerly and `torch.save` skipped."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from torch import nn
+
+from .common import StopEstimate
+from .progress import emit
+
+
+def install(shims, request: dict, tracker, context, state: dict) -> None:
+    shims.patch(torch, "save", lambda *a, **k: None)
+
+    # torch.compile: traced eagerly (fake tensors through dynamo are out of
+    # scope); fused kernels keep fewer intermediates, so this over-estimates.
+    def compile_eagerly(model=None, **kwargs):
+        state["compiled"] = state.get("compiled", 0) + 1
+        if model is None:
+            return lambda fn: fn
+        return model
+
+    shims.patch(torch, "compile", compile_eagerly)
+
+    # Parameters and buffers are categorised when they are registered.
+    original_register_parameter = nn.Module.register_parameter
+
+    def register_parameter(self, name, param):
+        original_register_parameter(self, name, param)
+        if param is not None:
+            tracker.set_category(param, "parameters")
+
+    shims.patch(nn.Module, "register_parameter", register_parameter)
+    original_register_buffer = nn.Module.register_buffer
+
+    def register_buffer(self, name, tensor, persistent=True):
+        original_register_buffer(self, name, tensor, persistent)
+        if tensor is not None:
+            tracker.set_category(tensor, "parameters")
+
+    shims.patch(nn.Module, "register_buffer", register_buffer)
+
+    # Forward phase and the module it runs in: global module hooks (which hold nothing: see modules.py).
+    def forward_pre(module, inputs):
+        context.forward_depth += 1
+        context.modules.enter(module)
+
+    def forward_post(module, inputs, output):
+        context.forward_depth -= 1
+        context.modules.leave()
+
+    state["hooks"] = [
+        nn.modules.module.register_module_forward_pre_hook(forward_pre),
+        nn.modules.module.register_module_forward_hook(forward_post, always_call=True),
+    ]
+
+    # Backward phase.
+    original_backward = torch.autograd.backward
+
+    def backward(*args, **kwargs):
+        context.in_backward += 1
+        try:
+            return original_backward(*args, **kwargs)
+        finally:
+            context.in_backward -= 1
+
+    shims.patch(torch.autograd, "backward", backward)
+
+    # Optimizer: parameters, gradients, state; CUDA's foreach default; stop after N steps.
+    import torch.optim.optimizer as optimizer_module
+
+    original_add_param_group = torch.optim.Optimizer.add_param_group
+
+    def add_param_group(self, param_group):
+        original_add_param_group(self, param_group)
+        for param in self.param_groups[-1]["params"]:
+            tracker.set_category(param, "parameters")
+            if param.requires_grad and id(param) not in state["grad_hooked"]:
+                state["grad_hooked"].add(id(param))
+                param.register_post_accumulate_grad_hook(lambda p: tracker.set_category(p.grad, "gradients"))
+
+    state["grad_hooked"] = set()
+    shims.patch(torch.optim.Optimizer, "add_param_group", add_param_group)
+
+    if request.get("cuda_foreach"):
+        # CUDA parameters default to the foreach implementation; CPU and fake
+        # parameters silently get the per-tensor loop.
+        def default_to_fused_or_foreach(params, differentiable, use_fused=False):
+            if differentiable:
+                return False, False
+            state["foreach_pinned"] = True
+            return use_fused, not use_fused
+
+        for module in list(sys.modules.values()):
+            name = getattr(module, "__name__", "")
+            if name.startswith("torch.optim") and hasattr(module, "_default_to_fused_or_foreach"):
+                shims.patch(module, "_default_to_fused_or_foreach", default_to_fused_or_foreach)
+
+    def step_pre(optimizer, args, kwargs):
+        context.in_optimizer += 1
+
+    def step_post(optimizer, args, kwargs):
+        context.in_optimizer -= 1
+        for param_state in optimizer.state.values():
+            for value in param_state.values():
+                if isinstance(value, torch.Tensor):
+                    tracker.set_category(value, "optimizer_state")
+        state["steps"] += 1
+        state["step_ends"].append(time.perf_counter())
+        emit("step", step=state["steps"])
+        if state["steps"] >= request.get("steps", 2):
+            raise StopEstimate()
+
+    state["steps"] = 0
+    state["step_ends"] = []
+    state["hooks"] += [
+        optimizer_module.register_optimizer_step_pre_hook(step_pre),
+        optimizer_module.register_optimizer_step_post_hook(step_post),
+    ]
