@@ -22,12 +22,25 @@ again), so the server's own overhead is visible. The first check after
 Goals: p95 < 150 ms at 1,000 lines; the pipeline at most 3x the bare parse.
 The default 75 ms debounce (`oomLsp.debounceMs`) comes on top in push mode.
 
-    .venv/bin/python bench/lsp_latency.py [--edits 30] [--sizes 200 1000 5000]
+Then a notebook of 50 code cells made of the same 1,000-line text (cut at
+top-level statements), opened with LSP 3.17 notebook sync as VS Code does,
+with N edits in its middle cell (a comment line inserted at the top of the
+cell, then removed: the cell's findings move by a line each time). It times
+`notebookDocument/didChange` -> the pushed diagnostics of the edited cell's
+new version (push: a client without pull diagnostics; pull: a client with
+them, which also pulls the edited cell after each change, as VS Code does;
+cells are always pushed, a pull answers empty), next to `analyze_cells` in
+process with a whole parse and as the server does (`IncrementalNotebook`:
+only the edited cell is masked, compiled and parsed again).
+Goal: p95 < 100 ms for the 50-cell notebook.
+
+    .venv/bin/python bench/lsp_latency.py [--edits 30] [--sizes 200 1000 5000] [--cells 50]
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import os
 import statistics
@@ -44,6 +57,7 @@ from pygls.lsp.client import LanguageClient
 from oom_lsp.analysis import analyze, default_settings
 from oom_lsp.analysis.incremental import IncrementalParser
 from oom_lsp.gc_tuning import tune_for_analysis
+from oom_lsp.notebooks.program import CellText, IncrementalNotebook, analyze_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -229,6 +243,145 @@ def measure_in_process(text: str, edits: int) -> tuple[list[float], list[float],
     return parse, whole, incremental
 
 
+def notebook_cells(text: str, count: int) -> list[str]:
+    """`text` cut into `count` cells of about the same number of top-level
+    statements (a decorator stays with its function)."""
+    lines = text.splitlines(keepends=True)
+    starts = []
+    for statement in ast.parse(text).body:
+        decorators = getattr(statement, "decorator_list", None) or []
+        starts.append(min([statement.lineno, *(decorator.lineno for decorator in decorators)]))
+    count = min(count, len(starts))
+    cuts = sorted({1, *(starts[round(index * len(starts) / count)] for index in range(1, count))})
+    return ["".join(lines[start - 1 : end - 1]) for start, end in zip(cuts, [*cuts[1:], len(lines) + 1])]
+
+
+def edited_cell(source: str, edit: int) -> tuple[str, types.TextDocumentContentChangePartial]:
+    """Edit number `edit` of a cell: even ones insert a comment line at its
+    top, odd ones remove it again."""
+    start = types.Position(line=0, character=0)
+    if edit % 2 == 0:
+        inserted = f"# edit {edit}\n"
+        return inserted + source, types.TextDocumentContentChangePartial(
+            range=types.Range(start=start, end=start), text=inserted
+        )
+    end = types.Position(line=1, character=0)
+    return source.split("\n", 1)[1], types.TextDocumentContentChangePartial(
+        range=types.Range(start=start, end=end), text=""
+    )
+
+
+async def measure_notebook_server(
+    cells: list[str], edits: int, pull: bool, workspace: Path
+) -> tuple[float, list[float]]:
+    """(didOpen -> the diagnostics of every cell, [didChange -> the edited cell's diagnostics, ...])"""
+    client = LanguageClient("oom-lsp-bench", "1")
+    published: dict[tuple[str, int], asyncio.Event] = {}
+
+    @client.feature(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    def on_publish(params: types.PublishDiagnosticsParams) -> None:
+        if params.version is not None:
+            published.setdefault((params.uri, params.version), asyncio.Event()).set()
+
+    @client.feature(types.WINDOW_LOG_MESSAGE)
+    def on_log(params: types.LogMessageParams) -> None:
+        pass
+
+    await client.start_io(sys.executable, "-m", "oom_lsp")
+    await client.initialize_async(
+        types.InitializeParams(
+            capabilities=capabilities(pull),
+            root_uri=workspace.as_uri(),
+            initialization_options={"debounceMs": 0},
+        )
+    )
+    client.initialized(types.InitializedParams())
+    notebook = (workspace / f"bench_{len(cells)}.ipynb").as_uri()
+    uris = [
+        f"vscode-notebook-cell:{notebook.removeprefix('file://')}#W{index}" for index in range(len(cells))
+    ]
+    opened = time.perf_counter()
+    client.notebook_document_did_open(
+        types.DidOpenNotebookDocumentParams(
+            notebook_document=types.NotebookDocument(
+                uri=notebook,
+                notebook_type="jupyter-notebook",
+                version=0,
+                cells=[types.NotebookCell(kind=types.NotebookCellKind.Code, document=uri) for uri in uris],
+            ),
+            cell_text_documents=[
+                types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+                for uri, text in zip(uris, cells)
+            ],
+        )
+    )
+    for uri in uris:
+        await published.setdefault((uri, 1), asyncio.Event()).wait()
+    open_seconds = time.perf_counter() - opened
+    middle = len(cells) // 2
+    uri, current = uris[middle], cells[middle]
+    timings = []
+    for edit in range(edits):
+        version = edit + 2
+        current, change = edited_cell(current, edit)
+        started = time.perf_counter()
+        client.notebook_document_did_change(
+            types.DidChangeNotebookDocumentParams(
+                notebook_document=types.VersionedNotebookDocumentIdentifier(uri=notebook, version=edit + 1),
+                change=types.NotebookDocumentChangeEvent(
+                    cells=types.NotebookDocumentCellChanges(
+                        text_content=[
+                            types.NotebookDocumentCellContentChanges(
+                                document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                                changes=[change],
+                            )
+                        ]
+                    )
+                ),
+            )
+        )
+        if pull:
+            await client.text_document_diagnostic_async(
+                types.DocumentDiagnosticParams(text_document=types.TextDocumentIdentifier(uri=uri))
+            )
+        await asyncio.wait_for(published.setdefault((uri, version), asyncio.Event()).wait(), 120)
+        timings.append(time.perf_counter() - started)
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+    return open_seconds, timings
+
+
+def measure_notebook_in_process(cells: list[str], edits: int) -> tuple[list[float], list[float]]:
+    whole, incremental = [], []
+    settings = default_settings()
+    notebook = IncrementalNotebook()
+    texts = [CellText(index, source, index + 1) for index, source in enumerate(cells)]
+    notebook.analyze(texts, settings, "bench.ipynb")
+    middle = len(cells) // 2
+    current = cells[middle]
+    for edit in range(edits):
+        current, _ = edited_cell(current, edit)
+        texts[middle] = CellText(middle, current, middle + 1)
+        started = time.perf_counter()
+        analyze_cells(texts, settings, "bench.ipynb")
+        whole.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        notebook.analyze(texts, settings, "bench.ipynb")
+        incremental.append(time.perf_counter() - started)
+    return whole, incremental
+
+
+def bare_parse(text: str, edits: int) -> list[float]:
+    """`libcst.parse_module` of the whole text, `edits` times (the p50/parse column's unit)."""
+    timings = []
+    for _ in range(edits):
+        started = time.perf_counter()
+        libcst.parse_module(text)
+        timings.append(time.perf_counter() - started)
+    return timings
+
+
 def row(label: str, values: list[float], parse_p50: float) -> str:
     p50, p95 = percentile(values, 0.5) * 1000, percentile(values, 0.95) * 1000
     return f"  {label:<34} p50 {p50:8.1f} ms   p95 {p95:8.1f} ms   p50/parse {p50 / (parse_p50 * 1000):5.2f}x"
@@ -241,6 +394,12 @@ async def main() -> None:
     parser.add_argument("--edits", type=int, default=30, help="edits per fixture and mode (default 30)")
     parser.add_argument(
         "--sizes", type=int, nargs="+", default=[200, 1000, 5000], help="fixture sizes in lines"
+    )
+    parser.add_argument(
+        "--cells",
+        type=int,
+        default=50,
+        help="code cells of the notebook made of the 1,000-line text (0: none)",
     )
     args = parser.parse_args()
     # The server tunes its garbage collector at start; measure the in-process
@@ -268,7 +427,31 @@ async def main() -> None:
             print(row("server, pull", pull, parse_p50))
             push_mean, pull_mean = statistics.mean(push) * 1000, statistics.mean(pull) * 1000
             print(f"  mean push {push_mean:.1f} ms, mean pull {pull_mean:.1f} ms")
-            print(f"  first check after didOpen: push {push_open * 1000:.1f} ms, pull {pull_open * 1000:.1f} ms")
+            print(
+                f"  first check after didOpen: push {push_open * 1000:.1f} ms, pull {pull_open * 1000:.1f} ms"
+            )
+        if args.cells:
+            text = realistic_text(1000)
+            cells = notebook_cells(text, args.cells)
+            texts = [CellText(index, source, index + 1) for index, source in enumerate(cells)]
+            findings = analyze_cells(texts, default_settings(), "bench.ipynb").all_findings()
+            parse_p50 = percentile(bare_parse(text, args.edits), 0.5)
+            whole, incremental = measure_notebook_in_process(cells, args.edits)
+            push_open, push = await measure_notebook_server(
+                cells, args.edits, pull=False, workspace=workspace
+            )
+            pull_open, pull = await measure_notebook_server(cells, args.edits, pull=True, workspace=workspace)
+            lines = text.count(chr(10))
+            print(
+                f"\nnotebook: {len(cells)} code cells, {lines} lines, {len(findings)} findings, {args.edits} edits"
+            )
+            print(row("analyze_cells(), whole parse", whole, parse_p50))
+            print(row("IncrementalNotebook.analyze()", incremental, parse_p50))
+            print(row("server, push (debounce 0)", push, parse_p50))
+            print(row("server, pull", pull, parse_p50))
+            print(
+                f"  first check after didOpen: push {push_open * 1000:.1f} ms, pull {pull_open * 1000:.1f} ms"
+            )
 
 
 if __name__ == "__main__":

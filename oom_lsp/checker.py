@@ -1,12 +1,15 @@
 """Running the analysis over files: discovery, decoding, the results cache,
 the process pool and fixing. The CLI's engine room; no output formatting.
 
-- Discovery walks folders for `*.py` / `*.pyi`, skipping the configured
+- Discovery walks folders for the files `include` / `extend-include` match
+  (`*.py`, `*.pyi` and `*.ipynb` by default), skipping the configured
   `exclude` / `extend-exclude` globs and what `.gitignore` files ignore.
   Files named explicitly are checked unless `force_exclude`.
 - Reading follows Python's own rules (PEP 263 coding cookie, BOM); a file
   Python could not compile (NUL bytes, undecodable bytes) is reported as
-  OOM000 like any syntax error, and the run goes on.
+  OOM000 like any syntax error, and the run goes on. A notebook is UTF-8
+  JSON (`oom_lsp.notebooks`); one that is not nbformat 4 is an error for that
+  file, which is left untouched.
 - The cache (`.oom_lsp_cache/<version>/<settings fingerprint>.json` under
   each project root) maps a file to its findings, keyed by a hash of its
   content, the settings' fingerprint and the tool version.
@@ -40,8 +43,9 @@ from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.config import ConfigResolver, GlobPattern, ProjectConfig
 from oom_lsp.edits import Position, Range
 from oom_lsp.gc_tuning import tune_for_analysis
+from oom_lsp.notebooks import is_notebook_path
+from oom_lsp.notebooks.document import NotebookError, decode_notebook_bytes
 
-PYTHON_SUFFIXES = (".py", ".pyi")
 CACHE_DIR_NAME = ".oom_lsp_cache"
 # Pending source bytes below which a process pool costs more than it saves.
 # Measured on 2 shared cores: 34 training scripts (110 KB, 3,100 lines) take
@@ -187,10 +191,6 @@ def _ancestor_ignores(folder: Path) -> list[GitIgnore]:
     return ignores
 
 
-def is_python_file(path: Path) -> bool:
-    return path.suffix in PYTHON_SUFFIXES
-
-
 def _force_excluded(path: Path, config: ProjectConfig) -> bool:
     """`exclude` applied to an explicitly named file: the file or any folder
     between it and the project root."""
@@ -254,7 +254,7 @@ def _walk(
             is_file = entry.is_file()
         except OSError:
             continue
-        if not (is_dir or (is_file and is_python_file(path))):
+        if not (is_dir or (is_file and config.is_included(path))):
             continue
         if config.is_excluded(path):
             continue
@@ -493,6 +493,7 @@ class JobResult:
     fixes_applied: int = 0
     fixed_codes: dict[str, int] = field(default_factory=dict)
     internal_error: str | None = None
+    error: str | None = None  # the file cannot be checked (a notebook that is not nbformat 4)
 
 
 def run_job(job: Job) -> JobResult:
@@ -509,6 +510,8 @@ def _run_job(job: Job) -> JobResult:
     # Imported here: a run answered from the cache never needs libcst.
     from oom_lsp.analysis.autofix import fix_source
 
+    if is_notebook_path(job.path):
+        return _run_notebook_job(job)
     findings = analyze_text(job.source, job.settings, job.path)
     if not job.fix or not has_applicable_fix(findings, job.unsafe_fixes):
         return JobResult(job.index, findings)
@@ -519,6 +522,33 @@ def _run_job(job: Job) -> JobResult:
     # settle two findings, a later pass can fix what an earlier one revealed).
     removed = _removed_codes(findings, fixed.remaining)
     return JobResult(job.index, fixed.remaining, fixed.source, sum(removed.values()), removed)
+
+
+def _run_notebook_job(job: Job) -> JobResult:
+    from oom_lsp.notebooks.check import check_notebook
+
+    try:
+        checked = check_notebook(
+            job.source, job.settings, job.path, fix=job.fix, unsafe_fixes=job.unsafe_fixes
+        )
+    except NotebookError as error:
+        return JobResult(job.index, [], error=str(error))
+    if checked.fixed_text is None:
+        return JobResult(job.index, checked.findings)
+    removed = _removed_codes(checked.before_fix, checked.findings)
+    return JobResult(job.index, checked.findings, checked.fixed_text, sum(removed.values()), removed)
+
+
+def read_source(raw: bytes, path: Path) -> Decoded | str:
+    """The text of a file to check, or why it cannot be checked at all (a
+    notebook that is not UTF-8)."""
+    if not is_notebook_path(str(path)):
+        return decode_source(raw)
+    try:
+        text, bom = decode_notebook_bytes(raw)
+    except NotebookError as error:
+        return str(error)
+    return Decoded(text, "utf-8-sig" if bom else "utf-8")
 
 
 def _removed_codes(before: list[Finding], after: list[Finding]) -> dict[str, int]:
@@ -597,8 +627,10 @@ def check_files(
         results.append(result)
         config = resolver.resolve(file)
         try:
-            # Measured before reading: a 100 MB file is not read at all.
-            oversize = too_large(file.stat().st_size, config.max_file_size)
+            # Measured before reading: a 100 MB file is not read at all. A notebook's size is
+            # mostly its outputs (images), which are skipped by the C JSON scanner, not analysed.
+            size = file.stat().st_size
+            oversize = None if is_notebook_path(str(file)) else too_large(size, config.max_file_size)
             raw = b"" if oversize else file.read_bytes()
         except OSError as error:
             result.error = error.strerror or str(error)
@@ -607,7 +639,10 @@ def check_files(
             result.error = oversize
             continue
         settings = config.settings_for(file)
-        decoded = decode_source(raw)
+        decoded = read_source(raw, file)
+        if isinstance(decoded, str):
+            result.error = decoded
+            continue
         if decoded.problem is not None:
             result.findings = undecodable_finding(decoded.problem, settings)
             continue
@@ -646,6 +681,9 @@ def _record(item: _Pending, outcome: JobResult, write: bool) -> None:
     if outcome.internal_error is not None:
         result.internal_error = outcome.internal_error
         return  # nothing is cached, so the next run tries again
+    if outcome.error is not None:
+        result.error = outcome.error
+        return
     result.findings = outcome.findings
     original = item.decoded.text or ""
     result.source = outcome.fixed_source if outcome.fixed_source is not None else original
@@ -691,7 +729,10 @@ def check_source(
     if oversize is not None:
         result.error = oversize
         return result
-    decoded = decode_source(raw)
+    decoded = read_source(raw, path)
+    if isinstance(decoded, str):
+        result.error = decoded
+        return result
     if decoded.problem is not None:
         result.findings = undecodable_finding(decoded.problem, settings)
         return result

@@ -512,17 +512,23 @@ def _fixed_listing(results: list[Any]) -> str:
 
 def _report_diff(args: argparse.Namespace, results: list[Any]) -> int:
     from oom_lsp.edits import split_lines
+    from oom_lsp.notebooks import is_notebook_path
 
     changed = [result for result in results if result.changed]
     for result in changed:
-        sys.stdout.writelines(
-            difflib.unified_diff(
-                split_lines(result.original, keepends=True),
-                split_lines(result.source, keepends=True),
-                fromfile=result.display,
-                tofile=result.display,
+        if is_notebook_path(str(result.path)):
+            from oom_lsp.notebooks.check import cell_diff
+
+            sys.stdout.write(cell_diff(result.display, result.original, result.source))
+        else:
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    split_lines(result.original, keepends=True),
+                    split_lines(result.source, keepends=True),
+                    fromfile=result.display,
+                    tofile=result.display,
+                )
             )
-        )
         sys.stdout.write("\n")
     fixes = sum(result.fixes_applied for result in changed)
     if not args.quiet:

@@ -43,6 +43,10 @@ DEFAULT_MAX_BATCH_SIZE = 32
 # memory, a 2 MiB one 88 s and 1.4 GB, on a loaded 2-core machine.
 DEFAULT_MAX_FILE_SIZE = 2**20
 
+# The files a folder's walk checks, as Ruff's default `include`: Python sources and
+# Jupyter notebooks.
+DEFAULT_INCLUDE: tuple[str, ...] = ("*.py", "*.pyi", "*.ipynb")
+
 # Folders never worth descending into, as Ruff's default `exclude`.
 DEFAULT_EXCLUDE: tuple[str, ...] = (
     ".bzr",
@@ -359,6 +363,8 @@ _PARSERS: dict[str, Callable[[str, str, Any], Any]] = {
     "extend-select": _selectors,
     "ignore": _selectors,
     "per-file-ignores": _per_file_ignores,
+    "include": _string_list,
+    "extend-include": _string_list,
     "exclude": _string_list,
     "extend-exclude": _string_list,
     "respect-gitignore": _bool,
@@ -414,6 +420,8 @@ class ProjectConfig:
     extend_select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    include: tuple[str, ...] = DEFAULT_INCLUDE
+    extend_include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     extend_exclude: tuple[str, ...] = ()
     respect_gitignore: bool = True
@@ -454,6 +462,10 @@ class ProjectConfig:
         ]
 
     @cached_property
+    def _include_patterns(self) -> list[GlobPattern]:
+        return [GlobPattern(glob) for glob in (*self.include, *self.extend_include)]
+
+    @cached_property
     def _exclude_patterns(self) -> list[GlobPattern]:
         return [GlobPattern(glob) for glob in (*self.exclude, *self.extend_exclude)]
 
@@ -481,6 +493,12 @@ class ProjectConfig:
             )
             self._settings_cache[ignored] = settings
         return settings
+
+    def is_included(self, file: Path) -> bool:
+        """Whether `include`/`extend-include` matches `file`: a folder's walk checks
+        the files that match (and that no `exclude` glob matches)."""
+        relative = relative_posix(file, self.root)
+        return any(pattern.matches(relative) for pattern in self._include_patterns)
 
     def is_excluded(self, path: Path) -> bool:
         """Whether `exclude`/`extend-exclude` matches `path` (a file or a folder)."""

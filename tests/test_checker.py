@@ -82,6 +82,29 @@ def test_nested_pyproject_excludes_apply_to_its_folder(tmp_path: Path) -> None:
     ]
 
 
+def test_notebooks_follow_include_and_exclude_as_python_files(tmp_path: Path) -> None:
+    for name in ("train.py", "explore.ipynb", "legacy/old.ipynb", "legacy/old.py", "notes.txt"):
+        write(tmp_path / name)
+    write(tmp_path / ".ipynb_checkpoints" / "explore-checkpoint.ipynb")  # Jupyter's autosaves
+    write(tmp_path / "pyproject.toml", '[tool.oom-lsp]\nextend-exclude = ["legacy"]\n')
+    files, _ = checker.discover_files([tmp_path], ConfigResolver(fallback_root=tmp_path))
+    assert [file.relative_to(tmp_path).as_posix() for file in files] == ["explore.ipynb", "train.py"]
+    # `include` without notebooks leaves them out of folders, as it leaves out any other file.
+    write(
+        tmp_path / "pyproject.toml",
+        '[tool.oom-lsp]\ninclude = ["*.py"]\nextend-include = ["legacy/*.ipynb"]\n',
+    )
+    files, _ = checker.discover_files([tmp_path], ConfigResolver(fallback_root=tmp_path))
+    assert [file.relative_to(tmp_path).as_posix() for file in files] == [
+        "legacy/old.ipynb",
+        "legacy/old.py",
+        "train.py",
+    ]
+    # A notebook named on the command line is checked, as any file named there.
+    files, _ = checker.discover_files([tmp_path / "explore.ipynb"], ConfigResolver(fallback_root=tmp_path))
+    assert [file.name for file in files] == ["explore.ipynb"]
+
+
 def test_explicit_files_of_any_name_are_checked_once(tmp_path: Path) -> None:
     script = write(tmp_path / "train")  # a script without extension, as pre-commit may pass
     files, _ = checker.discover_files([script, script, tmp_path], ConfigResolver(fallback_root=tmp_path))

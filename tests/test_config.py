@@ -268,6 +268,17 @@ def test_exclude_by_name_and_by_path() -> None:
     assert not config.is_excluded(ROOT / "src" / "model.py")
 
 
+def test_include_takes_python_and_notebooks_by_default_and_can_be_narrowed_or_extended() -> None:
+    default = parse({})
+    included = [default.is_included(ROOT / name) for name in ("a.py", "b.pyi", "nb.ipynb", "c.pyw")]
+    assert included == [True, True, True, False]
+    scripts_only = parse({"include": ["*.py"], "extend-include": ["notebooks/*.ipynb", "*.pyw"]})
+    assert not scripts_only.is_included(ROOT / "nb.ipynb")
+    assert scripts_only.is_included(ROOT / "notebooks" / "nb.ipynb")
+    assert scripts_only.is_included(ROOT / "tool.pyw") and not scripts_only.is_included(ROOT / "b.pyi")
+    assert parse({"extendInclude": "*.pyw"}).extend_include == ("*.pyw",)  # an editor's camelCase
+
+
 @pytest.mark.parametrize(
     ("pattern", "path", "matches"),
     [

@@ -56,7 +56,7 @@ def test_manifest_declares_both_hooks() -> None:
     ]
     for hook in (check, fix):
         assert hook["language"] == "python"
-        assert hook["types_or"] == ["python", "pyi"]
+        assert hook["types_or"] == ["python", "pyi", "jupyter"]
         assert hook["require_serial"] is True
 
 

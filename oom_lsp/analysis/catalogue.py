@@ -29,6 +29,9 @@ CATALOGUE: tuple[tuple[str, str, bool], ...] = (
     ("OOM503", "zero-grad-keeps-grads", True),
     ("OOM601", "no-gradient-checkpointing", True),
     ("OOM602", "data-parallel-gather", True),
+    ("OOM701", "failed-cell-keeps-tensors", True),
+    ("OOM702", "cell-output-keeps-graph", True),
+    ("OOM703", "model-rebuilt-while-held", True),
     ("OOM900", "unused-suppression", False),
 )
 

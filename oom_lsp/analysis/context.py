@@ -475,12 +475,17 @@ class FileContext:
         settings: LintSettings,
         path: str,
         syntax_tree: ast.Module | None = None,
+        cell_statements: tuple[int, ...] | None = None,
     ) -> None:
         self.source = source
         self.module = module
         self.settings = settings
         self.path = path
         self._syntax_tree = syntax_tree
+        # A notebook's code cells joined into one program: how many of the module's
+        # top-level statements each cell holds, in order. None for a file of Python
+        # (the notebook rules stay silent there).
+        self.cell_statements = cell_statements
         self.imports = ImportMap.from_module(module)
         self.tracker = Tracker(self.imports, module)
         self.reports: list[Report] = []

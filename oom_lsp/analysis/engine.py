@@ -52,9 +52,12 @@ def analyze(
     settings: LintSettings,
     path: str = "<stdin>",
     parse: Callable[[str], ParsedSource] = parse_whole,
+    cell_statements: tuple[int, ...] | None = None,
 ) -> list[Finding]:
     """All findings for one file's text, sorted by position. `parse` may be
-    an IncrementalParser's, for successive versions of one document."""
+    an IncrementalParser's, for successive versions of one document.
+    `cell_statements`: the text is a notebook's code cells joined (oom_lsp.notebooks),
+    each made of this many top-level statements, in order."""
     findings: list[Finding] = []
     if mentions_framework(source):
         try:
@@ -63,7 +66,7 @@ def analyze(
             return _syntax_error(error, source, settings)
         except RecursionError:
             return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
-        findings = _run_rules(parsed, source, settings, path)
+        findings = _run_rules(parsed, source, settings, path, cell_statements)
     elif registry.INVALID_SYNTAX.code in settings.enabled:
         # No rule can fire here, but a syntax error is reported in every file, as Ruff does.
         problem = _compile_error(source)
@@ -149,10 +152,21 @@ def _syntax_error_at(line: int, column: int, message: str, settings: LintSetting
     ]
 
 
-def _run_rules(parsed: ParsedSource, source: str, settings: LintSettings, path: str) -> list[Finding]:
+def _run_rules(
+    parsed: ParsedSource,
+    source: str,
+    settings: LintSettings,
+    path: str,
+    cell_statements: tuple[int, ...] | None = None,
+) -> list[Finding]:
     module = parsed.module
     context = FileContext(
-        source=source, module=module, settings=settings, path=path, syntax_tree=parsed.statements
+        source=source,
+        module=module,
+        settings=settings,
+        path=path,
+        syntax_tree=parsed.statements,
+        cell_statements=cell_statements,
     )
     rules = [
         rule_class(context)

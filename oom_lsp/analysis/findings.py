@@ -69,6 +69,9 @@ class Finding:
     # The first line of the statement the finding sits in: a suppression
     # comment on the line above it covers a multi-line statement.
     statement_line: int = field(default=0, compare=False)
+    # In a notebook: the 1-based number of the cell (markdown cells counted) the
+    # range and fix are relative to; None in a file of Python.
+    cell: int | None = None
 
     @property
     def line(self) -> int:
@@ -87,6 +90,7 @@ class Finding:
             "severity": self.severity.value,
             "fix": self.fix.to_dict() if self.fix else None,
             "statement_line": self.statement_line,
+            **({"cell": self.cell} if self.cell is not None else {}),
         }
 
     @classmethod
@@ -99,4 +103,5 @@ class Finding:
             severity=Severity(data["severity"]),
             fix=Fix.from_dict(data["fix"]) if data.get("fix") else None,
             statement_line=data.get("statement_line", 0),
+            cell=data.get("cell"),
         )

@@ -106,6 +106,9 @@ class Rule(cst.BatchableCSTVisitor):
     fix_applicability: ClassVar[Applicability | None] = None
     # Rules off unless selected explicitly (a prefix or ALL selects them too).
     default_enabled: ClassVar[bool] = True
+    # Runs on a notebook's cells only (oom_lsp.notebooks); its examples are notebooks
+    # in the percent format (`# %%` starts a cell).
+    notebook_only: ClassVar[bool] = False
     VALID: ClassVar[list[Valid]] = []
     INVALID: ClassVar[list[Invalid]] = []
 

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from oom_lsp.profiling.commands import LiveLine
 from oom_lsp.script_args import split_script_arguments
+
+if TYPE_CHECKING:
+    from oom_lsp.notebooks.run import NotebookRun
 
 EXIT_FITS, EXIT_OOM, EXIT_ERROR = 0, 1, 2
 DTYPES = ("fp32", "bf16", "fp16")
@@ -152,6 +156,29 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         err.write(f"oom-lsp estimate: {error}\n")
         return EXIT_ERROR
 
+    from oom_lsp.notebooks import is_notebook_path
+
+    if not is_notebook_path(str(args.script)):
+        return _estimate(args, gpu, args.script, None, out, err)
+    from oom_lsp.notebooks.document import NotebookError
+    from oom_lsp.notebooks.run import notebook_as_script
+
+    try:
+        with notebook_as_script(args.script) as run:
+            warning = run.built.warning()
+            if warning:
+                err.write(f"oom-lsp estimate: warning: {args.script}: {warning}\n")
+            return _estimate(args, gpu, run.script, run, out, err)
+    except NotebookError as error:
+        err.write(f"oom-lsp estimate: {args.script}: {error}\n")
+        return EXIT_ERROR
+
+
+def _estimate(
+    args: argparse.Namespace, gpu: Any, script: Path, notebook: NotebookRun | None, out: TextIO, err: TextIO
+) -> int:
+    """`notebook`: when `script` runs a notebook's cells; what is printed names the
+    script's lines as the notebook's cells."""
     from oom_lsp.estimate.estimator import (
         DEFAULT_MARGIN,
         EstimateError,
@@ -161,7 +188,7 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     )
 
     options = EstimateOptions(
-        script=args.script,
+        script=script,
         script_args=list(args.script_args),
         device=args.device,
         gpu=gpu,
@@ -170,24 +197,33 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         timeout=args.timeout,
         autocast_dtype=args.dtype,
         margin=DEFAULT_MARGIN if args.margin is None else args.margin,
+        cwd=notebook.cwd if notebook is not None else None,
     )
 
     display = EstimateDisplay(err, f"estimating {args.script.name}", quiet=args.format != "text")
     options.on_event = display.on_event
+    named = notebook.places.text if notebook is not None else str
+
+    def progress(text: str) -> None:
+        display.message(named(text))
+
     try:
         with display:
             if args.find_max_batch:
-                outcome = find_max_batch(options, display.message)
+                outcome = find_max_batch(options, progress)
                 prediction, max_batch = outcome["estimate"], outcome["max_batch"]
             else:
-                prediction, max_batch = estimate(options, display.message), None
+                prediction, max_batch = estimate(options, progress), None
     except EstimateError as error:
+        problem = named(str(error))
         if args.format == "json":
-            out.write(json.dumps({"error": str(error)}) + "\n")
+            out.write(json.dumps({"error": problem}) + "\n")
         else:
-            err.write(f"oom-lsp estimate: {error}\n")
+            err.write(f"oom-lsp estimate: {problem}\n")
         return EXIT_ERROR
     prediction["max_batch"] = max_batch
+    if notebook is not None:
+        prediction = notebook.report(prediction)
     if args.format == "json":
         out.write(json.dumps(prediction, indent=2) + "\n")
     else:
@@ -252,6 +288,14 @@ def _rel(path: str | None) -> str:
         return path
 
 
+_CELL_PLACE_RE = re.compile(r"(.*):cell (\d+)\Z")
+
+
+def _place(file: str, line: object, cell: int | None = None) -> str:
+    """`train.py:12`, or for a notebook's cells `nb.ipynb, cell 4, line 3`."""
+    return f"{_rel(file)}, cell {cell}, line {line}" if cell is not None else f"{_rel(file)}:{line}"
+
+
 def write_text(prediction: dict[str, Any], out: TextIO) -> None:
     from oom_lsp.estimate.gpus import format_bytes
 
@@ -299,7 +343,7 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
             else ""
         )
         module = f", in module {where['module']}" if where.get("module") else ""
-        location = f", {_rel(where['file'])}:{where['line']}" if where.get("file") else ""
+        location = f", {_place(where['file'], where['line'], where.get('cell'))}" if where.get("file") else ""
         out.write(f"  peak at: {where['op']}{when}{module}{location}\n")
     modules = [(name, size) for name, size in prediction.get("top_modules", []) if name]
     if modules:
@@ -311,7 +355,9 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
         out.write("  top lines at the peak:\n")
         for place, size in lines[:5]:
             file, _, line = place.rpartition(":")
-            out.write(f"    {format_bytes(size):>11}  {_rel(file)}:{line}\n")
+            cell = _CELL_PLACE_RE.match(file)  # a notebook's "nb.ipynb:cell 4:3"
+            shown = _place(cell[1], line, int(cell[2])) if cell else _place(file, line)
+            out.write(f"    {format_bytes(size):>11}  {shown}\n")
     gpu = prediction.get("gpu")
     if gpu:
         needed = prediction["peak_bytes"] + (prediction.get("context_bytes") or 0)

@@ -17,26 +17,43 @@ from collections.abc import Sequence
 
 from oom_lsp.analysis.findings import Finding
 from oom_lsp.edits import split_lines
-from oom_lsp.output import CheckedFile, RenderOptions, applicable_fix, located
+from oom_lsp.output import CheckedFile, RenderOptions, applicable_fix, located, location
 
 CONTEXT_LINES = 1
 
 
 def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:
     blocks = []
+    notebooks: dict[int, object] = {}
     for file, finding in located(files):
-        blocks.append(_block(file, finding, options))
+        blocks.append(_block(file, finding, options, _frame_source(file, finding, notebooks)))
     return "".join(block + "\n" for block in blocks)
 
 
-def _block(file: CheckedFile, finding: Finding, options: RenderOptions) -> str:
+def _frame_source(file: CheckedFile, finding: Finding, notebooks: dict[int, object]) -> str:
+    """The text the finding's lines count in: the file, or in a notebook its cell."""
+    if finding.cell is None or not file.source:
+        return file.source or ""
+    from oom_lsp.notebooks.document import NotebookError, read_notebook
+
+    if id(file) not in notebooks:
+        try:
+            notebooks[id(file)] = read_notebook(file.source)
+        except NotebookError:
+            notebooks[id(file)] = None
+    notebook = notebooks[id(file)]
+    cell = notebook.cell(finding.cell) if notebook is not None else None  # type: ignore[attr-defined]
+    return cell.source if cell is not None else ""
+
+
+def _block(file: CheckedFile, finding: Finding, options: RenderOptions, source: str) -> str:
     fix = applicable_fix(finding, options)
     marker = " [*]" if fix is not None else ""
     out = [
         f"{finding.code}{marker} {finding.message}",
-        f" --> {file.display}:{finding.line}:{finding.column + 1}",
+        f" --> {file.display}:{location(finding)}",
     ]
-    lines = split_lines(file.source or "")
+    lines = split_lines(source)
     if lines:
         out.extend(_frame(lines, finding))
     if finding.fix is not None:

@@ -2,6 +2,9 @@
 `::warning file=PATH,line=L,col=C,endLine=L,endColumn=C,title=CODE::message`.
 
 Errors become `::error`, warnings `::warning`, info and hints `::notice`.
+In a notebook the annotation points at the line of the `.ipynb` file where the
+cell's code is written (the line a pull request's diff shows), and the title
+names the cell and the line in it: `OOM301 (cell 4:3:5)`.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oom_lsp.analysis.findings import Severity
-from oom_lsp.output import CheckedFile, RenderOptions, located
+from oom_lsp.output import CheckedFile, NotebookPositions, RenderOptions, located, location
 
 _COMMAND = {
     Severity.ERROR: "error",
@@ -29,16 +32,23 @@ def escape_property(text: str) -> str:
 
 def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:
     lines = []
+    notebooks = NotebookPositions()
     for file, finding in located(files):
-        start, end = finding.range.start, finding.range.end
+        start = (finding.range.start.line, finding.range.start.column)
+        end = (finding.range.end.line, finding.range.end.column)
+        title = finding.code
+        in_file = notebooks.file_range(file, finding)
+        if in_file is not None:
+            start, end = in_file
+            title = f"{finding.code} (cell {location(finding)[len('cell ') :]})"
         properties = ",".join(
             [
                 f"file={escape_property(file.display)}",
-                f"line={start.line}",
-                f"col={start.column + 1}",
-                f"endLine={end.line}",
-                f"endColumn={end.column + 1}",
-                f"title={escape_property(finding.code)}",
+                f"line={start[0]}",
+                f"col={start[1] + 1}",
+                f"endLine={end[0]}",
+                f"endColumn={end[1] + 1}",
+                f"title={escape_property(title)}",
             ]
         )
         lines.append(f"::{_COMMAND[finding.severity]} {properties}::{escape_data(finding.message)}")

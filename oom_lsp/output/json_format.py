@@ -4,7 +4,9 @@ Fields: `path`, `line`, `column`, `end_line`, `end_column` (1-based columns),
 `code`, `name`, `message`, `severity`, `fix` (null or `{title, applicability,
 edits}`, each edit `{content, location, end_location}`), `url`; plus Ruff's
 `filename`, `location` / `end_location` (`{row, column}`) so tools that read
-`ruff check --output-format json` read this too.
+`ruff check --output-format json` read this too. `cell` is the 1-based cell
+number in a notebook (markdown cells counted), where lines count from the
+cell's first line, and null elsewhere (Ruff's field).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def finding_to_json(path: str, finding: Finding) -> dict[str, Any]:
         "location": _location(start),
         "end_location": _location(end),
         "noqa_row": finding.statement_line or start.line,
+        "cell": finding.cell,
     }
 
 

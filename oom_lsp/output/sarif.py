@@ -4,6 +4,12 @@ One run; `tool.driver.rules` lists every rule (id, name, descriptions,
 helpUri, default level); each result names its rule, level, message and a
 physical location with 1-based lines and columns (code points, declared by
 `columnKind`). Paths below the current folder are relative to `%SRCROOT%`.
+
+In a notebook the region is where the cell's code is written in the `.ipynb`
+file itself (what a SARIF viewer opens), and the result's `properties` say the
+cell and the line and column in it (`cell`, `cellLine`, `cellColumn`, 1-based);
+the message starts with `cell N, line L:`. Fixes are left out there: their
+edits are in the cell's text, not in the file's JSON.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import oom_lsp
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.findings import Finding, Fix, Severity
 from oom_lsp.edits import Range
-from oom_lsp.output import CheckedFile, RenderOptions, located, rule_url
+from oom_lsp.output import CheckedFile, NotebookPositions, RenderOptions, located, rule_url
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/oom-lsp/oom-lsp"
@@ -84,23 +90,39 @@ def _fix(display: str, fix: Fix) -> dict[str, Any]:
     }
 
 
-def _result(display: str, finding: Finding, rule_index: dict[str, int]) -> dict[str, Any]:
+def _result(
+    file: CheckedFile, finding: Finding, rule_index: dict[str, int], notebooks: NotebookPositions
+) -> dict[str, Any]:
+    display = file.display
+    region = _region(finding.range)
+    message = finding.message
+    in_file = notebooks.file_range(file, finding)
+    if in_file is not None:
+        (line, column), (end_line, end_column) = in_file
+        region = {"startLine": line, "startColumn": column + 1, "endLine": end_line, "endColumn": end_column + 1}
+        message = f"cell {finding.cell}, line {finding.line}: {finding.message}"
     result: dict[str, Any] = {
         "ruleId": finding.code,
         "level": _LEVEL[finding.severity],
-        "message": {"text": finding.message},
+        "message": {"text": message},
         "locations": [
             {
                 "physicalLocation": {
                     "artifactLocation": _artifact_location(display),
-                    "region": _region(finding.range),
+                    "region": region,
                 }
             }
         ],
     }
     if finding.code in rule_index:
         result["ruleIndex"] = rule_index[finding.code]
-    if finding.fix is not None:
+    if finding.cell is not None:
+        result["properties"] = {
+            "cell": finding.cell,
+            "cellLine": finding.line,
+            "cellColumn": finding.column + 1,
+        }
+    elif finding.fix is not None:
         result["fixes"] = [_fix(display, finding.fix)]
     return result
 
@@ -108,6 +130,7 @@ def _result(display: str, finding: Finding, rule_index: dict[str, int]) -> dict[
 def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:
     rules = [_rule_descriptor(rule) for rule in _all_rules()]
     rule_index = {descriptor["id"]: index for index, descriptor in enumerate(rules)}
+    notebooks = NotebookPositions()
     log = {
         "$schema": SCHEMA,
         "version": "2.1.0",
@@ -124,7 +147,7 @@ def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:
                 },
                 "originalUriBaseIds": {SRCROOT: {"uri": Path.cwd().as_uri() + "/"}},
                 "columnKind": "unicodeCodePoints",
-                "results": [_result(file.display, finding, rule_index) for file, finding in located(files)],
+                "results": [_result(file, finding, rule_index, notebooks) for file, finding in located(files)],
             }
         ],
     }

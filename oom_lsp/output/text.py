@@ -1,10 +1,11 @@
-"""`path:line:col: CODE [*] message`, one line per finding (Ruff's concise)."""
+"""`path:line:col: CODE [*] message`, one line per finding (Ruff's concise);
+`nb.ipynb:cell 4:3:5: ...` in a notebook."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oom_lsp.output import CheckedFile, RenderOptions, applicable_fix, located
+from oom_lsp.output import CheckedFile, RenderOptions, applicable_fix, located, location
 
 
 def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:
@@ -13,7 +14,7 @@ def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:
         fix = applicable_fix(finding, options)
         marker = " [*]" if fix is not None else ""
         lines.append(
-            f"{file.display}:{finding.line}:{finding.column + 1}: {finding.code}{marker} {finding.message}"
+            f"{file.display}:{location(finding)}: {finding.code}{marker} {finding.message}"
         )
         if options.show_fix_titles and finding.fix is not None:
             lines.append(f"    help: {finding.fix.title} ({finding.fix.applicability.value} fix)")

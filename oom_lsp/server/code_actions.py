@@ -47,6 +47,22 @@ _providers: list[ActionProvider] = []
 _resolvers: dict[str, ActionResolver] = {}
 
 
+# Documents another module answers for (notebook cells): (owns(ls, uri), handler).
+_delegates: list[
+    tuple[
+        Callable[[OomLanguageServer, str], bool],
+        Callable[[OomLanguageServer, types.CodeActionParams], Awaitable[list[types.CodeAction] | None]],
+    ]
+] = []
+
+
+def delegate(
+    owns: Callable[[OomLanguageServer, str], bool],
+    handler: Callable[[OomLanguageServer, types.CodeActionParams], Awaitable[list[types.CodeAction] | None]],
+) -> None:
+    _delegates.append((owns, handler))
+
+
 def add_provider(provider: ActionProvider, resolvers: dict[str, ActionResolver] | None = None) -> None:
     if provider not in _providers:
         _providers.append(provider)
@@ -55,7 +71,13 @@ def add_provider(provider: ActionProvider, resolvers: dict[str, ActionResolver] 
 
 def register(server: OomLanguageServer) -> None:
     options = types.CodeActionOptions(
-        code_action_kinds=[types.CodeActionKind.QuickFix, types.CodeActionKind.RefactorRewrite, FIX_ALL_KIND],
+        code_action_kinds=[
+            types.CodeActionKind.QuickFix,
+            types.CodeActionKind.RefactorRewrite,
+            FIX_ALL_KIND,
+            # VS Code asks only providers that list it (notebook.codeActionsOnSave): server/notebooks.py.
+            "notebook." + FIX_ALL_KIND,
+        ],
         resolve_provider=True,
     )
     server.feature(types.TEXT_DOCUMENT_CODE_ACTION, options)(on_code_action)
@@ -102,6 +124,9 @@ def _lsp_edits(
 async def on_code_action(
     ls: OomLanguageServer, params: types.CodeActionParams
 ) -> list[types.CodeAction] | None:
+    for owns, handler in _delegates:
+        if owns(ls, params.text_document.uri):
+            return await handler(ls, params)
     document = ls.open_document(params.text_document.uri)
     if document is None:
         return None
@@ -230,3 +255,9 @@ def _minimal_edit(old: str, new: str, converter: PositionConverter) -> types.Tex
         range=types.Range(start=converter.offset_to_lsp(prefix, old), end=converter.offset_to_lsp(end, old)),
         new_text=new[prefix : len(new) - suffix],
     )
+
+
+# For the modules that answer code actions of their own documents (server/notebooks.py).
+finding_of = _finding_of
+lsp_edits = _lsp_edits
+minimal_edit = _minimal_edit

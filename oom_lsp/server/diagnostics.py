@@ -41,6 +41,21 @@ ExtraDiagnostics = Callable[[OomLanguageServer, str], list[types.Diagnostic]]
 _extra_sources: list[ExtraDiagnostics] = []
 
 
+# Documents whose diagnostics another module publishes (notebook cells): a test of
+# the URI, and what to run when every open document is checked again.
+_cell_owners: list[tuple[Callable[[OomLanguageServer, str], bool], Callable[[OomLanguageServer], None]]] = []
+
+
+def add_cell_owner(
+    owns: Callable[[OomLanguageServer, str], bool], refresh: Callable[[OomLanguageServer], None]
+) -> None:
+    _cell_owners.append((owns, refresh))
+
+
+def _owned(ls: OomLanguageServer, uri: str) -> bool:
+    return any(owns(ls, uri) for owns, _ in _cell_owners)
+
+
 def add_extra_source(source: ExtraDiagnostics) -> None:
     if source not in _extra_sources:
         _extra_sources.append(source)
@@ -139,12 +154,15 @@ async def _publish_after(ls: OomLanguageServer, uri: str, delay: float) -> None:
 
 def refresh_all(ls: OomLanguageServer) -> None:
     """Check every open document again (settings or configuration changed)."""
+    for _, refresh in _cell_owners:
+        refresh(ls)
     if ls.pull_diagnostics:
         if ls.client_supports("workspace.diagnostics.refresh_support"):
             ls.workspace_diagnostic_refresh(None)
         return
     for document in ls.open_documents():
-        schedule(ls, document.uri, 0)
+        if not _owned(ls, document.uri):
+            schedule(ls, document.uri, 0)
 
 
 def on_did_open(ls: OomLanguageServer, params: types.DidOpenTextDocumentParams) -> None:
@@ -187,7 +205,8 @@ async def on_document_diagnostic(
 ) -> types.DocumentDiagnosticReport:
     await ls.settings_ready.wait()
     document = ls.open_document(params.text_document.uri)
-    if document is None:
+    if document is None or _owned(ls, document.uri):
+        # A notebook cell's diagnostics are pushed (server/notebooks.py): none twice.
         return types.RelatedFullDocumentDiagnosticReport(items=[])
     analysis = await ls.analysis_of(document)
     while not ls.is_current(analysis):

@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
+from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import LintSettings, Severity
@@ -34,6 +35,9 @@ from oom_lsp.estimate.estimator import (
     find_max_batch,
 )
 from oom_lsp.estimate.gpus import Gpu, UnknownGpuError, custom_gpu, find_gpu
+from oom_lsp.notebooks import is_notebook_path
+from oom_lsp.notebooks.document import NotebookError
+from oom_lsp.notebooks.run import notebook_as_script
 from oom_lsp.output import rule_url
 from oom_lsp.server import code_actions
 from oom_lsp.server.diagnostics import SOURCE
@@ -162,6 +166,9 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         raise JsonRpcInvalidParams(
             f"margin must be from 0 to below 1 (0.1 keeps 10% free), not {args.margin!r}"
         )
+    notebook = _notebook_path(ls, args.uri)
+    if notebook is not None:
+        return await _estimate_notebook(ls, args, notebook)
     script = script_of(args.uri)
     gpu = _target_gpu(ls, args, script)
     profile_settings = command_setting(ls, "profile")
@@ -231,6 +238,84 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     max_batch = (prediction.get("max_batch") or {}).get("max_batch")
     if max_batch is not None:
         result["maxBatch"] = max_batch
+    return result
+
+
+def _notebook_path(ls: OomLanguageServer, uri: str) -> Path | None:
+    """The `.ipynb` file on disk of a notebook cell, or of a notebook's own URI."""
+    notebook = ls.workspace.get_notebook_document(cell_uri=uri)
+    path = to_fs_path(notebook.uri if notebook is not None else uri)
+    return Path(path) if path is not None and is_notebook_path(path) else None
+
+
+async def _estimate_notebook(ls: OomLanguageServer, args: EstimateArgs, notebook: Path) -> dict[str, Any]:
+    """The saved notebook's code cells run in order as one script (as `oom-lsp estimate
+    nb.ipynb`); the report names cells. No inlay hint or OOM100: those sit on a
+    batch-size literal of a `.py` file."""
+    if not notebook.is_file():
+        raise JsonRpcInvalidParams(f"{notebook}: no such file (save the notebook first)")
+    gpu = _target_gpu(ls, args, notebook)
+    search = args.find_max_batch if args.find_max_batch is not None else gpu is not None
+    job = Job(ls, f"Estimating {notebook.name}", "estimate", notebook)
+    try:
+        with notebook_as_script(notebook, notebook.name) as run:
+            options = EstimateOptions(
+                script=run.script,
+                script_args=[str(arg) for arg in args.args or []],
+                device=args.device,
+                gpu=gpu,
+                batch_size=args.batch_size,
+                python=interpreter(ls, args.python),
+                timeout=args.timeout or DEFAULT_ESTIMATE_TIMEOUT_S,
+                cwd=run.cwd,
+                cancel=job.cancel,
+                margin=DEFAULT_MARGIN if args.margin is None else args.margin,
+            )
+
+            def work() -> dict[str, Any]:
+                job.report("tracing two optimizer steps on fake tensors", 10)
+                if search:
+                    outcome = find_max_batch(
+                        options, lambda message: job.report(run.places.text(message), 60)
+                    )
+                    prediction = outcome["estimate"]
+                    prediction["max_batch"] = outcome["max_batch"]
+                else:
+                    prediction = estimate(options, lambda message: job.report(run.places.text(message), 50))
+                    prediction["max_batch"] = None
+                return run.report(prediction)
+
+            try:
+                prediction = await job.run(work)
+            except EstimateError as error:
+                raise RequestFailed(f"the estimate failed: {run.places.text(str(error))}") from None
+            warning = run.built.warning()
+    except NotebookError as error:
+        raise RequestFailed(f"{notebook.name}: {error}") from None
+    folder = results_folder(ls, notebook, "estimate")
+    folder.mkdir(parents=True, exist_ok=True)
+    report_path = folder / f"{notebook.stem}.json"
+    report_path.write_text(json.dumps(prediction, indent=2) + "\n", encoding="utf-8")
+    if warning:
+        ls.window_log_message(
+            types.LogMessageParams(type=types.MessageType.Warning, message=f"{notebook.name}: {warning}")
+        )
+    result: dict[str, Any] = {
+        "reportPath": str(report_path),
+        "peakBytes": prediction["peak_bytes"],
+        "reservedBytes": prediction.get("reserved_bytes"),
+        "gpuMemoryBytes": gpu.memory if gpu else None,
+        "verdict": _VERDICTS.get(prediction.get("verdict") or ""),
+        "batchSize": prediction.get("batch_size"),
+    }
+    if gpu is not None:
+        result["gpuName"] = gpu.name
+    max_batch = (prediction.get("max_batch") or {}).get("max_batch")
+    if max_batch is not None:
+        result["maxBatch"] = max_batch
+    peak = prediction.get("peak_at") or {}
+    if peak.get("cell") is not None:
+        result["peakAt"] = {"cell": peak["cell"], "line": peak["line"]}
     return result
 
 

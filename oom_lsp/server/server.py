@@ -14,7 +14,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,8 +28,8 @@ from pygls.workspace import TextDocument
 from oom_lsp import __version__
 from oom_lsp.analysis import Finding, LintSettings
 from oom_lsp.checker import analyze_text, too_large
-from oom_lsp.gc_tuning import tune_for_analysis
 from oom_lsp.edits import split_lines
+from oom_lsp.gc_tuning import tune_for_analysis
 from oom_lsp.server import settings as editor_settings
 from oom_lsp.server import transport
 from oom_lsp.server.logs import LogSetup
@@ -83,6 +83,7 @@ class OomLanguageServer(LanguageServer):
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
             protocol_cls=OomProtocol,
             converter_factory=make_converter,
+            notebook_document_sync=_notebook_sync_options(),
         )
         self.protocol: OomProtocol
         # The cancel events of the jobs running (profiles, estimates, validations):
@@ -109,6 +110,9 @@ class OomLanguageServer(LanguageServer):
         self._parsers: dict[str, IncrementalParser] = {}
         # OOM101's threshold per URI: the largest batch an estimate found to fit.
         self.max_batch_by_uri: dict[str, int] = {}
+        # The analysis of a notebook cell, set by `notebooks`: the cell's part of its
+        # notebook's analysis (a cell alone is not the program it runs in).
+        self.cell_analysis: Callable[[OomLanguageServer, TextDocument], Awaitable[Analysis]] | None = None
 
     # --- transport and lifetime -----------------------------------------------
 
@@ -214,6 +218,8 @@ class OomLanguageServer(LanguageServer):
         """The findings of the document's current text, computed off the event
         loop and memoized per (version, settings)."""
         uri, version, source = document.uri, document.version, document.source
+        if self.cell_analysis is not None and self.workspace.get_notebook_document(cell_uri=uri) is not None:
+            return await self.cell_analysis(self, document)
         settings = self.settings_for_uri(uri)
         cached = self._analyses.get(uri)
         if (
@@ -287,6 +293,12 @@ def warm_up_analysis() -> None:
         gc.enable()
 
 
+def _notebook_sync_options() -> types.NotebookDocumentSyncOptions:
+    from oom_lsp.server.notebooks import SYNC_OPTIONS
+
+    return SYNC_OPTIONS
+
+
 def create_server(log_file: str | None = None) -> OomLanguageServer:
     from oom_lsp.server import (
         ai,
@@ -296,11 +308,13 @@ def create_server(log_file: str | None = None) -> OomLanguageServer:
         hover,
         lenses,
         lifecycle,
+        notebooks,
         oom_reports,
         profiling,
     )
 
     server = OomLanguageServer(log_file)
-    for module in (lifecycle, diagnostics, code_actions, hover, ai, oom_reports, profiling, estimate, lenses):
+    features = (lifecycle, diagnostics, code_actions, hover, ai, oom_reports, profiling, estimate, lenses)
+    for module in (*features, notebooks):
         module.register(server)
     return server

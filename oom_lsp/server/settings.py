@@ -27,6 +27,7 @@ from typing import Any
 
 from oom_lsp.analysis import LintSettings, default_settings
 from oom_lsp.config import ConfigError, ConfigResolver, ProjectConfig, parse_config_table, validate_llm_table
+from oom_lsp.notebooks import is_notebook_path
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,9 @@ class LintSettingsSource:
         except ConfigError as error:
             self._report(f"{error}; using the editor settings for {path.name}")
             return self._editor_only(path)
-        if self._excluded(config, path):
+        if self._excluded(config, path) or (is_notebook_path(str(path)) and not config.is_included(path)):
+            # A notebook is checked when `include` takes it, as in a folder's walk; a Python
+            # buffer always is (Ruff's server decides the same by the language).
             return None
         return config.settings_for(path)
 

@@ -15,8 +15,10 @@ import pytest
 
 from oom_lsp.analysis import LintSettings, analyze
 from oom_lsp.analysis.registry import META_RULES, all_codes, all_rules, rule_for
-from oom_lsp.analysis.rule import MESSAGE_LIMIT, short_code
+from oom_lsp.analysis.rule import MESSAGE_LIMIT, Rule, short_code
 from oom_lsp.estimate.gpus import CATALOGUE
+from oom_lsp.notebooks.percent import split_cells
+from oom_lsp.notebooks.program import analyze_cells
 from oom_lsp.server.estimate import predicted_oom_message
 
 FIXTURES = sorted((Path(__file__).resolve().parents[2] / "fixtures").rglob("*.py"))
@@ -44,6 +46,14 @@ STALE_SUPPRESSIONS = (
 )
 
 
+def _findings(rule: type[Rule], source: str, settings: LintSettings) -> list:
+    """A notebook rule's examples are notebooks in the percent format (`# %%` starts a cell)."""
+    if not rule.notebook_only:
+        return analyze(source, settings)
+    analysis = analyze_cells([cell for cell, _ in split_cells(source)], settings)
+    return [finding for findings in analysis.findings.values() for finding in findings]
+
+
 def _messages() -> dict[str, set[str]]:
     by_code: dict[str, set[str]] = defaultdict(set)
     for code, rule in all_rules().items():
@@ -52,7 +62,7 @@ def _messages() -> dict[str, set[str]]:
                 enabled=frozenset({code}),
                 max_batch_size=int(example.settings.get("max_batch_size", 32)),  # type: ignore[arg-type]
             )
-            for finding in analyze(textwrap.dedent(example.code), settings):
+            for finding in _findings(rule, textwrap.dedent(example.code), settings):
                 by_code[finding.code].add(finding.message)
     for path in FIXTURES:
         for finding in analyze(path.read_text(encoding="utf-8"), EVERY_RULE, str(path)):

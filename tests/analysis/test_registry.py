@@ -16,6 +16,8 @@ from oom_lsp.analysis.registry import (
 RULES_MD_CODES = [
     "OOM101", "OOM102", "OOM201", "OOM202", "OOM301", "OOM302", "OOM303", "OOM304", "OOM305",
     "OOM401", "OOM402", "OOM501", "OOM502", "OOM503", "OOM601", "OOM602",
+    # The notebook family (issue 19): new codes, added after the catalogue's last.
+    "OOM701", "OOM702", "OOM703",
 ]  # fmt: skip
 
 

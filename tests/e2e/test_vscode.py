@@ -4,8 +4,9 @@ Chromium: the Problems panel with the workspace settings applied, the hover's
 summary, a quick fix from the light-bulb menu saved to disk, a settings change
 without a restart, fix-all on save, the server log, "Estimate peak memory" with
 its progress, status bar, report and Cancel, "Explain OOM from a log file...",
-every message on the risky fixtures under 120 characters in the Problems panel,
-no light bulb on a clean line of a training loop, OOM201's autocast fix from the
+a notebook's cell diagnostic and its quick fix saved into the .ipynb, every
+message on the risky fixtures under 120 characters in the Problems panel, no
+light bulb on a clean line of a training loop, OOM201's autocast fix from the
 light-bulb menu lowering the estimated peak ("Validate last fix"), and the
 notification when no server can start. The Problems panel, the hover and the
 light-bulb menu are written to docs/images/editor/, which the README shows.
@@ -72,11 +73,13 @@ def test_vscode_ui_end_to_end(tmp_path: Path):
         "12-estimate-report.png",
         "13-estimate-cancelled.png",
         "14-explain-oom.png",
-        "15-fixture-messages.png",
-        "16-no-light-bulb-on-a-clean-line.png",
-        "17-light-bulb-menu.png",
-        "18-autocast-validated.png",
-        "19-no-server-notification.png",
+        "15-notebook-problems.png",
+        "16-notebook-quick-fix-saved.png",
+        "17-fixture-messages.png",
+        "18-no-light-bulb-on-a-clean-line.png",
+        "19-light-bulb-menu.png",
+        "20-autocast-validated.png",
+        "21-no-server-notification.png",
     ]
     # The hover is a short summary; every message of the risky fixtures (the ones the analysis
     # gives, with the workspace's settings) fits the panel; the autocast fix lowered the peak.

@@ -174,6 +174,8 @@ def _fix_examples() -> list[tuple[str, str, str]]:
     has an expected fix and default settings."""
     examples = []
     for code, rule in registry.all_rules().items():
+        if rule.notebook_only:
+            continue  # notebooks: tests/server/test_notebooks.py
         for example in rule.INVALID:
             if example.expected_fix is not None and not example.settings:
                 examples.append((code, textwrap.dedent(example.code), textwrap.dedent(example.expected_fix)))

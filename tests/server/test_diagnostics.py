@@ -45,6 +45,7 @@ async def test_capabilities_follow_the_client(client: LanguageClient):
         "quickfix",
         "refactor.rewrite",
         "source.fixAll.oom-lsp",
+        "notebook.source.fixAll.oom-lsp",
     ]
     expected_encoding = "utf-8" if client.client_name == "neovim-0.11.4" else "utf-16"
     assert capabilities.position_encoding == expected_encoding

@@ -37,7 +37,8 @@ STATE="$ARTIFACTS/state"
 WORKSPACE="$ARTIFACTS/workspace"
 SCREENSHOTS="$ARTIFACTS/screenshots"
 mkdir -p "$STATE/data/User" "$STATE/extensions" "$SCREENSHOTS" "$WORKSPACE/.vscode" "$WORKSPACE/fixtures" "$README_SHOTS"
-cp "$HERE/workspace/train.py" "$HERE/workspace/mlp.py" "$HERE/workspace/classifier.py" "$WORKSPACE/"
+cp "$HERE/workspace/train.py" "$HERE/workspace/mlp.py" "$HERE/workspace/classifier.py" \
+  "$HERE/workspace/resume.ipynb" "$WORKSPACE/"
 # The risky training scripts: every rule the fixtures trigger, whose messages must fit the Problems panel.
 cp "$REPO"/fixtures/*_risky.py "$WORKSPACE/fixtures/"
 cp "$HERE/user-settings.json" "$STATE/data/User/settings.json"

@@ -14,6 +14,7 @@ from oom_lsp.analysis.rules import (  # noqa: F401
     hidden_state,
     kept_tensors,
     mixed_precision,
+    notebook,
     retain_graph,
     runtime,
     scale,

@@ -567,6 +567,23 @@ _DATA_FILE_RE = re.compile(
 _CHECKPOINT_FILE_RE = re.compile(r"model|ckpt|checkpoint|weights|state|optim|epoch", re.IGNORECASE)
 
 
+# Data small by construction, whatever its name: a synthetic toy set (a course's
+# `make_circles(1000)`, `torch.arange(0, 1, 0.02)`, `torch.randn(64, 10)`) or a few
+# items drawn with `random.sample`. Moving it to the GPU whole is what it is for.
+_SMALL_ELEMENTS = 10_000_000  # 40 MB of float32
+# sklearn's generators: n_features when the call does not say (make_regression's
+# default, the largest of them).
+_SKLEARN_GENERATOR_RE = re.compile(r"^sklearn\.datasets\.(samples_generator\.)?make_\w+$")
+_DEFAULT_GENERATED_FEATURES = 100
+_SHAPED_FACTORIES = {
+    "torch.rand", "torch.randn", "torch.zeros", "torch.ones", "torch.empty", "numpy.random.rand",
+    "numpy.random.randn", "numpy.zeros", "numpy.ones", "numpy.empty",
+}  # fmt: skip
+_SAMPLERS = {"random.sample", "random.choices"}
+# Functions whose result is as large as their data arguments.
+_SPLITTERS = {"sklearn.model_selection.train_test_split", "numpy.append", "numpy.hstack", "torch.hstack"}
+
+
 def _dataset_named(name: str) -> bool:
     lower = name.lower()
     if lower in _DATASET_NAMES or lower.endswith("dataset"):
@@ -694,6 +711,29 @@ class DatasetOnDevice(Rule):
             X_train = torch.tensor(X_train).to(device)
             """
         ),
+        # Toy data small by construction (the shapes of a PyTorch course's notebooks):
+        # a generated set of 1,000 points, 50 points of a line, 16 sampled word ids.
+        Valid(
+            """\
+            import random
+            import numpy as np
+            import torch
+            from sklearn.datasets import make_circles
+            from sklearn.model_selection import train_test_split
+            device = "cuda"
+            n_samples = 1000
+            X, y = make_circles(n_samples, noise=0.03, random_state=42)
+            X = torch.from_numpy(X).type(torch.float)
+            X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.2)
+            X_train, y_train = X_train.to(device), y_train.to(device)
+            weight, bias = 0.7, 0.3
+            X = torch.arange(0, 1, 0.02).unsqueeze(dim=1)
+            y = weight * X + bias
+            X_test = X[40:].to(device)
+            valid_examples = np.array(random.sample(range(100), 16 // 2))
+            valid_examples = torch.LongTensor(valid_examples).to(device)
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -703,6 +743,16 @@ class DatasetOnDevice(Rule):
             inputs = torch.tensor(all_x).cuda()
             """,
             line=3,
+        ),
+        # Generated, but 400 million numbers.
+        Invalid(
+            """\
+            import torch
+            from sklearn.datasets import make_classification
+            X_train, y_train = make_classification(n_samples=4_000_000, n_features=100)
+            X_train = torch.from_numpy(X_train).cuda()
+            """,
+            line=4,
         ),
         Invalid(
             """\
@@ -742,6 +792,9 @@ class DatasetOnDevice(Rule):
         self._candidates: list[Report] = []
         # Names bound to a whole dataset, per function (None: module level).
         self._holders: dict[cst.FunctionDef | None, set[str]] = {}
+        # Names bound to data small by construction, and to numbers, per function.
+        self._small: dict[cst.FunctionDef | None, set[str]] = {}
+        self._numbers: dict[cst.FunctionDef | None, dict[str, float]] = {}
         # Whether the file trains (a backward pass, an optimizer step) and
         # whether it evaluates (code under no_grad, a model put in `.eval()`).
         self._trains = False
@@ -751,6 +804,8 @@ class DatasetOnDevice(Rule):
         # After the value's own calls were visited: `X = X.to(device)` is
         # checked with what X held before.
         node = original_node
+        for target in node.targets:
+            self._bind_sizes(target.target, node.value)
         if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
             return
         name = node.targets[0].target.value
@@ -760,6 +815,152 @@ class DatasetOnDevice(Rule):
             holders.add(name)
         else:
             holders.discard(name)
+
+    # --- data small by construction -------------------------------------------------
+
+    def _bind_sizes(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        scope = self.context.tracker.current_function
+        small = self._small.setdefault(scope, set())
+        numbers = self._numbers.setdefault(scope, {})
+        if isinstance(target, cst.Name):
+            number = self._number(value)
+            if number is None:
+                numbers.pop(target.value, None)
+            else:
+                numbers[target.value] = number
+            if self._is_small(value):
+                small.add(target.value)
+            else:
+                small.discard(target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            names = [element.value for element in target.elements]
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(names):
+                for name, element in zip(names, value.elements):
+                    self._bind_sizes(name, element.value)
+                return
+            # `X, y = make_circles(1000)`, `X_train, X_test, ... = train_test_split(X, y)`.
+            whole = self._is_small(value)
+            for name in names:
+                if isinstance(name, cst.Name):
+                    numbers.pop(name.value, None)
+                    (small.add if whole else small.discard)(name.value)
+
+    def _number(self, expr: cst.BaseExpression) -> float | None:
+        if isinstance(expr, (cst.Integer, cst.Float)):
+            try:
+                return float(expr.evaluated_value)
+            except (ValueError, OverflowError):
+                return None
+        if isinstance(expr, cst.Name):
+            scope = self.context.tracker.current_function
+            value = self._numbers.get(scope, {}).get(expr.value)
+            return (
+                value if value is not None or scope is None else self._numbers.get(None, {}).get(expr.value)
+            )
+        if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+            value = self._number(expr.expression)
+            return -value if value is not None else None
+        if isinstance(expr, cst.BinaryOperation):
+            left, right = self._number(expr.left), self._number(expr.right)
+            if left is None or right is None:
+                return None
+            operator = expr.operator
+            if isinstance(operator, cst.Add):
+                return left + right
+            if isinstance(operator, cst.Subtract):
+                return left - right
+            if isinstance(operator, cst.Multiply):
+                return left * right
+            if isinstance(operator, (cst.Divide, cst.FloorDivide)) and right:
+                return left / right if isinstance(operator, cst.Divide) else float(left // right)
+        return None
+
+    def _elements(self, call: cst.Call, qualified: str) -> float | None:
+        """How many elements a synthetic-data call makes, when its arguments say."""
+        positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+        if qualified in ("torch.arange", "numpy.arange"):
+            values = [self._number(value) for value in positional[:3]]
+            if not values or None in values:
+                return None
+            start, end, step = (
+                (0.0, values[0], 1.0) if len(values) == 1 else (*values[:2], (values[2:] or [1.0])[0])
+            )
+            return max(0.0, (end - start) / step) if step else None
+        if qualified in ("torch.linspace", "torch.logspace", "numpy.linspace"):
+            steps = get_arg(call, "steps" if qualified.startswith("torch") else "num", 2)
+            return self._number(steps.value) if isinstance(steps, cst.Arg) else None
+        if qualified in _SHAPED_FACTORIES or qualified in ("torch.randint", "torch.randperm"):
+            if qualified == "torch.randperm":
+                sizes = positional[:1]
+            elif qualified == "torch.randint":
+                size = get_arg(call, "size", len(positional) - 1 if positional else None)
+                sizes = [size.value] if isinstance(size, cst.Arg) else []
+            else:
+                sizes = positional
+            if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+                sizes = [element.value for element in sizes[0].elements]
+            total = 1.0
+            for size in sizes or [None]:
+                number = self._number(size) if size is not None else None
+                if number is None:
+                    return None
+                total *= number
+            return total
+        if _SKLEARN_GENERATOR_RE.match(qualified):
+            samples = get_arg(call, "n_samples", 0)
+            features = get_arg(call, "n_features")
+            count = (
+                100.0
+                if samples is None
+                else self._number(samples.value)
+                if isinstance(samples, cst.Arg)
+                else None
+            )
+            width = (
+                _DEFAULT_GENERATED_FEATURES
+                if features is None
+                else self._number(features.value)
+                if isinstance(features, cst.Arg)
+                else None
+            )
+            return count * width if count is not None and width is not None else None
+        return None
+
+    def _is_small(self, expr: cst.BaseExpression) -> bool:
+        """Data small by construction (under `_SMALL_ELEMENTS` elements)."""
+        if self._number(expr) is not None:
+            return True
+        if isinstance(expr, cst.Name):
+            scope = self.context.tracker.current_function
+            return expr.value in self._small.get(scope, ()) or (
+                scope is not None and expr.value in self._small.get(None, ())
+            )
+        if isinstance(expr, cst.Subscript):
+            return self._is_small(expr.value)
+        if isinstance(expr, (cst.Tuple, cst.List)):
+            return len(expr.elements) <= _SMALL_ELEMENTS and all(
+                self._is_small(element.value) for element in expr.elements
+            )
+        if isinstance(expr, cst.BinaryOperation):
+            return self._is_small(expr.left) and self._is_small(expr.right)
+        if isinstance(expr, cst.UnaryOperation):
+            return self._is_small(expr.expression)
+        if not isinstance(expr, cst.Call):
+            return False
+        qualified = self.context.call_name(expr)
+        if qualified is not None:
+            if qualified in _SAMPLERS:
+                return True
+            elements = self._elements(expr, qualified)
+            if elements is not None:
+                return elements <= _SMALL_ELEMENTS
+            if qualified in _TENSOR_CONSTRUCTORS or qualified in _SPLITTERS:
+                data = [arg.value for arg in expr.args if arg.keyword is None and not arg.star]
+                return bool(data) and all(self._is_small(value) for value in data)
+        called = method_call(expr)
+        if called is not None and (called[1] in _KEEPING_METHODS or called[1] in ("to", "cuda", "cpu")):
+            return self._is_small(called[0])
+        return False
 
     def _is_data_file_load(self, expr: cst.BaseExpression) -> bool:
         """`torch.load("train_data.pt")`: data, not a checkpoint."""
@@ -857,7 +1058,7 @@ class DatasetOnDevice(Rule):
                 and is_device_expression(device.value, self.context)
             ):
                 moved = node.args[0].value
-        if moved is None:
+        if moved is None or self._is_small(moved):
             return
         if self._holds_dataset(moved):
             shown = short_code(self.context.code_for(moved), 40)

@@ -1,0 +1,53 @@
+"""The notebook program (oom_lsp.notebooks.program): the editor's incremental
+analysis gives, version after version, what a fresh analysis of the same cells
+gives."""
+
+from __future__ import annotations
+
+from oom_lsp.analysis import default_settings
+from oom_lsp.notebooks.program import CellText, IncrementalNotebook, analyze_cells
+from tests.notebooks.shapes import LOAD, MODEL, SETUP, TRAIN
+
+
+def _cells(*sources: str) -> list[CellText]:
+    return [CellText(index, source, index + 1) for index, source in enumerate(sources)]
+
+
+def _summary(analysis) -> dict:
+    return {
+        key: [(f.code, f.range, f.statement_line, f.cell, f.fix) for f in findings]
+        for key, findings in analysis.findings.items()
+    }
+
+
+def test_incremental_analysis_equals_a_fresh_one_for_every_version() -> None:
+    settings = default_settings()
+    notebook = IncrementalNotebook()
+    versions = [
+        _cells(SETUP, MODEL, TRAIN, LOAD),
+        _cells(SETUP, MODEL, "# edited\n" + TRAIN, LOAD),  # lines of the later cells move
+        _cells(SETUP, MODEL, TRAIN.replace("for x, y", "for x, y in"), LOAD),  # a syntax error mid-typing
+        _cells(SETUP, MODEL, TRAIN, LOAD, LOAD),  # the same text in two cells
+        _cells(SETUP, "%%bash\nls", TRAIN, LOAD),  # a cell becomes a shell cell
+        _cells(SETUP, MODEL, TRAIN.replace("total_loss += loss", "total_loss += loss.item()"), LOAD),
+        _cells(SETUP, MODEL, TRAIN, LOAD),
+    ]
+    for cells in versions:
+        incremental = notebook.analyze(cells, settings, "nb.ipynb")
+        fresh = analyze_cells(cells, settings, "nb.ipynb")
+        assert _summary(incremental) == _summary(fresh)
+        assert incremental.skipped == fresh.skipped
+        assert incremental.program.text == fresh.program.text
+    # The versions did find things: the loop's accumulation, the syntax error, the load.
+    codes = {f.code for cells in versions for f in analyze_cells(cells, settings, "nb.ipynb").all_findings()}
+    assert {"OOM000", "OOM301", "OOM501"} <= codes
+
+
+def test_a_dedented_cell_reports_its_own_columns_and_offers_no_fix() -> None:
+    # IPython runs a cell whose first line is indented dedented (real notebooks have
+    # cells starting with " # comment"): no syntax error, columns of the cell's text.
+    loop = "  total = 0\n  for x, y in loader:\n      loss = criterion(model(x), y)\n      total += loss"
+    analysis = analyze_cells(_cells(SETUP, MODEL, loop), default_settings(), "nb.ipynb")
+    (finding,) = [f for f in analysis.findings[2] if f.code != "OOM701"]
+    assert (finding.code, finding.range.start.line, finding.range.start.column) == ("OOM301", 4, 6)
+    assert finding.fix is None
