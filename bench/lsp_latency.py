@@ -174,6 +174,55 @@ async def measure_server(text: str, edits: int, pull: bool, workspace: Path) -> 
     return open_seconds, timings
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a running process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure_first_diagnostics(text: str, workspace: Path, runs: int = 3) -> str:
+    """Time to first diagnostics, as an editor opening its first file sees it: the server
+    spawned, `initialize` answered, `initialized`, `didOpen`, then the pulled diagnostics
+    (VS Code's and Neovim 0.11's way). Medians of fresh servers; the server's CPU next to
+    the wall time (the machine's load inflates the wall time, not the CPU)."""
+    phases: dict[str, list[float]] = {"initialize": [], "diagnostics": [], "cpu": []}
+    for run in range(runs):
+        client = LanguageClient("oom-lsp-bench", "1")
+
+        @client.feature(types.WINDOW_LOG_MESSAGE)
+        def on_log(params: types.LogMessageParams) -> None:
+            pass
+
+        started = time.perf_counter()
+        await client.start_io(sys.executable, "-m", "oom_lsp")
+        await client.initialize_async(
+            types.InitializeParams(capabilities=capabilities(pull=True), root_uri=workspace.as_uri())
+        )
+        initialized = time.perf_counter()
+        client.initialized(types.InitializedParams())
+        uri = (workspace / f"first_{run}.py").as_uri()
+        client.text_document_did_open(
+            types.DidOpenTextDocumentParams(
+                text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+            )
+        )
+        await client.text_document_diagnostic_async(
+            types.DocumentDiagnosticParams(text_document=types.TextDocumentIdentifier(uri=uri))
+        )
+        done = time.perf_counter()
+        phases["cpu"].append(_cpu_seconds(client._server.pid))
+        phases["initialize"].append(initialized - started)
+        phases["diagnostics"].append(done - started)
+        await client.shutdown_async(None)
+        client.exit(None)
+        await client.stop()
+    first, answered, cpu = (statistics.median(phases[key]) for key in ("diagnostics", "initialize", "cpu"))
+    return (
+        f"time to first diagnostics: {first * 1000:.0f} ms (initialize answered at {answered * 1000:.0f} ms; "
+        f"server CPU {cpu * 1000:.0f} ms), median of {runs} fresh servers"
+    )
+
+
 def measure_in_process(text: str, edits: int) -> tuple[list[float], list[float], list[float]]:
     parse, whole, incremental = [], [], []
     settings = default_settings()
@@ -362,6 +411,7 @@ async def main() -> None:
         load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
         versions = f"python {sys.version.split()[0]}, libcst {metadata.version('libcst')}"
         print(f"{versions}, {os.cpu_count()} CPUs, load average {load}")
+        print(await measure_first_diagnostics(realistic_text(200), workspace))
         for size in args.sizes:
             text = realistic_text(size)
             findings = analyze(text, default_settings(), "bench.py")

@@ -54,3 +54,15 @@ def test_the_exit_code_table_covers_every_command() -> None:
     commands += list(subparsers.choices)
     missing = [name for name in commands if f"`oom-lsp {name}" not in table and f"oom-lsp {name}`" not in table]
     assert missing == []
+
+
+def test_a_rule_page_shows_each_example_once() -> None:
+    """"Not flagged" is a valid example the page does not already show as "Use instead" or as the
+    fixed example."""
+    import re
+
+    from oom_lsp.analysis.registry import all_rules
+
+    for code, rule in all_rules().items():
+        blocks = [block.strip() for block in re.findall(r"```python\n(.*?)```", rule.docs(), re.DOTALL)]
+        assert len(blocks) == len(set(blocks)), f"{code} shows an example twice"

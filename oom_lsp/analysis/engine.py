@@ -63,7 +63,7 @@ def analyze(
         try:
             parsed = parse(source)
         except cst.ParserSyntaxError as error:
-            return _syntax_error(error, settings)
+            return _syntax_error(error, source, settings)
         except RecursionError:
             return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
         findings = _run_rules(parsed, source, settings, path, cell_statements)
@@ -108,8 +108,30 @@ def _libcst_parses(source: str, parse: Callable[[str], ParsedSource]) -> bool:
     return True
 
 
-def _syntax_error(error: cst.ParserSyntaxError, settings: LintSettings) -> list[Finding]:
-    message = error.message.rstrip(".")
+_MOST_CODES_LISTED = 3
+
+
+def _listed(entries: list[str]) -> str:
+    """`OOM101, OOM102, OOM201 and 4 more`: the message stays one short line."""
+    if len(entries) <= _MOST_CODES_LISTED:
+        return ", ".join(entries)
+    return f"{', '.join(entries[:_MOST_CODES_LISTED])} and {len(entries) - _MOST_CODES_LISTED} more"
+
+
+_PARSER_PREFIX_RE = re.compile(r"^parser error: error at \d+:\d+: ")
+# libcst lists every token it expected; past a few, CPython's word for it reads better.
+_MOST_EXPECTED_SHOWN = 5
+
+
+def _syntax_error(error: cst.ParserSyntaxError, source: str, settings: LintSettings) -> list[Finding]:
+    """At libcst's position, with CPython's message when it reports the same line (users know
+    those: "expected ':'", "'(' was never closed"), else libcst's without its position."""
+    message = _PARSER_PREFIX_RE.sub("", error.message.rstrip("."))
+    python = _compile_error(source)
+    if python is not None and python[0] == error.raw_line:
+        message = python[2]
+    elif message.startswith("expected one of") and message.count(",") >= _MOST_EXPECTED_SHOWN:
+        message = "invalid syntax"
     return _syntax_error_at(error.raw_line, error.raw_column, message, settings)
 
 
@@ -379,12 +401,16 @@ def _unused_suppressions(suppressions: list[Suppression], settings: LintSettings
                 unused.append((entry, "suppresses nothing"))
         if not unused:
             continue
-        described = ", ".join(f"{entry} ({why})" for entry, why in unused)
+        # One group per reason: a comment with several stale codes still reads in one short line.
+        grouped: dict[str, list[str]] = {}
+        for entry, why in unused:
+            grouped.setdefault(why, []).append(entry)
+        described = "; ".join(f"{_listed(entries)} ({why})" for why, entries in grouped.items())
         findings.append(
             Finding(
                 code=meta.code,
                 name=meta.name,
-                message=f"Unused suppression: {described}. Remove it so it cannot hide a future finding.",
+                message=f"Unused suppression: {described}",
                 range=suppression.comment_range,
                 severity=settings.severity_of(meta.code, meta.default_severity),
                 fix=_remove_codes_fix(suppression, {entry for entry, _ in unused}),

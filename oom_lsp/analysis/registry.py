@@ -30,6 +30,8 @@ class MetaRule:
     name: str
     summary: str
     doc: str
+    why: str
+    remedy: str
     default_severity: Severity
     default_enabled: bool
     fix_applicability: Applicability | None = None
@@ -51,6 +53,8 @@ with its message. The other files are still checked.
 No memory rule can run on code that does not parse; fixing the syntax error
 lets oom-lsp check the file again.
 """,
+    why="No rule can check code that does not parse; the file is checked again as soon as it does.",
+    remedy="Fix the syntax error.",
     default_severity=Severity.ERROR,
     default_enabled=True,
 )
@@ -82,6 +86,8 @@ does not know. Keep them with:
 external = ["OOM"]
 ```
 """,
+    why="A stale suppression hides the next real finding on its line.",
+    remedy="Remove the codes that suppress nothing.",
     default_severity=Severity.WARNING,
     default_enabled=False,
     fix_applicability=Applicability.SAFE,
@@ -116,6 +122,9 @@ fits)"), or that batch with gradient accumulation to keep the effective batch
 ("Use gradient accumulation (N x k)", which sets the micro-batch and adds a
 `GRADIENT_ACCUMULATION_STEPS` constant for the training loop to use).
 """,
+    why="An estimate of the step (fake tensors, no GPU) needs more memory than the GPU has: the run would stop "
+    "with torch.OutOfMemoryError in its first steps.",
+    remedy="The largest batch that fits, with gradient accumulation to keep the effective batch.",
     default_severity=Severity.ERROR,
     default_enabled=True,
 )

@@ -1,12 +1,17 @@
 """What a rule is: a batched libcst visitor that carries its own docs and tests.
 
 A rule subclasses `Rule`, sets its class attributes (code, kebab-case name, a
-one-line summary, its default severity, whether and how safely it fixes) and
-lists `VALID` and `INVALID` examples. The examples are its unit tests
+one-line summary, one or two sentences of why and the remedy for the editor's
+hover, its default severity, whether and how safely it fixes) and lists
+`VALID` and `INVALID` examples. The examples are its unit tests
 (`tests/analysis/test_rule_examples.py` generates them) and its documentation
 (`oom-lsp rule CODE`, hover in the editor). Its docstring has the sections of
 Ruff's rule docs: "What it does", "Why is this bad?" (what grows in memory),
 "Example", "Use instead", and "Fix safety" when it fixes.
+
+A finding's message says what is wrong in one short sentence (under 120
+characters, plain text: editors show it without Markdown and cut it near 100);
+the fix is the code action's title, the why is in the hover and the docs.
 
 A rule reports a node; it never computes positions. The engine turns reported
 nodes into ranges and edits afterwards, only for files that have findings.
@@ -76,10 +81,26 @@ class Report:
     statement_path: tuple[cst.CSTNode, ...] = ()
 
 
+MESSAGE_LIMIT = 120
+_SHOWN_CODE_LIMIT = 32
+
+
+def short_code(code: str, limit: int = _SHOWN_CODE_LIMIT) -> str:
+    """Source code quoted in a message: its first line, cut to `limit` characters."""
+    first = code.strip().split("\n", 1)[0]
+    if len(first) <= limit and first == code.strip():
+        return first
+    return first[: limit - 3].rstrip() + "..."
+
+
 class Rule(cst.BatchableCSTVisitor):
     code: ClassVar[str]
     name: ClassVar[str]
     summary: ClassVar[str]
+    # The hover's short version of the docs: why it costs memory (one or two
+    # sentences) and what to do instead where no quick fix applies (one line).
+    why: ClassVar[str]
+    remedy: ClassVar[str]
     default_severity: ClassVar[Severity] = Severity.WARNING
     # None: the rule never fixes. Otherwise the safety of its fix.
     fix_applicability: ClassVar[Applicability | None] = None
@@ -96,8 +117,8 @@ class Rule(cst.BatchableCSTVisitor):
         self.context = context
 
     def report(self, node: cst.CSTNode, message: str, *, fix: FixSpec | None = None) -> None:
-        """Report `node`; the message is one sentence on what grows and why,
-        then one on the fix (RULES.md)."""
+        """Report `node`; the message is one short plain-text sentence on what
+        is wrong (the fix is in the fix's title, the why in `why`)."""
         self.context.add_report(
             Report(
                 rule=type(self),
@@ -129,10 +150,32 @@ class Rule(cst.BatchableCSTVisitor):
             if cls.INVALID[0].expected_fix is not None:
                 fixed = textwrap.dedent(cls.INVALID[0].expected_fix).strip("\n")
                 parts.append("## After the fix\n\n```python\n" + fixed + "\n```")
-        if cls.VALID:
-            example = textwrap.dedent(cls.VALID[0].code).strip("\n")
-            parts.append("## Not flagged\n\n```python\n" + example + "\n```")
+        # The first valid example that the page does not already show (the
+        # docstring's "Use instead" or the fixed example is often VALID[0] itself).
+        shown = _code_blocks(body)
+        if cls.INVALID and cls.INVALID[0].expected_fix is not None:
+            shown.add(textwrap.dedent(cls.INVALID[0].expected_fix).strip())
+        for valid in cls.VALID:
+            example = textwrap.dedent(valid.code).strip("\n")
+            if example.strip() not in shown:
+                parts.append("## Not flagged\n\n```python\n" + example + "\n```")
+                break
         return "\n\n".join(part for part in parts if part) + "\n"
+
+
+def _code_blocks(markdown: str) -> set[str]:
+    """The contents of the fenced code blocks of a docstring, stripped."""
+    blocks, current = set(), None
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current = []
+            else:
+                blocks.add(textwrap.dedent("\n".join(current)).strip())
+                current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
 
 
 def deferred_report(

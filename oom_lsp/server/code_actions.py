@@ -22,7 +22,6 @@ from lsprotocol import types
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import Finding
-from oom_lsp.analysis.autofix import fix_source
 from oom_lsp.edits import TextEdit
 from oom_lsp.fixes.suppress import ignore_for_line
 from oom_lsp.server.diagnostics import SOURCE
@@ -223,6 +222,8 @@ async def on_code_action_resolve(ls: OomLanguageServer, action: types.CodeAction
 async def _fix_all(
     ls: OomLanguageServer, document: TextDocument, converter: PositionConverter
 ) -> types.CodeAction | None:
+    from oom_lsp.analysis.autofix import fix_source  # libcst: not needed before the first fix-all
+
     await ls.settings_ready.wait()
     source, version = document.source, document.version
     settings = ls.settings_for_uri(document.uri)

@@ -24,7 +24,7 @@ from pygls.exceptions import JsonRpcInvalidParams
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
-from oom_lsp.analysis import LintSettings, Severity, analyze
+from oom_lsp.analysis import LintSettings, Severity
 from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
 from oom_lsp.edits import Position, Range
 from oom_lsp.estimate.estimator import (
@@ -101,6 +101,8 @@ def find_batch_literal(
     (argparse defaults, DataLoader/config keywords, the constants feeding
     them), on a line the estimate reported as a batch knob, else one whose
     value is the estimated batch size. None when neither exists."""
+    from oom_lsp.analysis import analyze  # libcst, loaded by the analysis worker at start
+
     settings = LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=1)
     lines = split_lines(source)
     candidates = []
@@ -379,6 +381,19 @@ def _show_estimate(
         ls.workspace_inlay_hint_refresh(None)
 
 
+def predicted_oom_message(
+    peak_bytes: int, batch_size: int | None, gpu_memory: int, gpu_name: str, fitting: int | None
+) -> str:
+    """OOM100's message: one line, under the editors' width (the GPU named without its vendor,
+    a GPU given by its memory alone not named twice)."""
+    name = gpu_name.removeprefix("NVIDIA ").removeprefix("GeForce ")
+    target = short_size(gpu_memory) + ("" if name.startswith("GPU with ") else f" {name}")
+    message = f"Predicted out of memory: ≈ {short_size(peak_bytes)} at batch {batch_size} > {target}"
+    if fitting == 0:
+        return message + "; batch size 1 does not fit either"
+    return message + (f"; largest that fits: {fitting}" if fitting else "")
+
+
 def literal_dict(literal: BatchLiteral) -> dict[str, int]:
     return {
         "line": literal.line,
@@ -404,18 +419,15 @@ def _oom100(
 ) -> types.Diagnostic:
     gpu = details["gpu"]
     fitting = details["maxBatch"]
-    advice = f"; the largest batch that fits is {fitting}" if fitting else ""
-    if fitting == 0:
-        advice = "; even batch size 1 does not fit: the model's states alone exceed it"
     return types.Diagnostic(
         range=literal_range(ls, document.source, literal_dict(literal)),
         severity=_SEVERITIES[settings.severity_of(OOM100, PREDICTED_OUT_OF_MEMORY.default_severity)],
         code=OOM100,
         code_description=types.CodeDescription(href=rule_url(OOM100, PREDICTED_OUT_OF_MEMORY.name)),
         source=SOURCE,
-        message=f"Predicted out of memory: a training step needs ≈ {short_size(details['peakBytes'])} at batch "
-        f"size {details['batchSize']}, more than the {short_size(gpu['memory'])} of {gpu['name']}"
-        f" (CUDA context included){advice}.",
+        message=predicted_oom_message(
+            details["peakBytes"], details["batchSize"], gpu["memory"], gpu["name"], fitting
+        ),
         # Not "version": the analysis's quick fixes read diagnostics with that key as theirs.
         data={
             "kind": "estimate",

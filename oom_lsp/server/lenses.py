@@ -20,7 +20,6 @@ import re
 
 from lsprotocol import types
 
-from oom_lsp.fixes.instrument import find_training_loops
 from oom_lsp.server.estimate import ESTIMATE_COMMAND, literal_range
 from oom_lsp.server.positions import split_lines
 from oom_lsp.server.profiling import PROFILE_COMMAND, current_results
@@ -33,6 +32,8 @@ LENS_TITLES = {ESTIMATE_COMMAND: "Estimate peak memory", PROFILE_COMMAND: "Profi
 def lens_lines(source: str) -> list[int]:
     """0-based lines that get the lenses: the main guard (at module level)
     and the outermost training loops."""
+    from oom_lsp.fixes.instrument import find_training_loops  # libcst, loaded by the analysis worker at start
+
     lines = {index for index, text in enumerate(split_lines(source)) if _MAIN_GUARD.match(text)}
     loops = find_training_loops(source)
     for loop in loops:

@@ -40,6 +40,8 @@ REPORT_KIND = "oom-report"
 MONITOR_TITLE = "oom-lsp: Insert memory monitoring"
 GUARD_TITLE = "oom-lsp: Guard with oom_guard"
 BATCH_RULE = "OOM101"
+# An explicit `only` naming these asks for the rewrites (VS Code's Refactor... menu).
+_REWRITE_KINDS = (types.CodeActionKind.Refactor, types.CodeActionKind.RefactorRewrite)
 
 
 @attrs.define
@@ -193,7 +195,10 @@ async def list_actions(
             ):
                 actions.extend(await _report_actions(ls, document, diagnostic, data))
     if code_actions.kind_wanted(only, types.CodeActionKind.RefactorRewrite):
-        actions.extend(await _instrument_actions(ls, document, params.range))
+        asked = params.context.trigger_kind != types.CodeActionTriggerKind.Automatic or (
+            only is not None and any(kind in _REWRITE_KINDS for kind in only)
+        )
+        actions.extend(await _instrument_actions(ls, document, params.range, headers_only=not asked))
     return actions
 
 
@@ -264,8 +269,12 @@ async def _instrumentable(ls: OomLanguageServer, document: TextDocument) -> _Ins
 
 
 async def _instrument_actions(
-    ls: OomLanguageServer, document: TextDocument, selected: types.Range
+    ls: OomLanguageServer, document: TextDocument, selected: types.Range, headers_only: bool
 ) -> list[types.CodeAction]:
+    """The rewrites for the targets under the selection; with `headers_only`
+    (an automatic request, which a client sends on every cursor move), only
+    for a target whose first line (a loop's header) is selected, so that no
+    light bulb shows on the body's lines, where nothing is wrong."""
     from oom_lsp.fixes.instrument import guard_with_oom_guard, insert_memory_monitoring
 
     found = await _instrumentable(ls, document)
@@ -278,6 +287,8 @@ async def _instrument_actions(
     ):
         # The innermost target under the selection, as the edit builders choose it.
         hits = [target for target in targets if target.line <= last and first <= target.end_line]
+        if headers_only:
+            hits = [target for target in hits if first <= target.line]
         if not hits:
             continue
         line = max(first, min(hit.line for hit in hits))

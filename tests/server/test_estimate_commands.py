@@ -14,6 +14,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
+from oom_lsp.analysis.rule import MESSAGE_LIMIT
 from oom_lsp.config import ConfigError, parse_config_table
 from oom_lsp.estimate.gpus import UnknownGpuError, find_gpu
 from tests import console
@@ -105,7 +106,8 @@ async def test_estimate_over_the_gpu(client: LanguageClient):
         literal,
         literal + 2,
     )
-    assert "largest batch that fits is 49" in oom100.message
+    assert "largest that fits: 49" in oom100.message
+    assert len(oom100.message) < MESSAGE_LIMIT, oom100.message
     (oom101,) = [d for d in found if d.code == "OOM101"]
     assert "limit of 49" in oom101.message  # the estimate's largest batch, not 32
 

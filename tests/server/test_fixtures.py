@@ -14,6 +14,7 @@ from pytest_lsp import LanguageClient
 
 from oom_lsp.analysis import analyze, default_settings
 from oom_lsp.analysis.autofix import FixResult, fix_source
+from oom_lsp.analysis.rule import MESSAGE_LIMIT
 from oom_lsp.server.positions import PositionConverter
 from tests.server.lsp_session import (
     CONFIG,
@@ -62,6 +63,8 @@ async def test_fixture_diagnostics_and_fix_all(client: LanguageClient, fixture: 
     assert [(str(d.code), d.range, d.message) for d in diagnostics] == [
         (finding.code, converter.range_to_lsp(finding.range), finding.message) for finding in findings
     ]
+    # What the Problems panel and Neovim's virtual text show whole (tests/analysis/test_messages.py).
+    assert [d.message for d in diagnostics if len(d.message) >= MESSAGE_LIMIT] == []
     actions = await client.text_document_code_action_async(
         types.CodeActionParams(
             text_document=types.TextDocumentIdentifier(uri=uri),

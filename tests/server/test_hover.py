@@ -1,4 +1,5 @@
-"""Hover: the rule's docs on a diagnostic and on a code in a suppression comment."""
+"""Hover: a short summary of the rule (the message, why, the fix, a link to the full page) on a
+diagnostic and on a code in a suppression comment, in the markup the client asks for."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import itertools
 
 import pytest
 import pytest_asyncio
+import pytest_lsp
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
-from tests.server.lsp_session import diagnostics_for, open_document
+from oom_lsp.output import rule_url
+from tests.server.lsp_session import CONFIG, diagnostics_for, open_document, start_session
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -42,12 +45,30 @@ async def document(client: LanguageClient) -> str:
     return uri
 
 
-async def test_hover_on_a_diagnostic_shows_the_rule_docs(client: LanguageClient, document: str):
+MAX_HOVER_LINES = 15
+URL = rule_url("OOM501", "torch-load-without-map-location")
+
+
+async def test_hover_on_a_diagnostic_summarises_the_rule(client: LanguageClient, document: str):
     hover = await _hover(client, document, 2, 14)
     assert hover is not None
+    # Every client here lists markdown first in its hover contentFormat.
     assert hover.contents.kind == types.MarkupKind.Markdown
-    assert hover.contents.value.startswith("# torch-load-without-map-location (OOM501)")
-    assert "## Why is this bad?" in hover.contents.value
+    text = hover.contents.value
+    lines = text.splitlines()
+    assert len(lines) < MAX_HOVER_LINES, text
+    # The message, one or two lines of why, the quick fix by its title, a link to the full page.
+    assert (
+        lines[0]
+        == "**OOM501** torch.load without map_location restores tensors onto the device they were saved from"
+    )
+    assert "the GPU they were saved from" in text
+    assert 'Quick fix: Pass `map_location="cpu"` (safe)' in text
+    assert f"[torch-load-without-map-location (OOM501)]({URL})" in text
+    assert "`oom-lsp rule OOM501`" in text
+    # Not the rule page: no headings, no examples.
+    assert not [line for line in lines if line.startswith("#")]
+    assert "```" not in text
     assert hover.range == types.Range(
         start=types.Position(line=2, character=8), end=types.Position(line=2, character=29)
     )
@@ -57,6 +78,12 @@ async def test_hover_on_codes_inside_suppression_comments(client: LanguageClient
     line_3 = TEXT.splitlines()[3]
     by_name = await _hover(client, document, 3, line_3.index("torch-load-without") + 3)
     assert by_name is not None and "(OOM501)" in by_name.contents.value
+    assert len(by_name.contents.value.splitlines()) < MAX_HOVER_LINES
+    # No finding there: the rule's summary and its remedy.
+    assert by_name.contents.value.startswith(
+        "**OOM501** torch.load without map_location restores a GPU checkpoint"
+    )
+    assert 'Fix: Pass map_location="cpu" and move what you need.' in by_name.contents.value
     by_code = await _hover(client, document, 4, TEXT.splitlines()[4].index("OOM501") + 2)
     assert by_code is not None and "(OOM501)" in by_code.contents.value
     start = TEXT.splitlines()[4].index("OOM501")
@@ -70,3 +97,45 @@ async def test_no_hover_elsewhere(client: LanguageClient, document: str):
     # Another linter's code in a shared noqa is not ours.
     assert await _hover(client, document, 4, TEXT.splitlines()[4].index("E501") + 1) is None
     assert await _hover(client, document, 40, 0) is None
+
+
+def _plain_text_only(params: types.InitializeParams) -> None:
+    params.capabilities.text_document.hover = types.HoverClientCapabilities(
+        content_format=[types.MarkupKind.PlainText]
+    )
+
+
+@pytest_lsp.fixture(scope="module", config=CONFIG)
+async def plain_client(lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory):
+    """Neovim 0.7.2's capabilities, with a hover that renders plain text only."""
+    root = tmp_path_factory.mktemp("plain")
+    lsp_client.root = root
+    await start_session(
+        lsp_client,
+        "neovim-0.7.2",
+        root,
+        initialization_options={"settings": {"debounceMs": 0}},
+        adjust=_plain_text_only,
+    )
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def test_plain_text_hover_for_a_client_without_markdown(plain_client: LanguageClient):
+    uri = (plain_client.root / "plain.py").as_uri()
+    since = len(plain_client.published)
+    open_document(plain_client, uri, TEXT)
+    await diagnostics_for(plain_client, uri, 1, since)
+    hover = await _hover(plain_client, uri, 2, 14)
+    assert hover is not None
+    assert hover.contents.kind == types.MarkupKind.PlainText
+    text = hover.contents.value
+    assert len(text.splitlines()) < MAX_HOVER_LINES, text
+    assert text.startswith(
+        "OOM501 torch.load without map_location restores tensors onto the device they were saved from\n"
+    )
+    assert 'Quick fix: Pass map_location="cpu" (safe)' in text
+    assert URL in text
+    # Nothing that only Markdown would render.
+    for markup in ("`", "**", "](", "\\_", "#"):
+        assert markup not in text.replace(URL, ""), markup

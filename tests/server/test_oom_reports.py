@@ -142,13 +142,18 @@ def _encoding(client: LanguageClient) -> str:
 
 
 async def _actions(
-    client: LanguageClient, uri: str, selected: types.Range, diagnostics: list[types.Diagnostic]
+    client: LanguageClient,
+    uri: str,
+    selected: types.Range,
+    diagnostics: list[types.Diagnostic],
+    trigger: types.CodeActionTriggerKind | None = None,
+    only: list[str] | None = None,
 ) -> list[types.CodeAction]:
     result = await client.text_document_code_action_async(
         types.CodeActionParams(
             text_document=types.TextDocumentIdentifier(uri=uri),
             range=selected,
-            context=types.CodeActionContext(diagnostics=diagnostics),
+            context=types.CodeActionContext(diagnostics=diagnostics, trigger_kind=trigger, only=only),
         )
     )
     return list(result or [])
@@ -289,6 +294,40 @@ async def test_instrument_actions_apply(client: LanguageClient):
         )
     )
     assert not [a for a in only_quick_fixes or [] if "memory monitoring" in a.title]
+
+
+async def test_instrument_actions_wait_to_be_asked_off_the_header_line(client: LanguageClient):
+    """VS Code asks for code actions on every cursor move (triggerKind Automatic): the rewrites
+    answer those only on the header line of what they rewrite, so the body of a training loop,
+    where nothing is wrong, shows no light bulb. Asked (Ctrl+., Refactor...), they are offered
+    anywhere in the loop."""
+    uri = (client.root / f"unguarded{next(_names)}.py").as_uri()
+    since = len(client.published)
+    open_document(client, uri, UNGUARDED)
+    await diagnostics_for(client, uri, 1, since)
+    automatic, invoked = types.CodeActionTriggerKind.Automatic, types.CodeActionTriggerKind.Invoked
+    body_line = LOOP_LINE + 2  # loss.backward()
+
+    def titles(actions: list[types.CodeAction]) -> list[str]:
+        return [action.title for action in actions]
+
+    assert await _actions(client, uri, _line(body_line), [], automatic) == []
+    assert await _actions(client, uri, _line(CALL_LINE - 1), [], automatic) == []
+    assert titles(await _actions(client, uri, _line(LOOP_LINE), [], automatic)) == [
+        "oom-lsp: Insert memory monitoring"
+    ]
+    assert titles(await _actions(client, uri, _line(CALL_LINE), [], automatic)) == [
+        "oom-lsp: Guard with oom_guard"
+    ]
+    assert titles(await _actions(client, uri, _line(body_line), [], invoked)) == [
+        "oom-lsp: Insert memory monitoring"
+    ]
+    # VS Code's Refactor... menu names the kind: an explicit request, whatever the trigger.
+    for only in (["refactor"], ["refactor.rewrite"]):
+        asked = await _actions(client, uri, _line(body_line), [], automatic, only=only)
+        assert titles(asked) == ["oom-lsp: Insert memory monitoring"], only
+    # A client older than LSP 3.17 sends no triggerKind: it asks when the user does (Neovim 0.7).
+    assert titles(await _actions(client, uri, _line(body_line), [])) == ["oom-lsp: Insert memory monitoring"]
 
 
 async def _until(condition) -> None:

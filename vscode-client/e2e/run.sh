@@ -7,6 +7,7 @@
 # Environment:
 #   OOM_E2E_CACHE      the install cache (default /tmp/oom-e2e-cache; reused when complete)
 #   OOM_E2E_ARTIFACTS  screenshots, logs (default vscode-client/e2e/.work)
+#   OOM_E2E_README_SHOTS  where the README's screenshots are written (default docs/images/editor)
 #   OOM_E2E_PYTHON     the Python with oom-lsp installed (default .venv/bin/python)
 #   OOM_E2E_PORT       code-server's port on 127.0.0.1 (default 18080)
 # Exit status 0 when every check passed.
@@ -19,6 +20,7 @@ export OOM_E2E_CACHE="${OOM_E2E_CACHE:-/tmp/oom-e2e-cache}"
 ARTIFACTS="${OOM_E2E_ARTIFACTS:-$HERE/.work}"
 PYTHON="${OOM_E2E_PYTHON:-$REPO/.venv/bin/python}"
 PORT="${OOM_E2E_PORT:-18080}"
+README_SHOTS="${OOM_E2E_README_SHOTS:-$REPO/docs/images/editor}"
 
 "$HERE/install.sh"
 NODE24="$OOM_E2E_CACHE/node24/node_modules/node/bin/node"
@@ -34,8 +36,11 @@ rm -rf "$ARTIFACTS"
 STATE="$ARTIFACTS/state"
 WORKSPACE="$ARTIFACTS/workspace"
 SCREENSHOTS="$ARTIFACTS/screenshots"
-mkdir -p "$STATE/data/User" "$STATE/extensions" "$SCREENSHOTS" "$WORKSPACE/.vscode"
-cp "$HERE/workspace/train.py" "$HERE/workspace/mlp.py" "$HERE/workspace/resume.ipynb" "$WORKSPACE/"
+mkdir -p "$STATE/data/User" "$STATE/extensions" "$SCREENSHOTS" "$WORKSPACE/.vscode" "$WORKSPACE/fixtures" "$README_SHOTS"
+cp "$HERE/workspace/train.py" "$HERE/workspace/mlp.py" "$HERE/workspace/classifier.py" \
+  "$HERE/workspace/resume.ipynb" "$WORKSPACE/"
+# The risky training scripts: every rule the fixtures trigger, whose messages must fit the Problems panel.
+cp "$REPO"/fixtures/*_risky.py "$WORKSPACE/fixtures/"
 cp "$HERE/user-settings.json" "$STATE/data/User/settings.json"
 # A CUDA OOM in train.py line 6, as a training run's log would show it.
 cat > "$WORKSPACE/oom.log" <<EOF
@@ -85,6 +90,7 @@ status=0
 OOM_E2E_URL="http://127.0.0.1:$PORT/?folder=$WORKSPACE" \
 OOM_E2E_WORKSPACE="$WORKSPACE" \
 OOM_E2E_SCREENSHOTS="$SCREENSHOTS" \
+OOM_E2E_README_SHOTS="$README_SHOTS" \
 OOM_E2E_SERVER_COMMANDS="$SERVER_COMMANDS" \
 OOM_E2E_PLAYWRIGHT="$OOM_E2E_CACHE/playwright/node_modules/playwright-core" \
   "$NODE24" "$HERE/ui.mjs" || status=$?

@@ -1,14 +1,19 @@
 // Drives code-server (VS Code 1.139.1 in the browser) with Debian's Chromium, as
-// a user would: the Problems panel lists oom-lsp's diagnostics, a quick fix picked
-// from the light-bulb menu changes the file on disk, and fix-all on save
-// (`source.fixAll.oom-lsp` in editor.codeActionsOnSave) fixes a new risky line, and
-// a notebook's cell gets its diagnostic and quick fix in the notebook editor.
+// a user would: the Problems panel lists oom-lsp's diagnostics, the hover on one is
+// a short summary, a quick fix picked from the light-bulb menu changes the file on
+// disk, fix-all on save (`source.fixAll.oom-lsp` in editor.codeActionsOnSave) fixes
+// a new risky line, every message on the risky fixtures fits the panel, no light
+// bulb shows on a clean line of a training loop, and OOM201's autocast fix lowers
+// the estimated peak ("Validate last fix"); a notebook's cell gets its diagnostic and
+// quick fix in the notebook editor.
 // A screenshot of each step goes to $OOM_E2E_SCREENSHOTS; any failed check exits 1.
+// The Problems panel, the hover and the light-bulb menu are also written, cropped,
+// to $OOM_E2E_README_SHOTS (the README's editor section shows them).
 //
 // Environment: OOM_E2E_URL (code-server with ?folder=...), OOM_E2E_WORKSPACE (the
-// folder on disk), OOM_E2E_SCREENSHOTS, OOM_E2E_PLAYWRIGHT (playwright-core's
-// folder), OOM_E2E_CHROMIUM (default /usr/bin/chromium).
-import { promises as fs, readFileSync } from "node:fs";
+// folder on disk), OOM_E2E_SCREENSHOTS, OOM_E2E_README_SHOTS, OOM_E2E_PLAYWRIGHT
+// (playwright-core's folder), OOM_E2E_CHROMIUM (default /usr/bin/chromium).
+import { promises as fs, readdirSync, readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import * as path from "node:path";
 
@@ -19,7 +24,12 @@ const url = process.env.OOM_E2E_URL;
 const workspace = process.env.OOM_E2E_WORKSPACE;
 const screenshots = process.env.OOM_E2E_SCREENSHOTS;
 const trainPy = path.join(workspace, "train.py");
+const classifierPy = path.join(workspace, "classifier.py");
+const readmeShots = process.env.OOM_E2E_README_SHOTS;
 const SLOW = 90_000; // the first diagnostics wait for the server to start on a busy machine
+const ESTIMATE = 240_000; // an estimate runs the script on fake tensors in a subprocess
+const MESSAGE_LIMIT = 120;
+const HOVER_LINES = 15;
 
 let step = 0;
 async function shot(page, name) {
@@ -29,17 +39,84 @@ async function shot(page, name) {
   console.log(`screenshot: ${file}`);
 }
 
-async function waitForFile(predicate, what, timeoutMs = 20_000) {
+// A cropped screenshot around some elements, for the README.
+async function readmeShot(page, name, locators, margin = 32) {
+  const boxes = [];
+  for (const locator of locators) {
+    const box = await locator.boundingBox();
+    if (box) boxes.push(box);
+  }
+  if (!boxes.length) throw new Error(`nothing to photograph for ${name}`);
+  const viewport = page.viewportSize();
+  const left = Math.max(0, Math.min(...boxes.map((b) => b.x)) - margin);
+  const top = Math.max(0, Math.min(...boxes.map((b) => b.y)) - margin);
+  const right = Math.min(viewport.width, Math.max(...boxes.map((b) => b.x + b.width)) + margin);
+  const bottom = Math.min(viewport.height, Math.max(...boxes.map((b) => b.y + b.height)) + margin);
+  const file = path.join(readmeShots, `${name}.png`);
+  await page.screenshot({ path: file, clip: { x: left, y: top, width: right - left, height: bottom - top } });
+  console.log(`readme screenshot: ${file}`);
+}
+
+async function runCommand(page, title) {
+  await page.keyboard.press("F1");
+  await page.keyboard.type(title);
+  await page.locator(".quick-input-widget .monaco-list-row", { hasText: title.replace(/^.*?: /, "") }).first().waitFor({ timeout: 10_000 });
+  await page.keyboard.press("Enter");
+}
+
+async function openFile(page, relative, marker) {
+  await page.keyboard.press("Control+P");
+  await page.keyboard.type(relative);
+  // Enter opens the selected row: wait until the list has caught up with what was typed.
+  await page
+    .locator(".quick-input-widget .monaco-list-row.focused", { hasText: path.basename(relative) })
+    .first()
+    .waitFor({ timeout: 15_000 });
+  await page.keyboard.press("Enter");
+  await page.locator(".tabs-container .tab.active", { hasText: path.basename(relative) }).waitFor({ timeout: 15_000 });
+  if (marker) {
+    await page.locator(".editor-group-container .view-line", { hasText: marker }).first().waitFor({ timeout: 15_000 });
+  }
+}
+
+// The Problems panel, shown (Ctrl+Shift+M hides it when it is already there).
+async function showProblems(page) {
+  const panel = page.locator(".part.panel .markers-panel").first();
+  if (!(await panel.isVisible())) {
+    await page.keyboard.press("Control+Shift+M");
+  }
+  await panel.waitFor({ state: "visible", timeout: 10_000 });
+}
+
+function lineOf(file, text) {
+  const index = readFileSync(file, "utf8").split("\n").findIndex((line) => line.trim() === text);
+  if (index < 0) throw new Error(`no line ${text} in ${file}`);
+  return index + 1;
+}
+
+// Visible light bulbs in the editor (the widget, or the glyph in the margin).
+async function lightBulbs(page) {
+  const bulbs = page.locator(
+    '.editor-group-container .lightBulbWidget, .editor-group-container [class*="codicon-lightbulb"], .editor-group-container .codicon-light-bulb',
+  );
+  let visible = 0;
+  for (let index = 0; index < (await bulbs.count()); index += 1) {
+    if (await bulbs.nth(index).isVisible()) visible += 1;
+  }
+  return visible;
+}
+
+async function waitForFile(predicate, what, timeoutMs = 20_000, file = trainPy) {
   const deadline = Date.now() + timeoutMs;
   let text = "";
   while (Date.now() < deadline) {
-    text = readFileSync(trainPy, "utf8");
+    text = readFileSync(file, "utf8");
     if (predicate(text)) {
       return text;
     }
     await new Promise((resolve) => setTimeout(resolve, 250));
   }
-  throw new Error(`${what}: train.py on disk is still\n${text}`);
+  throw new Error(`${what}: ${path.basename(file)} on disk is still\n${text}`);
 }
 
 function editor(page) {
@@ -120,6 +197,40 @@ try {
   }
   console.log(`problems: ${(await problems.allInnerTexts()).map((row) => row.replace(/\s+/g, " ")).join(" | ")}`);
   await shot(page, "problems");
+
+  // 1b. The hover on the diagnostic (Ctrl+K Ctrl+I): the message, why, the quick fix and a link
+  // to the rule's page, in a few lines; not the rule's page.
+  await page.keyboard.press("Escape");
+  await goToLine(page, "6:14");
+  await page.keyboard.press("Control+K");
+  await page.keyboard.press("Control+I");
+  const summary = page.locator(".monaco-hover .markdown-hover", { hasText: "Quick fix:" }).first();
+  await summary.waitFor({ timeout: 20_000 });
+  const summaryText = await summary.innerText();
+  const summaryLines = summaryText.split("\n").filter((line) => line.trim()).length;
+  for (const expected of [
+    "torch.load without map_location restores tensors onto the device they were saved from",
+    "the GPU they were saved from",
+    'Quick fix: Pass map_location="cpu"',
+    "torch-load-without-map-location (OOM501)",
+  ]) {
+    if (!summaryText.replace(/\s+/g, " ").includes(expected)) {
+      throw new Error(`the hover lacks "${expected}":\n${summaryText}`);
+    }
+  }
+  if (summaryLines >= HOVER_LINES || (await summary.locator("h1, h2, pre").count()) > 0) {
+    throw new Error(`the hover is not a short summary (${summaryLines} lines):\n${summaryText}`);
+  }
+  const ruleLink = await summary.locator("a", { hasText: "torch-load-without-map-location (OOM501)" }).getAttribute("data-href")
+    ?? (await summary.locator("a", { hasText: "torch-load-without-map-location (OOM501)" }).getAttribute("href"));
+  if (!ruleLink || !ruleLink.includes("docs/rules.md#torch-load-without-map-location-oom501")) {
+    throw new Error(`the hover's link does not lead to the rule's page: ${ruleLink}`);
+  }
+  console.log(`hover: ${summaryLines} lines: ${summaryText.replace(/\s+/g, " ")}`);
+  await shot(page, "hover");
+  if (readmeShots) {
+    await readmeShot(page, "hover", [page.locator(".monaco-hover").first(), page.locator(".editor-group-container .view-line", { hasText: "torch.load" }).first()]);
+  }
 
   // 2. The quick fix from the light-bulb menu (Ctrl+.) on the torch.load call.
   await page.keyboard.press("Escape");
@@ -258,7 +369,13 @@ try {
   await page.keyboard.press("Enter");
   const pathBox = page.locator(".quick-input-widget .quick-input-box input");
   await pathBox.waitFor({ timeout: 15_000 });
-  await pathBox.fill(path.join(workspace, "oom.log"));
+  // The dialog writes the folder into the box once it has listed it: fill until the path stays.
+  const logPath = path.join(workspace, "oom.log");
+  for (let attempt = 1; ; attempt += 1) {
+    await pathBox.fill(logPath);
+    await page.waitForTimeout(1_000);
+    if ((await pathBox.inputValue()) === logPath || attempt === 5) break;
+  }
   await page.keyboard.press("Enter");
   await page.locator(".editor-group-container .view-line", { hasText: "CUDA out-of-memory explained" }).first().waitFor({ timeout: 30_000 });
   await page.locator(".editor-group-container .view-line", { hasText: "Tried to allocate: 20 MiB" }).first().waitFor({ timeout: 5_000 });
@@ -314,7 +431,114 @@ try {
   await page.locator(".markers-panel .monaco-tl-contents", { hasText: "OOM501" }).waitFor({ state: "detached", timeout: 20_000 });
   await shot(page, "notebook-quick-fix-saved");
 
-  // 9. Pointing oomLsp.interpreter at a Python that does not exist restarts the
+  // 9. Every message on the risky fixtures fits the Problems panel: each file opened, the panel
+  // filtered to it, its rows read (the tree draws only the rows it shows).
+  const fixtureNames = readdirSync(path.join(workspace, "fixtures")).filter((name) => name.endsWith("_risky.py")).sort();
+  const filter = page.locator(".part.panel .viewpane-filter input").first();
+  let messages = 0;
+  let longest = "";
+  const codes = new Set();
+  const perFile = [];
+  for (const name of fixtureNames) {
+    await openFile(page, `fixtures/${name}`);
+    await showProblems(page);
+    await filter.fill(`**/fixtures/${name}`);
+    // The filter applies after a pause: until then the other files' rows are there too.
+    const files = page.locator('.markers-panel .monaco-list-row[aria-level="1"]');
+    const filterDeadline = Date.now() + SLOW;
+    while ((await files.count()) !== 1 || !(await files.first().innerText()).includes(name)) {
+      if (Date.now() > filterDeadline) {
+        throw new Error(`the Problems panel does not list ${name} alone: ${await files.allInnerTexts()}`);
+      }
+      await page.waitForTimeout(250);
+    }
+    const rows = (await page.locator('.markers-panel .monaco-list-row[aria-level="2"]').allInnerTexts())
+      .map((row) => row.replace(/\s+/g, " ").trim());
+    for (const row of rows) {
+      const parsed = /^(.*) oom-lsp\s*\(?(OOM\d{3})\)? \[Ln \d+, Col \d+\]$/.exec(row);
+      if (!parsed) throw new Error(`a Problems row of ${name} reads oddly: ${row}`);
+      const [, message, code] = parsed;
+      if (message.length >= MESSAGE_LIMIT) {
+        throw new Error(`${name}: ${message.length} characters: ${message}`);
+      }
+      messages += 1;
+      codes.add(code);
+      if (message.length > longest.length) longest = message;
+    }
+    perFile.push(`${name}=${rows.length}`);
+  }
+  await filter.fill("");
+  const allFiles = page.locator('.markers-panel .monaco-list-row[aria-level="1"]');
+  const clearedDeadline = Date.now() + 20_000;
+  while ((await allFiles.count()) < 2 && Date.now() < clearedDeadline) {
+    await page.waitForTimeout(250);
+  }
+  console.log(`fixtures: ${perFile.join(" ")}`);
+  console.log(`messages: ${messages} on ${fixtureNames.length} fixtures, longest ${longest.length} characters, codes ${[...codes].sort().join(",")}`);
+  await shot(page, "fixture-messages");
+  if (readmeShots) {
+    await readmeShot(page, "problems", [page.locator(".part.panel").first()], 0);
+  }
+
+  // 10. The classifier (float32, the batch moved with .cuda() in the loop, zero_grad, then the
+  // loss): estimated; no light bulb on a clean line of its loop; on the loop's header, the
+  // light-bulb menu's autocast fix, saved; "Validate last fix" shows the estimated peak dropped.
+  await page.keyboard.press("Escape");
+  await runCommand(page, "Notifications: Clear All Notifications");
+  // One editor group again (the OOM explanation opened beside): commands act on classifier.py.
+  await runCommand(page, "View: Close All Editor Groups");
+  await openFile(page, "classifier.py", "optimizer.step()");
+  await editor(page).click();
+  await runCommand(page, "oom-lsp: Estimate peak memory");
+  const classifierEstimate = page.locator(".notifications-toasts .notification-toast", { hasText: "Estimated peak" });
+  await classifierEstimate.waitFor({ timeout: ESTIMATE });
+  console.log(`classifier estimate: ${(await classifierEstimate.innerText()).replace(/\s+/g, " ")}`);
+  await runCommand(page, "Notifications: Clear All Notifications");
+  const cleanLine = lineOf(classifierPy, "optimizer.step()");
+  await goToLine(page, `${cleanLine}:9`);
+  await page.waitForTimeout(3_000); // VS Code asks for code actions shortly after the cursor stops
+  if ((await lightBulbs(page)) !== 0) {
+    throw new Error(`a light bulb shows on line ${cleanLine} (optimizer.step()), where nothing is wrong`);
+  }
+  await shot(page, "no-light-bulb-on-a-clean-line");
+  const header = lineOf(classifierPy, "for x, y in loader:");
+  await goToLine(page, `${header}:5`);
+  const bulbDeadline = Date.now() + 20_000;
+  while ((await lightBulbs(page)) === 0) {
+    if (Date.now() > bulbDeadline) throw new Error(`no light bulb on the loop's header (line ${header})`);
+    await page.waitForTimeout(250);
+  }
+  const autocastFix = await openQuickFixes(page, "(OOM201): Wrap the forward pass and the loss in");
+  await page.locator(".action-widget .monaco-list-row", { hasText: "Insert memory monitoring" }).first().waitFor({ timeout: 5_000 });
+  await shot(page, "light-bulb-menu");
+  if (readmeShots) {
+    await readmeShot(page, "light-bulb-menu", [
+      page.locator(".action-widget").first(),
+      page.locator(".editor-group-container .view-line", { hasText: "for x, y in loader" }).first(),
+    ]);
+  }
+  await autocastFix.click();
+  await page.keyboard.press("Control+S");
+  await waitForFile(
+    (text) => text.includes('        optimizer.zero_grad()\n        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):\n            loss = criterion(model(x), y)\n        loss.backward()\n'),
+    "the autocast fix",
+    20_000,
+    classifierPy,
+  );
+  await runCommand(page, "oom-lsp: Validate last fix");
+  // The server's message: "classifier.py: 120.39 MiB → 92.35 MiB, -28.04 MiB (-23.3%) (estimated)".
+  const validated = page.locator(".notifications-toasts .notification-toast", { hasText: "classifier.py: " });
+  await validated.waitFor({ timeout: ESTIMATE });
+  const validatedText = (await validated.innerText()).replace(/\s+/g, " ");
+  if (!/classifier\.py: [\d.]+ [KMG]iB → [\d.]+ [KMG]iB, -[\d.]+ [KMG]iB \(-[\d.]+%\) \(estimated\)/.test(validatedText)) {
+    throw new Error(`the estimated peak did not drop: ${validatedText}`);
+  }
+  console.log(`autocast: ${validatedText}`);
+  await page.waitForTimeout(700); // the toast fades in
+  await shot(page, "autocast-validated");
+  await runCommand(page, "Notifications: Clear All Notifications");
+
+  // 11. Pointing oomLsp.interpreter at a Python that does not exist restarts the
   // server and ends in one notification that says what to fix.
   const broken = JSON.parse(await fs.readFile(settingsFile, "utf8"));
   broken["oomLsp.interpreter"] = ["${workspaceFolder}/missing/bin/python"];

@@ -11,7 +11,7 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import FixSpec, Invalid, Valid
+from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
 from oom_lsp.analysis.rules._autograd import (
     ACCUMULATING,
     ADDITIVE,
@@ -74,6 +74,11 @@ class LossAccumulatedWithGraph(AutogradRule):
     summary = (
         "A graph-attached loss or output is accumulated across iterations, keeping every step's graph alive."
     )
+    why = (
+        "A graph-attached tensor holds its autograd graph: adding it up keeps the graph and activations "
+        "of every iteration alive."
+    )
+    remedy = "Accumulate loss.item() or loss.detach()."
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -445,9 +450,9 @@ class LossAccumulatedWithGraph(AutogradRule):
             callee = dotted_name(node.func) or "the function"
             self.report(
                 node,
-                f"`{callee}()` adds the graph-attached `{self.context.code_for(argument)}` into "
-                f"`{keep.container}`, which keeps the autograd graph of every iteration alive. Pass "
-                "`.detach()` (or `.item()`) instead.",
+                f"{short_code(callee)}() accumulates the graph-attached "
+                f"{short_code(self.context.code_for(argument), 24)} across iterations in "
+                f"{short_code(keep.container)}",
                 fix=FixSpec(
                     title="Pass `.detach()`",
                     edits=detach_fix.call_method(argument, "detach", self._indent(), self.context.module),
@@ -489,8 +494,7 @@ class LossAccumulatedWithGraph(AutogradRule):
         method = "item" if kind is Kind.GRAPH_SCALAR and self._stays_a_number(holder) else "detach"
         self.report(
             node,
-            f"`{holder}` accumulates a graph-attached tensor, so it keeps the autograd graph of every "
-            f"iteration alive. Accumulate `.{method}()` instead.",
+            f"{short_code(holder)} accumulates a graph-attached tensor across iterations",
             fix=FixSpec(
                 title=f"Accumulate `.{method}()`",
                 edits=detach_fix.call_method(operand, method, self._indent(), self.context.module),

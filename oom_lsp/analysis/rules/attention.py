@@ -181,6 +181,11 @@ class NaiveAttention(Rule):
     code = "OOM402"
     name = "naive-attention"
     summary = "Attention computed by hand materialises the full sequence x sequence score matrix."
+    why = (
+        "The score matrix grows with the square of the sequence length, and autograd keeps it and its "
+        "softmax until backward."
+    )
+    remedy = "Use torch.nn.functional.scaled_dot_product_attention, whose fused kernels never store it."
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -660,10 +665,7 @@ class NaiveAttention(Rule):
             return
         self.report(
             node,
-            "This softmax over `q @ k^T` materialises the whole sequence x sequence score matrix per "
-            "head, and autograd keeps it and its softmax until backward: memory grows with the square "
-            "of the sequence length. Use `torch.nn.functional.scaled_dot_product_attention`, whose "
-            "fused kernels never store it.",
+            "Attention by hand: softmax(q @ k^T) stores a sequence x sequence matrix per head",
             fix=self._fix(node, softmax.input) if softmax.input_and_dim_only else None,
         )
 

@@ -72,6 +72,8 @@ class TorchLoadWithoutMapLocation(Rule):
     code = "OOM501"
     name = "torch-load-without-map-location"
     summary = "`torch.load` without `map_location` restores a GPU checkpoint onto the GPU next to the model."
+    why = "The checkpoint's tensors come back onto the GPU they were saved from, next to the model's own copy."
+    remedy = 'Pass map_location="cpu" and move what you need.'
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -302,10 +304,7 @@ class TorchLoadWithoutMapLocation(Rule):
         weights_only = (
             whole and get_arg(node, "weights_only") is None and get_arg(node, "pickle_module", 2) is None
         )
-        message = (
-            "`torch.load` without `map_location` restores every tensor onto the device it was saved "
-            'from, next to the model\'s own copy. Pass `map_location="cpu"` and move what you need.'
-        )
+        message = "torch.load without map_location restores tensors onto the device they were saved from"
         fix = FixSpec(
             title='Pass `map_location="cpu"`' + (" and `weights_only=True`" if weights_only else ""),
             edits=add_map_location(node, weights_only=weights_only),

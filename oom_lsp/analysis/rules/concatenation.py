@@ -11,7 +11,7 @@ from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
+from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, short_code
 from oom_lsp.analysis.rules._scan import (
     SCOPES,
     descendants,
@@ -103,6 +103,11 @@ class CatInLoop(Rule):
     code = "OOM401"
     name = "cat-in-loop"
     summary = "A tensor grown with `torch.cat` at every batch is copied whole at every iteration."
+    why = (
+        "Each concatenation copies everything accumulated so far into a new tensor: the copies are "
+        "quadratic, and the old and new tensors are alive together."
+    )
+    remedy = "Append the pieces to a list and concatenate once after the loop."
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -461,18 +466,13 @@ class CatInLoop(Rule):
                 # already reads it whole, so the copy is not what costs, and a
                 # list would not do.
                 return
-        short = function.rsplit(".", 1)[-1]
-        growth = (
-            f"`{accumulator}` is grown with `{short}` inside a loop: every iteration copies everything "
-            "accumulated so far into a new tensor, so the copies are quadratic and the old and new "
-            "tensors are alive together."
-        )
         fix = None
         if position == 0 and len(elements) == 2 and isinstance(elements[1], cst.Element):
             fix = self._fix(node, call, loop, accumulator, function, elements[1].value, others)
         self.report(
             node,
-            f"{growth} Append the pieces to a list and `{short}` once after the loop.",
+            f"{short_code(accumulator)} is grown with {function.rsplit('.', 1)[-1]} inside a loop, "
+            "copying all of it at every iteration",
             fix=fix,
         )
 

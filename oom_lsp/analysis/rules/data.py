@@ -12,7 +12,7 @@ from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, int_value, is_false, 
 from oom_lsp.analysis.dataflow import is_backward_call
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, deferred_report
+from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, deferred_report, short_code
 from oom_lsp.analysis.rules._devices import file_uses_cuda, is_device_expression
 from oom_lsp.analysis.rules._scan import is_optimizer_like
 from oom_lsp.fixes.batch_size import lower_batch_size
@@ -140,6 +140,8 @@ class LargeBatchSize(Rule):
     code = "OOM101"
     name = "large-batch-size"
     summary = "A literal batch size above the configured limit reaches a DataLoader or a training config."
+    why = "Activation memory grows linearly with the batch size."
+    remedy = "Lower the batch size and accumulate gradients over several steps to keep the effective batch."
     fix_applicability = Applicability.UNSAFE
     # A batch size is a hyperparameter: whether it fits depends on the GPU,
     # the model and the input size, which one file rarely shows.
@@ -383,7 +385,7 @@ class LargeBatchSize(Rule):
                 return
             arg = get_arg(node, "batch_size", 1)
             if arg is not None and arg is not UNKNOWN:
-                self._check(arg.value, f"the `batch_size` of `{qualified.rsplit('.', 1)[-1]}`")
+                self._check(arg.value, f"the batch_size of {qualified.rsplit('.', 1)[-1]}")
             return
         called = method_call(node)
         if (called is not None and called[1] in _ARGPARSE_METHODS) or qualified in _CLI_OPTION_FUNCTIONS:
@@ -395,7 +397,7 @@ class LargeBatchSize(Rule):
                 return  # Hugging Face halves the batch itself on an out-of-memory error
             for arg in node.args:
                 if arg.keyword is not None and arg.keyword.value.lower() in _BATCH_SIZE_FIELDS:
-                    self._check(arg.value, f"`{arg.keyword.value}`")
+                    self._check(arg.value, arg.keyword.value)
 
     def _for_evaluation(self, call: cst.Call | None = None) -> bool:
         """Whether the setting is for evaluation, by the name it is assigned
@@ -432,7 +434,7 @@ class LargeBatchSize(Rule):
         )
         default = get_arg(node, "default")
         if option is not None and isinstance(default, cst.Arg):
-            self._check(default.value, f"the default of `{option}`")
+            self._check(default.value, f"the default of {option}")
 
     def visit_Dict(self, node: cst.Dict) -> None:
         keys = {
@@ -450,7 +452,7 @@ class LargeBatchSize(Rule):
                 continue
             if key == "train_batch_size" and keys & _DEEPSPEED_KEYS:
                 continue
-            self._check(element.value, f'`"{key}"`')
+            self._check(element.value, f'the "{key}" key')
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         if not isinstance(node.body, cst.IndentedBlock) or _names_evaluation(node.name.value):
@@ -472,7 +474,7 @@ class LargeBatchSize(Rule):
                     if default is None or default is UNKNOWN:
                         continue
                     value = default.value
-                self._check(value, f"the field `{node.name.value}.{target.value}`", statement)
+                self._check(value, f"the field {node.name.value}.{target.value}", statement)
 
     def _check(self, value: cst.BaseExpression, reaches: str, statement: cst.CSTNode | None = None) -> None:
         """A batch-size setting: report a literal above the limit, remember a
@@ -490,12 +492,7 @@ class LargeBatchSize(Rule):
 
     def _finding(self, literal: cst.BaseExpression, number: int, reaches: str) -> tuple[str, FixSpec]:
         limit = self._limit
-        steps = -(-number // limit)
-        message = (
-            f"Batch size {number} ({reaches}) is above the limit of {limit}: activation memory grows linearly "
-            f"with the batch, to about {number / limit:.1f}x that of a batch of {limit}. Lower it to {limit} and "
-            f"accumulate gradients over {steps} steps to keep the effective batch."
-        )
+        message = f"Batch size {number} is above the limit of {limit} ({short_code(reaches, 48)})"
         assert isinstance(literal, cst.Integer)
         fix = FixSpec(
             title=f"Lower the batch size to {limit}",
@@ -516,7 +513,7 @@ class LargeBatchSize(Rule):
             number = int_value(constant.literal)
             if number is None or number <= self._limit:
                 continue
-            message, fix = self._finding(constant.literal, number, f"`{name}`, {reaches}")
+            message, fix = self._finding(constant.literal, number, f"{name}, {reaches}")
             self.context.add_report(deferred_report(self, constant.literal, message, fix, constant.path))
 
 
@@ -640,6 +637,11 @@ class DatasetOnDevice(Rule):
     code = "OOM102"
     name = "dataset-on-device"
     summary = "A whole dataset is moved to the GPU at once instead of batch by batch."
+    why = (
+        "It stays on the GPU for the whole run, next to the model, its gradients and every step's "
+        "activations, and grows with the data, not the batch."
+    )
+    remedy = "Keep it on the CPU and move each batch in the loop (pin_memory=True, non_blocking=True)."
 
     VALID = [
         # Each batch is moved inside the loop.
@@ -1059,20 +1061,13 @@ class DatasetOnDevice(Rule):
         if moved is None or self._is_small(moved):
             return
         if self._holds_dataset(moved):
-            shown = self.context.code_for(moved)
-            if len(shown) > 40 or "\n" in shown:
-                shown = shown.split("\n", 1)[0][:37] + "..."
+            shown = short_code(self.context.code_for(moved), 40)
         else:
             named = self._named_dataset_built(node, moved)
             if named is None:
                 return
             shown = named
-        message = (
-            f"The whole dataset `{shown}` is moved to the GPU at once, where it stays for the whole run "
-            "next to the model, its gradients and every step's activations, and grows with the data, not "
-            "the batch. Keep it on the CPU and move each batch in the loop "
-            "(`DataLoader(..., pin_memory=True)`, `.to(device, non_blocking=True)`)."
-        )
+        message = f"The whole dataset {shown} is moved to the GPU at once"
         self._candidates.append(deferred_report(self, node, message, None, tuple(tracker.statements)))
 
     def leave_Module(self, original_node: cst.Module) -> None:

@@ -19,7 +19,7 @@ from oom_lsp.analysis.dataflow import (
 from oom_lsp.analysis.effects import bind_arguments
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import FixSpec, Invalid, Valid
+from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
 from oom_lsp.analysis.rules._autograd import AutogradRule
 from oom_lsp.fixes import inference_mode
 
@@ -94,6 +94,11 @@ class EvalWithoutNoGrad(AutogradRule):
     code = "OOM303"
     name = "eval-without-no-grad"
     summary = "An evaluation forward pass runs with autograd on, keeping the activations a backward pass would need."
+    why = (
+        "With autograd on, a forward pass records a graph and keeps the activations a backward pass "
+        "would need, although none comes."
+    )
+    remedy = "Run it under torch.inference_mode() (or torch.no_grad())."
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -451,11 +456,10 @@ class EvalWithoutNoGrad(AutogradRule):
             if target is not None and indent is not None:
                 edits = inference_mode.wrap(target, indent, self.context.module, reference)
                 fix = FixSpec("Wrap in `with torch.inference_mode():`", edits, Applicability.SAFE, imports)
-        why = "in an evaluation function" if by_name else f"after `{switched}.eval()`"
+        where = "in an evaluation function" if by_name else f"after {short_code(switched)}.eval()"
         self.report(
             node,
-            f"This forward pass runs {why} with autograd on, so it records a graph and keeps the activations "
-            "a backward pass would need. Run it under `torch.inference_mode()` (or `torch.no_grad()`).",
+            f"Forward pass {where} runs with autograd on",
             fix=fix,
         )
 

@@ -128,6 +128,11 @@ class Float64OnGpu(Rule):
     code = "OOM202"
     name = "float64"
     summary = "Double precision on the GPU: 8 bytes per element, and a fraction of the speed."
+    why = (
+        "float64 takes 8 bytes per element, twice float32 and four times bfloat16 (for a .double() model: "
+        "its weights, gradients and optimizer state too)."
+    )
+    remedy = "Use float32, or bfloat16 under autocast, unless this code truly needs float64."
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -373,11 +378,7 @@ class Float64OnGpu(Rule):
         fix = None
         if edits is not None:
             fix = FixSpec(title="Use float32", edits=edits, applicability=Applicability.SAFE)
-        message = (
-            "Double precision on the GPU takes 8 bytes per element, twice float32 and four times "
-            "bfloat16, for every tensor it creates (and weights, gradients and optimizer state for a "
-            "`.double()` model). Use float32, or bfloat16 under autocast, unless this code truly needs float64."
-        )
+        message = "Double precision (float64) on the GPU: 8 bytes per element"
         report = deferred_report(self, node, message, fix, tuple(self.context.tracker.statements))
         self._candidates.append((report, self.context.tracker.current_function))
 

@@ -16,7 +16,7 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import FixSpec, Invalid, Valid
+from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
 from oom_lsp.analysis.rules._autograd import SEQUENCES, AutogradRule
 from oom_lsp.fixes import hidden_state
 
@@ -86,6 +86,11 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
     code = "OOM305"
     name = "hidden-state-carried-across-batches"
     summary = "A recurrent hidden state is carried from batch to batch without `.detach()`: the graph spans the epoch."
+    why = (
+        "The state links each batch's graph to the previous one, so the graph and activations of every "
+        "batch so far stay alive."
+    )
+    remedy = "Detach the hidden state at the top of each step (hidden = hidden.detach())."
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -315,8 +320,7 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
         state = ", ".join(name for names in carried for name in names)
         self.report(
             node,
-            f"`{state}` is carried from one training step into the next without `.detach()`, so its graph and "
-            "activations span every batch so far. Detach it at the top of each step.",
+            f"Hidden state {short_code(state)} is carried into the next batch with its graph (no .detach())",
             fix=FixSpec("Detach the hidden state at the top of the step", edits, Applicability.SAFE)
             if edits
             else None,

@@ -16,7 +16,7 @@ from oom_lsp.analysis.dataflow import (
 from oom_lsp.analysis.effects import STORING_METHODS, effects_for
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import FixSpec, Invalid, Valid
+from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
 from oom_lsp.analysis.rules._autograd import (
     FORWARD_METHODS,
     AutogradRule,
@@ -68,6 +68,11 @@ class TensorKeptAcrossIterations(AutogradRule):
     summary = (
         "Graph-attached tensors stored in a list or dict that outlives the iteration keep every step's graph."
     )
+    why = (
+        "A stored graph-attached tensor keeps its step's graph and activations alive as long as the "
+        "container lives (.cpu() alone keeps the graph)."
+    )
+    remedy = "Store .detach()ed values (then .cpu())."
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -422,9 +427,8 @@ class TensorKeptAcrossIterations(AutogradRule):
             callee = dotted_name(node.func) or "the function"
             self.report(
                 node,
-                f"`{callee}()` stores the graph-attached `{self.context.code_for(argument)}` in `{holder}`, which "
-                "outlives the iteration, and with it every step's graph and activations. Pass a `.detach()`ed "
-                "value instead.",
+                f"{short_code(callee)}() keeps the graph-attached "
+                f"{short_code(self.context.code_for(argument), 24)} across iterations in {short_code(holder)}",
                 fix=FixSpec(
                     title="Pass a `.detach()`ed value",
                     edits=detach_fix.detach(argument, self._indent(), self.context.module),
@@ -466,8 +470,7 @@ class TensorKeptAcrossIterations(AutogradRule):
             return
         self.report(
             body,
-            f"This forward hook stores every output in `{holder}`, which is never emptied, so the graph and "
-            "activations of every forward pass stay alive. Store `.detach()`ed outputs.",
+            f"Forward hook stores graph-attached outputs in {short_code(holder)}, which is never emptied",
             fix=FixSpec(
                 title="Store `.detach()`ed outputs",
                 edits=detach_fix.detach(stored.value, "", self.context.module),
@@ -513,9 +516,8 @@ class TensorKeptAcrossIterations(AutogradRule):
             assert function is not None
             self.report(
                 node,
-                f"`{function.name.value}` is a forward hook that stores every output in `{holder}`, which is "
-                "never emptied, so the graph and activations of every forward pass stay alive. Store "
-                "`.detach()`ed outputs.",
+                f"Forward hook {short_code(function.name.value)} stores graph-attached outputs in "
+                f"{short_code(holder)}, which is never emptied",
                 fix=FixSpec(
                     title="Store `.detach()`ed outputs",
                     edits=detach_fix.detach(stored, self._indent(), self.context.module),
@@ -558,8 +560,7 @@ class TensorKeptAcrossIterations(AutogradRule):
             fix = FixSpec(title="Detach before storing", edits=edits, applicability=Applicability.SAFE)
         self.report(
             node,
-            f"`{holder}` keeps graph-attached tensors across iterations, and with them the autograd graph and "
-            "activations of every step. Store `.detach()`ed values (then `.cpu()`) instead.",
+            f"{short_code(holder)} keeps graph-attached tensors across iterations",
             fix=fix,
         )
 
@@ -585,8 +586,7 @@ class TensorKeptAcrossIterations(AutogradRule):
             return
         self.report(
             node,
-            f"`forward` appends to `{holder}`, which nothing empties, so the graph and activations of every "
-            "forward pass stay alive. Store `.detach()`ed values, or empty it each step.",
+            f"forward appends graph-attached outputs to {short_code(holder)}, which nothing empties",
             fix=None,
         )
 

@@ -20,7 +20,7 @@ from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.analysis.rules._devices import Found, device_scopes, file_uses_cuda, search
-from oom_lsp.fixes.autocast import forward_and_loss, wrap_in_autocast
+from oom_lsp.fixes.autocast import autocast_regions, wrap_in_autocast
 
 # torchvision datasets of images 32 pixels wide or less (MNIST's 28x28,
 # CIFAR's and SVHN's 32x32, USPS's 16x16).
@@ -389,43 +389,75 @@ class NoMixedPrecision(Rule):
 
     ## Example
     ```python
-    device = torch.device("cuda")
     for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        out = model(x)
-        loss = criterion(out, y)
+        x = x.cuda()
+        y = y.cuda()
         optimizer.zero_grad()
+        loss = criterion(model(x), y)
         loss.backward()
         optimizer.step()
     ```
 
     ## Use instead
     ```python
-    device = torch.device("cuda")
     for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(x)
-            loss = criterion(out, y)
+        x = x.cuda()
+        y = y.cuda()
         optimizer.zero_grad()
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = criterion(model(x), y)
         loss.backward()
         optimizer.step()
     ```
-    On GPUs without bfloat16 (before Ampere), use `dtype=torch.float16` with
-    `torch.amp.GradScaler("cuda")` to keep small gradients from underflowing.
+    Only the forward pass and the loss go under autocast: data movement, the
+    backward pass (which runs each op in the dtype its forward used) and the
+    optimizer step (on the float32 weights) stay outside.
+
+    On GPUs without bfloat16 (before Ampere: V100, T4, RTX 20xx), use float16,
+    which needs a `GradScaler` so that small gradients do not underflow to
+    zero; it changes the backward pass and the step too:
+    ```python
+    scaler = torch.amp.GradScaler("cuda")
+    for x, y in loader:
+        x, y = x.cuda(), y.cuda()
+        optimizer.zero_grad()
+        with torch.autocast(device_type="cuda", dtype=torch.float16):
+            loss = criterion(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)  # only before gradient clipping
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+    ```
 
     ## Fix safety
     Unsafe: autocast changes the numerics of the forward pass (bfloat16 keeps
     about 3 significant digits), which most models train fine with but some
-    (e.g. ones with custom numerically sensitive ops) do not, and GPUs older
-    than Ampere have no fast bfloat16. The fix is offered only when the forward
-    pass and the loss are consecutive simple statements before the
-    `.backward()`; it wraps exactly those, adding `import torch` if needed.
+    (e.g. ones with custom numerically sensitive ops) do not, and a forward
+    output becomes bfloat16 (`.float()` it where float32 is needed). GPUs
+    before Ampere have no bfloat16: autocast stops at the first step with
+    "Current CUDA Device does not support bfloat16"; use float16 as above.
+
+    The fix uses bfloat16 because it has float32's exponent range: gradients
+    do not underflow, no `GradScaler` is needed, and the fix leaves the
+    backward pass and the optimizer step as they are. It wraps the statements
+    of the loop body from the forward pass to the loss (what computes the
+    loss, and what sits between: a metric, an `assert`, an `if`); an optimizer
+    call between them stays outside, between two autocast blocks. It adds
+    `import torch` if needed. There is no fix where the shape is not
+    understood: two backward passes in the loop, a loss computed in a `try` or
+    outside the loop body, a nested function in the region, or `.numpy()` on
+    what the region computes (NumPy has no bfloat16).
     """
 
     code = "OOM201"
     name = "no-mixed-precision"
     summary = "A CUDA training loop runs entirely in float32: no autocast, bf16 or fp16."
+    why = (
+        "Every activation saved for backward takes 4 bytes per element in float32; under bfloat16 "
+        "autocast, matmuls and convolutions save theirs in 2."
+    )
+    remedy = 'Wrap the forward pass and the loss in torch.autocast(device_type="cuda", dtype=torch.bfloat16).'
     fix_applicability = Applicability.UNSAFE
 
     VALID = [
@@ -533,6 +565,33 @@ class NoMixedPrecision(Rule):
         ),
     ]
     INVALID = [
+        # The common shape: tensors moved in the loop, zero_grad, then the loss.
+        Invalid(
+            """\
+            import torch
+            model = Net().cuda()
+            for x, y in loader:
+                x = x.cuda()
+                y = y.cuda()
+                optimizer.zero_grad()
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """,
+            line=3,
+            expected_fix="""\
+            import torch
+            model = Net().cuda()
+            for x, y in loader:
+                x = x.cuda()
+                y = y.cuda()
+                optimizer.zero_grad()
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                    loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """,
+        ),
         Invalid(
             """\
             import torch
@@ -551,7 +610,7 @@ class NoMixedPrecision(Rule):
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             for x, y in loader:
                 x, y = x.to(device), y.to(device)
-                with torch.autocast("cuda", dtype=torch.bfloat16):
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
                     out = model(x)
                     loss = criterion(out, y)
                 optimizer.zero_grad()
@@ -584,7 +643,7 @@ class NoMixedPrecision(Rule):
                 for epoch in range(3):
                     for batch in loader:
                         # forward
-                        with T.autocast("cuda", dtype=T.bfloat16):
+                        with T.autocast(device_type="cuda", dtype=T.bfloat16):
                             logits = model(
                                 batch["input_ids"].cuda(),  # tokens
                             )
@@ -611,14 +670,14 @@ class NoMixedPrecision(Rule):
             model = nn.Linear(10, 1).cuda()
             step = 0
             while step < 100:
-                with torch.autocast("cuda", dtype=torch.bfloat16):
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
                     loss = model(next_batch()).pow(2).mean()
                 loss.backward()
                 step += 1
             """,
         ),
         # Distillation: the teacher runs under no_grad, but the student
-        # trains on the same batch.
+        # trains on the same batch. Both forward passes go under autocast.
         Invalid(
             """\
             import torch
@@ -631,17 +690,67 @@ class NoMixedPrecision(Rule):
                 loss.backward()
             """,
             line=3,
+            expected_fix="""\
+            import torch
+            student, teacher = student.cuda(), teacher.cuda().eval()
+            for x, y in loader:
+                x = x.cuda()
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                    with torch.no_grad():
+                        soft = teacher(x)
+                    loss = distill_loss(student(x), soft)
+                loss.backward()
+            """,
         ),
-        # The loss is computed in a branch: reported, but no fix.
+        # The forward, zero_grad, then the loss: the optimizer call stays
+        # outside, between two autocast blocks.
+        Invalid(
+            """\
+            import torch
+            for src, tgt in loader:
+                src, tgt = src.cuda(), tgt.cuda()
+                logits = model(src, tgt[:-1])
+                optimizer.zero_grad()
+                loss = criterion(logits.reshape(-1, logits.shape[-1]), tgt[1:].reshape(-1))
+                loss.backward()
+                optimizer.step()
+            """,
+            line=2,
+            expected_fix="""\
+            import torch
+            for src, tgt in loader:
+                src, tgt = src.cuda(), tgt.cuda()
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                    logits = model(src, tgt[:-1])
+                optimizer.zero_grad()
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                    loss = criterion(logits.reshape(-1, logits.shape[-1]), tgt[1:].reshape(-1))
+                loss.backward()
+                optimizer.step()
+            """,
+        ),
+        # The loss is computed in a try: reported, but no fix.
         Invalid(
             """\
             import torch
             for x, y in loader:
-                if aux:
-                    loss = criterion(model(x.to("cuda:0")), y) + aux_loss
-                else:
+                try:
                     loss = criterion(model(x.to("cuda:0")), y)
+                except RuntimeError:
+                    continue
                 loss.backward()
+            """,
+            line=2,
+        ),
+        # The loop converts the output with .numpy(), which bfloat16 would break: no fix.
+        Invalid(
+            """\
+            import torch
+            for x, y in loader:
+                out = model(x.cuda())
+                loss = criterion(out, y.cuda())
+                loss.backward()
+                scores.append(out.detach().cpu().numpy())
             """,
             line=2,
         ),
@@ -714,10 +823,7 @@ class NoMixedPrecision(Rule):
                 deferred_report(
                     self,
                     training.loop,
-                    "This CUDA training loop runs entirely in float32, so every activation saved for "
-                    "`backward()` takes 4 bytes per element, twice what bfloat16 needs. Wrap the forward "
-                    'pass and the loss in `torch.autocast("cuda", dtype=torch.bfloat16)` '
-                    "(or float16 with a `GradScaler`).",
+                    "CUDA training loop runs entirely in float32 (no autocast or bf16/fp16)",
                     self._fix(training),
                     training.path,
                 )
@@ -735,15 +841,15 @@ class NoMixedPrecision(Rule):
             training.backward_statement, cst.BaseStatement
         ):
             return None
-        chain = forward_and_loss(body, training.backward_statement, training.loss)
-        if chain is None:
+        regions = autocast_regions(body, training.backward_statement, training.loss)
+        if regions is None:
             return None
         module = self.context.module
         torch_name = self.context.imports.reference_to("torch") or "torch"
         return FixSpec(
-            title='Run the forward pass and the loss under `torch.autocast("cuda", dtype=torch.bfloat16)`',
+            title="Wrap the forward pass and the loss in `torch.autocast` (bfloat16)",
             edits=wrap_in_autocast(
-                chain, training.block_indents, torch_name, module.default_indent, module.default_newline
+                regions, training.block_indents, torch_name, module.default_indent, module.default_newline
             ),
             applicability=Applicability.UNSAFE,
             imports=("torch",),

@@ -20,7 +20,7 @@ from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.dataflow import Kind, contains_backward, facts_for, is_backward_call, iter_nodes
 from oom_lsp.analysis.findings import Applicability, Severity
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
+from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report, short_code
 from oom_lsp.analysis.rules._devices import file_uses_cuda, is_device_expression
 from oom_lsp.fixes import detach as detach_fix
 from oom_lsp.fixes import notebook as notebook_fixes
@@ -124,6 +124,11 @@ class FailedCellKeepsTensors(NotebookRule):
     code = "OOM701"
     name = "failed-cell-keeps-tensors"
     summary = "After an out-of-memory error in a notebook, IPython keeps the failed step's tensors alive."
+    why = (
+        "IPython keeps the last error's traceback, whose frames hold the failed step's tensors: they "
+        "stay on the GPU, so running the cell again runs out again."
+    )
+    remedy = "Free a failed run's frames at the top of the cell (free_failed_cell())."
     default_severity = Severity.INFO
     fix_applicability = Applicability.UNSAFE
 
@@ -262,9 +267,7 @@ class FailedCellKeepsTensors(NotebookRule):
                         deferred_report(
                             self,
                             statement,
-                            "After an out-of-memory error here, IPython keeps the failed step's frames "
-                            "and their tensors alive, so running the cell again fails again. "
-                            "Free them at the top of the cell.",
+                            "After an OOM here, IPython keeps the failed step's tensors, so a rerun fails too",
                             FixSpec(
                                 "Free a failed run's tensors at the top of the cell",
                                 notebook_fixes.free_failed_cell(statement),
@@ -316,6 +319,11 @@ class CellOutputKeepsGraph(NotebookRule):
     code = "OOM702"
     name = "cell-output-keeps-graph"
     summary = "A cell displays a graph-attached loss, which IPython's output history keeps with its graph."
+    why = (
+        "IPython's output history (Out, _) keeps every displayed value for the whole session, and a "
+        "graph-attached loss keeps its graph and every activation behind it."
+    )
+    remedy = "Display .detach() of it (or .item()), or end the line with a semicolon."
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -408,8 +416,7 @@ class CellOutputKeepsGraph(NotebookRule):
                 deferred_report(
                     self,
                     value,
-                    f"IPython keeps {shown} in `Out` for the rest of the session, and with it its "
-                    "autograd graph and every activation behind it. Show `.detach()` of it instead.",
+                    f"IPython keeps {shown} in Out with its autograd graph",
                     FixSpec(
                         "Show `.detach()` of it",
                         detach_fix.detach(value, "", self.context.module),
@@ -422,7 +429,7 @@ class CellOutputKeepsGraph(NotebookRule):
 
 def _describe(value: cst.BaseExpression) -> str:
     name = dotted_name(value)
-    return f"`{name}`" if name is not None else "this graph-attached tensor"
+    return short_code(name) if name is not None else "this graph-attached tensor"
 
 
 def _backward_receivers(context) -> set[str]:
@@ -498,6 +505,11 @@ class ModelRebuiltWhileHeld(NotebookRule):
     code = "OOM703"
     name = "model-rebuilt-while-held"
     summary = "Running a notebook's model cell again builds a second model on the GPU while a later cell holds the first."
+    why = (
+        "A later cell's object (an optimizer, a Trainer) still references the first model, so its "
+        "weights stay on the GPU next to the new ones."
+    )
+    remedy = "Set the model and what holds it to None before building a new one."
     fix_applicability = Applicability.UNSAFE
 
     VALID = [
@@ -615,8 +627,8 @@ class ModelRebuiltWhileHeld(NotebookRule):
                     deferred_report(
                         self,
                         statement,
-                        f"Running this cell again builds a second `{name}` on the GPU while `{holder}` of a "
-                        f"later cell still holds the first, which is never freed. Set both to None first.",
+                        f"Rerunning this cell builds a second {short_code(name, 24)} while "
+                        f"{short_code(holder, 24)} still holds the first",
                         FixSpec(
                             f"Free the previous `{name}` and `{holder}` first",
                             notebook_fixes.release_before_rebuild(statement, [name, holder]),

@@ -70,6 +70,11 @@ class RetainGraphInLoop(AutogradRule):
     code = "OOM304"
     name = "retain-graph-in-loop"
     summary = "`backward(retain_graph=True)` in a training loop keeps the step's graph and activations alive."
+    why = (
+        "retain_graph=True keeps the graph and its activations after the backward pass; in a training "
+        "loop they pile up across iterations."
+    )
+    remedy = "Drop it: sum the losses and call backward() once, or detach what is carried between steps."
     fix_applicability = Applicability.UNSAFE
 
     VALID = [
@@ -233,17 +238,11 @@ class RetainGraphInLoop(AutogradRule):
                 retain_graph.drop_argument(node, retain, self._indent(), self.context.module),
                 Applicability.UNSAFE,
             )
-            message = (
-                "`retain_graph=True` keeps this step's graph and activations alive after the backward pass; in a "
-                "training loop they pile up across iterations. Drop it and detach what is carried between steps."
-            )
+            message = "retain_graph=True in a training loop keeps each step's graph alive after backward"
         else:
             edits = self._sum_losses(node, later, loop)
             fix = FixSpec("Sum the losses, backward once", edits, Applicability.UNSAFE) if edits else None
-            message = (
-                "`retain_graph=True` keeps every activation of this graph allocated until the next backward pass "
-                "of the step. Sum the losses and call `backward()` once, or detach the tensor both graphs share."
-            )
+            message = "retain_graph=True keeps this graph's activations until the step's next backward"
         self.report(node, message, fix=fix)
 
     def _next_backward(self, node: cst.Call, loop: cst.For | cst.While) -> cst.Call | None:

@@ -85,6 +85,11 @@ class EmptyCacheInLoop(Rule):
     code = "OOM502"
     name = "empty-cache-in-loop"
     summary = "`torch.cuda.empty_cache()` at every training step frees nothing that is still referenced."
+    why = (
+        "It frees only cached blocks no tensor uses, so it cannot prevent an OOM, and the next step must "
+        "allocate from CUDA again."
+    )
+    remedy = "Remove it, and release the reference that holds the memory instead."
     fix_applicability = Applicability.SAFE
 
     VALID = [
@@ -214,9 +219,7 @@ class EmptyCacheInLoop(Rule):
             return
         self.report(
             node,
-            "`torch.cuda.empty_cache()` at every training step frees only cached blocks no tensor "
-            "uses, so it cannot prevent an OOM, and it makes the next step allocate from CUDA again. "
-            "Remove it, and release the reference that holds the memory instead.",
+            "torch.cuda.empty_cache() at every training step cannot prevent an OOM and slows each step",
             fix=self._fix(node),
         )
 
@@ -294,6 +297,8 @@ class ZeroGradKeepsGrads(Rule):
     code = "OOM503"
     name = "zero-grad-keeps-grads"
     summary = "`zero_grad(set_to_none=False)` keeps every gradient buffer allocated between steps."
+    why = "The gradient buffers, as large as the parameters, stay allocated through the next forward pass."
+    remedy = "zero_grad(set_to_none=True), the default."
     fix_applicability = Applicability.UNSAFE
 
     VALID = [
@@ -346,8 +351,7 @@ class ZeroGradKeepsGrads(Rule):
             return
         self.report(
             node,
-            "`zero_grad(set_to_none=False)` keeps every gradient buffer allocated, a full copy of the "
-            "parameters' size held through the next forward pass. Pass `set_to_none=True` (the default).",
+            "zero_grad(set_to_none=False) keeps every gradient buffer allocated between steps",
             fix=FixSpec(
                 title="Pass `set_to_none=True`",
                 edits=set_to_none(argument),

@@ -19,7 +19,7 @@ from oom_lsp.analysis.cst_helpers import (
 )
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.registry import register
-from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid
+from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, short_code
 from oom_lsp.analysis.rules._scan import descendants, is_optimizer_like
 from oom_lsp.fixes.checkpointing import enable_gradient_checkpointing
 
@@ -168,6 +168,8 @@ class NoGradientCheckpointing(Rule):
     code = "OOM601"
     name = "no-gradient-checkpointing"
     summary = "A deep model is trained without gradient checkpointing: every layer's activations stay alive."
+    why = "Autograd keeps every layer's activations until backward: memory grows with depth x batch x sequence."
+    remedy = "model.gradient_checkpointing_enable(), or torch.utils.checkpoint around each block."
     fix_applicability = Applicability.UNSAFE
 
     VALID = [
@@ -651,9 +653,7 @@ class NoGradientCheckpointing(Rule):
         self.context.add_report(
             self._deferred(
                 candidate,
-                f"A stack of {candidate.layers} layers is trained without gradient checkpointing: "
-                "autograd keeps every layer's activations until backward, so activation memory grows "
-                "with depth x batch x sequence. Wrap each block in `torch.utils.checkpoint.checkpoint`.",
+                f"A stack of {candidate.layers} layers is trained without gradient checkpointing",
                 None,
             )
         )
@@ -674,18 +674,14 @@ class NoGradientCheckpointing(Rule):
         fix = None
         if candidate.statement is not None and candidate.target is not None:
             fix = FixSpec(
-                title="Enable gradient checkpointing",
+                title=f"Call `{candidate.target}.gradient_checkpointing_enable()`",
                 edits=enable_gradient_checkpointing(candidate.statement, candidate.target),
                 applicability=Applicability.UNSAFE,
             )
-        model = candidate.target or "the model"
         self.context.add_report(
             self._deferred(
                 candidate,
-                f"{name!r} is a large model trained without gradient checkpointing: autograd keeps every "
-                "layer's activations until backward, so activation memory grows with depth x batch x "
-                f"sequence. Call `{model}.gradient_checkpointing_enable()` (or pass "
-                "`gradient_checkpointing=True` to the training arguments).",
+                f"Large model {short_code(repr(name), 48)} is trained without gradient checkpointing",
                 fix,
             )
         )
@@ -811,6 +807,11 @@ class DataParallelGather(Rule):
     code = "OOM602"
     name = "data-parallel-gather"
     summary = "`nn.DataParallel` gathers outputs, loss and gradients on the first GPU, which runs out first."
+    why = (
+        "Every step's outputs, the loss and the replicas' gradients are gathered on the first GPU, which "
+        "runs out of memory while the others are half empty."
+    )
+    remedy = "DistributedDataParallel, one process per GPU."
 
     VALID = [
         Valid(
@@ -901,9 +902,7 @@ class DataParallelGather(Rule):
                 return
         self.report(
             node,
-            "`DataParallel` gathers every step's outputs and loss and reduces the replicas' gradients "
-            "on the first GPU, which runs out of memory while the others are half empty. Use "
-            "`DistributedDataParallel`, one process per GPU.",
+            "DataParallel gathers outputs and gradients on the first GPU, which runs out first",
         )
 
     def _implements_a_data_parallel_strategy(self, node: cst.Call) -> bool:

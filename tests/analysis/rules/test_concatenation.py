@@ -77,7 +77,7 @@ def test_reported_without_fix(source: str, why: str) -> None:
 def test_reported_on_the_assignment_line_with_the_function_as_spelled() -> None:
     [finding] = _findings(_ACCUMULATE.replace("DIM", "0"), "OOM401")
     assert finding.line == 4
-    assert "`acc`" in finding.message and "`cat`" in finding.message
+    assert finding.message.startswith("acc is grown with cat inside a loop")
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import textwrap
 
 import libcst as cst
@@ -26,7 +27,6 @@ def _fixed(source: str, settings: LintSettings) -> str:
 def _context(source: str) -> FileContext:
     source = textwrap.dedent(source)
     return FileContext(source=source, module=cst.parse_module(source), settings=OOM201, path="t.py")
-
 
 
 TRAIN = """\
@@ -56,7 +56,7 @@ def test_one_report_per_loop_on_its_header() -> None:
     findings = analyze(textwrap.dedent(source), OOM201)
     assert [f.line for f in findings] == [3, 9]
     assert findings[0].range.start.line == findings[0].range.end.line == 3
-    assert "bfloat16" in findings[0].message and "4 bytes" in findings[0].message
+    assert findings[0].message == "CUDA training loop runs entirely in float32 (no autocast or bf16/fp16)"
 
 
 @pytest.mark.parametrize(
@@ -206,7 +206,7 @@ def test_fix_keeps_comments_blank_lines_and_two_space_indentation() -> None:
         x = x.cuda()  # move
 
         # forward
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
           out = model(x)
 
           # loss
@@ -221,7 +221,7 @@ def test_fix_keeps_crlf_and_tabs() -> None:
     source = "import torch\r\nfor x in loader:\r\n\tout = model(x.cuda())\r\n\tloss = out.mean()\r\n\tloss.backward()\r\n"
     expected = (
         "import torch\r\nfor x in loader:\r\n"
-        '\twith torch.autocast("cuda", dtype=torch.bfloat16):\r\n'
+        '\twith torch.autocast(device_type="cuda", dtype=torch.bfloat16):\r\n'
         "\t\tout = model(x.cuda())\r\n\t\tloss = out.mean()\r\n\tloss.backward()\r\n"
     )
     assert fix_source(source, OOM201, unsafe=True).source == expected
@@ -244,7 +244,7 @@ def test_fix_keeps_the_layout_of_a_multiline_call_in_a_nested_block() -> None:
     class Trainer:
         def fit(self):
             for batch in self.loader:
-                with torch.autocast("cuda", dtype=torch.bfloat16):
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
                     loss = self.criterion(
                         self.model(batch["x"].cuda()),
                         batch["y"].cuda(),
@@ -265,12 +265,27 @@ def test_fix_keeps_the_layout_of_a_multiline_call_in_a_nested_block() -> None:
         "    loss = criterion(model(x.cuda()), y)\n    if step % 2 == 0:\n        loss.backward()\n",
         # Two backward passes (a GAN): wrapping the first forward alone would
         # be a partial fix.
-        "    d_loss = crit(D(x.cuda()), real)\n    d_loss.backward()\n    g_loss = crit(D(G(z)), real)\n    g_loss.backward()\n",
+        "    d_loss = crit(D(x.cuda()), real)\n    d_loss.backward()\n    g_loss = crit(D(G(z)), real)\n"
+        "    g_loss.backward()\n",
         # Only data preparation precedes the backward.
         "    loss = batch['loss'].cuda()\n    loss.backward()\n",
-        # The forward and the loss are not consecutive: wrapping the loss
-        # alone would leave the forward's activations in float32.
-        "    out, h = model(x.cuda(), h)\n    h = h.detach()\n    loss = criterion(out, y)\n    loss.backward()\n",
+        # The loss is computed in a try.
+        "    try:\n        loss = criterion(model(x.cuda()), y)\n    except ValueError:\n        continue\n"
+        "    loss.backward()\n",
+        # A backward pass inside the region (autograd.grad for a penalty).
+        "    out = model(x.cuda())\n    g = torch.autograd.grad(out.sum(), x)\n"
+        "    loss = criterion(out, y) + g[0].pow(2).mean()\n"
+        "    loss.backward()\n",
+        # An optimizer step inside a branch of the region.
+        "    out = model(x.cuda())\n    if warmup:\n        scheduler.step()\n"
+        "    loss = criterion(out, y)\n    loss.backward()\n",
+        # A nested function in the region.
+        "    out = model(x.cuda())\n    def penalty():\n        return out.abs().mean()\n"
+        "    loss = criterion(out, y) + penalty()\n"
+        "    loss.backward()\n",
+        # The outputs go to NumPy, which has no bfloat16.
+        "    out = model(x.cuda())\n    loss = criterion(out, y)\n    loss.backward()\n"
+        "    preds.append(out.argmax(1).cpu().numpy())\n",
     ],
 )
 def test_no_fix_outside_the_simple_shape(body: str) -> None:
@@ -278,6 +293,54 @@ def test_no_fix_outside_the_simple_shape(body: str) -> None:
     findings = analyze(source, OOM201)
     assert [f.line for f in findings] == [2]
     assert findings[0].fix is None
+
+
+@pytest.mark.parametrize(
+    ("body", "wrapped"),
+    [
+        # Between the forward and the loss: the state cut from its history...
+        (
+            "    out, h = model(x.cuda(), h)\n    h = h.detach()\n    loss = criterion(out, y)\n"
+            "    loss.backward()\n",
+            '    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):\n'
+            "        out, h = model(x.cuda(), h)\n        h = h.detach()\n        loss = criterion(out, y)\n",
+        ),
+        # ... assertions on the output ...
+        (
+            "    out = model(x.cuda())\n    assert out.shape[1] == 10, 'classes'\n"
+            "    loss = criterion(out, y)\n"
+            "    loss.backward()\n",
+            '    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):\n'
+            "        out = model(x.cuda())\n        assert out.shape[1] == 10, 'classes'\n"
+            "        loss = criterion(out, y)\n",
+        ),
+        # ... an if that adjusts the loss terms, wrapped whole.
+        (
+            "    out, aux = model(x.cuda())\n    if single_gpu:\n        aux = aux.mean()  # per replica\n"
+            "    loss = criterion(out, y) + 0.4 * aux\n    loss.backward()\n",
+            '    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):\n'
+            "        out, aux = model(x.cuda())\n        if single_gpu:\n"
+            "            aux = aux.mean()  # per replica\n"
+            "        loss = criterion(out, y) + 0.4 * aux\n",
+        ),
+        # Data made in the loop (a factory with size arithmetic) stays outside.
+        (
+            "    tokens = torch.randint(0, V, (B, T + 1), device='cuda')\n"
+            "    logits = model(tokens[:, :-1])\n"
+            "    loss = criterion(logits.reshape(-1, V), tokens[:, 1:].reshape(-1))\n    loss.backward()\n",
+            "    tokens = torch.randint(0, V, (B, T + 1), device='cuda')\n"
+            '    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):\n'
+            "        logits = model(tokens[:, :-1])\n"
+            "        loss = criterion(logits.reshape(-1, V), tokens[:, 1:].reshape(-1))\n",
+        ),
+    ],
+)
+def test_region_from_the_forward_to_the_loss(body: str, wrapped: str) -> None:
+    source = "import torch\nfor x, y in loader:\n" + body
+    fixed = _fixed(source, OOM201)
+    assert wrapped in fixed, fixed
+    assert fixed.endswith("    loss.backward()\n")
+    ast.parse(fixed)
 
 
 def test_data_helpers_stay_outside_the_region() -> None:
@@ -293,7 +356,7 @@ def test_data_helpers_stay_outside_the_region() -> None:
     import torch
     for i in range(steps):
         x, y = get_batch("train")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
             logits = model(x.cuda())
             loss = criterion(logits, y.cuda())
         loss.backward()
@@ -306,7 +369,6 @@ def test_fix_is_unsafe_and_titled() -> None:
     assert finding.fix is not None and not finding.fix.is_safe
     assert "autocast" in finding.fix.title
     assert fix_source(TRAIN, OOM201, unsafe=False).source == TRAIN
-
 
 
 _SMALL_IMAGES = """\

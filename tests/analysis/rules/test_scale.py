@@ -110,7 +110,8 @@ def test_peft_wrapped_model_is_trained() -> None:
         """
     [finding] = _findings(source, "OOM601")
     assert finding.line == 3
-    assert "base.gradient_checkpointing_enable()" in finding.message
+    assert "'tiiuae/falcon-7b'" in finding.message
+    assert finding.fix is not None and finding.fix.title == "Call `base.gradient_checkpointing_enable()`"
 
 
 def test_a_module_constant_assigned_twice_is_not_resolved() -> None:

@@ -15,7 +15,7 @@ def train_one_epoch(model, loader, optimizer, criterion):
         labels = labels.to(device, non_blocking=True)
 
         # Forward pass.
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
             logits = model(
                 images,
             )  # (N, 10)
