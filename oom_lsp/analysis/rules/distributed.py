@@ -81,6 +81,11 @@ class DdpBucketCopy(Rule):
     code = "OOM603"
     name = "ddp-bucket-copy"
     summary = "`DistributedDataParallel` keeps a second copy of every gradient in its buckets."
+    why = (
+        "DDP copies each gradient into a flat bucket to reduce it, so every rank holds the gradients "
+        "twice for the whole run: one more copy of the parameters' size."
+    )
+    remedy = "DistributedDataParallel(..., gradient_as_bucket_view=True): the gradients become views of the buckets."
     fix_applicability = Applicability.UNSAFE
     # A saving, not a mistake, and it applies to nearly every DDP script.
     default_enabled = False
@@ -181,9 +186,7 @@ class DdpBucketCopy(Rule):
             return
         self.report(
             node,
-            "`DistributedDataParallel` copies every gradient into its buckets, so each rank holds the "
-            "gradients twice for the whole run. Pass `gradient_as_bucket_view=True` to make the gradients "
-            "views of the buckets.",
+            "DistributedDataParallel keeps every gradient twice: in the parameter and in its bucket.",
             fix=FixSpec(
                 title="Pass `gradient_as_bucket_view=True`",
                 edits=add_gradient_as_bucket_view(node),
