@@ -82,6 +82,9 @@ class EstimateArgs:
     find_max_batch: bool | None = attrs.field(default=None, alias="findMaxBatch")
     timeout: float | None = None
     margin: float | None = None  # the share of the GPU kept free (default 10%)
+    # A torchrun-style script traced as rank 0 of worldSize (the per-rank peak).
+    world_size: int | None = attrs.field(default=None, alias="worldSize")
+    nproc_per_node: int | None = attrs.field(default=None, alias="nprocPerNode")
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,21 @@ def short_size(size: float) -> str:
     return f"{int(size)} B"
 
 
+def _world_size(ls: OomLanguageServer, args: EstimateArgs) -> tuple[int | None, int | None]:
+    """The command's worldSize (and nprocPerNode), else the `oomLsp.worldSize` setting."""
+    world_size = args.world_size if args.world_size is not None else command_setting(ls, "worldSize")
+    if world_size is None:
+        if args.nproc_per_node is not None:
+            raise JsonRpcInvalidParams("nprocPerNode needs worldSize")
+        return None, None
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise JsonRpcInvalidParams(f"worldSize must be a whole number of GPUs (1 or more), not {world_size!r}")
+    nproc = args.nproc_per_node
+    if nproc is not None and not (1 <= nproc <= world_size):
+        raise JsonRpcInvalidParams(f"nprocPerNode must be from 1 to worldSize ({world_size}), not {nproc!r}")
+    return world_size, nproc
+
+
 def _gpu_label(gpu: dict[str, Any] | None) -> str:
     if not gpu:
         return ""
@@ -166,8 +184,11 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         raise JsonRpcInvalidParams(
             f"margin must be from 0 to below 1 (0.1 keeps 10% free), not {args.margin!r}"
         )
+    world_size, nproc_per_node = _world_size(ls, args)
     notebook = _notebook_path(ls, args.uri)
     if notebook is not None:
+        if world_size is not None:
+            raise JsonRpcInvalidParams("a notebook runs in one process: worldSize is for torchrun-style scripts")
         return await _estimate_notebook(ls, args, notebook)
     script = script_of(args.uri)
     gpu = _target_gpu(ls, args, script)
@@ -185,6 +206,8 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         cwd=ls.lint_settings.project_config(script).root,
         cancel=job.cancel,
         margin=DEFAULT_MARGIN if args.margin is None else args.margin,
+        world_size=world_size,
+        nproc_per_node=nproc_per_node,
     )
     # The code actions need the largest batch that fits: searched by default
     # whenever there is a target to fit.
@@ -235,6 +258,8 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     }
     if gpu is not None:
         result["gpuName"] = gpu.name
+    if world_size is not None:
+        result["worldSize"] = world_size
     max_batch = (prediction.get("max_batch") or {}).get("max_batch")
     if max_batch is not None:
         result["maxBatch"] = max_batch
@@ -337,6 +362,7 @@ def _show_estimate(
     searched = prediction.get("max_batch") or {}
     fitting = searched.get("max_batch")
     gpu = prediction.get("gpu")
+    distributed = prediction.get("distributed")
     verdict = _VERDICTS.get(prediction.get("verdict") or "")
     details = {
         "peakBytes": prediction["peak_bytes"],
@@ -346,7 +372,9 @@ def _show_estimate(
         "maxBatch": fitting,
         "accumulation": searched.get("gradient_accumulation"),
         "literal": literal_dict(literal) if literal else None,
-        "label": f"≈ {short_size(prediction['peak_bytes'])} peak at {prediction.get('batch_size')}"
+        "label": f"≈ {short_size(prediction['peak_bytes'])} peak"
+        + (f" per rank of {distributed['world_size']}" if distributed else "")
+        + f" at {prediction.get('batch_size')}"
         + _gpu_label(gpu),
     }
     found = []

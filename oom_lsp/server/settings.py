@@ -43,7 +43,7 @@ _LOG_LEVELS = {
 }
 _SERVER_KEYS = ("logLevel", "logFile", "debounceMs", "llm")
 # Read by the server commands (docs/server-commands.md), not by the analysis.
-COMMAND_KEYS = ("gpu", "interpreter", "profile")
+COMMAND_KEYS = ("gpu", "interpreter", "profile", "worldSize")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ the `gpus` table of [tool.oom-lsp]."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -223,6 +224,52 @@ async def test_a_failed_estimate_is_request_failed_without_the_servers_traceback
     assert raised.value.code == -32803  # RequestFailed, not InternalError
     assert raised.value.message.startswith("the estimate failed: ")
     assert "Traceback" not in raised.value.message and raised.value.data is None
+
+
+DISTRIBUTED = Path(__file__).resolve().parents[2] / "fixtures" / "estimate" / "distributed"
+SMALL_GPT = ["--dim", "256", "--vocab", "2048", "--block", "64", "--layers", "2"]
+
+
+@in_module_loop
+async def test_estimate_per_rank_of_a_world_size(client: LanguageClient):
+    """worldSize traces a torchrun-style script as rank 0 of N, as --world-size does: FSDP2's
+    per-rank peak falls by the sharded parameters and AdamW's two states between 2 and 4 ranks."""
+    script = client.root / "fsdp2_gpt.py"
+    source = (DISTRIBUTED / "fsdp2_gpt.py").read_text()
+    script.write_text(source)
+    uri = script.as_uri()
+    open_document(client, uri, source)
+    reports = {}
+    for world_size in (2, 4):
+        result = await execute(
+            client, "oom-lsp.estimate", {"uri": uri, "device": "cpu", "args": SMALL_GPT, "worldSize": world_size}
+        )
+        assert result["worldSize"] == world_size
+        reports[world_size] = json.loads(Path(result["reportPath"]).read_text())
+        assert reports[world_size]["distributed"]["world_size"] == world_size
+        assert result["peakBytes"] == reports[world_size]["peak_bytes"]
+    shards = reports[2]["breakdown"]["parameters"] - reports[4]["breakdown"]["parameters"]
+    assert reports[2]["peak_bytes"] - reports[4]["peak_bytes"] == 3 * shards > 0
+    (hint,) = await hints(client, uri)
+    assert hint.label.startswith("≈ ") and " peak per rank of 4 at 8" in hint.label
+
+
+@in_module_loop
+@pytest.mark.parametrize(
+    "arguments, problem",
+    [
+        ({"worldSize": 0}, "worldSize must be a whole number of GPUs"),
+        ({"worldSize": -2}, "worldSize must be a whole number of GPUs"),
+        ({"worldSize": 2, "nprocPerNode": 4}, "nprocPerNode must be from 1 to worldSize (2)"),
+        ({"nprocPerNode": 4}, "nprocPerNode needs worldSize"),
+    ],
+)
+async def test_a_wrong_world_size_is_named(client: LanguageClient, arguments: dict, problem: str):
+    script = client.root / "train.py"
+    script.write_text(TRAINING_SCRIPT)
+    with pytest.raises(JsonRpcException) as raised:
+        await execute(client, "oom-lsp.estimate", {"uri": script.as_uri(), "device": "cpu", **arguments})
+    assert problem in raised.value.message
 
 
 @in_module_loop

@@ -59,6 +59,7 @@ test("profile and estimate arguments carry the settings the server commands read
     "profile.args": ["--epochs", "1"],
     gpu: "A100-80GB",
     gpuMemory: "80GiB",
+    worldSize: 8,
   });
   assert.deepEqual(profileArguments(settings, "file:///w/train.py", "/w/.venv/bin/python"), {
     uri: "file:///w/train.py",
@@ -70,8 +71,11 @@ test("profile and estimate arguments carry the settings the server commands read
     uri: "file:///w/train.py",
     gpu: "A100-80GB",
     gpuMemory: "80GiB",
+    worldSize: 8,
     args: ["--epochs", "1"],
   });
+  // Not a whole number of GPUs: not sent (the server would refuse it).
+  assert.equal(estimateArguments(settingsOf({ worldSize: 2.5 }), "file:///w/t.py", null).worldSize, undefined);
   assert.deepEqual(profileArguments(settingsOf({}), "file:///w/t.py", null), { uri: "file:///w/t.py", steps: 3 });
 });
 
@@ -91,6 +95,18 @@ test("results are told in one sentence", () => {
   assert.equal(
     describeEstimate({ reportPath: "/r.json", peakBytes: 2 ** 30, gpuMemoryBytes: null, verdict: null, batchSize: 64 }),
     "Estimated peak 1 GiB at batch size 64.",
+  );
+  assert.equal(
+    describeEstimate({
+      reportPath: "/r.json",
+      peakBytes: 2 ** 30,
+      gpuName: "A100 40GB",
+      gpuMemoryBytes: 40 * 2 ** 30,
+      verdict: "fits",
+      batchSize: 8,
+      worldSize: 4,
+    }),
+    "Estimated peak 1 GiB per rank of 4 at batch size 8 on A100 40GB, 40 GiB: fits.",
   );
   assert.equal(
     describeProfile({ reportPath: "/r", peakBytes: 3 * 2 ** 30, device: "cuda", steps: 2, status: "complete" }),

@@ -48,6 +48,7 @@ export interface EstimateArguments {
   uri: string;
   gpu?: string;
   gpuMemory?: string;
+  worldSize?: number;
   args?: string[];
   python?: string;
 }
@@ -59,6 +60,9 @@ export function estimateArguments(settings: ExtensionSettings, uri: string, pyth
   }
   if (settings.gpuMemory !== null) {
     argument.gpuMemory = settings.gpuMemory;
+  }
+  if (settings.worldSize !== null) {
+    argument.worldSize = settings.worldSize;
   }
   if (settings.profile.args.length > 0) {
     argument.args = settings.profile.args;
@@ -165,6 +169,7 @@ export interface EstimateResult {
   verdict: "fits" | "tight" | "oom" | null;
   batchSize?: number | null;
   maxBatch?: number;
+  worldSize?: number;
 }
 
 const VERDICT: Record<NonNullable<EstimateResult["verdict"]>, string> = {
@@ -181,7 +186,8 @@ export function describeEstimate(result: EstimateResult): string {
       : "";
   const verdict = result.verdict ? `: ${VERDICT[result.verdict] ?? result.verdict}` : "";
   const maxBatch = typeof result.maxBatch === "number" ? ` Largest batch that fits: ${result.maxBatch}.` : "";
-  return `Estimated peak ${formatBytes(result.peakBytes)}${batch}${gpu}${verdict}.${maxBatch}`;
+  const perRank = typeof result.worldSize === "number" ? ` per rank of ${result.worldSize}` : "";
+  return `Estimated peak ${formatBytes(result.peakBytes)}${perRank}${batch}${gpu}${verdict}.${maxBatch}`;
 }
 
 export interface ValidationResult {

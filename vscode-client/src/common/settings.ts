@@ -6,7 +6,7 @@
  * falls back to its defaults), so only the keys it parses are sent, and only when
  * they say something: an empty list or an unset value would *replace* the server's
  * default (an empty `select` would turn every rule off). Extension-only settings
- * (`path`, `interpreter`, `gpu`, `profile.*`, `trace.server`) travel as server
+ * (`path`, `interpreter`, `gpu`, `worldSize`, `profile.*`, `trace.server`) travel as server
  * command arguments or stay in the extension.
  */
 import * as vscode from "vscode";
@@ -47,6 +47,7 @@ export interface ExtensionSettings {
   severity: Record<string, Severity>;
   gpuMemory: string | null;
   gpu: string | null;
+  worldSize: number | null;
   profile: ProfileSettings;
   llm: LlmSettings;
   logLevel: LogLevel;
@@ -75,6 +76,10 @@ function optionalString(value: unknown): string | null {
 
 function optionalPositiveNumber(value: unknown): number | null {
   return typeof value === "number" && Number.isFinite(value) && value > 0 ? value : null;
+}
+
+function optionalWholeNumber(value: unknown): number | null {
+  return typeof value === "number" && Number.isInteger(value) && value > 0 ? value : null;
 }
 
 function stringTable<T>(value: unknown, accept: (item: unknown) => item is T): Record<string, T> {
@@ -117,6 +122,7 @@ export function readSettings(config: ConfigurationReader): ExtensionSettings {
     severity: stringTable(config.get("severity"), isSeverity),
     gpuMemory: optionalString(config.get("gpuMemory")),
     gpu: optionalString(config.get("gpu")),
+    worldSize: optionalWholeNumber(config.get("worldSize")),
     profile: {
       entryPoint: optionalString(config.get("profile.entryPoint")),
       args: stringList(config.get("profile.args")),
