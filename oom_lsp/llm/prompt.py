@@ -23,6 +23,7 @@ import libcst as cst
 
 from oom_lsp.analysis.engine import analyze
 from oom_lsp.analysis.findings import Finding
+from oom_lsp.analysis.registry import rule_for
 from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.edits import split_lines
 from oom_lsp.llm.context import CodeFacts, EnvironmentFacts, code_region, detect_code_facts
@@ -510,7 +511,8 @@ def _solutions(
         rows.append("Static findings of oom-lsp on this code:")
         for finding in inside:
             rows.append(
-                f"- line {finding.line} `{lines[finding.line - 1].strip()}`: {finding.code} {finding.name}: {finding.message}"
+                f"- line {finding.line} `{lines[finding.line - 1].strip()}`: {finding.code} {finding.name}: "
+                + _finding_with_why(finding)
             )
     rows.append(
         "For each cause that this code can fix, give one concrete change (for example a smaller batch with "
@@ -518,6 +520,13 @@ def _solutions(
         "activation checkpointing) as a SEARCH/REPLACE edit on the code above."
     )
     return "\n".join(rows)
+
+
+def _finding_with_why(finding: Finding) -> str:
+    """The message says what is wrong in a few words (written for an editor's Problems panel);
+    the model also needs why it costs memory."""
+    why = getattr(rule_for(finding.code), "why", None)
+    return f"{finding.message}. {why}" if why else finding.message
 
 
 def _validation(request: FixRequest) -> str:
