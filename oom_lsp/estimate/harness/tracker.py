@@ -117,6 +117,9 @@ class StorageTracker(TorchDispatchMode):
             tensor = self.unwrap(tensor)
         if tensor.is_nested or tensor.layout != torch.strided:
             return None
+        if tensor.device.type == "meta":
+            # No memory anywhere: a model built on the meta device before its checkpoint is assigned.
+            return None
         storage = tensor.untyped_storage()
         key = id(storage)
         record = self.live.get(key)
