@@ -177,6 +177,27 @@ def _checkpoints(root: Path) -> tuple[list[dict], dict]:
     load = 'transformers.AutoModelForCausalLM.from_pretrained(here / "ckpt")'
     runs.append({"case": "pickled", "script": str(_script(pickled, load))})
 
+    # A PEFT LoRA adapter (adapter_model.safetensors, read by safetensors.torch.load_file) on a base model.
+    peft = pytest.importorskip("peft")
+    adapter = root / "adapter"
+    model = transformers.LlamaForCausalLM(llama_config())
+    model.save_pretrained(adapter / "base")
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    lora.save_pretrained(adapter / "lora")
+    base = transformers.AutoModelForCausalLM.from_pretrained(adapter / "base")
+    expected["adapter"] = held_bytes(
+        peft.PeftModel.from_pretrained(base, adapter / "lora", is_trainable=True)
+    )
+    cut_after_header(adapter / "base" / "model.safetensors")
+    cut_after_header(adapter / "lora" / "adapter_model.safetensors")
+    load = (
+        'peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(here / "base"), '
+        'here / "lora", is_trainable=True)'
+    )
+    script = _script(adapter, load)
+    script.write_text("import peft\n" + script.read_text())
+    runs.append({"case": "adapter", "script": str(script)})
+
     # A Hub name with no local copy (the Hugging Face cache is empty).
     hub = root / "hub"
     hub.mkdir()
@@ -215,7 +236,7 @@ def test_safetensors_load_file_reads_the_header_only(traces):
     assert counted == expected == (1024 * 512 + 1024 + 16 * 1024 + 16) * 2
 
 
-@pytest.mark.parametrize("case", ["single", "tied", "keys", "pickled"])
+@pytest.mark.parametrize("case", ["single", "tied", "keys", "pickled", "adapter"])
 def test_from_pretrained_counts_what_the_real_model_holds(traces, case):
     counted, expected = _parameters(traces, case)
     assert counted == expected
