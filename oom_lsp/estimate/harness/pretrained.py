@@ -151,7 +151,7 @@ class HeaderOnlyFile:
         return sorted(self._tensors)
 
     def offset_keys(self) -> list[str]:
-        return sorted(self._tensors, key=lambda name: self._tensors[name]["data_offsets"][0])
+        return sorted(self._tensors, key=lambda name: self._tensors[name].get("data_offsets", [0])[0])
 
     def metadata(self) -> dict | None:
         return self._metadata
@@ -216,8 +216,8 @@ def missing_download(error: BaseException) -> str | None:
             shown = f"{name!r}" if name else "a Hub name"
             command = f"`hf download {name}`" if name else "`hf download NAME`"
             return (
-                f"{shown} is not a local folder and has no copy in the Hugging Face cache; the estimate "
-                f"never downloads (it runs with HF_HUB_OFFLINE=1): download it once with {command} "
+                f"{shown} is neither a local folder nor in the Hugging Face cache, and the estimate never "
+                f"downloads (it runs with HF_HUB_OFFLINE=1): download it once with {command} "
                 "(`huggingface-cli download` before huggingface_hub 1.0), or pass a local folder"
             )
         current = current.__cause__ or current.__context__
