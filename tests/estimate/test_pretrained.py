@@ -3,10 +3,12 @@
 Every checkpoint here is cut right after its safetensors header: its tensor data is not in the file
 at all, so a load that read a byte of it would fail. The estimate still runs, and counts what the
 real model holds. All scripts run in one child interpreter (one `import transformers`), each as a
-run of its own."""
+run of its own. Without Transformers (CI installs the test extra only) the plain-torch case runs alone;
+Transformers and PEFT are in the bench extra."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import struct
@@ -20,6 +22,11 @@ pytest.importorskip("safetensors")
 from safetensors.torch import save_file
 
 from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, prediction_from, run_harness
+
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+HAS_PEFT = HAS_TRANSFORMERS and importlib.util.find_spec("peft") is not None
+needs_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers (the bench extra)")
+needs_peft = pytest.mark.skipif(not HAS_PEFT, reason="needs peft (the bench extra)")
 
 
 def cut_after_header(path: Path) -> int:
@@ -112,7 +119,10 @@ def _checkpoints(root: Path) -> tuple[list[dict], dict]:
     (plain / "train.py").write_text(PLAIN)
     runs.append({"case": "plain", "script": str(plain / "train.py")})
 
-    transformers = pytest.importorskip("transformers")
+    if not HAS_TRANSFORMERS:
+        return runs, expected
+    import transformers
+
     torch.manual_seed(0)
 
     # One file, float32, every weight in the checkpoint.
@@ -178,25 +188,27 @@ def _checkpoints(root: Path) -> tuple[list[dict], dict]:
     runs.append({"case": "pickled", "script": str(_script(pickled, load))})
 
     # A PEFT LoRA adapter (adapter_model.safetensors, read by safetensors.torch.load_file) on a base model.
-    peft = pytest.importorskip("peft")
-    adapter = root / "adapter"
-    model = transformers.LlamaForCausalLM(llama_config())
-    model.save_pretrained(adapter / "base")
-    lora = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
-    lora.save_pretrained(adapter / "lora")
-    base = transformers.AutoModelForCausalLM.from_pretrained(adapter / "base")
-    expected["adapter"] = held_bytes(
-        peft.PeftModel.from_pretrained(base, adapter / "lora", is_trainable=True)
-    )
-    cut_after_header(adapter / "base" / "model.safetensors")
-    cut_after_header(adapter / "lora" / "adapter_model.safetensors")
-    load = (
-        'peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(here / "base"), '
-        'here / "lora", is_trainable=True)'
-    )
-    script = _script(adapter, load)
-    script.write_text("import peft\n" + script.read_text())
-    runs.append({"case": "adapter", "script": str(script)})
+    if HAS_PEFT:
+        import peft
+
+        adapter = root / "adapter"
+        model = transformers.LlamaForCausalLM(llama_config())
+        model.save_pretrained(adapter / "base")
+        lora = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+        lora.save_pretrained(adapter / "lora")
+        base = transformers.AutoModelForCausalLM.from_pretrained(adapter / "base")
+        expected["adapter"] = held_bytes(
+            peft.PeftModel.from_pretrained(base, adapter / "lora", is_trainable=True)
+        )
+        cut_after_header(adapter / "base" / "model.safetensors")
+        cut_after_header(adapter / "lora" / "adapter_model.safetensors")
+        load = (
+            'peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(here / "base"), '
+            'here / "lora", is_trainable=True)'
+        )
+        script = _script(adapter, load)
+        script.write_text("import peft\n" + script.read_text())
+        runs.append({"case": "adapter", "script": str(script)})
 
     # A Hub name with no local copy (the Hugging Face cache is empty).
     hub = root / "hub"
@@ -236,23 +248,29 @@ def test_safetensors_load_file_reads_the_header_only(traces):
     assert counted == expected == (1024 * 512 + 1024 + 16 * 1024 + 16) * 2
 
 
-@pytest.mark.parametrize("case", ["single", "tied", "keys", "pickled", "adapter"])
+@needs_transformers
+@pytest.mark.parametrize(
+    "case", ["single", "tied", "keys", "pickled", pytest.param("adapter", marks=needs_peft)]
+)
 def test_from_pretrained_counts_what_the_real_model_holds(traces, case):
     counted, expected = _parameters(traces, case)
     assert counted == expected
 
 
+@needs_transformers
 def test_sharded_checkpoint_with_dtype_auto_takes_the_headers_dtype(traces):
     counted, expected = _parameters(traces, "sharded")
     assert counted == expected < traces[1]["single"] * 0.51  # bfloat16: half of float32's
 
 
+@needs_transformers
 def test_tied_weights_are_counted_once(traces):
     counted, expected = _parameters(traces, "tied")
     # The untied model's, less one 512 x 64 float32 matrix.
     assert counted == expected == traces[1]["single"] - 512 * 64 * 4
 
 
+@needs_transformers
 def test_a_hub_name_without_a_local_copy_is_one_line_saying_what_is_needed(traces):
     results, _ = traces
     trace = results["hub"]

@@ -59,7 +59,7 @@ _DTYPES = {
 _ACTIVE: dict = {"fake_mode": None, "real_open": None}
 
 
-def install(shims, request: dict, state: dict) -> None:
+def install(shims, state: dict) -> None:
     _offline(shims)
     fake_mode = state.get("fake_mode")
     if fake_mode is None:

@@ -36,7 +36,7 @@ def install_shims(shims: Shims, request: dict, tracker, context, state: dict) ->
     data.install(shims, request, tracker, context, state)
     knobs.install(shims, request, context, state)
     # Offline; under fake mode, safetensors checkpoints by their headers.
-    pretrained.install(shims, request, state)
+    pretrained.install(shims, state)
     if state.get("fake_mode") is not None:
         values.install(shims, tracker)
     # torchrun-style scripts as rank 0 of N (only when the request has "distributed").
