@@ -1,7 +1,7 @@
 """Pretrained checkpoints read by their headers alone (harness/pretrained.py).
 
-Every checkpoint here is cut right after its safetensors header: its tensor data is not in the file
-at all, so a load that read a byte of it would fail. The estimate still runs, and counts what the
+Every safetensors checkpoint here is cut right after its header: its tensor data is not in the file
+at all, so a load that read a byte of it would fail (the `.bin` one is whole: a zip cut short does not open). The estimate still runs, and counts what the
 real model holds. All scripts run in one child interpreter (one `import transformers`), each as a
 run of its own. Without Transformers (CI installs the test extra only) the plain-torch case runs alone;
 Transformers and PEFT are in the bench extra."""
@@ -96,8 +96,10 @@ def llama_config(**overrides):
     return LlamaConfig(**settings)
 
 
-def _script(folder: Path, load: str, loss: str = "model(input_ids=ids, labels=ids).loss") -> Path:
-    script = folder / "train.py"
+def _script(
+    folder: Path, load: str, loss: str = "model(input_ids=ids, labels=ids).loss", name: str = "train.py"
+) -> Path:
+    script = folder / name
     script.write_text(TRAIN.format(load=load, loss=loss))
     return script
 
@@ -130,9 +132,14 @@ def _checkpoints(root: Path) -> tuple[list[dict], dict]:
     model = transformers.LlamaForCausalLM(llama_config())
     model.save_pretrained(single / "ckpt")
     expected["single"] = held_bytes(transformers.AutoModelForCausalLM.from_pretrained(single / "ckpt"))
+    # The same file cast on load, by the older keyword (Transformers maps torch_dtype to dtype).
+    cast = transformers.AutoModelForCausalLM.from_pretrained(single / "ckpt", torch_dtype=torch.bfloat16)
+    expected["cast"] = held_bytes(cast)
     cut_after_header(single / "ckpt" / "model.safetensors")
     load = 'transformers.AutoModelForCausalLM.from_pretrained(here / "ckpt")'
     runs.append({"case": "single", "script": str(_script(single, load))})
+    load = 'transformers.AutoModelForCausalLM.from_pretrained(here / "ckpt", torch_dtype=torch.bfloat16)'
+    runs.append({"case": "cast", "script": str(_script(single, load, name="train_cast.py"))})
 
     # Sharded (model.safetensors.index.json), saved in bfloat16 with no dtype in its config:
     # dtype="auto" can only come from the shards' headers.
@@ -261,6 +268,12 @@ def test_from_pretrained_counts_what_the_real_model_holds(traces, case):
 def test_sharded_checkpoint_with_dtype_auto_takes_the_headers_dtype(traces):
     counted, expected = _parameters(traces, "sharded")
     assert counted == expected < traces[1]["single"] * 0.51  # bfloat16: half of float32's
+
+
+@needs_transformers
+def test_a_cast_on_load_by_torch_dtype_holds_the_cast_weights(traces):
+    counted, expected = _parameters(traces, "cast")
+    assert counted == expected < traces[1]["single"] * 0.51  # bfloat16 from a float32 file
 
 
 @needs_transformers
