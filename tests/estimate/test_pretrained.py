@@ -63,6 +63,15 @@ for _ in range(2):
     optimizer.zero_grad()
 """
 
+# The same file read in a worker thread, where none of the run's modes is active.
+THREADED = PLAIN.replace(
+    'model.load_state_dict(load_file(Path(__file__).parent / "plain.safetensors"), assign=True)',
+    "from concurrent.futures import ThreadPoolExecutor\n"
+    "with ThreadPoolExecutor(2) as pool:\n"
+    '    state = pool.submit(load_file, Path(__file__).parent / "plain.safetensors").result()\n'
+    "model.load_state_dict(state, assign=True)",
+)
+
 # Transformers: a model from a local folder, two AdamW steps. {load} is the from_pretrained call.
 TRAIN = """from pathlib import Path
 import torch
@@ -120,6 +129,9 @@ def _checkpoints(root: Path) -> tuple[list[dict], dict]:
     expected["plain"] = cut_after_header(plain / "plain.safetensors")
     (plain / "train.py").write_text(PLAIN)
     runs.append({"case": "plain", "script": str(plain / "train.py")})
+    (plain / "threaded.py").write_text(THREADED)
+    expected["threaded"] = expected["plain"]
+    runs.append({"case": "threaded", "script": str(plain / "threaded.py")})
 
     if not HAS_TRANSFORMERS:
         return runs, expected
@@ -254,6 +266,12 @@ def _parameters(traces, case: str) -> tuple[int, int]:
 def test_safetensors_load_file_reads_the_header_only(traces):
     counted, expected = _parameters(traces, "plain")
     assert counted == expected == (1024 * 512 + 1024 + 16 * 1024 + 16) * 2
+
+
+def test_a_checkpoint_read_in_another_thread_is_read_by_its_header_too(traces):
+    assert "ThreadPoolExecutor" in THREADED
+    counted, expected = _parameters(traces, "threaded")
+    assert counted == expected
 
 
 @needs_transformers
