@@ -1,10 +1,10 @@
 """Pretrained checkpoints read by their headers alone (harness/pretrained.py).
 
 Every safetensors checkpoint here is cut right after its header: its tensor data is not in the file
-at all, so a load that read a byte of it would fail (the `.bin` one is whole: a zip cut short does not open). The estimate still runs, and counts what the
-real model holds. All scripts run in one child interpreter (one `import transformers`), each as a
-run of its own. Without Transformers (CI installs the test extra only) the plain-torch case runs alone;
-Transformers and PEFT are in the bench extra."""
+at all, so a load that read a byte of it would fail (the `.bin` one is whole: a zip cut short does not
+open). The estimate still runs, and counts what the real model holds. All scripts run in one child
+interpreter (one `import transformers`), each as a run of its own. Without Transformers (CI installs
+the test extra only) the plain-torch cases run alone; Transformers and PEFT are in the bench extra."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def held_bytes(module) -> int:
     return sum(storages.values())
 
 
-# Plain torch: a model built on the meta device, its weights assigned from safetensors.load_file.
+# Plain torch: a model built on the meta device, its weights assigned from safetensors' load_file.
 PLAIN = """
 from pathlib import Path
 import torch
