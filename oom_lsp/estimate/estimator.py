@@ -513,6 +513,9 @@ def _failure_error(trace: dict[str, Any]) -> EstimateError:
     failure = trace.get("failure") or {}
     where = failure.get("where")
     location = f" at {_place(where['file'], where['line'])}" if where else ""
+    if failure.get("kind") == "needs-download":
+        # A Hub name with no local copy (the harness runs offline): what is needed, in one line.
+        return EstimateError(f"no estimate{location}: {failure.get('message')}")
     lines = [f"the script crashed{location}: {failure.get('type')}: {failure.get('message')}"]
     frames = failure.get("frames") or []
     if frames:

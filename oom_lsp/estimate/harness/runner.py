@@ -48,6 +48,7 @@ from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_
 from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
 from .failures import classify_failure, user_frames
 from .memo import FakeDispatchMemo
+from .pretrained import missing_download
 from .seeding import seed_everything
 from .shims import Shims, install_shims
 from .tracker import StorageTracker
@@ -172,6 +173,9 @@ def run(request: dict) -> dict:
             "frames": frames,
             "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))[-4000:],
         }
+        download = missing_download(error)
+        if download is not None:
+            failure.update(kind="needs-download", message=download)
     finally:
         elapsed = time.perf_counter() - started
         sys.argv, sys.path[:] = old_argv, old_path

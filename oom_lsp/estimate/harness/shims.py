@@ -3,7 +3,7 @@ the run; `install_shims` installs them all, concern by concern."""
 
 from __future__ import annotations
 
-from . import cuda, data, distributed, knobs, training, values
+from . import cuda, data, distributed, knobs, pretrained, training, values
 
 
 class Shims:
@@ -35,6 +35,8 @@ def install_shims(shims: Shims, request: dict, tracker, context, state: dict) ->
     training.install(shims, request, tracker, context, state)
     data.install(shims, request, tracker, context, state)
     knobs.install(shims, request, context, state)
+    # Offline; under fake mode, safetensors checkpoints by their headers.
+    pretrained.install(shims, state)
     if state.get("fake_mode") is not None:
         values.install(shims, tracker)
     # torchrun-style scripts as rank 0 of N (only when the request has "distributed").

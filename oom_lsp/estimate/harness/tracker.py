@@ -117,6 +117,11 @@ class StorageTracker(TorchDispatchMode):
             tensor = self.unwrap(tensor)
         if tensor.is_nested or tensor.layout != torch.strided:
             return None
+        # A fake tensor's own device (`.device` answers meta inside fake mode's kernels).
+        device_type = (tensor.fake_device if type(tensor) is self.fake_tensor_type else tensor.device).type
+        if device_type == "meta":
+            # No memory anywhere: a model built on the meta device before its checkpoint is assigned.
+            return None
         storage = tensor.untyped_storage()
         key = id(storage)
         record = self.live.get(key)
