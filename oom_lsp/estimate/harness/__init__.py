@@ -25,7 +25,7 @@ One module per concern:
 - `cuda_kernels`: CUDA's kernel choices emulated on the CPU trace (SDPA, cuDNN RNN reserve).
 - `cpu_kernels`: what CPU kernels allocate inside themselves (oneDNN scratch and workspaces).
 - `training`: the training step's phases, parameters, gradients, optimizer state, the stop.
-- `data`: DataLoader in-process, its batch replayed as fake tensors.
+- `data`: DataLoader in-process, each batch it yields handed on as fake tensors (`BatchTrace`).
 - `seeding`: the seeds of a run (random, NumPy, torch, each DataLoader's shuffle).
 - `values`: values read from fake tensors (`f"{loss:.4f}"`, `.tolist()`).
 - `knobs`: where the script sets its batch size, and the `--batch-size` override.
