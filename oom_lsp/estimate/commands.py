@@ -73,7 +73,8 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         "--batch-size",
         type=int,
         default=default(None),
-        help="override the script's batch size (argparse option or DataLoader batch_size)",
+        help="override the script's batch size (an argparse option, DataLoader batch_size, a module global "
+        "batch_size, TrainingArguments per_device_train_batch_size, a Lightning batch_size parameter)",
     )
     parser.add_argument(
         "--dtype",

@@ -43,7 +43,9 @@ CUBLAS_WORKSPACE_HOPPER = 32 * MIB
 DATA_DRAWS = 3
 _NO_KNOB = (
     "cannot change the script's batch size: it is set neither by an argparse option (--batch-size, "
-    "--batch_size, --bs...) nor by DataLoader(batch_size=...); pass it one of those ways"
+    "--batch_size, --bs...), DataLoader(batch_size=...), a module global (batch_size = 8), "
+    "TrainingArguments(per_device_train_batch_size=...) nor a Lightning module's or data module's "
+    "batch_size parameter; pass it one of those ways"
 )
 
 

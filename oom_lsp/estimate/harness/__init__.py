@@ -28,7 +28,7 @@ One module per concern:
 - `data`: DataLoader in-process, each batch it yields handed on as fake tensors (`BatchTrace`).
 - `seeding`: the seeds of a run (random, NumPy, torch, each DataLoader's shuffle).
 - `values`: values read from fake tensors (`f"{loss:.4f}"`, `.tolist()`).
-- `knobs`: where the script sets its batch size, and the `--batch-size` override.
+- `knobs`: where the script sets its batch size (argparse, module globals, TrainingArguments, Lightning), the `--batch-size` override, `run_script`.
 - `failures`: how a failed run is explained (the user's frames, the kind of failure).
 - `progress`: progress events to the parent.
 - `common`: small helpers the others share.

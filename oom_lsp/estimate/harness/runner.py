@@ -33,7 +33,6 @@ import importlib.util
 import json
 import math
 import os
-import runpy
 import sys
 import time
 import traceback
@@ -49,6 +48,7 @@ from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_
 from .data import LISTED_BATCHES
 from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
 from .failures import classify_failure, user_frames
+from .knobs import run_script
 from .memo import FakeDispatchMemo
 from .seeding import seed_everything
 from .shims import Shims, install_shims
@@ -137,15 +137,15 @@ def run(request: dict) -> dict:
             with _script_autocast(request.get("autocast_dtype")):
                 if fake_mode is not None:
                     with fake_mode, tracker, redirect:
-                        runpy.run_path(script, run_name="__main__")
+                        run_script(script, request, context, state)
                 elif request.get("track", True):
                     with tracker, redirect:
-                        runpy.run_path(script, run_name="__main__")
+                        run_script(script, request, context, state)
                 else:
                     # A bare real run, to time the steps the estimate replaces:
                     # nothing counted at the dispatcher.
                     with redirect:
-                        runpy.run_path(script, run_name="__main__")
+                        run_script(script, request, context, state)
         finally:
             if prof is not None:
                 prof.stop()
@@ -222,7 +222,7 @@ def run(request: dict) -> dict:
         autocast_regions=state.get("autocast_regions", 0),
         autocast_dtypes=sorted(state.get("autocast_dtypes", ())),
         foreach_pinned=bool(state.get("foreach_pinned")),
-        batch_size=state.get("loader_batch") or state.get("argparse_batch"),
+        batch_size=state.get("loader_batch") or state.get("argparse_batch") or state.get("knob_batch"),
         override_applied=state["override_applied"],
         batch_knobs=list(state["batch_knobs"].values()),
         batch_padded=state.get("batch_padded"),
