@@ -133,7 +133,7 @@ def find_batch_literal(
 # A batch size assigned as a module global (nanoGPT's `batch_size = 12`), which OOM101 does not
 # flag: the estimate reports its line as a knob.
 _KNOB_ASSIGNMENT = re.compile(
-    r"^\s*(?:batch_size|bs|batch|train_batch_size|per_device_train_batch_size|micro_batch_size)"
+    r"^\s*(?:batch_size|bs|train_batch_size|per_device_train_batch_size|micro_batch_size)"
     r"\s*(?::[^=]*)?=\s*(\d[\d_]*)\s*(?:#.*)?$"
 )
 

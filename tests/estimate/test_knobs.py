@@ -178,12 +178,16 @@ def test_lightning_datamodule_and_module_batch_size_are_knobs(tmp_path):
     assert larger["peak_bytes"] - plain["peak_bytes"] == (800 - 80) * (64 + 512) * 4
 
 
-def test_a_script_without_any_knob_still_says_so(tmp_path):
+def test_a_module_loop_variable_named_batch_is_no_knob(tmp_path):
+    # `batch` counts as an argparse option's name, not as a module global's: it is a loop
+    # variable as often as a size.
     script = tmp_path / "fixed.py"
     script.write_text(
         "import torch\nmodel = torch.nn.Linear(8, 8)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "for _ in range(2):\n    model(torch.randn(4, 8)).sum().backward()\n    optimizer.step()\n"
+        "for batch in range(2):\n    model(torch.randn(4, 8)).sum().backward()\n    optimizer.step()\n"
     )
+    (trace,) = run_harness(_cpu(script), [{}])
+    assert trace["status"] == "stopped" and trace["batch_knobs"] == [] and trace["batch_size"] is None
     with pytest.raises(EstimateError) as error:
         estimate(_cpu(script, batch_size=8))
     assert str(error.value) == _NO_KNOB

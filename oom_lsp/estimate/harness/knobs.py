@@ -34,6 +34,8 @@ BATCH_OPTION_NAMES = {
     "per_device_train_batch_size",
     "micro_batch_size",
 }
+# Module globals: not `batch`, a loop variable as often as a size (`for batch in range(n)`).
+GLOBAL_BATCH_NAMES = BATCH_OPTION_NAMES - {"batch"}
 # How far below a call's first line its keyword argument is looked for.
 _CALL_LINES = 40
 
@@ -214,7 +216,7 @@ class ModuleNames(collections.abc.MutableMapping):
 
     def __getitem__(self, name):
         value = self.globals[name]
-        if name in BATCH_OPTION_NAMES and isinstance(value, int) and not isinstance(value, bool):
+        if name in GLOBAL_BATCH_NAMES and isinstance(value, int) and not isinstance(value, bool):
             if self.override is not None and value != self.override:
                 value = self.globals[name] = self.override
                 self.state["override_applied"].append(f"global {name}")
@@ -222,7 +224,7 @@ class ModuleNames(collections.abc.MutableMapping):
         return value
 
     def __setitem__(self, name, value):
-        if name in BATCH_OPTION_NAMES and isinstance(value, int) and not isinstance(value, bool):
+        if name in GLOBAL_BATCH_NAMES and isinstance(value, int) and not isinstance(value, bool):
             frame = sys._getframe(1)
             if os.path.isfile(frame.f_code.co_filename):  # not exec'd text: no line to show
                 add_knob(
