@@ -250,6 +250,7 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
 
     probed_loaders: weakref.WeakSet = weakref.WeakSet()
     scanned_loaders: weakref.WeakSet = weakref.WeakSet()
+    first_batch_shapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def shuffled_by_harness(loader) -> bool:
         """A map-style loader whose sampler draws from the generator the harness seeded
@@ -368,7 +369,6 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             smaller_than_a_batch = len(self.dataset) < (wanted or 0)
         except TypeError:
             smaller_than_a_batch = False
-        first_shapes = None
         for index, (real_batch, twins) in enumerate(batches, 1):
             leaves = batch_leaves(real_batch)
             if (
@@ -395,9 +395,9 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             traced = trace.add(record, index, batch)
             traced["worst"] = worst is not None
             shapes = {path: shape[1:] for path, shape in traced["shapes"].items()}
-            if first_shapes is None:
-                first_shapes = shapes
-            elif (
+            # Compared with the loader's first batch of any pass (a sanity check's pass gives one).
+            first_shapes = first_batch_shapes.setdefault(self, shapes)
+            if (
                 shapes != first_shapes
                 and request.get("worst_case")
                 and worst is None
