@@ -217,11 +217,12 @@ def _spread(peaks: list[int] | None) -> str:
 def _batch_text(row: dict) -> str:
     """The batch the estimate's peak happened with, and its worst case when it traced one."""
     batch = row["peak_batch"]
-    shapes = ", ".join("x".join(map(str, shape)) for shape in list(batch["shapes"].values())[:1])
+    # the batch's widest tensor (input_ids rather than labels)
+    shapes = "x".join(map(str, max(batch["shapes"].values(), key=len, default=[])))
     text = f"peak at step {batch['step']}, micro-batch {batch['micro_batch']} ({shapes})"
     if row.get("worst_bytes") is not None:
         longest = ", ".join(
-            "x".join(map(str, next(iter(shapes.values())))) for shapes in row["worst_shapes"] if shapes
+            "x".join(map(str, max(shapes.values(), key=len))) for shapes in row["worst_shapes"] if shapes
         )
         text += f"; worst case {row['worst_bytes'] / MIB:.2f} MiB with the longest batches ({longest})"
     return text
