@@ -197,6 +197,10 @@ def run_case(case: Case, work: Path, python: str, timeout: float, with_harness_r
         corrections=[note["name"] for note in predicted.get("corrections", [])],
         # the peaks of the other seeds the estimate traced when the data's draw decides the peak
         spread_bytes=(predicted.get("data_spread") or {}).get("peak_bytes"),
+        # the batch the peak happened with, and the peak with the longest batch the data can produce
+        peak_batch=predicted.get("peak_batch"),
+        worst_bytes=(predicted.get("worst_case") or {}).get("peak_bytes"),
+        worst_shapes=[batch["shapes"] for batch in (predicted.get("worst_case") or {}).get("batches", [])],
     )
     if with_harness_real:
         row["harness_real_bytes"] = harness_real(case, folder, python, timeout)
@@ -208,6 +212,20 @@ def _spread(peaks: list[int] | None) -> str:
     if not peaks:
         return ""
     return f"{min(peaks) / MIB:.2f}–{max(peaks) / MIB:.2f}"
+
+
+def _batch_text(row: dict) -> str:
+    """The batch the estimate's peak happened with, and its worst case when it traced one."""
+    batch = row["peak_batch"]
+    # the batch's widest tensor (input_ids rather than labels)
+    shapes = "x".join(map(str, max(batch["shapes"].values(), key=len, default=[])))
+    text = f"peak at step {batch['step']}, micro-batch {batch['micro_batch']} ({shapes})"
+    if row.get("worst_bytes") is not None:
+        longest = ", ".join(
+            "x".join(map(str, max(shapes.values(), key=len))) for shapes in row["worst_shapes"] if shapes
+        )
+        text += f"; worst case {row['worst_bytes'] / MIB:.2f} MiB with the longest batches ({longest})"
+    return text
 
 
 def print_table(rows: list[dict], failures: dict[str, str], skipped: dict[str, list[str]]) -> None:
@@ -248,6 +266,8 @@ def print_table(rows: list[dict], failures: dict[str, str], skipped: dict[str, l
     for row in rows:
         if "estimate_failure" in row:
             print(f"{row['case']}: {row['estimate_failure'].splitlines()[0]}")
+        elif row.get("peak_batch"):
+            print(f"{row['case']}: {_batch_text(row)}")
     for name, message in failures.items():
         print(f"{name}: {message}")
     for name, modules in skipped.items():

@@ -73,7 +73,8 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         "--batch-size",
         type=int,
         default=default(None),
-        help="override the script's batch size (argparse option or DataLoader batch_size)",
+        help="override the script's batch size (an argparse option, DataLoader batch_size, a module global "
+        "batch_size, TrainingArguments per_device_train_batch_size, a Lightning batch_size parameter)",
     )
     parser.add_argument(
         "--dtype",
@@ -384,6 +385,53 @@ def _place(file: str, line: object, cell: int | None = None) -> str:
     return f"{_rel(file)}, cell {cell}, line {line}" if cell is not None else f"{_rel(file)}:{line}"
 
 
+def _shapes_words(shapes: dict[str, list[int]]) -> str:
+    return ", ".join(
+        f"{path + ' ' if path else ''}{'x'.join(str(size) for size in shape) or 'scalar'}"
+        for path, shape in shapes.items()
+    )
+
+
+def _batch_words(batch: dict[str, Any], traced: int | None) -> str:
+    """Which batch the peak happened with, e.g. "step 2, micro-batch 3 (input_ids 2x138), batch 11
+    of the DataLoader at train.py:40 (24 batches traced, each as the loader gave it)"."""
+    loader = batch["loader"]
+    when = f"step {batch['step']}, micro-batch {batch['micro_batch']}" if batch.get("step") else "a batch"
+    counted = f"; {traced} batches traced, each as the loader gave it" if traced else ""
+    return (
+        f"{when} ({_shapes_words(batch['shapes'])}), batch {batch['index']} of the DataLoader at "
+        f"{_place(loader['file'], loader['line'])}{counted}"
+    )
+
+
+def _worst_case_words(worst: dict[str, Any]) -> str:
+    """The longest batch the data can produce, and the peak with it for every batch."""
+    from oom_lsp.estimate.gpus import format_bytes
+
+    longest = []
+    for batch in worst.get("batches", []):
+        scanned = (
+            f"the {batch['batch_size']} largest of {batch['samples']:,} samples"
+            if batch["scanned"] >= batch["samples"]
+            else f"the {batch['batch_size']} largest of the first {batch['scanned']:,} of {batch['samples']:,} "
+            "samples (the rest not read, for time)"
+        )
+        longest.append(
+            f"{_shapes_words(batch['shapes'])} ({scanned}, DataLoader at "
+            f"{_place(batch['loader']['file'], batch['loader']['line'])})"
+        )
+    verdict = f", {worst['verdict'].upper()}" if worst.get("verdict") else ""
+    held = (
+        f", {format_bytes(worst['process_bytes'])} process total"
+        if worst.get("process_bytes") is not None
+        else ""
+    )
+    return (
+        f"{format_bytes(worst['peak_bytes'])} allocated{held}{verdict} with the longest batch the data can "
+        f"produce at every step: {'; '.join(longest)}"
+    )
+
+
 def write_text(prediction: dict[str, Any], out: TextIO) -> None:
     from oom_lsp.estimate.gpus import format_bytes
 
@@ -442,6 +490,10 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
         module = f", in module {where['module']}" if where.get("module") else ""
         location = f", {_place(where['file'], where['line'], where.get('cell'))}" if where.get("file") else ""
         out.write(f"  peak at: {where['op']}{when}{module}{location}\n")
+    if prediction.get("peak_batch"):
+        out.write(
+            f"  peak batch: {_batch_words(prediction['peak_batch'], prediction.get('batches_traced'))}\n"
+        )
     modules = [(name, size) for name, size in prediction.get("top_modules", []) if name]
     if modules:
         out.write("  top modules at the peak (memory they allocated that is still live):\n")
@@ -474,6 +526,8 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
         out.write(
             "  target: none (pass --gpu NAME or --gpu-memory SIZE, or set gpu-memory in [tool.oom-lsp])\n"
         )
+    if prediction.get("worst_case"):
+        out.write(f"  worst case: {_worst_case_words(prediction['worst_case'])}\n")
     if prediction.get("warning"):
         out.write(f"  warning: {prediction['warning']}\n")
     if prediction["corrections"]:

@@ -43,7 +43,9 @@ CUBLAS_WORKSPACE_HOPPER = 32 * MIB
 DATA_DRAWS = 3
 _NO_KNOB = (
     "cannot change the script's batch size: it is set neither by an argparse option (--batch-size, "
-    "--batch_size, --bs...) nor by DataLoader(batch_size=...); pass it one of those ways"
+    "--batch_size, --bs...), DataLoader(batch_size=...), a module global (batch_size = 8), "
+    "TrainingArguments(per_device_train_batch_size=...) nor a Lightning module's or data module's "
+    "batch_size parameter; pass it one of those ways"
 )
 
 
@@ -474,13 +476,28 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
         "torch": trace.get("torch"),
         "batch_knobs": trace.get("batch_knobs", []),
         "data_spread": spread,
+        "peak_batch": trace.get("peak_batch"),
+        "batches_traced": trace.get("batches_traced"),
     }
     if trace.get("distributed"):
         prediction["distributed"] = distributed.describe(trace)
         prediction["method"] += f" as rank 0 of {trace['distributed']['world_size']} (fake process group)"
     if capacity is not None:
         _set_verdict(prediction, capacity, options.margin)
+    worst = trace.get("worst_case")
+    if worst and worst.get("status") == "stopped":
+        prediction["worst_case"] = _worst_case(worst, options)
     return prediction
+
+
+def _worst_case(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
+    """The run where each loader whose batches differ in shape gave, for every batch, the longest
+    batch its data can produce: an upper bound over the draws, stated beside the estimate."""
+    bound = predict({**trace, "worst_case": None}, options)
+    return {
+        key: bound[key]
+        for key in ("peak_bytes", "reserved_bytes", "context_bytes", "process_bytes", "verdict", "peak_at")
+    } | {"batches": trace.get("longest_batches") or []}
 
 
 def _set_verdict(prediction: dict[str, Any], capacity: int, margin: float) -> None:
@@ -586,7 +603,9 @@ Progress = Callable[[str], None]
 
 def estimate(options: EstimateOptions, progress: Progress | None = None) -> dict[str, Any]:
     """One prediction; falls back to real CPU steps when the script cannot be faked."""
-    (trace,) = run_harness(options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS}])
+    (trace,) = run_harness(
+        options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS, "worst_case": True}]
+    )
     return prediction_from(trace, options, progress)
 
 

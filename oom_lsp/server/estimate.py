@@ -14,6 +14,7 @@ Any edit of the file drops the hint, OOM100 and the status (profiling.py).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,8 +123,31 @@ def find_batch_literal(
             continue
         literal = BatchLiteral(span.start.line, span.start.column, span.end.column, finding.statement_line)
         candidates.append((literal.line in knob_lines, value == batch_size, literal))
-    preferred = [item for item in candidates if item[0]] or [item for item in candidates if item[1]]
-    return preferred[0][2] if preferred else None
+    on_knob = [item for item in candidates if item[0]]
+    if on_knob:
+        return on_knob[0][2]
+    assigned = _knob_assignment(lines, knob_lines)
+    if assigned is not None:
+        return assigned
+    by_value = [item for item in candidates if item[1]]
+    return by_value[0][2] if by_value else None
+
+
+# A batch size assigned as a module global (nanoGPT's `batch_size = 12`), which OOM101 does not
+# flag: the estimate reports its line as a knob.
+_KNOB_ASSIGNMENT = re.compile(
+    r"^\s*(?:batch_size|bs|train_batch_size|per_device_train_batch_size|micro_batch_size)"
+    r"\s*(?::[^=]*)?=\s*(\d[\d_]*)\s*(?:#.*)?$"
+)
+
+
+def _knob_assignment(lines: list[str], knob_lines: set[int]) -> BatchLiteral | None:
+    for line in sorted(knob_lines):
+        if 1 <= line <= len(lines):
+            match = _KNOB_ASSIGNMENT.match(lines[line - 1].rstrip("\r\n"))
+            if match:
+                return BatchLiteral(line, match.start(1), match.end(1), line)
+    return None
 
 
 def _target_gpu(ls: OomLanguageServer, args: EstimateArgs, script: Path) -> Gpu | None:

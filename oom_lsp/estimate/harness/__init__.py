@@ -25,11 +25,11 @@ One module per concern:
 - `cuda_kernels`: CUDA's kernel choices emulated on the CPU trace (SDPA, cuDNN RNN reserve).
 - `cpu_kernels`: what CPU kernels allocate inside themselves (oneDNN scratch and workspaces).
 - `training`: the training step's phases, parameters, gradients, optimizer state, the stop.
-- `data`: DataLoader in-process, its batch replayed as fake tensors.
+- `data`: DataLoader in-process, each batch it yields handed on as fake tensors (`BatchTrace`).
 - `seeding`: the seeds of a run (random, NumPy, torch, each DataLoader's shuffle).
 - `values`: values read from fake tensors (`f"{loss:.4f}"`, `.tolist()`).
 - `pretrained`: checkpoints opened by their safetensors headers under fake mode; offline runs.
-- `knobs`: where the script sets its batch size, and the `--batch-size` override.
+- `knobs`: where the script sets its batch size (argparse, module globals, TrainingArguments, Lightning), the `--batch-size` override, `run_script`.
 - `failures`: how a failed run is explained (the user's frames, the kind of failure).
 - `progress`: progress events to the parent.
 - `common`: small helpers the others share.

@@ -31,8 +31,8 @@ import argparse
 import gc
 import importlib.util
 import json
+import math
 import os
-import runpy
 import sys
 import time
 import traceback
@@ -45,8 +45,10 @@ from .context import Context
 from .cpu_kernels import make_conv_scratch, make_matmul_copies, make_onednn_rnn_workspace, profile_replay_peak
 from .cuda import CudaRedirect
 from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
+from .data import LISTED_BATCHES
 from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
 from .failures import classify_failure, user_frames
+from .knobs import run_script
 from .memo import FakeDispatchMemo
 from .pretrained import missing_download
 from .seeding import seed_everything
@@ -136,15 +138,15 @@ def run(request: dict) -> dict:
             with _script_autocast(request.get("autocast_dtype")):
                 if fake_mode is not None:
                     with fake_mode, tracker, redirect:
-                        runpy.run_path(script, run_name="__main__")
+                        run_script(script, request, context, state)
                 elif request.get("track", True):
                     with tracker, redirect:
-                        runpy.run_path(script, run_name="__main__")
+                        run_script(script, request, context, state)
                 else:
                     # A bare real run, to time the steps the estimate replaces:
                     # nothing counted at the dispatcher.
                     with redirect:
-                        runpy.run_path(script, run_name="__main__")
+                        run_script(script, request, context, state)
         finally:
             if prof is not None:
                 prof.stop()
@@ -224,7 +226,7 @@ def run(request: dict) -> dict:
         autocast_regions=state.get("autocast_regions", 0),
         autocast_dtypes=sorted(state.get("autocast_dtypes", ())),
         foreach_pinned=bool(state.get("foreach_pinned")),
-        batch_size=state.get("loader_batch") or state.get("argparse_batch"),
+        batch_size=state.get("loader_batch") or state.get("argparse_batch") or state.get("knob_batch"),
         override_applied=state["override_applied"],
         batch_knobs=list(state["batch_knobs"].values()),
         batch_padded=state.get("batch_padded"),
@@ -233,10 +235,62 @@ def run(request: dict) -> dict:
         bf16_emulated=bool(state.get("bf16_emulated")),
         loaders=state["loaders"],
         distributed=state.get("distributed"),
+        **_batches(state, peak.get("batch")),
     )
     if prof is not None:
         result["profile_replay_peak"] = profile_replay_peak(prof)
     return result
+
+
+def _batches(state: dict, peak_batch) -> dict:
+    """The batches the loaders gave (fake runs), the one the peak happened with, and the longest
+    batch of each loader whose batches differ in shape, when it is longer than every batch traced
+    (`_worst_batches`: real batches for the worst-case run, not written out)."""
+    trace = state.get("batch_trace")
+    if trace is None:
+        return {}
+    largest: dict[int, int] = {}
+    for record in trace.batches:
+        rank = next(index for index, known in enumerate(state["loaders"]) if known is record["loader"])
+        elements = sum(math.prod(shape) for shape in record["shapes"].values())
+        largest[rank] = max(largest.get(rank, 0), elements)
+    worst = {
+        rank: found
+        for rank, found in state["worst_found"].items()
+        if found["elements"] > largest.get(rank, 0)
+    }
+    return {
+        "peak_batch": trace.describe(peak_batch),
+        "batches_traced": len(trace.batches),
+        "traced_batches": [trace.describe(record) for record in trace.batches[:LISTED_BATCHES]],
+        "_worst_batches": worst,
+    }
+
+
+def _worst_case(options: dict, first: dict) -> dict | None:
+    """The same run with the longest batch each varying loader can produce, for every batch."""
+    worst = first.pop("_worst_batches", None)
+    if not worst:
+        return None
+    progress.emit("run-start", batch_size=options["batch_size"])
+    again = run(
+        {**options, "seed": first["seed"], "worst_batches": {r: w["batch"] for r, w in worst.items()}}
+    )
+    again.pop("_worst_batches", None)
+    progress.emit("run", batch_size=again["batch_size"], status=again["status"])
+    loaders = first["loaders"]
+    again["longest_batches"] = [
+        {
+            "loader": {"file": loaders[rank]["file"], "line": loaders[rank]["line"]},
+            "shapes": found["shapes"],
+            "samples": found["samples"],
+            "scanned": found["scanned"],
+            "batch_size": found["batch_size"],
+            "drop_last": found["drop_last"],
+        }
+        for rank, found in worst.items()
+    ]
+    return again
 
 
 def _script_autocast(dtype_name: str | None):
@@ -283,7 +337,8 @@ def _spread(options: dict, first: dict) -> dict:
     seeds, peaks = [first["seed"]], [first["peak_bytes"]]
     for offset in range(1, int(options["draws"])):
         progress.emit("run-start", batch_size=options["batch_size"])
-        again = run({**options, "seed": first["seed"] + offset})
+        again = run({**options, "seed": first["seed"] + offset, "worst_case": False})
+        again.pop("_worst_batches", None)
         progress.emit("run", batch_size=again["batch_size"], status=again["status"])
         if again["status"] == "stopped":
             seeds.append(again["seed"])
@@ -323,6 +378,9 @@ def main() -> int:
         result = run(run_options)
         if int(run_options.get("draws", 1)) > 1 and result["data_varies"] and result["status"] == "stopped":
             result["data_spread"] = _spread(run_options, result)
+        if run_options.get("worst_case") and result["status"] == "stopped":
+            result["worst_case"] = _worst_case({**run_options, "worst_case": False}, result)
+        result.pop("_worst_batches", None)
         results.append(result)
         progress.emit("run", batch_size=result["batch_size"], status=result["status"])
         previous_batch = result["batch_size"] if result["status"] != "failed" else None

@@ -64,6 +64,8 @@ class StorageTracker(TorchDispatchMode):
         # A wrapper tensor's storage is its inner tensor's (distributed.py: a DTensor's local shard).
         self.unwrap = None
         self.op_counts = collections.Counter()
+        # data.BatchTrace under fake mode: which of the loaders' batches the script read last.
+        self.batch_trace = None
 
     # -- accounting --------------------------------------------------------
 
@@ -92,6 +94,7 @@ class StorageTracker(TorchDispatchMode):
                 "module": self.context.module(),
                 "line": self.context.user_line(),
                 "phase": self.context.phase(),
+                "batch": self.batch_trace.current if self.batch_trace is not None else None,
                 "by_category": dict(self.by_category),
                 "by_module": dict(self.by_module),
                 "by_line": dict(self.by_line),
@@ -224,6 +227,8 @@ class StorageTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.paused:
             return func(*args, **kwargs)
+        if self.batch_trace is not None and self.batch_trace.by_tensor:
+            self.batch_trace.note(args)
         if func is aten._local_scalar_dense.default:
             return self._local_scalar(func, args, kwargs)
         traits = _OP_TRAITS.get(func) or _op_traits(func)
