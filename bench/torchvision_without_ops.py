@@ -33,7 +33,10 @@ import sysconfig
 from pathlib import Path
 
 _SKIPPED = "torchvision._meta_registrations"
-_INSTALLED_NAME = "oom_lsp_torchvision_without_ops"
+# Not named oom_lsp_*: it loads in every interpreter of the venv, the estimate's child included,
+# which must import nothing of oom-lsp (tests/estimate/test_harness_launch.py checks the names).
+_INSTALLED_NAME = "torchvision_without_ops"
+_EARLIER_NAME = "oom_lsp_torchvision_without_ops"
 
 
 class _EmptyModuleLoader(importlib.abc.Loader):
@@ -42,7 +45,7 @@ class _EmptyModuleLoader(importlib.abc.Loader):
 
     def exec_module(self, module) -> None:
         module.__doc__ = (
-            "Skipped by oom_lsp_torchvision_without_ops: torchvision's C++ extension did not load, "
+            "Skipped by torchvision_without_ops: torchvision's C++ extension did not load, "
             "so there are no torchvision ops to register meta kernels for."
         )
 
@@ -66,6 +69,8 @@ def activate() -> None:
 def install() -> Path:
     """Copy this file into the running interpreter's site-packages with a .pth that imports it."""
     site = Path(sysconfig.get_paths()["purelib"])
+    for earlier in (site / f"{_EARLIER_NAME}.pth", site / f"{_EARLIER_NAME}.py"):
+        earlier.unlink(missing_ok=True)
     shutil.copyfile(__file__, site / f"{_INSTALLED_NAME}.py")
     pth = site / f"{_INSTALLED_NAME}.pth"
     pth.write_text(f"import {_INSTALLED_NAME}; {_INSTALLED_NAME}.activate()\n", encoding="utf-8")
