@@ -20,6 +20,7 @@ One module per concern:
 - `context`: where the script is (phase, module, line) when a storage is made.
 - `modules`: which module, found without holding anything alive (no graph hooks).
 - `memo`: FakeDispatchMemo, the cache of fake dispatches.
+- `fakes`: the run's FakeTensorMode, and deep copies of its tensors.
 - `shims`: the patcher that every shim goes through, and their order.
 - `cuda`: the GPU the script believes it has (torch.cuda, `device="cuda"`, autocast, GradScaler).
 - `cuda_kernels`: CUDA's kernel choices emulated on the CPU trace (SDPA, cuDNN RNN reserve).

@@ -47,6 +47,7 @@ from .cuda import CudaRedirect
 from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
 from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
 from .failures import classify_failure, user_frames
+from .fakes import make_fake_mode
 from .memo import FakeDispatchMemo
 from .seeding import seed_everything
 from .shims import Shims, install_shims
@@ -78,15 +79,10 @@ def run(request: dict) -> dict:
 
     fake_mode = None
     if mode == "fake":
-        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+        from torch._subclasses.fake_tensor import FakeTensor
         from torch.utils.weak import WeakIdKeyDictionary
 
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        # copy.deepcopy of a fake tensor (nn.TransformerEncoder copies its
-        # layer, an EMA model its model) deep-copies its __dict__, fake_mode
-        # included: the copy would belong to a mode of its own, a foreign
-        # tensor that this mode converts afresh in every op that reads it.
-        fake_mode.__deepcopy__ = lambda memo: fake_mode
+        fake_mode = make_fake_mode()
         state["fake_mode"] = fake_mode
         tracker.shadows = WeakIdKeyDictionary()
         tracker.fake_tensor_type = FakeTensor

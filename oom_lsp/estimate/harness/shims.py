@@ -3,7 +3,7 @@ the run; `install_shims` installs them all, concern by concern."""
 
 from __future__ import annotations
 
-from . import cuda, data, distributed, knobs, training, values
+from . import cuda, data, distributed, fakes, knobs, training, values
 
 
 class Shims:
@@ -37,5 +37,6 @@ def install_shims(shims: Shims, request: dict, tracker, context, state: dict) ->
     knobs.install(shims, request, context, state)
     if state.get("fake_mode") is not None:
         values.install(shims, tracker)
+        fakes.install(shims)
     # torchrun-style scripts as rank 0 of N (only when the request has "distributed").
     distributed.install(shims, request, tracker, context, state)
