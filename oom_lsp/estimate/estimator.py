@@ -362,6 +362,18 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 max(peaks) - min(peaks),
             )
         )
+    kept = trace.get("cuda_kept_on_cpu") or []
+    if kept and not cuda:
+        places = ", ".join(_place(spot["file"], spot["line"]) for spot in kept[:3] if spot["file"])
+        corrections.append(
+            _note(
+                "cuda-kept-on-cpu",
+                'the script saw no GPU (--device cpu) but put tensors on "cuda" without asking'
+                + (f" ({places}{', ...' if len(kept) > 3 else ''})" if places else "")
+                + ': traced on the CPU, where a CPU-only torch would stop with "Torch not compiled with '
+                'CUDA enabled"',
+            )
+        )
     if trace.get("stubbed_scalars"):
         corrections.append(
             _note(

@@ -11,9 +11,10 @@ Modes (`mode` in the request):
   replay (`profile_replay`), the ground truth of tests and benchmarks; with
   `track: false`, no tracker either: a bare real run, which benchmarks time.
 
-The script believes it has a GPU: `torch.cuda.is_available()` is True, and
-`device="cuda"`, `.cuda()`, `.to("cuda")`, `autocast("cuda")` are rewritten to
-the CPU. With `count="device"` only storages the script put on the GPU (and
+With `device="cuda"` the script believes it has a GPU: `torch.cuda.is_available()`
+is True, and `device="cuda"`, `.cuda()`, `.to("cuda")`, `autocast("cuda")` are
+rewritten to the CPU; with `device="cpu"` it sees none (but in a distributed
+request), and what it puts on "cuda" regardless runs on the CPU (cuda.py). With `count="device"` only storages the script put on the GPU (and
 whatever is computed from them, or allocated inside a training step) count;
 with `count="all"` every storage counts (what a real CPU step measures).
 
@@ -43,7 +44,7 @@ from . import progress
 from .common import CATEGORIES, StopEstimate
 from .context import Context
 from .cpu_kernels import make_conv_scratch, make_matmul_copies, make_onednn_rnn_workspace, profile_replay_peak
-from .cuda import CudaRedirect
+from .cuda import CudaRedirect, gpu_visible
 from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
 from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
 from .failures import classify_failure, user_frames
@@ -96,7 +97,7 @@ def run(request: dict) -> dict:
     request = dict(request, cuda_foreach=cuda)
     install_shims(shims, request, tracker, context, state)
 
-    redirect = CudaRedirect(tracker)
+    redirect = CudaRedirect(tracker, gpu_visible=gpu_visible(request))
     if cuda and mode == "fake":
         install_sdpa_route(shims, make_sdpa_route(sdpa_notes))
 
@@ -225,6 +226,10 @@ def run(request: dict) -> dict:
         bf16_emulated=bool(state.get("bf16_emulated")),
         loaders=state["loaders"],
         distributed=state.get("distributed"),
+        cuda_kept_on_cpu=[
+            {"file": where[0] if where else None, "line": where[1] if where else None, "calls": calls}
+            for where, calls in redirect.kept_on_cpu.items()
+        ],
     )
     if prof is not None:
         result["profile_replay_peak"] = profile_replay_peak(prof)

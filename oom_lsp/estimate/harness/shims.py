@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from . import cuda, data, distributed, fakes, knobs, training, values
 
+_MISSING = object()
+
 
 class Shims:
     """Everything patched around the script, restored by `undo()`."""
@@ -13,10 +15,12 @@ class Shims:
         self._undo: list = []
 
     def patch(self, owner, name, value):
-        original = getattr(owner, name)
+        """`owner.name = value` until undo; a name `owner` lacked (what a CUDA build of torch
+        has and a CPU build lacks) is removed again."""
+        original = getattr(owner, name, _MISSING)
         setattr(owner, name, value)
         self._undo.append((owner, name, original))
-        return original
+        return None if original is _MISSING else original
 
     def at_undo(self, callback):
         """`callback()` on undo, in the same reverse order as the patches."""
@@ -26,6 +30,8 @@ class Shims:
         for owner, name, original in reversed(self._undo):
             if owner is None:
                 original()
+            elif original is _MISSING:
+                delattr(owner, name)
             else:
                 setattr(owner, name, original)
 
