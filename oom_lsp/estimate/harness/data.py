@@ -171,17 +171,21 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             )
 
             def to_fake(leaf):
+                """A tensor of its own for each batch, as the loader collates a fresh one: a
+                loop that holds the next batch while it runs this one (Lightning's fetcher,
+                nanoGPT) holds two."""
                 if not isinstance(leaf, torch.Tensor):
                     return leaf
-                if wanted and got and got < wanted and leaf.dim() and leaf.shape[0] == got:
-                    # A dataset smaller than the batch (a sample file, a larger
-                    # --batch-size): the batch the real data would give.
-                    tracker.paused += 1
-                    try:
-                        return torch.empty((wanted, *leaf.shape[1:]), dtype=leaf.dtype)
-                    finally:
-                        tracker.paused -= 1
-                return fake_mode.from_tensor(leaf)
+                tracker.paused += 1
+                try:
+                    with fake_mode:
+                        if wanted and got and got < wanted and leaf.dim() and leaf.shape[0] == got:
+                            # A dataset smaller than the batch (a sample file, a larger
+                            # --batch-size): the batch the real data would give.
+                            return torch.empty((wanted, *leaf.shape[1:]), dtype=leaf.dtype)
+                        return torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype)
+                finally:
+                    tracker.paused -= 1
 
             if wanted and got and got < wanted:
                 state["batch_padded"] = [got, wanted]
