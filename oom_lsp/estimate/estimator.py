@@ -324,6 +324,21 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 None if cuda else copies["bytes"],
             )
         )
+    losses = trace.get("loss_buffers") or {}
+    if losses.get("calls"):
+        corrections.append(
+            _note(
+                "loss-buffer",
+                f"{losses['calls']} reduced loss(es) (MSE, smooth L1, soft margin, BCE) keep their elementwise "
+                f"buffer as their storage (up to {format_bytes(losses['bytes'])}) for as long as the loss lives"
+                + (
+                    ": the CUDA kernels share that code, not added: not checked on a GPU"
+                    if cuda
+                    else ": added to each loss, as measured on the CPU kernels"
+                ),
+                None if cuda else losses["bytes"],
+            )
+        )
     if cuda and trace.get("convolutions"):
         corrections.append(
             _note(

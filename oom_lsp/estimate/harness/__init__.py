@@ -21,12 +21,12 @@ One module per concern:
 - `modules`: which module, found without holding anything alive (no graph hooks).
 - `memo`: FakeDispatchMemo, the cache of fake dispatches.
 - `fakes`: the run's FakeTensorMode, and deep copies of its tensors.
-- `fakes`: the run's FakeTensorMode, and deep copies of its tensors.
 - `shims`: the patcher that every shim goes through, and their order.
 - `cuda`: the GPU the script believes it has, or none under `--device cpu` (torch.cuda,
   torch.accelerator, `device="cuda"`, autocast, GradScaler).
 - `cuda_kernels`: CUDA's kernel choices emulated on the CPU trace (SDPA, cuDNN RNN reserve).
-- `cpu_kernels`: what CPU kernels allocate inside themselves (oneDNN scratch and workspaces).
+- `cpu_kernels`: what CPU kernels allocate inside themselves (oneDNN scratch and workspaces, the
+  operand copies of matrix products, the elementwise buffer a reduced loss keeps).
 - `training`: the training step's phases, parameters, gradients, optimizer state, the stop.
 - `data`: DataLoader in-process, its batch replayed as fake tensors.
 - `seeding`: the seeds of a run (random, NumPy, torch, each DataLoader's shuffle).

@@ -43,7 +43,13 @@ import torch
 from . import progress
 from .common import CATEGORIES, StopEstimate
 from .context import Context
-from .cpu_kernels import make_conv_scratch, make_matmul_copies, make_onednn_rnn_workspace, profile_replay_peak
+from .cpu_kernels import (
+    make_conv_scratch,
+    make_loss_buffers,
+    make_matmul_copies,
+    make_onednn_rnn_workspace,
+    profile_replay_peak,
+)
 from .cuda import CudaRedirect, gpu_visible
 from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
 from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
@@ -67,12 +73,14 @@ def run(request: dict) -> dict:
     models: dict = {}
     conv_notes: dict = {}
     matmul_notes: dict = {}
+    loss_notes: dict = {}
     # Real tensors already carry their real workspaces: models only under fake mode.
     if mode == "fake":
         models["rnn_workspace"] = (make_cudnn_rnn_reserve if cuda else make_onednn_rnn_workspace)(rnn_notes)
         if not cuda:
             models["conv_scratch"] = make_conv_scratch(conv_notes)
         models["matmul_copies"] = make_matmul_copies(matmul_notes, add=not cuda)
+        models["loss_buffers"] = make_loss_buffers(loss_notes, add=not cuda)
     tracker = StorageTracker(context, count_all=not cuda, round_cuda=cuda, kernel_models=models)
     state: dict = {"seed": int(request.get("seed", 0))}
     shims = Shims()
@@ -210,6 +218,7 @@ def run(request: dict) -> dict:
         rnn_workspace=rnn_notes,
         conv_scratch=conv_notes,
         matmul_copies=matmul_notes,
+        loss_buffers=loss_notes,
         compiled=state.get("compiled", 0),
         script_autocast=request.get("autocast_dtype")
         if request.get("autocast_dtype") not in (None, "fp32")

@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .common import CUDA_BLOCK, aten, has_exact_values, op_tensors
 from .context import Context
-from .cpu_kernels import CONVOLUTIONS, MATMULS
+from .cpu_kernels import CONVOLUTIONS, LOSS_BUFFERS, MATMULS
 from .memo import FakeDispatchMemo
 
 PRIM_DEVICE = torch.ops.prim.device.default
@@ -250,6 +250,11 @@ class StorageTracker(TorchDispatchMode):
             for tensor in outputs[:-1]:
                 self.register(tensor, device, op)
             self.register(outputs[-1], device, op, extra=extra)
+            return out
+        if func in LOSS_BUFFERS and "loss_buffers" in self.kernel_models:
+            kept, transient = self.kernel_models["loss_buffers"](self, func, args, kwargs, outputs[0])
+            self.register(outputs[0], device, op, extra=kept)
+            self._transient(transient, op)
             return out
         for tensor in outputs:
             self.register(tensor, device, op)
