@@ -389,6 +389,15 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 'CUDA enabled"',
             )
         )
+    if trace.get("draws_not_replayed"):
+        corrections.append(
+            _note(
+                "draws-not-replayed",
+                f"{trace['draws_not_replayed']:,} random numbers drawn before the training step (a large "
+                "random initialisation) were not drawn for real: what the script draws after them (a "
+                "DataLoader's shuffle) may differ from a real run's",
+            )
+        )
     if trace.get("stubbed_scalars"):
         corrections.append(
             _note(

@@ -4,19 +4,18 @@ tensors for every iteration."""
 
 from __future__ import annotations
 
+import copy
 import random
 import weakref
+from collections import UserDict
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader
 
-from .common import has_exact_values, tensors_in
+from .common import has_exact_values
 from .knobs import add_knob
-from .seeding import RandomStates, seed_samplers, seeded_generator
-
-# DataLoader.__init__'s positional parameters after batch_size, up to its generator.
-_GENERATOR_POSITION = 10
+from .seeding import RandomStates
 
 
 def install(shims, request: dict, tracker, context, state: dict) -> None:
@@ -29,13 +28,7 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
     # its shapes) and replayed as fake tensors.
     original_loader_init = DataLoader.__init__
 
-    # Loaders whose shuffle the harness seeded (those without a generator of their own).
-    seeded_loaders: weakref.WeakSet = weakref.WeakSet()
-
     def loader_init(self, dataset, batch_size=1, *args, **kwargs):
-        generator = None
-        if kwargs.get("generator") is None and len(args) <= _GENERATOR_POSITION:
-            generator = kwargs["generator"] = seeded_generator(state["seed"], len(state["loaders"]))
         kwargs["num_workers"] = 0
         kwargs["pin_memory"] = False
         kwargs.pop("prefetch_factor", None)
@@ -48,16 +41,19 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             if state.get("loader_batch") is None:
                 state["loader_batch"] = batch_size
         original_loader_init(self, dataset, batch_size, *args, **kwargs)
-        if generator is not None:
-            seed_samplers(generator, self.sampler, self.batch_sampler)
-            seeded_loaders.add(self)
         record_loader(state, context, self)
 
     shims.patch(DataLoader, "__init__", loader_init)
 
     if fake_mode is not None:
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-        from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, TensorDataset
+        from torch.utils.data import (
+            BatchSampler,
+            IterableDataset,
+            RandomSampler,
+            SequentialSampler,
+            TensorDataset,
+        )
         from torch.utils.data._utils.collate import default_collate
 
         original_iter = DataLoader.__iter__
@@ -77,25 +73,24 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
                 tracker.paused -= 1
             twins = [
                 None if isinstance(leaf, FakeTensor) or not has_exact_values(leaf) else leaf
-                for leaf in tensors_in(batch)
+                for leaf in batch_tensors(batch)
             ]
             return batch, twins
 
         def shapes(batch) -> list:
-            return [tuple(leaf.shape) for leaf in tensors_in(batch)]
+            return [tuple(leaf.shape) for leaf in batch_tensors(batch)]
 
         def draw_decides_shapes(loader, batch) -> bool:
-            """Whether other draws of what the harness seeded (the loader's shuffle, Python's,
-            NumPy's and torch's generators) give a first batch of other shapes: per-batch
-            padding, random crops. The run's own random states are put back."""
+            """Whether other draws of what the harness seeds (torch's generator, which the loader's
+            shuffle draws from, Python's) give a first batch of other shapes: per-batch padding,
+            random crops. The run's own random states are put back."""
             seen = shapes(batch)
             tracker.paused += 1
             try:
-                with unset_fake_temporarily(), RandomStates(loader.generator):
+                with unset_fake_temporarily(), RandomStates():
                     for draw in (1, 2):
                         random.seed(state["seed"] + draw)
                         torch.manual_seed(state["seed"] + draw)
-                        loader.generator.manual_seed(state["seed"] + draw)
                         try:
                             other = next(iter(original_iter(loader)))
                         except StopIteration:
@@ -109,13 +104,13 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
         probed_loaders: weakref.WeakSet = weakref.WeakSet()
 
         def shuffled_by_harness(loader) -> bool:
-            """A map-style loader whose sampler draws from the generator the harness seeded
-            (shuffle=True, a RandomSampler given without a generator): iterating it again is safe,
-            as it would not be for a stream."""
-            if loader not in seeded_loaders:
+            """A map-style loader whose sampler draws from torch's generator, which the harness
+            seeds (shuffle=True, a RandomSampler given without a generator): iterating it again is
+            safe, as it would not be for a stream."""
+            if isinstance(loader.dataset, IterableDataset) or loader.generator is not None:
                 return False
             samplers = (loader.sampler, getattr(loader.batch_sampler, "sampler", None))
-            return any(getattr(sampler, "generator", None) is loader.generator for sampler in samplers)
+            return any(hasattr(sampler, "generator") and sampler.generator is None for sampler in samplers)
 
         def is_plain_tensor_dataset(loader) -> bool:
             return (
@@ -164,11 +159,8 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
                 if draw_decides_shapes(self, real_batch):
                     state["data_varies"] = True
             wanted = self.batch_size
-            got = (
-                tensors_in(real_batch)[0].shape[0]
-                if tensors_in(real_batch) and tensors_in(real_batch)[0].dim()
-                else None
-            )
+            leaves = batch_tensors(real_batch)
+            got = leaves[0].shape[0] if leaves and leaves[0].dim() else None
 
             def to_fake(leaf):
                 """A tensor of its own for each batch, as the loader collates a fresh one: a
@@ -190,14 +182,33 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             if wanted and got and got < wanted:
                 state["batch_padded"] = [got, wanted]
             for _ in range(max(1, len(self)) if hasattr(self.dataset, "__len__") else 1_000_000):
-                batch = pytree.tree_map(to_fake, real_batch)
-                for fake, twin in zip(tensors_in(batch), twins):
+                batch = map_batch(to_fake, real_batch)
+                for fake, twin in zip(batch_tensors(batch), twins):
                     tracker.register(fake, False, "DataLoader", "inputs")
                     if twin is not None and fake.shape == twin.shape:
                         tracker.shadows[fake] = twin
                 yield batch
 
         shims.patch(DataLoader, "__iter__", loader_iter)
+
+
+def map_batch(fn, batch):
+    """`fn` over a batch's leaves, as pytree maps them, and over the values of a `UserDict` too:
+    Hugging Face's BatchEncoding (what tokenizers, `tokenizer.pad` and its data collators give) is
+    one, and a leaf to pytree, so its tensors were neither replayed as fake tensors nor counted."""
+    if isinstance(batch, UserDict):
+        copied = copy.copy(batch)
+        copied.data = {key: map_batch(fn, value) for key, value in batch.data.items()}
+        return copied
+    return pytree.tree_map(
+        lambda leaf: map_batch(fn, leaf) if isinstance(leaf, UserDict) else fn(leaf), batch
+    )
+
+
+def batch_tensors(batch) -> list:
+    found: list = []
+    map_batch(lambda leaf: found.append(leaf) if isinstance(leaf, torch.Tensor) else None, batch)
+    return found
 
 
 def record_loader(state: dict, context, loader) -> None:

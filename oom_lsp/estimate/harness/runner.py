@@ -94,6 +94,7 @@ def run(request: dict) -> dict:
         fake_mode = make_fake_mode()
         state["fake_mode"] = fake_mode
         tracker.shadows = WeakIdKeyDictionary()
+        tracker.draws = {"elements": 0, "skipped": 0}
         tracker.fake_tensor_type = FakeTensor
         # How fake dispatches are cached: "memo" (FakeDispatchMemo), "fake-tensor-mode"
         # (FakeTensorMode's own cache) or "none"; the last two for comparisons.
@@ -219,6 +220,7 @@ def run(request: dict) -> dict:
         conv_scratch=conv_notes,
         matmul_copies=matmul_notes,
         loss_buffers=loss_notes,
+        draws_not_replayed=tracker.draws["skipped"] if tracker.draws else 0,
         compiled=state.get("compiled", 0),
         script_autocast=request.get("autocast_dtype")
         if request.get("autocast_dtype") not in (None, "fp32")

@@ -4,6 +4,7 @@ dispatcher, the storages a real run would hold, and where each was made."""
 from __future__ import annotations
 
 import collections
+import math
 import weakref
 
 import torch
@@ -16,6 +17,10 @@ from .memo import FakeDispatchMemo
 
 PRIM_DEVICE = torch.ops.prim.device.default
 SHADOW_NUMEL_LIMIT = 50_000_000
+# Random numbers a fake run draws for real outside the training step (see _replay_draw), at most:
+# a model initialised at random beyond this (a billion-parameter model built from its config)
+# would cost the estimate seconds and gigabytes; its draws are then skipped, and the run says so.
+DRAW_REPLAY_LIMIT = 2**27
 
 
 class Record:
@@ -64,6 +69,8 @@ class StorageTracker(TorchDispatchMode):
         # A wrapper tensor's storage is its inner tensor's (distributed.py: a DTensor's local shard).
         self.unwrap = None
         self.op_counts = collections.Counter()
+        # Under fake mode: the elements of the random draws replayed for real, and skipped.
+        self.draws: dict | None = None
 
     # -- accounting --------------------------------------------------------
 
@@ -222,6 +229,8 @@ class StorageTracker(TorchDispatchMode):
         if func is aten._local_scalar_dense.default:
             return self._local_scalar(func, args, kwargs)
         traits = _OP_TRAITS.get(func) or _op_traits(func)
+        if traits.seeded and self.draws is not None and not self.context.in_step:
+            self._replay_draw(func, args, kwargs)
         if self.fake_memo is not None:
             out = self.fake_memo.call(func, args, kwargs)
         else:
@@ -275,6 +284,42 @@ class StorageTracker(TorchDispatchMode):
         self.current -= size
         self.by_category["temporaries"] -= size
         self.by_module[self.context.module()] -= size
+
+    def _replay_draw(self, func, args, kwargs) -> None:
+        """A fake op draws no random numbers; a real run's does, and what it draws next depends on
+        how many were drawn before: a DataLoader's shuffle, drawn from torch's generator after the
+        model's initial weights, gives other batches, so another peak (PEFT's LoRA example: 3 %).
+        Outside the training step (initialisation, data preparation), each random op is run for
+        real on zeros of its arguments' shapes (its integer twins where known), so that torch's
+        generator, or the script's own, advances as in a real run."""
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        # What the draw fills: its tensors, or the size a factory (randn, rand, randint) is given.
+        elements = sum(tensor.numel() for tensor in op_tensors(kwargs.values(), op_tensors(args, [])))
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, (list, tuple)) and value and all(type(dim) is int for dim in value):
+                elements += math.prod(value)
+        if self.draws["elements"] + elements > DRAW_REPLAY_LIMIT:
+            self.draws["skipped"] += elements
+            return
+        self.draws["elements"] += elements
+
+        def to_real(value):
+            if isinstance(value, FakeTensor):
+                twin = self.shadows.get(value)
+                if twin is not None:
+                    return twin.clone()
+                return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype).zero_()
+            if type(value) is list or type(value) is tuple:
+                return type(value)(to_real(item) for item in value)
+            return value
+
+        self.paused += 1
+        try:
+            with unset_fake_temporarily():
+                func(*map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()})
+        finally:
+            self.paused -= 1
 
     def _shadow(self, func, args, kwargs, inputs, outputs):
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -339,12 +384,13 @@ class StorageTracker(TorchDispatchMode):
 class OpTraits:
     """What the tracker reads of an operator on each call, worked out once."""
 
-    __slots__ = ("aliases", "name", "packet")
+    __slots__ = ("aliases", "name", "packet", "seeded")
 
     def __init__(self, func):
         self.name = f"aten.{func.__name__ if hasattr(func, '__name__') else func}"
         self.packet = func.overloadpacket.__name__
         self.aliases = any(ret.alias_info is not None for ret in func._schema.returns)
+        self.seeded = torch.Tag.nondeterministic_seeded in func.tags
 
 
 _OP_TRAITS: dict = {}
