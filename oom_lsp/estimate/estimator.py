@@ -657,7 +657,8 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
         for size, trace in zip(sizes, traces):
             _require_two_steps(trace, size)
         intercept, slope = _fit(traces)
-        prediction = predict(traces[-1], options)
+        prediction_trace = traces[-1]
+        prediction = predict(prediction_trace, options)
         scaled = int(intercept + slope * target)
         prediction["peak_bytes"] += scaled - traces[-1]["peak_bytes"]
         prediction["batch_size"] = target
@@ -671,9 +672,9 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
             "not CUDA's (attention math path, no cuDNN)"
         )
     else:
-        (trace,) = run_harness(options, [{"batch_size": options.batch_size}], mode="real")
-        _require_two_steps(trace)
-        prediction = predict(trace, options)
+        (prediction_trace,) = run_harness(options, [{"batch_size": options.batch_size}], mode="real")
+        _require_two_steps(prediction_trace)
+        prediction = predict(prediction_trace, options)
         prediction["method"] = "a real CPU step at the script's own batch size"
         uncertainty = "CPU kernels, not CUDA's (attention math path, no cuDNN)"
     if options.gpu is not None:
@@ -681,6 +682,26 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
             prediction["reserved_bytes"] = max(prediction["reserved_bytes"], prediction["peak_bytes"])
             prediction["process_bytes"] = prediction["reserved_bytes"] + (prediction["context_bytes"] or 0)
         _set_verdict(prediction, options.gpu.memory, options.margin)
+    library = fake_trace.get("quantized_failure")
+    layers = prediction_trace.get("quantized_layers") or fake_trace.get("quantized_layers") or {}
+    if library or layers:
+        named = ", ".join(f"{count} {name}" for name, count in sorted(layers.items())) or library
+        uncertainty += (
+            f"; quantized layers ({named})"
+            + (
+                f": the fake run failed inside {library} (no fake implementation of its layers or kernels)"
+                if library
+                else ""
+            )
+            + ", so this measures their library's CPU backend (its quantized weights, dequantized copies and "
+            "buffers as on the CPU), not its CUDA kernels"
+        )
+    for note in prediction["corrections"]:
+        if note["name"] == "traced-on-cpu":
+            note["detail"] = (
+                "measured by real CPU steps (the script could not run on fake tensors); CUDA's "
+                "allocator terms applied below"
+            )
     prediction["fallback"] = {"reason": reason, "uncertainty": uncertainty}
     if prediction.get("distributed"):
         prediction["method"] += f" as rank 0 of {options.world_size} (fake process group)"

@@ -31,6 +31,7 @@ One module per concern:
 - `data`: DataLoader in-process, its batch replayed as fake tensors.
 - `seeding`: the seeds of a run (random, NumPy, torch, each DataLoader's shuffle).
 - `values`: values read from fake tensors (`f"{loss:.4f}"`, `.tolist()`).
+- `quantized`: the quantized layers the script builds (bitsandbytes...), named when the run falls back.
 - `knobs`: where the script sets its batch size, and the `--batch-size` override.
 - `failures`: how a failed run is explained (the user's frames, the kind of failure).
 - `progress`: progress events to the parent.

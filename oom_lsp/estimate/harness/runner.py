@@ -40,7 +40,7 @@ import traceback
 
 import torch
 
-from . import progress
+from . import progress, quantized
 from .common import CATEGORIES, StopEstimate
 from .context import Context
 from .cpu_kernels import (
@@ -167,6 +167,7 @@ def run(request: dict) -> dict:
             }
     except Exception as error:  # noqa: BLE001 - the user's code: every failure is reported, classified
         status = "failed"
+        state["quantized_failure"] = quantized.library_in(error.__traceback__)
         frames = user_frames(error.__traceback__, script_dir)
         failure = {
             "kind": classify_failure(error),
@@ -220,6 +221,8 @@ def run(request: dict) -> dict:
         conv_scratch=conv_notes,
         matmul_copies=matmul_notes,
         loss_buffers=loss_notes,
+        quantized_layers=state.get("quantized_layers", {}),
+        quantized_failure=state.get("quantized_failure"),
         draws_not_replayed=tracker.draws["skipped"] if tracker.draws else 0,
         compiled=state.get("compiled", 0),
         script_autocast=request.get("autocast_dtype")
