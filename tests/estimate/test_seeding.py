@@ -109,6 +109,8 @@ def pad(rows):
     ids = torch.zeros(len(rows), max(rows), dtype=torch.long)
     return Encoding({"input_ids": ids, "mask": torch.ones_like(ids)})
 
+with torch.device("meta"):  # built without memory, as from_pretrained builds first: draws nothing
+    torch.nn.Linear(4096, 4096)
 model = torch.nn.Sequential(torch.nn.Embedding(100, 256), torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 16))
 lengths = [16 + 24 * index for index in range(64)]
 loader = DataLoader(lengths, batch_size=4, shuffle=True, collate_fn=pad)
@@ -156,5 +158,7 @@ def test_a_batch_encoding_is_replayed_as_fake_tensors_and_its_draw_reported(tmp_
         EstimateOptions(script=script, script_args=[str(tmp_path / "seen.json")], device="cpu", timeout=300)
     )
     assert prediction["breakdown"]["inputs"] > 0
+    # The Linear built on the meta device holds no memory (it was counted as 64 MiB of parameters).
+    assert prediction["breakdown"]["parameters"] < 4096 * 4096 * 4
     spread = prediction["data_spread"]
     assert spread and len(spread["peak_bytes"]) == 3 and min(spread["peak_bytes"]) < max(spread["peak_bytes"])

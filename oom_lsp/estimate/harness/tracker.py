@@ -129,6 +129,8 @@ class StorageTracker(TorchDispatchMode):
         record = self.live.get(key)
         if record is not None:
             return record
+        if tensor.device.type == "meta":
+            return None  # no memory: a model built on the meta device, before its weights are loaded
         line = self.context.user_line()
         record = Record(
             self.registered,
@@ -294,8 +296,11 @@ class StorageTracker(TorchDispatchMode):
         generator, or the script's own, advances as in a real run."""
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
+        tensors = op_tensors(kwargs.values(), op_tensors(args, []))
+        if any(tensor.device.type == "meta" for tensor in tensors) or str(kwargs.get("device")) == "meta":
+            return  # a tensor without memory (a model built on the meta device) draws nothing
         # What the draw fills: its tensors, or the size a factory (randn, rand, randint) is given.
-        elements = sum(tensor.numel() for tensor in op_tensors(kwargs.values(), op_tensors(args, [])))
+        elements = sum(tensor.numel() for tensor in tensors)
         for value in (*args, *kwargs.values()):
             if isinstance(value, (list, tuple)) and value and all(type(dim) is int for dim in value):
                 elements += math.prod(value)
