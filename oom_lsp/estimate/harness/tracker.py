@@ -315,6 +315,8 @@ class StorageTracker(TorchDispatchMode):
                 if twin is not None:
                     return twin.clone()
                 return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype).zero_()
+            if isinstance(value, torch.Tensor):
+                return value.clone()  # a real tensor the fake op would leave as it is
             if type(value) is list or type(value) is tuple:
                 return type(value)(to_real(item) for item in value)
             return value
