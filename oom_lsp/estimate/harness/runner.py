@@ -14,9 +14,10 @@ Modes (`mode` in the request):
 With `device="cuda"` the script believes it has a GPU: `torch.cuda.is_available()`
 is True, and `device="cuda"`, `.cuda()`, `.to("cuda")`, `autocast("cuda")` are
 rewritten to the CPU; with `device="cpu"` it sees none (but in a distributed
-request), and what it puts on "cuda" regardless runs on the CPU (cuda.py). With `count="device"` only storages the script put on the GPU (and
-whatever is computed from them, or allocated inside a training step) count;
-with `count="all"` every storage counts (what a real CPU step measures).
+request), and what it puts on "cuda" regardless runs on the CPU (cuda.py).
+With `count="device"` only storages the script put on the GPU (and whatever is
+computed from them, or allocated inside a training step) count; with
+`count="all"` every storage counts (what a real CPU step measures).
 
 Each run starts from `seed` (default 0, see seeding.py). With `draws: N`, a
 fake run whose first batch's shapes depend on the draw of the data is run
