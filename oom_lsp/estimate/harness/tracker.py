@@ -71,6 +71,7 @@ class StorageTracker(TorchDispatchMode):
         self.op_counts = collections.Counter()
         # Under fake mode: the elements of the random draws replayed for real, and skipped.
         self.draws: dict | None = None
+        self.last_draw: tuple | None = None  # (op, its real result) of the last draw replayed
 
     # -- accounting --------------------------------------------------------
 
@@ -296,6 +297,7 @@ class StorageTracker(TorchDispatchMode):
         generator, or the script's own, advances as in a real run."""
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
+        self.last_draw = None
         tensors = op_tensors(kwargs.values(), op_tensors(args, []))
         if any(tensor.device.type == "meta" for tensor in tensors) or str(kwargs.get("device")) == "meta":
             return  # a tensor without memory (a model built on the meta device) draws nothing
@@ -324,9 +326,11 @@ class StorageTracker(TorchDispatchMode):
         self.paused += 1
         try:
             with unset_fake_temporarily():
-                func(*map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()})
+                drawn = func(*map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()})
         finally:
             self.paused -= 1
+        # The real values of this draw: the twin of an integer output (`_shadow`), drawn once.
+        self.last_draw = (func, drawn)
 
     def _shadow(self, func, args, kwargs, inputs, outputs):
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -350,14 +354,19 @@ class StorageTracker(TorchDispatchMode):
                 return type(value)(to_real(item) for item in value)
             return value
 
-        self.paused += 1
-        try:
-            with unset_fake_temporarily():
-                real_out = func(
-                    *map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()}
-                )
-        finally:
-            self.paused -= 1
+        if self.last_draw is not None and self.last_draw[0] is func:
+            # A random op, drawn for real already (`_replay_draw`): drawing again would take the
+            # numbers after those, and leave torch's generator one draw further than a real run.
+            real_out, self.last_draw = self.last_draw[1], None
+        else:
+            self.paused += 1
+            try:
+                with unset_fake_temporarily():
+                    real_out = func(
+                        *map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()}
+                    )
+            finally:
+                self.paused -= 1
         for fake, twin in zip(outputs, op_tensors((real_out,), [])):
             self.shadows[fake] = twin
 
