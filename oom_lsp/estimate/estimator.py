@@ -326,6 +326,21 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 None if cuda else copies["bytes"],
             )
         )
+    losses = trace.get("loss_buffers") or {}
+    if losses.get("calls"):
+        corrections.append(
+            _note(
+                "loss-buffer",
+                f"{losses['calls']} reduced loss(es) (MSE, smooth L1, soft margin, BCE) keep their elementwise "
+                f"buffer as their storage (up to {format_bytes(losses['bytes'])}) for as long as the loss lives"
+                + (
+                    ": the CUDA kernels share that code, not added: not checked on a GPU"
+                    if cuda
+                    else ": added to each loss, as measured on the CPU kernels"
+                ),
+                None if cuda else losses["bytes"],
+            )
+        )
     if cuda and trace.get("convolutions"):
         corrections.append(
             _note(
@@ -362,6 +377,27 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 f"(the DataLoader's shuffle, random, NumPy, torch) gave {format_bytes(min(peaks))} to "
                 f"{format_bytes(max(peaks))} traced (this estimate: seed {spread['seeds'][0]})",
                 max(peaks) - min(peaks),
+            )
+        )
+    kept = trace.get("cuda_kept_on_cpu") or []
+    if kept and not cuda:
+        places = ", ".join(_place(spot["file"], spot["line"]) for spot in kept[:3] if spot["file"])
+        corrections.append(
+            _note(
+                "cuda-kept-on-cpu",
+                'the script saw no GPU (--device cpu) but put tensors on "cuda" without asking'
+                + (f" ({places}{', ...' if len(kept) > 3 else ''})" if places else "")
+                + ': traced on the CPU, where a CPU-only torch would stop with "Torch not compiled with '
+                'CUDA enabled"',
+            )
+        )
+    if trace.get("draws_not_replayed"):
+        corrections.append(
+            _note(
+                "draws-not-replayed",
+                f"{trace['draws_not_replayed']:,} random numbers drawn before the training step (a large "
+                "random initialisation) were not drawn for real: what the script draws after them (a "
+                "DataLoader's shuffle) may differ from a real run's",
             )
         )
     if trace.get("stubbed_scalars"):
@@ -643,7 +679,8 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
         for size, trace in zip(sizes, traces):
             _require_two_steps(trace, size)
         intercept, slope = _fit(traces)
-        prediction = predict(traces[-1], options)
+        prediction_trace = traces[-1]
+        prediction = predict(prediction_trace, options)
         scaled = int(intercept + slope * target)
         prediction["peak_bytes"] += scaled - traces[-1]["peak_bytes"]
         prediction["batch_size"] = target
@@ -657,9 +694,9 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
             "not CUDA's (attention math path, no cuDNN)"
         )
     else:
-        (trace,) = run_harness(options, [{"batch_size": options.batch_size}], mode="real")
-        _require_two_steps(trace)
-        prediction = predict(trace, options)
+        (prediction_trace,) = run_harness(options, [{"batch_size": options.batch_size}], mode="real")
+        _require_two_steps(prediction_trace)
+        prediction = predict(prediction_trace, options)
         prediction["method"] = "a real CPU step at the script's own batch size"
         uncertainty = "CPU kernels, not CUDA's (attention math path, no cuDNN)"
     if options.gpu is not None:
@@ -667,6 +704,26 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
             prediction["reserved_bytes"] = max(prediction["reserved_bytes"], prediction["peak_bytes"])
             prediction["process_bytes"] = prediction["reserved_bytes"] + (prediction["context_bytes"] or 0)
         _set_verdict(prediction, options.gpu.memory, options.margin)
+    library = fake_trace.get("quantized_failure")
+    layers = prediction_trace.get("quantized_layers") or fake_trace.get("quantized_layers") or {}
+    if library or layers:
+        named = ", ".join(f"{count} {name}" for name, count in sorted(layers.items())) or library
+        uncertainty += (
+            f"; quantized layers ({named})"
+            + (
+                f": the fake run failed inside {library} (no fake implementation of its layers or kernels)"
+                if library
+                else ""
+            )
+            + ", so this measures their library's CPU backend (its quantized weights, dequantized copies and "
+            "buffers as on the CPU), not its CUDA kernels"
+        )
+    for note in prediction["corrections"]:
+        if note["name"] == "traced-on-cpu":
+            note["detail"] = (
+                "measured by real CPU steps (the script could not run on fake tensors); CUDA's "
+                "allocator terms applied below"
+            )
     prediction["fallback"] = {"reason": reason, "uncertainty": uncertainty}
     if prediction.get("distributed"):
         prediction["method"] += f" as rank 0 of {options.world_size} (fake process group)"

@@ -125,3 +125,72 @@ def test_the_device_capability_is_the_targets(tmp_path, gpu, capability, bf16, b
         "bf16": bf16,
         "bf16_native": bf16_native,
     }
+
+
+# What a script asks before it picks its device and precision, as Accelerate, the HF Trainer and
+# Lightning do; then what it orders without asking.
+WHAT_IT_SEES = """
+import json, sys, warnings
+import torch
+seen = {
+    "cuda": torch.cuda.is_available(),
+    "devices": torch.cuda.device_count(),
+    "accelerator": torch.accelerator.is_available(),
+}
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Linear(256, 256).to(device)
+hard_coded = torch.nn.Linear(256, 256).cuda()
+with warnings.catch_warnings(record=True):
+    warnings.simplefilter("always")
+    scaler = torch.amp.GradScaler("cuda")
+seen["scaler"] = scaler.is_enabled()
+with open(sys.argv[1], "w") as handle:
+    json.dump(seen, handle)
+optimizer = torch.optim.SGD([*model.parameters(), *hard_coded.parameters()], lr=0.1)
+for _ in range(2):
+    hard_coded(model(torch.randn(8, 256, device=device))).sum().backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_device_cpu_shows_the_script_a_machine_without_a_gpu(tmp_path, device):
+    # --device cpu measures what a real CPU run holds: a script that asks whether there is a GPU
+    # (Accelerator(mixed_precision="fp16") does) must take its CPU path, as on this machine.
+    script = tmp_path / "what_it_sees.py"
+    script.write_text(WHAT_IT_SEES)
+    seen = tmp_path / "seen.json"
+    prediction = estimate(EstimateOptions(script=script, script_args=[str(seen)], device=device, timeout=300))
+    visible = device == "cuda"
+    # GradScaler("cuda") on a CPU-only build: torch disables it, as a real CPU run has it.
+    assert json.loads(seen.read_text()) == {
+        "cuda": visible,
+        "devices": 1 if visible else 0,
+        "accelerator": visible,
+        "scaler": visible,
+    }
+    # What it put on the GPU without asking still runs, on the CPU, and says so.
+    kept = [note for note in prediction["corrections"] if note["name"] == "cuda-kept-on-cpu"]
+    assert len(kept) == (0 if visible else 1)
+    assert prediction["breakdown"]["parameters"] >= 2 * 256 * 257 * 4
+
+
+# bitsandbytes' CUDA backend reads torch._C._cuda_getCurrentRawStream at import once
+# torch.cuda.is_available() is True: `import peft` (and transformers' lazy imports) crashed.
+RAW_STREAM = """
+import torch
+if torch.cuda.is_available():
+    get_raw_stream = torch._C._cuda_getCurrentRawStream
+model = torch.nn.Linear(8, 8).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    model(torch.randn(2, 8, device="cuda")).sum().backward()
+    optimizer.step()
+"""
+
+
+def test_libraries_read_what_a_cuda_build_has(tmp_path):
+    script = tmp_path / "raw_stream.py"
+    script.write_text(RAW_STREAM)
+    (trace,) = run_harness(EstimateOptions(script=script, device="cuda", timeout=300), [{}])
+    assert trace["status"] == "stopped", trace["failure"]

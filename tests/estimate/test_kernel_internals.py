@@ -81,3 +81,56 @@ def test_the_copy_inside_a_matrix_product_is_in_the_estimate(traces, name):
     fake, real = traces[name]
     assert fake["peak_bytes"] == real["profile_replay_peak"]
     assert fake["matmul_copies"]["calls"] > 0
+
+
+# A reduced loss kept past the step that made it (Lightning's closure result, a loss logged or bound
+# until the next step's replaces it): MSE, smooth L1, soft margin and BCE return a 0-dim loss whose
+# storage is the whole elementwise buffer, and MSE, smooth L1 and BCE allocate a second one while
+# they run. Lightning's autoencoder was 24 % under its real peak (this, at batch 256).
+LOSS_KEPT = """
+import torch
+import torch.nn.functional as F
+model = torch.nn.Sequential(torch.nn.Linear(512, 64), torch.nn.ReLU(), torch.nn.Linear(64, 512))
+optimizer = torch.optim.Adam(model.parameters())
+x, target = torch.rand(256, 512), torch.rand(256, 512)
+losses = []
+for _ in range(2):
+    out = model(x)
+    if LOSS == "binary_cross_entropy":
+        out = torch.sigmoid(out)
+    loss = getattr(F, LOSS)(out, target, reduction=REDUCTION)
+    losses.append(loss)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "loss, reduction",
+    [
+        ("mse_loss", "mean"),
+        ("mse_loss", "sum"),
+        ("smooth_l1_loss", "mean"),
+        pytest.param(
+            "soft_margin_loss",
+            "mean",
+            marks=pytest.mark.xfail(
+                strict=True, reason="soft_margin_loss_backward's temporaries inside the kernel: not modelled"
+            ),
+        ),
+        ("binary_cross_entropy", "mean"),
+        ("l1_loss", "mean"),  # reduces into a fresh 0-dim tensor: nothing to add
+    ],
+)
+def test_a_reduced_loss_keeps_its_elementwise_buffer(tmp_path, loss, reduction):
+    script = tmp_path / f"{loss}.py"
+    script.write_text(f"LOSS, REDUCTION = {loss!r}, {reduction!r}\n" + LOSS_KEPT)
+    fake, real = run_harness(
+        EstimateOptions(script=script, device="cpu", timeout=300),
+        [{"mode": "fake"}, {"mode": "real", "profile_replay": True}],
+    )
+    assert fake["status"] == real["status"] == "stopped", fake["failure"]
+    # Measured per element on the kernel and scaled: a kernel's few bytes of bookkeeping aside.
+    assert abs(fake["peak_bytes"] - real["profile_replay_peak"]) <= 64
+    assert bool(fake["loss_buffers"]) == (loss != "l1_loss")

@@ -20,16 +20,20 @@ One module per concern:
 - `context`: where the script is (phase, module, line) when a storage is made.
 - `modules`: which module, found without holding anything alive (no graph hooks).
 - `memo`: FakeDispatchMemo, the cache of fake dispatches.
+- `fakes`: the run's FakeTensorMode, and deep copies of its tensors.
 - `shims`: the patcher that every shim goes through, and their order.
-- `cuda`: the GPU the script believes it has (torch.cuda, `device="cuda"`, autocast, GradScaler).
+- `cuda`: the GPU the script believes it has, or none under `--device cpu` (torch.cuda,
+  torch.accelerator, `device="cuda"`, autocast, GradScaler).
 - `cuda_kernels`: CUDA's kernel choices emulated on the CPU trace (SDPA, cuDNN RNN reserve).
-- `cpu_kernels`: what CPU kernels allocate inside themselves (oneDNN scratch and workspaces).
+- `cpu_kernels`: what CPU kernels allocate inside themselves (oneDNN scratch and workspaces, the
+  operand copies of matrix products, the elementwise buffer a reduced loss keeps).
 - `training`: the training step's phases, parameters, gradients, optimizer state, the stop.
 - `data`: DataLoader in-process, each batch it yields handed on as fake tensors (`BatchTrace`).
 - `seeding`: the seeds of a run (random, NumPy, torch, each DataLoader's shuffle).
 - `values`: values read from fake tensors (`f"{loss:.4f}"`, `.tolist()`).
 - `pretrained`: checkpoints opened by their safetensors headers under fake mode; offline runs.
 - `knobs`: where the script sets its batch size (argparse, module globals, TrainingArguments, Lightning), the `--batch-size` override, `run_script`.
+- `quantized`: the quantized layers the script builds (bitsandbytes...), named when the run falls back.
 - `failures`: how a failed run is explained (the user's frames, the kind of failure).
 - `progress`: progress events to the parent.
 - `common`: small helpers the others share.

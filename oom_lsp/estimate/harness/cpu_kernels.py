@@ -177,6 +177,75 @@ def make_matmul_copies(notes: dict, add: bool):
     return copies
 
 
+# Losses whose kernel computes the elementwise loss at the inputs' broadcast shape and reduces it
+# into that buffer (Loss.cpp): the 0-dim loss keeps the whole buffer as its storage, alive as long
+# as the loss is (a loss kept for logging, Lightning's closure result, a `loss` bound until the next
+# step's replaces it), and some allocate a second such buffer while they run. l1, huber, BCE with
+# logits, KL and cross entropy reduce into a fresh 0-dim tensor (or decompose above the dispatcher).
+LOSS_BUFFERS = (
+    aten.mse_loss.default,
+    aten.smooth_l1_loss.default,
+    aten.soft_margin_loss.default,
+    aten.binary_cross_entropy.default,
+)
+_LOSS_PROBE_ELEMENTS = 4096
+_LOSS_PROBES: dict[tuple, tuple[float, float]] = {}
+
+
+def make_loss_buffers(notes: dict, add: bool):
+    """What a reduced loss holds beyond its one element, and what it allocates and frees while it
+    runs, per element of the inputs' broadcast shape: measured once per loss, dtype and reduction
+    on the real CPU kernel (on 4096 and 8192 zeros under the profiler) and scaled. The CUDA kernels share
+    Loss.cpp, unmeasured on a GPU: with `add` false they are counted in `notes` and not added.
+    Returns (bytes kept with the loss's storage, bytes transient inside the kernel)."""
+
+    def measure(func, dtype, reduction, elements) -> tuple[int, int]:
+        from torch.profiler import ProfilerActivity, profile
+
+        inputs, targets = torch.zeros(elements, dtype=dtype), torch.zeros(elements, dtype=dtype)
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            loss = func(inputs, targets, reduction=reduction)
+        # What is kept is the loss's storage: the whole buffer, or its one element.
+        peak, kept = replay_allocations(prof)
+        del loss
+        return kept, peak - kept
+
+    def probe(func, dtype, reduction) -> tuple[float, float]:
+        """Bytes per element, kept and transient: the slope between two sizes (a kernel's
+        few bytes of bookkeeping do not scale with the input)."""
+        key = (func, dtype, reduction, torch.get_num_threads())
+        if key not in _LOSS_PROBES:
+            small = measure(func, dtype, reduction, _LOSS_PROBE_ELEMENTS)
+            large = measure(func, dtype, reduction, 2 * _LOSS_PROBE_ELEMENTS)
+            _LOSS_PROBES[key] = tuple((b - a) / _LOSS_PROBE_ELEMENTS for a, b in zip(small, large))
+        return _LOSS_PROBES[key]
+
+    def buffers(tracker, func, args, kwargs, out) -> tuple[int, int]:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        names = [argument.name for argument in func._schema.arguments]
+        position = names.index("reduction")
+        reduction = args[position] if len(args) > position else kwargs.get("reduction", 1)
+        if reduction == 0 or out.dim() != 0:  # Reduction::None: the elementwise loss is the output
+            return 0, 0
+        tracker.paused += 1
+        try:
+            with unset_fake_temporarily():
+                kept_per_element, transient_per_element = probe(func, out.dtype, reduction)
+        finally:
+            tracker.paused -= 1
+        elements = torch.broadcast_shapes(args[0].shape, args[1].shape).numel()
+        kept = max(0, int(kept_per_element * elements) - out.untyped_storage().nbytes())
+        transient = int(transient_per_element * elements)
+        if kept or transient:
+            notes["calls"] = notes.get("calls", 0) + 1
+            notes["bytes"] = max(notes.get("bytes", 0), kept)
+            notes["transient"] = max(notes.get("transient", 0), transient)
+        return (kept, transient) if add else (0, 0)
+
+    return buffers
+
+
 def replay_allocations(prof) -> tuple[int, int]:
     """(peak, final) of the running sum of the profiler's allocation events
     in time order: every c10 CPU allocation, kernel scratch included."""

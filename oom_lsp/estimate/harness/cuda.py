@@ -1,7 +1,19 @@
-"""The GPU the script believes it has: `torch.cuda` answers as the target GPU
-would, `device="cuda"`, `.cuda()`, `.to("cuda")` go to the CPU (the tracker
-learns that the result lives on the GPU), `autocast("cuda")` and
-`GradScaler("cuda")` become their CPU counterparts."""
+"""The GPU the script believes it has, or does not.
+
+`--device cuda`: `torch.cuda` and `torch.accelerator` answer as the target GPU would,
+`device="cuda"`, `.cuda()`, `.to("cuda")` go to the CPU (the tracker learns that the result lives
+on the GPU), `autocast("cuda")` and `GradScaler("cuda")` become their CPU counterparts.
+
+`--device cpu` measures what a real CPU run holds, so the script sees a machine without a GPU, as
+a CPU-only build of torch answers: `torch.cuda.is_available()` False, no device, no accelerator;
+`autocast("cuda")` and `GradScaler("cuda")` then disable themselves, as torch does there (Accelerate's
+`mixed_precision="fp16"` and pytorch/examples' DataParallel take their CPU paths). What the script
+puts on the GPU without asking (`.cuda()`, `device="cuda"`) still runs, on the CPU, and the run
+reports where (`cuda_kept_on_cpu`), as a CPU-only run would fail there instead.
+
+A distributed request (`--world-size`, rank 0 of N) models a job of N GPUs under either device:
+its script sees one GPU per rank, as that job's would (Accelerate sets up DDP or FSDP2 only
+for GPUs; on CPUs it trains each process alone)."""
 
 from __future__ import annotations
 
@@ -42,9 +54,12 @@ class CudaRedirect(TorchFunctionMode):
     """The script asks for `cuda`; it gets the CPU, and the tracker learns that
     the result lives on the GPU."""
 
-    def __init__(self, tracker):
+    def __init__(self, tracker, gpu_visible: bool = True):
         super().__init__()
         self.tracker = tracker
+        self.gpu_visible = gpu_visible
+        # Without a GPU to show (--device cpu): the user's lines that put something on "cuda".
+        self.kept_on_cpu: dict[tuple[str, int] | None, int] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func not in _REDIRECTED and not (kwargs and "device" in kwargs):
@@ -74,6 +89,9 @@ class CudaRedirect(TorchFunctionMode):
             return False
         if not wants_device:
             return func(*args, **kwargs)
+        if not self.gpu_visible:
+            where = self.tracker.context.user_line()
+            self.kept_on_cpu[where] = self.kept_on_cpu.get(where, 0) + 1
         self.tracker.device_scope += 1
         try:
             out = func(*args, **kwargs)
@@ -222,10 +240,62 @@ def install_accelerator(shims, gpu_memory: int, default_stream: CudaStream) -> N
             shims.patch(accelerator, name, answer)
 
 
+def gpu_visible(request: dict) -> bool:
+    """Whether the script is shown a GPU (see the module's docstring)."""
+    return request.get("device", "cuda") == "cuda" or bool(request.get("distributed"))
+
+
 def install(shims, request: dict, state: dict) -> None:
-    """torch.cuda: the script takes its GPU path."""
-    gpu_name = request.get("gpu_name") or "oom-lsp estimated GPU"
+    """torch.cuda: the script takes its GPU path under `--device cuda`, its CPU path under
+    `--device cpu`; in both, what it does to a GPU it never asked about runs on the CPU."""
     gpu_memory = request.get("gpu_memory") or 80 * 2**30
+    cuda = torch.cuda
+    # What a script that hard-codes its GPU calls whatever it was told: harmless on the CPU.
+    shims.patch(cuda, "set_device", lambda device: None)
+    shims.patch(cuda, "synchronize", lambda device=None: None)
+    shims.patch(cuda, "empty_cache", lambda: None)
+    shims.patch(cuda, "manual_seed", lambda seed: None)
+    shims.patch(cuda, "manual_seed_all", lambda seed: None)
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        shims.patch(cuda, name, lambda device=None: 0)
+    for name in ("reset_peak_memory_stats", "reset_max_memory_allocated"):
+        shims.patch(cuda, name, lambda device=None: None)
+    shims.patch(cuda, "set_per_process_memory_fraction", lambda fraction, device=None: None)
+    shims.patch(cuda, "memory_summary", lambda *a, **k: "")
+    shims.patch(cuda, "Event", CudaEvent)
+    default_stream = CudaStream()
+    shims.patch(cuda, "Stream", CudaStream)
+    shims.patch(cuda, "StreamContext", StreamContext)
+    shims.patch(cuda, "stream", StreamContext)
+    shims.patch(cuda, "current_stream", lambda device=None: default_stream)
+    shims.patch(cuda, "default_stream", lambda device=None: default_stream)
+    shims.patch(cuda, "set_stream", lambda stream: None)
+    shims.patch(torch.Tensor, "record_stream", lambda self, stream: None)
+    # Module.cuda()/to("cuda") reach Tensor.to through CudaRedirect; under
+    # fake mode parameters must be re-registered rather than swapped.
+    if state.get("fake_mode") is not None:
+        shims.patch(nn.Module, "_apply", fake_apply)
+    if gpu_visible(request):
+        _install_visible_gpu(shims, request, state, gpu_memory, default_stream)
+    else:
+        _install_no_gpu(shims)
+
+
+def _install_no_gpu(shims) -> None:
+    """What a CPU-only build of torch answers, on any build: autocast("cuda") and
+    GradScaler("cuda") ask torch.cuda.is_available() and disable themselves."""
+    shims.patch(torch.cuda, "is_available", lambda: False)
+    shims.patch(torch.cuda, "device_count", lambda: 0)
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        shims.patch(accelerator, "current_accelerator", lambda check_available=False: None)
+        shims.patch(accelerator, "is_available", lambda: False)
+        shims.patch(accelerator, "device_count", lambda: 0)
+
+
+def _install_visible_gpu(shims, request: dict, state: dict, gpu_memory: int, default_stream) -> None:
+    """torch.cuda and torch.accelerator answer as the target GPU would."""
+    gpu_name = request.get("gpu_name") or "oom-lsp estimated GPU"
     # The target's compute capability (the GPU catalogue's); a target without one (a size, not
     # a model) answers as a current datacenter GPU.
     capability = tuple(request.get("gpu_capability") or DEFAULT_CAPABILITY)
@@ -243,11 +313,6 @@ def install(shims, request: dict, state: dict) -> None:
     shims.patch(cuda, "is_available", lambda: True)
     shims.patch(cuda, "device_count", lambda: 1)
     shims.patch(cuda, "current_device", lambda: 0)
-    shims.patch(cuda, "set_device", lambda device: None)
-    shims.patch(cuda, "synchronize", lambda device=None: None)
-    shims.patch(cuda, "empty_cache", lambda: None)
-    shims.patch(cuda, "manual_seed", lambda seed: None)
-    shims.patch(cuda, "manual_seed_all", lambda seed: None)
     shims.patch(cuda, "get_device_name", lambda device=None: gpu_name)
     shims.patch(cuda, "get_device_capability", lambda device=None: capability)
     shims.patch(
@@ -256,22 +321,10 @@ def install(shims, request: dict, state: dict) -> None:
         lambda device=None: FakeCudaProperties(gpu_name, gpu_memory, capability),
     )
     shims.patch(cuda, "is_bf16_supported", is_bf16_supported)
-    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
-        shims.patch(cuda, name, lambda device=None: 0)
-    for name in ("reset_peak_memory_stats", "reset_max_memory_allocated"):
-        shims.patch(cuda, name, lambda device=None: None)
     shims.patch(cuda, "mem_get_info", lambda device=None: (gpu_memory, gpu_memory))
-    shims.patch(cuda, "set_per_process_memory_fraction", lambda fraction, device=None: None)
-    shims.patch(cuda, "memory_summary", lambda *a, **k: "")
-    shims.patch(cuda, "Event", CudaEvent)
-    default_stream = CudaStream()
-    shims.patch(cuda, "Stream", CudaStream)
-    shims.patch(cuda, "StreamContext", StreamContext)
-    shims.patch(cuda, "stream", StreamContext)
-    shims.patch(cuda, "current_stream", lambda device=None: default_stream)
-    shims.patch(cuda, "default_stream", lambda device=None: default_stream)
-    shims.patch(cuda, "set_stream", lambda stream: None)
-    shims.patch(torch.Tensor, "record_stream", lambda self, stream: None)
+    # What a CUDA build has and libraries read once torch.cuda.is_available() is True
+    # (bitsandbytes' CUDA backend, which `import peft` loads, reads the raw stream at import).
+    shims.patch(torch._C, "_cuda_getCurrentRawStream", lambda device=None: 0)
     install_accelerator(shims, gpu_memory, default_stream)
 
     # autocast("cuda", dtype) -> autocast("cpu", same dtype); CUDA's default is fp16.
@@ -299,8 +352,3 @@ def install(shims, request: dict, state: dict) -> None:
         shims.patch(
             torch.cuda.amp.GradScaler, "__init__", lambda self, *a, **k: scaler_init(self, "cpu", *a, **k)
         )
-
-    # Module.cuda()/to("cuda") reach Tensor.to through CudaRedirect; under
-    # fake mode parameters must be re-registered rather than swapped.
-    if state.get("fake_mode") is not None:
-        shims.patch(nn.Module, "_apply", fake_apply)

@@ -21,10 +21,8 @@ from torch.utils.data import DataLoader
 
 from .common import has_exact_values
 from .knobs import add_knob
-from .seeding import RandomStates, seed_samplers, seeded_generator
+from .seeding import RandomStates
 
-# DataLoader.__init__'s positional parameters after batch_size, up to its generator.
-_GENERATOR_POSITION = 10
 # How long the search for the longest batch may read the dataset's samples.
 WORST_CASE_SCAN_SECONDS = 3.0
 # Batches listed in the result (the first ones; the peak's is reported whatever its rank).
@@ -156,15 +154,10 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
     # mode each batch is fetched outside it and handed on as fake tensors.
     original_loader_init = DataLoader.__init__
 
-    # Loaders whose shuffle the harness seeded (those without a generator of their own).
-    seeded_loaders: weakref.WeakSet = weakref.WeakSet()
     # Each loader's entry in state["loaders"] (its rank there names it across runs).
     loader_records: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def loader_init(self, dataset, batch_size=1, *args, **kwargs):
-        generator = None
-        if kwargs.get("generator") is None and len(args) <= _GENERATOR_POSITION:
-            generator = kwargs["generator"] = seeded_generator(state["seed"], len(state["loaders"]))
         kwargs["num_workers"] = 0
         kwargs["pin_memory"] = False
         kwargs.pop("prefetch_factor", None)
@@ -177,9 +170,6 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             if state.get("loader_batch") is None:
                 state["loader_batch"] = batch_size
         original_loader_init(self, dataset, batch_size, *args, **kwargs)
-        if generator is not None:
-            seed_samplers(generator, self.sampler, self.batch_sampler)
-            seeded_loaders.add(self)
         loader_records[self] = record_loader(state, context, self)
 
     shims.patch(DataLoader, "__init__", loader_init)
@@ -187,7 +177,13 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
     if fake_mode is None:
         return
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, TensorDataset
+    from torch.utils.data import (
+        BatchSampler,
+        IterableDataset,
+        RandomSampler,
+        SequentialSampler,
+        TensorDataset,
+    )
     from torch.utils.data._utils.collate import default_collate
 
     trace = state["batch_trace"] = BatchTrace(state)
@@ -231,15 +227,14 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             yield batch, twins_of(batch)
 
     def draw_decides_shapes(loader, batch) -> bool:
-        """Whether other draws of what the harness seeded (the loader's shuffle, Python's,
-        NumPy's and torch's generators) give a first batch of other shapes: per-batch
-        padding, random crops. The run's own random states are put back."""
+        """Whether other draws of what the harness seeds (torch's generator, which the loader's
+        shuffle draws from, Python's) give a first batch of other shapes: per-batch padding,
+        random crops. The run's own random states are put back."""
         seen = shapes_of(batch)
-        with Outside(), RandomStates(loader.generator):
+        with Outside(), RandomStates():
             for draw in (1, 2):
                 random.seed(state["seed"] + draw)
                 torch.manual_seed(state["seed"] + draw)
-                loader.generator.manual_seed(state["seed"] + draw)
                 try:
                     other = next(iter(original_iter(loader)))
                 except StopIteration:
@@ -253,13 +248,13 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
     first_batch_shapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def shuffled_by_harness(loader) -> bool:
-        """A map-style loader whose sampler draws from the generator the harness seeded
-        (shuffle=True, a RandomSampler given without a generator): iterating it again is safe,
-        as it would not be for a stream."""
-        if loader not in seeded_loaders:
+        """A map-style loader whose sampler draws from torch's generator, which the harness
+        seeds (shuffle=True, a RandomSampler given without a generator): iterating it again is
+        safe, as it would not be for a stream."""
+        if isinstance(loader.dataset, IterableDataset) or loader.generator is not None:
             return False
         samplers = (loader.sampler, getattr(loader.batch_sampler, "sampler", None))
-        return any(getattr(sampler, "generator", None) is loader.generator for sampler in samplers)
+        return any(hasattr(sampler, "generator") and sampler.generator is None for sampler in samplers)
 
     def is_plain_tensor_dataset(loader) -> bool:
         return (
@@ -315,7 +310,7 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
         if not isinstance(size, int) or count == 0 or (drop_last and count < size):
             return
         started, sizes = time.perf_counter(), []
-        with Outside(), RandomStates(loader.generator):
+        with Outside(), RandomStates():
             fetch = getattr(dataset, "__getitems__", None)
             for start in range(0, count, 256):
                 indices = list(range(start, min(count, start + 256)))
@@ -344,15 +339,17 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             yield batch, twins_of(batch)
 
     def to_fake(leaf, rows):
-        """A batch's tensor as a fake tensor; with `rows` (got, wanted), one of `got` rows as one
-        of `wanted`."""
-        if rows and leaf.dim() and leaf.shape[0] == rows[0]:
-            tracker.paused += 1
-            try:
-                return torch.empty((rows[1], *leaf.shape[1:]), dtype=leaf.dtype)
-            finally:
-                tracker.paused -= 1
-        return fake_mode.from_tensor(leaf)
+        """A batch's tensor as a fake tensor of its own, as the loader collates a fresh one (a
+        loop that holds the next batch while it runs this one, Lightning's fetcher or nanoGPT's,
+        holds two); with `rows` (got, wanted), one of `got` rows as one of `wanted`."""
+        tracker.paused += 1
+        try:
+            with fake_mode:
+                if rows and leaf.dim() and leaf.shape[0] == rows[0]:
+                    return torch.empty((rows[1], *leaf.shape[1:]), dtype=leaf.dtype)
+                return torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype)
+        finally:
+            tracker.paused -= 1
 
     def loader_iter(self):
         record = loader_records.get(self) or record_loader(state, context, self)

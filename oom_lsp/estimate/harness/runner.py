@@ -11,11 +11,13 @@ Modes (`mode` in the request):
   replay (`profile_replay`), the ground truth of tests and benchmarks; with
   `track: false`, no tracker either: a bare real run, which benchmarks time.
 
-The script believes it has a GPU: `torch.cuda.is_available()` is True, and
-`device="cuda"`, `.cuda()`, `.to("cuda")`, `autocast("cuda")` are rewritten to
-the CPU. With `count="device"` only storages the script put on the GPU (and
-whatever is computed from them, or allocated inside a training step) count;
-with `count="all"` every storage counts (what a real CPU step measures).
+With `device="cuda"` the script believes it has a GPU: `torch.cuda.is_available()`
+is True, and `device="cuda"`, `.cuda()`, `.to("cuda")`, `autocast("cuda")` are
+rewritten to the CPU; with `device="cpu"` it sees none (but in a distributed
+request), and what it puts on "cuda" regardless runs on the CPU (cuda.py).
+With `count="device"` only storages the script put on the GPU (and whatever is
+computed from them, or allocated inside a training step) count; with
+`count="all"` every storage counts (what a real CPU step measures).
 
 Each run starts from `seed` (default 0, see seeding.py). With `draws: N`, a
 fake run whose first batch's shapes depend on the draw of the data is run
@@ -39,15 +41,22 @@ import traceback
 
 import torch
 
-from . import progress
+from . import progress, quantized
 from .common import CATEGORIES, StopEstimate
 from .context import Context
-from .cpu_kernels import make_conv_scratch, make_matmul_copies, make_onednn_rnn_workspace, profile_replay_peak
-from .cuda import CudaRedirect
+from .cpu_kernels import (
+    make_conv_scratch,
+    make_loss_buffers,
+    make_matmul_copies,
+    make_onednn_rnn_workspace,
+    profile_replay_peak,
+)
+from .cuda import CudaRedirect, gpu_visible
 from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
 from .data import LISTED_BATCHES
 from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
 from .failures import classify_failure, user_frames
+from .fakes import make_fake_mode
 from .knobs import run_script
 from .memo import FakeDispatchMemo
 from .pretrained import missing_download
@@ -68,12 +77,14 @@ def run(request: dict) -> dict:
     models: dict = {}
     conv_notes: dict = {}
     matmul_notes: dict = {}
+    loss_notes: dict = {}
     # Real tensors already carry their real workspaces: models only under fake mode.
     if mode == "fake":
         models["rnn_workspace"] = (make_cudnn_rnn_reserve if cuda else make_onednn_rnn_workspace)(rnn_notes)
         if not cuda:
             models["conv_scratch"] = make_conv_scratch(conv_notes)
         models["matmul_copies"] = make_matmul_copies(matmul_notes, add=not cuda)
+        models["loss_buffers"] = make_loss_buffers(loss_notes, add=not cuda)
     tracker = StorageTracker(context, count_all=not cuda, round_cuda=cuda, kernel_models=models)
     state: dict = {"seed": int(request.get("seed", 0))}
     shims = Shims()
@@ -81,17 +92,13 @@ def run(request: dict) -> dict:
 
     fake_mode = None
     if mode == "fake":
-        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+        from torch._subclasses.fake_tensor import FakeTensor
         from torch.utils.weak import WeakIdKeyDictionary
 
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        # copy.deepcopy of a fake tensor (nn.TransformerEncoder copies its
-        # layer, an EMA model its model) deep-copies its __dict__, fake_mode
-        # included: the copy would belong to a mode of its own, a foreign
-        # tensor that this mode converts afresh in every op that reads it.
-        fake_mode.__deepcopy__ = lambda memo: fake_mode
+        fake_mode = make_fake_mode()
         state["fake_mode"] = fake_mode
         tracker.shadows = WeakIdKeyDictionary()
+        tracker.draws = {"elements": 0, "skipped": 0}
         tracker.fake_tensor_type = FakeTensor
         # How fake dispatches are cached: "memo" (FakeDispatchMemo), "fake-tensor-mode"
         # (FakeTensorMode's own cache) or "none"; the last two for comparisons.
@@ -103,7 +110,7 @@ def run(request: dict) -> dict:
     request = dict(request, cuda_foreach=cuda)
     install_shims(shims, request, tracker, context, state)
 
-    redirect = CudaRedirect(tracker)
+    redirect = CudaRedirect(tracker, gpu_visible=gpu_visible(request))
     if cuda and mode == "fake":
         install_sdpa_route(shims, make_sdpa_route(sdpa_notes))
 
@@ -164,6 +171,7 @@ def run(request: dict) -> dict:
             }
     except Exception as error:  # noqa: BLE001 - the user's code: every failure is reported, classified
         status = "failed"
+        state["quantized_failure"] = quantized.library_in(error.__traceback__)
         frames = user_frames(error.__traceback__, script_dir)
         failure = {
             "kind": classify_failure(error),
@@ -219,6 +227,10 @@ def run(request: dict) -> dict:
         rnn_workspace=rnn_notes,
         conv_scratch=conv_notes,
         matmul_copies=matmul_notes,
+        loss_buffers=loss_notes,
+        quantized_layers=state.get("quantized_layers", {}),
+        quantized_failure=state.get("quantized_failure"),
+        draws_not_replayed=tracker.draws["skipped"] if tracker.draws else 0,
         compiled=state.get("compiled", 0),
         script_autocast=request.get("autocast_dtype")
         if request.get("autocast_dtype") not in (None, "fp32")
@@ -235,6 +247,10 @@ def run(request: dict) -> dict:
         bf16_emulated=bool(state.get("bf16_emulated")),
         loaders=state["loaders"],
         distributed=state.get("distributed"),
+        cuda_kept_on_cpu=[
+            {"file": where[0] if where else None, "line": where[1] if where else None, "calls": calls}
+            for where, calls in redirect.kept_on_cpu.items()
+        ],
         **_batches(state, peak.get("batch")),
     )
     if prof is not None:

@@ -4,6 +4,7 @@ dispatcher, the storages a real run would hold, and where each was made."""
 from __future__ import annotations
 
 import collections
+import math
 import weakref
 
 import torch
@@ -11,11 +12,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .common import CUDA_BLOCK, aten, has_exact_values, op_tensors
 from .context import Context
-from .cpu_kernels import CONVOLUTIONS, MATMULS
+from .cpu_kernels import CONVOLUTIONS, LOSS_BUFFERS, MATMULS
 from .memo import FakeDispatchMemo
 
 PRIM_DEVICE = torch.ops.prim.device.default
 SHADOW_NUMEL_LIMIT = 50_000_000
+# Random numbers a fake run draws for real outside the training step (see _replay_draw), at most:
+# a model initialised at random beyond this (a billion-parameter model built from its config)
+# would cost the estimate seconds and gigabytes; its draws are then skipped, and the run says so.
+DRAW_REPLAY_LIMIT = 2**27
 
 
 class Record:
@@ -66,6 +71,9 @@ class StorageTracker(TorchDispatchMode):
         self.op_counts = collections.Counter()
         # data.BatchTrace under fake mode: which of the loaders' batches the script read last.
         self.batch_trace = None
+        # Under fake mode: the elements of the random draws replayed for real, and skipped.
+        self.draws: dict | None = None
+        self.last_draw: tuple | None = None  # (op, its real result) of the last draw replayed
 
     # -- accounting --------------------------------------------------------
 
@@ -130,6 +138,8 @@ class StorageTracker(TorchDispatchMode):
         record = self.live.get(key)
         if record is not None:
             return record
+        if tensor.device.type == "meta":
+            return None  # no memory: a model built on the meta device, before its weights are loaded
         line = self.context.user_line()
         record = Record(
             self.registered,
@@ -232,6 +242,8 @@ class StorageTracker(TorchDispatchMode):
         if func is aten._local_scalar_dense.default:
             return self._local_scalar(func, args, kwargs)
         traits = _OP_TRAITS.get(func) or _op_traits(func)
+        if traits.seeded and self.draws is not None and not self.context.in_step:
+            self._replay_draw(func, args, kwargs)
         if self.fake_memo is not None:
             out = self.fake_memo.call(func, args, kwargs)
         else:
@@ -261,6 +273,11 @@ class StorageTracker(TorchDispatchMode):
                 self.register(tensor, device, op)
             self.register(outputs[-1], device, op, extra=extra)
             return out
+        if func in LOSS_BUFFERS and "loss_buffers" in self.kernel_models:
+            kept, transient = self.kernel_models["loss_buffers"](self, func, args, kwargs, outputs[0])
+            self.register(outputs[0], device, op, extra=kept)
+            self._transient(transient, op)
+            return out
         for tensor in outputs:
             self.register(tensor, device, op)
         if func in CONVOLUTIONS and "conv_scratch" in self.kernel_models:
@@ -280,6 +297,50 @@ class StorageTracker(TorchDispatchMode):
         self.current -= size
         self.by_category["temporaries"] -= size
         self.by_module[self.context.module()] -= size
+
+    def _replay_draw(self, func, args, kwargs) -> None:
+        """A fake op draws no random numbers; a real run's does, and what it draws next depends on
+        how many were drawn before: a DataLoader's shuffle, drawn from torch's generator after the
+        model's initial weights, gives other batches, so another peak (PEFT's LoRA example: 3 %).
+        Outside the training step (initialisation, data preparation), each random op is run for
+        real on zeros of its arguments' shapes (its integer twins where known), so that torch's
+        generator, or the script's own, advances as in a real run."""
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        self.last_draw = None
+        tensors = op_tensors(kwargs.values(), op_tensors(args, []))
+        if any(tensor.device.type == "meta" for tensor in tensors) or str(kwargs.get("device")) == "meta":
+            return  # a tensor without memory (a model built on the meta device) draws nothing
+        # What the draw fills: its tensors, or the size a factory (randn, rand, randint) is given.
+        elements = sum(tensor.numel() for tensor in tensors)
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, (list, tuple)) and value and all(type(dim) is int for dim in value):
+                elements += math.prod(value)
+        if self.draws["elements"] + elements > DRAW_REPLAY_LIMIT:
+            self.draws["skipped"] += elements
+            return
+        self.draws["elements"] += elements
+
+        def to_real(value):
+            if isinstance(value, FakeTensor):
+                twin = self.shadows.get(value)
+                if twin is not None:
+                    return twin.clone()
+                return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype).zero_()
+            if isinstance(value, torch.Tensor):
+                return value.clone()  # a real tensor the fake op would leave as it is
+            if type(value) is list or type(value) is tuple:
+                return type(value)(to_real(item) for item in value)
+            return value
+
+        self.paused += 1
+        try:
+            with unset_fake_temporarily():
+                drawn = func(*map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()})
+        finally:
+            self.paused -= 1
+        # The real values of this draw: the twin of an integer output (`_shadow`), drawn once.
+        self.last_draw = (func, drawn)
 
     def _shadow(self, func, args, kwargs, inputs, outputs):
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -303,14 +364,19 @@ class StorageTracker(TorchDispatchMode):
                 return type(value)(to_real(item) for item in value)
             return value
 
-        self.paused += 1
-        try:
-            with unset_fake_temporarily():
-                real_out = func(
-                    *map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()}
-                )
-        finally:
-            self.paused -= 1
+        if self.last_draw is not None and self.last_draw[0] is func:
+            # A random op, drawn for real already (`_replay_draw`): drawing again would take the
+            # numbers after those, and leave torch's generator one draw further than a real run.
+            real_out, self.last_draw = self.last_draw[1], None
+        else:
+            self.paused += 1
+            try:
+                with unset_fake_temporarily():
+                    real_out = func(
+                        *map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()}
+                    )
+            finally:
+                self.paused -= 1
         for fake, twin in zip(outputs, op_tensors((real_out,), [])):
             self.shadows[fake] = twin
 
@@ -344,12 +410,13 @@ class StorageTracker(TorchDispatchMode):
 class OpTraits:
     """What the tracker reads of an operator on each call, worked out once."""
 
-    __slots__ = ("aliases", "name", "packet")
+    __slots__ = ("aliases", "name", "packet", "seeded")
 
     def __init__(self, func):
         self.name = f"aten.{func.__name__ if hasattr(func, '__name__') else func}"
         self.packet = func.overloadpacket.__name__
         self.aliases = any(ret.alias_info is not None for ret in func._schema.returns)
+        self.seeded = torch.Tag.nondeterministic_seeded in func.tags
 
 
 _OP_TRAITS: dict = {}
