@@ -14,6 +14,11 @@ interpreters, end to end (interpreter start, `import torch`, the script, the
 result): what a user waits for the first time.
 
     .venv/bin/python bench/estimate_accuracy.py [--cases mlp,gpt_sdpa] [--python PATH] [--json out.json]
+    .venv/bin/python bench/estimate_accuracy.py --real-scripts [bench/real_zoo.py's options]
+
+`--real-scripts` runs bench/real_zoo.py instead: the real public training scripts of
+fixtures/estimate/real/ (nanoGPT, pytorch/examples, timm, Hugging Face, Lightning, PEFT) against
+two real CPU steps of each, unchanged (issue 16).
 
 Goal (issue 4): within 5% wherever CPU and CUDA run the same kernels, and
 faster than the real step. Known gaps are marked: convolutions (oneDNN's
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -152,6 +158,9 @@ def print_cold(rows: list[dict]) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--real-scripts"]:
+        real_zoo = str(Path(__file__).resolve().parent / "real_zoo.py")
+        os.execv(sys.executable, [sys.executable, real_zoo, *sys.argv[2:]])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(ZOO), help="comma-separated case names")
     parser.add_argument("--python", default=sys.executable)
