@@ -211,7 +211,8 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     world_size, nproc_per_node = _world_size(ls, args)
     notebook = _notebook_path(ls, args.uri)
     if notebook is not None:
-        if world_size is not None:
+        # A notebook runs in one process; the oomLsp.worldSize setting is for the project's scripts.
+        if args.world_size is not None:
             raise JsonRpcInvalidParams("a notebook runs in one process: worldSize is for torchrun-style scripts")
         return await _estimate_notebook(ls, args, notebook)
     script = script_of(args.uri)

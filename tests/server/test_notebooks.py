@@ -297,3 +297,16 @@ async def test_estimate_of_a_notebook_that_cannot_run_is_one_line(client: Langua
     assert raised.value.message == (
         "broken.ipynb: cell 5, line 1: SyntaxError: expected ':'; Run All stops there too"
     )
+
+
+async def test_a_world_size_for_a_notebook_is_refused_in_one_line(client: LanguageClient) -> None:
+    # Asked explicitly; the oomLsp.worldSize setting is for the project's torchrun scripts and
+    # leaves notebooks alone.
+    _save(client, "one_process.ipynb", TRAINING_CELLS)
+    _, cells = _open(client, "one_process.ipynb", ["# Train", *TRAINING_CELLS])
+    params = types.ExecuteCommandParams(
+        command="oom-lsp.estimate", arguments=[{"uri": cells[4], "device": "cpu", "worldSize": 4}]
+    )
+    with pytest.raises(JsonRpcException) as raised:
+        await asyncio.wait_for(client.workspace_execute_command_async(params), 60)
+    assert "a notebook runs in one process" in raised.value.message
