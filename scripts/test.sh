@@ -26,6 +26,4 @@ else
 fi
 
 # pytest exits 5 when it collected no test: that is a failure for us too.
-# One worker per core (pytest-xdist): most tests wait on a child interpreter or a server.
-# OOM_LSP_TEST_WORKERS=0 runs them in this process, one after the other.
-"$VENV/bin/python" -m pytest -p no:cacheprovider -n "${OOM_LSP_TEST_WORKERS:-auto}" "$@"
+"$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
