@@ -95,6 +95,14 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         help="the largest batch size that fits the target (two fake traces and a check)",
     )
     parser.add_argument(
+        "--what-if",
+        action="store_true",
+        default=default(False),
+        help="also trace the step once per change (each quick fix of the script's findings, bf16 autocast, "
+        "checkpointing per block, half the micro-batch with accumulation, a fused optimizer, Adafactor) and "
+        "print what each saves, largest first",
+    )
+    parser.add_argument(
         "--margin",
         type=_margin,
         default=default(None),
@@ -148,6 +156,12 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     if args.gpu and args.gpu_memory:
         err.write("oom-lsp estimate: give --gpu or --gpu-memory, not both\n")
         return EXIT_ERROR
+    if args.what_if and args.find_max_batch:
+        err.write("oom-lsp estimate: give --what-if or --find-max-batch, not both\n")
+        return EXIT_ERROR
+    if args.what_if and args.world_size is not None and "," in args.world_size:
+        err.write("oom-lsp estimate: --what-if traces one world size: give --world-size N, not a list\n")
+        return EXIT_ERROR
     from oom_lsp.estimate.gpus import CATALOGUE, UnknownGpuError, custom_gpu, find_gpu, format_bytes
 
     if args.list_gpus:
@@ -180,6 +194,9 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
 
     if not is_notebook_path(str(args.script)):
         return _estimate(args, gpu, args.script, None, out, err)
+    if args.what_if:
+        err.write(f"oom-lsp estimate: {args.script}: --what-if takes a .py script, not a notebook\n")
+        return EXIT_ERROR
     from oom_lsp.notebooks.document import NotebookError
     from oom_lsp.notebooks.run import notebook_as_script
 
@@ -259,6 +276,12 @@ def _estimate(
     )
     if world_sizes and len(world_sizes) > 1:
         return _run_sweep(args, options, world_sizes, out, err)
+    if args.what_if:
+        from oom_lsp.estimate.whatif_report import run_what_if
+
+        display = EstimateDisplay(err, f"what if: {args.script.name}", quiet=args.format != "text")
+        options.on_event = display.on_event
+        return run_what_if(args, options, display, out, err)
 
     display = EstimateDisplay(err, f"estimating {args.script.name}", quiet=args.format != "text")
     options.on_event = display.on_event
@@ -284,15 +307,45 @@ def _estimate(
     prediction["max_batch"] = max_batch
     if notebook is not None:
         prediction = notebook.report(prediction)
+    elif not args.find_max_batch:
+        prediction["what_if_check"] = _what_if_check(script, options, prediction)
     if args.format == "json":
         out.write(json.dumps(prediction, indent=2) + "\n")
     else:
         write_text(prediction, out)
+        if prediction.get("what_if_check"):
+            from oom_lsp.estimate.whatif_report import comparison_words
+
+            out.write(f"  {comparison_words(prediction['what_if_check'])}\n")
     if prediction.get("verdict") == "will run out of memory":
         return EXIT_OOM
     if max_batch is not None and max_batch.get("max_batch") == 0:
         return EXIT_OOM
     return EXIT_FITS
+
+
+def _what_if_check(script: Path, options: Any, prediction: dict[str, Any]) -> dict[str, Any] | None:
+    """How this estimate compares with a what-if's prediction for exactly this script text."""
+    from oom_lsp.config import ConfigError, ConfigResolver
+    from oom_lsp.estimate.estimator import needed_bytes
+    from oom_lsp.estimate.whatif import source_digest
+    from oom_lsp.estimate.whatif_report import compare_with_record, load_record
+
+    try:
+        record = load_record(ConfigResolver().resolve(script).root, str(script))
+        text = script.read_text(encoding="utf-8")
+    except (ConfigError, OSError, UnicodeDecodeError):
+        return None
+    if record is None:
+        return None
+    return compare_with_record(
+        record,
+        source_digest(text),
+        options.batch_size,
+        options.autocast_dtype,
+        options.world_size,
+        needed_bytes(prediction),
+    )
 
 
 def _run_sweep(

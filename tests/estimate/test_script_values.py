@@ -83,3 +83,32 @@ def test_tolist_of_values_only_a_real_run_knows_gives_zeros_of_the_right_shape(t
     (*_, fake, _), seen = traces
     assert seen["fake"]["rows"] == seen["real"]["rows"] == [3] * 5
     assert fake["stubbed_scalars"] == 15
+
+
+INFERENCE_MODE_ITEM = """
+import torch
+model = torch.nn.Linear(8, 4).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+@torch.inference_mode()
+def accuracy(x):
+    return (model(x).argmax(-1) == 0).sum().item()
+
+for _ in range(3):
+    x = torch.randn(16, 8).cuda()
+    model(x).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    accuracy(x)
+"""
+
+
+def test_item_under_inference_mode_is_read_like_any_item(tmp_path):
+    """Under inference_mode `.item()` reaches the tracker as aten.item, not yet decomposed: it
+    made the fake run fail (and the estimate fall back to real CPU steps) for every evaluation
+    decorated as OOM303's fix writes it."""
+    script = tmp_path / "evaluate.py"
+    script.write_text(INFERENCE_MODE_ITEM)
+    (trace,) = run_harness(EstimateOptions(script=script), [{}])
+    assert trace["status"] == "stopped", trace["failure"]
+    assert trace["value_reads"] == 1  # the evaluation after the first step

@@ -247,6 +247,11 @@ def run(request: dict) -> dict:
         bf16_emulated=bool(state.get("bf16_emulated")),
         loaders=state["loaders"],
         distributed=state.get("distributed"),
+        live_after_steps=state["live_after_steps"],
+        optimizers=[{"class": name, "fused": fused} for name, fused in sorted(state["optimizers"])],
+        accumulation=state.get("accumulation"),
+        checkpointed_blocks=state.get("checkpointed_blocks"),
+        optimizer_change=sorted(state.get("optimizer_change", ())),
         cuda_kept_on_cpu=[
             {"file": where[0] if where else None, "line": where[1] if where else None, "calls": calls}
             for where, calls in redirect.kept_on_cpu.items()

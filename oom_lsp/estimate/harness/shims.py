@@ -3,7 +3,7 @@ the run; `install_shims` installs them all, concern by concern."""
 
 from __future__ import annotations
 
-from . import cuda, data, distributed, fakes, knobs, pretrained, quantized, training, values
+from . import changes, cuda, data, distributed, fakes, knobs, pretrained, quantized, training, values
 
 _MISSING = object()
 
@@ -41,6 +41,7 @@ def install_shims(shims: Shims, request: dict, tracker, context, state: dict) ->
     training.install(shims, request, tracker, context, state)
     data.install(shims, request, tracker, context, state)
     knobs.install(shims, request, context, state)
+    changes.install(shims, request, state)
     # Offline; under fake mode, safetensors checkpoints by their headers.
     pretrained.install(shims, state)
     quantized.install(shims, state)

@@ -239,7 +239,9 @@ class StorageTracker(TorchDispatchMode):
             return func(*args, **kwargs)
         if self.batch_trace is not None and self.batch_trace.by_tensor:
             self.batch_trace.note(args)
-        if func is aten._local_scalar_dense.default:
+        # Under inference_mode, `.item()` reaches this mode as aten.item (not yet decomposed into
+        # _local_scalar_dense): the same read of one value.
+        if func is aten._local_scalar_dense.default or func is aten.item.default:
             return self._local_scalar(func, args, kwargs)
         traits = _OP_TRAITS.get(func) or _op_traits(func)
         if traits.seeded and self.draws is not None and not self.context.in_step:

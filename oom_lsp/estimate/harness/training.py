@@ -111,6 +111,8 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             for value in param_state.values():
                 if isinstance(value, torch.Tensor):
                     tracker.set_category(value, "optimizer_state")
+        state["live_after_steps"].append(tracker.current)
+        state["optimizers"].add((type(optimizer).__name__, bool(optimizer.defaults.get("fused"))))
         state["steps"] += 1
         state["step_ends"].append(time.perf_counter())
         emit("step", step=state["steps"])
@@ -119,6 +121,10 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
 
     state["steps"] = 0
     state["step_ends"] = []
+    state["optimizers"] = set()
+    # Live bytes as each step ends: what the second step keeps on top of the first is what every
+    # step adds (a loss summed with its graph, outputs kept in a list).
+    state["live_after_steps"] = []
     state["hooks"] += [
         optimizer_module.register_optimizer_step_pre_hook(step_pre),
         optimizer_module.register_optimizer_step_post_hook(step_post),
