@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from real_zoo import Case, CaseError, load_cases, missing_modules, prepare  # noqa: E402
+from real_zoo import Case, CaseError, load_cases, missing_modules, prepare
 
 GOAL = 0.05
 MIB = 2**20
