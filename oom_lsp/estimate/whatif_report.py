@@ -60,12 +60,27 @@ def run_what_if(args: argparse.Namespace, options: Any, display: Any, out: TextI
     return EXIT_OOM if table["baseline"]["verdict"] == "will run out of memory" else EXIT_FITS
 
 
+def _signed(change: float, text: str) -> str:
+    """A change with its sign: −38.0 % (a typographic minus, as the editor's titles show it)."""
+    return ("−" if change < 0 else "+") + text if change else text
+
+
 def _percent(row: dict[str, Any]) -> str:
-    return f"{-row['saving_percent']:+.1f} %".replace("-", "−")
+    return (
+        _signed(-row["saving_bytes"], f"{abs(row['saving_percent']):.1f} %") if row["saving_bytes"] else "0 %"
+    )
+
+
+def _delta(row: dict[str, Any]) -> str:
+    return (
+        _signed(-row["saving_bytes"], format_bytes(abs(row["saving_bytes"])))
+        if row["saving_bytes"]
+        else "0 B"
+    )
 
 
 def saving_words(row: dict[str, Any]) -> str:
-    """ "−38 % peak (14.2 → 8.80 GiB)": what a code action's title carries."""
+    """What a code action's title carries: "−38.0 % peak (1.19 GiB → 642.00 MiB)"."""
     if row.get("error"):
         return "not measured"
     return f"{_percent(row)} peak ({format_bytes(row['needed_bytes'] + row['saving_bytes'])} → " + (
@@ -88,31 +103,29 @@ def write_table(table: dict[str, Any], out: TextIO) -> None:
     out.write(f"  as it is: {format_bytes(base['needed_bytes'])}{verdict}\n")
     if base.get("growth_per_step"):
         after = (
-            f": out of memory after about {base['steps_to_oom']:,} steps"
-            if base.get("steps_to_oom") is not None
-            else ""
+            f": out of memory after about {base['steps_to_oom']:,} steps" if base.get("steps_to_oom") else ""
         )
         out.write(f"  and it grows {format_bytes(base['growth_per_step'])} at every step{after}\n")
     out.write("\n")
     rows = table["changes"]
     measured = [row for row in rows if not row.get("error")]
     if measured:
-        width = max(len("change"), *(len(row["title"]) for row in measured))
+        width = min(_TITLE_WIDTH, max(len("change"), *(len(row["title"]) for row in measured)))
         fits = table.get("gpu_memory") is not None
-        growth = bool(base.get("growth_per_step")) or any(row.get("growth_per_step") for row in measured)
+        growth = bool(base.get("growth_per_step"))
         out.write(
-            f"  {'change':<{width}}  {'peak':>11}  {'saving':>21}  "
+            f"  {'change':<{width}}  {'peak':>11}  {'change in peak':>21}  "
             + (f"{'growth/step':>11}  " if growth else "")
-            + ("fits  " if fits else "")
+            + (f"{'fits':<10}  " if fits else "")
             + "safety\n"
         )
         for row in measured:
-            saving = f"{format_bytes(row['saving_bytes'])} {_percent(row):>8}"
             step = row.get("growth_per_step")
             out.write(
-                f"  {row['title']:<{width}}  {format_bytes(row['needed_bytes']):>11}  {saving:>21}  "
+                f"  {_cut(row['title'], width):<{width}}  {format_bytes(row['needed_bytes']):>11}  "
+                f"{_delta(row) + ' ' + f'{_percent(row):>8}':>21}  "
                 + (f"{format_bytes(step) if step is not None else '?':>11}  " if growth else "")
-                + (f"{'yes' if row['fits'] else 'no':<4}  " if fits else "")
+                + (f"{_fits_words(row, table):<10}  " if fits else "")
                 + row["safety"]
                 + (" (real CPU steps)" if row.get("fallback") else "")
                 + "\n"
@@ -134,6 +147,24 @@ def write_table(table: dict[str, Any], out: TextIO) -> None:
         "  peak: what the estimate's verdict uses (reserved memory and the CUDA context on cuda), each change "
         "traced alone; changes that stop a growth at every step come first\n"
     )
+
+
+_TITLE_WIDTH = 64
+
+
+def _cut(title: str, width: int) -> str:
+    return title if len(title) <= width else title[: width - 3] + "..."
+
+
+def _fits_words(row: dict[str, Any], table: dict[str, Any]) -> str:
+    """yes, no, or for how many steps (a fit that still grows at every step runs out later)."""
+    if not row["fits"]:
+        return "no"
+    growth = row.get("growth_per_step")
+    if growth:
+        steps = max(0, (table["gpu_memory"] - row["needed_bytes"]) // growth)
+        return f"~{steps:,} step{'s' if steps != 1 else ''}"
+    return "yes"
 
 
 def _rel(path: str) -> str:

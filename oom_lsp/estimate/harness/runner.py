@@ -142,18 +142,17 @@ def run(request: dict) -> dict:
         if prof is not None:
             prof.start()
         try:
-            with _script_autocast(request.get("autocast_dtype")):
-                if fake_mode is not None:
-                    with fake_mode, tracker, redirect:
-                        run_script(script, request, context, state)
-                elif request.get("track", True):
-                    with tracker, redirect:
-                        run_script(script, request, context, state)
-                else:
-                    # A bare real run, to time the steps the estimate replaces:
-                    # nothing counted at the dispatcher.
-                    with redirect:
-                        run_script(script, request, context, state)
+            if fake_mode is not None:
+                with fake_mode, tracker, redirect:
+                    run_script(script, request, context, state)
+            elif request.get("track", True):
+                with tracker, redirect:
+                    run_script(script, request, context, state)
+            else:
+                # A bare real run, to time the steps the estimate replaces:
+                # nothing counted at the dispatcher.
+                with redirect:
+                    run_script(script, request, context, state)
         finally:
             if prof is not None:
                 prof.stop()
@@ -312,22 +311,6 @@ def _worst_case(options: dict, first: dict) -> dict | None:
         for rank, found in worst.items()
     ]
     return again
-
-
-def _script_autocast(dtype_name: str | None):
-    """`--dtype bf16`: the whole script as if under torch.autocast (on the CPU,
-    where the trace runs); backward and optimizer ops are not autocast ops."""
-    import contextlib
-
-    if dtype_name in (None, "fp32", "float32"):
-        return contextlib.nullcontext()
-    dtype = {
-        "bf16": torch.bfloat16,
-        "bfloat16": torch.bfloat16,
-        "fp16": torch.float16,
-        "float16": torch.float16,
-    }[dtype_name]
-    return torch.autocast("cpu", dtype=dtype)
 
 
 def _step_seconds(started: float, step_ends: list[float]) -> float | None:

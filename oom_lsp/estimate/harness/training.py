@@ -46,8 +46,12 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
 
     shims.patch(nn.Module, "register_buffer", register_buffer)
 
+    step_autocast = _step_autocast(shims, request.get("autocast_dtype"))
+
     # Forward phase and the module it runs in: global module hooks (which hold nothing: see modules.py).
     def forward_pre(module, inputs):
+        if step_autocast is not None and context.forward_depth == 0:
+            step_autocast.open()
         context.forward_depth += 1
         context.modules.enter(module)
 
@@ -64,6 +68,8 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
     original_backward = torch.autograd.backward
 
     def backward(*args, **kwargs):
+        if step_autocast is not None:
+            step_autocast.close()
         context.in_backward += 1
         try:
             return original_backward(*args, **kwargs)
@@ -129,3 +135,41 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
         optimizer_module.register_optimizer_step_pre_hook(step_pre),
         optimizer_module.register_optimizer_step_post_hook(step_post),
     ]
+
+
+_AUTOCAST_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+class _StepAutocast:
+    """`--dtype bf16`: the step as a user writes mixed precision, `with torch.autocast(...):` around
+    the forward pass and the loss: a region opened by each outermost module call (on the CPU, where
+    the trace runs) and closed when backward starts, which clears autocast's cache of cast weights,
+    as leaving the `with` block does. A script that runs under its own autocast is left alone."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.region = None
+
+    def open(self) -> None:
+        if self.region is None and not torch.is_autocast_enabled("cpu"):
+            self.region = torch.autocast("cpu", dtype=self.dtype)
+            self.region.__enter__()
+
+    def close(self) -> None:
+        if self.region is not None:
+            region, self.region = self.region, None
+            region.__exit__(None, None, None)
+
+
+def _step_autocast(shims, dtype_name: str | None) -> _StepAutocast | None:
+    dtype = _AUTOCAST_DTYPES.get(dtype_name)
+    if dtype is None:
+        return None
+    step_autocast = _StepAutocast(dtype)
+    shims.at_undo(step_autocast.close)
+    return step_autocast
