@@ -145,8 +145,8 @@ def knob_changes(
                 key="knob:bf16",
                 title="bf16 autocast (--dtype bf16)",
                 safety=NUMERICS,
-                how='torch.autocast("cuda", dtype=torch.bfloat16) around every forward pass and loss, training '
-                "and evaluation (what --dtype bf16 traces)",
+                how='with torch.autocast("cuda", dtype=torch.bfloat16): around the forward pass and the loss, '
+                "backward outside (what --dtype bf16 traces)",
                 run={"autocast_dtype": "bf16"},
             )
         )

@@ -12,13 +12,16 @@ the saving measured by making the change for real and estimating again.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import console
 from tests.console import run
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "estimate" / "whatif"
@@ -262,3 +265,41 @@ def test_what_if_refuses_what_it_cannot_combine(tmp_path, extra, message):
     done = run(["estimate", "blocks.py", "--what-if", *extra], cwd=folder)
     assert done.returncode == 2
     assert done.stderr.strip() == f"oom-lsp estimate: {message}"
+
+
+# Trains two steps as it is; the copy with a fix applied (any file named like the what-if's hidden
+# copies) starts a child and hangs, so Ctrl-C arrives while a change is traced.
+HANGS_IN_THE_COPY = """
+import os, subprocess, sys, time
+import torch
+model = torch.nn.Linear(8, 8).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+total = 0
+for step in range(3):
+    if ".oom-lsp-what-if-" in __file__ and step == 1:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open({pids!r}, "w") as record:
+            record.write(f"{{os.getpid()}} {{child.pid}}\\n")
+        time.sleep(600)
+    loss = model(torch.randn(4, 8).cuda()).sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    total += loss
+"""
+
+
+def test_ctrl_c_during_a_change_kills_the_script_and_leaves_no_copy(tmp_path):
+    record = tmp_path / "pids"
+    (tmp_path / "train.py").write_text(HANGS_IN_THE_COPY.format(pids=str(record)))
+    with console.started(["estimate", "train.py", "--what-if"], tmp_path, record) as (process, pids):
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGINT, err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith("oom-lsp estimate: interrupted by SIGINT; killed process group")
+    )
+    console.assert_all_gone(pids, console.killed_groups(err))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["pids", "train.py"]
