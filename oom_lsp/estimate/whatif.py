@@ -254,6 +254,8 @@ def _options_for(change: Change, options: EstimateOptions, copies: dict[str, Pat
 
 def _not_applied(change: Change, trace: dict[str, Any]) -> str | None:
     """Why a knob changed nothing in the run (then it has no row)."""
+    if trace.get("status") == "failed":
+        return None  # the row says how it failed
     if change.run.get("checkpoint_blocks") and not trace.get("checkpointed_blocks"):
         return "no repeated blocks (a ModuleList or Sequential of two or more alike modules) run in training"
     if change.run.get("optimizer") and not trace.get("optimizer_change"):

@@ -303,3 +303,48 @@ def test_ctrl_c_during_a_change_kills_the_script_and_leaves_no_copy(tmp_path):
     )
     console.assert_all_gone(pids, console.killed_groups(err))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["pids", "train.py"]
+
+
+ACCUMULATION_SHAPES = """
+import torch
+model = torch.nn.Linear(8, 8).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+
+def closure():
+    with open(CLOSURES, "a") as record:
+        record.write("ran\\n")
+    optimizer.zero_grad()
+    loss = model(torch.randn(16, 8).cuda()).sum()
+    loss.backward()
+    return loss
+
+for step in range(8):
+    if step % 2 == 0:  # Lightning's shape: the forward and backward inside the step's closure
+        optimizer.step(closure)
+    else:
+        model(torch.randn(16, 8).cuda()).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    scheduler.step()
+"""
+
+
+def test_accumulation_skips_steps_under_a_scheduler_and_runs_their_closures(tmp_path):
+    """The skipped step is a bound method (an LR scheduler rewraps `optimizer.step` through its
+    `__func__`: a plain function crashed every script with a scheduler), and a skipped step given
+    a closure still runs it."""
+    from oom_lsp.estimate.estimator import EstimateOptions, run_harness
+
+    script = tmp_path / "train.py"
+    script.write_text(ACCUMULATION_SHAPES.replace("CLOSURES", repr(str(tmp_path / "closures.txt"))))
+    (plain,), (accumulated,) = (
+        run_harness(EstimateOptions(script=script), [run]) for run in ({}, {"accumulation": 2})
+    )
+    assert plain["status"] == accumulated["status"] == "stopped", accumulated["failure"]
+    assert accumulated["accumulation"]["skipped_steps"] == 2
+    assert accumulated["steps"] == plain["steps"] == 2
+    # Steps 1 and 3 are skipped, both with a closure: run by the skip, as the real step would.
+    (tmp_path / "closures.txt").unlink()
+    (accumulated,) = run_harness(EstimateOptions(script=script), [{"accumulation": 2}])
+    assert (tmp_path / "closures.txt").read_text().split() == ["ran", "ran"]

@@ -18,6 +18,7 @@ user would write, done from outside.
 from __future__ import annotations
 
 import functools
+import types
 import weakref
 
 import torch
@@ -49,10 +50,12 @@ def _install_accumulation(shims, every: int, state: dict) -> None:
     calls = weakref.WeakKeyDictionary()
 
     def skipping(optimizer, step):
+        # A bound method, as the step it replaces: an LR scheduler rewraps `optimizer.step` through
+        # its `__func__`.
         @functools.wraps(step)
-        def step_every(*args, **kwargs):
-            calls[optimizer] = calls.get(optimizer, 0) + 1
-            if calls[optimizer] % every == 0:
+        def step_every(self, *args, **kwargs):
+            calls[self] = calls.get(self, 0) + 1
+            if calls[self] % every == 0:
                 return step(*args, **kwargs)
             state["accumulation"]["skipped_steps"] += 1
             closure = kwargs.get("closure", args[0] if args else None)
@@ -63,7 +66,7 @@ def _install_accumulation(shims, every: int, state: dict) -> None:
             accumulating[0] = True
             return loss
 
-        return step_every
+        return types.MethodType(step_every, optimizer)
 
     original_init = torch.optim.Optimizer.__init__
 
