@@ -65,10 +65,14 @@ def source_digest(text: str) -> str:
 
 
 def fix_changes(source: str, findings: list[Finding]) -> list[Change]:
-    """A change per finding with a fix: its codemod alone, applied to the script."""
+    """A change per finding with a fix: its codemod alone, applied to the script. Memory rules only:
+    removing an unused suppression (OOM900) changes no memory."""
+    from oom_lsp.analysis.registry import all_rules
+
+    rules = all_rules()
     changes = []
     for finding in findings:
-        if finding.fix is None or finding.cell is not None:
+        if finding.fix is None or finding.cell is not None or finding.code not in rules:
             continue
         edited = apply_edits(source, finding.fix.edits)
         if edited == source:

@@ -348,3 +348,16 @@ def test_accumulation_skips_steps_under_a_scheduler_and_runs_their_closures(tmp_
     (tmp_path / "closures.txt").unlink()
     (accumulated,) = run_harness(EstimateOptions(script=script), [{"accumulation": 2}])
     assert (tmp_path / "closures.txt").read_text().split() == ["ran", "ran"]
+
+
+def test_only_memory_rules_fixes_are_changes():
+    """Removing an unused suppression (OOM900, a fix too) frees no memory: no row for it."""
+    from oom_lsp.analysis.registry import all_codes
+    from oom_lsp.analysis.settings import LintSettings
+    from oom_lsp.checker import analyze_text
+    from oom_lsp.estimate.whatif import fix_changes
+
+    source = "total = 0\nfor x in range(3):\n    total += x  # oom: ignore[OOM301]\n"
+    findings = analyze_text(source, LintSettings(enabled=frozenset(all_codes())), "train.py")
+    assert [finding.code for finding in findings] == ["OOM900"] and findings[0].fix is not None
+    assert fix_changes(source, findings) == []
