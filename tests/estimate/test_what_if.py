@@ -229,7 +229,7 @@ def test_the_text_table(blocks):
     lines = done.stdout.splitlines()
     assert lines[0] == "blocks.py: what if (batch size 16, device cuda, target GPU with 1.00 GiB)"
     header = next(line for line in lines if line.strip().startswith("change"))
-    assert "saving" in header and "fits" in header and "safety" in header
+    assert "change in peak" in header and "fits" in header and "safety" in header
     micro = next(line for line in lines if line.strip().startswith("micro-batch 8 with 2 accumulation steps"))
     assert "yes" in micro and "changes numerics" in micro
     assert any(line.strip().startswith("how:") for line in lines)
