@@ -52,14 +52,16 @@ class IncrementalParser:
         self._chunks: dict[str, list[cst.Module]] = {}
         self._positions = PositionCache()
 
-    def parse(self, source: str) -> ParsedSource:
+    def parse(self, source: str, statements: ast.Module | None = None) -> ParsedSource:
         """Like `cst.parse_module(source)`. A version that cannot be parsed
         in chunks (a syntax error mid-typing) leaves the kept chunks as they
-        were, for the next version."""
-        try:
-            statements = python_ast.parse(source)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            return parse_whole(source)
+        were, for the next version. `statements`: `ast.parse(source)` when the
+        caller has it (a notebook joins it from its cells' trees)."""
+        if statements is None:
+            try:
+                statements = python_ast.parse(source)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                return parse_whole(source)
         texts = _chunk_texts(source, statements)
         if len(texts) < 2:
             return ParsedSource(cst.parse_module(source), statements, self._positions)

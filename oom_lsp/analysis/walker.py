@@ -158,4 +158,9 @@ def walk(
         if hooked:
             after_leave(node)
 
-    visit(root)
+    try:
+        visit(root)
+    finally:
+        # `visit` refers to itself through its closure: a cycle that held the visitors (the
+        # rules and the file's whole analysis state) until the cyclic collector ran.
+        visit = None

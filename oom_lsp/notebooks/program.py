@@ -18,12 +18,16 @@ import dataclasses
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.findings import Finding, Fix
 from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.edits import Position, Range, TextEdit
 from oom_lsp.notebooks.magics import MaskedCell, mask_cell
+
+if TYPE_CHECKING:
+    from oom_lsp.analysis.incremental import ParsedSource
 
 MAX_FIX_PASSES = 10
 
@@ -123,9 +127,7 @@ def build_program(
             if finding is not None:
                 errors[cell.key] = [finding]
             continue
-        text = masked.text
-        if not text.endswith(("\n", "\r")):
-            text += "\n"
+        text = _program_text(masked.text)
         count = text.count("\n") + text.count("\r") - text.count("\r\n")
         program_cells.append(ProgramCell(cell, masked, line, count, problem))
         parts.append(text)
@@ -141,9 +143,19 @@ def analyze_cells(
     prepare: Callable[[str], PreparedCell] = prepare_cell,
 ) -> NotebookAnalysis:
     """Every finding of the notebook, relative to its cell."""
+    return _analyze_program(cells, build_program(cells, settings, prepare), settings, path, parse)
+
+
+def _analyze_program(
+    cells: Sequence[CellText],
+    built: tuple[Program, dict, dict],
+    settings: LintSettings,
+    path: str,
+    parse: Callable | None,
+) -> NotebookAnalysis:
     from oom_lsp.analysis.engine import analyze
 
-    program, errors, skipped = build_program(cells, settings, prepare)
+    program, errors, skipped = built
     findings: dict[Hashable, list[Finding]] = {cell.key: list(errors.get(cell.key, ())) for cell in cells}
     if program.cells:
         arguments = {"cell_statements": program.cell_statements}
@@ -164,14 +176,18 @@ class IncrementalNotebook:
     syntax check are kept by its text until the next version, so an edit
     prepares the edited cell only, and the joined program is parsed by an
     IncrementalParser, which parses again only the top-level statements the
-    edit touched and moves the positions of the others. The rules still run on
-    the whole program: a change in one cell can change another's findings."""
+    edit touched and moves the positions of the others. The program's stdlib
+    tree (which says where its statements are) is joined from the cells' own,
+    each kept by its text and first line: only the cells an edit changed or
+    moved are compiled again. The rules still run on the whole program: a
+    change in one cell can change another's findings."""
 
     def __init__(self) -> None:
         from oom_lsp.analysis.incremental import IncrementalParser
 
         self._parser = IncrementalParser()
         self._prepared: dict[str, PreparedCell] = {}
+        self._trees: dict[tuple[str, int], ast.Module] = {}
 
     def analyze(self, cells: Sequence[CellText], settings: LintSettings, path: str) -> NotebookAnalysis:
         current: dict[str, PreparedCell] = {}
@@ -181,9 +197,46 @@ class IncrementalNotebook:
             current[source] = prepared
             return prepared
 
-        analysis = analyze_cells(cells, settings, path, self._parser.parse, prepare)
+        built = build_program(cells, settings, prepare)
         self._prepared = current
-        return analysis
+        program = built[0]
+
+        def parse(source: str) -> ParsedSource:
+            try:
+                statements = self.program_tree(program)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                statements = None  # the parser's own ast.parse says what is wrong, as for a file
+            return self._parser.parse(source, statements=statements)
+
+        return _analyze_program(cells, built, settings, path, parse)
+
+    def program_tree(self, program: Program) -> ast.Module:
+        """`ast.parse(program.text)`, joined from the trees of its cells: a cell's
+        tree is its text compiled below as many empty lines as precede it, so
+        its line numbers are the program's. Each of the program's cells compiles
+        on its own (build_program leaves the others out), so the program is
+        their statements in order."""
+        from oom_lsp import python_ast
+
+        current: dict[tuple[str, int], ast.Module] = {}
+        body: list[ast.stmt] = []
+        type_ignores: list[ast.type_ignore] = []
+        for cell in program.cells:
+            text = _program_text(cell.masked.text or "")
+            key = (text, cell.first_line)
+            tree = current.get(key) or self._trees.get(key)
+            if tree is None:
+                tree = python_ast.parse("\n" * (cell.first_line - 1) + text)
+            current[key] = tree
+            body.extend(tree.body)
+            type_ignores.extend(tree.type_ignores)
+        self._trees = current
+        return ast.Module(body=body, type_ignores=type_ignores)
+
+
+def _program_text(masked_text: str) -> str:
+    """A cell's masked text as the program holds it: ending with a line end."""
+    return masked_text if masked_text.endswith(("\n", "\r")) else masked_text + "\n"
 
 
 def _syntax_error(text: str) -> tuple[int, int, str] | int:

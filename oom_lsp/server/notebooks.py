@@ -32,6 +32,7 @@ from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import Finding, LintSettings
 from oom_lsp.fixes.suppress import ignore_for_line
+from oom_lsp.gc_tuning import collect_before_analysis
 from oom_lsp.notebooks.program import CellText, IncrementalNotebook, NotebookAnalysis, fix_cells
 from oom_lsp.server import code_actions, diagnostics
 from oom_lsp.server.positions import PositionConverter
@@ -217,11 +218,18 @@ async def _analysis(
     path = to_fs_path(notebook.uri) or notebook.uri
     loop = asyncio.get_running_loop()
     analysis = await loop.run_in_executor(
-        ls.analysis_executor, lambda: incremental.analyze(cells, settings, path)
+        ls.analysis_executor, _analyze_on_worker, incremental, cells, settings, path
     )
     if _cells_key(ls, notebook) == key:
         state.key, state.analysis = key, analysis
     return analysis, cells
+
+
+def _analyze_on_worker(
+    incremental: IncrementalNotebook, cells: list[CellText], settings: LintSettings, path: str
+) -> NotebookAnalysis:
+    collect_before_analysis()
+    return incremental.analyze(cells, settings, path)
 
 
 async def cell_analysis(ls: OomLanguageServer, document: TextDocument) -> Analysis:

@@ -29,7 +29,7 @@ from oom_lsp import __version__
 from oom_lsp.analysis import Finding, LintSettings
 from oom_lsp.checker import analyze_text, too_large
 from oom_lsp.edits import split_lines
-from oom_lsp.gc_tuning import tune_for_analysis
+from oom_lsp.gc_tuning import collect_before_analysis, tune_for_analysis
 from oom_lsp.server import settings as editor_settings
 from oom_lsp.server import transport
 from oom_lsp.server.logs import LogSetup
@@ -261,6 +261,7 @@ class OomLanguageServer(LanguageServer):
         from oom_lsp.analysis.incremental import IncrementalParser
 
         parser = self._parsers.setdefault(uri, IncrementalParser())
+        collect_before_analysis()
         return analyze_text(source, settings, path, parser.parse)
 
     def _too_large(self, uri: str, source: str) -> str | None:

@@ -4,8 +4,10 @@ gives."""
 
 from __future__ import annotations
 
+import ast
+
 from oom_lsp.analysis import default_settings
-from oom_lsp.notebooks.program import CellText, IncrementalNotebook, analyze_cells
+from oom_lsp.notebooks.program import CellText, IncrementalNotebook, analyze_cells, build_program
 from tests.notebooks.shapes import LOAD, MODEL, SETUP, TRAIN
 
 
@@ -51,3 +53,30 @@ def test_a_dedented_cell_reports_its_own_columns_and_offers_no_fix() -> None:
     (finding,) = [f for f in analysis.findings[2] if f.code != "OOM701"]
     assert (finding.code, finding.range.start.line, finding.range.start.column) == ("OOM301", 4, 6)
     assert finding.fix is None
+
+
+def test_the_program_tree_joined_from_the_cells_is_the_whole_parse_for_every_version() -> None:
+    # Each cell's tree is kept by its text and its first line: a cell that moves is compiled
+    # again, one that stays is not, and the joined tree is ast.parse of the program every time.
+    settings = default_settings()
+    notebook = IncrementalNotebook()
+    dedented = "  total = 0\n  for x, y in loader:\n      total += criterion(model(x), y)"
+    versions = [
+        _cells(SETUP, MODEL, TRAIN, LOAD),
+        _cells(SETUP, "# edited\n" + MODEL, TRAIN, LOAD),  # the cells below move down a line
+        _cells(SETUP, MODEL, TRAIN, LOAD),  # and back up
+        _cells(SETUP, MODEL.replace("0.1", "0.01"), TRAIN, LOAD),  # same lines, one cell changed
+        _cells(SETUP, LOAD, MODEL, TRAIN),  # cells reordered: same texts, other lines
+        _cells(SETUP, MODEL, TRAIN, LOAD, LOAD),  # the same text twice
+        _cells(SETUP, "await asyncio.sleep(0)\n", MODEL, dedented),  # IPython's top-level await
+        _cells(SETUP.replace("\n", "\r\n"), MODEL, "x = 1", TRAIN),  # CRLF; no final newline
+        _cells(SETUP, "def broken(:\n", MODEL, TRAIN),  # a cell left out of the program
+        _cells(MODEL, TRAIN),
+    ]
+    for cells in versions:
+        program = build_program(cells, settings)[0]
+        joined = notebook.program_tree(program)
+        whole = ast.parse(program.text)
+        assert ast.dump(joined, include_attributes=True) == ast.dump(whole, include_attributes=True)
+        incremental = notebook.analyze(cells, settings, "nb.ipynb")
+        assert _summary(incremental) == _summary(analyze_cells(cells, settings, "nb.ipynb"))

@@ -73,7 +73,9 @@ class DeviceScopes:
     CUDA and the next on the CPU. Computed lazily, once per scope."""
 
     def __init__(self, context: FileContext) -> None:
-        self.context = context
+        # A proxy: `_DEVICE_SCOPES` is keyed by the context, and a strong reference
+        # from its value would keep every analysed file alive.
+        self.context: FileContext = weakref.proxy(context)
         self._functions: dict[cst.FunctionDef, bool] = {}
         self._top_level: bool | None = None
 
