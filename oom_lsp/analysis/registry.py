@@ -154,7 +154,7 @@ out-of-memory failure long before it crosses the budget.
 
 ## Example
 ```text
-train.py:21:56: OOM103 Predicted peak 1.3 GiB grew 12.0% against the baseline 1.2 GiB, more than 5% (train.py)
+train.py:13:59: OOM103 Predicted peak 488 MiB grew 10.3% over the baseline 442 MiB, limit 5% (train.py)
 ```
 
 ## Use instead

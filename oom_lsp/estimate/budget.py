@@ -34,7 +34,7 @@ from oom_lsp.edits import Position, Range
 DEFAULT_MAX_GROWTH = 5.0  # percent
 DEFAULT_TIMEOUT = 300.0  # seconds per script, as `oom-lsp estimate --timeout`
 BASELINE_VERSION = 1
-_ENTRY_IN_MESSAGE = 40  # characters of a script's entry quoted in a finding's message
+_ENTRY_IN_MESSAGE = 32  # characters of a script's entry quoted in a finding's message
 
 
 class BudgetError(Exception):
@@ -251,8 +251,8 @@ def over_budget_message(peak: int, batch: int | None, budget: int, entry: str) -
 
 def growth_message(peak: int, baseline: int, growth: float, allowed: float, entry: str) -> str:
     return (
-        f"Predicted peak {size_text(peak)} grew {growth:.1f}% against the baseline {size_text(baseline)}, "
-        f"more than {allowed:g}% ({_quoted(entry)})"
+        f"Predicted peak {size_text(peak)} grew {growth:.1f}% over the baseline {size_text(baseline)}, "
+        f"limit {allowed:g}% ({_quoted(entry)})"
     )
 
 
