@@ -344,6 +344,17 @@ def test_the_gate_does_not_run_on_stdin_or_with_diff(project):
     )
 
 
+def test_the_pre_commit_hooks_skip_the_gate(project):
+    from pre_commit.clientlib import load_manifest
+
+    _config(project, 'budget = "1GiB"\nestimate-scripts = ["nosuch.py"]\n')
+    for hook in load_manifest(str(PACKAGE.parent / ".pre-commit-hooks.yaml")):
+        command, *args = hook["entry"].split()
+        assert command == "oom-lsp"
+        result = console.run([*args, "train.py"], project)
+        assert (result.returncode, result.stderr) == (0, ""), hook["id"]
+
+
 # --- Ctrl-C ---------------------------------------------------------------------------------------------
 
 
