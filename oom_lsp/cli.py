@@ -471,7 +471,7 @@ def _check_paths(
     if args.diff:
         return _report_diff(args, results)
     outcome = _run_budget_gate(args, gate, results) if gate is not None else None
-    _report(args, results, sys.stdout)
+    _report(args, results, sys.stdout, unanswered=len(outcome.problems) if outcome is not None else 0)
     if outcome is not None and args.format in ("text", "concise", "full") and not args.quiet:
         from oom_lsp.estimate.budget import summary
 
@@ -535,7 +535,8 @@ def _plural(count: int, word: str, plural: str | None = None) -> str:
     return f"{count} {word if count == 1 else (plural or word + 's')}"
 
 
-def _report(args: argparse.Namespace, results: list[Any], stream: Any) -> None:
+def _report(args: argparse.Namespace, results: list[Any], stream: Any, unanswered: int = 0) -> None:
+    """`unanswered`: the problems of the budget gate, which a clean summary must not hide."""
     from oom_lsp.output import RenderOptions, renderer
 
     options = RenderOptions(unsafe_fixes=args.unsafe_fixes, show_fix_titles=args.show_fixes)
@@ -547,10 +548,10 @@ def _report(args: argparse.Namespace, results: list[Any], stream: Any) -> None:
     if args.show_fixes and args.fix and human:
         stream.write(_fixed_listing(results))
     if human and not args.quiet:
-        stream.write(_summary(results, options, fixing=args.fix))
+        stream.write(_summary(results, options, fixing=args.fix, unanswered=unanswered))
 
 
-def _summary(results: list[Any], options: Any, *, fixing: bool) -> str:
+def _summary(results: list[Any], options: Any, *, fixing: bool, unanswered: int = 0) -> str:
     findings = [finding for result in results for finding in result.findings]
     fixed = sum(result.fixes_applied for result in results)
     if fixing and fixed:
@@ -560,6 +561,8 @@ def _summary(results: list[Any], options: Any, *, fixing: bool) -> str:
     if not findings:
         if unchecked:
             return f"No findings, but {_plural(unchecked, 'file')} could not be checked.\n"
+        if unanswered:
+            return f"No findings, but the memory budget gate met {_plural(unanswered, 'problem')}.\n"
         return "All checks passed!\n"
     lines = [f"Found {_plural(len(findings), 'error')}."]
     fixable = sum(

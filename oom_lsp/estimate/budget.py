@@ -289,7 +289,7 @@ def _estimate(settings: GateSettings, entry: ScriptEntry, err: TextIO, live: boo
         timeout=settings.timeout,
         cwd=entry.cwd,
     )
-    display = EstimateDisplay(err, f"budget gate: estimating {entry.entry}", quiet=not live)
+    display = EstimateDisplay(err, f"budget gate: {entry.entry}", quiet=not live)
     options.on_event = display.on_event
     with display:
         return estimate(options, display.message)

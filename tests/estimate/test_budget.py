@@ -123,6 +123,18 @@ def test_under_the_budget_passes_and_says_so(project):
     assert (quiet.returncode, quiet.stdout) == (0, "")
     github = _run(project, "--budget", "1GiB", "--estimate-script", "train.py", "--format", "github")
     assert (github.returncode, github.stdout) == (0, "")
+    assert result.stderr == quiet.stderr == github.stderr == ""  # no progress line off a terminal
+
+
+def test_a_terminal_shows_the_estimate_s_progress_line(project):
+    _needs_torch()
+    code, out, screen = console.run_on_a_terminal(
+        ["check", "--budget", "1GiB", "--estimate-script", "train.py --epochs 2"], project
+    )
+    assert code == 0, screen
+    assert "\rbudget gate: train.py --epochs 2: starting Python and importing torch" in screen
+    assert "2/2 optimizer steps" in screen
+    assert "Memory budget: train.py --epochs 2: predicted peak" in out
 
 
 def test_a_budget_from_the_configuration_alone(project):
@@ -283,7 +295,7 @@ def test_a_script_that_crashes_is_one_line_not_a_pass(project):
     assert line.startswith(
         "error: budget gate: crashes.py: the script crashed at crashes.py:8: RuntimeError: "
     ), line
-    assert "All checks passed!" in result.stdout and "Memory budget" not in result.stdout
+    assert result.stdout == "No findings, but the memory budget gate met 1 problem.\n"
 
 
 def test_a_script_that_times_out_is_one_line_not_a_pass(project):
