@@ -303,12 +303,12 @@ def run_gate(settings: GateSettings, err: TextIO, live: bool) -> GateOutcome:
 
     outcome = GateOutcome(settings, [], [])
     baseline: dict[str, dict[str, Any]] = {}
-    if settings.baseline is not None and (not settings.update_baseline or settings.baseline.exists()):
+    if settings.baseline is not None:
         try:
             baseline = read_baseline(settings.baseline)
         except ValueError as error:
-            outcome.problems.append(f"budget gate: baseline {_shown(settings.baseline)}: {error}")
-            if not settings.update_baseline:
+            if not settings.update_baseline:  # else it is written afresh
+                outcome.problems.append(f"budget gate: baseline {_shown(settings.baseline)}: {error}")
                 return outcome
     if not settings.scripts:
         outcome.problems.append(
