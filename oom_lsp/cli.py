@@ -171,7 +171,48 @@ def _add_check_parser(subparsers: Any) -> None:
     )
     check.add_argument("-q", "--quiet", action="store_true", help="print findings only, no summary")
     check.add_argument("-v", "--verbose", action="store_true", help="also print timing and cache statistics")
+    _add_budget_options(check)
     check.set_defaults(handler=run_check)
+
+
+def _add_budget_options(check: argparse.ArgumentParser) -> None:
+    gate = check.add_argument_group(
+        "memory budget gate",
+        "estimate the scripts of estimate-scripts in [tool.oom-lsp] (device cuda, no GPU needed) and report "
+        "OOM100 when one's predicted peak exceeds the budget, OOM103 when it grew more than --max-growth "
+        "against the baseline; runs when a budget or a baseline is given here or in [tool.oom-lsp]",
+    )
+    gate.add_argument("--budget", metavar="SIZE", help='the GPU memory budget, e.g. "24GiB" (key: budget)')
+    gate.add_argument(
+        "--baseline", metavar="FILE", help="JSON of each script's predicted peak (key: budget-baseline)"
+    )
+    gate.add_argument(
+        "--max-growth",
+        metavar="PCT",
+        help="largest growth against the baseline, in percent (default 5; key: budget-max-growth)",
+    )
+    gate.add_argument(
+        "--update-baseline", action="store_true", help="write each script's predicted peak to the baseline"
+    )
+    gate.add_argument(
+        "--estimate-script",
+        action="append",
+        metavar="'SCRIPT ARGS'",
+        help="a script and its arguments to estimate, instead of estimate-scripts (repeatable)",
+    )
+    gate.add_argument(
+        "--estimate-timeout",
+        type=float,
+        metavar="S",
+        help="seconds before a script's estimate is killed (default 300; key: estimate-timeout)",
+    )
+    gate.add_argument(
+        "--python",
+        default=sys.executable,
+        metavar="PATH",
+        help="the interpreter with your torch (default: this one)",
+    )
+    gate.add_argument("--no-budget", action="store_true", help="skip the budget gate (lint only)")
 
 
 def _add_rule_parser(subparsers: Any) -> None:
@@ -331,20 +372,85 @@ def run_check(args: argparse.Namespace) -> int:
     resolver = _resolver(args)
     paths = list(args.paths)
     try:
-        if paths == ["-"] or (not paths and args.stdin_filename):
+        stdin = paths == ["-"] or (not paths and args.stdin_filename)
+        gate = _budget_gate(args, resolver, skip=bool(stdin) or args.diff)
+        if stdin:
             return _check_stdin(args, resolver)
         if "-" in paths:
             raise UsageError("`-` (stdin) cannot be combined with other paths")
-        return _check_paths(args, resolver, [Path(path) for path in paths or ["."]], started)
+        return _check_paths(args, resolver, [Path(path) for path in paths or ["."]], started, gate)
     except ConfigError as error:
         raise UsageError(str(error)) from None
 
 
-def _check_paths(args: argparse.Namespace, resolver: Any, paths: list[Path], started: float) -> int:
+_BUDGET_FLAGS = ("budget", "baseline", "max_growth", "update_baseline", "estimate_script", "estimate_timeout")
+
+
+def _budget_gate(args: argparse.Namespace, resolver: Any, skip: bool) -> Any:
+    """The budget gate's settings (oom_lsp.estimate.budget), or None when it does not run:
+    not asked for, `--no-budget`, or stdin and `--diff`, which check text only."""
+    given = [flag for flag in _BUDGET_FLAGS if getattr(args, flag, None) not in (None, False)]
+    if args.no_budget:
+        if given:
+            raise UsageError(f"--no-budget cannot be combined with --{given[0].replace('_', '-')}")
+        return None
+    if skip:
+        if given:
+            raise UsageError(
+                f"--{given[0].replace('_', '-')}: the budget gate does not run with stdin or --diff"
+            )
+        return None
+    from oom_lsp.estimate.budget import BudgetError, gate_settings
+
+    try:
+        return gate_settings(
+            resolver.resolve_folder(Path.cwd()),
+            budget=args.budget,
+            scripts=args.estimate_script,
+            baseline=args.baseline,
+            max_growth=args.max_growth,
+            update_baseline=args.update_baseline,
+            timeout=args.estimate_timeout,
+            python=args.python,
+        )
+    except BudgetError as error:
+        raise UsageError(str(error)) from None
+
+
+def _run_budget_gate(args: argparse.Namespace, gate: Any, results: list[Any]) -> Any:
+    """Estimate the gate's scripts and put their findings with the files' own; Ctrl-C
+    kills the scripts' process groups (the handlers of the feature commands)."""
+    from oom_lsp import checker
+    from oom_lsp.estimate.budget import run_gate
+
+    _install_stop_handlers()
+    outcome = run_gate(gate, sys.stderr, live=sys.stderr.isatty())
+    by_path = {os.path.abspath(result.path): result for result in results}
+    for path, finding in outcome.located:
+        result = by_path.get(os.path.abspath(path))
+        if result is None:
+            result = by_path[os.path.abspath(path)] = checker.FileResult(
+                Path(path), checker.display_path(path)
+            )
+            results.append(result)
+        if result.source is None:
+            try:
+                result.source = Path(path).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                pass  # the formats that show code frames show the line without it
+        result.findings = sorted([*result.findings, finding], key=lambda item: (item.line, item.column))
+    for problem in outcome.problems:
+        _error(problem)
+    return outcome
+
+
+def _check_paths(
+    args: argparse.Namespace, resolver: Any, paths: list[Path], started: float, gate: Any = None
+) -> int:
     from oom_lsp import checker
 
     files, missing = checker.discover_files(paths, resolver, force_exclude=args.force_exclude)
-    if not files and not missing:
+    if not files and not missing and gate is None:
         return EXIT_CLEAN  # nothing to check (pre-commit passed only excluded files)
     run = checker.check_files(
         files,
@@ -364,8 +470,14 @@ def _check_paths(args: argparse.Namespace, resolver: Any, paths: list[Path], sta
         )
     if args.diff:
         return _report_diff(args, results)
-    _report(args, results, sys.stdout)
-    return _exit_code(args, results)
+    outcome = _run_budget_gate(args, gate, results) if gate is not None else None
+    _report(args, results, sys.stdout, unanswered=len(outcome.problems) if outcome is not None else 0)
+    if outcome is not None and args.format in ("text", "concise", "full") and not args.quiet:
+        from oom_lsp.estimate.budget import summary
+
+        sys.stdout.write(summary(outcome))
+    code = _exit_code(args, results)
+    return EXIT_ERROR if outcome is not None and outcome.problems else code
 
 
 def _report_file_errors(results: list[Any], *, verbose: bool) -> None:
@@ -423,7 +535,8 @@ def _plural(count: int, word: str, plural: str | None = None) -> str:
     return f"{count} {word if count == 1 else (plural or word + 's')}"
 
 
-def _report(args: argparse.Namespace, results: list[Any], stream: Any) -> None:
+def _report(args: argparse.Namespace, results: list[Any], stream: Any, unanswered: int = 0) -> None:
+    """`unanswered`: the problems of the budget gate, which a clean summary must not hide."""
     from oom_lsp.output import RenderOptions, renderer
 
     options = RenderOptions(unsafe_fixes=args.unsafe_fixes, show_fix_titles=args.show_fixes)
@@ -435,10 +548,10 @@ def _report(args: argparse.Namespace, results: list[Any], stream: Any) -> None:
     if args.show_fixes and args.fix and human:
         stream.write(_fixed_listing(results))
     if human and not args.quiet:
-        stream.write(_summary(results, options, fixing=args.fix))
+        stream.write(_summary(results, options, fixing=args.fix, unanswered=unanswered))
 
 
-def _summary(results: list[Any], options: Any, *, fixing: bool) -> str:
+def _summary(results: list[Any], options: Any, *, fixing: bool, unanswered: int = 0) -> str:
     findings = [finding for result in results for finding in result.findings]
     fixed = sum(result.fixes_applied for result in results)
     if fixing and fixed:
@@ -448,6 +561,8 @@ def _summary(results: list[Any], options: Any, *, fixing: bool) -> str:
     if not findings:
         if unchecked:
             return f"No findings, but {_plural(unchecked, 'file')} could not be checked.\n"
+        if unanswered:
+            return f"No findings, but the memory budget gate met {_plural(unanswered, 'problem')}.\n"
         return "All checks passed!\n"
     lines = [f"Found {_plural(len(findings), 'error')}."]
     fixable = sum(

@@ -20,6 +20,7 @@ import difflib
 import math
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -310,6 +311,75 @@ def _gpus_table(origin: str, key: str, value: object) -> dict[str, int]:
     return {str(name): _memory(origin, f"{key}.{name!r}", size) for name, size in value.items()}
 
 
+def parse_percent(value: object) -> float:
+    """A percentage from 5, 2.5, "5%" or "5 %" (a number is taken as percent, not a share)."""
+    if isinstance(value, bool):
+        raise TypeError('expected a percentage such as 5 or "5%", got a boolean')
+    if isinstance(value, str):
+        text = value.strip().removesuffix("%").strip()
+        try:
+            number = float(text)
+        except ValueError:
+            raise ValueError(f'expected a percentage such as 5 or "5%", got {value!r}') from None
+    elif isinstance(value, (int, float)):
+        number = float(value)
+    else:
+        raise TypeError(f'expected a percentage such as 5 or "5%", got {_type_name(value)}')
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"expected a percentage of 0 or more, got {value!r}")
+    return number
+
+
+def _percent(origin: str, key: str, value: object) -> float:
+    try:
+        return parse_percent(value)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(origin, key, str(error)) from None
+
+
+def _seconds(origin: str, key: str, value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(origin, key, f"expected a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _path_string(origin: str, key: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(origin, key, f"expected a file path, got {value!r}")
+    return value
+
+
+def split_command(entry: str) -> list[str]:
+    """`train.py --epochs 1` as a POSIX shell splits it; raises ValueError for unbalanced
+    quotes or an empty entry."""
+    words = shlex.split(entry)
+    if not words:
+        raise ValueError("expected a script and its arguments, got an empty string")
+    return words
+
+
+def _command_list(origin: str, key: str, value: object) -> tuple[str, ...]:
+    """Each entry a script and its arguments, split as a shell does (checked here, split again
+    where it runs: the entry as written is its name in the budget baseline)."""
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(
+            origin,
+            key,
+            f'expected an array of strings such as ["train.py --epochs 1"], got {_type_name(value)}',
+        )
+    for index, entry in enumerate(value):
+        try:
+            split_command(entry)
+        except ValueError as error:
+            raise ConfigError(origin, f"{key}[{index}]", f"{error} ({entry!r})") from None
+    return tuple(entry.strip() for entry in value)
+
+
 LLM_KEYS = ["enabled", "base-url", "model", "api-key-env", "timeout", "response-format", "fix-log"]
 LLM_RESPONSE_FORMATS = ("text", "json_schema")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -373,6 +443,12 @@ _PARSERS: dict[str, Callable[[str, str, Any], Any]] = {
     "severity": _severity_table,
     "gpu-memory": _memory,
     "gpus": _gpus_table,
+    # The CI memory budget gate of `oom-lsp check` (oom_lsp/estimate/budget.py).
+    "budget": _memory,
+    "budget-baseline": _path_string,
+    "budget-max-growth": _percent,
+    "estimate-scripts": _command_list,
+    "estimate-timeout": _seconds,
     "llm": _llm_table,
 }
 KNOWN_KEYS = sorted(_PARSERS)
@@ -430,6 +506,12 @@ class ProjectConfig:
     severity: dict[str, Severity] = field(default_factory=dict)
     gpu_memory: int | None = None
     gpus: dict[str, int] = field(default_factory=dict)  # name -> bytes, beside the built-in catalogue
+    # The budget gate (`oom-lsp check --budget`): paths relative to `root`.
+    budget: int | None = None
+    budget_baseline: str | None = None
+    budget_max_growth: float | None = None  # percent
+    estimate_scripts: tuple[str, ...] = ()
+    estimate_timeout: float | None = None
     llm: dict[str, Any] = field(default_factory=dict)
     # Command-line --select/--extend-select/--ignore, applied after the above.
     overrides: RuleSelection = field(default_factory=RuleSelection)

@@ -27,3 +27,9 @@ fi
 
 # pytest exits 5 when it collected no test: that is a failure for us too.
 "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
+
+# The memory budget gate on one fixture script, as a project's CI runs it (README, "Memory
+# budget gate in CI"): fixtures/budget/pyproject.toml names the script, the budget and the
+# baseline; a predicted peak over the budget or 5% over the baseline fails CI. A few seconds.
+OOM_LSP="$(cd "$VENV" && pwd)/bin/oom-lsp"
+(cd fixtures/budget && "$OOM_LSP" check --no-cache)

@@ -96,6 +96,25 @@ def test_every_key_kebab_case() -> None:
     assert settings.severity == {"OOM501": Severity.ERROR}
 
 
+def test_the_budget_gate_keys() -> None:
+    config = parse(
+        {
+            "budget": "24GiB",
+            "estimate-scripts": ["train.py --epochs 1", "finetune.py --config 'a b.yaml'"],
+            "budget-baseline": "ci/memory.json",
+            "budget-max-growth": "2.5%",
+            "estimate-timeout": 120,
+        }
+    )
+    assert config.budget == 24 * 2**30
+    assert config.estimate_scripts == ("train.py --epochs 1", "finetune.py --config 'a b.yaml'")
+    assert config.budget_baseline == "ci/memory.json"
+    assert config.budget_max_growth == 2.5
+    assert config.estimate_timeout == 120.0
+    assert parse({"budget-max-growth": 10}).budget_max_growth == 10.0  # a number is percent
+    assert parse({}).budget is None and parse({}).estimate_scripts == ()
+
+
 def test_camel_case_keys_from_editor_settings() -> None:
     config = parse(
         {
@@ -171,6 +190,20 @@ def test_unknown_code() -> None:
         ({"llm": {"base-url": "localhost:11434"}}, "llm.base-url: expected an http:// or https:// URL"),
         ({"llm": {"base-url": "file:///etc/passwd"}}, "llm.base-url: expected an http:// or https:// URL"),
         ({"llm": {"api-key-env": "$HOME"}}, "llm.api-key-env: expected the name of an environment variable"),
+        ({"budget": "24 furlongs"}, "budget: expected a size such as"),
+        (
+            {"budget-max-growth": "lots"},
+            "budget-max-growth: expected a percentage such as 5 or \"5%\", got 'lots'",
+        ),
+        ({"budget-max-growth": -1}, "budget-max-growth: expected a percentage of 0 or more, got -1"),
+        ({"budget-baseline": ""}, "budget-baseline: expected a file path, got ''"),
+        (
+            {"estimate-scripts": "train.py"},
+            'estimate-scripts: expected an array of strings such as ["train.py',
+        ),
+        ({"estimate-scripts": ["a.py", " "]}, "estimate-scripts[1]: expected a script and its arguments"),
+        ({"estimate-scripts": ["a.py 'b"]}, "estimate-scripts[0]: No closing quotation"),
+        ({"estimate-timeout": 0}, "estimate-timeout: expected a positive number of seconds, got 0"),
     ],
 )
 def test_wrong_types_name_the_key(table: dict, expected: str | None) -> None:

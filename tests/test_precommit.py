@@ -46,11 +46,12 @@ def test_manifest_declares_both_hooks() -> None:
     hooks = {hook["id"]: hook for hook in load_manifest(str(REPO / ".pre-commit-hooks.yaml"))}
     assert set(hooks) == {"oom-lsp-check", "oom-lsp-fix"}
     check, fix = hooks["oom-lsp-check"], hooks["oom-lsp-fix"]
-    assert check["entry"] == "oom-lsp --check --force-exclude"
+    assert check["entry"] == "oom-lsp --check --force-exclude --no-budget"
     assert fix["entry"].split() == [
         "oom-lsp",
         "--check",
         "--force-exclude",
+        "--no-budget",
         "--fix",
         "--exit-non-zero-on-fix",
     ]

@@ -15,6 +15,7 @@ CATALOGUE: tuple[tuple[str, str, bool], ...] = (
     ("OOM100", "predicted-out-of-memory", True),
     ("OOM101", "large-batch-size", False),
     ("OOM102", "dataset-on-device", True),
+    ("OOM103", "predicted-memory-growth", True),
     ("OOM201", "no-mixed-precision", True),
     ("OOM202", "float64", True),
     ("OOM301", "loss-accumulated-with-graph", True),

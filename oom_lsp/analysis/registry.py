@@ -107,6 +107,11 @@ literal the estimate changed (an argparse `--batch-size` default, a
 analysis never reports it: it needs the fake-tensor run of `oom-lsp estimate`.
 Any edit to the file removes it until the next estimate.
 
+`oom-lsp check --budget SIZE` (the CI memory budget gate, or `budget` in
+`[tool.oom-lsp]`) reports it too, on the same line, for each script of
+`estimate-scripts` whose predicted peak (reserved memory and CUDA context)
+exceeds the budget.
+
 ## Why is this bad?
 The script will stop with `torch.OutOfMemoryError` in its first steps on that
 GPU.
@@ -129,8 +134,44 @@ fits)"), or that batch with gradient accumulation to keep the effective batch
     default_enabled=True,
 )
 
+PREDICTED_MEMORY_GROWTH = MetaRule(
+    code="OOM103",
+    name="predicted-memory-growth",
+    summary="The predicted peak memory of a training step grew more than allowed against the baseline.",
+    doc="""
+## What it does
+Reported by the CI memory budget gate (`oom-lsp check --budget SIZE --baseline
+FILE`, or `budget-baseline` in `[tool.oom-lsp]`) when a script of
+`estimate-scripts` is predicted to need more than `budget-max-growth` percent
+(default 5%) above the peak recorded for it in the baseline file, on the line
+where the script sets its batch size. The static analysis never reports it: it
+needs the fake-tensor run of `oom-lsp estimate`.
+
+## Why is this bad?
+A change that makes every step hold more memory (a larger model, a longer
+sequence, a tensor kept across iterations) moves the nightly run towards an
+out-of-memory failure long before it crosses the budget.
+
+## Example
+```text
+train.py:13:59: OOM103 Predicted peak 488 MiB grew 10.3% over the baseline 442 MiB, limit 5% (train.py)
+```
+
+## Use instead
+Find what grew (`oom-lsp estimate train.py` shows the top modules and lines at
+the peak); when the growth is intended, record the new peak with
+`oom-lsp check --update-baseline` and commit the baseline.
+""",
+    why="The step is predicted to hold more memory than the baseline allows: the run moves towards an "
+    "out-of-memory failure.",
+    remedy="Find what grew with oom-lsp estimate, or record an intended growth with --update-baseline.",
+    default_severity=Severity.ERROR,
+    default_enabled=True,
+)
+
 META_RULES: dict[str, MetaRule] = {
-    rule.code: rule for rule in (INVALID_SYNTAX, PREDICTED_OUT_OF_MEMORY, UNUSED_SUPPRESSION)
+    rule.code: rule
+    for rule in (INVALID_SYNTAX, PREDICTED_OUT_OF_MEMORY, PREDICTED_MEMORY_GROWTH, UNUSED_SUPPRESSION)
 }
 
 

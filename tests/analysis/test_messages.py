@@ -16,6 +16,7 @@ import pytest
 from oom_lsp.analysis import LintSettings, analyze
 from oom_lsp.analysis.registry import META_RULES, all_codes, all_rules, rule_for
 from oom_lsp.analysis.rule import MESSAGE_LIMIT, Rule, short_code
+from oom_lsp.estimate.budget import growth_message, over_budget_message
 from oom_lsp.estimate.gpus import CATALOGUE
 from oom_lsp.notebooks.percent import split_cells
 from oom_lsp.notebooks.program import analyze_cells
@@ -75,6 +76,10 @@ def _messages() -> dict[str, set[str]]:
     longest = max(CATALOGUE, key=lambda gpu: len(gpu.name))
     for name, fitting in ((longest.name, 4095), ("GPU with 24.00 GiB", 0), ("GeForce RTX 3090", None)):
         by_code["OOM100"].add(predicted_oom_message(int(123.4 * 2**30), 4096, 128 * 2**30, name, fitting))
+    # OOM100 and OOM103 of the budget gate (`oom-lsp check --budget`), with a long script entry.
+    entry = "train.py --config configs/very/long/path/to/the/experiment.yaml --epochs 1"
+    by_code["OOM100"].add(over_budget_message(int(123.4 * 2**30), 40960, 24 * 2**30, entry))
+    by_code["OOM103"].add(growth_message(int(123.4 * 2**30), int(99.9 * 2**30), 1234.5, 2.5, entry))
     return by_code
 
 

@@ -1,0 +1,412 @@
+"""The CI memory budget gate of `oom-lsp check`: `--budget 24GiB` (or `budget` in
+`[tool.oom-lsp]`) estimates each script of `estimate-scripts` as `oom-lsp estimate` does
+(device cuda, the budget as the target memory, in the user's interpreter) and reports, on
+the line where the script sets its batch size:
+
+- OOM100 when the predicted peak exceeds the budget;
+- OOM103 when it grew more than `--max-growth` percent against the baseline file.
+
+The predicted peak is what the estimate keeps under its margin: on CUDA the modelled
+reserved memory plus the CUDA context, as nvidia-smi counts the process
+(estimator.needed_bytes). The baseline is JSON, each script's peak keyed by its entry as
+written (`"train.py --epochs 1"`); `--update-baseline` writes it.
+
+What stops the gate from answering (no script to estimate, a missing script, a crash, a
+timeout, an unreadable baseline) is a `problem`: one line, exit 2, and the lint findings of
+the same run are still reported. No torch import here: the scripts run under `python` in
+child processes (estimator.run_harness), killed with their process group on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from oom_lsp.analysis.findings import Finding, Severity
+from oom_lsp.analysis.registry import PREDICTED_MEMORY_GROWTH, PREDICTED_OUT_OF_MEMORY
+from oom_lsp.config import ProjectConfig, split_command
+from oom_lsp.edits import Position, Range
+
+DEFAULT_MAX_GROWTH = 5.0  # percent
+DEFAULT_TIMEOUT = 300.0  # seconds per script, as `oom-lsp estimate --timeout`
+BASELINE_VERSION = 1
+_ENTRY_IN_MESSAGE = 32  # characters of a script's entry quoted in a finding's message
+
+
+class BudgetError(Exception):
+    """A value of the gate's flags or keys that cannot be used: exit 2 before anything runs."""
+
+
+@dataclass(frozen=True)
+class ScriptEntry:
+    entry: str  # as written in estimate-scripts: the script's key in the baseline
+    script: Path  # absolute
+    args: tuple[str, ...]
+    cwd: Path  # where the script runs: the folder its path is relative to
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    budget: int | None  # bytes; None: only the growth against the baseline is checked
+    scripts: tuple[ScriptEntry, ...]
+    baseline: Path | None
+    max_growth: float  # percent
+    update_baseline: bool
+    timeout: float
+    python: str
+    scripts_origin: str  # where the scripts were named, for messages
+
+
+@dataclass
+class ScriptOutcome:
+    entry: ScriptEntry
+    prediction: dict[str, Any] | None = None
+    peak: int | None = None  # bytes: estimator.needed_bytes
+    baseline_peak: int | None = None
+    growth: float | None = None  # percent against the baseline
+    finding_file: Path | None = None
+    findings: list[Finding] = field(default_factory=list)
+    problem: str | None = None
+
+
+@dataclass
+class GateOutcome:
+    settings: GateSettings
+    scripts: list[ScriptOutcome]
+    problems: list[str]  # one line each: exit 2
+    baseline_written: int | None = None  # scripts written with --update-baseline
+
+    @property
+    def located(self) -> list[tuple[Path, Finding]]:
+        return [
+            (outcome.finding_file, finding)
+            for outcome in self.scripts
+            if outcome.finding_file is not None
+            for finding in outcome.findings
+        ]
+
+
+# --- Settings ---------------------------------------------------------------------------
+
+
+def size_text(size: float) -> str:
+    """26.1 GiB, 24 GiB, 450 MiB: one decimal, none when it is .0."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{int(size)} B"
+
+
+def gate_settings(
+    config: ProjectConfig,
+    *,
+    budget: str | None = None,
+    scripts: list[str] | None = None,
+    baseline: str | None = None,
+    max_growth: str | None = None,
+    update_baseline: bool = False,
+    timeout: float | None = None,
+    python: str,
+) -> GateSettings | None:
+    """The gate's settings from the command line over `config`; None when neither a budget
+    nor a baseline asks for it. Raises BudgetError for a value that cannot be used."""
+    from oom_lsp.config import parse_memory_size, parse_percent
+
+    cwd = Path.cwd()
+    budget_bytes = config.budget
+    if budget is not None:
+        try:
+            budget_bytes = parse_memory_size(budget)
+        except (TypeError, ValueError) as error:
+            raise BudgetError(f"--budget: {error}") from None
+    baseline_path = None
+    if baseline is not None:
+        baseline_path = cwd / baseline
+    elif config.budget_baseline is not None:
+        baseline_path = config.root / config.budget_baseline
+    if budget_bytes is None and baseline_path is None and not update_baseline:
+        return None
+    if update_baseline and baseline_path is None:
+        raise BudgetError(
+            "--update-baseline: give the file with --baseline FILE or budget-baseline in [tool.oom-lsp]"
+        )
+    growth = config.budget_max_growth if config.budget_max_growth is not None else DEFAULT_MAX_GROWTH
+    if max_growth is not None:
+        try:
+            growth = parse_percent(max_growth)
+        except (TypeError, ValueError) as error:
+            raise BudgetError(f"--max-growth: {error}") from None
+    if timeout is not None and not timeout > 0:
+        raise BudgetError(f"--estimate-timeout: expected a positive number of seconds, got {timeout:g}")
+    if scripts:
+        entries, folder, origin = scripts, cwd, "--estimate-script"
+    else:
+        where = os.path.relpath(config.path) if config.path is not None else "[tool.oom-lsp]"
+        entries, folder, origin = list(config.estimate_scripts), config.root, f"estimate-scripts in {where}"
+    parsed = []
+    for entry in entries:
+        try:
+            words = split_command(entry)
+        except ValueError as error:
+            raise BudgetError(f"{origin}: {error} ({entry!r})") from None
+        script = Path(os.path.abspath(folder / words[0]))
+        parsed.append(ScriptEntry(entry.strip(), script, tuple(words[1:]), folder))
+    return GateSettings(
+        budget=budget_bytes,
+        scripts=tuple(parsed),
+        baseline=baseline_path,
+        max_growth=growth,
+        update_baseline=update_baseline,
+        timeout=timeout if timeout is not None else (config.estimate_timeout or DEFAULT_TIMEOUT),
+        python=python,
+        scripts_origin=origin,
+    )
+
+
+# --- Baseline ---------------------------------------------------------------------------
+
+
+def _shown(path: Path) -> str:
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
+
+
+def read_baseline(path: Path) -> dict[str, dict[str, Any]]:
+    """Each entry's record ({"peak_bytes": ...}); raises ValueError with the reason."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError("no such file; write it with --update-baseline") from None
+    except OSError as error:
+        raise ValueError(f"cannot read it: {error.strerror or error}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"not JSON ({error})") from None
+    scripts = data.get("scripts") if isinstance(data, dict) else None
+    if not isinstance(scripts, dict) or not all(
+        isinstance(record, dict)
+        and isinstance(record.get("peak_bytes"), int)
+        and not isinstance(record.get("peak_bytes"), bool)
+        and record["peak_bytes"] > 0
+        for record in scripts.values()
+    ):
+        raise ValueError('expected {"scripts": {"<entry>": {"peak_bytes": <bytes>, ...}, ...}}')
+    return scripts
+
+
+def write_baseline(path: Path, records: dict[str, dict[str, Any]]) -> None:
+    document = {
+        "version": BASELINE_VERSION,
+        "comment": "Predicted peak GPU memory per script (reserved + CUDA context), written by "
+        "`oom-lsp check --update-baseline`; --max-growth is checked against it.",
+        "scripts": dict(sorted(records.items())),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+# --- Locating the finding -------------------------------------------------------------------
+
+
+def knob_location(prediction: dict[str, Any], script: Path) -> tuple[Path, Range]:
+    """Where the script sets its batch size (the estimate's batch knob, in the script itself
+    first): the batch-size literal on that line when it is written there, else the line's
+    code; the script's first line when the estimate found no knob."""
+    knobs = [
+        knob
+        for knob in prediction.get("batch_knobs") or []
+        if knob.get("file") and isinstance(knob.get("line"), int) and Path(knob["file"]).is_file()
+    ]
+    knobs.sort(key=lambda knob: Path(knob["file"]).resolve() != script.resolve())
+    if not knobs:
+        return script, Range(Position(1, 0), Position(1, 0))
+    file, line = Path(knobs[0]["file"]), knobs[0]["line"]
+    try:
+        lines = file.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    batch = prediction.get("batch_size")
+    literal = re.search(rf"(?<![\w.]){batch}(?![\w.])", text) if isinstance(batch, int) else None
+    if literal:
+        return file, Range(Position(line, literal.start()), Position(line, literal.end()))
+    code = text.rstrip()
+    start = len(code) - len(code.lstrip())
+    return file, Range(Position(line, start), Position(line, len(code)))
+
+
+def _quoted(entry: str) -> str:
+    return entry if len(entry) <= _ENTRY_IN_MESSAGE else entry[: _ENTRY_IN_MESSAGE - 3] + "..."
+
+
+def over_budget_message(peak: int, batch: int | None, budget: int, entry: str) -> str:
+    at_batch = f" at batch {batch}" if batch else ""
+    return f"Predicted peak {size_text(peak)}{at_batch} exceeds the budget {size_text(budget)} ({_quoted(entry)})"
+
+
+def growth_message(peak: int, baseline: int, growth: float, allowed: float, entry: str) -> str:
+    return (
+        f"Predicted peak {size_text(peak)} grew {growth:.1f}% over the baseline {size_text(baseline)}, "
+        f"limit {allowed:g}% ({_quoted(entry)})"
+    )
+
+
+def _finding(rule: Any, message: str, where: Range) -> Finding:
+    return Finding(
+        code=rule.code,
+        name=rule.name,
+        message=message,
+        range=where,
+        severity=Severity.ERROR,
+        statement_line=where.start.line,
+    )
+
+
+# --- Running ------------------------------------------------------------------------------------
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "the estimate failed"
+
+
+def _estimate(settings: GateSettings, entry: ScriptEntry, err: TextIO, live: bool) -> dict[str, Any]:
+    """The prediction for one script; raises EstimateError."""
+    from oom_lsp.estimate.commands import EstimateDisplay
+    from oom_lsp.estimate.estimator import EstimateOptions, estimate
+    from oom_lsp.estimate.gpus import custom_gpu
+
+    options = EstimateOptions(
+        script=entry.script,
+        script_args=list(entry.args),
+        device="cuda",
+        gpu=custom_gpu(settings.budget) if settings.budget is not None else None,
+        python=settings.python,
+        timeout=settings.timeout,
+        cwd=entry.cwd,
+    )
+    display = EstimateDisplay(err, f"budget gate: {entry.entry}", quiet=not live)
+    options.on_event = display.on_event
+    with display:
+        return estimate(options, display.message)
+
+
+def run_gate(settings: GateSettings, err: TextIO, live: bool) -> GateOutcome:
+    """Estimate every script; each one's findings, problems and the baseline's update.
+    `live`: draw the progress line (a terminal)."""
+    from oom_lsp.estimate.estimator import EstimateError, needed_bytes
+    from oom_lsp.notebooks import is_notebook_path
+
+    outcome = GateOutcome(settings, [], [])
+    baseline: dict[str, dict[str, Any]] = {}
+    if settings.baseline is not None:
+        try:
+            baseline = read_baseline(settings.baseline)
+        except ValueError as error:
+            if not settings.update_baseline:  # else it is written afresh
+                outcome.problems.append(f"budget gate: baseline {_shown(settings.baseline)}: {error}")
+                return outcome
+    if not settings.scripts:
+        outcome.problems.append(
+            f"budget gate: no script to estimate: name them in {settings.scripts_origin} "
+            '(estimate-scripts = ["train.py --epochs 1"]) or with --estimate-script'
+        )
+        return outcome
+    for entry in settings.scripts:
+        result = ScriptOutcome(entry)
+        outcome.scripts.append(result)
+        if not entry.script.is_file():
+            what = "a folder, not a script" if entry.script.is_dir() else "no such file"
+            result.problem = f"budget gate: {entry.entry}: {_shown(entry.script)}: {what}"
+        elif is_notebook_path(str(entry.script)):
+            result.problem = (
+                f"budget gate: {entry.entry}: notebooks are not estimated by the gate; export it to a script"
+            )
+        else:
+            try:
+                result.prediction = _estimate(settings, entry, err, live)
+            except EstimateError as error:
+                result.problem = f"budget gate: {entry.entry}: {_first_line(str(error))}"
+        if result.problem is not None:
+            outcome.problems.append(result.problem)
+            continue
+        prediction = result.prediction
+        assert prediction is not None
+        result.peak = needed_bytes(prediction)
+        result.finding_file, where = knob_location(prediction, entry.script)
+        if settings.budget is not None and result.peak > settings.budget:
+            message = over_budget_message(
+                result.peak, prediction.get("batch_size"), settings.budget, entry.entry
+            )
+            result.findings.append(_finding(PREDICTED_OUT_OF_MEMORY, message, where))
+        record = baseline.get(entry.entry)
+        if record is not None:
+            result.baseline_peak = record["peak_bytes"]
+            result.growth = 100 * (result.peak - result.baseline_peak) / result.baseline_peak
+            if not settings.update_baseline and result.growth > settings.max_growth:
+                message = growth_message(
+                    result.peak, result.baseline_peak, result.growth, settings.max_growth, entry.entry
+                )
+                result.findings.append(_finding(PREDICTED_MEMORY_GROWTH, message, where))
+    if settings.update_baseline and settings.baseline is not None:
+        _update_baseline(settings.baseline, baseline, outcome)
+    return outcome
+
+
+def _update_baseline(path: Path, old: dict[str, dict[str, Any]], outcome: GateOutcome) -> None:
+    """Every script estimated now, with its new peak; a script that failed keeps its old
+    record; scripts no longer listed are dropped."""
+    records: dict[str, dict[str, Any]] = {}
+    for result in outcome.scripts:
+        if result.prediction is not None and result.peak is not None:
+            records[result.entry.entry] = {
+                "peak_bytes": result.peak,
+                "allocated_bytes": result.prediction["peak_bytes"],
+                "batch_size": result.prediction.get("batch_size"),
+                "torch": result.prediction.get("torch"),
+            }
+        elif result.entry.entry in old:
+            records[result.entry.entry] = old[result.entry.entry]
+    try:
+        write_baseline(path, records)
+    except OSError as error:
+        outcome.problems.append(
+            f"budget gate: cannot write the baseline {_shown(path)}: {error.strerror or error}"
+        )
+        return
+    outcome.baseline_written = len(records)
+
+
+# --- Summary -----------------------------------------------------------------------------------
+
+
+def summary(outcome: GateOutcome) -> str:
+    """One line per script estimated, for the human formats' summary."""
+    settings = outcome.settings
+    lines = []
+    for result in outcome.scripts:
+        if result.peak is None or result.prediction is None:
+            continue
+        batch = result.prediction.get("batch_size")
+        words = f"predicted peak {size_text(result.peak)}" + (f" at batch {batch}" if batch else "")
+        if settings.budget is not None:
+            share = f"{100 * result.peak / settings.budget:.0f}%"
+            state = "over" if result.peak > settings.budget else "within"
+            words += f", {state} the budget {size_text(settings.budget)} ({share})"
+        if result.growth is not None and result.baseline_peak is not None:
+            words += f"; {result.growth:+.1f}% against the baseline {size_text(result.baseline_peak)}"
+            if not settings.update_baseline:
+                words += f" (allowed {settings.max_growth:g}%)"
+        elif settings.baseline is not None and not settings.update_baseline:
+            words += "; not in the baseline yet"
+        lines.append(f"Memory budget: {result.entry.entry}: {words}.")
+    if outcome.baseline_written is not None and settings.baseline is not None:
+        count = outcome.baseline_written
+        lines.append(
+            f"Wrote the baseline {_shown(settings.baseline)} ({count} script{'' if count == 1 else 's'})."
+        )
+    return "".join(line + "\n" for line in lines)

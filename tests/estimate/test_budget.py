@@ -1,0 +1,420 @@
+"""The memory budget gate of `oom-lsp check` (oom_lsp/estimate/budget.py), through the
+installed console script as CI runs it: over the budget or grown against the baseline is
+exit 1 with a finding on the batch-size line in every format; a budget the gate cannot
+answer (no script, a missing one, a crash, a timeout, a missing baseline) is one line and
+exit 2, with the lint findings still reported; Ctrl-C leaves no process behind."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from oom_lsp.estimate import budget
+from oom_lsp.estimate.budget import knob_location, read_baseline
+from tests import console
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+SCRIPT = FIXTURES / "budget" / "train_mlp.py"
+PACKAGE = Path(__file__).resolve().parents[2] / "oom_lsp"
+
+# A file with one lint finding (OOM501), to see that the lint part of the run still reports.
+RISKY = 'import torch\nmodel = torch.nn.Linear(4, 4).cuda()\nmodel.load_state_dict(torch.load("m.pt"))\n'
+
+
+def _batch_size_position(path: Path) -> tuple[int, int]:
+    """1-based line and column of the `32` of `add_argument("--batch-size", ..., default=32)`."""
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        if '"--batch-size"' in text:
+            return number, text.index("default=32") + len("default=") + 1
+    raise AssertionError("no --batch-size line")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    shutil.copy(SCRIPT, tmp_path / "train.py")
+    return tmp_path
+
+
+def _config(project: Path, text: str) -> None:
+    (project / "pyproject.toml").write_text("[tool.oom-lsp]\n" + text)
+
+
+def _run(project: Path, *args: str, timeout: float = 300):
+    return console.run(["check", *args], project, timeout=timeout)
+
+
+def _needs_torch() -> None:
+    pytest.importorskip("torch")
+
+
+# --- Over and under the budget ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("output", ["sarif", "github"])
+def test_over_the_budget_fails_with_an_annotation_on_the_batch_size_line(project, output):
+    _needs_torch()
+    # A model 32x wider: parameters, gradients and AdamW's two moments pass 1 GiB.
+    result = _run(
+        project,
+        "train.py",
+        "--budget",
+        "1GiB",
+        "--estimate-script",
+        "train.py --width 8192",
+        "--format",
+        output,
+    )
+    assert result.returncode == 1, result.stderr
+    line, column = _batch_size_position(project / "train.py")
+    if output == "github":
+        (annotation,) = result.stdout.splitlines()
+        assert annotation.startswith(
+            f"::error file=train.py,line={line},col={column},endLine={line},endColumn={column + 2},title=OOM100::"
+            "Predicted peak "
+        ), annotation
+        assert "at batch 32 exceeds the budget 1 GiB (train.py --width 8192)" in annotation
+    else:
+        run = json.loads(result.stdout)["runs"][0]
+        (finding,) = run["results"]
+        assert finding["ruleId"] == "OOM100" and finding["level"] == "error"
+        assert run["tool"]["driver"]["rules"][finding["ruleIndex"]]["name"] == "predicted-out-of-memory"
+        place = finding["locations"][0]["physicalLocation"]
+        assert place["artifactLocation"] == {"uri": "train.py", "uriBaseId": "%SRCROOT%"}
+        assert (place["region"]["startLine"], place["region"]["startColumn"]) == (line, column)
+        assert "exceeds the budget 1 GiB" in finding["message"]["text"]
+
+
+def test_over_the_budget_in_text_json_and_full(project):
+    _needs_torch()
+    common = ["train.py", "--budget", "1GiB", "--estimate-script", "train.py --width 8192"]
+    line, column = _batch_size_position(project / "train.py")
+    text = _run(project, *common)
+    assert text.returncode == 1, text.stderr
+    first = text.stdout.splitlines()[0]
+    assert first.startswith(f"train.py:{line}:{column}: OOM100 Predicted peak "), first
+    assert "Found 1 error." in text.stdout
+    assert "Memory budget: train.py --width 8192: predicted peak" in text.stdout
+    assert ", over the budget 1 GiB (" in text.stdout
+    records = json.loads(_run(project, *common, "--format", "json").stdout)
+    assert [(r["code"], r["name"], r["path"], r["line"], r["column"]) for r in records] == [
+        ("OOM100", "predicted-out-of-memory", "train.py", line, column)
+    ]
+    full = _run(project, *common, "--format", "full")
+    assert full.returncode == 1
+    assert 'parser.add_argument("--batch-size", type=int, default=32)' in full.stdout  # the code frame
+
+
+def test_under_the_budget_passes_and_says_so(project):
+    _needs_torch()
+    result = _run(project, "--budget", "1GiB", "--estimate-script", "train.py")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "All checks passed!"
+    assert lines[1].startswith("Memory budget: train.py: predicted peak ")
+    assert "at batch 32, within the budget 1 GiB (" in lines[1]
+    quiet = _run(project, "--budget", "1GiB", "--estimate-script", "train.py", "-q")
+    assert (quiet.returncode, quiet.stdout) == (0, "")
+    github = _run(project, "--budget", "1GiB", "--estimate-script", "train.py", "--format", "github")
+    assert (github.returncode, github.stdout) == (0, "")
+    assert result.stderr == quiet.stderr == github.stderr == ""  # no progress line off a terminal
+
+
+def test_a_terminal_shows_the_estimate_s_progress_line(project):
+    _needs_torch()
+    code, out, screen = console.run_on_a_terminal(
+        ["check", "--budget", "1GiB", "--estimate-script", "train.py --epochs 2"], project
+    )
+    assert code == 0, screen
+    assert "\rbudget gate: train.py --epochs 2: starting Python and importing torch" in screen
+    assert "2/2 optimizer steps" in screen
+    assert "Memory budget: train.py --epochs 2: predicted peak" in out
+
+
+def test_a_budget_from_the_configuration_alone(project):
+    _needs_torch()
+    _config(project, 'budget = "1GiB"\nestimate-scripts = ["train.py --width 8192 --epochs 2"]\n')
+    (project / "risky.py").write_text(RISKY)
+    result = _run(project, "--format", "json")
+    assert result.returncode == 1, result.stderr
+    codes = sorted((record["code"], record["path"]) for record in json.loads(result.stdout))
+    assert codes == [("OOM100", "train.py"), ("OOM501", "risky.py")]
+    # The script's arguments are the entry's; the budget of the command line wins over the key.
+    roomy = _run(project, "--budget", "8GiB")
+    assert roomy.returncode == 1  # OOM501 alone
+    assert "OOM100" not in roomy.stdout
+    assert "Memory budget: train.py --width 8192 --epochs 2: predicted peak" in roomy.stdout
+    assert "within the budget 8 GiB" in roomy.stdout
+    skipped = _run(project, "--no-budget")
+    assert skipped.returncode == 1 and "Memory budget" not in skipped.stdout
+
+
+# --- The baseline --------------------------------------------------------------------------------
+
+
+def test_growth_against_the_baseline_fails_and_the_baseline_is_written_and_read(project):
+    _needs_torch()
+    _config(project, 'estimate-scripts = ["train.py"]\nbudget-baseline = "memory/baseline.json"\n')
+    written = _run(project, "--update-baseline")
+    assert written.returncode == 0, written.stderr
+    assert "Wrote the baseline memory/baseline.json (1 script)." in written.stdout
+    records = read_baseline(project / "memory" / "baseline.json")
+    assert list(records) == ["train.py"]
+    peak = records["train.py"]["peak_bytes"]
+    assert records["train.py"]["batch_size"] == 32
+
+    same = _run(project)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "+0.0% against the baseline" in same.stdout and "(allowed 5%)" in same.stdout
+
+    # A pull request widens the model: the same entry now predicts a larger peak.
+    script = project / "train.py"
+    script.write_text(
+        script.read_text().replace('"--width", type=int, default=256', '"--width", type=int, default=2048')
+    )
+    grown = _run(project, "--format", "concise")
+    assert grown.returncode == 1, grown.stderr
+    line, column = _batch_size_position(script)
+    finding = grown.stdout.splitlines()[0]
+    assert finding.startswith(f"train.py:{line}:{column}: OOM103 Predicted peak "), finding
+    assert f"over the baseline {budget.size_text(peak)}, limit 5% (train.py)" in finding
+    # A larger allowance lets it through; the baseline itself is unchanged by a check.
+    assert _run(project, "--max-growth", "1000%").returncode == 0
+    assert read_baseline(project / "memory" / "baseline.json")["train.py"]["peak_bytes"] == peak
+
+    refreshed = _run(project, "--update-baseline")
+    assert refreshed.returncode == 0
+    assert read_baseline(project / "memory" / "baseline.json")["train.py"]["peak_bytes"] > peak
+    assert _run(project).returncode == 0
+
+
+def test_a_script_not_in_the_baseline_is_only_checked_against_the_budget(project):
+    _needs_torch()
+    (project / "baseline.json").write_text(json.dumps({"scripts": {"other.py": {"peak_bytes": 1}}}))
+    result = _run(project, "--budget", "1GiB", "--baseline", "baseline.json", "--estimate-script", "train.py")
+    assert result.returncode == 0, result.stderr
+    assert "; not in the baseline yet." in result.stdout
+
+
+# --- What the gate cannot answer: one line, exit 2 ------------------------------------------------
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def test_a_budget_without_scripts_is_one_line_and_the_lint_still_reports(project):
+    _config(project, 'budget = "24GiB"\n')
+    (project / "risky.py").write_text(RISKY)
+    result = _run(project, "risky.py")
+    assert result.returncode == 2
+    assert _one_error_line(result.stderr) == (
+        "error: budget gate: no script to estimate: name them in estimate-scripts in pyproject.toml "
+        '(estimate-scripts = ["train.py --epochs 1"]) or with --estimate-script'
+    )
+    assert result.stdout.startswith("risky.py:3:23: OOM501 ")
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "message"),
+    [
+        (
+            ["--budget", "lots"],
+            "",
+            'error: --budget: expected a size such as "24GiB", "24 GB" or "24000MiB", got \'lots\'',
+        ),
+        (
+            [],
+            'budget = "24 furlongs"\n',
+            (
+                'error: pyproject.toml: [tool.oom-lsp] budget: expected a size such as "24GiB", "24 GB" or '
+                "\"24000MiB\", got '24 furlongs'"
+            ),
+        ),
+        (
+            [],
+            'budget = "24GiB"\nestimate-scripts = ["train.py \'--epochs 1"]\n',
+            (
+                "error: pyproject.toml: [tool.oom-lsp] estimate-scripts[0]: No closing quotation "
+                '("train.py \'--epochs 1")'
+            ),
+        ),
+        (
+            ["--budget", "1GiB", "--max-growth", "some"],
+            "",
+            "error: --max-growth: expected a percentage such as 5 or \"5%\", got 'some'",
+        ),
+        (
+            ["--update-baseline", "--estimate-script", "train.py"],
+            "",
+            "error: --update-baseline: give the file with --baseline FILE or budget-baseline in [tool.oom-lsp]",
+        ),
+        (["--no-budget", "--budget", "1GiB"], "", "error: --no-budget cannot be combined with --budget"),
+    ],
+    ids=["cli-size", "config-size", "config-quotes", "growth", "update-without-file", "no-budget-and-budget"],
+)
+def test_a_value_the_gate_cannot_use_stops_before_anything_runs(project, args, config, message):
+    if config:
+        _config(project, config)
+    (project / "risky.py").write_text(RISKY)
+    result = _run(project, "risky.py", *args)
+    assert result.returncode == 2
+    assert _one_error_line(result.stderr) == message
+    assert result.stdout == ""
+
+
+def test_a_missing_script_is_one_line_and_the_other_scripts_are_still_estimated(project):
+    _needs_torch()
+    _config(
+        project, 'budget = "1GiB"\nestimate-scripts = ["nosuch.py --epochs 1", "train.py --width 8192"]\n'
+    )
+    result = _run(project, "train.py")
+    assert result.returncode == 2
+    assert (
+        _one_error_line(result.stderr) == "error: budget gate: nosuch.py --epochs 1: nosuch.py: no such file"
+    )
+    assert result.stdout.startswith("train.py:")  # the other script's OOM100 is reported
+    assert "OOM100" in result.stdout.splitlines()[0]
+
+
+def test_a_script_that_crashes_is_one_line_not_a_pass(project):
+    _needs_torch()
+    shutil.copy(FIXTURES / "estimate" / "crashes.py", project)
+    result = _run(project, "train.py", "--budget", "24GiB", "--estimate-script", "crashes.py")
+    assert result.returncode == 2
+    line = _one_error_line(result.stderr)
+    assert line.startswith(
+        "error: budget gate: crashes.py: the script crashed at crashes.py:8: RuntimeError: "
+    ), line
+    assert result.stdout == "No findings, but the memory budget gate met 1 problem.\n"
+
+
+def test_a_script_that_times_out_is_one_line_not_a_pass(project):
+    _needs_torch()
+    shutil.copy(FIXTURES / "estimate" / "hangs.py", project)
+    result = _run(
+        project, "train.py", "--budget", "24GiB", "--estimate-script", "hangs.py", "--estimate-timeout", "10"
+    )
+    assert result.returncode == 2
+    assert _one_error_line(result.stderr) == (
+        "error: budget gate: hangs.py: the script did not reach its second optimizer step within 10 s "
+        "(killed with its whole process group); raise --timeout, or check that it trains"
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (None, "no such file; write it with --update-baseline"),
+        (
+            "{not json",
+            "not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))",
+        ),
+        (
+            '{"scripts": {"train.py": {"peak_bytes": "big"}}}',
+            'expected {"scripts": {"<entry>": {"peak_bytes": ',
+        ),
+    ],
+    ids=["missing", "not-json", "bad-shape"],
+)
+def test_a_baseline_that_cannot_be_read_is_one_line(project, content, reason):
+    if content is not None:
+        (project / "baseline.json").write_text(content)
+    (project / "risky.py").write_text(RISKY)
+    result = _run(project, "risky.py", "--baseline", "baseline.json", "--estimate-script", "train.py")
+    assert result.returncode == 2
+    line = _one_error_line(result.stderr)
+    assert line.startswith(f"error: budget gate: baseline baseline.json: {reason}"), line
+    assert result.stdout.startswith("risky.py:3:23: OOM501 ")
+
+
+def test_the_gate_does_not_run_on_stdin_or_with_diff(project):
+    _config(project, 'budget = "1GiB"\nestimate-scripts = ["train.py"]\n')
+    piped = subprocess.run(
+        [console.OOM_LSP, "check", "-", "--stdin-filename", "risky.py"],
+        cwd=project,
+        input=RISKY,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert piped.returncode == 1 and "Memory budget" not in piped.stdout
+    explicit = _run(project, "--diff", "--budget", "1GiB")
+    assert explicit.returncode == 2
+    assert _one_error_line(explicit.stderr) == (
+        "error: --budget: the budget gate does not run with stdin or --diff"
+    )
+
+
+def test_the_pre_commit_hooks_skip_the_gate(project):
+    from pre_commit.clientlib import load_manifest
+
+    _config(project, 'budget = "1GiB"\nestimate-scripts = ["nosuch.py"]\n')
+    for hook in load_manifest(str(PACKAGE.parent / ".pre-commit-hooks.yaml")):
+        command, *args = hook["entry"].split()
+        assert command == "oom-lsp"
+        result = console.run([*args, "train.py"], project)
+        assert (result.returncode, result.stderr) == (0, ""), hook["id"]
+
+
+# --- Ctrl-C ---------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_the_gate_kills_the_script_and_all_it_started(tmp_path):
+    _needs_torch()
+    _, record = console.write_hanging_script(tmp_path)
+    args = ["--check", "--budget", "24GiB", "--estimate-script", "train.py"]
+    with console.started(args, tmp_path, record) as (process, script_pids):
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == 130, err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("oom-lsp check: interrupted by SIGINT; killed process group "), err
+        console.assert_all_gone(script_pids, console.killed_groups(err))
+
+
+# --- The parts ------------------------------------------------------------------------------------------
+
+
+def test_the_finding_sits_on_the_knob_in_the_script_first(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nBATCH = 64\nloader = make(batch_size=BATCH)\n")
+    helper = tmp_path / "config.py"
+    helper.write_text("batch_size = 64\n")
+    knobs = [
+        {"kind": "module global", "file": str(helper), "line": 1},
+        {"kind": "DataLoader(batch_size=...)", "file": str(script), "line": 3},
+        {"kind": "gone", "file": str(tmp_path / "deleted.py"), "line": 9},
+    ]
+    file, where = knob_location({"batch_knobs": knobs, "batch_size": 64}, script)
+    assert (file, where.start.line, where.start.column, where.end.column) == (script, 3, 0, 31)
+    file, where = knob_location({"batch_knobs": knobs[:1], "batch_size": 64}, script)
+    assert (file, where.start.line, where.start.column, where.end.column) == (helper, 1, 13, 15)
+    file, where = knob_location({"batch_knobs": [], "batch_size": 64}, script)
+    assert (file, where.start.line, where.start.column) == (script, 1, 0)
+
+
+def test_the_language_server_never_imports_the_gate():
+    offenders = []
+    for path in sorted((PACKAGE / "server").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [f"{node.module}.{alias.name}" for alias in node.names]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else []
+            )
+            offenders += [f"{path.name}: {name}" for name in names if "budget" in name]
+    assert offenders == []
