@@ -308,7 +308,7 @@ def _estimate(
     if notebook is not None:
         prediction = notebook.report(prediction)
     elif not args.find_max_batch:
-        prediction["what_if_check"] = _what_if_check(script, options, prediction)
+        prediction["what_if_check"] = what_if_check(script, options, prediction)
     if args.format == "json":
         out.write(json.dumps(prediction, indent=2) + "\n")
     else:
@@ -324,7 +324,7 @@ def _estimate(
     return EXIT_FITS
 
 
-def _what_if_check(script: Path, options: Any, prediction: dict[str, Any]) -> dict[str, Any] | None:
+def what_if_check(script: Path, options: Any, prediction: dict[str, Any]) -> dict[str, Any] | None:
     """How this estimate compares with a what-if's prediction for exactly this script text."""
     from oom_lsp.config import ConfigError, ConfigResolver
     from oom_lsp.estimate.estimator import needed_bytes

@@ -60,7 +60,7 @@ def run_what_if(args: argparse.Namespace, options: Any, display: Any, out: TextI
     return EXIT_OOM if table["baseline"]["verdict"] == "will run out of memory" else EXIT_FITS
 
 
-def _percent(row: dict[str, Any]) -> str:
+def percent_words(row: dict[str, Any]) -> str:
     return f"{-row['saving_percent']:+.1f} %".replace("-", "−")
 
 
@@ -68,7 +68,7 @@ def saving_words(row: dict[str, Any]) -> str:
     """ "−38 % peak (14.2 → 8.80 GiB)": what a code action's title carries."""
     if row.get("error"):
         return "not measured"
-    return f"{_percent(row)} peak ({format_bytes(row['needed_bytes'] + row['saving_bytes'])} → " + (
+    return f"{percent_words(row)} peak ({format_bytes(row['needed_bytes'] + row['saving_bytes'])} → " + (
         f"{format_bytes(row['needed_bytes'])})"
     )
 
@@ -107,7 +107,7 @@ def write_table(table: dict[str, Any], out: TextIO) -> None:
             + "safety\n"
         )
         for row in measured:
-            saving = f"{format_bytes(row['saving_bytes'])} {_percent(row):>8}"
+            saving = f"{format_bytes(row['saving_bytes'])} {percent_words(row):>8}"
             step = row.get("growth_per_step")
             out.write(
                 f"  {row['title']:<{width}}  {format_bytes(row['needed_bytes']):>11}  {saving:>21}  "

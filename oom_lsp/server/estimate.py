@@ -150,7 +150,7 @@ def _knob_assignment(lines: list[str], knob_lines: set[int]) -> BatchLiteral | N
     return None
 
 
-def _target_gpu(ls: OomLanguageServer, args: EstimateArgs, script: Path) -> Gpu | None:
+def target_gpu(ls: OomLanguageServer, args: EstimateArgs, script: Path) -> Gpu | None:
     """The argument's GPU or memory, else the `oomLsp.gpu` setting, else
     `gpu-memory` of the project (or the `oomLsp.gpuMemory` setting)."""
     config = ls.lint_settings.project_config(script)
@@ -201,26 +201,24 @@ def _gpu_label(gpu: dict[str, Any] | None) -> str:
     return f" / {memory}" if name.startswith("GPU with ") else f" / {memory} {name}"
 
 
-async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+def check_trace_args(args: EstimateArgs) -> None:
     if args.device not in ("cuda", "cpu"):
         raise JsonRpcInvalidParams(f"device must be cuda or cpu, not {args.device!r}")
     if args.margin is not None and not 0 <= args.margin < 1:
         raise JsonRpcInvalidParams(
             f"margin must be from 0 to below 1 (0.1 keeps 10% free), not {args.margin!r}"
         )
+
+
+def file_options(
+    ls: OomLanguageServer, args: EstimateArgs, script: Path, gpu: Gpu | None, job: Job
+) -> EstimateOptions:
+    """How to trace a `.py` file: the command's arguments over the `oomLsp` settings
+    (`profile.args`, `interpreter`, `worldSize`) and the project's."""
     world_size, nproc_per_node = _world_size(ls, args)
-    notebook = _notebook_path(ls, args.uri)
-    if notebook is not None:
-        # A notebook runs in one process; the oomLsp.worldSize setting is for the project's scripts.
-        if args.world_size is not None:
-            raise JsonRpcInvalidParams("a notebook runs in one process: worldSize is for torchrun-style scripts")
-        return await _estimate_notebook(ls, args, notebook)
-    script = script_of(args.uri)
-    gpu = _target_gpu(ls, args, script)
     profile_settings = command_setting(ls, "profile")
     default_args = profile_settings.get("args") if isinstance(profile_settings, dict) else None
-    job = Job(ls, f"Estimating {script.name}", "estimate", script)
-    options = EstimateOptions(
+    return EstimateOptions(
         script=script,
         script_args=[str(arg) for arg in (args.args if args.args is not None else default_args or [])],
         device=args.device,
@@ -234,6 +232,21 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         world_size=world_size,
         nproc_per_node=nproc_per_node,
     )
+
+
+async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+    check_trace_args(args)
+    world_size, _ = _world_size(ls, args)
+    notebook = _notebook_path(ls, args.uri)
+    if notebook is not None:
+        # A notebook runs in one process; the oomLsp.worldSize setting is for the project's scripts.
+        if args.world_size is not None:
+            raise JsonRpcInvalidParams("a notebook runs in one process: worldSize is for torchrun-style scripts")
+        return await _estimate_notebook(ls, args, notebook)
+    script = script_of(args.uri)
+    gpu = target_gpu(ls, args, script)
+    job = Job(ls, f"Estimating {script.name}", "estimate", script)
+    options = file_options(ls, args, script, gpu, job)
     # The code actions need the largest batch that fits: searched by default
     # whenever there is a target to fit.
     search = args.find_max_batch if args.find_max_batch is not None else gpu is not None
@@ -262,12 +275,14 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         else:
             prediction = estimate(options, lambda message: job.report(message, 50))
             prediction["max_batch"] = None
+        prediction["what_if_check"] = _what_if_check(options, prediction, search, job)
         return prediction
 
     try:
         prediction = await job.run(work)
     except EstimateError as error:
         raise RequestFailed(f"the estimate failed: {error}") from None
+    check = prediction.get("what_if_check")
     folder = results_folder(ls, script, "estimate")
     folder.mkdir(parents=True, exist_ok=True)
     report_path = folder / f"{script.stem}.json"
@@ -288,7 +303,47 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     max_batch = (prediction.get("max_batch") or {}).get("max_batch")
     if max_batch is not None:
         result["maxBatch"] = max_batch
+    if check is not None:
+        result["whatIfCheck"] = _report_what_if_check(ls, check)
     return result
+
+
+def _what_if_check(
+    options: EstimateOptions, prediction: dict[str, Any], searched: bool, job: Job
+) -> dict[str, Any] | None:
+    """The CLI's comparison with a what-if's prediction for exactly this text of the script (the
+    user applied one of its changes). The search's first trace is not the estimate's worst case:
+    when the text is one the what-if predicted, the plain estimate runs too, like with like."""
+    from oom_lsp.estimate.commands import what_if_check
+
+    check = what_if_check(options.script, options, prediction)
+    if check is not None and searched:
+        job.report(f"comparing with the what-if's prediction for {check['change']}", 90)
+        check = what_if_check(options.script, options, estimate(options))
+    return check
+
+
+def _report_what_if_check(ls: OomLanguageServer, check: dict[str, Any]) -> dict[str, Any]:
+    """Within 5 %: a line in the log (and the result); beyond: a warning, it is oom-lsp's bug."""
+    from oom_lsp.estimate.whatif_report import comparison_words
+
+    words = comparison_words(check)
+    if check["agrees"]:
+        ls.window_log_message(
+            types.LogMessageParams(type=types.MessageType.Info, message=f"oom-lsp: {words}")
+        )
+    else:
+        ls.window_show_message(
+            types.ShowMessageParams(type=types.MessageType.Warning, message=f"oom-lsp: {words}")
+        )
+    return {
+        "change": check["change"],
+        "predictedBytes": check["predicted_bytes"],
+        "estimatedBytes": check["estimated_bytes"],
+        "differencePercent": check["difference_percent"],
+        "agrees": check["agrees"],
+        "message": words,
+    }
 
 
 def _notebook_path(ls: OomLanguageServer, uri: str) -> Path | None:
@@ -304,7 +359,7 @@ async def _estimate_notebook(ls: OomLanguageServer, args: EstimateArgs, notebook
     batch-size literal of a `.py` file."""
     if not notebook.is_file():
         raise JsonRpcInvalidParams(f"{notebook}: no such file (save the notebook first)")
-    gpu = _target_gpu(ls, args, notebook)
+    gpu = target_gpu(ls, args, notebook)
     search = args.find_max_batch if args.find_max_batch is not None else gpu is not None
     job = Job(ls, f"Estimating {notebook.name}", "estimate", notebook)
     try:
