@@ -73,6 +73,18 @@ def saving_words(row: dict[str, Any]) -> str:
     )
 
 
+def growth_words(base: dict[str, Any]) -> str | None:
+    """ "grows 322.39 MiB at every step: out of memory after about 70 steps", for a baseline that grows."""
+    if not base.get("growth_per_step"):
+        return None
+    after = (
+        f": out of memory after about {base['steps_to_oom']:,} steps"
+        if base.get("steps_to_oom") is not None
+        else ""
+    )
+    return f"grows {format_bytes(base['growth_per_step'])} at every step{after}"
+
+
 def write_table(table: dict[str, Any], out: TextIO) -> None:
     base = table["baseline"]
     target = ""
@@ -86,13 +98,9 @@ def write_table(table: dict[str, Any], out: TextIO) -> None:
     )
     verdict = f"   {base['verdict']}" if base.get("verdict") else ""
     out.write(f"  as it is: {format_bytes(base['needed_bytes'])}{verdict}\n")
-    if base.get("growth_per_step"):
-        after = (
-            f": out of memory after about {base['steps_to_oom']:,} steps"
-            if base.get("steps_to_oom") is not None
-            else ""
-        )
-        out.write(f"  and it grows {format_bytes(base['growth_per_step'])} at every step{after}\n")
+    growth = growth_words(base)
+    if growth:
+        out.write(f"  and it {growth}\n")
     out.write("\n")
     rows = table["changes"]
     measured = [row for row in rows if not row.get("error")]

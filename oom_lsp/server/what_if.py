@@ -37,7 +37,13 @@ from oom_lsp.estimate.commands import what_if_check
 from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate
 from oom_lsp.estimate.gpus import format_bytes
 from oom_lsp.estimate.whatif import fix_key, source_digest, what_if
-from oom_lsp.estimate.whatif_report import comparison_words, percent_words, save_record, saving_words
+from oom_lsp.estimate.whatif_report import (
+    comparison_words,
+    growth_words,
+    percent_words,
+    save_record,
+    saving_words,
+)
 from oom_lsp.server import code_actions
 from oom_lsp.server.estimate import (
     EstimateArgs,
@@ -257,13 +263,9 @@ def table_markdown(table: dict[str, Any], name: str) -> str:
         + (f", {base['verdict']}" if base.get("verdict") else "")
         + ".",
     ]
-    if base.get("growth_per_step"):
-        after = (
-            f": out of memory after about {base['steps_to_oom']:,} steps"
-            if base.get("steps_to_oom") is not None
-            else ""
-        )
-        lines.append(f"It grows {format_bytes(base['growth_per_step'])} at every step{after}.")
+    growth = growth_words(base)
+    if growth:
+        lines.append(f"It {growth}.")
     lines.append("")
     rows = table["changes"]
     measured = [row for row in rows if not row.get("error")]

@@ -21,6 +21,8 @@ from pytest_lsp import LanguageClient
 
 from oom_lsp.estimate.whatif_report import RECORD_FOLDER, load_record, saving_words
 from oom_lsp.server.code_actions import FIX_ALL_TITLE
+from oom_lsp.server.what_if import table_markdown
+from tests import console
 from tests.server.lsp_session import (
     CONFIG,
     apply_text_edits,
@@ -30,6 +32,7 @@ from tests.server.lsp_session import (
     replace_text,
     start_session,
 )
+from tests.server.test_estimate_commands import _all_gone, _pids_recorded
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
@@ -227,3 +230,78 @@ async def test_the_estimate_after_a_fix_compares_with_the_prediction(client: Lan
     assert f"(+{difference:.1f} %): the what-if's prediction is off by more than 5%, a bug in oom-lsp" in (
         warning.message
     )
+
+
+@in_module_loop
+async def test_cancelling_the_what_if_leaves_no_process(client: LanguageClient):
+    script, record = console.write_hanging_script(client.root, "hangs.py")
+    known_tokens = set(client.progress_reports)
+    params = types.ExecuteCommandParams(command="oom-lsp.whatIf", arguments=[{"uri": script.as_uri()}])
+    request = asyncio.ensure_future(
+        client.protocol.send_request_async(types.WORKSPACE_EXECUTE_COMMAND, params, msg_id="what-if")
+    )
+    pids = await _pids_recorded(record)
+    (token,) = set(client.progress_reports) - known_tokens
+    client.window_work_done_progress_cancel(types.WorkDoneProgressCancelParams(token=token))
+    with pytest.raises(JsonRpcException, match="cancelled"):
+        await asyncio.wait_for(request, 120)
+    await _all_gone(pids)
+    assert not (client.root / ".oom_lsp" / "what-if" / "hangs.md").exists()
+
+
+def test_the_markdown_says_what_fits_what_failed_and_what_does_not_apply():
+    row = {"growth_per_step": None, "stops_growth": False, "fallback": False, "code": None}
+    table = {
+        "device": "cuda",
+        "gpu": "NVIDIA GeForce RTX 3090",
+        "gpu_memory": 24 * 2**30,
+        "batch_size": 64,
+        "baseline": {"needed_bytes": 30 * 2**30, "verdict": "will run out of memory", "growth_per_step": 0},
+        "changes": [
+            {
+                **row,
+                "title": "bf16 | autocast",
+                "how": "torch.autocast(...)",
+                "safety": "changes numerics",
+                "needed_bytes": 20 * 2**30,
+                "saving_bytes": 10 * 2**30,
+                "saving_percent": 33.3,
+                "fits": True,
+            },
+            {
+                **row,
+                "title": "OOM201 line 9: Wrap in autocast",
+                "how": "Wrap in autocast",
+                "code": "OOM201",
+                "safety": "changes numerics",
+                "needed_bytes": 29 * 2**30,
+                "saving_bytes": 2**30,
+                "saving_percent": 3.3,
+                "fits": False,
+                "fallback": True,
+            },
+            {
+                "title": "OOM304 line 12: Drop `retain_graph=True`",
+                "code": "OOM304",
+                "error": "RuntimeError: Trying to backward through the graph a second time",
+            },
+        ],
+        "not_applicable": [{"title": "fused AdamW", "why": "the optimizer is SGD"}],
+    }
+    page = table_markdown(table, "train.py")
+    assert page.startswith(
+        "# What if: train.py\n\nBatch size 64, device cuda, target NVIDIA GeForce RTX 3090"
+    )
+    assert "**As it is: 30.00 GiB peak**, will run out of memory." in page and "It grows" not in page
+    assert "| bf16 \\| autocast | 20.00 GiB | 10.00 GiB (−33.3 %) | — | yes | changes numerics |" in page
+    assert (
+        "| OOM201 line 9: Wrap in autocast | 29.00 GiB | 1.00 GiB (−3.3 %) | — | no | changes numerics (real CPU steps) |"
+        in page
+    )
+    assert (
+        "## Not measured\n\n- OOM304 line 12: Drop `retain_graph=True`: RuntimeError: Trying to backward"
+        in page
+    )
+    assert "## Not applicable\n\n- fused AdamW: the optimizer is SGD\n" in page
+    # How a knob is applied; a fix's how is its title.
+    assert "## How\n\n- **bf16 | autocast**: torch.autocast(...)\n\n" in page
