@@ -325,7 +325,9 @@ def _estimate(
 
 
 def what_if_check(script: Path, options: Any, prediction: dict[str, Any]) -> dict[str, Any] | None:
-    """How this estimate compares with a what-if's prediction for exactly this script text."""
+    """How this estimate compares with a what-if's prediction for exactly this script text (decoded
+    as the what-if decoded it: its line endings and without a byte-order mark)."""
+    from oom_lsp.checker import decode_source
     from oom_lsp.config import ConfigError, ConfigResolver
     from oom_lsp.estimate.estimator import needed_bytes
     from oom_lsp.estimate.whatif import source_digest
@@ -333,10 +335,10 @@ def what_if_check(script: Path, options: Any, prediction: dict[str, Any]) -> dic
 
     try:
         record = load_record(ConfigResolver().resolve(script).root, str(script))
-        text = script.read_text(encoding="utf-8")
-    except (ConfigError, OSError, UnicodeDecodeError):
+        text = decode_source(script.read_bytes()).text
+    except (ConfigError, OSError):
         return None
-    if record is None:
+    if record is None or text is None:
         return None
     return compare_with_record(
         record,

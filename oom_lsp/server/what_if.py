@@ -90,9 +90,7 @@ async def what_if_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str
     text = decoded.text
     document = ls.open_document(args.uri)
     if document is not None and document.source != text:
-        raise JsonRpcInvalidParams(
-            f"{script.name} has unsaved changes: save it first (the what-if runs the file)"
-        )
+        raise RequestFailed(f"{script.name} has unsaved changes: save it first (the what-if runs the file)")
     version = document_version(ls, args.uri)
     gpu = target_gpu(ls, args, script)
     # Before the first await: the job watches the request being answered for its cancellation.
