@@ -308,7 +308,7 @@ def _estimate(
     if notebook is not None:
         prediction = notebook.report(prediction)
     elif not args.find_max_batch:
-        prediction["what_if_check"] = _what_if_check(script, options, prediction)
+        prediction["what_if_check"] = what_if_check(script, options, prediction)
     if args.format == "json":
         out.write(json.dumps(prediction, indent=2) + "\n")
     else:
@@ -324,8 +324,10 @@ def _estimate(
     return EXIT_FITS
 
 
-def _what_if_check(script: Path, options: Any, prediction: dict[str, Any]) -> dict[str, Any] | None:
-    """How this estimate compares with a what-if's prediction for exactly this script text."""
+def what_if_check(script: Path, options: Any, prediction: dict[str, Any]) -> dict[str, Any] | None:
+    """How this estimate compares with a what-if's prediction for exactly this script text (decoded
+    as the what-if decoded it: its line endings and without a byte-order mark)."""
+    from oom_lsp.checker import decode_source
     from oom_lsp.config import ConfigError, ConfigResolver
     from oom_lsp.estimate.estimator import needed_bytes
     from oom_lsp.estimate.whatif import source_digest
@@ -333,10 +335,10 @@ def _what_if_check(script: Path, options: Any, prediction: dict[str, Any]) -> di
 
     try:
         record = load_record(ConfigResolver().resolve(script).root, str(script))
-        text = script.read_text(encoding="utf-8")
-    except (ConfigError, OSError, UnicodeDecodeError):
+        text = decode_source(script.read_bytes()).text
+    except (ConfigError, OSError):
         return None
-    if record is None:
+    if record is None or text is None:
         return None
     return compare_with_record(
         record,

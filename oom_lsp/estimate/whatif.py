@@ -64,6 +64,11 @@ def source_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def fix_key(finding: Finding) -> str:
+    """The row key of a finding's fix: its code and where its range starts (1-based line and column)."""
+    return f"fix:{finding.code}:{finding.line}:{finding.column + 1}"
+
+
 def fix_changes(source: str, findings: list[Finding]) -> list[Change]:
     """A change per finding with a fix: its codemod alone, applied to the script. Memory rules only:
     removing an unused suppression (OOM900) changes no memory."""
@@ -83,7 +88,7 @@ def fix_changes(source: str, findings: list[Finding]) -> list[Change]:
             safety = SAFE if finding.fix.applicability is Applicability.SAFE else UNSAFE
         changes.append(
             Change(
-                key=f"fix:{finding.code}:{finding.line}:{finding.column + 1}",
+                key=fix_key(finding),
                 title=f"{finding.code} line {finding.line}: {finding.fix.title}",
                 safety=safety,
                 how=finding.fix.title,

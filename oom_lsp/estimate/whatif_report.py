@@ -65,13 +65,13 @@ def _signed(change: float, text: str) -> str:
     return ("−" if change < 0 else "+") + text if change else text
 
 
-def _percent(row: dict[str, Any]) -> str:
+def percent_words(row: dict[str, Any]) -> str:
     return (
         _signed(-row["saving_bytes"], f"{abs(row['saving_percent']):.1f} %") if row["saving_bytes"] else "0 %"
     )
 
 
-def _delta(row: dict[str, Any]) -> str:
+def delta_words(row: dict[str, Any]) -> str:
     return (
         _signed(-row["saving_bytes"], format_bytes(abs(row["saving_bytes"])))
         if row["saving_bytes"]
@@ -83,9 +83,17 @@ def saving_words(row: dict[str, Any]) -> str:
     """What a code action's title carries: "−38.0 % peak (1.19 GiB → 642.00 MiB)"."""
     if row.get("error"):
         return "not measured"
-    return f"{_percent(row)} peak ({format_bytes(row['needed_bytes'] + row['saving_bytes'])} → " + (
+    return f"{percent_words(row)} peak ({format_bytes(row['needed_bytes'] + row['saving_bytes'])} → " + (
         f"{format_bytes(row['needed_bytes'])})"
     )
+
+
+def growth_words(base: dict[str, Any]) -> str | None:
+    """ "grows 322.39 MiB at every step: out of memory after about 70 steps", for a baseline that grows."""
+    if not base.get("growth_per_step"):
+        return None
+    after = f": out of memory after about {base['steps_to_oom']:,} steps" if base.get("steps_to_oom") else ""
+    return f"grows {format_bytes(base['growth_per_step'])} at every step{after}"
 
 
 def write_table(table: dict[str, Any], out: TextIO) -> None:
@@ -101,11 +109,9 @@ def write_table(table: dict[str, Any], out: TextIO) -> None:
     )
     verdict = f"   {base['verdict']}" if base.get("verdict") else ""
     out.write(f"  as it is: {format_bytes(base['needed_bytes'])}{verdict}\n")
-    if base.get("growth_per_step"):
-        after = (
-            f": out of memory after about {base['steps_to_oom']:,} steps" if base.get("steps_to_oom") else ""
-        )
-        out.write(f"  and it grows {format_bytes(base['growth_per_step'])} at every step{after}\n")
+    growth = growth_words(base)
+    if growth:
+        out.write(f"  and it {growth}\n")
     out.write("\n")
     rows = table["changes"]
     measured = [row for row in rows if not row.get("error")]
@@ -123,9 +129,9 @@ def write_table(table: dict[str, Any], out: TextIO) -> None:
             step = row.get("growth_per_step")
             out.write(
                 f"  {_cut(row['title'], width):<{width}}  {format_bytes(row['needed_bytes']):>11}  "
-                f"{_delta(row) + ' ' + f'{_percent(row):>8}':>21}  "
+                f"{delta_words(row) + ' ' + f'{percent_words(row):>8}':>21}  "
                 + (f"{format_bytes(step) if step is not None else '?':>11}  " if growth else "")
-                + (f"{_fits_words(row, table):<10}  " if fits else "")
+                + (f"{fits_words(row, table):<10}  " if fits else "")
                 + row["safety"]
                 + (" (real CPU steps)" if row.get("fallback") else "")
                 + "\n"
@@ -156,7 +162,7 @@ def _cut(title: str, width: int) -> str:
     return title if len(title) <= width else title[: width - 3] + "..."
 
 
-def _fits_words(row: dict[str, Any], table: dict[str, Any]) -> str:
+def fits_words(row: dict[str, Any], table: dict[str, Any]) -> str:
     """yes, no, or for how many steps (a fit that still grows at every step runs out later)."""
     if not row["fits"]:
         return "no"

@@ -45,6 +45,11 @@ ActionProvider = Callable[
 ActionResolver = Callable[[OomLanguageServer, types.CodeAction], Awaitable[types.CodeAction]]
 _providers: list[ActionProvider] = []
 _resolvers: dict[str, ActionResolver] = {}
+# Words another module adds to a fix's title (server/what_if.py: the measured saving), for
+# the finding's quick fix or (None) the fix-all. In the codeAction answer itself: VS Code
+# draws the title it lists and does not redraw one changed by codeAction/resolve.
+TitleNote = Callable[[OomLanguageServer, TextDocument, Finding | None], str | None]
+_title_notes: list[TitleNote] = []
 
 
 # Documents another module answers for (notebook cells): (owns(ls, uri), handler).
@@ -67,6 +72,19 @@ def add_provider(provider: ActionProvider, resolvers: dict[str, ActionResolver] 
     if provider not in _providers:
         _providers.append(provider)
     _resolvers.update(resolvers or {})
+
+
+def add_title_note(note: TitleNote) -> None:
+    if note not in _title_notes:
+        _title_notes.append(note)
+
+
+def _noted(ls: OomLanguageServer, document: TextDocument, title: str, finding: Finding | None) -> str:
+    for note in _title_notes:
+        words = note(ls, document, finding)
+        if words:
+            return f"{title}, {words}"
+    return title
 
 
 def register(server: OomLanguageServer) -> None:
@@ -146,7 +164,7 @@ async def on_code_action(
         if finding.fix is not None:
             actions.append(
                 types.CodeAction(
-                    title=f"oom-lsp ({finding.code}): {finding.fix.title}",
+                    title=_noted(ls, document, f"oom-lsp ({finding.code}): {finding.fix.title}", finding),
                     kind=types.CodeActionKind.QuickFix,
                     diagnostics=[diagnostic],
                     is_preferred=finding.fix.is_safe,
@@ -176,7 +194,7 @@ async def on_code_action(
         # time would keep the analysis thread busy, so the edit waits for
         # codeAction/resolve when the client can ask for it.
         if _resolves_edits(ls):
-            actions.append(_fix_all_action(document, edit=None))
+            actions.append(_fix_all_action(ls, document, edit=None))
         else:
             fix_all = await _fix_all(ls, document, converter)
             if fix_all is not None:
@@ -193,9 +211,11 @@ def _resolves_edits(ls: OomLanguageServer) -> bool:
     return support is not None and "edit" in support.properties
 
 
-def _fix_all_action(document: TextDocument, edit: types.WorkspaceEdit | None) -> types.CodeAction:
+def _fix_all_action(
+    ls: OomLanguageServer, document: TextDocument, edit: types.WorkspaceEdit | None
+) -> types.CodeAction:
     return types.CodeAction(
-        title=FIX_ALL_TITLE,
+        title=_noted(ls, document, FIX_ALL_TITLE, None),
         kind=FIX_ALL_KIND,
         edit=edit,
         data=None if edit is not None else {"uri": document.uri, "version": document.version},
@@ -236,7 +256,7 @@ async def _fix_all(
     if result.applied == 0 or document.version != version:
         return None
     edit = _minimal_edit(source, result.source, converter)
-    return _fix_all_action(document, workspace_edit(ls, document, [edit]))
+    return _fix_all_action(ls, document, workspace_edit(ls, document, [edit]))
 
 
 def _minimal_edit(old: str, new: str, converter: PositionConverter) -> types.TextEdit:

@@ -9,12 +9,14 @@ and, when the step does not fit the target GPU, an Error diagnostic OOM100
 size to N (largest that fits)" and "Use gradient accumulation (N x k)". With
 a largest fitting batch, OOM101's threshold for the file becomes that batch.
 Any edit of the file drops the hint, OOM100 and the status (profiling.py).
+The estimate of a text a what-if predicted is compared with it (server/what_if.py).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,26 @@ _SEVERITIES = {
     Severity.INFO: types.DiagnosticSeverity.Information,
     Severity.HINT: types.DiagnosticSeverity.Hint,
 }
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """What another module adds to the estimate of a `.py` file (server/what_if.py: the comparison
+    with a what-if's prediction for this text): `run(options, prediction, searched, job)` in the
+    job's thread after the trace; what it returns, unless None, goes through `report` on the
+    event loop into the command's result under `key`."""
+
+    key: str
+    run: Callable[[EstimateOptions, dict[str, Any], bool, Job], Any]
+    report: Callable[[OomLanguageServer, Any], Any]
+
+
+_follow_ups: list[FollowUp] = []
+
+
+def add_follow_up(follow_up: FollowUp) -> None:
+    if follow_up not in _follow_ups:
+        _follow_ups.append(follow_up)
 
 
 @attrs.define
@@ -150,7 +172,7 @@ def _knob_assignment(lines: list[str], knob_lines: set[int]) -> BatchLiteral | N
     return None
 
 
-def _target_gpu(ls: OomLanguageServer, args: EstimateArgs, script: Path) -> Gpu | None:
+def target_gpu(ls: OomLanguageServer, args: EstimateArgs, script: Path) -> Gpu | None:
     """The argument's GPU or memory, else the `oomLsp.gpu` setting, else
     `gpu-memory` of the project (or the `oomLsp.gpuMemory` setting)."""
     config = ls.lint_settings.project_config(script)
@@ -201,26 +223,24 @@ def _gpu_label(gpu: dict[str, Any] | None) -> str:
     return f" / {memory}" if name.startswith("GPU with ") else f" / {memory} {name}"
 
 
-async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+def check_trace_args(args: EstimateArgs) -> None:
     if args.device not in ("cuda", "cpu"):
         raise JsonRpcInvalidParams(f"device must be cuda or cpu, not {args.device!r}")
     if args.margin is not None and not 0 <= args.margin < 1:
         raise JsonRpcInvalidParams(
             f"margin must be from 0 to below 1 (0.1 keeps 10% free), not {args.margin!r}"
         )
+
+
+def file_options(
+    ls: OomLanguageServer, args: EstimateArgs, script: Path, gpu: Gpu | None, job: Job
+) -> EstimateOptions:
+    """How to trace a `.py` file: the command's arguments over the `oomLsp` settings
+    (`profile.args`, `interpreter`, `worldSize`) and the project's."""
     world_size, nproc_per_node = _world_size(ls, args)
-    notebook = _notebook_path(ls, args.uri)
-    if notebook is not None:
-        # A notebook runs in one process; the oomLsp.worldSize setting is for the project's scripts.
-        if args.world_size is not None:
-            raise JsonRpcInvalidParams("a notebook runs in one process: worldSize is for torchrun-style scripts")
-        return await _estimate_notebook(ls, args, notebook)
-    script = script_of(args.uri)
-    gpu = _target_gpu(ls, args, script)
     profile_settings = command_setting(ls, "profile")
     default_args = profile_settings.get("args") if isinstance(profile_settings, dict) else None
-    job = Job(ls, f"Estimating {script.name}", "estimate", script)
-    options = EstimateOptions(
+    return EstimateOptions(
         script=script,
         script_args=[str(arg) for arg in (args.args if args.args is not None else default_args or [])],
         device=args.device,
@@ -234,6 +254,21 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         world_size=world_size,
         nproc_per_node=nproc_per_node,
     )
+
+
+async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+    check_trace_args(args)
+    world_size, _ = _world_size(ls, args)
+    notebook = _notebook_path(ls, args.uri)
+    if notebook is not None:
+        # A notebook runs in one process; the oomLsp.worldSize setting is for the project's scripts.
+        if args.world_size is not None:
+            raise JsonRpcInvalidParams("a notebook runs in one process: worldSize is for torchrun-style scripts")
+        return await _estimate_notebook(ls, args, notebook)
+    script = script_of(args.uri)
+    gpu = target_gpu(ls, args, script)
+    job = Job(ls, f"Estimating {script.name}", "estimate", script)
+    options = file_options(ls, args, script, gpu, job)
     # The code actions need the largest batch that fits: searched by default
     # whenever there is a target to fit.
     search = args.find_max_batch if args.find_max_batch is not None else gpu is not None
@@ -241,6 +276,7 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         raise JsonRpcInvalidParams("findMaxBatch needs a target: gpu, gpuMemory, or oomLsp.gpu / gpu-memory")
     version = document_version(ls, args.uri)
     traces = [0]
+    answers: list[tuple[FollowUp, Any]] = []
 
     def on_event(event: dict[str, Any]) -> None:
         """The work-done progress says which trace and how many optimizer steps it reached."""
@@ -262,6 +298,8 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         else:
             prediction = estimate(options, lambda message: job.report(message, 50))
             prediction["max_batch"] = None
+        for follow_up in _follow_ups:
+            answers.append((follow_up, follow_up.run(options, prediction, search, job)))
         return prediction
 
     try:
@@ -288,6 +326,9 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     max_batch = (prediction.get("max_batch") or {}).get("max_batch")
     if max_batch is not None:
         result["maxBatch"] = max_batch
+    for follow_up, answer in answers:
+        if answer is not None:
+            result[follow_up.key] = follow_up.report(ls, answer)
     return result
 
 
@@ -304,7 +345,7 @@ async def _estimate_notebook(ls: OomLanguageServer, args: EstimateArgs, notebook
     batch-size literal of a `.py` file."""
     if not notebook.is_file():
         raise JsonRpcInvalidParams(f"{notebook}: no such file (save the notebook first)")
-    gpu = _target_gpu(ls, args, notebook)
+    gpu = target_gpu(ls, args, notebook)
     search = args.find_max_batch if args.find_max_batch is not None else gpu is not None
     job = Job(ls, f"Estimating {notebook.name}", "estimate", notebook)
     try:

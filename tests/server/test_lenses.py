@@ -1,4 +1,4 @@
-"""Code lenses "Estimate peak memory" and "Profile memory" above the main guard
+"""Code lenses "Estimate peak memory", "What if…" and "Profile memory" above the main guard
 and the outermost training loops; no inlay hint before an estimate."""
 
 from __future__ import annotations
@@ -64,14 +64,20 @@ async def test_lenses_above_the_main_guard_and_the_training_loop(client: Languag
     assert placed == [
         (epoch_loop, "Estimate peak memory", "oom-lsp.estimate"),
         (epoch_loop, "Profile memory", "oom-lsp.profile"),
+        (epoch_loop, "What if…", "oom-lsp.whatIf"),
         (main_guard, "Estimate peak memory", "oom-lsp.estimate"),
         (main_guard, "Profile memory", "oom-lsp.profile"),
+        (main_guard, "What if…", "oom-lsp.whatIf"),
     ]
-    assert [list(lens.command.arguments) for lens in lenses] == [[{"uri": script.as_uri()}]] * 4
+    assert [list(lens.command.arguments) for lens in lenses] == [[{"uri": script.as_uri()}]] * 6
     commands = client.init_result.capabilities.execute_command_provider.commands
-    assert {"oom-lsp.estimate", "oom-lsp.profile", "oom-lsp.explainOom", "oom-lsp.showReport"} <= set(
-        commands
-    )
+    assert {
+        "oom-lsp.estimate",
+        "oom-lsp.whatIf",
+        "oom-lsp.profile",
+        "oom-lsp.explainOom",
+        "oom-lsp.showReport",
+    } <= set(commands)
 
 
 @in_module_loop

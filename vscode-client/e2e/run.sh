@@ -41,6 +41,8 @@ cp "$HERE/workspace/train.py" "$HERE/workspace/mlp.py" "$HERE/workspace/classifi
   "$HERE/workspace/resume.ipynb" "$WORKSPACE/"
 # The risky training scripts: every rule the fixtures trigger, whose messages must fit the Problems panel.
 cp "$REPO"/fixtures/*_risky.py "$WORKSPACE/fixtures/"
+# The what-if's fixture: a quick fix for each of its memory mistakes.
+cp "$REPO/fixtures/estimate/whatif/risky_loop.py" "$WORKSPACE/"
 cp "$HERE/user-settings.json" "$STATE/data/User/settings.json"
 # A CUDA OOM in train.py line 6, as a training run's log would show it.
 cat > "$WORKSPACE/oom.log" <<EOF

@@ -5,7 +5,8 @@
 // a new risky line, every message on the risky fixtures fits the panel, no light
 // bulb shows on a clean line of a training loop, and OOM201's autocast fix lowers
 // the estimated peak ("Validate last fix"); a notebook's cell gets its diagnostic and
-// quick fix in the notebook editor.
+// quick fix in the notebook editor; the "What if…" lens opens the what-if's table as a
+// Markdown preview and the light-bulb menu's fixes then carry their measured saving.
 // A screenshot of each step goes to $OOM_E2E_SCREENSHOTS; any failed check exits 1.
 // The Problems panel, the hover and the light-bulb menu are also written, cropped,
 // to $OOM_E2E_README_SHOTS (the README's editor section shows them).
@@ -25,6 +26,7 @@ const workspace = process.env.OOM_E2E_WORKSPACE;
 const screenshots = process.env.OOM_E2E_SCREENSHOTS;
 const trainPy = path.join(workspace, "train.py");
 const classifierPy = path.join(workspace, "classifier.py");
+const riskyLoopPy = path.join(workspace, "risky_loop.py");
 const readmeShots = process.env.OOM_E2E_README_SHOTS;
 const SLOW = 90_000; // the first diagnostics wait for the server to start on a busy machine
 const ESTIMATE = 240_000; // an estimate runs the script on fake tensors in a subprocess
@@ -430,6 +432,33 @@ try {
   }
   await page.locator(".markers-panel .monaco-tl-contents", { hasText: "OOM501" }).waitFor({ state: "detached", timeout: 20_000 });
   await shot(page, "notebook-quick-fix-saved");
+
+  // 8b. The what-if of risky_loop.py (one quick fix per memory mistake), from its "What if…"
+  // lens: the table opens as a Markdown preview, and the light-bulb menu's OOM304 fix carries
+  // its measured saving.
+  await runCommand(page, "View: Close All Editor Groups");
+  await openFile(page, "risky_loop.py", "class Classifier");
+  // The lenses sit above the training loop; the editor draws only the lines in view.
+  await goToLine(page, `${lineOf(riskyLoopPy, "for x, y in loader:")}:1`);
+  const whatIfLens = page.locator(".editor-group-container .codelens-decoration a", { hasText: "What if…" }).first();
+  await whatIfLens.waitFor({ timeout: 30_000 });
+  await whatIfLens.click();
+  await page.locator(".tabs-container .tab", { hasText: "Preview risky_loop.md" }).waitFor({ timeout: ESTIMATE });
+  await page.waitForTimeout(1_000); // the preview renders
+  await shot(page, "what-if-preview");
+  if (!readFileSync(path.join(workspace, ".oom_lsp", "what-if", "risky_loop.md"), "utf8").includes("| change | peak |")) {
+    throw new Error("the what-if's Markdown has no table");
+  }
+  await page.locator(".tabs-container .tab", { hasText: "risky_loop.py" }).first().click();
+  await goToLine(page, `${lineOf(riskyLoopPy, "loss.backward(retain_graph=True)")}:9`);
+  const measuredFix = await openQuickFixes(page, "(OOM304): Drop `retain_graph=True`, −");
+  const measuredTitle = (await measuredFix.innerText()).replace(/\s+/g, " ");
+  if (!/% peak \([\d.]+ [KMG]iB → [\d.]+ [KMG]iB\)/.test(measuredTitle)) {
+    throw new Error(`no measured saving in the title: ${measuredTitle}`);
+  }
+  console.log(`what-if title: ${measuredTitle}`);
+  await shot(page, "what-if-light-bulb-menu");
+  await page.keyboard.press("Escape");
 
   // 9. Every message on the risky fixtures fits the Problems panel: each file opened, the panel
   // filtered to it, its rows read (the tree draws only the rows it shows).

@@ -33,12 +33,14 @@ import {
   SERVER_COMMANDS,
   ServerCommandId,
   ValidationResult,
+  WhatIfResult,
   describeCommandError,
   describeEstimate,
   describeProfile,
   describeValidation,
   estimateArguments,
   explainMarkdown,
+  isWhatIfTable,
   memoryStatusView,
   profileArguments,
   unavailableMessage,
@@ -92,6 +94,7 @@ class OomLspExtension implements vscode.Disposable {
       this.disposables.push(vscode.commands.registerCommand(id, () => handler()));
     register("oomLsp.profileFile", () => this.profile());
     register("oomLsp.estimateFile", () => this.estimate());
+    register("oomLsp.whatIfFile", () => this.whatIf());
     register("oomLsp.explainOomFromFile", () => this.explainFromFile());
     register("oomLsp.explainOomFromClipboard", () => this.explainFromClipboard());
     register("oomLsp.askAi", () => this.askAi());
@@ -233,6 +236,16 @@ class OomLspExtension implements vscode.Disposable {
       outputChannel: this.outputChannel,
       revealOutputChannelOn: RevealOutputChannelOn.Never,
       middleware: {
+        window: {
+          // The what-if's table (from the lens or the palette) opens as a Markdown preview.
+          showDocument: async (params, token, next) => {
+            if (!isWhatIfTable(params.uri)) {
+              return next(params, token);
+            }
+            await vscode.commands.executeCommand("markdown.showPreview", vscode.Uri.parse(params.uri));
+            return { success: true };
+          },
+        },
         workspace: {
           // The server gets exactly the payload of buildServerSettings, never
           // the raw section: it rejects keys it does not know (path, trace, ...).
@@ -436,6 +449,24 @@ class OomLspExtension implements vscode.Disposable {
     );
     if (result) {
       await this.openReportOffer(`oom-lsp: ${describeEstimate(result)}`, result.reportPath);
+    }
+  }
+
+  /** The server shows the table itself (window/showDocument, opened as a preview above). */
+  private async whatIf(): Promise<void> {
+    const document = await this.activePythonFile("measure what each fix saves");
+    if (document === undefined) {
+      return;
+    }
+    const settings = readSettings(configurationFor(document.uri));
+    const argument = estimateArguments(settings, document.uri.toString(), this.server?.python ?? null);
+    const result = await this.runServerCommand<WhatIfResult>(
+      SERVER_COMMANDS.whatIf,
+      `What if: measuring each change to ${path.basename(document.uri.fsPath)}`,
+      argument,
+    );
+    if (result && !result.shown) {
+      await vscode.commands.executeCommand("markdown.showPreview", vscode.Uri.file(result.markdownPath));
     }
   }
 

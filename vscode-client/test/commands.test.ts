@@ -9,6 +9,7 @@ import {
   explainMarkdown,
   formatBytes,
   formatGiB,
+  isWhatIfTable,
   memoryStatusView,
   profileArguments,
   ProgressRelay,
@@ -171,4 +172,38 @@ test("server progress becomes increments and messages; the end closes it", () =>
   assert.equal(relay.update({ kind: "end", message: "done" }), null);
   // In a notification that has its own title, the server's title is not repeated.
   assert.deepEqual(new ProgressRelay(false).update({ kind: "begin", title: "Estimating mlp.py" }), {});
+});
+
+test("an estimate after a fix says how it compares with the what-if's prediction", () => {
+  const result = {
+    reportPath: "/r.json",
+    peakBytes: 2 ** 30,
+    gpuMemoryBytes: null,
+    verdict: null,
+    batchSize: 128,
+  } as const;
+  const check = {
+    change: "OOM304 line 59: Drop `retain_graph=True`",
+    predictedBytes: 850 * 2 ** 20,
+    estimatedBytes: 850 * 2 ** 20,
+    differencePercent: 0,
+    agrees: true,
+    message: "what-if check: OOM304 line 59: Drop `retain_graph=True`: predicted 850.00 MiB, estimated now 850.00 MiB (+0.0 %, within 5%)",
+  };
+  assert.equal(
+    describeEstimate({ ...result, whatIfCheck: check }),
+    `Estimated peak 1 GiB at batch size 128. The ${check.message}.`,
+  );
+  // Off by more: the server's warning says so; the sentence does not repeat it.
+  assert.equal(
+    describeEstimate({ ...result, whatIfCheck: { ...check, agrees: false, differencePercent: 25 } }),
+    "Estimated peak 1 GiB at batch size 128.",
+  );
+});
+
+test("only the what-if's table opens as a Markdown preview", () => {
+  assert.equal(isWhatIfTable("file:///home/me/project/.oom_lsp/what-if/train.md"), true);
+  assert.equal(isWhatIfTable("file:///home/me/project/notes.md"), false);
+  assert.equal(isWhatIfTable("file:///home/me/project/.oom_lsp/what-if/train.json"), false);
+  assert.equal(isWhatIfTable("file:///home/me/project/train.py"), false);
 });

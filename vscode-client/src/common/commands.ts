@@ -8,6 +8,7 @@ import type { ExtensionSettings } from "./settings";
 export const SERVER_COMMANDS = {
   profile: "oom-lsp.profile",
   estimate: "oom-lsp.estimate",
+  whatIf: "oom-lsp.whatIf",
   explainOom: "oom-lsp.explainOom",
   askAi: "oom-lsp.askAi",
   validateFix: "oom-lsp.validateFix",
@@ -20,6 +21,7 @@ export type ServerCommandId = (typeof SERVER_COMMANDS)[keyof typeof SERVER_COMMA
 export const COMMAND_PURPOSE: Record<ServerCommandId, string> = {
   "oom-lsp.profile": "profile memory",
   "oom-lsp.estimate": "estimate peak memory",
+  "oom-lsp.whatIf": "measure what each fix saves",
   "oom-lsp.explainOom": "explain an OOM error",
   "oom-lsp.askAi": "ask AI to fix",
   "oom-lsp.validateFix": "validate the last fix",
@@ -170,6 +172,22 @@ export interface EstimateResult {
   batchSize?: number | null;
   maxBatch?: number;
   worldSize?: number;
+  /** The estimate of a script a what-if predicted (a fix applied): how the two compare. */
+  whatIfCheck?: WhatIfCheck;
+}
+
+export interface WhatIfCheck {
+  change: string;
+  predictedBytes: number;
+  estimatedBytes: number;
+  differencePercent: number;
+  agrees: boolean;
+  message: string;
+}
+
+export interface WhatIfResult {
+  markdownPath: string;
+  shown: boolean;
 }
 
 const VERDICT: Record<NonNullable<EstimateResult["verdict"]>, string> = {
@@ -187,7 +205,15 @@ export function describeEstimate(result: EstimateResult): string {
   const verdict = result.verdict ? `: ${VERDICT[result.verdict] ?? result.verdict}` : "";
   const maxBatch = typeof result.maxBatch === "number" ? ` Largest batch that fits: ${result.maxBatch}.` : "";
   const perRank = typeof result.worldSize === "number" ? ` per rank of ${result.worldSize}` : "";
-  return `Estimated peak ${formatBytes(result.peakBytes)}${perRank}${batch}${gpu}${verdict}.${maxBatch}`;
+  // A prediction that was off comes as the server's own warning; one within 5 % is a line here.
+  const check = result.whatIfCheck?.agrees ? ` The ${result.whatIfCheck.message}.` : "";
+  return `Estimated peak ${formatBytes(result.peakBytes)}${perRank}${batch}${gpu}${verdict}.${maxBatch}${check}`;
+}
+
+/** The server shows a what-if's table with window/showDocument: a Markdown file under the
+ * results folder, which VS Code shows best as a preview, not as its source. */
+export function isWhatIfTable(uri: string): boolean {
+  return /^file:.*\/\.oom_lsp\/what-if\/[^/]+\.md$/.test(uri);
 }
 
 export interface ValidationResult {
