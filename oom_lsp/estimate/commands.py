@@ -298,12 +298,7 @@ def _estimate(
             else:
                 prediction, max_batch = estimate(options, progress), None
     except EstimateError as error:
-        problem = named(str(error))
-        if args.format == "json":
-            out.write(json.dumps({"error": problem}) + "\n")
-        else:
-            err.write(f"oom-lsp estimate: {problem}\n")
-        return EXIT_ERROR
+        return failed(args, named(str(error)), out, err)
     prediction["max_batch"] = max_batch
     if notebook is not None:
         prediction = notebook.report(prediction)
@@ -350,6 +345,15 @@ def what_if_check(script: Path, options: Any, prediction: dict[str, Any]) -> dic
     )
 
 
+def failed(args: argparse.Namespace, problem: str, out: TextIO, err: TextIO) -> int:
+    """An estimate that could not be made: its reason as JSON (--format json) or one line on stderr."""
+    if args.format == "json":
+        out.write(json.dumps({"error": problem}) + "\n")
+    else:
+        err.write(f"oom-lsp estimate: {problem}\n")
+    return EXIT_ERROR
+
+
 def _run_sweep(
     args: argparse.Namespace, options: Any, world_sizes: list[int], out: TextIO, err: TextIO
 ) -> int:
@@ -362,11 +366,7 @@ def _run_sweep(
         with display:
             outcome = sweep(options, world_sizes, args.find_max_batch, display.message)
     except EstimateError as error:
-        if args.format == "json":
-            out.write(json.dumps({"error": str(error)}) + "\n")
-        else:
-            err.write(f"oom-lsp estimate: {error}\n")
-        return EXIT_ERROR
+        return failed(args, str(error), out, err)
     for row in outcome["runs"]:
         row["estimate"]["max_batch"] = row["max_batch"]
     if args.format == "json":

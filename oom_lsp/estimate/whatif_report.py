@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
+from oom_lsp.estimate.commands import EXIT_ERROR, EXIT_FITS, EXIT_OOM, failed
 from oom_lsp.estimate.gpus import format_bytes
 
-EXIT_FITS, EXIT_OOM, EXIT_ERROR = 0, 1, 2
 RECORD_FOLDER = Path(".oom_lsp_cache") / "what-if"
 # Above this difference between a change's prediction and the estimate after the change, the
 # prediction is wrong (the what-if and the estimate trace the same way: they should agree).
@@ -47,11 +47,7 @@ def run_what_if(args: argparse.Namespace, options: Any, display: Any, out: TextI
         with display:
             table = what_if(options, decoded.text, findings, settings, display.message, decoded.encoding)
     except EstimateError as error:
-        if args.format == "json":
-            out.write(json.dumps({"error": str(error)}) + "\n")
-        else:
-            err.write(f"oom-lsp estimate: {error}\n")
-        return EXIT_ERROR
+        return failed(args, str(error), out, err)
     save_record(config.root, table)
     if args.format == "json":
         out.write(json.dumps(table, indent=2) + "\n")
