@@ -111,7 +111,7 @@ if shown < 0 or not answer.shown then
   fail("the table was not opened: " .. vim.inspect(answer))
 end
 local page = table.concat(vim.api.nvim_buf_get_lines(shown, 0, -1, true), "\n")
-if not page:find("| change | peak | saving | growth/step | fits | safety |", 1, true) then
+if not page:find("| change | peak | change in peak | growth/step | fits | safety |", 1, true) then
   fail("the table's buffer has no table:\n" .. page)
 end
 step("what-if: " .. #answer.changes .. " changes, the table opened in " .. vim.fn.fnamemodify(answer.markdownPath, ":t"))
