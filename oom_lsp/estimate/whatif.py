@@ -283,7 +283,7 @@ def what_if(
     progress: Callable[[str], None] | None = None,
     encoding: str = "utf-8",
 ) -> dict[str, Any]:
-    """The baseline prediction and a row per change, sorted by saving (largest first)."""
+    """The baseline prediction and a row per change: those that stop a growth first, then by saving."""
     say = progress or (lambda text: None)
     say("tracing the script as it is")
     base_run = _run_for(None, options, {})
