@@ -80,6 +80,19 @@ def deliver_held_signal() -> None:
         signal.raise_signal(signum)
 
 
+def _reap(process: subprocess.Popen) -> None:
+    """Wait for a killed child without Popen's lock: a signal handler that raises between
+    Popen taking its waitpid lock and its `try` leaves the lock held, and `process.wait()`
+    then blocks forever (Ctrl-C hung `oom-lsp estimate --what-if` so, once in a CI run)."""
+    if process.returncode is not None:
+        return
+    try:
+        _, status = os.waitpid(process.pid, 0)
+    except ChildProcessError:  # reaped by a poll() the signal interrupted after its waitpid
+        return
+    process.returncode = os.waitstatus_to_exitcode(status)
+
+
 class ProfileError(RuntimeError):
     """The run could not start, or the interpreter cannot profile (e.g. it has no torch)."""
 
@@ -198,18 +211,13 @@ class ProfileRun:
                 elif deadline is not None and time.monotonic() >= deadline:
                     outcome = "timeout"
                 if outcome:
-                    self._kill_group()
-                    process.wait()
                     break
-                try:
-                    process.wait(timeout=0.05)
-                except subprocess.TimeoutExpired:
-                    pass
+                time.sleep(0.05)
         finally:
             # Also on the way out of an exception (the CLI's signal handler raises one here):
             # workers or grandchildren the script left in the group go too.
             self._kill_group()
-            process.wait()  # killed: no zombie left
+            _reap(process)
             _live_groups.discard(process.pid)
             self._close_parent_fd()
         for thread in self._threads:
