@@ -45,6 +45,7 @@ from oom_lsp.edits import Position, Range
 from oom_lsp.gc_tuning import tune_for_analysis
 from oom_lsp.notebooks import is_notebook_path
 from oom_lsp.notebooks.document import NotebookError, decode_notebook_bytes
+from oom_lsp.units import short_bytes
 
 CACHE_DIR_NAME = ".oom_lsp_cache"
 # Pending source bytes below which a process pool costs more than it saves.
@@ -325,19 +326,12 @@ def undecodable_finding(problem: tuple[int, int, str], settings: LintSettings) -
     ]
 
 
-def format_size(size: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            return f"{size / scale:.1f}".removesuffix(".0") + f" {unit}"
-    return f"{size} bytes"
-
-
 def too_large(size: int, limit: int) -> str | None:
     """Why a file of `size` bytes is not analysed, or None when it is not over `limit`."""
     if size <= limit:
         return None
     return (
-        f"not checked: {format_size(size)} is over max-file-size ({format_size(limit)}); "
+        f"not checked: {short_bytes(size)} is over max-file-size ({short_bytes(limit)}); "
         "raise max-file-size in [tool.oom-lsp] to check it"
     )
 

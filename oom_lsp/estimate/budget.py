@@ -30,6 +30,7 @@ from oom_lsp.analysis.findings import Finding, Severity
 from oom_lsp.analysis.registry import PREDICTED_MEMORY_GROWTH, PREDICTED_OUT_OF_MEMORY
 from oom_lsp.config import ProjectConfig, split_command
 from oom_lsp.edits import Position, Range
+from oom_lsp.units import short_bytes
 
 DEFAULT_MAX_GROWTH = 5.0  # percent
 DEFAULT_TIMEOUT = 300.0  # seconds per script, as `oom-lsp estimate --timeout`
@@ -91,14 +92,6 @@ class GateOutcome:
 
 
 # --- Settings ---------------------------------------------------------------------------
-
-
-def size_text(size: float) -> str:
-    """26.1 GiB, 24 GiB, 450 MiB: one decimal, none when it is .0."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            return f"{size / scale:.1f}".removesuffix(".0") + f" {unit}"
-    return f"{int(size)} B"
 
 
 def gate_settings(
@@ -246,12 +239,15 @@ def _quoted(entry: str) -> str:
 
 def over_budget_message(peak: int, batch: int | None, budget: int, entry: str) -> str:
     at_batch = f" at batch {batch}" if batch else ""
-    return f"Predicted peak {size_text(peak)}{at_batch} exceeds the budget {size_text(budget)} ({_quoted(entry)})"
+    return (
+        f"Predicted peak {short_bytes(peak)}{at_batch} exceeds the budget {short_bytes(budget)} "
+        f"({_quoted(entry)})"
+    )
 
 
 def growth_message(peak: int, baseline: int, growth: float, allowed: float, entry: str) -> str:
     return (
-        f"Predicted peak {size_text(peak)} grew {growth:.1f}% over the baseline {size_text(baseline)}, "
+        f"Predicted peak {short_bytes(peak)} grew {growth:.1f}% over the baseline {short_bytes(baseline)}, "
         f"limit {allowed:g}% ({_quoted(entry)})"
     )
 
@@ -392,13 +388,13 @@ def summary(outcome: GateOutcome) -> str:
         if result.peak is None or result.prediction is None:
             continue
         batch = result.prediction.get("batch_size")
-        words = f"predicted peak {size_text(result.peak)}" + (f" at batch {batch}" if batch else "")
+        words = f"predicted peak {short_bytes(result.peak)}" + (f" at batch {batch}" if batch else "")
         if settings.budget is not None:
             share = f"{100 * result.peak / settings.budget:.0f}%"
             state = "over" if result.peak > settings.budget else "within"
-            words += f", {state} the budget {size_text(settings.budget)} ({share})"
+            words += f", {state} the budget {short_bytes(settings.budget)} ({share})"
         if result.growth is not None and result.baseline_peak is not None:
-            words += f"; {result.growth:+.1f}% against the baseline {size_text(result.baseline_peak)}"
+            words += f"; {result.growth:+.1f}% against the baseline {short_bytes(result.baseline_peak)}"
             if not settings.update_baseline:
                 words += f" (allowed {settings.max_growth:g}%)"
         elif settings.baseline is not None and not settings.update_baseline:

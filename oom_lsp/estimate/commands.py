@@ -162,7 +162,8 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     if args.what_if and args.world_size is not None and "," in args.world_size:
         err.write("oom-lsp estimate: --what-if traces one world size: give --world-size N, not a list\n")
         return EXIT_ERROR
-    from oom_lsp.estimate.gpus import CATALOGUE, UnknownGpuError, custom_gpu, find_gpu, format_bytes
+    from oom_lsp.estimate.gpus import CATALOGUE, UnknownGpuError, custom_gpu, find_gpu
+    from oom_lsp.units import format_bytes
 
     if args.list_gpus:
         for gpu in CATALOGUE:
@@ -461,7 +462,7 @@ def _batch_words(batch: dict[str, Any], traced: int | None) -> str:
 
 def _worst_case_words(worst: dict[str, Any]) -> str:
     """The longest batch the data can produce, and the peak with it for every batch."""
-    from oom_lsp.estimate.gpus import format_bytes
+    from oom_lsp.units import format_bytes
 
     longest = []
     for batch in worst.get("batches", []):
@@ -488,7 +489,7 @@ def _worst_case_words(worst: dict[str, Any]) -> str:
 
 
 def write_text(prediction: dict[str, Any], out: TextIO) -> None:
-    from oom_lsp.estimate.gpus import format_bytes
+    from oom_lsp.units import format_bytes
 
     def row(label: str, value: str, note: str = "") -> None:
         out.write(f"  {label:<18} {value:>11}{'   ' + note if note else ''}\n")
@@ -630,7 +631,7 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
 
 def write_sweep(outcome: dict[str, Any], out: TextIO) -> None:
     """The per-rank peak at each world size, the fewest GPUs that fit, then the details of that size."""
-    from oom_lsp.estimate.gpus import format_bytes
+    from oom_lsp.units import format_bytes
 
     runs = outcome["runs"]
     first = runs[0]["estimate"]

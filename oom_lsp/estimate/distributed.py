@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from oom_lsp.estimate.gpus import format_bytes
+from oom_lsp.units import format_bytes
 
 MIB = 2**20
 # NCCL's communicator buffers, outside PyTorch's allocator (in nvidia-smi, not in

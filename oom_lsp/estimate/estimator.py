@@ -27,8 +27,9 @@ from typing import Any
 
 from oom_lsp.estimate import distributed
 from oom_lsp.estimate.allocator import simulate
-from oom_lsp.estimate.gpus import Gpu, format_bytes
+from oom_lsp.estimate.gpus import Gpu
 from oom_lsp.profiling.runner import NO_TORCH_EXIT, ProfileError, ProfileRequest, ProfileRun
+from oom_lsp.units import format_bytes
 
 # Started by path (harness/__main__.py explains why): the user's interpreter need not have oom_lsp.
 HARNESS = Path(__file__).resolve().parent / "harness" / "__main__.py"

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from oom_lsp.config import parse_memory_size
+from oom_lsp.units import format_bytes
 
 GIB = 2**30
 
@@ -150,13 +151,3 @@ def custom_gpu(memory: str | int) -> Gpu:
     """A target given by its memory only (`--gpu-memory 24GiB`)."""
     size = parse_memory_size(memory)
     return Gpu(f"GPU with {format_bytes(size)}", size, "nvidia", None)
-
-
-def format_bytes(size: float) -> str:
-    """1536 MiB -> "1.50 GiB"; binary units, as nvidia-smi and PyTorch print."""
-    sign = "-" if size < 0 else ""
-    size = abs(size)
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            return f"{sign}{size / scale:.2f} {unit}"
-    return f"{sign}{int(size)} B"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from oom_lsp.estimate.commands import EXIT_ERROR, EXIT_FITS, EXIT_OOM, failed
-from oom_lsp.estimate.gpus import format_bytes
+from oom_lsp.units import format_bytes, format_percent, signed_bytes
 
 RECORD_FOLDER = Path(".oom_lsp_cache") / "what-if"
 # Above this difference between a change's prediction and the estimate after the change, the
@@ -56,23 +56,13 @@ def run_what_if(args: argparse.Namespace, options: Any, display: Any, out: TextI
     return EXIT_OOM if table["baseline"]["verdict"] == "will run out of memory" else EXIT_FITS
 
 
-def _signed(change: float, text: str) -> str:
-    """A change with its sign: −38.0 % (a typographic minus, as the editor's titles show it)."""
-    return ("−" if change < 0 else "+") + text if change else text
-
-
 def percent_words(row: dict[str, Any]) -> str:
-    return (
-        _signed(-row["saving_bytes"], f"{abs(row['saving_percent']):.1f} %") if row["saving_bytes"] else "0 %"
-    )
+    """The change in peak as a share: "−38.0 %" (a typographic minus, as the editor's titles show it)."""
+    return format_percent(-row["saving_percent"], signed=True) if row["saving_bytes"] else "0 %"
 
 
 def delta_words(row: dict[str, Any]) -> str:
-    return (
-        _signed(-row["saving_bytes"], format_bytes(abs(row["saving_bytes"])))
-        if row["saving_bytes"]
-        else "0 B"
-    )
+    return signed_bytes(-row["saving_bytes"])
 
 
 def saving_words(row: dict[str, Any]) -> str:

@@ -438,7 +438,7 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
 
 
 def _format(size: int | None) -> str:
-    from oom_lsp.profiling.oom_messages import format_bytes
+    from oom_lsp.units import format_bytes
 
     return format_bytes(size) if size is not None else "unknown"
 

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from oom_lsp.llm.secrets import redact
-from oom_lsp.profiling.oom_messages import format_bytes
+from oom_lsp.units import format_bytes
 
 HEADER = (
     "# OOM fix log\n\n"

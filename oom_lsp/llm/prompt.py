@@ -29,8 +29,9 @@ from oom_lsp.edits import split_lines
 from oom_lsp.llm.context import CodeFacts, EnvironmentFacts, code_region, detect_code_facts
 from oom_lsp.llm.edits import MAX_BLOCKS, Region
 from oom_lsp.llm.secrets import redact
-from oom_lsp.profiling.oom_messages import OomError, describe, format_bytes
+from oom_lsp.profiling.oom_messages import OomError, describe
 from oom_lsp.profiling.report import Report
+from oom_lsp.units import format_bytes
 
 TOKEN_BUDGET = 3000
 CHARS_PER_TOKEN = 4

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from oom_lsp.config import ConfigError
-from oom_lsp.profiling.oom_messages import OomError, describe, find_ooms, format_bytes
+from oom_lsp.profiling.oom_messages import OomError, describe, find_ooms
 from oom_lsp.profiling.report import Report, ReportError, mismatches, read_report
 from oom_lsp.script_args import split_script_arguments
+from oom_lsp.units import format_bytes
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 TABLE_LINES = 10

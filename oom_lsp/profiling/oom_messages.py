@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from oom_lsp.units import format_bytes
+
 _UNITS = {
     "b": 1,
     "byte": 1,
@@ -57,21 +59,6 @@ def parse_size(text: str) -> int:
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"not a memory size: {text!r}")
     return round(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
-def format_bytes(n: int | None) -> str:
-    """Binary units with two decimals, as PyTorch prints them ('1.50 GiB')."""
-    if n is None:
-        return "?"
-    sign = "-" if n < 0 else ""
-    value = float(abs(n))
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            break
-        value /= 1024
-    if unit == "bytes":
-        return f"{sign}{int(value)} bytes"
-    return f"{sign}{value:.2f} {unit}"
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,11 @@ from oom_lsp.runtime.reports import (
     REPORT_NAME,
     SNAPSHOT_NAME,
     TENSORS_KEY,
-    compact_size,
     describe_tensor,
     find_project_root,
     last_oom_dir,
 )
+from oom_lsp.units import short_bytes
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent) + os.sep
 MAX_TENSORS = 32
@@ -297,10 +297,10 @@ def _runtime_facts(
     facts = []
     if memory_state:
         facts.append(
-            f"Peak allocated {compact_size(memory_state['max_allocated'])}, peak reserved "
-            f"{compact_size(memory_state['max_reserved'])} (torch.cuda.max_memory_allocated/reserved); "
-            f"allocated {compact_size(memory_state['allocated'])}, reserved {compact_size(memory_state['reserved'])} "
-            "at the failure"
+            f"Peak allocated {short_bytes(memory_state['max_allocated'])}, peak reserved "
+            f"{short_bytes(memory_state['max_reserved'])} (torch.cuda.max_memory_allocated/reserved); "
+            f"allocated {short_bytes(memory_state['allocated'])}, "
+            f"reserved {short_bytes(memory_state['reserved'])} at the failure"
         )
     if batch is not None:
         facts.append(

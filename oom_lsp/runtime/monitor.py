@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from oom_lsp.runtime.reports import compact_size
+from oom_lsp.units import short_bytes
 
 DEFAULT_PATIENCE = 3
 DEFAULT_MIN_GROWTH_BYTES = 1024 * 1024
@@ -258,7 +258,7 @@ class MemoryMonitor:
             first = self.windows[-1 - self.patience]
             message = (
                 f"oom-lsp memory: the peak grew {self.patience} times in a row, "
-                f"{compact_size(first.peak_allocated)} at {first.label} -> {compact_size(peak)} at {label}: "
+                f"{short_bytes(first.peak_allocated)} at {first.label} -> {short_bytes(peak)} at {label}: "
                 "something is kept from one step to the next. Likely: "
                 + "; ".join(LEAK_RULES)
                 + ". `oom-lsp check` on the training script points at these."
@@ -268,13 +268,13 @@ class MemoryMonitor:
         return window
 
     def _describe(self, window: MemoryWindow, previous: MemoryWindow | None) -> str:
-        text = f"oom-lsp memory: {window.label}: peak allocated {compact_size(window.peak_allocated)}"
+        text = f"oom-lsp memory: {window.label}: peak allocated {short_bytes(window.peak_allocated)}"
         if window.change is not None and previous is not None:
             sign = "+" if window.change >= 0 else "-"
-            text += f" ({sign}{compact_size(abs(window.change))} since {previous.label})"
+            text += f" ({sign}{short_bytes(abs(window.change))} since {previous.label})"
         if window.peak_reserved is not None:
-            text += f", peak reserved {compact_size(window.peak_reserved)}"
-        return text + f", allocated now {compact_size(window.allocated)}"
+            text += f", peak reserved {short_bytes(window.peak_reserved)}"
+        return text + f", allocated now {short_bytes(window.allocated)}"
 
     def _emit(self, message: str, warning: bool) -> None:
         log = self._log

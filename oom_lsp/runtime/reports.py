@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, TextIO
 
 from oom_lsp.profiling.oom_messages import describe
 from oom_lsp.profiling.report import Report, ReportError, read_report
+from oom_lsp.units import short_bytes
 
 ROOT_ENVIRONMENT_VARIABLE = "OOM_LSP_PROJECT_ROOT"
 LAST_OOM_DIR = Path(".oom_lsp") / "last_oom"
@@ -54,18 +55,6 @@ def last_oom_dir(root: Path) -> Path:
     return root / LAST_OOM_DIR
 
 
-def compact_size(n: int) -> str:
-    """'1.5 GiB', '512 MiB', '300 bytes': binary units, at most two decimals, no trailing zeros."""
-    value = float(n)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    if unit == "bytes":
-        return f"{int(value)} bytes"
-    return f"{value:.2f}".rstrip("0").rstrip(".") + f" {unit}"
-
-
 class OomDiagnostic(NamedTuple):
     """An Error diagnostic for the editor: where the OOM happened and what to say there."""
 
@@ -82,10 +71,10 @@ def diagnostic_message(report: Report) -> str | None:
     error = report.oom.error
     allocation = []
     if error.tried_to_allocate is not None:
-        allocation.append(f"tried to allocate {compact_size(error.tried_to_allocate)}")
+        allocation.append(f"tried to allocate {short_bytes(error.tried_to_allocate)}")
     if error.free is not None:
         allocation.append(
-            f"with {compact_size(error.free)} free" if allocation else f"{compact_size(error.free)} free"
+            f"with {short_bytes(error.free)} free" if allocation else f"{short_bytes(error.free)} free"
         )
     details = [" ".join(allocation)] if allocation else []
     if report.batch_size is not None:
@@ -185,9 +174,9 @@ def run_explain_last(start: Path, output_format: str, out: TextIO, err: TextIO) 
         print(f"  {label}: {value}", file=out)
     if report.peak_allocated is not None:
         reserved = (
-            f", reserved {compact_size(report.peak_reserved)}" if report.peak_reserved is not None else ""
+            f", reserved {short_bytes(report.peak_reserved)}" if report.peak_reserved is not None else ""
         )
-        print(f"  peak allocated: {compact_size(report.peak_allocated)}{reserved}", file=out)
+        print(f"  peak allocated: {short_bytes(report.peak_allocated)}{reserved}", file=out)
     if report.batch_size is not None:
         print(f"  batch size: {report.batch_size} (input shape {report.input_shape})", file=out)
     if tensors:
@@ -208,5 +197,5 @@ def describe_tensor(tensor: dict[str, Any]) -> str:
     grad = " (requires grad)" if tensor.get("requires_grad") else ""
     return (
         f"{tensor.get('name')}: {tensor.get('dtype')}[{shape}] on {tensor.get('device')}, "
-        f"{compact_size(int(tensor.get('bytes', 0)))}{grad}"
+        f"{short_bytes(int(tensor.get('bytes', 0)))}{grad}"
     )

@@ -59,6 +59,7 @@ from oom_lsp.server.profiling import (
 )
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
+from oom_lsp.units import short_bytes
 
 ESTIMATE_COMMAND = "oom-lsp.estimate"
 OOM100 = "OOM100"
@@ -191,15 +192,6 @@ def target_gpu(ls: OomLanguageServer, args: EstimateArgs, script: Path) -> Gpu |
     return custom_gpu(config.gpu_memory) if config.gpu_memory else None
 
 
-def short_size(size: float) -> str:
-    """14.2 GiB, 24 GiB, 9.5 MiB: one decimal, none when it is .0."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            text = f"{size / scale:.1f}"
-            return f"{text.removesuffix('.0')} {unit}"
-    return f"{int(size)} B"
-
-
 def _world_size(ls: OomLanguageServer, args: EstimateArgs) -> tuple[int | None, int | None]:
     """The command's worldSize (and nprocPerNode), else the `oomLsp.worldSize` setting."""
     world_size = args.world_size if args.world_size is not None else command_setting(ls, "worldSize")
@@ -219,7 +211,7 @@ def _gpu_label(gpu: dict[str, Any] | None) -> str:
     if not gpu:
         return ""
     name = gpu["name"].removeprefix("GeForce ")
-    memory = short_size(gpu["memory"])
+    memory = short_bytes(gpu["memory"])
     return f" / {memory}" if name.startswith("GPU with ") else f" / {memory} {name}"
 
 
@@ -438,7 +430,7 @@ def _show_estimate(
         "maxBatch": fitting,
         "accumulation": searched.get("gradient_accumulation"),
         "literal": literal_dict(literal) if literal else None,
-        "label": f"≈ {short_size(prediction['peak_bytes'])} peak"
+        "label": f"≈ {short_bytes(prediction['peak_bytes'])} peak"
         + (f" per rank of {distributed['world_size']}" if distributed else "")
         + f" at {prediction.get('batch_size')}"
         + _gpu_label(gpu),
@@ -481,8 +473,8 @@ def predicted_oom_message(
     """OOM100's message: one line, under the editors' width (the GPU named without its vendor,
     a GPU given by its memory alone not named twice)."""
     name = gpu_name.removeprefix("NVIDIA ").removeprefix("GeForce ")
-    target = short_size(gpu_memory) + ("" if name.startswith("GPU with ") else f" {name}")
-    message = f"Predicted out of memory: ≈ {short_size(peak_bytes)} at batch {batch_size} > {target}"
+    target = short_bytes(gpu_memory) + ("" if name.startswith("GPU with ") else f" {name}")
+    message = f"Predicted out of memory: ≈ {short_bytes(peak_bytes)} at batch {batch_size} > {target}"
     if fitting == 0:
         return message + "; batch size 1 does not fit either"
     return message + (f"; largest that fits: {fitting}" if fitting else "")

@@ -38,7 +38,7 @@ from pygls.exceptions import JsonRpcInvalidParams, JsonRpcRequestCancelled
 from pygls.uris import from_fs_path, to_fs_path
 
 from oom_lsp.edits import Position, Range
-from oom_lsp.profiling.oom_messages import OomError, find_ooms, format_bytes
+from oom_lsp.profiling.oom_messages import OomError, find_ooms
 from oom_lsp.profiling.report import Report
 from oom_lsp.profiling.runner import ProfileError, ProfileRequest, ProfileRun
 from oom_lsp.server import diagnostics
@@ -46,6 +46,7 @@ from oom_lsp.server.diagnostics import SOURCE
 from oom_lsp.server.positions import PositionConverter, split_lines
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
+from oom_lsp.units import format_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,6 @@ from oom_lsp.analysis import Finding, default_settings
 from oom_lsp.checker import analyze_text, decode_source
 from oom_lsp.estimate.commands import what_if_check
 from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate
-from oom_lsp.estimate.gpus import format_bytes
 from oom_lsp.estimate.whatif import fix_key, source_digest, what_if
 from oom_lsp.estimate.whatif_report import (
     comparison_words,
@@ -66,6 +65,7 @@ from oom_lsp.server.profiling import (
 )
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
+from oom_lsp.units import format_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,8 @@
 import pytest
 
 from oom_lsp.estimate.allocator import MIB, simulate
-from oom_lsp.estimate.gpus import CATALOGUE, UnknownGpuError, custom_gpu, find_gpu, format_bytes
+from oom_lsp.estimate.gpus import CATALOGUE, UnknownGpuError, custom_gpu, find_gpu
+from oom_lsp.units import format_bytes
 
 GIB = 2**30
 

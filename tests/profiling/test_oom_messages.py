@@ -9,11 +9,11 @@ from oom_lsp.profiling.oom_messages import (
     OomError,
     describe,
     find_ooms,
-    format_bytes,
     is_user_file,
     parse_message,
     parse_size,
 )
+from oom_lsp.units import format_bytes
 
 GiB = 1024**3
 MiB = 1024**2
