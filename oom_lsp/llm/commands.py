@@ -345,7 +345,7 @@ def _apply(
     try:
         fixlog.append_entry(
             log,
-            fixlog.entry_from_proposal(result, display, settings.host),
+            result.log_entry(display, settings.host),
             None if args.fix_log is not None else config.root,
         )
     except (fixlog.FixLogError, OSError) as error:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from oom_lsp.llm.edits import EditRefused, EditResult, Region, apply_blocks
+from oom_lsp.llm.fixlog import FixLogEntry, new_entry_id
 from oom_lsp.llm.prompt import FixRequest, Prompt, PromptError, build_prompt
 from oom_lsp.llm.response import FixProposal, ParseError, parse_answer
 from oom_lsp.llm.secrets import redact
@@ -57,6 +59,28 @@ class Proposal:
         return "\n".join(
             f"{number}. {cause.title} ({cause.likelihood.value}): {cause.evidence}"
             for number, cause in enumerate(self.fix.causes, 1)
+        )
+
+    def log_entry(self, file: str, host: str, when: datetime | None = None) -> FixLogEntry:
+        """The fix log's entry for this proposal once its edit is applied."""
+        if self.edit is None:
+            raise ValueError("a fix log entry records an applied edit; this proposal has none")
+        fix = self.fix
+        return FixLogEntry(
+            subject=self.prompt.subject,
+            file=file,
+            changelog=fix.changelog,
+            causes=tuple(
+                f"{cause.title} ({cause.likelihood.value}): {cause.evidence}" for cause in fix.causes
+            ),
+            model=self.model,
+            host=host,
+            prompt=self.prompt.markdown(include_system=True),
+            answer=self.answer,
+            # The mapping of the prompt first: the same secret gets the same placeholder.
+            diff=redact(self.edit.diff(file), self.prompt.secrets).text,
+            when=when or datetime.now(timezone.utc),
+            entry_id=new_entry_id(),
         )
 
 

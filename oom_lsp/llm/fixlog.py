@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from oom_lsp.llm.secrets import redact
 from oom_lsp.units import format_bytes
 
 HEADER = (
@@ -108,28 +107,6 @@ class FixLogEntry:
 
 def new_entry_id() -> str:
     return random_ids.token_hex(4)
-
-
-def entry_from_proposal(proposal: object, file: str, host: str, when: datetime | None = None) -> FixLogEntry:
-    """A log entry for an applied `oom_lsp.llm.fixer.Proposal` (with an edit)."""
-    from oom_lsp.llm.fixer import Proposal
-
-    assert isinstance(proposal, Proposal) and proposal.edit is not None
-    fix = proposal.fix
-    return FixLogEntry(
-        subject=proposal.prompt.subject,
-        file=file,
-        changelog=fix.changelog,
-        causes=tuple(f"{cause.title} ({cause.likelihood.value}): {cause.evidence}" for cause in fix.causes),
-        model=proposal.model,
-        host=host,
-        prompt=proposal.prompt.markdown(include_system=True),
-        answer=proposal.answer,
-        # The mapping of the prompt first: the same secret gets the same placeholder.
-        diff=redact(proposal.edit.diff(file), proposal.prompt.secrets).text,
-        when=when or datetime.now(timezone.utc),
-        entry_id=new_entry_id(),
-    )
 
 
 def _fence(text: str, char: str = "`") -> str:

@@ -10,9 +10,18 @@ adapter is asked for, so `oom_lsp.runtime` works without Lightning or transforme
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Protocol
 
-from oom_lsp.runtime.monitor import MemoryMonitor
+
+class Monitor(Protocol):
+    """What a callback drives: `oom_lsp.runtime.monitor.MemoryMonitor` (which imports this module
+    when it is asked for an adapter, so this module names only the methods it calls)."""
+
+    def step(self) -> Any: ...
+
+    def epoch_end(self) -> Any: ...
+
+    def close(self) -> Any: ...
 
 
 def _import_first(names: tuple[str, ...], attribute: str, install: str) -> Any:
@@ -27,7 +36,7 @@ def _import_first(names: tuple[str, ...], attribute: str, install: str) -> Any:
     raise ImportError(f"{attribute} needs {install}; could not import {', '.join(missing)}")
 
 
-def lightning_callback(monitor: MemoryMonitor) -> Any:
+def lightning_callback(monitor: Monitor) -> Any:
     base = _import_first(("lightning.pytorch", "pytorch_lightning"), "Callback", "`pip install lightning`")
 
     class MemoryMonitorCallback(base):  # type: ignore[misc, valid-type]
@@ -49,7 +58,7 @@ def lightning_callback(monitor: MemoryMonitor) -> Any:
     return MemoryMonitorCallback()
 
 
-def huggingface_callback(monitor: MemoryMonitor) -> Any:
+def huggingface_callback(monitor: Monitor) -> Any:
     base = _import_first(("transformers",), "TrainerCallback", "`pip install transformers`")
 
     class MemoryMonitorCallback(base):  # type: ignore[misc, valid-type]

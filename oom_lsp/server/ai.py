@@ -447,7 +447,7 @@ def _write_log(pending: _PendingLog) -> str | None:
     try:
         fixlog.append_entry(
             pending.log,
-            fixlog.entry_from_proposal(pending.proposal, pending.display, pending.host),
+            pending.proposal.log_entry(pending.display, pending.host),
             pending.root,
         )
     except (fixlog.FixLogError, OSError) as error:
