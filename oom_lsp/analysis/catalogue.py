@@ -41,3 +41,12 @@ CODES: tuple[str, ...] = tuple(code for code, _, _ in CATALOGUE)
 DEFAULT_CODES: tuple[str, ...] = tuple(code for code, _, enabled in CATALOGUE if enabled)
 CODE_BY_NAME: dict[str, str] = {name: code for code, name, _ in CATALOGUE}
 NAME_BY_CODE: dict[str, str] = {code: name for code, name, _ in CATALOGUE}
+
+# Where each rule is documented: `oom-lsp rule --all` writes docs/rules.md, whose headings
+# `# <name> (<code>)` GitHub turns into these anchors. Diagnostics link here in every face.
+DOCS_URL = "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md"
+
+
+def rule_url(code: str, name: str) -> str:
+    """The rule's section in docs/rules.md."""
+    return f"{DOCS_URL}#{name}-{code.lower()}"

@@ -8,83 +8,30 @@ format, as in Ruff's output; findings hold 0-based columns internally.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:  # the parser imports this package; keep libcst out of `--help`
-    from oom_lsp.analysis.findings import Finding, Fix
+from oom_lsp.analysis.catalogue import DOCS_URL, rule_url
+from oom_lsp.output.base import (
+    CheckedFile,
+    NotebookPositions,
+    RenderOptions,
+    applicable_fix,
+    located,
+    location,
+)
 
-DOCS_URL = "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md"
-
-
-class CheckedFile(Protocol):
-    display: str
-    findings: list[Finding]
-    source: str | None
-
-
-@dataclass(frozen=True)
-class RenderOptions:
-    # Unsafe fixes count as available (`--unsafe-fixes`).
-    unsafe_fixes: bool = False
-    # Text format: print each fix's title under its finding (`--show-fixes`).
-    show_fix_titles: bool = False
-
-
-def rule_url(code: str, name: str) -> str:
-    """The rule's section in docs/rules.md (`oom-lsp rule --all` writes it;
-    GitHub's anchor of the heading `# <name> (<code>)`)."""
-    return f"{DOCS_URL}#{name}-{code.lower()}"
-
-
-def applicable_fix(finding: Finding, options: RenderOptions) -> Fix | None:
-    """The fix `--fix` would apply under these options."""
-    if finding.fix is None or not (finding.fix.is_safe or options.unsafe_fixes):
-        return None
-    return finding.fix
-
-
-def location(finding: Finding) -> str:
-    """`3:5`, or `cell 4:3:5` in a notebook (Ruff's spelling): 1-based column."""
-    where = f"{finding.line}:{finding.column + 1}"
-    return f"cell {finding.cell}:{where}" if finding.cell is not None else where
-
-
-class NotebookPositions:
-    """Where a notebook finding sits in the `.ipynb` file's own text, for formats whose
-    readers open the raw file (SARIF, GitHub annotations). The notebook is parsed
-    once per file, only when a finding has a cell."""
-
-    def __init__(self) -> None:
-        self._parsed: dict[int, object] = {}
-
-    def file_range(self, file: CheckedFile, finding: Finding) -> tuple[tuple[int, int], tuple[int, int]] | None:
-        """((line, column), (end line, end column)), 1-based lines, 0-based columns."""
-        if finding.cell is None or not file.source:
-            return None
-        from oom_lsp.notebooks.document import NotebookError, read_notebook
-
-        notebook = self._parsed.get(id(file))
-        if notebook is None:
-            try:
-                notebook = read_notebook(file.source)
-            except NotebookError:
-                return None
-            self._parsed[id(file)] = notebook
-        cell = notebook.cell(finding.cell)  # type: ignore[attr-defined]
-        if cell is None:
-            return None
-        start, end = finding.range.start, finding.range.end
-        return (
-            notebook.file_position(cell, start.line, start.column),  # type: ignore[attr-defined]
-            notebook.file_position(cell, end.line, end.column),  # type: ignore[attr-defined]
-        )
-
-
-def located(files: Sequence[CheckedFile]) -> list[tuple[CheckedFile, Finding]]:
-    """Every finding with its file, in file order then position order."""
-    return [(file, finding) for file in files for finding in file.findings]
-
+__all__ = [
+    "DOCS_URL",
+    "FORMATS",
+    "CheckedFile",
+    "NotebookPositions",
+    "RenderOptions",
+    "Renderer",
+    "applicable_fix",
+    "located",
+    "location",
+    "renderer",
+    "rule_url",
+]
 
 Renderer = Callable[[Sequence[CheckedFile], RenderOptions], str]
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from oom_lsp.analysis.findings import Finding
 from oom_lsp.edits import split_lines
-from oom_lsp.output import CheckedFile, RenderOptions, applicable_fix, located, location
+from oom_lsp.output.base import CheckedFile, RenderOptions, applicable_fix, located, location
 
 CONTEXT_LINES = 1
 

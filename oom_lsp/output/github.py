@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oom_lsp.analysis.findings import Severity
-from oom_lsp.output import CheckedFile, NotebookPositions, RenderOptions, located, location
+from oom_lsp.output.base import CheckedFile, NotebookPositions, RenderOptions, located, location
 
 _COMMAND = {
     Severity.ERROR: "error",

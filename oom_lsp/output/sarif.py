@@ -23,9 +23,10 @@ from typing import Any
 
 import oom_lsp
 from oom_lsp.analysis import registry
+from oom_lsp.analysis.catalogue import rule_url
 from oom_lsp.analysis.findings import Finding, Fix, Severity
 from oom_lsp.edits import Range
-from oom_lsp.output import CheckedFile, NotebookPositions, RenderOptions, located, rule_url
+from oom_lsp.output.base import CheckedFile, NotebookPositions, RenderOptions, located
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/oom-lsp/oom-lsp"

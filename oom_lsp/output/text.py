@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oom_lsp.output import CheckedFile, RenderOptions, applicable_fix, located, location
+from oom_lsp.output.base import CheckedFile, RenderOptions, applicable_fix, located, location
 
 
 def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from lsprotocol import types
 
 from oom_lsp.analysis import Finding, Severity
-from oom_lsp.output import rule_url
+from oom_lsp.analysis.catalogue import rule_url
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.server import Analysis, OomLanguageServer
 

@@ -28,6 +28,7 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import LintSettings, Severity
+from oom_lsp.analysis.catalogue import rule_url
 from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
 from oom_lsp.edits import Position, Range
 from oom_lsp.estimate.estimator import (
@@ -41,7 +42,6 @@ from oom_lsp.estimate.gpus import Gpu, UnknownGpuError, custom_gpu, find_gpu
 from oom_lsp.notebooks import is_notebook_path
 from oom_lsp.notebooks.document import NotebookError
 from oom_lsp.notebooks.run import notebook_as_script
-from oom_lsp.output import rule_url
 from oom_lsp.server import code_actions
 from oom_lsp.server.diagnostics import SOURCE
 from oom_lsp.server.positions import PositionConverter, split_lines

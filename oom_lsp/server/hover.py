@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from lsprotocol import types
 
 from oom_lsp.analysis import Finding, registry
+from oom_lsp.analysis.catalogue import rule_url
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.edits import Position, Range
-from oom_lsp.output import rule_url
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.server import OomLanguageServer
 

@@ -1,0 +1,78 @@
+"""What every output format of `oom-lsp --check` shares: the checked file, the render options,
+the fix `--fix` would apply, a finding's location (1-based columns, `cell N:` in notebooks), and
+positions in a notebook's own file. The formats import this module, never the package, which
+imports them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # the parser imports this package; keep libcst out of `--help`
+    from oom_lsp.analysis.findings import Finding, Fix
+
+
+class CheckedFile(Protocol):
+    display: str
+    findings: list[Finding]
+    source: str | None
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    # Unsafe fixes count as available (`--unsafe-fixes`).
+    unsafe_fixes: bool = False
+    # Text format: print each fix's title under its finding (`--show-fixes`).
+    show_fix_titles: bool = False
+
+
+def applicable_fix(finding: Finding, options: RenderOptions) -> Fix | None:
+    """The fix `--fix` would apply under these options."""
+    if finding.fix is None or not (finding.fix.is_safe or options.unsafe_fixes):
+        return None
+    return finding.fix
+
+
+def location(finding: Finding) -> str:
+    """`3:5`, or `cell 4:3:5` in a notebook (Ruff's spelling): 1-based column."""
+    where = f"{finding.line}:{finding.column + 1}"
+    return f"cell {finding.cell}:{where}" if finding.cell is not None else where
+
+
+class NotebookPositions:
+    """Where a notebook finding sits in the `.ipynb` file's own text, for formats whose
+    readers open the raw file (SARIF, GitHub annotations). The notebook is parsed
+    once per file, only when a finding has a cell."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[int, object] = {}
+
+    def file_range(
+        self, file: CheckedFile, finding: Finding
+    ) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """((line, column), (end line, end column)), 1-based lines, 0-based columns."""
+        if finding.cell is None or not file.source:
+            return None
+        from oom_lsp.notebooks.document import NotebookError, read_notebook
+
+        notebook = self._parsed.get(id(file))
+        if notebook is None:
+            try:
+                notebook = read_notebook(file.source)
+            except NotebookError:
+                return None
+            self._parsed[id(file)] = notebook
+        cell = notebook.cell(finding.cell)  # type: ignore[attr-defined]
+        if cell is None:
+            return None
+        start, end = finding.range.start, finding.range.end
+        return (
+            notebook.file_position(cell, start.line, start.column),  # type: ignore[attr-defined]
+            notebook.file_position(cell, end.line, end.column),  # type: ignore[attr-defined]
+        )
+
+
+def located(files: Sequence[CheckedFile]) -> list[tuple[CheckedFile, Finding]]:
+    """Every finding with its file, in file order then position order."""
+    return [(file, finding) for file in files for finding in file.findings]
