@@ -7,19 +7,16 @@ them too.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from oom_lsp.analysis import catalogue
 from oom_lsp.analysis.findings import Applicability, Severity
+from oom_lsp.analysis.rule_store import REGISTERED
 
 if TYPE_CHECKING:
     from oom_lsp.analysis.rule import Rule
 
-_RULES: dict[str, type[Rule]] = {}
-_CODE_RE = re.compile(r"^OOM\d{3}$")
-_NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
 
 @dataclass(frozen=True)
@@ -175,31 +172,23 @@ META_RULES: dict[str, MetaRule] = {
 }
 
 
-def register(rule: type[Rule]) -> type[Rule]:
-    """Class decorator adding a rule to the registry."""
-    if not _CODE_RE.match(rule.code):
-        raise ValueError(f"{rule.__name__}: bad code {rule.code!r}")
-    if not _NAME_RE.match(rule.name):
-        raise ValueError(f"{rule.__name__}: name {rule.name!r} is not kebab-case")
-    if rule.code in _RULES or rule.code in META_RULES:
-        raise ValueError(f"duplicate rule code {rule.code}")
-    _RULES[rule.code] = rule
-    return rule
-
-
 def _load() -> None:
-    # Importing the package registers every rule module.
+    # Importing the package registers every rule module (in rule_store, which they import).
     import oom_lsp.analysis.rules  # noqa: F401
+
+    clash = sorted(set(REGISTERED) & set(META_RULES))
+    if clash:
+        raise ValueError(f"duplicate rule code {clash[0]}: a meta rule has it")
 
 
 def all_rules() -> dict[str, type[Rule]]:
     _load()
-    return dict(sorted(_RULES.items()))
+    return dict(sorted(REGISTERED.items()))
 
 
 def rule_for(code: str) -> type[Rule] | MetaRule | None:
     _load()
-    return _RULES.get(code) or META_RULES.get(code)
+    return REGISTERED.get(code) or META_RULES.get(code)
 
 
 def rule_by_name(name: str) -> type[Rule] | MetaRule | None:

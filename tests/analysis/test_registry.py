@@ -12,6 +12,7 @@ from oom_lsp.analysis.registry import (
     expand_selector,
     resolve_selection,
 )
+from oom_lsp.analysis.rule_store import register
 
 RULES_MD_CODES = [
     "OOM101", "OOM102", "OOM201", "OOM202", "OOM301", "OOM302", "OOM303", "OOM304", "OOM305",
@@ -80,3 +81,23 @@ def test_configuration_resolves_without_importing_the_rules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_rule_is_registered_once_with_a_valid_code_and_name():
+
+    class BadCode:
+        __name__ = "BadCode"
+        code, name = "OOM1", "bad-code"
+
+    class BadName:
+        __name__ = "BadName"
+        code, name = "OOM998", "Bad_Name"
+
+    class Taken:
+        __name__ = "Taken"
+        code, name = "OOM301", "loss-kept-again"
+
+    all_rules()  # the real rules are registered first
+    for rule, problem in ((BadCode, "bad code"), (BadName, "kebab-case"), (Taken, "duplicate rule code")):
+        with pytest.raises(ValueError, match=problem):
+            register(rule)  # type: ignore[arg-type]

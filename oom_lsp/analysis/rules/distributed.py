@@ -8,8 +8,8 @@ import libcst as cst
 
 from oom_lsp.analysis.cst_helpers import get_arg
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
+from oom_lsp.analysis.rule_store import register
 from oom_lsp.fixes.ddp import add_gradient_as_bucket_view
 
 _DDP = {

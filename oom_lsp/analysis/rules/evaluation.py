@@ -18,8 +18,8 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.effects import bind_arguments
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
+from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._autograd import AutogradRule
 from oom_lsp.fixes import inference_mode
 

@@ -7,8 +7,8 @@ import libcst as cst
 from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.cst_helpers import get_arg, int_value, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, deferred_report
+from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._devices import device_scopes, file_uses_cuda, is_device_expression
 from oom_lsp.edits import NodeEdit
 from oom_lsp.fixes.precision import double_call_to_float, to_float32

@@ -19,8 +19,8 @@ import libcst as cst
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.dataflow import Kind, contains_backward, facts_for, is_backward_call, iter_nodes
 from oom_lsp.analysis.findings import Applicability, Severity
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report, short_code
+from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._devices import file_uses_cuda, is_device_expression
 from oom_lsp.fixes import detach as detach_fix
 from oom_lsp.fixes import notebook as notebook_fixes

@@ -10,8 +10,8 @@ import libcst as cst
 from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.cst_helpers import get_arg, is_false, method_call
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
+from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._scan import (
     SCOPES,
     descendants,

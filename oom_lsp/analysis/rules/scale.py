@@ -18,8 +18,8 @@ from oom_lsp.analysis.cst_helpers import (
     string_value,
 )
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, short_code
+from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._scan import descendants, is_optimizer_like
 from oom_lsp.fixes.checkpointing import enable_gradient_checkpointing
 
