@@ -272,7 +272,7 @@ def _first_line(text: str) -> str:
 
 def _estimate(settings: GateSettings, entry: ScriptEntry, err: TextIO, live: bool) -> dict[str, Any]:
     """The prediction for one script; raises EstimateError."""
-    from oom_lsp.estimate.commands import EstimateDisplay
+    from oom_lsp.cli.estimate import EstimateDisplay
     from oom_lsp.estimate.estimator import EstimateOptions, estimate
     from oom_lsp.estimate.gpus import custom_gpu
 

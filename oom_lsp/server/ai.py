@@ -578,7 +578,7 @@ def _before_report(uri: str, root: Path) -> Path | None:
     latest = latest_report(uri)
     if latest is not None:
         return Path(latest)
-    from oom_lsp.llm.commands import LAST_PROFILE
+    from oom_lsp.cli.ai import LAST_PROFILE
 
     candidate = root / LAST_PROFILE
     return candidate if candidate.is_file() else None

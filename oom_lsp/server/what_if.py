@@ -33,10 +33,10 @@ from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import Finding, default_settings
 from oom_lsp.checker import analyze_text, decode_source
-from oom_lsp.estimate.commands import what_if_check
+from oom_lsp.cli.estimate import what_if_check
 from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate
 from oom_lsp.estimate.whatif import fix_key, source_digest, what_if
-from oom_lsp.estimate.whatif_report import (
+from oom_lsp.cli.what_if import (
     comparison_words,
     delta_words,
     fits_words,

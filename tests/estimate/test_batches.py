@@ -106,7 +106,7 @@ def test_the_worst_case_is_the_longest_batch_the_data_can_produce(script):
 
 
 def test_the_text_says_which_batch_and_the_worst_case(script):
-    from oom_lsp.estimate.commands import write_text
+    from oom_lsp.cli.estimate import write_text
 
     out = io.StringIO()
     write_text(estimate(_options(script)), out)

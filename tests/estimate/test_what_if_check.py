@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from oom_lsp.estimate.commands import what_if_check
+from oom_lsp.cli.estimate import what_if_check
 from oom_lsp.estimate.whatif import source_digest
-from oom_lsp.estimate.whatif_report import save_record
+from oom_lsp.cli.what_if import save_record
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from oom_lsp.cli import main
-from oom_lsp.profiling.commands import compare_reports
+from oom_lsp.cli.profile import compare_reports
 from oom_lsp.profiling.importers import ImportFormatError, import_profile
 from oom_lsp.profiling.report import (
     SCHEMA_VERSION,
@@ -216,7 +216,7 @@ def test_import_chrome_trace_with_profiler_steps(tmp_path):
 
 
 def test_the_parent_side_imports_no_torch():
-    modules = "oom_lsp.profiling.commands, oom_lsp.profiling.runner, oom_lsp.profiling.importers"
+    modules = "oom_lsp.cli.profile, oom_lsp.profiling.runner, oom_lsp.profiling.importers"
     probe = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pygls', 'lsprotocol')))"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -19,7 +19,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
-from oom_lsp.estimate.whatif_report import RECORD_FOLDER, load_record, saving_words
+from oom_lsp.cli.what_if import RECORD_FOLDER, load_record, saving_words
 from oom_lsp.server.code_actions import FIX_ALL_TITLE
 from oom_lsp.server.what_if import table_markdown
 from tests import console

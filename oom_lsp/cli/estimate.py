@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from oom_lsp.profiling.commands import LiveLine
+from oom_lsp.cli.profile import LiveLine
 from oom_lsp.script_args import split_script_arguments
 
 if TYPE_CHECKING:
@@ -278,7 +278,7 @@ def _estimate(
     if world_sizes and len(world_sizes) > 1:
         return _run_sweep(args, options, world_sizes, out, err)
     if args.what_if:
-        from oom_lsp.estimate.whatif_report import run_what_if
+        from oom_lsp.cli.what_if import run_what_if
 
         display = EstimateDisplay(err, f"what if: {args.script.name}", quiet=args.format != "text")
         options.on_event = display.on_event
@@ -310,7 +310,7 @@ def _estimate(
     else:
         write_text(prediction, out)
         if prediction.get("what_if_check"):
-            from oom_lsp.estimate.whatif_report import comparison_words
+            from oom_lsp.cli.what_if import comparison_words
 
             out.write(f"  {comparison_words(prediction['what_if_check'])}\n")
     if prediction.get("verdict") == "will run out of memory":
@@ -327,7 +327,7 @@ def what_if_check(script: Path, options: Any, prediction: dict[str, Any]) -> dic
     from oom_lsp.config import ConfigError, ConfigResolver
     from oom_lsp.estimate.estimator import needed_bytes
     from oom_lsp.estimate.whatif import source_digest
-    from oom_lsp.estimate.whatif_report import compare_with_record, load_record
+    from oom_lsp.cli.what_if import compare_with_record, load_record
 
     try:
         record = load_record(ConfigResolver().resolve(script).root, str(script))

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-from oom_lsp.estimate.commands import EXIT_ERROR, EXIT_FITS, EXIT_OOM, failed
+from oom_lsp.cli.estimate import EXIT_ERROR, EXIT_FITS, EXIT_OOM, failed
 from oom_lsp.units import format_bytes, format_percent, signed_bytes
 
 RECORD_FOLDER = Path(".oom_lsp_cache") / "what-if"
