@@ -417,6 +417,21 @@ def _budget_gate(args: argparse.Namespace, resolver: Any, skip: bool) -> Any:
         raise UsageError(str(error)) from None
 
 
+def _gate_display(live: bool) -> Any:
+    """The budget gate's progress: the estimate's status line per script (on a terminal)."""
+    from contextlib import contextmanager
+
+    from oom_lsp.cli.estimate import EstimateDisplay
+
+    @contextmanager
+    def display(entry: Any) -> Any:
+        line = EstimateDisplay(sys.stderr, f"budget gate: {entry.entry}", quiet=not live)
+        with line:
+            yield line.listener()
+
+    return display
+
+
 def _run_budget_gate(args: argparse.Namespace, gate: Any, results: list[Any]) -> Any:
     """Estimate the gate's scripts and put their findings with the files' own; Ctrl-C
     kills the scripts' process groups (the handlers of the feature commands)."""
@@ -424,7 +439,7 @@ def _run_budget_gate(args: argparse.Namespace, gate: Any, results: list[Any]) ->
     from oom_lsp.estimate.budget import run_gate
 
     _install_stop_handlers()
-    outcome = run_gate(gate, sys.stderr, live=sys.stderr.isatty())
+    outcome = run_gate(gate, _gate_display(live=sys.stderr.isatty()))
     by_path = {os.path.abspath(result.path): result for result in results}
     for path, finding in outcome.located:
         result = by_path.get(os.path.abspath(path))

@@ -19,11 +19,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from oom_lsp.cli.profile import LiveLine
+from oom_lsp.cli.live import LiveLine
 from oom_lsp.script_args import split_script_arguments
 
 if TYPE_CHECKING:
-    from oom_lsp.notebooks.run import NotebookRun
+    from oom_lsp.estimate.results import EstimateResult, Prediction, Sweep
+    from oom_lsp.usecases.estimate import Listener
 
 EXIT_FITS, EXIT_OOM, EXIT_ERROR = 0, 1, 2
 DTYPES = ("fp32", "bf16", "fp16")
@@ -162,10 +163,10 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     if args.what_if and args.world_size is not None and "," in args.world_size:
         err.write("oom-lsp estimate: --what-if traces one world size: give --world-size N, not a list\n")
         return EXIT_ERROR
-    from oom_lsp.estimate.gpus import CATALOGUE, UnknownGpuError, custom_gpu, find_gpu
-    from oom_lsp.units import format_bytes
-
     if args.list_gpus:
+        from oom_lsp.estimate.gpus import CATALOGUE
+        from oom_lsp.units import format_bytes
+
         for gpu in CATALOGUE:
             aliases = f"  ({', '.join(gpu.aliases)})" if gpu.aliases else ""
             out.write(f"{gpu.name:<34} {format_bytes(gpu.memory):>11}{aliases}\n")
@@ -178,172 +179,126 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         err.write(f"oom-lsp estimate: {args.script}: {problem}\n")
         return EXIT_ERROR
     from oom_lsp.config import ConfigError, ConfigResolver
+    from oom_lsp.notebooks import is_notebook_path
+    from oom_lsp.usecases.estimate import EstimateInputError, resolve_target
 
     try:
         config = ConfigResolver().resolve(args.script)
-        if args.gpu:
-            gpu = find_gpu(args.gpu, config.gpus)
-        elif args.gpu_memory:
-            gpu = custom_gpu(args.gpu_memory)
-        else:
-            gpu = custom_gpu(config.gpu_memory) if config.gpu_memory else None
-    except (ConfigError, UnknownGpuError, ValueError) as error:
+        gpu = resolve_target(config, args.gpu, args.gpu_memory)
+    except (ConfigError, EstimateInputError) as error:
         err.write(f"oom-lsp estimate: {error}\n")
         return EXIT_ERROR
-
-    from oom_lsp.notebooks import is_notebook_path
-
-    if not is_notebook_path(str(args.script)):
-        return _estimate(args, gpu, args.script, None, out, err)
-    if args.what_if:
+    if args.what_if and is_notebook_path(str(args.script)):
         err.write(f"oom-lsp estimate: {args.script}: --what-if takes a .py script, not a notebook\n")
         return EXIT_ERROR
-    from oom_lsp.notebooks.document import NotebookError
-    from oom_lsp.notebooks.run import notebook_as_script
-
     try:
-        with notebook_as_script(args.script) as run:
-            warning = run.built.warning()
-            if warning:
-                err.write(f"oom-lsp estimate: warning: {args.script}: {warning}\n")
-            return _estimate(args, gpu, run.script, run, out, err)
-    except NotebookError as error:
-        err.write(f"oom-lsp estimate: {args.script}: {error}\n")
+        request = _request(args, gpu, config.root)
+    except ValueError as error:  # a world size or an option that needs one
+        err.write(f"oom-lsp estimate: {error}\n")
         return EXIT_ERROR
+    if args.what_if:
+        return run_what_if(args, request, config, out, err)
+    return _estimate(args, request, out, err)
 
 
-def _estimate(
-    args: argparse.Namespace, gpu: Any, script: Path, notebook: NotebookRun | None, out: TextIO, err: TextIO
-) -> int:
-    """`notebook`: when `script` runs a notebook's cells; what is printed names the
-    script's lines as the notebook's cells."""
+def _request(args: argparse.Namespace, gpu: Any, root: Path) -> Any:
+    """The use case's request from the flags (raises ValueError for a flag that needs another)."""
     from oom_lsp.estimate import distributed
-    from oom_lsp.estimate.estimator import (
-        DEFAULT_MARGIN,
-        EstimateError,
-        EstimateOptions,
-        estimate,
-        find_max_batch,
-    )
+    from oom_lsp.estimate.estimator import DEFAULT_MARGIN
+    from oom_lsp.usecases.estimate import EstimateRequest
 
-    world_sizes = None
-    if args.world_size is not None:
-        try:
-            world_sizes = distributed.parse_world_sizes(args.world_size)
-        except distributed.WorldSizeError as error:
-            err.write(f"oom-lsp estimate: {error}\n")
-            return EXIT_ERROR
-        deepspeed = distributed.deepspeed_call(script)
-        if deepspeed:
-            err.write(
-                f"oom-lsp estimate: no estimate: {args.script.name}:{deepspeed[0]} calls {deepspeed[1]}: DeepSpeed "
-                "(ZeRO) partitions through its own communication layer and CUDA kernels, out of reach of the fake "
-                "process group; the distributed estimate covers DDP and FSDP2\n"
-            )
-            return EXIT_ERROR
+    world_sizes = distributed.parse_world_sizes(args.world_size) if args.world_size is not None else None
     if args.nproc_per_node is not None and (world_sizes is None or args.nproc_per_node < 1):
-        err.write("oom-lsp estimate: --nproc-per-node needs --world-size, and at least 1 GPU per node\n")
-        return EXIT_ERROR
-    launcher_environment = None
+        raise ValueError("--nproc-per-node needs --world-size, and at least 1 GPU per node")
     if args.accelerate_config is not None:
         if world_sizes is None:
-            err.write("oom-lsp estimate: --accelerate-config needs --world-size\n")
-            return EXIT_ERROR
+            raise ValueError("--accelerate-config needs --world-size")
         if not args.accelerate_config.is_file():
-            err.write(f"oom-lsp estimate: --accelerate-config {args.accelerate_config}: no such file\n")
-            return EXIT_ERROR
-        try:
-            launcher_environment = distributed.accelerate_environment(
-                args.python, args.accelerate_config, world_sizes[-1], args.nproc_per_node
-            )
-        except distributed.WorldSizeError as error:
-            err.write(f"oom-lsp estimate: {error}\n")
-            return EXIT_ERROR
-
-    options = EstimateOptions(
-        script=script,
+            raise ValueError(f"--accelerate-config {args.accelerate_config}: no such file")
+    return EstimateRequest(
+        script=args.script,
         script_args=list(args.script_args),
         device=args.device,
         gpu=gpu,
         batch_size=args.batch_size,
+        dtype=args.dtype,
+        margin=DEFAULT_MARGIN if args.margin is None else args.margin,
         python=args.python,
         timeout=args.timeout,
-        autocast_dtype=args.dtype,
-        margin=DEFAULT_MARGIN if args.margin is None else args.margin,
-        cwd=notebook.cwd if notebook is not None else None,
-        world_size=world_sizes[0] if world_sizes and len(world_sizes) == 1 else None,
+        world_sizes=world_sizes,
         nproc_per_node=args.nproc_per_node,
-        launcher_environment=launcher_environment,
+        accelerate_config=args.accelerate_config,
+        find_max_batch=args.find_max_batch,
+        compare_with_what_if=not args.find_max_batch,
+        root=root,
+        display=str(args.script),
     )
-    if world_sizes and len(world_sizes) > 1:
-        return _run_sweep(args, options, world_sizes, out, err)
-    if args.what_if:
-        from oom_lsp.cli.what_if import run_what_if
 
-        display = EstimateDisplay(err, f"what if: {args.script.name}", quiet=args.format != "text")
-        options.on_event = display.on_event
-        return run_what_if(args, options, display, out, err)
+
+def _estimate(args: argparse.Namespace, request: Any, out: TextIO, err: TextIO) -> int:
+    from oom_lsp.estimate.estimator import EstimateError
+    from oom_lsp.estimate.results import Sweep, Verdict
+    from oom_lsp.usecases.estimate import EstimateInputError, run_estimate
 
     display = EstimateDisplay(err, f"estimating {args.script.name}", quiet=args.format != "text")
-    options.on_event = display.on_event
-    named = notebook.places.text if notebook is not None else str
-
-    def progress(text: str) -> None:
-        display.message(named(text))
-
+    listener = display.listener(
+        on_warning=lambda warning: err.write(f"oom-lsp estimate: warning: {args.script}: {warning}\n")
+    )
     try:
         with display:
-            if args.find_max_batch:
-                outcome = find_max_batch(options, progress)
-                prediction, max_batch = outcome["estimate"], outcome["max_batch"]
-            else:
-                prediction, max_batch = estimate(options, progress), None
+            outcome = run_estimate(request, listener)
+    except EstimateInputError as error:
+        err.write(f"oom-lsp estimate: {error}\n")
+        return EXIT_ERROR
     except EstimateError as error:
-        return failed(args, named(str(error)), out, err)
-    prediction["max_batch"] = max_batch
-    if notebook is not None:
-        prediction = notebook.report(prediction)
-    elif not args.find_max_batch:
-        prediction["what_if_check"] = what_if_check(script, options, prediction)
+        return failed(args, str(error), out, err)
     if args.format == "json":
-        out.write(json.dumps(prediction, indent=2) + "\n")
+        out.write(json.dumps(outcome.to_json(), indent=2) + "\n")
+    elif isinstance(outcome, Sweep):
+        write_sweep(outcome, out)
     else:
-        write_text(prediction, out)
-        if prediction.get("what_if_check"):
-            from oom_lsp.cli.what_if import comparison_words
+        write_text(outcome.prediction, out, outcome)
+        if outcome.what_if_check is not None:
+            from oom_lsp.estimate.wording import comparison_words
 
-            out.write(f"  {comparison_words(prediction['what_if_check'])}\n")
-    if prediction.get("verdict") == "will run out of memory":
-        return EXIT_OOM
-    if max_batch is not None and max_batch.get("max_batch") == 0:
+            out.write(f"  {comparison_words(outcome.what_if_check)}\n")
+    if isinstance(outcome, Sweep):
+        return EXIT_OOM if outcome.all_run_out else EXIT_FITS
+    if outcome.prediction.verdict is Verdict.OOM or outcome.fits_nothing:
         return EXIT_OOM
     return EXIT_FITS
 
 
-def what_if_check(script: Path, options: Any, prediction: dict[str, Any]) -> dict[str, Any] | None:
-    """How this estimate compares with a what-if's prediction for exactly this script text (decoded
-    as the what-if decoded it: its line endings and without a byte-order mark)."""
-    from oom_lsp.checker import decode_source
-    from oom_lsp.config import ConfigError, ConfigResolver
-    from oom_lsp.estimate.estimator import needed_bytes
-    from oom_lsp.estimate.whatif import source_digest
-    from oom_lsp.cli.what_if import compare_with_record, load_record
+def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO, err: TextIO) -> int:
+    from oom_lsp.checker import analyze_text
+    from oom_lsp.cli.what_if import write_table
+    from oom_lsp.config import ConfigError
+    from oom_lsp.estimate.estimator import EstimateError
+    from oom_lsp.estimate.results import Verdict
+    from oom_lsp.usecases import what_if
+    from oom_lsp.usecases.estimate import EstimateInputError
 
     try:
-        record = load_record(ConfigResolver().resolve(script).root, str(script))
-        text = decode_source(script.read_bytes()).text
-    except (ConfigError, OSError):
-        return None
-    if record is None or text is None:
-        return None
-    return compare_with_record(
-        record,
-        source_digest(text),
-        options.batch_size,
-        options.autocast_dtype,
-        options.world_size,
-        needed_bytes(prediction),
-    )
+        text, encoding = what_if.read_script(request.script)
+        settings = config.settings_for(request.script)
+    except (EstimateInputError, ConfigError) as error:
+        err.write(f"oom-lsp estimate: {error}\n")
+        return EXIT_ERROR
+    findings = analyze_text(text, settings, str(request.script))
+    display = EstimateDisplay(err, f"what if: {args.script.name}", quiet=args.format != "text")
+    try:
+        with display:
+            table = what_if.run_what_if(request, text, encoding, findings, settings, display.listener())
+    except EstimateInputError as error:
+        err.write(f"oom-lsp estimate: {error}\n")
+        return EXIT_ERROR
+    except EstimateError as error:
+        return failed(args, str(error), out, err)
+    if args.format == "json":
+        out.write(json.dumps(table.to_json(), indent=2) + "\n")
+    else:
+        write_table(table, out)
+    return EXIT_OOM if table.baseline.verdict is Verdict.OOM else EXIT_FITS
 
 
 def failed(args: argparse.Namespace, problem: str, out: TextIO, err: TextIO) -> int:
@@ -353,31 +308,6 @@ def failed(args: argparse.Namespace, problem: str, out: TextIO, err: TextIO) -> 
     else:
         err.write(f"oom-lsp estimate: {problem}\n")
     return EXIT_ERROR
-
-
-def _run_sweep(
-    args: argparse.Namespace, options: Any, world_sizes: list[int], out: TextIO, err: TextIO
-) -> int:
-    from oom_lsp.estimate.estimator import EstimateError
-    from oom_lsp.estimate.sweep import sweep
-
-    display = EstimateDisplay(err, f"estimating {args.script.name}", quiet=args.format != "text")
-    options.on_event = display.on_event
-    try:
-        with display:
-            outcome = sweep(options, world_sizes, args.find_max_batch, display.message)
-    except EstimateError as error:
-        return failed(args, str(error), out, err)
-    for row in outcome["runs"]:
-        row["estimate"]["max_batch"] = row["max_batch"]
-    if args.format == "json":
-        out.write(json.dumps(outcome, indent=2) + "\n")
-    else:
-        write_sweep(outcome, out)
-    verdicts = [row["estimate"].get("verdict") for row in outcome["runs"]]
-    if verdicts and all(verdict == "will run out of memory" for verdict in verdicts):
-        return EXIT_OOM
-    return EXIT_FITS
 
 
 class EstimateDisplay(LiveLine):
@@ -394,6 +324,12 @@ class EstimateDisplay(LiveLine):
         self.batch: int | None = None
         self.steps = 0
         self.phase = "starting Python and importing torch"
+
+    def listener(self, **more: Any) -> Listener:
+        """What the use case tells this display while it runs."""
+        from oom_lsp.usecases.estimate import Listener
+
+        return Listener(on_event=self.on_event, on_message=self.message, **more)
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
@@ -436,7 +372,7 @@ def _rel(path: str | None) -> str:
 _CELL_PLACE_RE = re.compile(r"(.*):cell (\d+)\Z")
 
 
-def _place(file: str, line: object, cell: int | None = None) -> str:
+def _place(file: str | None, line: object, cell: int | None = None) -> str:
     """`train.py:12`, or for a notebook's cells `nb.ipynb, cell 4, line 3`."""
     return f"{_rel(file)}, cell {cell}, line {line}" if cell is not None else f"{_rel(file)}:{line}"
 
@@ -448,94 +384,85 @@ def _shapes_words(shapes: dict[str, list[int]]) -> str:
     )
 
 
-def _batch_words(batch: dict[str, Any], traced: int | None) -> str:
+def _batch_words(prediction: Prediction) -> str:
     """Which batch the peak happened with, e.g. "step 2, micro-batch 3 (input_ids 2x138), batch 11
     of the DataLoader at train.py:40 (24 batches traced, each as the loader gave it)"."""
-    loader = batch["loader"]
-    when = f"step {batch['step']}, micro-batch {batch['micro_batch']}" if batch.get("step") else "a batch"
+    batch = prediction.peak_batch
+    assert batch is not None
+    traced = prediction.batches_traced
+    when = f"step {batch.step}, micro-batch {batch.micro_batch}" if batch.step else "a batch"
     counted = f"; {traced} batches traced, each as the loader gave it" if traced else ""
     return (
-        f"{when} ({_shapes_words(batch['shapes'])}), batch {batch['index']} of the DataLoader at "
-        f"{_place(loader['file'], loader['line'])}{counted}"
+        f"{when} ({_shapes_words(batch.shapes)}), batch {batch.index} of the DataLoader at "
+        f"{_place(batch.loader.file, batch.loader.line)}{counted}"
     )
 
 
-def _worst_case_words(worst: dict[str, Any]) -> str:
+def _worst_case_words(prediction: Prediction) -> str:
     """The longest batch the data can produce, and the peak with it for every batch."""
     from oom_lsp.units import format_bytes
 
+    worst = prediction.worst_case
+    assert worst is not None
     longest = []
-    for batch in worst.get("batches", []):
+    for batch in worst.batches:
         scanned = (
-            f"the {batch['batch_size']} largest of {batch['samples']:,} samples"
-            if batch["scanned"] >= batch["samples"]
-            else f"the {batch['batch_size']} largest of the first {batch['scanned']:,} of {batch['samples']:,} "
+            f"the {batch.batch_size} largest of {batch.samples:,} samples"
+            if batch.scanned >= batch.samples
+            else f"the {batch.batch_size} largest of the first {batch.scanned:,} of {batch.samples:,} "
             "samples (the rest not read, for time)"
         )
         longest.append(
-            f"{_shapes_words(batch['shapes'])} ({scanned}, DataLoader at "
-            f"{_place(batch['loader']['file'], batch['loader']['line'])})"
+            f"{_shapes_words(batch.shapes)} ({scanned}, DataLoader at {_place(batch.loader.file, batch.loader.line)})"
         )
-    verdict = f", {worst['verdict'].upper()}" if worst.get("verdict") else ""
-    held = (
-        f", {format_bytes(worst['process_bytes'])} process total"
-        if worst.get("process_bytes") is not None
-        else ""
-    )
+    verdict = f", {worst.verdict.value.upper()}" if worst.verdict else ""
+    held = f", {format_bytes(worst.process_bytes)} process total" if worst.process_bytes is not None else ""
     return (
-        f"{format_bytes(worst['peak_bytes'])} allocated{held}{verdict} with the longest batch the data can "
+        f"{format_bytes(worst.peak_bytes)} allocated{held}{verdict} with the longest batch the data can "
         f"produce at every step: {'; '.join(longest)}"
     )
 
 
-def write_text(prediction: dict[str, Any], out: TextIO) -> None:
+def write_text(prediction: Prediction, out: TextIO, result: EstimateResult | None = None) -> None:
+    """The prediction as the CLI prints it; `result`: with its search's answer."""
     from oom_lsp.units import format_bytes
 
     def row(label: str, value: str, note: str = "") -> None:
         out.write(f"  {label:<18} {value:>11}{'   ' + note if note else ''}\n")
 
-    batch = prediction.get("batch_size")
-    launch = prediction.get("distributed")
+    batch = prediction.batch_size
+    launch = prediction.distributed
     out.write(
-        f"{_rel(prediction['script'])}: batch size {batch if batch else 'as in the script'}"
+        f"{_rel(prediction.script)}: batch size {batch if batch else 'as in the script'}"
         + (" per rank" if launch else "")
-        + f", device {prediction['device']}, torch {prediction.get('torch')}"
-        + (f", rank 0 of {launch['world_size']} ({launch['nproc_per_node']} per node)" if launch else "")
+        + f", device {prediction.device}, torch {prediction.torch}"
+        + (f", rank 0 of {launch.world_size} ({launch.nproc_per_node} per node)" if launch else "")
         + "\n"
     )
-    out.write(f"  method: {prediction['method']}\n")
-    if prediction.get("fallback"):
-        out.write(
-            f"  why: {prediction['fallback']['reason']}\n  uncertainty: {prediction['fallback']['uncertainty']}\n"
-        )
-    cuda = prediction["device"] == "cuda"
+    out.write(f"  method: {prediction.method}\n")
+    if prediction.fallback:
+        out.write(f"  why: {prediction.fallback.reason}\n  uncertainty: {prediction.fallback.uncertainty}\n")
+    cuda = prediction.device == "cuda"
     row(
         "peak allocated",
-        format_bytes(prediction["peak_bytes"]),
-        "what torch.cuda.max_memory_allocated() would show"
-        if cuda
-        else "live tensor storage, as a CPU step holds it",
+        format_bytes(prediction.peak_bytes),
+        "what torch.cuda.max_memory_allocated() would show" if cuda else "live tensor storage, as a CPU step holds it",
     )
-    if prediction.get("breakdown_batch_size"):
-        out.write(f"    breakdown measured at batch {prediction['breakdown_batch_size']}:\n")
-    from oom_lsp.estimate.distributed import LABELS, ORDER
-
-    breakdown = prediction["breakdown"]
-    for category in sorted(breakdown, key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER)):
-        size = breakdown[category]
-        if size > 0:
-            row("  " + LABELS.get(category, category.replace("_", " ")), format_bytes(size))
-    if prediction.get("reserved_bytes") is not None:
-        row("reserved", format_bytes(prediction["reserved_bytes"]), "caching allocator segments (modelled)")
-        nccl = any(note["name"] == "nccl-buffers" for note in prediction["corrections"])
+    if prediction.breakdown_batch_size:
+        out.write(f"    breakdown measured at batch {prediction.breakdown_batch_size}:\n")
+    for category, size in prediction.breakdown.printed():
+        row("  " + category.label, format_bytes(size))
+    if prediction.reserved_bytes is not None:
+        row("reserved", format_bytes(prediction.reserved_bytes), "caching allocator segments (modelled)")
+        nccl = any(note.name == "nccl-buffers" for note in prediction.corrections)
         row(
             "+ context, NCCL" if nccl else "+ CUDA context",
-            format_bytes(prediction["context_bytes"]),
-            f"= {format_bytes(prediction['process_bytes'])} process total (nvidia-smi)",
+            format_bytes(prediction.context_bytes),
+            f"= {format_bytes(prediction.process_bytes)} process total (nvidia-smi)",
         )
-    where = prediction["peak_at"]
-    if where.get("op"):
-        phase = where.get("phase")
+    where = prediction.peak_at
+    if where.op:
+        phase = where.phase
         when = (
             " outside the forward pass, backward pass and optimizer step"
             if phase == "outside the step"
@@ -543,37 +470,34 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
             if phase
             else ""
         )
-        module = f", in module {where['module']}" if where.get("module") else ""
-        location = f", {_place(where['file'], where['line'], where.get('cell'))}" if where.get("file") else ""
-        out.write(f"  peak at: {where['op']}{when}{module}{location}\n")
-    if prediction.get("peak_batch"):
-        out.write(
-            f"  peak batch: {_batch_words(prediction['peak_batch'], prediction.get('batches_traced'))}\n"
-        )
-    modules = [(name, size) for name, size in prediction.get("top_modules", []) if name]
+        module = f", in module {where.module}" if where.module else ""
+        location = f", {_place(where.file, where.line, where.cell)}" if where.file else ""
+        out.write(f"  peak at: {where.op}{when}{module}{location}\n")
+    if prediction.peak_batch:
+        out.write(f"  peak batch: {_batch_words(prediction)}\n")
+    modules = [(name, size) for name, size in prediction.top_modules if name]
     if modules:
         out.write("  top modules at the peak (memory they allocated that is still live):\n")
         for name, size in modules[:5]:
             out.write(f"    {format_bytes(size):>11}  {name}\n")
-    lines = prediction.get("top_lines", [])
-    if lines:
+    if prediction.top_lines:
         out.write("  top lines at the peak:\n")
-        for place, size in lines[:5]:
+        for place, size in prediction.top_lines[:5]:
             file, _, line = place.rpartition(":")
             cell = _CELL_PLACE_RE.match(file)  # a notebook's "nb.ipynb:cell 4:3"
             shown = _place(cell[1], line, int(cell[2])) if cell else _place(file, line)
             out.write(f"    {format_bytes(size):>11}  {shown}\n")
-    gpu = prediction.get("gpu")
+    gpu = prediction.gpu
     if gpu:
-        needed = prediction["peak_bytes"] + (prediction.get("context_bytes") or 0)
-        shares = f"{100 * needed / gpu['memory']:.0f}% of the GPU allocated"
-        if prediction.get("process_bytes") is not None:
-            shares += f", {100 * prediction['process_bytes'] / gpu['memory']:.0f}% reserved"
-        named = not gpu["name"].startswith("GPU with ")  # --gpu-memory: the name is the size already
-        out.write(f"  target: {gpu['name']}" + (f", {format_bytes(gpu['memory'])}" if named else "") + "\n")
+        needed = prediction.peak_bytes + (prediction.context_bytes or 0)
+        shares = f"{100 * needed / gpu.memory:.0f}% of the GPU allocated"
+        if prediction.process_bytes is not None:
+            shares += f", {100 * prediction.process_bytes / gpu.memory:.0f}% reserved"
+        out.write(f"  target: {gpu.name}" + (f", {format_bytes(gpu.memory)}" if gpu.named else "") + "\n")
         per_gpu = " on each GPU" if launch else ""
-        out.write(f"  verdict: {prediction['verdict'].upper()}{per_gpu} ({shares}, CUDA context included)\n")
-        if needed <= gpu["memory"] < (prediction.get("process_bytes") or 0):
+        verdict = prediction.verdict.value.upper() if prediction.verdict else "?"
+        out.write(f"  verdict: {verdict}{per_gpu} ({shares}, CUDA context included)\n")
+        if needed <= gpu.memory < (prediction.process_bytes or 0):
             out.write(
                 "  the allocated peak fits but the modelled reserved memory does not: the allocator frees "
                 "its cache and retries before failing, so fragmentation decides\n"
@@ -582,69 +506,72 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
         out.write(
             "  target: none (pass --gpu NAME or --gpu-memory SIZE, or set gpu-memory in [tool.oom-lsp])\n"
         )
-    if prediction.get("worst_case"):
-        out.write(f"  worst case: {_worst_case_words(prediction['worst_case'])}\n")
-    if prediction.get("warning"):
-        out.write(f"  warning: {prediction['warning']}\n")
-    if prediction["corrections"]:
+    if prediction.worst_case:
+        out.write(f"  worst case: {_worst_case_words(prediction)}\n")
+    if prediction.corrections:
         out.write("  applied:\n")
-        for note in prediction["corrections"]:
-            size = f" [{format_bytes(note['bytes'])}]" if note.get("bytes") else ""
-            out.write(f"    - {note['detail']}{size}\n")
-    max_batch = prediction.get("max_batch")
-    if max_batch is not None:
-        fit = max_batch["fit"]
-        out.write(
-            f"  fit: peak = {format_bytes(fit['intercept_bytes'])} + {format_bytes(fit['bytes_per_sample'])} "
-            f"x batch (traced at {fit['batch_sizes'][0]} and {fit['batch_sizes'][1]})\n"
-        )
-        if max_batch.get("max_batch"):
-            verified = max_batch["verified"]
-            held = (
-                f"{format_bytes(verified['reserved_bytes'])} reserved + "
-                f"{format_bytes(verified['context_bytes'])} context, "
-                f"{format_bytes(verified['peak_bytes'])} allocated"
-                if verified.get("reserved_bytes") is not None
-                else f"{format_bytes(verified['peak_bytes'])} allocated"
-            )
-            out.write(
-                f"  largest batch that fits: {max_batch['max_batch']:,} (checked by a fake run: {held})\n"
-            )
-            out.write(f"    keeps {max_batch['limit']}\n")
-            if max_batch.get("next_checked"):
-                bound = _BOUNDS[max_batch["bound"]].format(batch=max_batch["next_checked"])
-                out.write(f"    bound by {bound}\n")
-            else:
-                out.write("    bound by memory: the line's answer, checked by a fake run\n")
-            if max_batch.get("explanation"):
-                out.write(f"    why not the line's answer: {max_batch['explanation']}\n")
-        else:
-            out.write(f"  largest batch that fits: none ({max_batch.get('reason')})\n")
-        accumulation = max_batch.get("gradient_accumulation")
-        if accumulation:
-            out.write(
-                f"  the script's batch {max_batch['script_batch_size']} does not fit: use batch "
-                f"{accumulation['micro_batch']} with {accumulation['steps']} gradient accumulation steps "
-                f"(effective batch {accumulation['effective_batch']})\n"
-            )
+        for note in prediction.corrections:
+            size = f" [{format_bytes(note.bytes)}]" if note.bytes else ""
+            out.write(f"    - {note.detail}{size}\n")
+    search = result.max_batch if result is not None else None
+    if search is not None:
+        _write_search(search, out)
 
 
-def write_sweep(outcome: dict[str, Any], out: TextIO) -> None:
-    """The per-rank peak at each world size, the fewest GPUs that fit, then the details of that size."""
+def _write_search(search: Any, out: TextIO) -> None:
     from oom_lsp.units import format_bytes
 
-    runs = outcome["runs"]
-    first = runs[0]["estimate"]
-    batch = first.get("batch_size")
-    sizes = ", ".join(str(row["world_size"]) for row in runs)
+    fit = search.fit
     out.write(
-        f"{_rel(first['script'])}: batch size {batch if batch else 'as in the script'} per rank, "
-        f"device {first['device']}, torch {first.get('torch')}, world sizes {sizes}\n"
+        f"  fit: peak = {format_bytes(fit.intercept_bytes)} + {format_bytes(fit.bytes_per_sample)} "
+        f"x batch (traced at {fit.batch_sizes[0]} and {fit.batch_sizes[1]})\n"
     )
-    out.write(f"  method: {first['method'].split(' as rank 0 of ')[0]} as rank 0 of each world size\n")
-    gpu = first.get("gpu")
-    cuda = first["device"] == "cuda"
-    searched = any(row["max_batch"] is not None for row in runs)
+    if search.max_batch:
+        verified = search.verified
+        held = (
+            f"{format_bytes(verified.reserved_bytes)} reserved + "
+            f"{format_bytes(verified.context_bytes)} context, "
+            f"{format_bytes(verified.peak_bytes)} allocated"
+            if verified.reserved_bytes is not None
+            else f"{format_bytes(verified.peak_bytes)} allocated"
+        )
+        out.write(f"  largest batch that fits: {search.max_batch:,} (checked by a fake run: {held})\n")
+        out.write(f"    keeps {search.limit}\n")
+        if search.next_checked:
+            bound = _BOUNDS[search.bound].format(batch=search.next_checked)
+            out.write(f"    bound by {bound}\n")
+        else:
+            out.write("    bound by memory: the line's answer, checked by a fake run\n")
+        if search.explanation:
+            out.write(f"    why not the line's answer: {search.explanation}\n")
+    else:
+        out.write(f"  largest batch that fits: none ({search.reason})\n")
+    accumulation = search.gradient_accumulation
+    if accumulation:
+        out.write(
+            f"  the script's batch {search.script_batch_size} does not fit: use batch "
+            f"{accumulation.micro_batch} with {accumulation.steps} gradient accumulation steps "
+            f"(effective batch {accumulation.effective_batch})\n"
+        )
+
+
+def write_sweep(outcome: Sweep, out: TextIO) -> None:
+    """The per-rank peak at each world size, the fewest GPUs that fit, then the details of that size."""
+    from oom_lsp.estimate.results import EstimateResult
+    from oom_lsp.units import format_bytes
+
+    runs = outcome.runs
+    first = runs[0].estimate
+    batch = first.batch_size
+    sizes = ", ".join(str(row.world_size) for row in runs)
+    out.write(
+        f"{_rel(first.script)}: batch size {batch if batch else 'as in the script'} per rank, "
+        f"device {first.device}, torch {first.torch}, world sizes {sizes}\n"
+    )
+    out.write(f"  method: {first.method.split(' as rank 0 of ')[0]} as rank 0 of each world size\n")
+    gpu = first.gpu
+    cuda = first.device == "cuda"
+    searched = any(row.max_batch is not None for row in runs)
     header = f"  {'GPUs':>5}  {'peak per rank':>14}"
     if cuda:
         header += f"  {'reserved + context, NCCL':>25}"
@@ -654,27 +581,26 @@ def write_sweep(outcome: dict[str, Any], out: TextIO) -> None:
         header += "  largest batch per rank"
     out.write(header.rstrip() + "\n")
     for row in runs:
-        estimate = row["estimate"]
-        line = f"  {row['world_size']:>5}  {format_bytes(estimate['peak_bytes']):>14}"
+        estimate = row.estimate
+        line = f"  {row.world_size:>5}  {format_bytes(estimate.peak_bytes):>14}"
         if cuda:
-            line += f"  {format_bytes(estimate.get('process_bytes') or 0):>25}"
+            line += f"  {format_bytes(estimate.process_bytes or 0):>25}"
         if gpu:
-            line += f"  {estimate.get('verdict') or '-':<22}"
+            line += f"  {estimate.verdict.value if estimate.verdict else '-':<22}"
         if searched:
-            found = (row["max_batch"] or {}).get("max_batch")
+            found = row.max_batch.max_batch if row.max_batch is not None else None
             line += f"  {found:,}" if found else "  none"
         out.write(line.rstrip() + "\n")
     if gpu:
-        named = not gpu["name"].startswith("GPU with ")
-        each = f"{gpu['name']}" + (f", {format_bytes(gpu['memory'])}" if named else "")
-        fewest = outcome["fewest_gpus"]
+        each = f"{gpu.name}" + (f", {format_bytes(gpu.memory)}" if gpu.named else "")
+        fewest = outcome.fewest_gpus
         if fewest is not None:
             out.write(f"  fewest GPUs that fit: {fewest} x {each}\n")
         else:
             out.write(f"  fewest GPUs that fit: none of {sizes} x {each} fits with the margin\n")
-        shown = next((row for row in runs if row["world_size"] == fewest), runs[-1])
+        shown = next((row for row in runs if row.world_size == fewest), runs[-1])
     else:
         out.write("  target: none (pass --gpu NAME or --gpu-memory SIZE for the fewest GPUs that fit)\n")
         shown = runs[-1]
-    out.write(f"\ndetails at {shown['world_size']} GPU{'s' if shown['world_size'] > 1 else ''}:\n")
-    write_text(shown["estimate"], out)
+    out.write(f"\ndetails at {shown.world_size} GPU{'s' if shown.world_size > 1 else ''}:\n")
+    write_text(shown.estimate, out, EstimateResult(shown.estimate, shown.max_batch))

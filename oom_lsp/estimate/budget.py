@@ -22,15 +22,21 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from oom_lsp.analysis.findings import Finding, Severity
 from oom_lsp.analysis.registry import PREDICTED_MEMORY_GROWTH, PREDICTED_OUT_OF_MEMORY
 from oom_lsp.config import ProjectConfig, split_command
 from oom_lsp.edits import Position, Range
+from oom_lsp.estimate.results import Prediction
 from oom_lsp.units import short_bytes
+
+if TYPE_CHECKING:
+    from oom_lsp.usecases.estimate import Listener
 
 DEFAULT_MAX_GROWTH = 5.0  # percent
 DEFAULT_TIMEOUT = 300.0  # seconds per script, as `oom-lsp estimate --timeout`
@@ -65,8 +71,8 @@ class GateSettings:
 @dataclass
 class ScriptOutcome:
     entry: ScriptEntry
-    prediction: dict[str, Any] | None = None
-    peak: int | None = None  # bytes: estimator.needed_bytes
+    prediction: Prediction | None = None
+    peak: int | None = None  # bytes: Prediction.needed_bytes
     baseline_peak: int | None = None
     growth: float | None = None  # percent against the baseline
     finding_file: Path | None = None
@@ -206,25 +212,25 @@ def write_baseline(path: Path, records: dict[str, dict[str, Any]]) -> None:
 # --- Locating the finding -------------------------------------------------------------------
 
 
-def knob_location(prediction: dict[str, Any], script: Path) -> tuple[Path, Range]:
+def knob_location(prediction: Prediction, script: Path) -> tuple[Path, Range]:
     """Where the script sets its batch size (the estimate's batch knob, in the script itself
     first): the batch-size literal on that line when it is written there, else the line's
     code; the script's first line when the estimate found no knob."""
     knobs = [
-        knob
-        for knob in prediction.get("batch_knobs") or []
-        if knob.get("file") and isinstance(knob.get("line"), int) and Path(knob["file"]).is_file()
+        knob.place
+        for knob in prediction.batch_knobs
+        if knob.place.file and isinstance(knob.place.line, int) and Path(knob.place.file).is_file()
     ]
-    knobs.sort(key=lambda knob: Path(knob["file"]).resolve() != script.resolve())
+    knobs.sort(key=lambda place: Path(place.file or "").resolve() != script.resolve())
     if not knobs:
         return script, Range(Position(1, 0), Position(1, 0))
-    file, line = Path(knobs[0]["file"]), knobs[0]["line"]
+    file, line = Path(knobs[0].file or ""), int(knobs[0].line or 1)
     try:
         lines = file.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         lines = []
     text = lines[line - 1] if 0 < line <= len(lines) else ""
-    batch = prediction.get("batch_size")
+    batch = prediction.batch_size
     literal = re.search(rf"(?<![\w.]){batch}(?![\w.])", text) if isinstance(batch, int) else None
     if literal:
         return file, Range(Position(line, literal.start()), Position(line, literal.end()))
@@ -270,13 +276,18 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "the estimate failed"
 
 
-def _estimate(settings: GateSettings, entry: ScriptEntry, err: TextIO, live: bool) -> dict[str, Any]:
-    """The prediction for one script; raises EstimateError."""
-    from oom_lsp.cli.estimate import EstimateDisplay
-    from oom_lsp.estimate.estimator import EstimateOptions, estimate
-    from oom_lsp.estimate.gpus import custom_gpu
+# The face's progress while one script is estimated: a context manager giving the use case's Listener.
+Display = Callable[["ScriptEntry"], AbstractContextManager["Listener"]]
 
-    options = EstimateOptions(
+
+def _estimate(settings: GateSettings, entry: ScriptEntry, display: Display) -> Prediction:
+    """The prediction for one script (the estimate use case, as `oom-lsp estimate` runs it);
+    raises EstimateError or EstimateInputError."""
+    from oom_lsp.estimate.gpus import custom_gpu
+    from oom_lsp.estimate.results import EstimateResult
+    from oom_lsp.usecases.estimate import EstimateRequest, run_estimate
+
+    request = EstimateRequest(
         script=entry.script,
         script_args=list(entry.args),
         device="cuda",
@@ -284,18 +295,20 @@ def _estimate(settings: GateSettings, entry: ScriptEntry, err: TextIO, live: boo
         python=settings.python,
         timeout=settings.timeout,
         cwd=entry.cwd,
+        compare_with_what_if=False,
     )
-    display = EstimateDisplay(err, f"budget gate: {entry.entry}", quiet=not live)
-    options.on_event = display.on_event
-    with display:
-        return estimate(options, display.message)
+    with display(entry) as listener:
+        result = run_estimate(request, listener)
+    assert isinstance(result, EstimateResult)  # one world size
+    return result.prediction
 
 
-def run_gate(settings: GateSettings, err: TextIO, live: bool) -> GateOutcome:
+def run_gate(settings: GateSettings, display: Display) -> GateOutcome:
     """Estimate every script; each one's findings, problems and the baseline's update.
-    `live`: draw the progress line (a terminal)."""
-    from oom_lsp.estimate.estimator import EstimateError, needed_bytes
+    `display(entry)`: the face's progress while a script is estimated."""
+    from oom_lsp.estimate.estimator import EstimateError
     from oom_lsp.notebooks import is_notebook_path
+    from oom_lsp.usecases.estimate import EstimateInputError
 
     outcome = GateOutcome(settings, [], [])
     baseline: dict[str, dict[str, Any]] = {}
@@ -324,19 +337,19 @@ def run_gate(settings: GateSettings, err: TextIO, live: bool) -> GateOutcome:
             )
         else:
             try:
-                result.prediction = _estimate(settings, entry, err, live)
-            except EstimateError as error:
+                result.prediction = _estimate(settings, entry, display)
+            except (EstimateError, EstimateInputError) as error:
                 result.problem = f"budget gate: {entry.entry}: {_first_line(str(error))}"
         if result.problem is not None:
             outcome.problems.append(result.problem)
             continue
         prediction = result.prediction
         assert prediction is not None
-        result.peak = needed_bytes(prediction)
+        result.peak = prediction.needed_bytes
         result.finding_file, where = knob_location(prediction, entry.script)
         if settings.budget is not None and result.peak > settings.budget:
             message = over_budget_message(
-                result.peak, prediction.get("batch_size"), settings.budget, entry.entry
+                result.peak, prediction.batch_size, settings.budget, entry.entry
             )
             result.findings.append(_finding(PREDICTED_OUT_OF_MEMORY, message, where))
         record = baseline.get(entry.entry)
@@ -361,9 +374,9 @@ def _update_baseline(path: Path, old: dict[str, dict[str, Any]], outcome: GateOu
         if result.prediction is not None and result.peak is not None:
             records[result.entry.entry] = {
                 "peak_bytes": result.peak,
-                "allocated_bytes": result.prediction["peak_bytes"],
-                "batch_size": result.prediction.get("batch_size"),
-                "torch": result.prediction.get("torch"),
+                "allocated_bytes": result.prediction.peak_bytes,
+                "batch_size": result.prediction.batch_size,
+                "torch": result.prediction.torch,
             }
         elif result.entry.entry in old:
             records[result.entry.entry] = old[result.entry.entry]
@@ -387,7 +400,7 @@ def summary(outcome: GateOutcome) -> str:
     for result in outcome.scripts:
         if result.peak is None or result.prediction is None:
             continue
-        batch = result.prediction.get("batch_size")
+        batch = result.prediction.batch_size
         words = f"predicted peak {short_bytes(result.peak)}" + (f" at batch {batch}" if batch else "")
         if settings.budget is not None:
             share = f"{100 * result.peak / settings.budget:.0f}%"

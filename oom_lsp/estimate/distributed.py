@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from oom_lsp.estimate.results import Breakdown, Category, Correction, Launch, SweepRow, Trace, Verdict
 from oom_lsp.units import format_bytes
 
 MIB = 2**20
@@ -21,29 +22,6 @@ MIB = 2**20
 NCCL_PAIR = 544 * MIB
 NCCL_GROUP = 688 * MIB
 DDP_DEFAULT_BUCKET_MB = 25
-# The categories harness/distributed.py adds, as the breakdown prints them.
-LABELS = {
-    "unsharded_parameters": "unsharded parameters",
-    "ddp_buckets": "DDP buckets",
-    "all_gather_buffers": "all-gather buffers",
-    "reduce_scatter_buffers": "reduce-scatter buffers",
-}
-
-
-# Where those go in the printed breakdown (the others keep their order, after these).
-ORDER = (
-    "parameters",
-    "unsharded_parameters",
-    "gradients",
-    "ddp_buckets",
-    "optimizer_state",
-    "activations",
-    "temporaries",
-    "all_gather_buffers",
-    "reduce_scatter_buffers",
-)
-
-
 class WorldSizeError(ValueError):
     pass
 
@@ -129,22 +107,17 @@ def _place(where: list | None) -> str:
     return f"{shown}:{line}"
 
 
-def _note(name: str, detail: str, size: int | None = None) -> dict[str, Any]:
-    note: dict[str, Any] = {"name": name, "detail": detail}
-    if size is not None:
-        note["bytes"] = size
-    return note
+def _note(name: str, detail: str, size: int | None = None) -> Correction:
+    return Correction(name, detail, size)
 
 
-def terms(
-    trace: dict[str, Any], cuda: bool, script: Path | None = None
-) -> tuple[list[dict[str, Any]], int, int]:
+def terms(trace: Trace, cuda: bool, script: Path | None = None) -> tuple[list[Correction], int, int]:
     """The distributed corrections of one traced run: each engine's terms, stated (their
     bytes are in the trace), and on CUDA what the trace cannot see: NCCL's buffers (outside
     the allocator: with the CUDA context) and FSDP2's per-stream pools (reserved).
     Returns (corrections, extra reserved bytes, extra bytes outside the allocator)."""
-    info = trace["distributed"]
-    breakdown = trace.get("breakdown", {})
+    info = trace.distributed or {}
+    breakdown = trace.breakdown
     world, per_node = info["world_size"], info["nproc_per_node"]
     notes = []
     how = (
@@ -188,7 +161,7 @@ def terms(
             for name in ("gradient_as_bucket_view", "bucket_cap_mb", "find_unused_parameters", "static_graph")
         )
         notes.append(_note("ddp", f"DistributedDataParallel at {_place(ddp['line'])}: {options}"))
-        buckets = breakdown.get("ddp_buckets", 0)
+        buckets = breakdown[Category.DDP_BUCKETS]
         if ddp["gradient_as_bucket_view"]:
             detail = (
                 "DDP's gradient buckets hold the gradients themselves (gradient_as_bucket_view=True): "
@@ -202,7 +175,7 @@ def terms(
             )
         notes.append(_note("ddp-buckets", detail, buckets))
         if ddp.get("rebuilt_at_step"):
-            at_peak = ddp.get("peak_at_rebuild") == trace.get("peak_bytes")
+            at_peak = ddp.get("peak_at_rebuild") == trace.peak_bytes
             notes.append(
                 _note(
                     "ddp-bucket-rebuild",
@@ -225,9 +198,13 @@ def terms(
             else ""
         )
         at_peak = [
-            f"{LABELS[name]} {format_bytes(breakdown[name])}"
-            for name in ("unsharded_parameters", "all_gather_buffers", "reduce_scatter_buffers")
-            if breakdown.get(name)
+            f"{category.label} {format_bytes(breakdown[category])}"
+            for category in (
+                Category.UNSHARDED_PARAMETERS,
+                Category.ALL_GATHER_BUFFERS,
+                Category.REDUCE_SCATTER_BUFFERS,
+            )
+            if breakdown[category]
         ]
         notes.append(
             _note(
@@ -236,7 +213,7 @@ def terms(
                 f"{world} rank{'s' if world > 1 else ''}: parameters, gradients and optimizer state are 1/{world} "
                 f"of the model's{precision}; the root unit's parameters stay unsharded from its forward to its "
                 "backward" + (f"; at the peak: {', '.join(at_peak)}" if at_peak else ""),
-                breakdown.get("unsharded_parameters", 0),
+                breakdown[Category.UNSHARDED_PARAMETERS],
             )
         )
     for asymmetry in info.get("rank_zero_only", []):
@@ -289,34 +266,34 @@ def terms(
     return notes, reserved_extra, outside
 
 
-def describe(trace: dict[str, Any]) -> dict[str, Any]:
+def describe(trace: Trace) -> Launch:
     """What the JSON output says of the launch and the engines."""
-    info = trace["distributed"]
+    info = trace.distributed or {}
     engines = [f"DDP at {_place(ddp['line'])}" for ddp in info.get("ddp", [])]
     if info.get("fsdp_units"):
         engines.append(f"FSDP2 ({info['fsdp_units']} units)")
-    return {
-        "world_size": info["world_size"],
-        "nproc_per_node": info["nproc_per_node"],
-        "rank": 0,
-        "backend": info.get("backend"),
-        "engines": engines,
-        "ddp": info.get("ddp", []),
-        "fsdp_units": info.get("fsdp_units", 0),
-        "device_meshes": info.get("device_meshes", []),
-        "process_groups": info.get("process_groups", []),
-    }
+    return Launch(
+        world_size=info["world_size"],
+        nproc_per_node=info["nproc_per_node"],
+        rank=0,
+        backend=info.get("backend"),
+        engines=engines,
+        ddp=info.get("ddp", []),
+        fsdp_units=info.get("fsdp_units", 0),
+        device_meshes=info.get("device_meshes", []),
+        process_groups=info.get("process_groups", []),
+    )
 
 
 def with_world_size(options: Any, world_size: int) -> Any:
     return dataclasses.replace(options, world_size=world_size)
 
 
-def fewest_fitting(rows: list[dict[str, Any]]) -> int | None:
+def fewest_fitting(rows: list[SweepRow]) -> int | None:
     """The smallest world size whose rank 0 fits its GPU (with the margin)."""
     for row in rows:
-        if row["estimate"].get("verdict") == "fits":
-            return row["world_size"]
+        if row.estimate.verdict is Verdict.FITS:
+            return row.world_size
     return None
 
 
@@ -452,7 +429,7 @@ def rank_zero_blocks(script: Path) -> list[dict[str, Any]]:
     return blocks
 
 
-def _rank_zero_notes(script: Path, info: dict[str, Any], breakdown: dict[str, int]) -> list[dict[str, Any]]:
+def _rank_zero_notes(script: Path, info: dict[str, Any], breakdown: Breakdown) -> list[Correction]:
     notes = []
     for block in rank_zero_blocks(script)[:3]:
         detail = (
@@ -464,7 +441,7 @@ def _rank_zero_notes(script: Path, info: dict[str, Any], breakdown: dict[str, in
         if info.get("fsdp_units") and any(
             call.split(".")[-1] in _STATE_DICT_CALLS for call in block["calls"]
         ):
-            full = breakdown.get("parameters", 0) * info["world_size"]
+            full = breakdown[Category.PARAMETERS] * info["world_size"]
             detail += (
                 f"; a full state dict of an FSDP2 model gathers the unsharded parameters, about "
                 f"{format_bytes(full)} (the sharded parameters x {info['world_size']}), unless offloaded to the CPU"

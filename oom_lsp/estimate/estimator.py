@@ -14,6 +14,7 @@ rounding) were already applied inside the trace.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -28,6 +29,22 @@ from typing import Any
 from oom_lsp.estimate import distributed
 from oom_lsp.estimate.allocator import simulate
 from oom_lsp.estimate.gpus import Gpu
+from oom_lsp.estimate.results import (
+    Accumulation,
+    Breakdown,
+    Category,
+    Correction,
+    EstimateResult,
+    Fallback,
+    GpuTarget,
+    LinearFit,
+    MaxBatchSearch,
+    PeakAt,
+    Prediction,
+    Trace,
+    Verdict,
+    WorstCase,
+)
 from oom_lsp.profiling.runner import NO_TORCH_EXIT, ProfileError, ProfileRequest, ProfileRun
 from oom_lsp.units import format_bytes
 
@@ -200,6 +217,16 @@ def _last_lines(text: str, count: int) -> str:
     return "\n".join(text.splitlines()[-count:])
 
 
+def traces(
+    options: EstimateOptions,
+    runs: list[dict[str, Any]],
+    mode: str = "fake",
+    cancel: threading.Event | None = None,
+) -> list[Trace]:
+    """`run_harness`, each result read into a Trace."""
+    return [Trace.from_harness(result) for result in run_harness(options, runs, mode, cancel=cancel)]
+
+
 # --- From a trace to a prediction ------------------------------------------------
 
 
@@ -230,93 +257,145 @@ def _version(text: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def verdict(required: int, capacity: int, margin: float = DEFAULT_MARGIN) -> str:
+def verdict(required: int, capacity: int, margin: float = DEFAULT_MARGIN) -> Verdict:
     if required > capacity:
-        return "will run out of memory"
+        return Verdict.OOM
     if required > capacity * (1 - margin):
-        return "tight"
-    return "fits"
+        return Verdict.TIGHT
+    return Verdict.FITS
 
 
-def needed_bytes(prediction: dict[str, Any]) -> int:
-    """What must stay under the margin: on CUDA the modelled reserved memory
-    (the allocator's segments, fragmentation included) plus the context, as
-    nvidia-smi would count the process; on the CPU the allocated peak."""
-    reserved = prediction.get("reserved_bytes")
-    held = reserved if reserved is not None else prediction["peak_bytes"]
-    return held + (prediction.get("context_bytes") or 0)
+def needed_bytes(prediction: Prediction) -> int:
+    """What must stay under the margin (Prediction.needed_bytes)."""
+    return prediction.needed_bytes
 
 
-def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
-    """The prediction for one harness run (see docs/estimate.md for the fields)."""
+def predict(trace: Trace, options: EstimateOptions) -> Prediction:
+    """The prediction for one harness run (see docs/estimate.md for the fields): what the trace
+    measured, the terms it needs (its own notes; on CUDA the kernels' and the allocator's; the
+    distributed engines'), the verdict for the target, and the worst case of the data."""
     cuda = options.device == "cuda"
-    corrections: list[dict[str, Any]] = []
-    breakdown = dict(trace["breakdown"])
-    allocated = trace["peak_bytes"]
-    reserved = context = None
-    if trace.get("autocast_regions"):
-        dtypes = "/".join(trace.get("autocast_dtypes") or ["float16"])
-        corrections.append(
-            _note(
+    breakdown = Breakdown(dict(trace.breakdown.sizes))
+    corrections = trace_notes(trace, options)
+    allocated, reserved, context = trace.peak_bytes, None, None
+    if cuda:
+        terms = cuda_terms(trace, options.gpu)
+        corrections = [TRACED_ON_CPU, *corrections, *terms.notes]
+        if terms.workspace_bytes:
+            breakdown[Category.WORKSPACES] = terms.workspace_bytes
+        allocated += terms.workspace_bytes
+        reserved, context = terms.reserved_bytes, terms.context_bytes
+    if trace.distributed:
+        notes, reserved_extra, outside_allocator = distributed.terms(trace, cuda, options.script)
+        corrections += notes
+        if reserved is not None:
+            reserved += reserved_extra
+        if context is not None:
+            context += outside_allocator
+    prediction = _assemble(trace, options, allocated, breakdown, reserved, context, corrections)
+    if options.gpu is not None:
+        _set_verdict(prediction, options.gpu.memory, options.margin)
+    worst = trace.worst_case
+    if worst is not None and worst.reached_two_steps:
+        prediction.worst_case = _worst_case(worst, options)
+    return prediction
+
+
+def trace_notes(trace: Trace, options: EstimateOptions) -> list[Correction]:
+    """What the trace itself says needs saying: how it was traced (autocast, --dtype, compile),
+    memory the kernels hold that it measured or modelled (cuDNN/oneDNN, operand copies, loss
+    buffers), and what the data did (padded batches, the draws, values only a real run knows)."""
+    cuda = options.device == "cuda"
+    notes: list[Correction] = []
+    if trace.autocast_regions:
+        dtypes = "/".join(trace.autocast_dtypes or ["float16"])
+        notes.append(
+            Correction(
                 "autocast",
                 f'autocast("cuda", {dtypes}) traced as autocast("cpu", {dtypes}), whose weight-cast cache '
                 "works as CUDA's (one low-precision copy per weight per autocast region)",
             )
         )
-    if trace.get("script_autocast"):
-        corrections.append(
-            _note(
-                "dtype", f"--dtype {trace['script_autocast']}: the whole script traced under torch.autocast"
-            )
+    if trace.script_autocast:
+        notes.append(
+            Correction("dtype", f"--dtype {trace.script_autocast}: the whole script traced under torch.autocast")
         )
-    if trace.get("compiled"):
-        corrections.append(
-            _note(
+    if trace.compiled:
+        notes.append(
+            Correction(
                 "torch-compile",
                 "torch.compile traced eagerly: compiled (fused) kernels keep fewer intermediates, "
                 "so the real peak may be lower",
             )
         )
-    rnn = trace.get("rnn_workspace") or {}
-    if rnn.get("calls"):
+    notes += _kernel_notes(trace, cuda)
+    if trace.batch_padded:
+        got, wanted = trace.batch_padded
+        notes.append(
+            Correction(
+                "batch-shaped", f"the dataset gave batches of {got}; the inputs were shaped as batches of {wanted}"
+            )
+        )
+    if trace.bf16_emulated:
+        gpu = options.gpu
+        arch = gpu.arch if gpu else None
+        target = f"{gpu.name} (sm {arch[0]}.{arch[1]})" if gpu and arch else "the target"
+        notes.append(
+            Correction(
+                "bf16-emulated",
+                f"{target} has no native bf16: torch.cuda.is_bf16_supported() answered True, as torch does "
+                "there (it emulates bf16), so the script's bf16 path was traced",
+            )
+        )
+    notes += _data_notes(trace, cuda)
+    return notes
+
+
+def _kernel_notes(trace: Trace, cuda: bool) -> list[Correction]:
+    """Memory kernels hold inside themselves, invisible to a fake trace: measured on the real
+    CPU kernels (added on the CPU), modelled or stated on CUDA."""
+    notes = []
+    rnn = trace.rnn_workspace
+    if rnn.calls:
         if cuda:
-            corrections.append(
-                _note(
+            notes.append(
+                Correction(
                     "cudnn-rnn-reserve",
                     f"cuDNN LSTM reserve space modelled (6 x hidden per element, not calibrated on a GPU; "
-                    f"{format_bytes(rnn['bytes'])} for the largest layer call); the meta kernel reports 0 bytes",
-                    rnn["bytes"],
+                    f"{format_bytes(rnn.bytes)} for the largest layer call); the meta kernel reports 0 bytes",
+                    rnn.bytes,
                 )
             )
         else:
-            corrections.append(
-                _note(
+            notes.append(
+                Correction(
                     "onednn-rnn-workspace",
-                    f"oneDNN LSTM workspace measured on the real kernel at sequence lengths 1 and 2 and extrapolated "
-                    f"({format_bytes(rnn['bytes'])} for the largest layer call); the meta kernel reports 0 bytes",
-                    rnn["bytes"],
+                    f"oneDNN LSTM workspace measured on the real kernel at sequence lengths 1 and 2 and "
+                    f"extrapolated ({format_bytes(rnn.bytes)} for the largest layer call); the meta kernel "
+                    "reports 0 bytes",
+                    rnn.bytes,
                 )
             )
-    conv = trace.get("conv_scratch") or {}
-    if conv.get("probes"):
-        corrections.append(
-            _note(
+    conv = trace.conv_scratch
+    if conv.calls:
+        notes.append(
+            Correction(
                 "onednn-conv-scratch",
                 f"oneDNN convolution scratch (allocated inside the kernel, invisible to the trace) measured on "
-                f"the real kernel at batch 2 and 4 for {conv['probes']} distinct convolution(s) and extrapolated "
-                f"(up to {format_bytes(conv['bytes'])} at once)",
-                conv["bytes"],
+                f"the real kernel at batch 2 and 4 for {conv.calls} distinct convolution(s) and extrapolated "
+                f"(up to {format_bytes(conv.bytes)} at once)",
+                conv.bytes,
             )
         )
-    copies = trace.get("matmul_copies") or {}
-    if copies.get("calls"):
+    copies = trace.matmul_copies
+    if copies.calls:
         what = (
-            f"{copies['calls']} matrix product(s) read an operand BLAS cannot read in place (a stride-0 "
+            f"{copies.calls} matrix product(s) read an operand BLAS cannot read in place (a stride-0 "
             f"gradient, a column slice, a broadcast row), which the kernel copies and frees inside itself "
-            f"(up to {format_bytes(copies['bytes'])} at once)"
+            f"(up to {format_bytes(copies.bytes)} at once)"
         )
-        corrections.append(
-            _note(
+        notes.append(
+            Correction(
                 "matmul-operand-copy",
                 what
                 + (
@@ -324,67 +403,56 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                     if cuda
                     else ": added at that op, as measured on the CPU kernels"
                 ),
-                None if cuda else copies["bytes"],
+                None if cuda else copies.bytes,
             )
         )
-    losses = trace.get("loss_buffers") or {}
-    if losses.get("calls"):
-        corrections.append(
-            _note(
+    losses = trace.loss_buffers
+    if losses.calls:
+        notes.append(
+            Correction(
                 "loss-buffer",
-                f"{losses['calls']} reduced loss(es) (MSE, smooth L1, soft margin, BCE) keep their elementwise "
-                f"buffer as their storage (up to {format_bytes(losses['bytes'])}) for as long as the loss lives"
+                f"{losses.calls} reduced loss(es) (MSE, smooth L1, soft margin, BCE) keep their elementwise "
+                f"buffer as their storage (up to {format_bytes(losses.bytes)}) for as long as the loss lives"
                 + (
                     ": the CUDA kernels share that code, not added: not checked on a GPU"
                     if cuda
                     else ": added to each loss, as measured on the CPU kernels"
                 ),
-                None if cuda else losses["bytes"],
+                None if cuda else losses.bytes,
             )
         )
-    if cuda and trace.get("convolutions"):
-        corrections.append(
-            _note(
+    if cuda and trace.convolutions:
+        notes.append(
+            Correction(
                 "cudnn-conv-workspace",
                 "convolutions: cuDNN's workspaces are allocated inside the kernel and not modelled; cuDNN picks "
                 "an algorithm whose workspace fits the free memory, so it shrinks rather than fails",
             )
         )
-    if trace.get("batch_padded"):
-        got, wanted = trace["batch_padded"]
-        corrections.append(
-            _note(
-                "batch-shaped",
-                f"the dataset gave batches of {got}; the inputs were shaped as batches of {wanted}",
-            )
-        )
-    if trace.get("bf16_emulated"):
-        arch = options.gpu.arch if options.gpu else None
-        target = f"{options.gpu.name} (sm {arch[0]}.{arch[1]})" if options.gpu and arch else "the target"
-        corrections.append(
-            _note(
-                "bf16-emulated",
-                f"{target} has no native bf16: torch.cuda.is_bf16_supported() answered True, as torch does "
-                "there (it emulates bf16), so the script's bf16 path was traced",
-            )
-        )
-    spread = trace.get("data_spread")
-    if spread and len(spread["peak_bytes"]) > 1:
-        peaks = spread["peak_bytes"]
-        corrections.append(
-            _note(
+    return notes
+
+
+def _data_notes(trace: Trace, cuda: bool) -> list[Correction]:
+    """What the data did to the trace: its draw deciding the peak, tensors put on "cuda" by a
+    script that saw no GPU, random numbers not drawn for real, values only a real run knows."""
+    notes = []
+    spread = trace.data_spread
+    if spread and len(spread.peak_bytes) > 1:
+        peaks = spread.peak_bytes
+        notes.append(
+            Correction(
                 "data-draw",
                 f"the draw of the data decides the peak: {len(peaks)} draws of what the harness seeds "
                 f"(the DataLoader's shuffle, random, NumPy, torch) gave {format_bytes(min(peaks))} to "
-                f"{format_bytes(max(peaks))} traced (this estimate: seed {spread['seeds'][0]})",
+                f"{format_bytes(max(peaks))} traced (this estimate: seed {spread.seeds[0]})",
                 max(peaks) - min(peaks),
             )
         )
-    kept = trace.get("cuda_kept_on_cpu") or []
+    kept = trace.cuda_kept_on_cpu
     if kept and not cuda:
         places = ", ".join(_place(spot["file"], spot["line"]) for spot in kept[:3] if spot["file"])
-        corrections.append(
-            _note(
+        notes.append(
+            Correction(
                 "cuda-kept-on-cpu",
                 'the script saw no GPU (--device cpu) but put tensors on "cuda" without asking'
                 + (f" ({places}{', ...' if len(kept) > 3 else ''})" if places else "")
@@ -392,163 +460,172 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 'CUDA enabled"',
             )
         )
-    if trace.get("draws_not_replayed"):
-        corrections.append(
-            _note(
+    if trace.draws_not_replayed:
+        notes.append(
+            Correction(
                 "draws-not-replayed",
-                f"{trace['draws_not_replayed']:,} random numbers drawn before the training step (a large "
+                f"{trace.draws_not_replayed:,} random numbers drawn before the training step (a large "
                 "random initialisation) were not drawn for real: what the script draws after them (a "
                 "DataLoader's shuffle) may differ from a real run's",
             )
         )
-    if trace.get("stubbed_scalars"):
-        corrections.append(
-            _note(
+    if trace.stubbed_scalars:
+        notes.append(
+            Correction(
                 "data-dependent-values",
-                f"{trace['stubbed_scalars']} read(s) of a value only a real run knows (.item(), if tensor:) "
+                f"{trace.stubbed_scalars} read(s) of a value only a real run knows (.item(), if tensor:) "
                 "were answered 0/False",
             )
         )
-    if cuda:
-        corrections.insert(
-            0,
-            _note(
-                "traced-on-cpu",
-                "traced on the fake CPU device (faking cuda on a CPU-only torch aborts in backward); "
-                "CUDA's kernel choices applied below",
-            ),
-        )
-        sdpa = trace.get("sdpa") or {}
-        if sdpa.get("sdpa_flash") or sdpa.get("sdpa_mem_efficient"):
-            corrections.append(
-                _note(
-                    "sdpa-cuda-kernels",
-                    f"scaled_dot_product_attention routed to CUDA's flash ({sdpa.get('sdpa_flash', 0)} calls) / "
-                    f"memory-efficient ({sdpa.get('sdpa_mem_efficient', 0)} calls) kernels instead of the CPU math path",
-                )
-            )
-        if sdpa.get("sdpa_math_kept"):
-            corrections.append(
-                _note(
-                    "sdpa-math-kept",
-                    f"{sdpa['sdpa_math_kept']} attention call(s) with grouped-query heads kept on the math path "
-                    "(an over-estimate if CUDA picks a fused kernel)",
-                )
-            )
-        if trace.get("foreach_pinned"):
-            corrections.append(
-                _note(
-                    "foreach-optimizer",
-                    "optimizers without an explicit foreach/fused use foreach, as CUDA parameters do",
-                )
-            )
-        corrections.append(
-            _note("rounding", "every allocation rounded up to 512 B, as the CUDA caching allocator does")
-        )
-        workspaces = cublas_workspaces(options.gpu, trace.get("torch", "")) if trace.get("matmuls") else []
-        events = [[-1 - index, size] for index, (_, size) in enumerate(workspaces)] + trace["events"]
-        model = simulate(events)
-        workspace_bytes = sum(size for _, size in workspaces)
-        if workspaces:
-            corrections.append(
-                _note(
-                    "cublas-workspace",
-                    " + ".join(f"{name} {format_bytes(size)}" for name, size in workspaces)
-                    + " of workspace (kept from the first matmul)",
-                    workspace_bytes,
-                )
-            )
-            breakdown["workspaces"] = workspace_bytes
-        allocated += workspace_bytes
-        reserved = max(model.peak_reserved, allocated)
-        corrections.append(
-            _note(
-                "allocator-segments",
-                "reserved memory from a model of the caching allocator's segments (2 MiB / 20 MiB / rounded to "
-                "2 MiB; not calibrated on a GPU)",
-                reserved - allocated,
+    return notes
+
+
+TRACED_ON_CPU = Correction(
+    "traced-on-cpu",
+    "traced on the fake CPU device (faking cuda on a CPU-only torch aborts in backward); "
+    "CUDA's kernel choices applied below",
+)
+
+
+@dataclass
+class CudaTerms:
+    """What CUDA adds to a trace made on the CPU: the kernels it picks, its allocations'
+    rounding, the cuBLAS workspaces (allocated), the caching allocator's segments (reserved)
+    and the context (outside PyTorch's counters), each stated in `notes`."""
+
+    notes: list[Correction]
+    workspace_bytes: int
+    reserved_bytes: int
+    context_bytes: int
+
+
+def cuda_terms(trace: Trace, gpu: Gpu | None) -> CudaTerms:
+    notes = []
+    sdpa = trace.sdpa
+    if sdpa.get("sdpa_flash") or sdpa.get("sdpa_mem_efficient"):
+        notes.append(
+            Correction(
+                "sdpa-cuda-kernels",
+                f"scaled_dot_product_attention routed to CUDA's flash ({sdpa.get('sdpa_flash', 0)} calls) / "
+                f"memory-efficient ({sdpa.get('sdpa_mem_efficient', 0)} calls) kernels instead of the CPU math "
+                "path",
             )
         )
-        context = CUDA_CONTEXT
-        corrections.append(
-            _note(
-                "cuda-context",
-                f"CUDA context ~{format_bytes(CUDA_CONTEXT)} (outside PyTorch's counters; 200-700 MB by machine)",
-                CUDA_CONTEXT,
+    if sdpa.get("sdpa_math_kept"):
+        notes.append(
+            Correction(
+                "sdpa-math-kept",
+                f"{sdpa['sdpa_math_kept']} attention call(s) with grouped-query heads kept on the math path "
+                "(an over-estimate if CUDA picks a fused kernel)",
             )
         )
-    if trace.get("distributed"):
-        notes, reserved_extra, outside_allocator = distributed.terms(trace, cuda, options.script)
-        corrections += notes
-        if reserved is not None:
-            reserved += reserved_extra
-        if context is not None:
-            context += outside_allocator
-    capacity = options.gpu.memory if options.gpu else None
-    prediction = {
-        "script": str(options.script),
-        "args": list(options.script_args),
-        "device": options.device,
-        "batch_size": trace.get("batch_size"),
-        "peak_bytes": allocated,
-        "breakdown": breakdown,
-        "reserved_bytes": reserved,
-        "context_bytes": context,
-        "process_bytes": reserved + context if reserved is not None and context is not None else None,
-        "peak_at": {
-            "op": trace.get("peak_op"),
-            "module": trace.get("peak_module"),
-            "phase": trace.get("peak_phase"),
-            "file": trace["peak_line"][0] if trace.get("peak_line") else None,
-            "line": trace["peak_line"][1] if trace.get("peak_line") else None,
-        },
-        "top_modules": trace.get("top_modules", []),
-        "top_lines": trace.get("top_lines", []),
-        "gpu": {"name": options.gpu.name, "memory": options.gpu.memory} if options.gpu else None,
-        "verdict": None,
-        "corrections": corrections,
-        "steps_traced": trace.get("steps"),
-        "seconds": trace.get("seconds"),
-        "method": "fake-tensor trace of two optimizer steps",
-        "torch": trace.get("torch"),
-        "batch_knobs": trace.get("batch_knobs", []),
-        "data_spread": spread,
-        "peak_batch": trace.get("peak_batch"),
-        "batches_traced": trace.get("batches_traced"),
-    }
-    if trace.get("distributed"):
-        prediction["distributed"] = distributed.describe(trace)
-        prediction["method"] += f" as rank 0 of {trace['distributed']['world_size']} (fake process group)"
-    if capacity is not None:
-        _set_verdict(prediction, capacity, options.margin)
-    worst = trace.get("worst_case")
-    if worst and worst.get("status") == "stopped":
-        prediction["worst_case"] = _worst_case(worst, options)
+    if trace.foreach_pinned:
+        notes.append(
+            Correction(
+                "foreach-optimizer", "optimizers without an explicit foreach/fused use foreach, as CUDA parameters do"
+            )
+        )
+    notes.append(Correction("rounding", "every allocation rounded up to 512 B, as the CUDA caching allocator does"))
+    workspaces = cublas_workspaces(gpu, trace.torch) if trace.matmuls else []
+    events = [[-1 - index, size] for index, (_, size) in enumerate(workspaces)] + trace.events
+    model = simulate(events)
+    workspace_bytes = sum(size for _, size in workspaces)
+    if workspaces:
+        notes.append(
+            Correction(
+                "cublas-workspace",
+                " + ".join(f"{name} {format_bytes(size)}" for name, size in workspaces)
+                + " of workspace (kept from the first matmul)",
+                workspace_bytes,
+            )
+        )
+    allocated = trace.peak_bytes + workspace_bytes
+    reserved = max(model.peak_reserved, allocated)
+    notes.append(
+        Correction(
+            "allocator-segments",
+            "reserved memory from a model of the caching allocator's segments (2 MiB / 20 MiB / rounded to "
+            "2 MiB; not calibrated on a GPU)",
+            reserved - allocated,
+        )
+    )
+    notes.append(
+        Correction(
+            "cuda-context",
+            f"CUDA context ~{format_bytes(CUDA_CONTEXT)} (outside PyTorch's counters; 200-700 MB by machine)",
+            CUDA_CONTEXT,
+        )
+    )
+    return CudaTerms(notes, workspace_bytes, reserved, CUDA_CONTEXT)
+
+
+def _assemble(
+    trace: Trace,
+    options: EstimateOptions,
+    allocated: int,
+    breakdown: Breakdown,
+    reserved: int | None,
+    context: int | None,
+    corrections: list[Correction],
+) -> Prediction:
+    line = trace.peak_line
+    prediction = Prediction(
+        script=str(options.script),
+        args=list(options.script_args),
+        device=options.device,
+        batch_size=trace.batch_size,
+        peak_bytes=allocated,
+        breakdown=breakdown,
+        reserved_bytes=reserved,
+        context_bytes=context,
+        process_bytes=reserved + context if reserved is not None and context is not None else None,
+        peak_at=PeakAt(
+            op=trace.peak_op,
+            module=trace.peak_module,
+            phase=trace.peak_phase,
+            file=line[0] if line else None,
+            line=line[1] if line else None,
+        ),
+        top_modules=list(trace.top_modules),
+        top_lines=list(trace.top_lines),
+        gpu=GpuTarget(options.gpu.name, options.gpu.memory) if options.gpu else None,
+        verdict=None,
+        corrections=corrections,
+        steps_traced=trace.steps,
+        seconds=trace.seconds,
+        method="fake-tensor trace of two optimizer steps",
+        torch=trace.torch,
+        batch_knobs=list(trace.batch_knobs),
+        data_spread=trace.data_spread,
+        peak_batch=trace.peak_batch,
+        batches_traced=trace.batches_traced,
+    )
+    if trace.distributed:
+        prediction.distributed = distributed.describe(trace)
+        prediction.method += f" as rank 0 of {trace.distributed['world_size']} (fake process group)"
     return prediction
 
 
-def _worst_case(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
+def _worst_case(trace: Trace, options: EstimateOptions) -> WorstCase:
     """The run where each loader whose batches differ in shape gave, for every batch, the longest
     batch its data can produce: an upper bound over the draws, stated beside the estimate."""
-    bound = predict({**trace, "worst_case": None}, options)
-    return {
-        key: bound[key]
-        for key in ("peak_bytes", "reserved_bytes", "context_bytes", "process_bytes", "verdict", "peak_at")
-    } | {"batches": trace.get("longest_batches") or []}
+    bound = predict(dataclasses.replace(trace, worst_case=None), options)
+    return WorstCase(
+        peak_bytes=bound.peak_bytes,
+        reserved_bytes=bound.reserved_bytes,
+        context_bytes=bound.context_bytes,
+        process_bytes=bound.process_bytes,
+        verdict=bound.verdict,
+        peak_at=bound.peak_at,
+        batches=list(trace.longest_batches),
+    )
 
 
-def _set_verdict(prediction: dict[str, Any], capacity: int, margin: float) -> None:
-    required = prediction["peak_bytes"] + (prediction.get("context_bytes") or 0)
-    prediction["verdict"] = verdict(required, capacity, margin)
-    if prediction["verdict"] == "fits" and needed_bytes(prediction) > capacity * (1 - margin):
-        prediction["verdict"] = "tight"
-
-
-def _note(name: str, detail: str, size: int | None = None) -> dict[str, Any]:
-    note: dict[str, Any] = {"name": name, "detail": detail}
-    if size is not None:
-        note["bytes"] = size
-    return note
+def _set_verdict(prediction: Prediction, capacity: int, margin: float) -> None:
+    required = prediction.peak_bytes + (prediction.context_bytes or 0)
+    prediction.verdict = verdict(required, capacity, margin)
+    if prediction.verdict is Verdict.FITS and prediction.needed_bytes > capacity * (1 - margin):
+        prediction.verdict = Verdict.TIGHT
 
 
 def _place(file: str | None, line: int | None) -> str:
@@ -562,73 +639,71 @@ def _place(file: str | None, line: int | None) -> str:
     return f"{shown}:{line}"
 
 
-def _failure_error(trace: dict[str, Any]) -> EstimateError:
+def _failure_error(trace: Trace) -> EstimateError:
     """The crash in one line, then the script's own frames (not runpy's, torch's or ours)."""
-    failure = trace.get("failure") or {}
-    where = failure.get("where")
+    failure = trace.failure
+    where = failure.where
     location = f" at {_place(where['file'], where['line'])}" if where else ""
-    if failure.get("kind") == "needs-download":
+    if failure.kind == "needs-download":
         # A Hub name with no local copy (the harness runs offline): what is needed, in one line.
-        return EstimateError(f"no estimate{location}: {failure.get('message')}")
-    lines = [f"the script crashed{location}: {failure.get('type')}: {failure.get('message')}"]
-    frames = failure.get("frames") or []
-    if frames:
+        return EstimateError(f"no estimate{location}: {failure.message}")
+    lines = [f"the script crashed{location}: {failure.type}: {failure.message}"]
+    if failure.frames:
         lines.append("  the script's frames, innermost last:")
-        for frame in frames:
+        for frame in failure.frames:
             lines.append(f"    {_place(frame['file'], frame['line'])}, in {frame['function']}")
             if frame.get("code"):
                 lines.append(f"      {frame['code']}")
     else:  # raised where no frame is in the script's folder: the traceback's end is all there is
-        lines += [f"  {line}" for line in _last_lines(failure.get("traceback", ""), 6).splitlines()]
+        lines += [f"  {line}" for line in _last_lines(failure.traceback, 6).splitlines()]
     return EstimateError("\n".join(lines))
 
 
-def reached_two_steps(trace: dict[str, Any]) -> bool:
+def reached_two_steps(trace: Trace) -> bool:
     """The evidence an estimate needs: the harness stops the script at the end of its second step."""
-    return trace["status"] == "stopped"
+    return trace.reached_two_steps
 
 
-def _no_steps_error(trace: dict[str, Any], batch: int | None = None) -> EstimateError:
+def _no_steps_error(trace: Trace, batch: int | None = None) -> EstimateError:
     """Why a run that did not reach two optimizer steps gives no estimate: one
     line, then what the script's data loaders gave and the end of its output."""
-    steps = trace.get("steps", 0)
+    steps = trace.steps
     when = "before its first optimizer step" if steps == 0 else f"after {steps} optimizer step"
     at_batch = f" at batch {batch}" if batch else ""
-    failure = trace.get("failure") or {}
-    if trace["status"] == "script-exit":
-        where = failure.get("where")
+    if trace.status == "script-exit":
+        where = trace.failure.where
         location = f" at {_place(where['file'], where['line'])}" if where else ""
-        reason = f"the script exited with code {failure.get('exit_code')}{location}{at_batch} {when}"
+        reason = f"the script exited with code {trace.failure.exit_code}{location}{at_batch} {when}"
     else:
         reason = f"the script ended{at_batch} {when}"
     lines = [f"no estimate: {reason}; an estimate needs two"]
     lines += [f"  {explanation}" for explanation in _short_loaders(trace)]
-    tail = [line for line in (trace.get("output_tail") or "").splitlines() if line.strip()][-6:]
+    tail = [line for line in trace.output_tail.splitlines() if line.strip()][-6:]
     if tail:
         lines.append("  the script's output ended with:")
         lines += [f"    | {line}" for line in tail]
     return EstimateError("\n".join(lines))
 
 
-def _short_loaders(trace: dict[str, Any]) -> list[str]:
+def _short_loaders(trace: Trace) -> list[str]:
     """DataLoaders that give fewer than two batches, in words."""
     found = []
-    for loader in trace.get("loaders") or []:
-        if loader.get("batches") is None or loader["batches"] >= 2:
+    for loader in trace.loaders:
+        if loader.batches is None or loader.batches >= 2:
             continue
-        batches = loader["batches"]
+        batches = loader.batches
         found.append(
-            f"DataLoader at {_place(loader['file'], loader['line'])} gives {batches} "
-            f"batch{'' if batches == 1 else 'es'}: {loader['samples']} samples in batches of "
-            f"{loader['batch_size']}" + (", drop_last=True" if loader["drop_last"] else "")
+            f"DataLoader at {_place(loader.place.file, loader.place.line)} gives {batches} "
+            f"batch{'' if batches == 1 else 'es'}: {loader.samples} samples in batches of "
+            f"{loader.batch_size}" + (", drop_last=True" if loader.drop_last else "")
         )
     return found
 
 
-def _require_two_steps(trace: dict[str, Any], batch: int | None = None) -> None:
-    if trace["status"] == "failed":
+def _require_two_steps(trace: Trace, batch: int | None = None) -> None:
+    if trace.failed:
         raise _failure_error(trace)
-    if not reached_two_steps(trace):
+    if not trace.reached_two_steps:
         raise _no_steps_error(trace, batch)
 
 
@@ -638,75 +713,69 @@ def _require_two_steps(trace: dict[str, Any], batch: int | None = None) -> None:
 Progress = Callable[[str], None]
 
 
-def estimate(options: EstimateOptions, progress: Progress | None = None) -> dict[str, Any]:
+def estimate(options: EstimateOptions, progress: Progress | None = None) -> Prediction:
     """One prediction; falls back to real CPU steps when the script cannot be faked."""
-    (trace,) = run_harness(
-        options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS, "worst_case": True}]
-    )
+    (trace,) = traces(options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS, "worst_case": True}])
     return prediction_from(trace, options, progress)
 
 
-def prediction_from(
-    trace: dict[str, Any], options: EstimateOptions, progress: Progress | None = None
-) -> dict[str, Any]:
+def prediction_from(trace: Trace, options: EstimateOptions, progress: Progress | None = None) -> Prediction:
     """The prediction for a fake run of the script, or for real CPU steps when it could not be faked."""
-    if trace["status"] != "failed":
+    if not trace.failed:
         _require_two_steps(trace)
-        if options.batch_size is not None and not trace.get("override_applied"):
+        if options.batch_size is not None and not trace.override_applied:
             raise EstimateError(_NO_KNOB)
         return predict(trace, options)
-    if (trace.get("failure") or {}).get("kind") not in ("data-dependent", "unsupported-operator"):
+    if trace.failure.kind not in ("data-dependent", "unsupported-operator"):
         raise _failure_error(trace)
     if progress:
         progress("the script cannot run on fake tensors; measuring real CPU steps instead")
     return _fallback(options, trace)
 
 
-def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str, Any]:
+def _fallback(options: EstimateOptions, fake_trace: Trace) -> Prediction:
     """Real CPU steps at a quarter and half of the target batch, the peak
     scaled linearly to the target."""
-    failure = fake_trace["failure"]
-    where = failure.get("where") or {}
+    failure = fake_trace.failure
+    where = failure.where or {}
     reason = (
-        f"{failure.get('type')} at {where.get('file')}:{where.get('line')} ({where.get('code', '')}): "
-        f"{failure.get('message')}"
+        f"{failure.type} at {where.get('file')}:{where.get('line')} ({where.get('code', '')}): "
+        f"{failure.message}"
         if where
-        else f"{failure.get('type')}: {failure.get('message')}"
+        else f"{failure.type}: {failure.message}"
     )
-    target = options.batch_size or fake_trace.get("batch_size")
-    if fake_trace.get("batch_knobs") and target and target >= 4:
+    target = options.batch_size or fake_trace.batch_size
+    if fake_trace.batch_knobs and target and target >= 4:
         sizes = fallback_batches(target)
-        traces = run_harness(options, [{"batch_size": size} for size in sizes], mode="real")
-        for size, trace in zip(sizes, traces):
+        measured = traces(options, [{"batch_size": size} for size in sizes], mode="real")
+        for size, trace in zip(sizes, measured):
             _require_two_steps(trace, size)
-        intercept, slope = _fit(traces)
-        prediction_trace = traces[-1]
+        intercept, slope = _fit(measured)
+        prediction_trace = measured[-1]
         prediction = predict(prediction_trace, options)
         scaled = int(intercept + slope * target)
-        prediction["peak_bytes"] += scaled - traces[-1]["peak_bytes"]
-        prediction["batch_size"] = target
-        prediction["breakdown_batch_size"] = traces[-1]["batch_size"]
-        prediction["method"] = (
-            f"real CPU steps at batch {sizes[0]} and {sizes[1]}, scaled linearly to {target}"
-        )
+        prediction.peak_bytes += scaled - measured[-1].peak_bytes
+        prediction.batch_size = target
+        prediction.breakdown_batch_size = measured[-1].batch_size
+        prediction.method = f"real CPU steps at batch {sizes[0]} and {sizes[1]}, scaled linearly to {target}"
         uncertainty = (
             "a lower bound: the peak is the largest of several phases, each linear in the batch, so a line "
             "through two smaller batches can only fall short when another phase takes over; CPU kernels, "
             "not CUDA's (attention math path, no cuDNN)"
         )
     else:
-        (prediction_trace,) = run_harness(options, [{"batch_size": options.batch_size}], mode="real")
+        (prediction_trace,) = traces(options, [{"batch_size": options.batch_size}], mode="real")
         _require_two_steps(prediction_trace)
         prediction = predict(prediction_trace, options)
-        prediction["method"] = "a real CPU step at the script's own batch size"
+        prediction.method = "a real CPU step at the script's own batch size"
         uncertainty = "CPU kernels, not CUDA's (attention math path, no cuDNN)"
     if options.gpu is not None:
-        if prediction["reserved_bytes"] is not None:
-            prediction["reserved_bytes"] = max(prediction["reserved_bytes"], prediction["peak_bytes"])
-            prediction["process_bytes"] = prediction["reserved_bytes"] + (prediction["context_bytes"] or 0)
+        if prediction.reserved_bytes is not None:
+            prediction.reserved_bytes = max(prediction.reserved_bytes, prediction.peak_bytes)
+            prediction.process_bytes = prediction.reserved_bytes + (prediction.context_bytes or 0)
         _set_verdict(prediction, options.gpu.memory, options.margin)
-    library = fake_trace.get("quantized_failure")
-    layers = prediction_trace.get("quantized_layers") or fake_trace.get("quantized_layers") or {}
+    library = fake_trace.quantized_failure
+    layers = prediction_trace.quantized_layers or fake_trace.quantized_layers
     if library or layers:
         named = ", ".join(f"{count} {name}" for name, count in sorted(layers.items())) or library
         uncertainty += (
@@ -719,15 +788,20 @@ def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str,
             + ", so this measures their library's CPU backend (its quantized weights, dequantized copies and "
             "buffers as on the CPU), not its CUDA kernels"
         )
-    for note in prediction["corrections"]:
-        if note["name"] == "traced-on-cpu":
-            note["detail"] = (
-                "measured by real CPU steps (the script could not run on fake tensors); CUDA's "
-                "allocator terms applied below"
-            )
-    prediction["fallback"] = {"reason": reason, "uncertainty": uncertainty}
-    if prediction.get("distributed"):
-        prediction["method"] += f" as rank 0 of {options.world_size} (fake process group)"
+    prediction.corrections = [
+        Correction(
+            note.name,
+            "measured by real CPU steps (the script could not run on fake tensors); CUDA's "
+            "allocator terms applied below",
+            note.bytes,
+        )
+        if note.name == "traced-on-cpu"
+        else note
+        for note in prediction.corrections
+    ]
+    prediction.fallback = Fallback(reason, uncertainty)
+    if prediction.distributed is not None:
+        prediction.method += f" as rank 0 of {options.world_size} (fake process group)"
     return prediction
 
 
@@ -737,8 +811,8 @@ def fallback_batches(target: int) -> tuple[int, int]:
     return max(1, target // 4), max(2, target // 2)
 
 
-def _fit(traces: list[dict[str, Any]]) -> tuple[float, float]:
-    (b1, p1), (b2, p2) = ((t["batch_size"], t["peak_bytes"]) for t in traces[:2])
+def _fit(measured: list[Trace]) -> tuple[float, float]:
+    (b1, p1), (b2, p2) = ((t.batch_size, t.peak_bytes) for t in measured[:2])
     slope = (p2 - p1) / (b2 - b1)
     return p1 - slope * b1, slope
 
@@ -764,13 +838,13 @@ class _Search:
     script did not reach two optimizer steps (each: batch, prediction or trace)."""
 
     budget: int
-    fitting: tuple[int, dict[str, Any]] | None = None
-    over: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # the checks over the budget
-    no_steps: tuple[int, dict[str, Any]] | None = None
+    fitting: tuple[int, Prediction] | None = None
+    over: list[tuple[int, Prediction]] = field(default_factory=list)  # the checks over the budget
+    no_steps: tuple[int, Trace] | None = None
     checks: int = 0
 
     @property
-    def too_large(self) -> tuple[int, dict[str, Any]] | None:
+    def too_large(self) -> tuple[int, Prediction] | None:
         return min(self.over, key=lambda check: check[0]) if self.over else None
 
     def upper(self) -> tuple[str, int] | None:
@@ -805,41 +879,41 @@ class _Search:
             return None  # within 0.5 %: the reserved memory moves in whole segments anyway
         if len(self.over) >= 2:
             (below, lower), (above, upper_check) = sorted(self.over, key=lambda check: check[0])[:2]
-            slope = (upper_check["peak_bytes"] - lower["peak_bytes"]) / (above - below)
+            slope = (upper_check.peak_bytes - lower.peak_bytes) / (above - below)
             if slope > 0:
-                candidate = below - math.ceil((needed_bytes(lower) - self.budget) / slope)
+                candidate = below - math.ceil((lower.needed_bytes - self.budget) / slope)
                 if low_batch < candidate < high_batch:
                     return candidate
         low, high = self.fitting[1], self.over_at(high_batch)
-        slope = (high["peak_bytes"] - low["peak_bytes"]) / (high_batch - low_batch)
-        room = self.budget - needed_bytes(low)
+        slope = (high.peak_bytes - low.peak_bytes) / (high_batch - low_batch)
+        room = self.budget - low.needed_bytes
         step = math.floor(room / slope) if slope > 0 else 0
         candidate = min(high_batch - 1, low_batch + max(1, step))
         return candidate if candidate > low_batch else None
 
-    def over_at(self, batch: int) -> dict[str, Any]:
+    def over_at(self, batch: int) -> Prediction:
         return next(prediction for checked, prediction in self.over if checked == batch)
 
 
-def _fewer_batches_above(trace: dict[str, Any]) -> int | None:
+def _fewer_batches_above(trace: Trace) -> int | None:
     """For a run whose loaders gave too few batches: the largest batch at which
     each of them gives one batch more per pass (all samples in one batch when
     it gave none; two batches when it gave one)."""
     bounds = []
-    for loader in trace.get("loaders") or []:
-        batches, samples = loader.get("batches"), loader.get("samples")
+    for loader in trace.loaders:
+        batches, samples = loader.batches, loader.samples
         if batches is None or batches >= 2 or not samples:
             continue
         if batches == 0:
             bounds.append(samples)
         else:
-            bounds.append(samples // 2 if loader["drop_last"] else samples - 1)
+            bounds.append(samples // 2 if loader.drop_last else samples - 1)
     return min(bounds) if bounds else None
 
 
 def _search_largest_fitting(
     options: EstimateOptions,
-    base: dict[str, Any],
+    base: Prediction,
     base_batch: int,
     candidate: int,
     budget: int,
@@ -856,21 +930,21 @@ def _search_largest_fitting(
     is no evidence either way: it bounds the search from above too.
     """
     search = _Search(budget)
-    if needed_bytes(base) <= budget:
+    if base.needed_bytes <= budget:
         search.fitting = (base_batch, base)
     next_batch: int | None = candidate
     while next_batch is not None and search.checks < _MAX_CHECKS:
         if progress:
             progress(f"checking batch size {next_batch} with a fake run")
-        (trace,) = run_harness(options, [{"batch_size": next_batch}])
+        (trace,) = traces(options, [{"batch_size": next_batch}])
         search.checks += 1
-        if trace["status"] == "failed":
+        if trace.failed:
             raise _failure_error(trace)
-        if not reached_two_steps(trace):
+        if not trace.reached_two_steps:
             search.no_steps = (next_batch, trace)
         else:
             checked = predict(trace, options)
-            if needed_bytes(checked) <= budget:
+            if checked.needed_bytes <= budget:
                 search.fitting = (next_batch, checked)
             else:
                 search.over.append((next_batch, checked))
@@ -895,7 +969,7 @@ _PHASES = {"forward": "forward pass", "backward": "backward pass"}
 
 
 def _why_not_the_line(
-    search: _Search, answer: int, line_answer: int, base_batches: list[int], first: dict[str, Any]
+    search: _Search, answer: int, line_answer: int, base_batches: list[int], first: Prediction
 ) -> str | None:
     """Why the checked answer is not the line's, when they differ by more than a tenth."""
     upper = search.upper()
@@ -906,7 +980,7 @@ def _why_not_the_line(
         assert search.no_steps is not None
         trace = search.no_steps[1]
         loaders = _short_loaders(trace)
-        steps = trace.get("steps", 0)
+        steps = trace.steps
         return (
             f"the memory line alone gives {line_answer:,}, but at batch {high_batch:,} the script reached "
             f"{steps} optimizer step{'' if steps == 1 else 's'}"
@@ -916,8 +990,8 @@ def _why_not_the_line(
     assert search.too_large is not None and search.fitting is not None
     low_batch, low = search.fitting
     high = search.too_large[1]
-    slope = (high["peak_bytes"] - low["peak_bytes"]) / max(high_batch - low_batch, 1)
-    phases = [_PHASES.get(p, p) for p in (first["peak_at"].get("phase"), high["peak_at"].get("phase"))]
+    slope = (high.peak_bytes - low.peak_bytes) / max(high_batch - low_batch, 1)
+    phases = [_PHASES.get(p, p) for p in (first.peak_at.phase, high.peak_at.phase)]
     moved = (
         f"the peak moves from the {phases[0]} (at batch {base_batches[0]:,}) to the {phases[1]} (at batch "
         f"{high_batch:,}), where it grows faster"
@@ -931,75 +1005,62 @@ def _why_not_the_line(
     )
 
 
-def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -> dict[str, Any]:
+def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -> EstimateResult:
     """The largest batch that fits the target with a margin: two fake traces
     give peak(bs) = a + b*bs, solved for the budget, then checked (and refined
-    where the line does not hold) by fake runs."""
+    where the line does not hold) by fake runs. The result's prediction is the first trace's."""
     if options.gpu is None:
         raise EstimateError("--find-max-batch needs a target: --gpu NAME or --gpu-memory SIZE")
-    traces = run_harness(
-        options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS}, {"batch_size": "double"}]
-    )
-    base = traces[0]
-    _require_two_steps(base, base.get("batch_size"))
-    if not base.get("batch_knobs") or not base.get("batch_size"):
+    found = traces(options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS}, {"batch_size": "double"}])
+    base = found[0]
+    _require_two_steps(base, base.batch_size)
+    if not base.batch_knobs or not base.batch_size:
         raise EstimateError(_NO_KNOB)
-    if len(traces) < 2 or not traces[1].get("override_applied"):
+    if len(found) < 2 or not found[1].override_applied:
         raise EstimateError("the second trace (at twice the batch size) could not change the batch size")
-    _require_two_steps(traces[1], traces[1].get("batch_size"))
-    first, second = predict(traces[0], options), predict(traces[1], options)
-    batches = [traces[0]["batch_size"], traces[1]["batch_size"]]
-    slope = (second["peak_bytes"] - first["peak_bytes"]) / (batches[1] - batches[0])
-    intercept = first["peak_bytes"] - slope * batches[0]
+    _require_two_steps(found[1], found[1].batch_size)
+    first, second = predict(found[0], options), predict(found[1], options)
+    batches = [found[0].batch_size, found[1].batch_size]
+    slope = (second.peak_bytes - first.peak_bytes) / (batches[1] - batches[0])
+    intercept = first.peak_bytes - slope * batches[0]
     budget = int(options.gpu.memory * (1 - options.margin))
-    result: dict[str, Any] = {
-        "fit": {"intercept_bytes": int(intercept), "bytes_per_sample": int(slope), "batch_sizes": batches},
-        "margin": options.margin,
-        "budget_bytes": budget,
-        "limit": _budget_text(options, budget),
-        "script_batch_size": base.get("batch_size"),
-        "gradient_accumulation": None,
-    }
+    result = MaxBatchSearch(
+        fit=LinearFit(int(intercept), int(slope), batches),
+        margin=options.margin,
+        budget_bytes=budget,
+        limit=_budget_text(options, budget),
+        script_batch_size=base.batch_size,
+    )
     if slope <= 0:
-        result.update(max_batch=None, reason="the peak does not grow with the batch size")
-        return {"estimate": first, "max_batch": result}
+        result.max_batch, result.reason = None, "the peak does not grow with the batch size"
+        return EstimateResult(first, result)
     # The line is the allocated peak's; what the budget holds above it (reserved segments, the
     # context) is taken as at the first trace, and every answer is checked by a fake run.
-    overhead = needed_bytes(first) - first["peak_bytes"]
+    overhead = first.needed_bytes - first.peak_bytes
     line_answer = math.floor((budget - overhead - intercept) / slope)
-    result["line_max_batch"] = line_answer
+    result.line_max_batch = line_answer
     if line_answer < 1:
-        result.update(
-            max_batch=0,
-            reason=f"even batch size 1 does not keep {result['limit']}: the model states alone need more",
-        )
-        return {"estimate": first, "max_batch": result}
+        result.max_batch = 0
+        result.reason = f"even batch size 1 does not keep {result.limit}: the model states alone need more"
+        return EstimateResult(first, result)
     search = _search_largest_fitting(options, first, batches[0], line_answer, budget, progress)
     if search.fitting is None:
-        reason = f"no batch size checked by a fake run keeps {result['limit']}"
+        reason = f"no batch size checked by a fake run keeps {result.limit}"
         if search.no_steps is not None and search.too_large is None:
-            reason = (
-                f"no batch size checked by a fake run reached two optimizer steps ({search.no_steps[0]:,})"
-            )
-        result.update(max_batch=0, reason=reason)
-        return {"estimate": first, "max_batch": result}
+            reason = f"no batch size checked by a fake run reached two optimizer steps ({search.no_steps[0]:,})"
+        result.max_batch, result.reason = 0, reason
+        return EstimateResult(first, result)
     largest, verified = search.fitting
     upper = search.upper()
-    result.update(
-        max_batch=largest,
-        verified=verified,
-        bound=upper[0] if upper else "memory",
-        next_checked=upper[1] if upper else None,
-        checks=search.checks,
-        explanation=_why_not_the_line(search, largest, line_answer, batches, first),
-    )
-    script_batch = base.get("batch_size")
+    result.max_batch = largest
+    result.verified = verified
+    result.bound = upper[0] if upper else "memory"
+    result.next_checked = upper[1] if upper else None
+    result.checks = search.checks
+    result.explanation = _why_not_the_line(search, largest, line_answer, batches, first)
+    script_batch = base.batch_size
     if script_batch and script_batch > largest:
         steps = accumulation_steps(script_batch, largest)
         micro = math.ceil(script_batch / steps)
-        result["gradient_accumulation"] = {
-            "micro_batch": micro,
-            "steps": steps,
-            "effective_batch": micro * steps,
-        }
-    return {"estimate": first, "max_batch": result}
+        result.gradient_accumulation = Accumulation(micro, steps, micro * steps)
+    return EstimateResult(first, result)

@@ -8,31 +8,28 @@ each world size gets its own search (estimator.find_max_batch). No torch import 
 
 from __future__ import annotations
 
-from typing import Any
-
 from oom_lsp.estimate import distributed
 from oom_lsp.estimate.estimator import (
     EstimateOptions,
     Progress,
     find_max_batch,
     prediction_from,
-    run_harness,
+    traces,
 )
+from oom_lsp.estimate.results import Sweep, SweepRow
 
 
 def sweep(
     options: EstimateOptions, world_sizes: list[int], search: bool, progress: Progress | None = None
-) -> dict[str, Any]:
-    """{"world_sizes", "fewest_gpus", "runs": [{"world_size", "estimate", "max_batch"}]}."""
-    rows: list[dict[str, Any]] = []
+) -> Sweep:
+    """Rank 0's estimate at each world size (and the largest batch per rank when `search`)."""
+    rows: list[SweepRow] = []
     if search:
         for size in world_sizes:
             if progress:
                 progress(f"world size {size}: the largest batch per rank")
             outcome = find_max_batch(distributed.with_world_size(options, size), progress)
-            rows.append(
-                {"world_size": size, "estimate": outcome["estimate"], "max_batch": outcome["max_batch"]}
-            )
+            rows.append(SweepRow(size, outcome.prediction, outcome.max_batch))
     else:
         runs = [
             {
@@ -41,9 +38,7 @@ def sweep(
             }
             for size in world_sizes
         ]
-        for size, trace in zip(world_sizes, run_harness(options, runs)):
+        for size, trace in zip(world_sizes, traces(options, runs)):
             sized = distributed.with_world_size(options, size)
-            rows.append(
-                {"world_size": size, "estimate": prediction_from(trace, sized, progress), "max_batch": None}
-            )
-    return {"world_sizes": world_sizes, "fewest_gpus": distributed.fewest_fitting(rows), "runs": rows}
+            rows.append(SweepRow(size, prediction_from(trace, sized, progress), None))
+    return Sweep(world_sizes, distributed.fewest_fitting(rows), rows)

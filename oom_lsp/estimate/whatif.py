@@ -11,7 +11,6 @@ and worst case), so the rows differ only by the change. No torch import here."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import os
 import tempfile
@@ -28,11 +27,12 @@ from oom_lsp.estimate.estimator import (
     DATA_DRAWS,
     EstimateError,
     EstimateOptions,
-    needed_bytes,
     prediction_from,
-    run_harness,
+    traces,
     verdict,
 )
+from oom_lsp.estimate.results import NotApplicable, Prediction, Trace, WhatIfBaseline, WhatIfRow, WhatIfTable
+from oom_lsp.estimate.whatif_record import source_digest
 
 SAFE, UNSAFE, NUMERICS = "safe", "unsafe", "changes numerics"
 # Fixes that keep the program's meaning but not its floating-point results.
@@ -58,10 +58,6 @@ class Change:
     source: str | None = None
     # A fix `oom-lsp check --fix` applies only with --unsafe-fixes.
     unsafe_fix: bool = False
-
-
-def source_digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def fix_key(finding: Finding) -> str:
@@ -134,19 +130,17 @@ def fixes_together(source: str, single: list[Change], settings: LintSettings, pa
     return together
 
 
-def knob_changes(
-    trace: dict[str, Any], options: EstimateOptions
-) -> tuple[list[Change], list[dict[str, str]]]:
+def knob_changes(trace: Trace, options: EstimateOptions) -> tuple[list[Change], list[NotApplicable]]:
     """The knobs that apply to the traced step, and why the others do not."""
     changes: list[Change] = []
-    skipped: list[dict[str, str]] = []
+    skipped: list[NotApplicable] = []
 
     def skip(title: str, why: str) -> None:
-        skipped.append({"title": title, "why": why})
+        skipped.append(NotApplicable(title, why))
 
     if options.autocast_dtype not in (None, "fp32"):
         skip("bf16 autocast", f"already traced with --dtype {options.autocast_dtype}")
-    elif trace.get("autocast_regions"):
+    elif trace.autocast_regions:
         skip("bf16 autocast", "the script already runs under torch.autocast")
     else:
         changes.append(
@@ -169,8 +163,8 @@ def knob_changes(
             run={"checkpoint_blocks": True},
         )
     )
-    batch = options.batch_size or trace.get("batch_size")
-    if not trace.get("batch_knobs"):
+    batch = options.batch_size or trace.batch_size
+    if not trace.batch_knobs:
         skip("half the micro-batch, 2 accumulation steps", "the trace found no batch-size knob to halve")
     elif not isinstance(batch, int) or batch < 2:
         skip("half the micro-batch, 2 accumulation steps", f"the batch size is {batch}")
@@ -185,8 +179,8 @@ def knob_changes(
                 run={"batch_size": batch // 2, "accumulation": 2},
             )
         )
-    optimizers = trace.get("optimizers") or []
-    unfused = sorted({o["class"] for o in optimizers if o["class"] in _FUSABLE and not o["fused"]})
+    optimizers = trace.optimizers
+    unfused = sorted({o.name for o in optimizers if o.name in _FUSABLE and not o.fused})
     if unfused:
         changes.append(
             Change(
@@ -199,7 +193,7 @@ def knob_changes(
         )
     elif optimizers:
         skip("fused optimizer", "no unfused Adam, AdamW or SGD is stepped")
-    adams = sorted({o["class"] for o in optimizers if o["class"] in _ADAFACTOR_REPLACES})
+    adams = sorted({o.name for o in optimizers if o.name in _ADAFACTOR_REPLACES})
     if adams:
         changes.append(
             Change(
@@ -261,15 +255,15 @@ def _options_for(change: Change, options: EstimateOptions, copies: dict[str, Pat
     return dataclasses.replace(options, **updates)
 
 
-def _not_applied(change: Change, trace: dict[str, Any]) -> str | None:
+def _not_applied(change: Change, trace: Trace) -> str | None:
     """Why a knob changed nothing in the run (then it has no row)."""
-    if trace.get("status") == "failed":
+    if trace.failed:
         return None  # the row says how it failed
-    if change.run.get("checkpoint_blocks") and not trace.get("checkpointed_blocks"):
+    if change.run.get("checkpoint_blocks") and not trace.checkpointed_blocks:
         return "no repeated blocks (a ModuleList or Sequential of two or more alike modules) run in training"
-    if change.run.get("optimizer") and not trace.get("optimizer_change"):
+    if change.run.get("optimizer") and not trace.optimizer_change:
         return "the script builds no Adam, AdamW or SGD while it runs"
-    accumulation = trace.get("accumulation")
+    accumulation = trace.accumulation
     if change.run.get("accumulation") and not (accumulation or {}).get("skipped_steps"):
         return "no optimizer step was skipped (the script steps no torch.optim optimizer)"
     return None
@@ -282,21 +276,21 @@ def what_if(
     settings: LintSettings,
     progress: Callable[[str], None] | None = None,
     encoding: str = "utf-8",
-) -> dict[str, Any]:
+) -> WhatIfTable:
     """The baseline prediction and a row per change: those that stop a growth first, then by saving."""
     say = progress or (lambda text: None)
     say("tracing the script as it is")
     base_run = _run_for(None, options, {})
     # A third step, to tell what every step keeps from what only the second allocates once (DDP
     # rebuilds its buckets there).
-    base_trace, three_steps = run_harness(options, [base_run, {**base_run, "steps": 3, "worst_case": False}])
+    base_trace, three_steps = traces(options, [base_run, {**base_run, "steps": 3, "worst_case": False}])
     base = prediction_from(base_trace, options, progress)
-    base_needed = needed_bytes(base)
+    base_needed = base.needed_bytes
     base_growth = growth_per_step(three_steps, base)
     knobs, skipped = knob_changes(base_trace, options)
     single = fix_changes(source, findings)
     changes = single + fixes_together(source, single, settings, str(options.script)) + knobs
-    rows: list[dict[str, Any]] = []
+    rows: list[WhatIfRow] = []
     if changes:
         say(
             f"tracing {len(changes)} change{'s' if len(changes) != 1 else ''}: "
@@ -306,105 +300,100 @@ def what_if(
             runs = [_run_for(change, options, copies) for change in changes]
             # One child interpreter runs every change in turn: the time limit is per trace.
             together = dataclasses.replace(options, timeout=options.timeout * len(runs))
-            traces = run_harness(together, runs)
             # Inside: a trace that falls back to real CPU steps runs its edited copy again.
-            for change, trace in zip(changes, traces):
+            for change, trace in zip(changes, traces(together, runs)):
                 why_not = _not_applied(change, trace)
                 if why_not:
-                    skipped.append({"title": change.title, "why": why_not})
+                    skipped.append(NotApplicable(change.title, why_not))
                     continue
                 row = _row(
                     change, trace, _options_for(change, options, copies), base_needed, base_growth, progress
                 )
-                if "error" in row:
+                if row.error is not None:
                     # One line, the edited copy named as what it is.
-                    first = row["error"].splitlines()[0]
+                    first = row.error.splitlines()[0]
                     copy = copies.get(change.key)
-                    row["error"] = (
-                        first.replace(copy.name, f"{options.script.name} (changed)") if copy else first
-                    )
+                    row.error = first.replace(copy.name, f"{options.script.name} (changed)") if copy else first
                 rows.append(row)
     rows.sort(key=_rank)
     capacity = options.gpu.memory if options.gpu else None
-    return {
-        "script": str(options.script),
-        "device": options.device,
-        "gpu": options.gpu.name if options.gpu else None,
-        "gpu_memory": capacity,
-        "batch_size": base.get("batch_size"),
-        "source_digest": source_digest(source),
+    return WhatIfTable(
+        script=str(options.script),
+        device=options.device,
+        gpu=options.gpu.name if options.gpu else None,
+        gpu_memory=capacity,
+        batch_size=base.batch_size,
+        source_digest=source_digest(source),
         # The estimate options the what-if ran with: a later estimate matches a row only with the same.
-        "batch_option": options.batch_size,
-        "autocast_option": options.autocast_dtype,
-        "world_size_option": options.world_size,
-        "baseline": {
-            "needed_bytes": base_needed,
-            "peak_bytes": base["peak_bytes"],
-            "verdict": base.get("verdict"),
-            "fits": None if capacity is None else base_needed <= capacity * (1 - options.margin),
-            "growth_per_step": base_growth,
-            "steps_to_oom": capacity and base_growth and max(0, (capacity - base_needed) // base_growth),
-        },
-        "changes": rows,
-        "not_applicable": skipped,
-    }
+        batch_option=options.batch_size,
+        autocast_option=options.autocast_dtype,
+        world_size_option=options.world_size,
+        baseline=WhatIfBaseline(
+            needed_bytes=base_needed,
+            peak_bytes=base.peak_bytes,
+            verdict=base.verdict,
+            fits=None if capacity is None else base_needed <= capacity * (1 - options.margin),
+            growth_per_step=base_growth,
+            steps_to_oom=capacity and base_growth and max(0, (capacity - base_needed) // base_growth),
+        ),
+        changes=rows,
+        not_applicable=skipped,
+    )
 
 
-def growth_per_step(trace: dict[str, Any], prediction: dict[str, Any]) -> int | None:
+def growth_per_step(trace: Trace, prediction: Prediction) -> int | None:
     """What every step keeps on top of the one before (live bytes as each step ends: the least of
     the differences), when it is above the noise; None for real CPU steps scaled to the batch."""
-    live = trace.get("live_after_steps") or []
-    if prediction.get("fallback") or trace.get("status") == "failed" or len(live) < 2:
+    live = trace.live_after_steps
+    if prediction.fallback is not None or trace.failed or len(live) < 2:
         return None
     growth = min(after - before for before, after in itertools.pairwise(live))
     return growth if growth >= GROWTH_FLOOR else 0
 
 
-def _rank(row: dict[str, Any]) -> tuple:
+def _rank(row: WhatIfRow) -> tuple:
     """Changes that stop the memory growing at each step first (without them the script runs out
     sooner or later, whatever its peak), then by saving."""
-    if row.get("error"):
+    if not row.measured:
         return (2, 0)
-    return (0 if row.get("stops_growth") else 1, -row["saving_bytes"])
+    return (0 if row.stops_growth else 1, -(row.saving_bytes or 0))
 
 
 def _row(
     change: Change,
-    trace: dict[str, Any],
+    trace: Trace,
     options: EstimateOptions,
     base_needed: int,
     base_growth: int | None,
     progress: Callable[[str], None] | None,
-) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "key": change.key,
-        "title": change.title,
-        "how": change.how,
-        "safety": change.safety,
-        "code": change.code,
-        "line": change.line,
-        "source_digest": source_digest(change.source) if change.source is not None else None,
-        "autocast_dtype": change.run.get("autocast_dtype"),
-        "batch_size": change.run.get("batch_size"),
-    }
+) -> WhatIfRow:
+    row = WhatIfRow(
+        key=change.key,
+        title=change.title,
+        how=change.how,
+        safety=change.safety,
+        code=change.code,
+        line=change.line,
+        source_digest=source_digest(change.source) if change.source is not None else None,
+        autocast_dtype=change.run.get("autocast_dtype"),
+        batch_size=change.run.get("batch_size"),
+    )
     try:
         prediction = prediction_from(trace, options, progress)
     except EstimateError as error:
-        row["error"] = str(error)
+        row.error = str(error)
         return row
-    needed = needed_bytes(prediction)
+    needed = prediction.needed_bytes
     capacity = options.gpu.memory if options.gpu else None
     # Two steps: only the growth of a script that grows at every step is a row's to stop.
     growth = growth_per_step(trace, prediction) if base_growth else None
-    row.update(
-        growth_per_step=growth,
-        stops_growth=bool(base_growth and growth is not None and growth <= base_growth // 2),
-        fallback=bool(prediction.get("fallback")),
-        needed_bytes=needed,
-        peak_bytes=prediction["peak_bytes"],
-        saving_bytes=base_needed - needed,
-        saving_percent=round(100 * (base_needed - needed) / base_needed, 1) if base_needed else 0.0,
-        verdict=verdict(needed, capacity, options.margin) if capacity else None,
-        fits=None if capacity is None else needed <= capacity * (1 - options.margin),
-    )
+    row.growth_per_step = growth
+    row.stops_growth = bool(base_growth and growth is not None and growth <= base_growth // 2)
+    row.fallback = prediction.fallback is not None
+    row.needed_bytes = needed
+    row.peak_bytes = prediction.peak_bytes
+    row.saving_bytes = base_needed - needed
+    row.saving_percent = round(100 * (base_needed - needed) / base_needed, 1) if base_needed else 0.0
+    row.verdict = verdict(needed, capacity, options.margin) if capacity else None
+    row.fits = None if capacity is None else needed <= capacity * (1 - options.margin)
     return row

@@ -26,6 +26,7 @@ from oom_lsp.analysis.findings import Finding
 from oom_lsp.analysis.registry import rule_for
 from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.edits import split_lines
+from oom_lsp.estimate.results import Prediction
 from oom_lsp.llm.context import CodeFacts, EnvironmentFacts, code_region, detect_code_facts
 from oom_lsp.llm.edits import MAX_BLOCKS, Region
 from oom_lsp.llm.secrets import redact
@@ -58,7 +59,7 @@ class FixRequest:
     finding: Finding | None = None
     oom: OomError | None = None  # from a log; a profile report's OOM is used when this is None
     report: Report | None = None  # a profile report (measured)
-    estimate: dict[str, Any] | None = None  # an `oom-lsp estimate --format json` prediction
+    estimate: Prediction | None = None  # an `oom-lsp estimate --format json` prediction
     environment: EnvironmentFacts | None = None
     gpu_memory: int | None = None  # [tool.oom-lsp] gpu-memory
     lint_settings: LintSettings | None = None  # for the static findings shown with the code
@@ -288,7 +289,7 @@ def _context(request: FixRequest, facts: CodeFacts, region_name: str, line: int)
     torch_version = (
         (env.torch if env else None)
         or (report.torch_version if report else None)
-        or (request.estimate.get("torch") if request.estimate else None)
+        or (request.estimate.torch if request.estimate else None)
     )
     if torch_version:
         cuda = (env.cuda if env else None) or (report.cuda_version if report else None)
@@ -324,9 +325,9 @@ def _gpu(request: FixRequest) -> str | None:
         return f"{env.gpu_name}, {format_bytes(env.gpu_memory)} (from the interpreter)"
     if error is not None and error.total_capacity:
         return f"{error.device or 'GPU'}, {format_bytes(error.total_capacity)} total (from the error message)"
-    if request.estimate and request.estimate.get("gpu"):
-        gpu = request.estimate["gpu"]
-        return f"{gpu['name']}, {format_bytes(gpu['memory'])} (the estimate's target)"
+    if request.estimate and request.estimate.gpu:
+        gpu = request.estimate.gpu
+        return f"{gpu.name}, {format_bytes(gpu.memory)} (the estimate's target)"
     if request.gpu_memory:
         return f"{format_bytes(request.gpu_memory)} (gpu-memory setting)"
     return None
@@ -435,22 +436,22 @@ def _measured(report: Report, limits: _Limits) -> str:
     return "\n".join(rows)
 
 
-def _estimated(prediction: dict[str, Any], limits: _Limits) -> str:
-    target = prediction.get("gpu")
-    rows = [f"Estimated by `oom-lsp estimate` ({prediction.get('method', 'estimate')}), not measured."]
-    rows.append(f"- Peak allocated: {format_bytes(prediction['peak_bytes'])} (estimated)")
-    if prediction.get("batch_size"):
-        rows.append(f"- Batch size: {prediction['batch_size']} (estimated run)")
+def _estimated(prediction: Prediction, limits: _Limits) -> str:
+    target = prediction.gpu
+    rows = [f"Estimated by `oom-lsp estimate` ({prediction.method or 'estimate'}), not measured."]
+    rows.append(f"- Peak allocated: {format_bytes(prediction.peak_bytes)} (estimated)")
+    if prediction.batch_size:
+        rows.append(f"- Batch size: {prediction.batch_size} (estimated run)")
     if target:
-        verdict = prediction.get("verdict") or "?"
-        rows.append(f"- Target {target['name']} ({format_bytes(target['memory'])}): {verdict}")
-    breakdown = [(name, size) for name, size in (prediction.get("breakdown") or {}).items() if size]
+        verdict = prediction.verdict.value if prediction.verdict else "?"
+        rows.append(f"- Target {target.name} ({format_bytes(target.memory)}): {verdict}")
+    breakdown = [(category, size) for category, size in prediction.breakdown.items() if size]
     if breakdown and limits.table_rows:
         rows.append(
             "- Breakdown at the peak: "
-            + ", ".join(f"{name.replace('_', ' ')} {format_bytes(size)}" for name, size in breakdown)
+            + ", ".join(f"{category.value.replace('_', ' ')} {format_bytes(size)}" for category, size in breakdown)
         )
-    lines = prediction.get("top_lines") or []
+    lines = prediction.top_lines
     if lines and limits.table_rows:
         rows.append("\nTop lines at the peak (estimated):")
         rows.extend(
@@ -462,7 +463,7 @@ def _estimated(prediction: dict[str, Any], limits: _Limits) -> str:
                 ],
             )
         )
-    modules = [(name, size) for name, size in prediction.get("top_modules") or [] if name]
+    modules = [(name, size) for name, size in prediction.top_modules if name]
     if modules and limits.table_rows:
         rows.append("\nTop modules at the peak (estimated):")
         rows.extend(
@@ -535,7 +536,7 @@ def _validation(request: FixRequest) -> str:
     if request.report is not None:
         how, before = "the profile (`oom-lsp profile`)", request.report.peak_allocated
     elif request.estimate is not None:
-        before = request.estimate.get("peak_bytes")
+        before = request.estimate.peak_bytes
     figure = f" Before the change: {format_bytes(before)}." if before is not None else ""
     return (
         f"After the change oom-lsp re-runs {how} and compares the peak memory of one training step "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oom_lsp.estimate.results import Prediction, Verdict
 from oom_lsp.llm.fixlog import Figures
 
 
@@ -25,22 +26,24 @@ class MeasurementError(Exception):
 @dataclass(frozen=True)
 class Measurement:
     kind: str  # "profile" (measured) or "estimate"
-    data: Any  # a profiling Report, or the estimate's prediction dict
+    data: Any  # a profiling Report, or the estimate's Prediction
     source: str  # where it came from, for messages
 
     @property
     def peak(self) -> int | None:
-        return self.data.peak_allocated if self.kind == "profile" else self.data.get("peak_bytes")
+        return self.data.peak_allocated if self.kind == "profile" else self.data.peak_bytes
 
     @property
     def ran_out_of_memory(self) -> bool:
         if self.kind == "profile":
             return self.data.status == "oom"
-        return self.data.get("verdict") == "will run out of memory"
+        return self.data.verdict is Verdict.OOM
 
     @property
     def status(self) -> str:
-        return self.data.status if self.kind == "profile" else (self.data.get("verdict") or "estimated")
+        if self.kind == "profile":
+            return self.data.status
+        return self.data.verdict.value if self.data.verdict else "estimated"
 
 
 def parse_measurement(data: object, source: str) -> Measurement:
@@ -52,7 +55,10 @@ def parse_measurement(data: object, source: str) -> Measurement:
         except ReportError as error:
             raise MeasurementError(f"{source}: {error}") from None
     if isinstance(data, dict) and isinstance(data.get("peak_bytes"), int):
-        return Measurement("estimate", data, source)
+        try:
+            return Measurement("estimate", Prediction.from_json(data), source)
+        except (KeyError, TypeError, ValueError) as error:
+            raise MeasurementError(f"{source}: not an `oom-lsp estimate --format json` output ({error})") from None
     raise MeasurementError(
         f"{source}: neither a profile report.json nor an `oom-lsp estimate --format json` output"
     )
@@ -140,23 +146,23 @@ def _profile(
 
 
 def _estimate(
-    script: Path, prediction: dict[str, Any], python: str, timeout: float, cancel: threading.Event | None
+    script: Path, prediction: Prediction, python: str, timeout: float, cancel: threading.Event | None
 ) -> Measurement:
     from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate
     from oom_lsp.estimate.gpus import UnknownGpuError, custom_gpu, find_gpu
 
-    target = prediction.get("gpu")
+    target = prediction.gpu
     gpu = None
     if target:
         try:
-            gpu = find_gpu(target["name"])  # the catalogue entry knows the architecture, too
+            gpu = find_gpu(target.name)  # the catalogue entry knows the architecture, too
         except UnknownGpuError:
-            gpu = custom_gpu(target["memory"])
+            gpu = custom_gpu(target.memory)
     # The script's own batch size, not the one estimated before: the fix may have changed it.
     options = EstimateOptions(
         script=script,
-        script_args=list(prediction.get("args") or []),
-        device=prediction.get("device", "cuda"),
+        script_args=list(prediction.args),
+        device=prediction.device,
         gpu=gpu,
         python=python,
         timeout=timeout,

@@ -14,9 +14,9 @@ The estimate of a text a what-if predicted is compared with it (server/what_if.p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,17 +31,11 @@ from oom_lsp.analysis import LintSettings, Severity
 from oom_lsp.analysis.catalogue import rule_url
 from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
 from oom_lsp.edits import Position, Range
-from oom_lsp.estimate.estimator import (
-    DEFAULT_MARGIN,
-    EstimateError,
-    EstimateOptions,
-    estimate,
-    find_max_batch,
-)
-from oom_lsp.estimate.gpus import Gpu, UnknownGpuError, custom_gpu, find_gpu
+from oom_lsp.estimate.estimator import DEFAULT_MARGIN, EstimateError
+from oom_lsp.estimate.gpus import Gpu
+from oom_lsp.estimate.results import EstimateResult, Verdict, WhatIfCheck
+from oom_lsp.estimate.wording import comparison_words, hint_label, predicted_oom_message
 from oom_lsp.notebooks import is_notebook_path
-from oom_lsp.notebooks.document import NotebookError
-from oom_lsp.notebooks.run import notebook_as_script
 from oom_lsp.server import code_actions
 from oom_lsp.server.diagnostics import SOURCE
 from oom_lsp.server.positions import PositionConverter, split_lines
@@ -59,39 +53,24 @@ from oom_lsp.server.profiling import (
 )
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
-from oom_lsp.units import short_bytes
+from oom_lsp.usecases.estimate import (
+    EstimateInputError,
+    EstimateRequest,
+    Listener,
+    resolve_target,
+    run_estimate,
+)
 
 ESTIMATE_COMMAND = "oom-lsp.estimate"
 OOM100 = "OOM100"
 DEFAULT_ESTIMATE_TIMEOUT_S = 300.0
 ACCUMULATION_CONSTANT = "GRADIENT_ACCUMULATION_STEPS"
-_VERDICTS = {"fits": "fits", "tight": "tight", "will run out of memory": "oom"}
 _SEVERITIES = {
     Severity.ERROR: types.DiagnosticSeverity.Error,
     Severity.WARNING: types.DiagnosticSeverity.Warning,
     Severity.INFO: types.DiagnosticSeverity.Information,
     Severity.HINT: types.DiagnosticSeverity.Hint,
 }
-
-
-@dataclass(frozen=True)
-class FollowUp:
-    """What another module adds to the estimate of a `.py` file (server/what_if.py: the comparison
-    with a what-if's prediction for this text): `run(options, prediction, searched, job)` in the
-    job's thread after the trace; what it returns, unless None, goes through `report` on the
-    event loop into the command's result under `key`."""
-
-    key: str
-    run: Callable[[EstimateOptions, dict[str, Any], bool, Job], Any]
-    report: Callable[[OomLanguageServer, Any], Any]
-
-
-_follow_ups: list[FollowUp] = []
-
-
-def add_follow_up(follow_up: FollowUp) -> None:
-    if follow_up not in _follow_ups:
-        _follow_ups.append(follow_up)
 
 
 @attrs.define
@@ -174,22 +153,20 @@ def _knob_assignment(lines: list[str], knob_lines: set[int]) -> BatchLiteral | N
 
 
 def target_gpu(ls: OomLanguageServer, args: EstimateArgs, script: Path) -> Gpu | None:
-    """The argument's GPU or memory, else the `oomLsp.gpu` setting, else
-    `gpu-memory` of the project (or the `oomLsp.gpuMemory` setting)."""
-    config = ls.lint_settings.project_config(script)
+    """The argument's GPU or memory, else the `oomLsp.gpu` setting, else `gpu-memory` of the
+    project (or the `oomLsp.gpuMemory` setting): the use case's resolve_target."""
+    if args.gpu and args.gpu_memory:
+        raise JsonRpcInvalidParams("give gpu or gpuMemory, not both")
+    configured = command_setting(ls, "gpu")
     try:
-        if args.gpu and args.gpu_memory:
-            raise JsonRpcInvalidParams("give gpu or gpuMemory, not both")
-        if args.gpu:
-            return find_gpu(args.gpu, config.gpus)
-        if args.gpu_memory:
-            return custom_gpu(args.gpu_memory)
-        configured = command_setting(ls, "gpu")
-        if isinstance(configured, str) and configured:
-            return find_gpu(configured, config.gpus)
-    except (UnknownGpuError, ValueError) as error:
+        return resolve_target(
+            ls.lint_settings.project_config(script),
+            args.gpu,
+            args.gpu_memory,
+            configured if isinstance(configured, str) else None,
+        )
+    except EstimateInputError as error:
         raise JsonRpcInvalidParams(str(error)) from None
-    return custom_gpu(config.gpu_memory) if config.gpu_memory else None
 
 
 def _world_size(ls: OomLanguageServer, args: EstimateArgs) -> tuple[int | None, int | None]:
@@ -207,14 +184,6 @@ def _world_size(ls: OomLanguageServer, args: EstimateArgs) -> tuple[int | None, 
     return world_size, nproc
 
 
-def _gpu_label(gpu: dict[str, Any] | None) -> str:
-    if not gpu:
-        return ""
-    name = gpu["name"].removeprefix("GeForce ")
-    memory = short_bytes(gpu["memory"])
-    return f" / {memory}" if name.startswith("GPU with ") else f" / {memory} {name}"
-
-
 def check_trace_args(args: EstimateArgs) -> None:
     if args.device not in ("cuda", "cpu"):
         raise JsonRpcInvalidParams(f"device must be cuda or cpu, not {args.device!r}")
@@ -224,104 +193,144 @@ def check_trace_args(args: EstimateArgs) -> None:
         )
 
 
-def file_options(
-    ls: OomLanguageServer, args: EstimateArgs, script: Path, gpu: Gpu | None, job: Job
-) -> EstimateOptions:
-    """How to trace a `.py` file: the command's arguments over the `oomLsp` settings
-    (`profile.args`, `interpreter`, `worldSize`) and the project's."""
-    world_size, nproc_per_node = _world_size(ls, args)
+def estimate_request(
+    ls: OomLanguageServer, args: EstimateArgs, script: Path, gpu: Gpu | None, notebook: bool = False
+) -> EstimateRequest:
+    """What to estimate: the command's arguments over the `oomLsp` settings (`profile.args`,
+    `interpreter`, `worldSize`: not for a notebook, which runs in one process) and the project's."""
+    world_size, nproc_per_node = (None, None) if notebook else _world_size(ls, args)
     profile_settings = command_setting(ls, "profile")
-    default_args = profile_settings.get("args") if isinstance(profile_settings, dict) else None
-    return EstimateOptions(
+    default_args = profile_settings.get("args") if isinstance(profile_settings, dict) and not notebook else None
+    root = ls.lint_settings.project_config(script).root
+    return EstimateRequest(
         script=script,
         script_args=[str(arg) for arg in (args.args if args.args is not None else default_args or [])],
         device=args.device,
         gpu=gpu,
         batch_size=args.batch_size,
+        margin=DEFAULT_MARGIN if args.margin is None else args.margin,
         python=interpreter(ls, args.python),
         timeout=args.timeout or DEFAULT_ESTIMATE_TIMEOUT_S,
-        cwd=ls.lint_settings.project_config(script).root,
-        cancel=job.cancel,
-        margin=DEFAULT_MARGIN if args.margin is None else args.margin,
-        world_size=world_size,
+        cwd=root,
+        world_sizes=[world_size] if world_size is not None else None,
         nproc_per_node=nproc_per_node,
+        root=root,
+        display=script.name,
     )
 
 
-async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
-    check_trace_args(args)
-    world_size, _ = _world_size(ls, args)
-    notebook = _notebook_path(ls, args.uri)
-    if notebook is not None:
-        # A notebook runs in one process; the oomLsp.worldSize setting is for the project's scripts.
-        if args.world_size is not None:
-            raise JsonRpcInvalidParams("a notebook runs in one process: worldSize is for torchrun-style scripts")
-        return await _estimate_notebook(ls, args, notebook)
-    script = script_of(args.uri)
-    gpu = target_gpu(ls, args, script)
-    job = Job(ls, f"Estimating {script.name}", "estimate", script)
-    options = file_options(ls, args, script, gpu, job)
-    # The code actions need the largest batch that fits: searched by default
-    # whenever there is a target to fit.
-    search = args.find_max_batch if args.find_max_batch is not None else gpu is not None
-    if search and gpu is None:
-        raise JsonRpcInvalidParams("findMaxBatch needs a target: gpu, gpuMemory, or oomLsp.gpu / gpu-memory")
-    version = document_version(ls, args.uri)
+def job_listener(job: Job, named: bool = False) -> Listener:
+    """The work-done progress of an estimate: which trace and how many optimizer steps it reached."""
     traces = [0]
-    answers: list[tuple[FollowUp, Any]] = []
 
     def on_event(event: dict[str, Any]) -> None:
-        """The work-done progress says which trace and how many optimizer steps it reached."""
         kind = event.get("event")
         if kind == "run-start":
             traces[0] += 1
             job.report(f"trace {traces[0]}: running the script")
         elif kind == "step":
             job.report(f"trace {traces[0]}: {event.get('step')} of 2 optimizer steps traced")
+        elif kind == "comparing":
+            job.report(f"comparing with the what-if's prediction for {event.get('change')}", 90)
 
-    options.on_event = on_event
+    return Listener(on_event=on_event, on_message=lambda message: job.report(message, 60), cancel=job.cancel)
 
-    def work() -> dict[str, Any]:
+
+async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+    check_trace_args(args)
+    _world_size(ls, args)
+    notebook = _notebook_path(ls, args.uri)
+    if notebook is not None:
+        # A notebook runs in one process; the oomLsp.worldSize setting is for the project's scripts.
+        if args.world_size is not None:
+            raise JsonRpcInvalidParams("a notebook runs in one process: worldSize is for torchrun-style scripts")
+        if not notebook.is_file():
+            raise JsonRpcInvalidParams(f"{notebook}: no such file (save the notebook first)")
+        script = notebook
+    else:
+        script = script_of(args.uri)
+    gpu = target_gpu(ls, args, script)
+    # The code actions need the largest batch that fits: searched by default
+    # whenever there is a target to fit.
+    search = args.find_max_batch if args.find_max_batch is not None else gpu is not None
+    if search and gpu is None:
+        raise JsonRpcInvalidParams("findMaxBatch needs a target: gpu, gpuMemory, or oomLsp.gpu / gpu-memory")
+    request = dataclasses.replace(
+        estimate_request(ls, args, script, gpu, notebook=notebook is not None), find_max_batch=search
+    )
+    version = document_version(ls, args.uri)
+    job = Job(ls, f"Estimating {script.name}", "estimate", script)
+    listener = job_listener(job)
+    warnings: list[str] = []
+    listener.on_warning = warnings.append
+
+    def work() -> EstimateResult:
         job.report("tracing two optimizer steps on fake tensors", 10)
-        if search:
-            outcome = find_max_batch(options, lambda message: job.report(message, 60))
-            prediction = outcome["estimate"]
-            prediction["max_batch"] = outcome["max_batch"]
-        else:
-            prediction = estimate(options, lambda message: job.report(message, 50))
-            prediction["max_batch"] = None
-        for follow_up in _follow_ups:
-            answers.append((follow_up, follow_up.run(options, prediction, search, job)))
-        return prediction
+        outcome = run_estimate(request, listener)
+        assert isinstance(outcome, EstimateResult)  # one world size
+        return outcome
 
     try:
-        prediction = await job.run(work)
+        result = await job.run(work)
+    except EstimateInputError as error:
+        raise RequestFailed(str(error)) from None
     except EstimateError as error:
         raise RequestFailed(f"the estimate failed: {error}") from None
+    for warning in warnings:
+        ls.window_log_message(
+            types.LogMessageParams(type=types.MessageType.Warning, message=f"{script.name}: {warning}")
+        )
     folder = results_folder(ls, script, "estimate")
     folder.mkdir(parents=True, exist_ok=True)
     report_path = folder / f"{script.stem}.json"
-    report_path.write_text(json.dumps(prediction, indent=2) + "\n", encoding="utf-8")
-    _show_estimate(ls, args.uri, script, prediction, str(report_path), version)
-    result: dict[str, Any] = {
-        "reportPath": str(report_path),
-        "peakBytes": prediction["peak_bytes"],
-        "reservedBytes": prediction.get("reserved_bytes"),
-        "gpuMemoryBytes": gpu.memory if gpu else None,
-        "verdict": _VERDICTS.get(prediction.get("verdict") or ""),
-        "batchSize": prediction.get("batch_size"),
+    report_path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+    if notebook is None:
+        _show_estimate(ls, args.uri, script, result, str(report_path), version)
+    return estimate_answer(ls, result, str(report_path))
+
+
+def estimate_answer(ls: OomLanguageServer, result: EstimateResult, report_path: str) -> dict[str, Any]:
+    """The command's result: the figures the CLI's JSON has, in the editor's words."""
+    prediction = result.prediction
+    answer: dict[str, Any] = {
+        "reportPath": report_path,
+        "peakBytes": prediction.peak_bytes,
+        "reservedBytes": prediction.reserved_bytes,
+        # What the verdict holds against the GPU (reserved memory and the CUDA context on cuda):
+        # the what-if's "peak".
+        "neededBytes": prediction.needed_bytes,
+        "gpuMemoryBytes": prediction.gpu.memory if prediction.gpu else None,
+        "verdict": prediction.verdict.short if prediction.verdict else None,
+        "batchSize": prediction.batch_size,
     }
-    if gpu is not None:
-        result["gpuName"] = gpu.name
-    if world_size is not None:
-        result["worldSize"] = world_size
-    max_batch = (prediction.get("max_batch") or {}).get("max_batch")
-    if max_batch is not None:
-        result["maxBatch"] = max_batch
-    for follow_up, answer in answers:
-        if answer is not None:
-            result[follow_up.key] = follow_up.report(ls, answer)
-    return result
+    if prediction.gpu is not None:
+        answer["gpuName"] = prediction.gpu.name
+    if prediction.distributed is not None:
+        answer["worldSize"] = prediction.distributed.world_size
+    if result.max_batch is not None and result.max_batch.max_batch is not None:
+        answer["maxBatch"] = result.max_batch.max_batch
+    if prediction.peak_at.cell is not None:
+        answer["peakAt"] = {"cell": prediction.peak_at.cell, "line": prediction.peak_at.line}
+    if result.what_if_check is not None:
+        answer["whatIfCheck"] = report_comparison(ls, result.what_if_check)
+    return answer
+
+
+def report_comparison(ls: OomLanguageServer, check: WhatIfCheck) -> dict[str, Any]:
+    """Within 5 %: a line in the log (and the result); beyond: a warning, it is oom-lsp's bug."""
+    words = comparison_words(check)
+    if check.agrees:
+        ls.window_log_message(types.LogMessageParams(type=types.MessageType.Info, message=f"oom-lsp: {words}"))
+    else:
+        ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=f"oom-lsp: {words}"))
+    return {
+        "change": check.change,
+        "predictedBytes": check.predicted_bytes,
+        "estimatedBytes": check.estimated_bytes,
+        "differencePercent": check.difference_percent,
+        "agrees": check.agrees,
+        "message": words,
+    }
 
 
 def _notebook_path(ls: OomLanguageServer, uri: str) -> Path | None:
@@ -331,124 +340,37 @@ def _notebook_path(ls: OomLanguageServer, uri: str) -> Path | None:
     return Path(path) if path is not None and is_notebook_path(path) else None
 
 
-async def _estimate_notebook(ls: OomLanguageServer, args: EstimateArgs, notebook: Path) -> dict[str, Any]:
-    """The saved notebook's code cells run in order as one script (as `oom-lsp estimate
-    nb.ipynb`); the report names cells. No inlay hint or OOM100: those sit on a
-    batch-size literal of a `.py` file."""
-    if not notebook.is_file():
-        raise JsonRpcInvalidParams(f"{notebook}: no such file (save the notebook first)")
-    gpu = target_gpu(ls, args, notebook)
-    search = args.find_max_batch if args.find_max_batch is not None else gpu is not None
-    job = Job(ls, f"Estimating {notebook.name}", "estimate", notebook)
-    try:
-        with notebook_as_script(notebook, notebook.name) as run:
-            options = EstimateOptions(
-                script=run.script,
-                script_args=[str(arg) for arg in args.args or []],
-                device=args.device,
-                gpu=gpu,
-                batch_size=args.batch_size,
-                python=interpreter(ls, args.python),
-                timeout=args.timeout or DEFAULT_ESTIMATE_TIMEOUT_S,
-                cwd=run.cwd,
-                cancel=job.cancel,
-                margin=DEFAULT_MARGIN if args.margin is None else args.margin,
-            )
-
-            def work() -> dict[str, Any]:
-                job.report("tracing two optimizer steps on fake tensors", 10)
-                if search:
-                    outcome = find_max_batch(
-                        options, lambda message: job.report(run.places.text(message), 60)
-                    )
-                    prediction = outcome["estimate"]
-                    prediction["max_batch"] = outcome["max_batch"]
-                else:
-                    prediction = estimate(options, lambda message: job.report(run.places.text(message), 50))
-                    prediction["max_batch"] = None
-                return run.report(prediction)
-
-            try:
-                prediction = await job.run(work)
-            except EstimateError as error:
-                raise RequestFailed(f"the estimate failed: {run.places.text(str(error))}") from None
-            warning = run.built.warning()
-    except NotebookError as error:
-        raise RequestFailed(f"{notebook.name}: {error}") from None
-    folder = results_folder(ls, notebook, "estimate")
-    folder.mkdir(parents=True, exist_ok=True)
-    report_path = folder / f"{notebook.stem}.json"
-    report_path.write_text(json.dumps(prediction, indent=2) + "\n", encoding="utf-8")
-    if warning:
-        ls.window_log_message(
-            types.LogMessageParams(type=types.MessageType.Warning, message=f"{notebook.name}: {warning}")
-        )
-    result: dict[str, Any] = {
-        "reportPath": str(report_path),
-        "peakBytes": prediction["peak_bytes"],
-        "reservedBytes": prediction.get("reserved_bytes"),
-        "gpuMemoryBytes": gpu.memory if gpu else None,
-        "verdict": _VERDICTS.get(prediction.get("verdict") or ""),
-        "batchSize": prediction.get("batch_size"),
-    }
-    if gpu is not None:
-        result["gpuName"] = gpu.name
-    max_batch = (prediction.get("max_batch") or {}).get("max_batch")
-    if max_batch is not None:
-        result["maxBatch"] = max_batch
-    peak = prediction.get("peak_at") or {}
-    if peak.get("cell") is not None:
-        result["peakAt"] = {"cell": peak["cell"], "line": peak["line"]}
-    return result
-
-
 def _show_estimate(
-    ls: OomLanguageServer,
-    uri: str,
-    script: Path,
-    prediction: dict[str, Any],
-    report_path: str,
-    version: int | None,
+    ls: OomLanguageServer, uri: str, script: Path, result: EstimateResult, report_path: str, version: int | None
 ) -> None:
+    """The hint on the batch-size literal, OOM100 when it does not fit, the memory status; OOM101's
+    threshold becomes the largest batch that fits."""
+    prediction = result.prediction
     document: TextDocument = ls.workspace.get_text_document(uri)
     knobs = {
-        int(knob["line"])
-        for knob in prediction.get("batch_knobs") or []
-        if knob.get("file") and Path(knob["file"]).resolve() == script.resolve()
+        int(knob.place.line)
+        for knob in prediction.batch_knobs
+        if knob.place.file and knob.place.line and Path(knob.place.file).resolve() == script.resolve()
     }
-    literal = find_batch_literal(document.source, str(script), knobs, prediction.get("batch_size"))
-    searched = prediction.get("max_batch") or {}
-    fitting = searched.get("max_batch")
-    gpu = prediction.get("gpu")
-    distributed = prediction.get("distributed")
-    verdict = _VERDICTS.get(prediction.get("verdict") or "")
-    details = {
-        "peakBytes": prediction["peak_bytes"],
-        "batchSize": prediction.get("batch_size"),
-        "gpu": gpu,
-        "verdict": verdict,
-        "maxBatch": fitting,
-        "accumulation": searched.get("gradient_accumulation"),
-        "literal": literal_dict(literal) if literal else None,
-        "label": f"≈ {short_bytes(prediction['peak_bytes'])} peak"
-        + (f" per rank of {distributed['world_size']}" if distributed else "")
-        + f" at {prediction.get('batch_size')}"
-        + _gpu_label(gpu),
-    }
+    literal = find_batch_literal(document.source, str(script), knobs, prediction.batch_size)
+    search = result.max_batch
+    fitting = search.max_batch if search is not None else None
     found = []
     settings = ls.settings_for_uri(uri)
-    if verdict == "oom" and literal is not None and settings is not None and OOM100 in settings.enabled:
-        found.append(_oom100(ls, document, literal, details, settings))
+    oom = prediction.verdict is Verdict.OOM
+    if oom and literal is not None and settings is not None and OOM100 in settings.enabled:
+        found.append(_oom100(ls, document, literal, result, settings))
     if fitting:
         ls.max_batch_by_uri[uri] = fitting
     status = {
         "uri": uri,
-        "peakBytes": prediction["peak_bytes"],
-        "gpuMemoryBytes": gpu["memory"] if gpu else None,
-        "gpuName": gpu["name"] if gpu else None,
+        "peakBytes": prediction.peak_bytes,
+        "neededBytes": prediction.needed_bytes,
+        "gpuMemoryBytes": prediction.gpu.memory if prediction.gpu else None,
+        "gpuName": prediction.gpu.name if prediction.gpu else None,
         "source": "estimate",
         "reportPath": report_path,
-        "exceedsGpu": verdict == "oom",
+        "exceedsGpu": oom,
     }
     store_result(
         ls,
@@ -459,25 +381,12 @@ def _show_estimate(
             version=version,
             diagnostics=found,
             status=status,
-            details=details,
+            details={"literal": literal_dict(literal) if literal else None, "label": hint_label(prediction)},
         ),
     )
     send_memory_status(ls, status)
     if ls.client_supports("workspace.inlay_hint.refresh_support"):
         ls.workspace_inlay_hint_refresh(None)
-
-
-def predicted_oom_message(
-    peak_bytes: int, batch_size: int | None, gpu_memory: int, gpu_name: str, fitting: int | None
-) -> str:
-    """OOM100's message: one line, under the editors' width (the GPU named without its vendor,
-    a GPU given by its memory alone not named twice)."""
-    name = gpu_name.removeprefix("NVIDIA ").removeprefix("GeForce ")
-    target = short_bytes(gpu_memory) + ("" if name.startswith("GPU with ") else f" {name}")
-    message = f"Predicted out of memory: ≈ {short_bytes(peak_bytes)} at batch {batch_size} > {target}"
-    if fitting == 0:
-        return message + "; batch size 1 does not fit either"
-    return message + (f"; largest that fits: {fitting}" if fitting else "")
 
 
 def literal_dict(literal: BatchLiteral) -> dict[str, int]:
@@ -500,26 +409,25 @@ def _oom100(
     ls: OomLanguageServer,
     document: TextDocument,
     literal: BatchLiteral,
-    details: dict[str, Any],
+    result: EstimateResult,
     settings: LintSettings,
 ) -> types.Diagnostic:
-    gpu = details["gpu"]
-    fitting = details["maxBatch"]
+    search = result.max_batch
+    fitting = search.max_batch if search is not None else None
+    accumulation = search.gradient_accumulation if search is not None else None
     return types.Diagnostic(
         range=literal_range(ls, document.source, literal_dict(literal)),
         severity=_SEVERITIES[settings.severity_of(OOM100, PREDICTED_OUT_OF_MEMORY.default_severity)],
         code=OOM100,
         code_description=types.CodeDescription(href=rule_url(OOM100, PREDICTED_OUT_OF_MEMORY.name)),
         source=SOURCE,
-        message=predicted_oom_message(
-            details["peakBytes"], details["batchSize"], gpu["memory"], gpu["name"], fitting
-        ),
+        message=predicted_oom_message(result.prediction, fitting),
         # Not "version": the analysis's quick fixes read diagnostics with that key as theirs.
         data={
             "kind": "estimate",
             "documentVersion": document.version,
             "maxBatch": fitting,
-            "accumulation": details["accumulation"],
+            "accumulation": accumulation.to_json() if accumulation else None,
             "statementLine": literal.statement_line,
         },
     )

@@ -32,28 +32,22 @@ from pygls.uris import from_fs_path
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import Finding, default_settings
-from oom_lsp.checker import analyze_text, decode_source
-from oom_lsp.cli.estimate import what_if_check
-from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate
-from oom_lsp.estimate.whatif import fix_key, source_digest, what_if
-from oom_lsp.cli.what_if import (
-    comparison_words,
+from oom_lsp.checker import analyze_text
+from oom_lsp.estimate.estimator import EstimateError
+from oom_lsp.estimate.results import WhatIfTable
+from oom_lsp.estimate.whatif import fix_key
+from oom_lsp.estimate.whatif_record import source_digest
+from oom_lsp.estimate.wording import (
+    NEEDED_PEAK,
+    allocated_words,
     delta_words,
     fits_words,
     growth_words,
     percent_words,
-    save_record,
     saving_words,
 )
 from oom_lsp.server import code_actions
-from oom_lsp.server.estimate import (
-    EstimateArgs,
-    FollowUp,
-    add_follow_up,
-    check_trace_args,
-    file_options,
-    target_gpu,
-)
+from oom_lsp.server.estimate import EstimateArgs, check_trace_args, estimate_request, job_listener, target_gpu
 from oom_lsp.server.profiling import (
     FileResult,
     Job,
@@ -66,6 +60,8 @@ from oom_lsp.server.profiling import (
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 from oom_lsp.units import format_bytes
+from oom_lsp.usecases.estimate import EstimateInputError
+from oom_lsp.usecases.what_if import UnreadableScript, read_script, run_what_if
 
 logger = logging.getLogger(__name__)
 
@@ -85,41 +81,35 @@ async def what_if_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str
     script = script_of(args.uri)
     if script.suffix != ".py":
         raise JsonRpcInvalidParams(f"{script.name}: the what-if runs Python scripts (.py)")
-    decoded = decode_source(script.read_bytes())
-    if decoded.text is None:
-        line, column, message = decoded.problem
-        raise RequestFailed(f"{script.name}:{line}:{column + 1}: {message}")
-    text = decoded.text
+    try:
+        text, encoding = read_script(script)
+    except UnreadableScript as error:
+        raise RequestFailed(f"{script.name}:{error.line}:{error.column}: {error.problem}") from None
+    except EstimateInputError as error:
+        raise RequestFailed(str(error)) from None
     document = ls.open_document(args.uri)
     if document is not None and document.source != text:
         raise RequestFailed(f"{script.name} has unsaved changes: save it first (the what-if runs the file)")
     version = document_version(ls, args.uri)
     gpu = target_gpu(ls, args, script)
+    request = estimate_request(ls, args, script, gpu)
     # Before the first await: the job watches the request being answered for its cancellation.
     job = Job(ls, f"What if: {script.name}", KIND, script)
-    options = file_options(ls, args, script, gpu, job)
+    listener = job_listener(job)
+    listener.on_message = job.report
     findings = await _findings(ls, args.uri, document, text, script)
     # An excluded file has no findings; the knobs are still measured.
     settings = ls.settings_for_uri(args.uri) or default_settings()
-    traces = [0]
 
-    def on_event(event: dict[str, Any]) -> None:
-        if event.get("event") == "run-start":
-            traces[0] += 1
-            job.report(f"trace {traces[0]}: running the script")
-
-    options.on_event = on_event
-
-    def work() -> dict[str, Any]:
-        return what_if(
-            options, text, findings, settings, lambda message: job.report(message), decoded.encoding
-        )
+    def work() -> WhatIfTable:
+        return run_what_if(request, text, encoding, findings, settings, listener)
 
     try:
         table = await job.run(work)
+    except EstimateInputError as error:
+        raise RequestFailed(str(error)) from None
     except EstimateError as error:
         raise RequestFailed(f"the what-if failed: {error}") from None
-    save_record(ls.lint_settings.project_config(script).root, table)
     folder = results_folder(ls, script, KIND)
     folder.mkdir(parents=True, exist_ok=True)
     markdown_path = folder / f"{script.stem}.md"
@@ -130,22 +120,22 @@ async def what_if_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str
         FileResult(kind=KIND, report_path=str(markdown_path), version=version, details={"table": table}),
     )
     shown = await _show(ls, markdown_path)
-    rows = table["changes"]
     return {
         "markdownPath": str(markdown_path),
         "shown": shown,
-        "neededBytes": table["baseline"]["needed_bytes"],
+        "neededBytes": table.baseline.needed_bytes,
+        "peakBytes": table.baseline.peak_bytes,
         "changes": [
             {
-                "key": row["key"],
-                "title": row["title"],
-                "neededBytes": row.get("needed_bytes"),
-                "savingPercent": row.get("saving_percent"),
-                "error": row.get("error"),
+                "key": row.key,
+                "title": row.title,
+                "neededBytes": row.needed_bytes,
+                "savingPercent": row.saving_percent,
+                "error": row.error,
             }
-            for row in rows
+            for row in table.changes
         ],
-        "notApplicable": table["not_applicable"],
+        "notApplicable": [skipped.to_json() for skipped in table.not_applicable],
     }
 
 
@@ -181,43 +171,6 @@ async def _show(ls: OomLanguageServer, markdown_path: Path) -> bool:
     return False
 
 
-# --- the estimate after a fix ------------------------------------------------------------
-
-
-def _compare_with_prediction(
-    options: EstimateOptions, prediction: dict[str, Any], searched: bool, job: Job
-) -> dict[str, Any] | None:
-    """The CLI's comparison with a what-if's prediction for exactly this text of the script (the
-    user applied one of its changes). The search's first trace is not the estimate's worst case:
-    when the text is one the what-if predicted, the plain estimate runs too, like with like."""
-    check = what_if_check(options.script, options, prediction)
-    if check is not None and searched:
-        job.report(f"comparing with the what-if's prediction for {check['change']}", 90)
-        check = what_if_check(options.script, options, estimate(options))
-    return check
-
-
-def _report_comparison(ls: OomLanguageServer, check: dict[str, Any]) -> dict[str, Any]:
-    """Within 5 %: a line in the log (and the result); beyond: a warning, it is oom-lsp's bug."""
-    words = comparison_words(check)
-    if check["agrees"]:
-        ls.window_log_message(
-            types.LogMessageParams(type=types.MessageType.Info, message=f"oom-lsp: {words}")
-        )
-    else:
-        ls.window_show_message(
-            types.ShowMessageParams(type=types.MessageType.Warning, message=f"oom-lsp: {words}")
-        )
-    return {
-        "change": check["change"],
-        "predictedBytes": check["predicted_bytes"],
-        "estimatedBytes": check["estimated_bytes"],
-        "differencePercent": check["difference_percent"],
-        "agrees": check["agrees"],
-        "message": words,
-    }
-
-
 # --- the titles ------------------------------------------------------------------------
 
 
@@ -226,12 +179,11 @@ def saving_note(ls: OomLanguageServer, document: TextDocument, finding: Finding 
     result = current_results(ls, document.uri).get(KIND)
     if result is None:
         return None
-    table = result.details["table"]
-    if table["source_digest"] != source_digest(document.source):
+    table: WhatIfTable = result.details["table"]
+    if table.source_digest != source_digest(document.source):
         return None  # measured on the file, which the open document no longer is
-    key = FIX_ALL_ROW if finding is None else fix_key(finding)
-    row = next((row for row in table["changes"] if row["key"] == key), None)
-    if row is None or row.get("error"):
+    row = table.row(FIX_ALL_ROW if finding is None else fix_key(finding))
+    if row is None or not row.measured:
         return None
     return saving_words(row)
 
@@ -243,70 +195,70 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def table_markdown(table: dict[str, Any], name: str) -> str:
+def table_markdown(table: WhatIfTable, name: str) -> str:
     """The what-if as a Markdown page: the baseline, a row per change, what was not measured or
     does not apply, and how each change is made."""
-    base = table["baseline"]
-    batch = table.get("batch_size")
+    base = table.baseline
+    batch = table.batch_size
     target = ""
-    if table.get("gpu"):
-        target = f", target {table['gpu']} ({format_bytes(table['gpu_memory'])})"
+    if table.gpu and table.gpu_memory is not None:
+        target = f", target {table.gpu} ({format_bytes(table.gpu_memory)})"
     lines = [
         f"# What if: {name}",
         "",
         (
-            f"Batch size {batch if batch else 'as in the script'}, device {table['device']}{target}. "
+            f"Batch size {batch if batch else 'as in the script'}, device {table.device}{target}. "
             "Each change traced alone on fake tensors (no GPU), with the estimate's settings."
         ),
         "",
-        f"**As it is: {format_bytes(base['needed_bytes'])} peak**"
-        + (f", {base['verdict']}" if base.get("verdict") else "")
+        f"**As it is: {format_bytes(base.needed_bytes)} peak**{allocated_words(base)}"
+        + (f", {base.verdict.value}" if base.verdict else "")
         + ".",
     ]
     growth = growth_words(base)
     if growth:
         lines.append(f"It {growth}.")
     lines.append("")
-    rows = table["changes"]
-    measured = [row for row in rows if not row.get("error")]
-    fits = table.get("gpu_memory") is not None
+    rows = table.changes
+    measured = [row for row in rows if row.measured]
+    fits = table.gpu_memory is not None
     if measured:
         lines += [
             "| change | peak | change in peak | growth/step | fits | safety |",
             "| --- | ---: | ---: | ---: | :---: | --- |",
         ]
         for row in measured:
-            step = row.get("growth_per_step")
+            step = row.growth_per_step
             growth = "—" if step is None else format_bytes(step)
-            if row.get("stops_growth"):
+            if row.stops_growth:
                 growth += " (stops the growth)"
             fit = fits_words(row, table) if fits else "—"
-            safety = row["safety"] + (" (real CPU steps)" if row.get("fallback") else "")
+            safety = row.safety + (" (real CPU steps)" if row.fallback else "")
             lines.append(
-                f"| {_cell(row['title'])} | {format_bytes(row['needed_bytes'])} | "
+                f"| {_cell(row.title)} | {format_bytes(row.needed_bytes)} | "
                 f"{delta_words(row)} ({percent_words(row)}) | {growth} | {fit} | {safety} |"
             )
         lines.append("")
     elif not rows:
         lines += ["No change applies to this script.", ""]
-    failed = [row for row in rows if row.get("error")]
+    failed = [row for row in rows if not row.measured]
     if failed:
         lines += ["## Not measured", ""]
-        lines += [f"- {row['title']}: {row['error']}" for row in failed]
+        lines += [f"- {row.title}: {row.error}" for row in failed]
         lines.append("")
-    if table["not_applicable"]:
+    if table.not_applicable:
         lines += ["## Not applicable", ""]
-        lines += [f"- {skipped['title']}: {skipped['why']}" for skipped in table["not_applicable"]]
+        lines += [f"- {skipped.title}: {skipped.why}" for skipped in table.not_applicable]
         lines.append("")
     # A fix's "how" is its title; the knobs and the fixes together are said here.
-    explained = [row for row in measured if row.get("code") is None]
+    explained = [row for row in measured if row.code is None]
     if explained:
         lines += ["## How", ""]
-        lines += [f"- **{row['title']}**: {row['how']}" for row in explained]
+        lines += [f"- **{row.title}**: {row.how}" for row in explained]
         lines.append("")
     lines += [
         (
-            "Peak: what the estimate's verdict uses (reserved memory and the CUDA context on cuda). "
+            f"Peak: {NEEDED_PEAK}. "
             "Changes that stop a growth at every step come first, then the largest savings. Apply a "
             "quick fix and estimate again: the estimate compares itself with this prediction."
         ),
@@ -318,4 +270,3 @@ def table_markdown(table: dict[str, Any], name: str) -> str:
 def register(server: OomLanguageServer) -> None:
     server.command(WHAT_IF_COMMAND)(what_if_command)
     code_actions.add_title_note(saving_note)
-    add_follow_up(FollowUp("whatIfCheck", _compare_with_prediction, _report_comparison))

@@ -18,9 +18,11 @@ from oom_lsp.analysis.registry import META_RULES, all_codes, all_rules, rule_for
 from oom_lsp.analysis.rule import MESSAGE_LIMIT, Rule, short_code
 from oom_lsp.estimate.budget import growth_message, over_budget_message
 from oom_lsp.estimate.gpus import CATALOGUE
+from oom_lsp.estimate.results import GpuTarget
+from oom_lsp.estimate.wording import predicted_oom_message
 from oom_lsp.notebooks.percent import split_cells
 from oom_lsp.notebooks.program import analyze_cells
-from oom_lsp.server.estimate import predicted_oom_message
+from tests.estimate.factories import cuda_prediction
 
 FIXTURES = sorted((Path(__file__).resolve().parents[2] / "fixtures").rglob("*.py"))
 EVERY_RULE = LintSettings(enabled=frozenset(all_codes()))
@@ -75,7 +77,11 @@ def _messages() -> dict[str, set[str]]:
     # that make it longest (the longest name in the GPU catalogue, a GPU given by memory alone).
     longest = max(CATALOGUE, key=lambda gpu: len(gpu.name))
     for name, fitting in ((longest.name, 4095), ("GPU with 24.00 GiB", 0), ("GeForce RTX 3090", None)):
-        by_code["OOM100"].add(predicted_oom_message(int(123.4 * 2**30), 4096, 128 * 2**30, name, fitting))
+        prediction = cuda_prediction(
+            peak_bytes=int(123.4 * 2**30), reserved_bytes=int(123.9 * 2**30), batch_size=4096,
+            gpu=GpuTarget(name, 128 * 2**30),
+        )
+        by_code["OOM100"].add(predicted_oom_message(prediction, fitting))
     # OOM100 and OOM103 of the budget gate (`oom-lsp check --budget`), with a long script entry.
     entry = "train.py --config configs/very/long/path/to/the/experiment.yaml --epochs 1"
     by_code["OOM100"].add(over_budget_message(int(123.4 * 2**30), 40960, 24 * 2**30, entry))

@@ -83,7 +83,7 @@ def test_each_batch_is_traced_as_the_loader_gives_it(script):
 
 
 def test_the_peak_names_its_batch(script):
-    prediction = estimate(_options(script))
+    prediction = estimate(_options(script)).to_json()
     batch = prediction["peak_batch"]
     assert (batch["step"], batch["micro_batch"], batch["index"]) == (2, 2, 6)
     assert batch["shapes"] == {"input_ids": [2, 300], "labels": [2, 300]}
@@ -94,13 +94,13 @@ def test_the_peak_names_its_batch(script):
 
 
 def test_the_worst_case_is_the_longest_batch_the_data_can_produce(script):
-    prediction = estimate(_options(script))
+    prediction = estimate(_options(script)).to_json()
     worst = prediction["worst_case"]
     (longest,) = worst["batches"]
     assert longest["shapes"] == {"input_ids": [2, 900], "labels": [2, 900]}
     assert longest["samples"] == longest["scanned"] == 18
     # The same as a script whose every batch is that long.
-    everywhere = estimate(_options(script, ",".join(["900"] * 18)))
+    everywhere = estimate(_options(script, ",".join(["900"] * 18))).to_json()
     assert worst["peak_bytes"] == everywhere["peak_bytes"] > prediction["peak_bytes"]
     assert "worst_case" not in everywhere or everywhere["worst_case"] is None
 
@@ -117,4 +117,4 @@ def test_the_text_says_which_batch_and_the_worst_case(script):
     (line,) = [line for line in text.splitlines() if line.startswith("  worst case: ")]
     assert "with the longest batch the data can produce at every step: input_ids 2x900" in line
     assert "the 2 largest of 18 samples" in line
-    json.dumps(estimate(_options(script)))  # the JSON output carries both
+    json.dumps(estimate(_options(script)).to_json())  # the JSON output carries both

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from oom_lsp.estimate.budget import knob_location, read_baseline
+from oom_lsp.estimate.results import BatchKnob, Prediction
 from oom_lsp.units import format_bytes
 from tests import console
+from tests.estimate.factories import prediction
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SCRIPT = FIXTURES / "budget" / "train_mlp.py"
@@ -386,6 +388,10 @@ def test_ctrl_c_during_the_gate_kills_the_script_and_all_it_started(tmp_path):
 # --- The parts ------------------------------------------------------------------------------------------
 
 
+def _knobs(knobs: list[dict]) -> Prediction:
+    return prediction(batch_knobs=[BatchKnob.from_json(knob) for knob in knobs], batch_size=64)
+
+
 def test_the_finding_sits_on_the_knob_in_the_script_first(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("import torch\nBATCH = 64\nloader = make(batch_size=BATCH)\n")
@@ -396,11 +402,11 @@ def test_the_finding_sits_on_the_knob_in_the_script_first(tmp_path):
         {"kind": "DataLoader(batch_size=...)", "file": str(script), "line": 3},
         {"kind": "gone", "file": str(tmp_path / "deleted.py"), "line": 9},
     ]
-    file, where = knob_location({"batch_knobs": knobs, "batch_size": 64}, script)
+    file, where = knob_location(_knobs(knobs), script)
     assert (file, where.start.line, where.start.column, where.end.column) == (script, 3, 0, 31)
-    file, where = knob_location({"batch_knobs": knobs[:1], "batch_size": 64}, script)
+    file, where = knob_location(_knobs(knobs[:1]), script)
     assert (file, where.start.line, where.start.column, where.end.column) == (helper, 1, 13, 15)
-    file, where = knob_location({"batch_knobs": [], "batch_size": 64}, script)
+    file, where = knob_location(_knobs([]), script)
     assert (file, where.start.line, where.start.column) == (script, 1, 0)
 
 

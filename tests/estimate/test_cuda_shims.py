@@ -90,7 +90,7 @@ def test_torch_accelerator_is_the_target_gpu(tmp_path):
     script.write_text(ACCELERATOR)
     prediction = estimate(
         EstimateOptions(script=script, device="cuda", gpu=find_gpu("RTX 3090"), timeout=300)
-    )
+    ).to_json()
     assert prediction["breakdown"]["parameters"] == PARAMETER_BYTES
     assert prediction["breakdown"]["inputs"] > 0
 
@@ -160,7 +160,9 @@ def test_device_cpu_shows_the_script_a_machine_without_a_gpu(tmp_path, device):
     script = tmp_path / "what_it_sees.py"
     script.write_text(WHAT_IT_SEES)
     seen = tmp_path / "seen.json"
-    prediction = estimate(EstimateOptions(script=script, script_args=[str(seen)], device=device, timeout=300))
+    prediction = estimate(
+        EstimateOptions(script=script, script_args=[str(seen)], device=device, timeout=300)
+    ).to_json()
     visible = device == "cuda"
     # GradScaler("cuda") on a CPU-only build: torch disables it, as a real CPU run has it.
     assert json.loads(seen.read_text()) == {

@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 from oom_lsp.cli import main as cli_main
 from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, predict, run_harness
 from oom_lsp.estimate.gpus import custom_gpu, find_gpu
+from oom_lsp.estimate.results import Trace
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "estimate"
 MIB = 2**20
@@ -265,7 +266,8 @@ def test_cnn_onednn_scratch_is_measured_and_added(traces):
     assert real["peak_bytes"] < real["profile_replay_peak"]
     assert abs(_error(traces, "cnn")) < 0.01
     assert fake["conv_scratch"]["probes"] >= 4
-    prediction = predict(fake, EstimateOptions(script=FIXTURES / "cnn.py", device="cpu"))
+    options = EstimateOptions(script=FIXTURES / "cnn.py", device="cpu")
+    prediction = predict(Trace.from_harness(fake), options).to_json()
     assert "onednn-conv-scratch" in {note["name"] for note in prediction["corrections"]}
 
 
@@ -302,7 +304,9 @@ def test_compile_events_and_memory_queries_are_shimmed(traces):
     assert compiled["steps"] == 2
     assert compiled["compiled"] == 1
     assert not compiled["foreach_pinned"]  # fused=True was explicit: nothing to pin
-    prediction = predict(compiled, EstimateOptions(script=FIXTURES / "compiled.py", gpu=find_gpu("L4")))
+    prediction = predict(
+        Trace.from_harness(compiled), EstimateOptions(script=FIXTURES / "compiled.py", gpu=find_gpu("L4"))
+    ).to_json()
     assert "torch-compile" in {note["name"] for note in prediction["corrections"]}
 
 
@@ -351,7 +355,8 @@ def test_cuda_mode_counts_only_what_the_script_put_on_the_gpu(traces):
 def test_cuda_lstm_uses_the_cudnn_reserve_model(traces):
     cpu, cuda = traces[("lstm", "fake", "cpu")], traces[("lstm", "fake", "cuda")]
     assert cuda["rnn_workspace"]["bytes"] != cpu["rnn_workspace"]["bytes"]
-    prediction = predict(cuda, EstimateOptions(script=FIXTURES / "lstm.py", gpu=find_gpu("T4")))
+    options = EstimateOptions(script=FIXTURES / "lstm.py", gpu=find_gpu("T4"))
+    prediction = predict(Trace.from_harness(cuda), options).to_json()
     names = [note["name"] for note in prediction["corrections"]]
     assert {"cudnn-rnn-reserve", "cublas-workspace", "allocator-segments", "cuda-context"} <= set(names)
     assert prediction["peak_bytes"] == cuda["peak_bytes"] + 8_519_680  # + the cuBLAS workspace (pre-Hopper)
@@ -426,7 +431,7 @@ def test_unfakeable_script_falls_back_to_scaled_real_cpu_steps():
     options = EstimateOptions(
         script=FIXTURES / "data_dependent.py", device="cpu", batch_size=1024, timeout=120
     )
-    prediction = estimate(options)
+    prediction = estimate(options).to_json()
     assert prediction["method"] == "real CPU steps at batch 256 and 512, scaled linearly to 1024"
     assert "data_dependent.py:17" in prediction["fallback"]["reason"]
     assert "lower bound" in prediction["fallback"]["uncertainty"]

@@ -85,7 +85,7 @@ def test_a_module_global_overridden_by_a_configurator_is_the_knob(nanogpt_like):
 
 def test_batch_size_changes_a_module_global(nanogpt_like):
     config = str(nanogpt_like.parent / "config.py")
-    at_sixteen = estimate(_cpu(nanogpt_like, config, "--batch_size=4", batch_size=16))
+    at_sixteen = estimate(_cpu(nanogpt_like, config, "--batch_size=4", batch_size=16)).to_json()
     assert at_sixteen["batch_size"] == 16
     # The same as the script run with 16 on its command line.
     (written,) = run_harness(_cpu(nanogpt_like, config, "--batch_size=16"), [{}])
@@ -122,7 +122,7 @@ def test_training_arguments_per_device_train_batch_size_is_the_knob(tmp_path):
         pytest.skip(f"transformers.TrainingArguments does not import here: {error}")
     script = tmp_path / "trainer_args.py"
     script.write_text(TRAINING_ARGUMENTS)
-    plain = estimate(_cpu(script))
+    plain = estimate(_cpu(script)).to_json()
     assert plain["batch_size"] == 3
     assert plain["batch_knobs"] == [
         {
@@ -131,7 +131,7 @@ def test_training_arguments_per_device_train_batch_size_is_the_knob(tmp_path):
             "line": _line(TRAINING_ARGUMENTS, "per_device_train_batch_size=3"),
         }
     ]
-    larger = estimate(_cpu(script, batch_size=300))
+    larger = estimate(_cpu(script, batch_size=300)).to_json()
     assert larger["batch_size"] == 300
     assert larger["peak_bytes"] - plain["peak_bytes"] == 297 * (64 + 512) * 4
 
@@ -169,7 +169,7 @@ def test_lightning_datamodule_and_module_batch_size_are_knobs(tmp_path):
     text = LIGHTNING.replace("BATCH", "16")
     script = tmp_path / "lightning_data.py"
     script.write_text(text)
-    plain = estimate(_cpu(script))
+    plain = estimate(_cpu(script)).to_json()
     assert {(knob["kind"], knob["line"]) for knob in plain["batch_knobs"]} == {
         ("LightningDataModule.__init__(batch_size=...)", _line(text, "data = RandomData")),
         (
@@ -177,7 +177,7 @@ def test_lightning_datamodule_and_module_batch_size_are_knobs(tmp_path):
             _line(text, "def __init__(self, hidden, batch_size=64)"),
         ),
     }
-    larger = estimate(_cpu(script, batch_size=400))
+    larger = estimate(_cpu(script, batch_size=400)).to_json()
     # Both knobs set to 400: 800 rows against 16 + 64.
     assert larger["peak_bytes"] - plain["peak_bytes"] == (800 - 80) * (64 + 512) * 4
 

@@ -22,6 +22,7 @@ pytest.importorskip("safetensors")
 from safetensors.torch import save_file
 
 from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, prediction_from, run_harness
+from oom_lsp.estimate.results import Trace
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 HAS_PEFT = HAS_TRANSFORMERS and importlib.util.find_spec("peft") is not None
@@ -309,7 +310,7 @@ def test_a_hub_name_without_a_local_copy_is_one_line_saying_what_is_needed(trace
     assert trace["status"] == "failed"
     assert trace["failure"]["kind"] == "needs-download"
     with pytest.raises(EstimateError) as raised:
-        prediction_from(trace, EstimateOptions(script=Path("train.py"), device="cpu"))
+        prediction_from(Trace.from_harness(trace), EstimateOptions(script=Path("train.py"), device="cpu"))
     message = str(raised.value)
     assert "\n" not in message
     assert "'oom-lsp-tests/no-such-model'" in message

@@ -51,7 +51,7 @@ def test_a_fallback_over_quantized_layers_says_what_it_measured(tmp_path, device
     script = tmp_path / "train_quantized.py"
     script.write_text(SCRIPT)
     gpu = find_gpu("A100 40GB") if device == "cuda" else None
-    prediction = estimate(EstimateOptions(script=script, device=device, gpu=gpu, timeout=300))
+    prediction = estimate(EstimateOptions(script=script, device=device, gpu=gpu, timeout=300)).to_json()
     assert prediction["method"] == "a real CPU step at the script's own batch size"
     uncertainty = prediction["fallback"]["uncertainty"]
     assert "quantized layers (1 hqq.QuantizedLinear): the fake run failed inside hqq" in uncertainty

@@ -84,7 +84,7 @@ def test_the_fake_run_draws_the_batches_a_real_run_under_the_harness_draws(scrip
 
 
 def test_when_the_draw_decides_the_peak_the_spread_is_reported(script, tmp_path):
-    prediction = estimate(_options(script, tmp_path / "lengths.json"))
+    prediction = estimate(_options(script, tmp_path / "lengths.json")).to_json()
     spread = prediction["data_spread"]
     assert len(spread["peak_bytes"]) == 3 and spread["peak_bytes"][0] == prediction["peak_bytes"]
     assert min(spread["peak_bytes"]) < max(spread["peak_bytes"])
@@ -156,7 +156,7 @@ def test_a_batch_encoding_is_replayed_as_fake_tensors_and_its_draw_reported(tmp_
     script.write_text(DRAWN_AFTER_THE_WEIGHTS)
     prediction = estimate(
         EstimateOptions(script=script, script_args=[str(tmp_path / "seen.json")], device="cpu", timeout=300)
-    )
+    ).to_json()
     assert prediction["breakdown"]["inputs"] > 0
     # The Linear built on the meta device holds no memory (it was counted as 64 MiB of parameters).
     assert prediction["breakdown"]["parameters"] < 4096 * 4096 * 4

@@ -4,13 +4,14 @@ read it (decoded as the checker decodes it), whatever the file's line endings or
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from oom_lsp.cli.estimate import what_if_check
-from oom_lsp.estimate.whatif import source_digest
-from oom_lsp.cli.what_if import save_record
+from oom_lsp.estimate.estimator import EstimateOptions
+from oom_lsp.estimate.results import EstimateResult, WhatIfCheck
+from oom_lsp.estimate.whatif_record import save_record, source_digest
+from oom_lsp.usecases.estimate import EstimateRequest, what_if_check
+from tests.estimate.factories import prediction, what_if_row, what_if_table
 
 
 @pytest.mark.parametrize(
@@ -22,26 +23,16 @@ def test_the_fixed_script_is_matched_to_its_row(tmp_path: Path, raw: bytes):
     (tmp_path / "pyproject.toml").write_text("[tool.oom-lsp]\n")
     script = tmp_path / "train.py"
     script.write_bytes(raw)
-    # What the what-if digests: the decoded text (run_what_if reads it with decode_source).
+    # What the what-if digests: the decoded text (the use case reads it with decode_source).
     text = raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
-    change = {"title": "OOM304 line 2: Drop `retain_graph=True`", "source_digest": source_digest(text)}
-    table = {
-        "script": str(script),
-        "source_digest": source_digest("the text before the fix"),
-        "batch_option": None,
-        "autocast_option": None,
-        "world_size_option": None,
-        "changes": [{**change, "needed_bytes": 1000}],
-    }
-    save_record(tmp_path, table)
-    options = SimpleNamespace(batch_size=None, autocast_dtype=None, world_size=None)
+    title = "OOM304 line 2: Drop `retain_graph=True`"
+    row = what_if_row("fix:OOM304:2:1", title, 1000, source_digest=source_digest(text))
+    save_record(tmp_path, what_if_table(str(script), [row], source_digest=source_digest("the text before the fix")))
 
-    check = what_if_check(script, options, {"peak_bytes": 1010})
+    check = what_if_check(
+        EstimateRequest(script=script, root=tmp_path),
+        EstimateOptions(script=script),
+        EstimateResult(prediction(peak_bytes=1010)),
+    )
 
-    assert check == {
-        "change": change["title"],
-        "predicted_bytes": 1000,
-        "estimated_bytes": 1010,
-        "difference_percent": 1.0,
-        "agrees": True,
-    }
+    assert check == WhatIfCheck(title, 1000, 1010, 1.0, True)

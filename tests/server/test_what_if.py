@@ -19,9 +19,12 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
-from oom_lsp.cli.what_if import RECORD_FOLDER, load_record, saving_words
+from oom_lsp.estimate.whatif_record import RECORD_FOLDER, load_record
+from oom_lsp.estimate.results import NotApplicable, Verdict, WhatIfBaseline
+from oom_lsp.estimate.wording import saving_words
 from oom_lsp.server.code_actions import FIX_ALL_TITLE
 from oom_lsp.server.what_if import table_markdown
+from tests.estimate.factories import what_if_row, what_if_table
 from tests import console
 from tests.server.lsp_session import (
     CONFIG,
@@ -135,7 +138,7 @@ async def test_titles_carry_the_savings_and_the_estimate_after_a_fix_compares(cl
     assert [shown.uri for shown in client.shown_documents] == [markdown.as_uri()] and result["shown"] is True
     page = markdown.read_text(encoding="utf-8")
     assert "| change | peak | change in peak | growth/step | fits | safety |" in page
-    assert "**As it is: 1.19 GiB peak**" in page and "It grows 322.39 MiB at every step" in page
+    assert "**As it is: 1.19 GiB peak** (759.30 MiB allocated)" in page and "It grows 322.39 MiB at every step" in page
     titles = [change["title"] for change in result["changes"]]
     assert "OOM304 line 59: Drop `retain_graph=True`" in titles and "bf16 autocast (--dtype bf16)" in titles
     for change in result["changes"]:
@@ -144,7 +147,7 @@ async def test_titles_carry_the_savings_and_the_estimate_after_a_fix_compares(cl
     # The record the next estimate compares with, shared with `oom-lsp estimate --what-if`.
     record = load_record(client.root, str(script))
     assert record is not None
-    rows = {row["key"]: row for row in record["changes"]}
+    rows = {row.key: row for row in record.changes}
 
     after = await quick_fix_titles(client, uri, 1)
     assert after["OOM304"] == f"{before['OOM304']}, {saving_words(rows['fix:OOM304:59:9'])}"
@@ -235,44 +238,29 @@ async def test_cancelling_the_what_if_leaves_no_process(client: LanguageClient):
 
 
 def test_the_markdown_says_what_fits_what_failed_and_what_does_not_apply():
-    row = {"growth_per_step": None, "stops_growth": False, "fallback": False, "code": None}
-    table = {
-        "device": "cuda",
-        "gpu": "NVIDIA GeForce RTX 3090",
-        "gpu_memory": 24 * 2**30,
-        "batch_size": 64,
-        "baseline": {"needed_bytes": 30 * 2**30, "verdict": "will run out of memory", "growth_per_step": 0},
-        "changes": [
-            {
-                **row,
-                "title": "bf16 | autocast",
-                "how": "torch.autocast(...)",
-                "safety": "changes numerics",
-                "needed_bytes": 20 * 2**30,
-                "saving_bytes": 10 * 2**30,
-                "saving_percent": 33.3,
-                "fits": True,
-            },
-            {
-                **row,
-                "title": "OOM201 line 9: Wrap in autocast",
-                "how": "Wrap in autocast",
-                "code": "OOM201",
-                "safety": "changes numerics",
-                "needed_bytes": 29 * 2**30,
-                "saving_bytes": 2**30,
-                "saving_percent": 3.3,
-                "fits": False,
-                "fallback": True,
-            },
-            {
-                "title": "OOM304 line 12: Drop `retain_graph=True`",
-                "code": "OOM304",
-                "error": "RuntimeError: Trying to backward through the graph a second time",
-            },
+    table = what_if_table(
+        "train.py",
+        [
+            what_if_row(
+                "knob:bf16", "bf16 | autocast", 20 * 2**30, 10 * 2**30, how="torch.autocast(...)",
+                safety="changes numerics", fits=True, saving_percent=33.3,
+            ),
+            what_if_row(
+                "fix:OOM201:9:1", "OOM201 line 9: Wrap in autocast", 29 * 2**30, 2**30, code="OOM201",
+                safety="changes numerics", fits=False, fallback=True, saving_percent=3.3,
+            ),
+            what_if_row(
+                "fix:OOM304:12:5", "OOM304 line 12: Drop `retain_graph=True`", None, code="OOM304",
+                error="RuntimeError: Trying to backward through the graph a second time",
+            ),
         ],
-        "not_applicable": [{"title": "fused AdamW", "why": "the optimizer is SGD"}],
-    }
+        device="cuda",
+        gpu="NVIDIA GeForce RTX 3090",
+        gpu_memory=24 * 2**30,
+        batch_size=64,
+        baseline=WhatIfBaseline(30 * 2**30, 30 * 2**30, Verdict.OOM, False, 0, 0),
+        not_applicable=[NotApplicable("fused AdamW", "the optimizer is SGD")],
+    )
     page = table_markdown(table, "train.py")
     assert page.startswith(
         "# What if: train.py\n\nBatch size 64, device cuda, target NVIDIA GeForce RTX 3090"
