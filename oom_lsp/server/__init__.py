@@ -31,7 +31,8 @@ def start_server(tcp: str | None, log_file: str | None) -> int:
     # the imports' CPU). warm_up_analysis turns the collector back on, tuned, once the analysis
     # stack is loaded too.
     gc.disable()
-    from oom_lsp.server.server import create_server, warm_up_analysis
+    from oom_lsp.server.features import create_server
+    from oom_lsp.server.server import warm_up_analysis
 
     server = create_server(log_file)
     server.analysis_executor.submit(warm_up_analysis).add_done_callback(_log_failure)

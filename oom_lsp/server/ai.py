@@ -38,8 +38,8 @@ from pygls.workspace import TextDocument
 from oom_lsp.analysis import Finding
 from oom_lsp.config import ProjectConfig
 from oom_lsp.server import code_actions, diagnostics
+from oom_lsp.server.jobs import interpreter, latest_report, results_folder
 from oom_lsp.server.positions import PositionConverter
-from oom_lsp.server.profiling import interpreter, latest_report, results_folder
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 

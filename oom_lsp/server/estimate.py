@@ -38,8 +38,7 @@ from oom_lsp.estimate.wording import comparison_words, hint_label, predicted_oom
 from oom_lsp.notebooks import is_notebook_path
 from oom_lsp.server import code_actions
 from oom_lsp.server.diagnostics import SOURCE
-from oom_lsp.server.positions import PositionConverter, split_lines
-from oom_lsp.server.profiling import (
+from oom_lsp.server.jobs import (
     FileResult,
     Job,
     command_setting,
@@ -51,6 +50,7 @@ from oom_lsp.server.profiling import (
     send_memory_status,
     store_result,
 )
+from oom_lsp.server.positions import PositionConverter, split_lines
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 from oom_lsp.usecases.estimate import (

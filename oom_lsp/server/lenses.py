@@ -21,8 +21,9 @@ import re
 from lsprotocol import types
 
 from oom_lsp.server.estimate import ESTIMATE_COMMAND, literal_range
+from oom_lsp.server.jobs import current_results
 from oom_lsp.server.positions import split_lines
-from oom_lsp.server.profiling import PROFILE_COMMAND, current_results
+from oom_lsp.server.profiling import PROFILE_COMMAND
 from oom_lsp.server.server import OomLanguageServer
 from oom_lsp.server.what_if import WHAT_IF_COMMAND
 

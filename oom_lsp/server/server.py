@@ -298,36 +298,3 @@ def _notebook_sync_options() -> types.NotebookDocumentSyncOptions:
     from oom_lsp.server.notebooks import SYNC_OPTIONS
 
     return SYNC_OPTIONS
-
-
-def create_server(log_file: str | None = None) -> OomLanguageServer:
-    from oom_lsp.server import (
-        ai,
-        code_actions,
-        diagnostics,
-        estimate,
-        hover,
-        lenses,
-        lifecycle,
-        notebooks,
-        oom_reports,
-        profiling,
-        what_if,
-    )
-
-    server = OomLanguageServer(log_file)
-    features = (
-        lifecycle,
-        diagnostics,
-        code_actions,
-        hover,
-        ai,
-        oom_reports,
-        profiling,
-        estimate,
-        what_if,
-        lenses,
-    )
-    for module in (*features, notebooks):
-        module.register(server)
-    return server

@@ -48,7 +48,7 @@ from oom_lsp.estimate.wording import (
 )
 from oom_lsp.server import code_actions
 from oom_lsp.server.estimate import EstimateArgs, check_trace_args, estimate_request, job_listener, target_gpu
-from oom_lsp.server.profiling import (
+from oom_lsp.server.jobs import (
     FileResult,
     Job,
     current_results,

@@ -19,7 +19,7 @@ def _probe(code: str) -> str:
 def test_creating_the_server_leaves_libcst_and_the_rules_to_the_analysis_worker() -> None:
     loaded = _probe(
         "import sys\n"
-        "from oom_lsp.server.server import create_server\n"
+        "from oom_lsp.server.features import create_server\n"
         "create_server()\n"
         "print(sorted(m for m in sys.modules if m == 'libcst' or m.startswith('oom_lsp.analysis.rules')))\n"
     )
