@@ -25,7 +25,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -119,12 +119,17 @@ class _PendingLog:
     host: str
 
 
-_pending_logs: OrderedDict[str, _PendingLog] = OrderedDict()
-_environments: dict[str, Any] = {}  # interpreter -> EnvironmentFacts
+@dataclass
+class AiState:
+    """What a server keeps for AI fixes (`ls.state(AiState)`)."""
+
+    pending_logs: OrderedDict[str, _PendingLog] = field(default_factory=OrderedDict)
+    environments: dict[str, Any] = field(default_factory=dict)  # interpreter -> EnvironmentFacts
+    notes_shown: set[str] = field(default_factory=set)
 
 
 def register(server: OomLanguageServer) -> None:
-    code_actions.add_provider(list_actions, {RESOLVER: resolve_action})
+    server.hooks.add_provider(list_actions, {RESOLVER: resolve_action})
     server.command(ASK_AI_COMMAND)(ask_ai)
     server.command(LOG_FIX_COMMAND)(log_fix)
     server.command(VALIDATE_COMMAND)(validate_fix)
@@ -140,9 +145,6 @@ def _path_of(uri: str) -> Path | None:
 
 def _project(ls: OomLanguageServer, uri: str) -> ProjectConfig:
     return ls.lint_settings.project_config(_path_of(uri))
-
-
-_notes_shown: set[str] = set()
 
 
 def _llm_settings(ls: OomLanguageServer, config: ProjectConfig) -> Any:
@@ -164,8 +166,9 @@ def _llm_settings(ls: OomLanguageServer, config: ProjectConfig) -> Any:
 
 def _note(ls: OomLanguageServer, message: str) -> None:
     # Once per session: the settings are resolved for every code-action request.
-    if message not in _notes_shown:
-        _notes_shown.add(message)
+    shown = ls.state(AiState).notes_shown
+    if message not in shown:
+        shown.add(message)
         _show(ls, message)
 
 
@@ -333,12 +336,13 @@ def _environment_of(report: Any) -> Any:
     )
 
 
-async def _environment(python: str) -> Any:
+async def _environment(ls: OomLanguageServer, python: str) -> Any:
     from oom_lsp.llm.context import probe_environment
 
-    if python not in _environments:
-        _environments[python] = await asyncio.to_thread(probe_environment, python)
-    return _environments[python]
+    environments = ls.state(AiState).environments
+    if python not in environments:
+        environments[python] = await asyncio.to_thread(probe_environment, python)
+    return environments[python]
 
 
 async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -> _Outcome:
@@ -359,7 +363,7 @@ async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -
             environment = _environment_of(report)  # where the run failed, maybe another machine
         elif settings.enabled:
             progress.report("probing the Python environment")
-            environment = await _environment(interpreter(ls, None))
+            environment = await _environment(ls, interpreter(ls, None))
         else:
             environment = None
         request = FixRequest(
@@ -470,9 +474,10 @@ async def resolve_action(ls: OomLanguageServer, action: types.CodeAction) -> typ
         _show(ls, outcome.message)
         return action
     fix_id = uuid.uuid4().hex
-    _pending_logs[fix_id] = outcome.pending
-    while len(_pending_logs) > _PENDING_LOGS_KEPT:
-        _pending_logs.popitem(last=False)
+    pending_logs = ls.state(AiState).pending_logs
+    pending_logs[fix_id] = outcome.pending
+    while len(pending_logs) > _PENDING_LOGS_KEPT:
+        pending_logs.popitem(last=False)
     action.edit = outcome.edit
     # Run by the client after it applied the edit: the fix log records applied fixes only.
     action.command = types.Command(
@@ -482,7 +487,7 @@ async def resolve_action(ls: OomLanguageServer, action: types.CodeAction) -> typ
 
 
 async def log_fix(ls: OomLanguageServer, args: LogFixArgs) -> dict[str, Any]:
-    pending = _pending_logs.pop(args.id, None)
+    pending = ls.state(AiState).pending_logs.pop(args.id, None)
     if pending is None:
         return {"logged": False, "message": "no such AI fix (already logged, or the server restarted)"}
     deadline = asyncio.get_running_loop().time() + APPLIED_WAIT_S
@@ -571,11 +576,11 @@ async def _find_target(ls: OomLanguageServer, document: TextDocument, args: AskA
 # --- oom-lsp.validateFix ---------------------------------------------------------------------
 
 
-def _before_report(uri: str, root: Path) -> Path | None:
+def _before_report(ls: OomLanguageServer, uri: str, root: Path) -> Path | None:
     """The measurement a fix is compared with: the server's last estimate or
     profile of the file (oom-lsp.estimate, oom-lsp.profile), else the last
     `oom-lsp profile` run in the project."""
-    latest = latest_report(uri)
+    latest = latest_report(ls, uri)
     if latest is not None:
         return Path(latest)
     from oom_lsp.cli.ai import LAST_PROFILE
@@ -604,7 +609,7 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
     if _unsaved(ls, args.uri, path):
         raise RequestFailed(f"save {path.name} first: the measurement runs the file as it is on disk")
     config = _project(ls, args.uri)
-    report = _before_report(args.uri, config.root)
+    report = _before_report(ls, args.uri, config.root)
     if report is None:
         raise RequestFailed(
             f"no estimate or profile of {path.name} to compare with: "

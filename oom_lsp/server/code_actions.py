@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lsprotocol import types
@@ -35,52 +34,14 @@ FIX_ALL_TITLE = "oom-lsp: Fix all auto-fixable problems"
 # A syntax error cannot be suppressed: the file is not checked at all.
 _UNSUPPRESSIBLE = {"OOM000"}
 
-# Actions of other feature modules (AI fixes, OOM reports, instrumentation):
-# a provider adds its actions to every codeAction answer (honouring
-# `context.only`); an action listed without its edit carries
-# `data["resolver"]`, the name its resolver was added under.
-ActionProvider = Callable[
-    [OomLanguageServer, types.CodeActionParams, TextDocument], Awaitable[list[types.CodeAction]]
-]
-ActionResolver = Callable[[OomLanguageServer, types.CodeAction], Awaitable[types.CodeAction]]
-_providers: list[ActionProvider] = []
-_resolvers: dict[str, ActionResolver] = {}
-# Words another module adds to a fix's title (server/what_if.py: the measured saving), for
-# the finding's quick fix or (None) the fix-all. In the codeAction answer itself: VS Code
-# draws the title it lists and does not redraw one changed by codeAction/resolve.
-TitleNote = Callable[[OomLanguageServer, TextDocument, Finding | None], str | None]
-_title_notes: list[TitleNote] = []
-
-
-# Documents another module answers for (notebook cells): (owns(ls, uri), handler).
-_delegates: list[
-    tuple[
-        Callable[[OomLanguageServer, str], bool],
-        Callable[[OomLanguageServer, types.CodeActionParams], Awaitable[list[types.CodeAction] | None]],
-    ]
-] = []
-
-
-def delegate(
-    owns: Callable[[OomLanguageServer, str], bool],
-    handler: Callable[[OomLanguageServer, types.CodeActionParams], Awaitable[list[types.CodeAction] | None]],
-) -> None:
-    _delegates.append((owns, handler))
-
-
-def add_provider(provider: ActionProvider, resolvers: dict[str, ActionResolver] | None = None) -> None:
-    if provider not in _providers:
-        _providers.append(provider)
-    _resolvers.update(resolvers or {})
-
-
-def add_title_note(note: TitleNote) -> None:
-    if note not in _title_notes:
-        _title_notes.append(note)
+# Other features add actions (AI fixes, OOM reports, instrumentation, the estimate's) with
+# `server.hooks.add_provider`, words to a fix's title with `server.hooks.title_notes` (in the
+# codeAction answer itself: VS Code draws the title it lists and does not redraw one changed by
+# codeAction/resolve), and answer for their own documents as `hooks.cell_owners` (notebook cells).
 
 
 def _noted(ls: OomLanguageServer, document: TextDocument, title: str, finding: Finding | None) -> str:
-    for note in _title_notes:
+    for note in ls.hooks.title_notes:
         words = note(ls, document, finding)
         if words:
             return f"{title}, {words}"
@@ -139,15 +100,11 @@ def _lsp_edits(
     ]
 
 
-async def on_code_action(
-    ls: OomLanguageServer, params: types.CodeActionParams
-) -> list[types.CodeAction] | None:
-    for owns, handler in _delegates:
-        if owns(ls, params.text_document.uri):
-            return await handler(ls, params)
-    document = ls.open_document(params.text_document.uri)
-    if document is None:
-        return None
+def finding_actions(
+    ls: OomLanguageServer, params: types.CodeActionParams, document: TextDocument
+) -> tuple[list[types.CodeAction], bool]:
+    """The quick fix and "Ignore OOMxxx for this line" of each current finding in the context,
+    for a file or a notebook's cell alike, and whether one of them has a safe fix."""
     only = params.context.only
     source = document.source
     converter = PositionConverter(source, ls.position_encoding)
@@ -183,6 +140,21 @@ async def on_code_action(
                         edit=workspace_edit(ls, document, _lsp_edits([edit], converter)),
                     )
                 )
+    return actions, has_safe_fix
+
+
+async def on_code_action(
+    ls: OomLanguageServer, params: types.CodeActionParams
+) -> list[types.CodeAction] | None:
+    owner = ls.hooks.cell_owner(ls, params.text_document.uri)
+    if owner is not None and owner.code_actions is not None:
+        return await owner.code_actions(ls, params)
+    document = ls.open_document(params.text_document.uri)
+    if document is None:
+        return None
+    only = params.context.only
+    converter = PositionConverter(document.source, ls.position_encoding)
+    actions, has_safe_fix = finding_actions(ls, params, document)
     if only is not None and kind_wanted(only, FIX_ALL_KIND):
         # Asked for by name (codeActionsOnSave, a fix-on-save hook): the edit
         # comes with the answer, so a single request is enough.
@@ -199,7 +171,7 @@ async def on_code_action(
             fix_all = await _fix_all(ls, document, converter)
             if fix_all is not None:
                 actions.append(fix_all)
-    for provider in _providers:
+    for provider in ls.hooks.action_providers:
         actions.extend(await provider(ls, params, document))
     return actions
 
@@ -226,8 +198,9 @@ async def on_code_action_resolve(ls: OomLanguageServer, action: types.CodeAction
     """Computes the fix-all edit listed without one. Returns the action
     unchanged (nothing to apply) when its document changed or closed since."""
     data: Any = action.data
-    if isinstance(data, dict) and data.get("resolver") in _resolvers:
-        return await _resolvers[data["resolver"]](ls, action)
+    resolvers = ls.hooks.action_resolvers
+    if isinstance(data, dict) and data.get("resolver") in resolvers:
+        return await resolvers[data["resolver"]](ls, action)
     if action.kind != FIX_ALL_KIND or not isinstance(data, dict):
         return action
     document = ls.open_document(str(data.get("uri")))
@@ -278,6 +251,4 @@ def _minimal_edit(old: str, new: str, converter: PositionConverter) -> types.Tex
 
 
 # For the modules that answer code actions of their own documents (server/notebooks.py).
-finding_of = _finding_of
-lsp_edits = _lsp_edits
 minimal_edit = _minimal_edit

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from lsprotocol import types
 
@@ -32,37 +32,23 @@ _SEVERITIES = {
 # Findings about the suppression comments themselves: drawn faded.
 _UNNECESSARY = {"OOM900"}
 
-_pending: dict[str, asyncio.Task[None]] = {}
-
-# Diagnostics that come from outside the analysis (an OOM report of the runtime
-# guard, an explained log): feature modules add a source, called with the
-# server and a URI each time that document's diagnostics are sent.
-ExtraDiagnostics = Callable[[OomLanguageServer, str], list[types.Diagnostic]]
-_extra_sources: list[ExtraDiagnostics] = []
 
 
-# Documents whose diagnostics another module publishes (notebook cells): a test of
-# the URI, and what to run when every open document is checked again.
-_cell_owners: list[tuple[Callable[[OomLanguageServer, str], bool], Callable[[OomLanguageServer], None]]] = []
+@dataclass
+class Pending:
+    """A server's debounced publications: the task per document (`ls.state(Pending)`)."""
 
-
-def add_cell_owner(
-    owns: Callable[[OomLanguageServer, str], bool], refresh: Callable[[OomLanguageServer], None]
-) -> None:
-    _cell_owners.append((owns, refresh))
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
 
 def _owned(ls: OomLanguageServer, uri: str) -> bool:
-    return any(owns(ls, uri) for owns, _ in _cell_owners)
-
-
-def add_extra_source(source: ExtraDiagnostics) -> None:
-    if source not in _extra_sources:
-        _extra_sources.append(source)
+    """Whether another feature publishes this document's diagnostics (a notebook's cells)."""
+    return ls.hooks.cell_owner(ls, uri) is not None
 
 
 def extra_diagnostics(ls: OomLanguageServer, uri: str) -> list[types.Diagnostic]:
-    return [diagnostic for source in _extra_sources for diagnostic in source(ls, uri)]
+    """The other features' diagnostics of the document (results, OOM reports)."""
+    return ls.hooks.extra(ls, uri)
 
 
 def to_diagnostic(finding: Finding, analysis: Analysis, converter: PositionConverter) -> types.Diagnostic:
@@ -98,6 +84,7 @@ def to_diagnostics(analysis: Analysis, encoding: str) -> list[types.Diagnostic]:
 
 
 def register(server: OomLanguageServer) -> None:
+    server.hooks.republish = republish
     server.feature(types.TEXT_DOCUMENT_DID_OPEN)(on_did_open)
     server.feature(types.TEXT_DOCUMENT_DID_CHANGE)(on_did_change)
     server.feature(types.TEXT_DOCUMENT_DID_SAVE)(on_did_save)
@@ -114,20 +101,31 @@ def register_pull(server: OomLanguageServer) -> None:
 # --- push ----------------------------------------------------------------------
 
 
+def republish(ls: OomLanguageServer, uri: str) -> None:
+    """Send an open document's diagnostics again (another feature's changed): pushed, or the
+    client asked to pull them again when it can be."""
+    if not ls.pull_diagnostics:
+        schedule(ls, uri, 0)
+    elif ls.client_supports("workspace.diagnostics.refresh_support"):
+        ls.workspace_diagnostic_refresh(None)
+    # A client that pulls without refresh (Neovim 0.11) sees them at its next pull.
+
+
 def schedule(ls: OomLanguageServer, uri: str, delay: float) -> None:
     if ls.pull_diagnostics:
         return
-    previous = _pending.pop(uri, None)
+    pending = ls.state(Pending).tasks
+    previous = pending.pop(uri, None)
     if previous is not None:
         previous.cancel()
     task = asyncio.get_running_loop().create_task(_publish_after(ls, uri, delay))
-    _pending[uri] = task
-    task.add_done_callback(lambda done: _forget_task(uri, done))
+    pending[uri] = task
+    task.add_done_callback(lambda done: _forget_task(pending, uri, done))
 
 
-def _forget_task(uri: str, task: asyncio.Task[None]) -> None:
-    if _pending.get(uri) is task:
-        del _pending[uri]
+def _forget_task(pending: dict[str, asyncio.Task[None]], uri: str, task: asyncio.Task[None]) -> None:
+    if pending.get(uri) is task:
+        del pending[uri]
     if not task.cancelled() and task.exception() is not None:
         error = task.exception()
         logger.error("Checking %s failed", uri, exc_info=(type(error), error, error.__traceback__))
@@ -154,8 +152,8 @@ async def _publish_after(ls: OomLanguageServer, uri: str, delay: float) -> None:
 
 def refresh_all(ls: OomLanguageServer) -> None:
     """Check every open document again (settings or configuration changed)."""
-    for _, refresh in _cell_owners:
-        refresh(ls)
+    for owner in ls.hooks.cell_owners:
+        owner.refresh(ls)
     if ls.pull_diagnostics:
         if ls.client_supports("workspace.diagnostics.refresh_support"):
             ls.workspace_diagnostic_refresh(None)
@@ -184,7 +182,7 @@ def on_did_save(ls: OomLanguageServer, params: types.DidSaveTextDocumentParams) 
 
 def on_did_close(ls: OomLanguageServer, params: types.DidCloseTextDocumentParams) -> None:
     uri = params.text_document.uri
-    pending = _pending.pop(uri, None)
+    pending = ls.state(Pending).tasks.pop(uri, None)
     if pending is not None:
         pending.cancel()
     ls.forget_document(uri)

@@ -505,4 +505,4 @@ def _accumulation_action(
 
 def register(server: OomLanguageServer) -> None:
     server.command(ESTIMATE_COMMAND)(estimate_command)
-    code_actions.add_provider(estimate_actions)
+    server.hooks.add_provider(estimate_actions)

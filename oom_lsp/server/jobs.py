@@ -29,7 +29,6 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams, JsonRpcRequestCancelled
 from pygls.uris import to_fs_path
 
-from oom_lsp.server import diagnostics
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 
@@ -57,18 +56,26 @@ class FileResult:
     when: float = field(default_factory=time.monotonic)
 
 
-# uri -> kind -> result
-_results: dict[str, dict[str, FileResult]] = {}
-# uri -> kind -> the latest report, kept after an edit (showReport, validateFix compare with it).
-_last_reports: dict[str, dict[str, tuple[float, str]]] = {}
-# URIs whose results were published while the file was closed.
-_pushed_closed: set[str] = set()
+@dataclass
+class Results:
+    """A server's per-file results (`ls.state(Results)`)."""
+
+    # uri -> kind -> result
+    current: dict[str, dict[str, FileResult]] = field(default_factory=dict)
+    # uri -> kind -> the latest report, kept after an edit (showReport, validateFix compare with it).
+    last_reports: dict[str, dict[str, tuple[float, str]]] = field(default_factory=dict)
+    # URIs whose results were published while the file was closed.
+    pushed_closed: set[str] = field(default_factory=set)
+    # (kind, script) of the jobs running: a second run of the same kind on the same script would
+    # write over the first one's output folder.
+    running: set[tuple[str, Path]] = field(default_factory=set)
 
 
 def current_results(ls: OomLanguageServer, uri: str) -> dict[str, FileResult]:
     """The file's results that still hold for its text; stale ones are
     dropped here (and the status bar reset) the first time they are seen."""
-    results = _results.get(uri)
+    store = ls.state(Results).current
+    results = store.get(uri)
     if not results:
         return {}
     document = ls.open_document(uri)
@@ -88,7 +95,7 @@ def current_results(ls: OomLanguageServer, uri: str) -> dict[str, FileResult]:
         if kind == "estimate" and _supports_hint_refresh(ls):
             ls.workspace_inlay_hint_refresh(None)
     if not results:
-        del _results[uri]
+        del store[uri]
     return dict(results)
 
 
@@ -99,24 +106,28 @@ def _supports_hint_refresh(ls: OomLanguageServer) -> bool:
 def store_result(ls: OomLanguageServer, uri: str, result: FileResult) -> None:
     """Keep the result and show its diagnostics (and nothing of a previous
     result of the same kind)."""
-    _results.setdefault(uri, {})[result.kind] = result
+    state = ls.state(Results)
+    state.current.setdefault(uri, {})[result.kind] = result
     if result.report_path:
-        _last_reports.setdefault(uri, {})[result.kind] = (result.when, result.report_path)
+        state.last_reports.setdefault(uri, {})[result.kind] = (result.when, result.report_path)
     republish(ls, uri)
 
 
-def latest_report(uri: str, kinds: tuple[str, ...] = ("estimate", "profile")) -> str | None:
+def latest_report(
+    ls: OomLanguageServer, uri: str, kinds: tuple[str, ...] = ("estimate", "profile")
+) -> str | None:
     """The file's most recent report of those kinds, even if the file changed
     since (oom-lsp.validateFix compares a fix with the measurement before it)."""
-    reports = [report for kind, report in _last_reports.get(uri, {}).items() if kind in kinds]
+    reports = [report for kind, report in ls.state(Results).last_reports.get(uri, {}).items() if kind in kinds]
     return max(reports)[1] if reports else None
 
 
-def _extra_diagnostics(ls: OomLanguageServer, uri: str) -> list[types.Diagnostic]:
-    """The diagnostics source registered with the diagnostics module."""
-    if uri in _pushed_closed and ls.open_document(uri) is not None:
+def result_diagnostics(ls: OomLanguageServer, uri: str) -> list[types.Diagnostic]:
+    """The results' diagnostics: a source of the diagnostics feature (server/features.py adds it)."""
+    pushed_closed = ls.state(Results).pushed_closed
+    if uri in pushed_closed and ls.open_document(uri) is not None:
         # Published while the file was closed; now they come with its analysis.
-        _pushed_closed.discard(uri)
+        pushed_closed.discard(uri)
         if ls.pull_diagnostics:
             ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
     return [diagnostic for result in current_results(ls, uri).values() for diagnostic in result.diagnostics]
@@ -127,7 +138,7 @@ def republish(ls: OomLanguageServer, uri: str) -> None:
     alone when it is not (an OOM in a file the user has not opened)."""
     if ls.open_document(uri) is None:
         results = current_results(ls, uri)
-        _pushed_closed.add(uri)
+        ls.state(Results).pushed_closed.add(uri)
         ls.text_document_publish_diagnostics(
             types.PublishDiagnosticsParams(
                 uri=uri, diagnostics=[d for result in results.values() for d in result.diagnostics]
@@ -135,11 +146,8 @@ def republish(ls: OomLanguageServer, uri: str) -> None:
         )
         return
     ls.forget_analyses(uri)
-    if not ls.pull_diagnostics:
-        diagnostics.schedule(ls, uri, 0)
-    elif ls.client_supports("workspace.diagnostics.refresh_support"):
-        ls.workspace_diagnostic_refresh(None)
-    # A client that pulls without refresh (Neovim 0.11) sees them at its next pull.
+    if ls.hooks.republish is not None:
+        ls.hooks.republish(ls, uri)
 
 
 def send_memory_status(ls: OomLanguageServer, status: dict[str, Any]) -> None:
@@ -149,11 +157,6 @@ def send_memory_status(ls: OomLanguageServer, status: dict[str, Any]) -> None:
 # --- jobs: progress and cancellation -------------------------------------------------
 
 
-# (kind, script) of the jobs running: a second run of the same kind on the
-# same script would write over the first one's output folder.
-_running_jobs: set[tuple[str, Path]] = set()
-
-
 class Job:
     """One long command: its cancel event (set by `$/cancelRequest`, by the
     progress' cancel button, or when the server cancels the task) and its
@@ -161,7 +164,7 @@ class Job:
 
     def __init__(self, ls: OomLanguageServer, title: str, kind: str, script: Path) -> None:
         self.key = (kind, script.resolve())
-        if self.key in _running_jobs:
+        if self.key in ls.state(Results).running:
             raise RequestFailed(f"{title}: already running; cancel it or wait for it")
         self.ls = ls
         self.title = title
@@ -216,12 +219,13 @@ class Job:
 
     async def run(self, work: Callable[[], T]) -> T:
         """`work` in a thread; it must stop soon after `self.cancel` is set."""
-        _running_jobs.add(self.key)
+        running = self.ls.state(Results).running
+        running.add(self.key)
         self.ls.job_cancels.add(self.cancel)
         try:
             return await self._run(work)
         finally:
-            _running_jobs.discard(self.key)
+            running.discard(self.key)
             self.ls.job_cancels.discard(self.cancel)
 
     async def _run(self, work: Callable[[], T]) -> T:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from lsprotocol import types
@@ -17,18 +16,9 @@ from oom_lsp.server.server import WATCHED_CONFIG_GLOBS, OomLanguageServer
 
 logger = logging.getLogger(__name__)
 
-# Other files feature modules watch (the runtime guard's OOM reports): their
-# globs join the config files' registration, and each listener gets every
+# Other files features watch (the runtime guard's OOM reports, `server.hooks.watch_files`):
+# their globs join the config files' registration, and each listener gets every
 # didChangeWatchedFiles batch.
-WatchListener = Callable[[OomLanguageServer, list[types.FileEvent]], None]
-_extra_globs: list[str] = []
-_listeners: list[WatchListener] = []
-
-
-def watch_files(globs: list[str], listener: WatchListener) -> None:
-    _extra_globs.extend(glob for glob in globs if glob not in _extra_globs)
-    if listener not in _listeners:
-        _listeners.append(listener)
 
 
 def register(server: OomLanguageServer) -> None:
@@ -77,7 +67,8 @@ def on_shutdown(ls: OomLanguageServer, params: None) -> None:
 
 
 async def _watch_config_files(ls: OomLanguageServer) -> None:
-    watchers = [types.FileSystemWatcher(glob_pattern=glob) for glob in WATCHED_CONFIG_GLOBS + _extra_globs]
+    globs = WATCHED_CONFIG_GLOBS + ls.hooks.watched_globs
+    watchers = [types.FileSystemWatcher(glob_pattern=glob) for glob in globs]
     registration = types.Registration(
         id=str(uuid.uuid4()),
         method=types.WORKSPACE_DID_CHANGE_WATCHED_FILES,
@@ -110,7 +101,7 @@ async def on_did_change_configuration(
 
 
 def on_did_change_watched_files(ls: OomLanguageServer, params: types.DidChangeWatchedFilesParams) -> None:
-    for listener in _listeners:
+    for listener in ls.hooks.watch_listeners:
         listener(ls, params.changes)
     names = editor_settings.CONFIG_FILE_NAMES
     if not any(change.uri.rsplit("/", 1)[-1] in names for change in params.changes):

@@ -24,7 +24,6 @@ _MESSAGE_TYPES = [
     (logging.INFO, types.MessageType.Info),
 ]
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_sending = threading.local()
 
 
 class ClientLogHandler(logging.Handler):
@@ -35,6 +34,8 @@ class ClientLogHandler(logging.Handler):
         self.server = server
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread: int | None = None
+        # Set while a record is being sent: one raised meanwhile is not sent (it would loop).
+        self._sending = threading.local()
         self.setFormatter(logging.Formatter("%(message)s"))
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -46,7 +47,7 @@ class ClientLogHandler(logging.Handler):
         return own or record.levelno >= logging.WARNING
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.loop is None or getattr(_sending, "active", False):
+        if self.loop is None or getattr(self._sending, "active", False):
             return  # not connected yet, or a record raised while sending one
         message_type = next(
             (kind for level, kind in _MESSAGE_TYPES if record.levelno >= level), types.MessageType.Log
@@ -58,11 +59,11 @@ class ClientLogHandler(logging.Handler):
             self.loop.call_soon_threadsafe(self._send, params)
 
     def _send(self, params: types.LogMessageParams) -> None:
-        _sending.active = True
+        self._sending.active = True
         try:
             self.server.window_log_message(params)
         finally:
-            _sending.active = False
+            self._sending.active = False
 
 
 class LogSetup:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lsprotocol import types
@@ -31,10 +31,10 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import Finding, LintSettings
-from oom_lsp.fixes.suppress import ignore_for_line
 from oom_lsp.gc_tuning import collect_before_analysis
 from oom_lsp.notebooks.program import CellText, IncrementalNotebook, NotebookAnalysis, fix_cells
 from oom_lsp.server import code_actions, diagnostics
+from oom_lsp.server.hooks import CellOwner
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.server import Analysis, OomLanguageServer
 
@@ -64,18 +64,28 @@ class _State:
     published: dict[str, tuple[int, list[types.Diagnostic]]] | None = None  # cell URI -> (version, items)
 
 
-_states: dict[str, _State] = {}
+@dataclass
+class Notebooks:
+    """A server's open notebooks: notebook URI -> its state (`ls.state(Notebooks)`)."""
+
+    by_uri: dict[str, _State] = field(default_factory=dict)
+
+
+def _states(ls: OomLanguageServer) -> dict[str, _State]:
+    return ls.state(Notebooks).by_uri
 
 
 def register(server: OomLanguageServer) -> None:
+    """The cells go through the same handlers as files (analysis, diagnostics, hover, code
+    actions) through one adapter: `ls.analysis_of(cell)` answers with the cell's part of its
+    notebook's analysis, and the notebook owns its cells' publishing and fix-all."""
     server.feature(types.NOTEBOOK_DOCUMENT_DID_OPEN)(on_did_open)
     server.feature(types.NOTEBOOK_DOCUMENT_DID_CHANGE)(on_did_change)
     server.feature(types.NOTEBOOK_DOCUMENT_DID_SAVE)(on_did_save)
     server.feature(types.NOTEBOOK_DOCUMENT_DID_CLOSE)(on_did_close)
     server.cell_analysis = cell_analysis
-    diagnostics.add_cell_owner(is_cell, refresh)
-    code_actions.delegate(is_cell, on_cell_code_action)
-    code_actions.add_provider(_no_actions, {_RESOLVER: resolve_fix_all})
+    server.hooks.cell_owners.append(CellOwner(is_cell, refresh, on_cell_code_action))
+    server.hooks.add_provider(_no_actions, {_RESOLVER: resolve_fix_all})
 
 
 def notebook_of(ls: OomLanguageServer, uri: str) -> types.NotebookDocument | None:
@@ -102,7 +112,7 @@ def on_did_change(ls: OomLanguageServer, params: types.DidChangeNotebookDocument
         for opened in structure.did_open or []:
             ls.adopt_document(opened.uri)
         closed = [cell.uri for cell in structure.did_close or []]
-        state = _states.get(uri)
+        state = _states(ls).get(uri)
         for cell_uri in closed:
             if state is not None and state.published is not None:
                 state.published.pop(cell_uri, None)
@@ -115,7 +125,7 @@ def on_did_save(ls: OomLanguageServer, params: types.DidSaveNotebookDocumentPara
 
 
 def on_did_close(ls: OomLanguageServer, params: types.DidCloseNotebookDocumentParams) -> None:
-    state = _states.pop(params.notebook_document.uri, None)
+    state = _states(ls).pop(params.notebook_document.uri, None)
     if state is not None and state.task is not None:
         state.task.cancel()
     for cell in params.cell_text_documents:
@@ -124,13 +134,13 @@ def on_did_close(ls: OomLanguageServer, params: types.DidCloseNotebookDocumentPa
 
 def refresh(ls: OomLanguageServer) -> None:
     """Settings or configuration changed: check every open notebook again."""
-    for uri, state in _states.items():
+    for uri, state in _states(ls).items():
         state.key = None
         _schedule(ls, uri, 0)
 
 
 def _schedule(ls: OomLanguageServer, uri: str, delay: float) -> None:
-    state = _states.setdefault(uri, _State())
+    state = _states(ls).setdefault(uri, _State())
     if state.task is not None:
         state.task.cancel()
     state.task = asyncio.get_running_loop().create_task(_publish_after(ls, uri, delay))
@@ -151,9 +161,9 @@ async def _publish_after(ls: OomLanguageServer, uri: str, delay: float) -> None:
     if notebook is None:
         return
     analysis, cells = await _analysis(ls, notebook)
-    if analysis is None or _cells_key(ls, notebook) != _states[uri].key:
+    if analysis is None or _cells_key(ls, notebook) != _states(ls)[uri].key:
         return  # a newer change has its own task
-    state = _states[uri]
+    state = _states(ls)[uri]
     published = state.published or {}
     for cell in cells:
         document = ls.open_document(cell.key)
@@ -203,7 +213,7 @@ async def _analysis(
 ) -> tuple[NotebookAnalysis | None, list[CellText]]:
     """The notebook's analysis for its cells' current texts, memoized; None when
     the configuration excludes the notebook."""
-    state = _states.setdefault(notebook.uri, _State())
+    state = _states(ls).setdefault(notebook.uri, _State())
     cells = _code_cells(ls, notebook)
     key = _cells_key(ls, notebook)
     if state.key == key and state.analysis is not None:
@@ -267,43 +277,8 @@ async def on_cell_code_action(
     if document is None or notebook is None:
         return None
     only = params.context.only
-    converter = PositionConverter(document.source, ls.position_encoding)
-    actions: list[types.CodeAction] = []
-    has_safe_fix = False
-    ignored: set[tuple[str, int]] = set()
-    for diagnostic in params.context.diagnostics:
-        finding = code_actions.finding_of(diagnostic, document)
-        if finding is None:
-            continue
-        has_safe_fix = has_safe_fix or (finding.fix is not None and finding.fix.is_safe)
-        if not code_actions.kind_wanted(only, types.CodeActionKind.QuickFix):
-            continue
-        if finding.fix is not None:
-            actions.append(
-                types.CodeAction(
-                    title=f"oom-lsp ({finding.code}): {finding.fix.title}",
-                    kind=types.CodeActionKind.QuickFix,
-                    diagnostics=[diagnostic],
-                    is_preferred=finding.fix.is_safe,
-                    edit=code_actions.workspace_edit(
-                        ls, document, code_actions.lsp_edits(finding.fix.edits, converter)
-                    ),
-                )
-            )
-        if finding.code != "OOM000" and (finding.code, finding.line) not in ignored:
-            ignored.add((finding.code, finding.line))
-            edit = ignore_for_line(document.source, finding.line, finding.code, finding.statement_line)
-            if edit is not None:
-                actions.append(
-                    types.CodeAction(
-                        title=f"oom-lsp ({finding.code}): Ignore {finding.code} for this line",
-                        kind=types.CodeActionKind.QuickFix,
-                        diagnostics=[diagnostic],
-                        edit=code_actions.workspace_edit(
-                            ls, document, code_actions.lsp_edits([edit], converter)
-                        ),
-                    )
-                )
+    # A cell's quick fixes and "Ignore" actions are a file's (the same handler).
+    actions, has_safe_fix = code_actions.finding_actions(ls, params, document)
     if only is not None:
         # Asked for by kind (VS Code's codeActionsOnSave / notebook.codeActionsOnSave): the edit comes now.
         fix_all = None

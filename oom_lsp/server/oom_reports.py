@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from oom_lsp.edits import Position, Range, TextEdit
-from oom_lsp.server import code_actions, diagnostics, lifecycle
+from oom_lsp.server import code_actions, diagnostics
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.server import OomLanguageServer
 
@@ -62,28 +62,33 @@ class _Instrumentable:
     calls: list[Any]  # TrainingCall
 
 
-_reports: dict[Path, _LoadedReport] = {}
-_roots: dict[Path, Path] = {}  # a document's folder -> its project root
-_instrumentable_by_uri: dict[str, _Instrumentable] = {}
+@dataclass
+class Reports:
+    """What a server remembers of the OOM reports and the training loops (`ls.state(Reports)`)."""
+
+    loaded: dict[Path, _LoadedReport] = field(default_factory=dict)
+    roots: dict[Path, Path] = field(default_factory=dict)  # a document's folder -> its project root
+    instrumentable: dict[str, _Instrumentable] = field(default_factory=dict)  # by URI
 
 
 def register(server: OomLanguageServer) -> None:
-    diagnostics.add_extra_source(report_diagnostics)
-    lifecycle.watch_files([REPORT_GLOB], on_reports_changed)
-    code_actions.add_provider(list_actions)
+    server.hooks.extra_diagnostics.append(report_diagnostics)
+    server.hooks.watch_files([REPORT_GLOB], on_reports_changed)
+    server.hooks.add_provider(list_actions)
     server.command(OPEN_REPORT_COMMAND)(open_report)
 
 
 # --- the report and its diagnostic -------------------------------------------------------------
 
 
-def _report_path(path: Path) -> Path:
+def _report_path(ls: OomLanguageServer, path: Path) -> Path:
     from oom_lsp.runtime.reports import LAST_OOM_DIR, REPORT_NAME, find_project_root
 
     folder = path.parent
-    root = _roots.get(folder)
+    roots = ls.state(Reports).roots
+    root = roots.get(folder)
     if root is None:
-        root = _roots[folder] = find_project_root(folder)
+        root = roots[folder] = find_project_root(folder)
     return root / LAST_OOM_DIR / REPORT_NAME
 
 
@@ -94,13 +99,13 @@ def _stamp(path: Path) -> int | None:
         return None
 
 
-def _latest(report: Path) -> Any:
+def _latest(ls: OomLanguageServer, report: Path) -> Any:
     """The report's OomDiagnostic (or None), read again when the file changed."""
     from oom_lsp.profiling.report import ReportError
     from oom_lsp.runtime.reports import latest_oom_diagnostic
 
     stamp = _stamp(report)
-    loaded = _reports.get(report)
+    loaded = ls.state(Reports).loaded.get(report)
     if loaded is not None and loaded.stamp == stamp:
         return loaded.diagnostic
     diagnostic = None
@@ -111,7 +116,7 @@ def _latest(report: Path) -> Any:
             logger.warning("Ignoring the OOM report %s: %s", report, error)
         else:
             logger.info("OOM report %s: %s", report, diagnostic.message if diagnostic else "no OOM in it")
-    _reports[report] = _LoadedReport(stamp, diagnostic)
+    ls.state(Reports).loaded[report] = _LoadedReport(stamp, diagnostic)
     return diagnostic
 
 
@@ -147,8 +152,8 @@ def report_diagnostics(ls: OomLanguageServer, uri: str) -> list[types.Diagnostic
     if not fs_path or document is None:
         return []
     path = Path(fs_path)
-    report = _report_path(path)
-    oom = _latest(report)
+    report = _report_path(ls, path)
+    oom = _latest(ls, report)
     if oom is None or not _same_file(oom.path, path, report):
         return []
     lines = [text.rstrip("\r\n") for text in document.lines]
@@ -253,7 +258,8 @@ async def _batch_size_action(
 async def _instrumentable(ls: OomLanguageServer, document: TextDocument) -> _Instrumentable:
     from oom_lsp.fixes.instrument import find_training_calls, find_training_loops
 
-    cached = _instrumentable_by_uri.get(document.uri)
+    known = ls.state(Reports).instrumentable
+    cached = known.get(document.uri)
     if cached is not None and cached.version == document.version:
         return cached
     source, version = document.source, document.version
@@ -261,10 +267,10 @@ async def _instrumentable(ls: OomLanguageServer, document: TextDocument) -> _Ins
     loops = await loop.run_in_executor(ls.analysis_executor, find_training_loops, source)
     calls = await loop.run_in_executor(ls.analysis_executor, find_training_calls, source)
     found = _Instrumentable(version, loops, calls)
-    for closed in [uri for uri in _instrumentable_by_uri if ls.open_document(uri) is None]:
-        del _instrumentable_by_uri[closed]
+    for closed in [uri for uri in known if ls.open_document(uri) is None]:
+        del known[closed]
     if ls.open_document(document.uri) is not None:
-        _instrumentable_by_uri[document.uri] = found
+        known[document.uri] = found
     return found
 
 

@@ -35,12 +35,10 @@ from oom_lsp.edits import Position, Range
 from oom_lsp.profiling.oom_messages import OomError, find_ooms
 from oom_lsp.profiling.report import Report
 from oom_lsp.profiling.runner import ProfileError, ProfileRequest, ProfileRun
-from oom_lsp.server import diagnostics
 from oom_lsp.server.diagnostics import SOURCE
 from oom_lsp.server.jobs import (
     FileResult,
     Job,
-    _extra_diagnostics,
     command_setting,
     document_version,
     interpreter,
@@ -435,11 +433,10 @@ class ShowReportArgs:
 
 
 def show_report_command(ls: OomLanguageServer, args: ShowReportArgs) -> dict[str, Any]:
-    return {"reportPath": latest_report(args.uri, ("estimate", "profile", "oom"))}
+    return {"reportPath": latest_report(ls, args.uri, ("estimate", "profile", "oom"))}
 
 
 def register(server: OomLanguageServer) -> None:
     server.command(PROFILE_COMMAND)(profile_command)
     server.command(EXPLAIN_COMMAND)(explain_command)
     server.command(SHOW_REPORT_COMMAND)(show_report_command)
-    diagnostics.add_extra_source(_extra_diagnostics)

@@ -1,8 +1,10 @@
-"""The language server: lifecycle, settings and the analysis of open documents.
+"""The language server's core: the settings, the readiness gate, the analysis of open
+documents (memoized per version) and the per-server state of the features.
 
-The feature modules (`diagnostics`, `code_actions`, `hover`) register
-module-level handlers on one `OomLanguageServer`; this module owns what they
-share: the settings, the readiness gate and the per-document analysis cache.
+The features (server/features.py lists and registers them) add their handlers to one
+`OomLanguageServer`, what they offer each other to its `hooks` (server/hooks.py), and keep
+what they remember in `ls.state(TheirState)`: nothing lives in a module global, so two
+servers in one process share nothing. This module imports no feature.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote
 
 from lsprotocol import types
@@ -32,6 +34,7 @@ from oom_lsp.edits import split_lines
 from oom_lsp.gc_tuning import collect_before_analysis, tune_for_analysis
 from oom_lsp.server import settings as editor_settings
 from oom_lsp.server import transport
+from oom_lsp.server.hooks import FeatureHooks
 from oom_lsp.server.logs import LogSetup
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.protocol import OomProtocol, make_converter
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from oom_lsp.analysis.incremental import IncrementalParser
 
 logger = logging.getLogger(__name__)
+State = TypeVar("State")
 
 CONFIGURATION_TIMEOUT_S = 5.0
 # ~100 KB of source: a few seconds of analysis and more (a 1 MiB file takes ~45 s on a
@@ -76,16 +80,21 @@ class LspLinesTextDocument(TextDocument):
 
 
 class OomLanguageServer(LanguageServer):
-    def __init__(self, log_file: str | None = None) -> None:
+    def __init__(
+        self, log_file: str | None = None, notebook_sync: types.NotebookDocumentSyncOptions | None = None
+    ) -> None:
         super().__init__(
             name="oom-lsp",
             version=__version__,
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
             protocol_cls=OomProtocol,
             converter_factory=make_converter,
-            notebook_document_sync=_notebook_sync_options(),
+            notebook_document_sync=notebook_sync,
         )
         self.protocol: OomProtocol
+        # What the features add to each other, and what each keeps (`state`).
+        self.hooks = FeatureHooks()
+        self._states: dict[type, Any] = {}
         # The cancel events of the jobs running (profiles, estimates, validations):
         # set at shutdown and exit, so no run outlives the session.
         self.job_cancels: set[threading.Event] = set()
@@ -113,6 +122,13 @@ class OomLanguageServer(LanguageServer):
         # The analysis of a notebook cell, set by `notebooks`: the cell's part of its
         # notebook's analysis (a cell alone is not the program it runs in).
         self.cell_analysis: Callable[[OomLanguageServer, TextDocument], Awaitable[Analysis]] | None = None
+
+    def state(self, kind: type[State]) -> State:
+        """This server's instance of a feature's state class (made on first use, with no arguments)."""
+        found = self._states.get(kind)
+        if found is None:
+            found = self._states[kind] = kind()
+        return found
 
     # --- transport and lifetime -----------------------------------------------
 
@@ -292,9 +308,3 @@ def warm_up_analysis() -> None:
     finally:
         tune_for_analysis()
         gc.enable()
-
-
-def _notebook_sync_options() -> types.NotebookDocumentSyncOptions:
-    from oom_lsp.server.notebooks import SYNC_OPTIONS
-
-    return SYNC_OPTIONS

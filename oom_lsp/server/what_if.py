@@ -46,7 +46,6 @@ from oom_lsp.estimate.wording import (
     percent_words,
     saving_words,
 )
-from oom_lsp.server import code_actions
 from oom_lsp.server.estimate import EstimateArgs, check_trace_args, estimate_request, job_listener, target_gpu
 from oom_lsp.server.jobs import (
     FileResult,
@@ -269,4 +268,4 @@ def table_markdown(table: WhatIfTable, name: str) -> str:
 
 def register(server: OomLanguageServer) -> None:
     server.command(WHAT_IF_COMMAND)(what_if_command)
-    code_actions.add_title_note(saving_note)
+    server.hooks.title_notes.append(saving_note)
