@@ -204,10 +204,9 @@ def _last_profile(script: Path) -> Path | None:
 
 
 def _build_request(args: argparse.Namespace, config: Any) -> Any:
-    from oom_lsp.analysis.engine import analyze
     from oom_lsp.llm.context import probe_environment
-    from oom_lsp.llm.prompt import FixRequest, PromptError
     from oom_lsp.profiling.oom_messages import find_ooms
+    from oom_lsp.usecases.ai_fix import PromptError, fix_request
 
     text, _ = _read_script(args.script)
     oom = None
@@ -231,30 +230,22 @@ def _build_request(args: argparse.Namespace, config: Any) -> Any:
         report, estimate = (
             (measurement.data, None) if measurement.kind == "profile" else (None, measurement.data)
         )
-    settings = config.settings_for(args.script)
-    request = FixRequest(
-        path=str(args.script),
-        text=text,
-        line=args.line,
-        oom=oom,
-        report=report,
-        estimate=estimate,
-        gpu_memory=config.gpu_memory,
-        lint_settings=settings,
-    )
-    findings = [f for f in analyze(text, settings, str(args.script)) if f.code != "OOM000"]
     try:
-        line = request.target_line()
+        request = fix_request(
+            str(args.script),
+            text,
+            lint_settings=config.settings_for(args.script),
+            line=args.line,
+            oom=oom,
+            report=report,
+            estimate=estimate,
+            gpu_memory=config.gpu_memory,
+        )
     except PromptError:
-        if not findings:
-            raise CommandError(
-                f"{args.script}: no finding, error or profile points at a line to fix; give one with --line N"
-            ) from None
-        line = findings[0].line
-    finding = next((f for f in findings if f.line == line), None)
-    return dataclasses.replace(
-        request, line=line, finding=finding, environment=probe_environment(args.python)
-    )
+        raise CommandError(
+            f"{args.script}: no finding, error or profile points at a line to fix; give one with --line N"
+        ) from None
+    return dataclasses.replace(request, environment=probe_environment(args.python))
 
 
 # --- prompt --------------------------------------------------------------------------------
@@ -296,8 +287,8 @@ def run_fix(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
         return _fail(str(error), err)
     for note in settings.notes():
         err.write(f"oom-lsp: {note}\n")
-    from oom_lsp.llm.fixer import FixError, propose_fix
     from oom_lsp.llm.prompt import PromptError
+    from oom_lsp.usecases.ai_fix import propose
 
     try:
         request = _build_request(args, config)
@@ -307,11 +298,12 @@ def run_fix(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
         f"oom-lsp: asking {settings.model} at {settings.host} about {request.subject} "
         f"({args.script}, line {request.line})\n"
     )
-    result = asyncio.run(
-        propose_fix(request, settings, on_progress=lambda message: err.write(f"oom-lsp: {message}\n"))
+    outcome = asyncio.run(
+        propose(request, settings, on_progress=lambda message: err.write(f"oom-lsp: {message}\n"))
     )
-    if isinstance(result, FixError):
-        return _fail(result.message, err)
+    result = outcome.proposal
+    if result is None:
+        return _fail(outcome.message, err)
     out.write("Diagnosis:\n" + "".join(f"  {line}\n" for line in result.diagnosis().splitlines()))
     if result.fix.validation.step:
         out.write(f"Validation: {result.fix.validation.step}\n")
@@ -323,33 +315,28 @@ def run_fix(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
     if args.dry_run or log is None:
         out.write(f"--dry-run: {args.script} was not changed.\n")
         return EXIT_OK
-    return _apply(args, config, settings, result, log, out, err)
+    return _apply(args, config, settings, outcome, log, out, err)
 
 
 def _apply(
-    args: argparse.Namespace, config: Any, settings: Any, result: Any, log: Path, out: TextIO, err: TextIO
+    args: argparse.Namespace, config: Any, settings: Any, outcome: Any, log: Path, out: TextIO, err: TextIO
 ) -> int:
-    from oom_lsp.llm import fixlog
+    from oom_lsp.usecases.ai_fix import log_applied, still_current
 
     try:
         current, encoding = _read_script(args.script)
     except CommandError as error:
         return _fail(str(error), err)
-    if current != result.request.text:
+    if not still_current(current, outcome):
         return _fail(
             f"{args.script} changed while the model was answering; nothing was written: run again", err
         )
+    result = outcome.proposal
     # The same encoding (a BOM stays) and, in the text, the file's own line endings.
     args.script.write_bytes(result.edit.new_text.encode(encoding))
     display = _display(args.script, config.root)
-    try:
-        fixlog.append_entry(
-            log,
-            result.log_entry(display, settings.host),
-            None if args.fix_log is not None else config.root,
-        )
-    except (fixlog.FixLogError, OSError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    reason = log_applied(result, log, display, settings.host, None if args.fix_log is not None else config.root)
+    if reason is not None:
         out.write(f"Applied to {args.script}.\n")
         err.write(f"oom-lsp: warning: the fix log {log} could not be written: {reason}\n")
     else:
@@ -369,14 +356,7 @@ def _display(path: Path, root: Path) -> str:
 
 
 def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from oom_lsp.llm.validation import (
-        MeasurementError,
-        comparison_problems,
-        figures,
-        measure_again,
-        noise_tolerance,
-        read_measurement,
-    )
+    from oom_lsp.usecases import validate
 
     out, err = out or sys.stdout, err or sys.stderr
     try:
@@ -386,55 +366,45 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
             raise CommandError(
                 f"{args.script}: {'a folder, not a script' if args.script.is_dir() else 'no such file'}"
             )
-        before = read_measurement(args.before)
+        before = validate.read_measurement(args.before)
         if args.after is not None:
-            after = read_measurement(args.after)
-            if after.kind != before.kind:
-                raise CommandError(
-                    f"--before is a {before.kind} and --after a {after.kind}: compare like with like"
-                )
+            result = validate.compare(before, validate.read_measurement(args.after))
         else:
             err.write(f"oom-lsp: re-running the {before.kind} of {args.script}\n")
-            after = measure_again(args.script, before, python=args.python, timeout=args.timeout, out=args.out)
-    except (CommandError, MeasurementError) as error:
+            result = validate.measure(args.script, before, python=args.python, timeout=args.timeout, out=args.out)
+    except (CommandError, validate.MeasurementError) as error:
         return _fail(str(error), err)
-    problems = comparison_problems(before, after)
-    broken_after = [problem.message for problem in problems if problem.refuse and problem.after_run]
-    if broken_after:
-        for message in broken_after:
+    after = result.after
+    if result.broken_after:
+        for message in result.broken_after:
             out.write(f"not validated: {message}\n")
         tail = [line for line in (after.data.output_tail or "").splitlines() if line.strip()][-8:]
         out.writelines(f"  | {line}\n" for line in tail)
         return EXIT_NO_FIX
-    refused = [problem.message for problem in problems if problem.refuse]
-    if refused:
+    if result.refused:
         after_name = args.after or "the new run"
-        return _fail(f"{args.before} and {after_name} cannot be compared: {'; '.join(refused)}", err)
-    for problem in problems:
-        err.write(f"warning: {problem.message}\n")
+        return _fail(f"{args.before} and {after_name} cannot be compared: {'; '.join(result.refused)}", err)
+    for warning in result.warnings:
+        err.write(f"warning: {warning}\n")
     out.write(f"peak before: {_format(before.peak)} ({before.kind}, {before.source})\n")
     if after.peak is None:
         out.write(f"peak after:  not measured (the run ended with status `{after.status}`)\n")
         return EXIT_NO_FIX
     out.write(f"peak after:  {_format(after.peak)} ({after.kind}, {after.source})\n")
-    change = figures(before, after)
-    tolerance = noise_tolerance(before)
+    change = result.change
     if change is not None:
-        within = abs(change.after - change.before) <= tolerance
-        noise = f" (within the measurement noise of ±{_format(tolerance)}: unchanged)"
-        if not (within and tolerance):
+        noise = f" (within the measurement noise of ±{_format(result.tolerance)}: unchanged)"
+        if not (result.within_noise and result.tolerance):
             noise = ""
         out.write(f"change:      {change.render().split(', ', 1)[1]}{noise}\n")
     if after.ran_out_of_memory:
         out.write("it still runs out of memory\n")
     if change is not None and not args.no_log:
         try:
-            _record(args, change, out)
+            _record(args, result, out)
         except CommandError as error:
             return _fail(str(error), err)
-    if after.ran_out_of_memory or (change is not None and change.after > change.before + tolerance):
-        return EXIT_NO_FIX
-    return EXIT_OK
+    return EXIT_NO_FIX if result.grew else EXIT_OK
 
 
 def _format(size: int | None) -> str:
@@ -443,11 +413,11 @@ def _format(size: int | None) -> str:
     return format_bytes(size) if size is not None else "unknown"
 
 
-def _record(args: argparse.Namespace, figures: Any, out: TextIO) -> None:
-    from oom_lsp.llm import fixlog
+def _record(args: argparse.Namespace, result: Any, out: TextIO) -> None:
+    from oom_lsp.usecases.validate import record
 
     config = _config(args.script)
     log = _fix_log(args, _llm_settings(config), config)
-    entry = fixlog.record_figures(log, _display(args.script, config.root), figures)
+    entry = record(result, log, _display(args.script, config.root))
     if entry:
         out.write(f"recorded in {log} (entry {entry})\n")

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from oom_lsp.cli.live import LiveLine
 from oom_lsp.config import ConfigError
-from oom_lsp.profiling.oom_messages import OomError, describe, find_ooms
+from oom_lsp.profiling.oom_messages import describe
 from oom_lsp.profiling.report import Report, ReportError, mismatches, read_report
 from oom_lsp.script_args import split_script_arguments
 from oom_lsp.units import format_bytes
@@ -134,7 +134,7 @@ class ProgressDisplay(LiveLine):
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from oom_lsp.profiling.runner import ProfileError, ProfileRequest, profile
+    from oom_lsp.usecases.profile import ProfileError, ProfileRequest, run_profile
 
     problem = split_script_arguments(args, "profile", _add_profile_options)
     if problem:
@@ -155,14 +155,13 @@ def run_profile(args: argparse.Namespace) -> int:
     display = ProgressDisplay(sys.stderr, args.steps, f"profiling {args.script.name}")
     try:
         with display:
-            report = profile(request, on_progress=display.on_progress)
-        advice = next_steps(report.oom.error) if report.oom else []
+            outcome = run_profile(request, on_progress=display.on_progress)
     except (ProfileError, ConfigError) as exc:
         return _error(str(exc))
-    print_summary(report, args.out, sys.stdout, advice)
-    if report.status in ("completed", "finished", "exited") and not completed_steps(report):
-        ended = f"exited with code {report.exit_code}" if report.status == "exited" else "ended"
-        return _error(f"no measurement: the script {ended} before its first optimizer step")
+    report = outcome.report
+    print_summary(report, args.out, sys.stdout, outcome.advice)
+    if outcome.no_measurement:
+        return _error(outcome.no_measurement)
     if report.status == "exited" and report.exit_code:
         return EXIT_FAILED  # the script said it failed
     if report.status in ("completed", "finished", "exited"):
@@ -268,16 +267,19 @@ def run_explain(args: argparse.Namespace) -> int:
         return run_explain_last(Path.cwd(), args.format, sys.stdout, sys.stderr)
     if args.log is None:
         return _error("explain needs a LOG (or - for stdin), or --last")
+    from oom_lsp.usecases.explain import explain, next_steps, read_log
+
     if args.log == "-":
         text = sys.stdin.read()
     else:
         try:
-            text = Path(args.log).read_text(encoding="utf-8", errors="replace")
+            text = read_log(Path(args.log), limit=None)
         except OSError as exc:
             return _error(f"{args.log}: {exc.strerror or exc}")
-    ooms = find_ooms(text)
+    explanation = explain(text)
+    ooms = explanation.ooms
     if args.format == "json":
-        print(json.dumps({"ooms": [oom.to_dict() for oom in ooms]}, indent=2))
+        print(json.dumps(explanation.to_json(), indent=2))
     elif not ooms:
         print("no out-of-memory error found", file=sys.stderr)
     else:
@@ -294,54 +296,6 @@ def run_explain(args: argparse.Namespace) -> int:
             for line in lines:
                 print(f"  next: {line}")
     return EXIT_OK if ooms else EXIT_FAILED
-
-
-def next_steps(oom: OomError) -> list[str]:
-    """What to do about it: the rules that fire on the failing line of the user's file (when
-    the file is here to analyse), and the estimate that finds the largest batch for that GPU.
-    Reads the file's [tool.oom-lsp] (ConfigError when it is broken)."""
-    from oom_lsp.analysis.engine import analyze
-    from oom_lsp.config import ConfigResolver
-
-    advice = []
-    failing = oom.failing_frame
-    path = Path(failing.file) if failing else None
-    if failing and path is not None and path.is_file():
-        settings = ConfigResolver().resolve(path).settings_for(path)
-        text = path.read_text(encoding="utf-8", errors="replace")
-        findings = [f for f in analyze(text, settings, str(path)) if f.code != "OOM000"]
-        here = [f for f in findings if f.range.start.line <= failing.line <= f.range.end.line]
-        shown = _shown(path)
-        for finding in here:
-            fix = ""
-            if finding.fix is not None:
-                flags = "--fix" if finding.fix.is_safe else "--fix --unsafe-fixes"
-                fix = f"; `oom-lsp --check {flags} {shown}` applies its fix"
-            advice.append(
-                f"{finding.code} {finding.name} fires on that line: {finding.message.split('. ')[0].rstrip('.')}. "
-                f"`oom-lsp rule {finding.code}` explains it{fix}"
-            )
-        if not here and findings:
-            advice.append(
-                f"no rule fires on that line; `oom-lsp --check {shown}` lists the {len(findings)} "
-                f"risk{'s' if len(findings) > 1 else ''} it finds elsewhere in the file"
-            )
-    entry = next((_shown(Path(frame.file)) for frame in oom.frames if Path(frame.file).is_file()), "train.py")
-    target = f"--gpu-memory {_size_argument(oom.total_capacity)}" if oom.total_capacity else "--gpu NAME"
-    advice.append(f"the largest batch that fits this GPU: `oom-lsp estimate {entry} {target} --find-max-batch`")
-    return advice
-
-
-def _shown(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-def _size_argument(size: int) -> str:
-    """A --gpu-memory value: GiB when whole (the message's "23.69 GiB" is not), else MiB."""
-    return f"{size // 2**30}GiB" if size % 2**30 == 0 else f"{size // 2**20}MiB"
 
 
 # --- compare -------------------------------------------------------------------------------

@@ -323,19 +323,6 @@ def _read_report(path: str | None) -> Any:
         return None
 
 
-def _environment_of(report: Any) -> Any:
-    from oom_lsp.llm.context import EnvironmentFacts
-
-    device = report.device
-    return EnvironmentFacts(
-        python=report.python_version,
-        torch=report.torch_version,
-        cuda=report.cuda_version,
-        gpu_name=device.name if device.type == "cuda" else None,
-        gpu_memory=device.total_memory if device.type == "cuda" else None,
-    )
-
-
 async def _environment(ls: OomLanguageServer, python: str) -> Any:
     from oom_lsp.llm.context import probe_environment
 
@@ -348,9 +335,8 @@ async def _environment(ls: OomLanguageServer, python: str) -> Any:
 async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -> _Outcome:
     """Ask the model about `target` in the document as it is now; never raises for
     a user-facing problem (CancelledError aside, when the request is cancelled)."""
-    from oom_lsp.llm.fixer import FixError, propose_fix
-    from oom_lsp.llm.prompt import FixRequest
     from oom_lsp.profiling.oom_messages import OomError
+    from oom_lsp.usecases.ai_fix import environment_of, fix_request, propose
 
     await ls.settings_ready.wait()
     uri, version, text = document.uri, document.version, document.source
@@ -360,15 +346,15 @@ async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -
     async with _work_done(ls, f"oom-lsp: {_title(target)}") as progress:
         report = _read_report(target.report)
         if report is not None:
-            environment = _environment_of(report)  # where the run failed, maybe another machine
+            environment = environment_of(report)  # where the run failed, maybe another machine
         elif settings.enabled:
             progress.report("probing the Python environment")
             environment = await _environment(ls, interpreter(ls, None))
         else:
             environment = None
-        request = FixRequest(
-            path=str(path or uri),
-            text=text,
+        request = fix_request(
+            str(path or uri),
+            text,
             version=version,
             line=target.line if target.finding is None else None,
             finding=target.finding,
@@ -377,15 +363,12 @@ async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -
             environment=environment,
             gpu_memory=config.gpu_memory,
             lint_settings=ls.settings_for_uri(uri),
+            with_finding=False,  # the target is the diagnostic asked about
         )
-        result = await propose_fix(
-            request, settings, on_progress=progress.report, cancel=progress.cancelled, stream=True
-        )
-    if isinstance(result, FixError):
-        return _Outcome(result.message)
-    if result.edit is None:
-        diagnosis = result.diagnosis()
-        return _Outcome(f"No edit: {result.problem}." + (f"\n{diagnosis}" if diagnosis else ""))
+        outcome = await propose(request, settings, on_progress=progress.report, cancel=progress.cancelled, stream=True)
+    if not outcome.has_edit:
+        return _Outcome(outcome.message)
+    result = outcome.proposal
     current = ls.open_document(uri)
     if current is None or current.version != version:
         return _Outcome("the document changed while the model was answering; nothing was changed: try again")
@@ -446,18 +429,12 @@ def _show(ls: OomLanguageServer, message: str, kind: types.MessageType = types.M
 
 def _write_log(pending: _PendingLog) -> str | None:
     """None when the entry is written, else why not (the fix itself stays applied)."""
-    from oom_lsp.llm import fixlog
+    from oom_lsp.usecases.ai_fix import log_applied
 
-    try:
-        fixlog.append_entry(
-            pending.log,
-            pending.proposal.log_entry(pending.display, pending.host),
-            pending.root,
-        )
-    except (fixlog.FixLogError, OSError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        return f"the fix is applied, but the fix log {pending.log} could not be written: {reason}"
-    return None
+    reason = log_applied(pending.proposal, pending.log, pending.display, pending.host, pending.root)
+    if reason is None:
+        return None
+    return f"the fix is applied, but the fix log {pending.log} could not be written: {reason}"
 
 
 # --- codeAction/resolve ----------------------------------------------------------------------
@@ -601,7 +578,7 @@ def _unsaved(ls: OomLanguageServer, uri: str, path: Path) -> bool:
 
 
 async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str, Any]:
-    from oom_lsp.llm.validation import MeasurementError, read_measurement
+    from oom_lsp.usecases.validate import MeasurementError, read_before
 
     path = _path_of(args.uri)
     if path is None or not path.is_file():
@@ -616,9 +593,7 @@ async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str
             "run oom-lsp.estimate or oom-lsp.profile first"
         )
     try:
-        before = read_measurement(report)
-        if before.kind == "profile" and Path(before.data.script or "").name not in ("", path.name):
-            raise MeasurementError(f"{report} is a profile of {before.data.script}, not of {path.name}")
+        before = read_before(report, path)
     except MeasurementError as error:
         raise RequestFailed(str(error)) from None
     cancel = threading.Event()
@@ -633,19 +608,13 @@ async def _validate(
     ls: OomLanguageServer, path: Path, config: ProjectConfig, before: Any, cancel: threading.Event
 ) -> dict[str, Any]:
     from oom_lsp.llm import fixlog
-    from oom_lsp.llm.validation import (
-        MeasurementError,
-        comparison_problems,
-        figures,
-        measure_again,
-        noise_tolerance,
-    )
+    from oom_lsp.usecases.validate import MeasurementError, measure, record
 
     async with _work_done(ls, f"oom-lsp: measuring {path.name} again") as progress:
         progress.report(f"re-running the {before.kind}")
         work = asyncio.ensure_future(
             asyncio.to_thread(
-                measure_again,
+                measure,
                 path,
                 before,
                 python=interpreter(ls, None),
@@ -667,29 +636,27 @@ async def _validate(
             await asyncio.gather(work, return_exceptions=True)
             raise JsonRpcRequestCancelled("cancelled: nothing was measured")
         try:
-            after = work.result()
+            result = work.result()
         except MeasurementError as error:
             raise RequestFailed(str(error)) from None
-    broken = [problem.message for problem in comparison_problems(before, after) if problem.refuse]
-    if broken:
-        raise RequestFailed(f"not validated: {'; '.join(broken)}")
-    change = figures(before, after)
+    if result.refused:
+        raise RequestFailed(f"not validated: {'; '.join(result.refused)}")
+    change = result.change
     if change is None:
         raise RequestFailed(
-            f"the new {after.kind} ended with status `{after.status}` before a peak was known"
+            f"the new {result.after.kind} ended with status `{result.after.status}` before a peak was known"
         )
-    tolerance = noise_tolerance(before)
     try:
         log = _llm_settings(ls, config).fix_log_path(config.root)
     except fixlog.FixLogError as error:
         _show(ls, f"the figures were not recorded: {error}")
     else:
-        fixlog.record_figures(log, _display(path, config.root), change)
+        record(result, log, _display(path, config.root))
     _show(ls, f"{path.name}: {change.render()}", types.MessageType.Info)
     return {
         "before": change.before,
         "after": change.after,
         "change": change.after - change.before,
         "source": before.kind,
-        "withinNoise": abs(change.after - change.before) <= tolerance,
+        "withinNoise": result.within_noise,
     }

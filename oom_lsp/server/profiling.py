@@ -1,19 +1,13 @@
-"""On-request memory measurements in the editor: `oom-lsp.profile`,
-`oom-lsp.explainOom`, `oom-lsp.showReport` (docs/server-commands.md), and
-what the estimate and lens modules share with them: running a subprocess job
-with work-done progress and cancellation, the per-file results, the
-`oomLsp/memoryStatus` notification and the diagnostics the results add.
+"""On-request memory measurements in the editor: `oom-lsp.profile`, `oom-lsp.explainOom`,
+`oom-lsp.showReport` (docs/server-commands.md), over the use cases oom_lsp.usecases.profile and
+oom_lsp.usecases.explain: the profile's lines and an OOM's failing line become diagnostics,
+the profiled file's peak the `oomLsp/memoryStatus` notification (the jobs and results every
+long command shares are in server/jobs.py).
 
 User code never runs in the server: `oom_lsp.profiling.runner` runs it under
 the user's interpreter in its own process group, and cancelling the request
 (`$/cancelRequest`) or the progress (`window/workDoneProgress/cancel`) kills
 that group.
-
-Results belong to the text they were measured on. A result remembers the
-document's version when the run started (None for a file that was not
-open, adopted when it opens) and is dropped at the first look after the
-document changed or closed: its diagnostics go, and the file's memory status
-is reset (`peakBytes: null`).
 """
 
 from __future__ import annotations
@@ -21,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -31,10 +24,10 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.uris import from_fs_path, to_fs_path
 
+from oom_lsp.config import ConfigError
 from oom_lsp.edits import Position, Range
-from oom_lsp.profiling.oom_messages import OomError, find_ooms
+from oom_lsp.profiling.oom_messages import OomError
 from oom_lsp.profiling.report import Report
-from oom_lsp.profiling.runner import ProfileError, ProfileRequest, ProfileRun
 from oom_lsp.server.diagnostics import SOURCE
 from oom_lsp.server.jobs import (
     FileResult,
@@ -52,6 +45,8 @@ from oom_lsp.server.positions import PositionConverter, split_lines
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 from oom_lsp.units import format_bytes
+from oom_lsp.usecases.explain import MAX_LOG_CHARS, explain, read_log
+from oom_lsp.usecases.profile import ProfileError, ProfileOutcome, ProfileRequest, run_profile
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +55,6 @@ EXPLAIN_COMMAND = "oom-lsp.explainOom"
 SHOW_REPORT_COMMAND = "oom-lsp.showReport"
 DEFAULT_PROFILE_TIMEOUT_S = 600.0
 DEFAULT_STEPS = 3
-MAX_LOG_CHARS = 4 * 2**20  # of a log given to explainOom: its end, where the error is
 TOP_LINES_SHOWN = 5
 
 
@@ -215,25 +209,24 @@ async def profile_command(ls: OomLanguageServer, args: ProfileArgs) -> dict[str,
 
     relay = OutputRelay(script.name)
 
-    def work() -> Report:
-        run = ProfileRun(request, on_progress, relay.line, cancel=job.cancel)
-        run.start()
+    def work() -> ProfileOutcome:
         try:
-            return run.wait()
+            return run_profile(request, on_progress, relay.line, cancel=job.cancel)
         finally:
             relay.close()
 
     try:
-        report = await job.run(work)
-    except ProfileError as error:
+        outcome = await job.run(work)
+    except (ProfileError, ConfigError) as error:
         raise RequestFailed(str(error)) from None
+    report = outcome.report
     report_path = out / "report.json"
     _show_profile(ls, args.uri, script, report, str(report_path), version)
     result: dict[str, Any] = {
         "reportPath": str(report_path),
         "peakBytes": report.peak_allocated,
         "device": report.device.type,
-        "steps": len([step for step in report.steps if step.complete]),
+        "steps": outcome.completed_steps,
         "status": report.status,
     }
     if report.peak_reserved is not None:
@@ -242,8 +235,10 @@ async def profile_command(ls: OomLanguageServer, args: ProfileArgs) -> dict[str,
         result["oom"] = explain_dict(report.oom.error)
     if report.error is not None:
         result["error"] = report.error  # the script's own exception, "ValueError: corrupt shard 17"
-    if report.status in ("timeout", "crashed", "error") and report.oom is None:
-        result["message"] = "; ".join([*([report.error] if report.error else []), *report.notes]) or report.status
+    if outcome.stopped:
+        result["message"] = outcome.stopped
+    if outcome.advice:
+        result["advice"] = outcome.advice  # what to do about the OOM, as `oom-lsp profile` says it
     return result
 
 
@@ -362,14 +357,14 @@ async def explain_command(ls: OomLanguageServer, args: ExplainArgs) -> dict[str,
     if args.path is not None:
         log = Path(args.path)
         try:
-            text = await asyncio.to_thread(_read_log_tail, log)
+            text = await asyncio.to_thread(read_log, log)
         except OSError as error:
             raise JsonRpcInvalidParams(f"{log}: {error.strerror or error}") from None
         base = log.parent if base is None else base
     else:
         text = (args.text or "")[-MAX_LOG_CHARS:]
     # Off the event loop: a 20 MB log took 22.7 s, and every other request waited.
-    ooms = await asyncio.to_thread(find_ooms, text)
+    ooms = (await asyncio.to_thread(explain, text)).ooms
     by_uri: dict[str, list[types.Diagnostic]] = {}
     for oom in ooms:
         frame = oom.failing_frame
@@ -386,14 +381,6 @@ async def explain_command(ls: OomLanguageServer, args: ExplainArgs) -> dict[str,
             ),
         )
     return {"errors": [explain_dict(oom) for oom in ooms]}
-
-
-def _read_log_tail(log: Path) -> str:
-    """The last `MAX_LOG_CHARS` of a log: the error that ended a run is at its end."""
-    with open(log, "rb") as stream:
-        stream.seek(0, os.SEEK_END)
-        stream.seek(max(0, stream.tell() - 4 * MAX_LOG_CHARS))
-        return stream.read().decode("utf-8", errors="replace")[-MAX_LOG_CHARS:]
 
 
 def _in_workspace(ls: OomLanguageServer, path: Path) -> bool:
