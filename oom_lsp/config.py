@@ -443,7 +443,7 @@ _PARSERS: dict[str, Callable[[str, str, Any], Any]] = {
     "severity": _severity_table,
     "gpu-memory": _memory,
     "gpus": _gpus_table,
-    # The CI memory budget gate of `oom-lsp check` (oom_lsp/estimate/budget.py).
+    # The CI memory budget gate of `oom-lsp check` (oom_lsp/usecases/budget.py).
     "budget": _memory,
     "budget-baseline": _path_string,
     "budget-max-growth": _percent,

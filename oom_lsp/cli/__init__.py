@@ -387,7 +387,7 @@ _BUDGET_FLAGS = ("budget", "baseline", "max_growth", "update_baseline", "estimat
 
 
 def _budget_gate(args: argparse.Namespace, resolver: Any, skip: bool) -> Any:
-    """The budget gate's settings (oom_lsp.estimate.budget), or None when it does not run:
+    """The budget gate's settings (oom_lsp.usecases.budget), or None when it does not run:
     not asked for, `--no-budget`, or stdin and `--diff`, which check text only."""
     given = [flag for flag in _BUDGET_FLAGS if getattr(args, flag, None) not in (None, False)]
     if args.no_budget:
@@ -400,7 +400,7 @@ def _budget_gate(args: argparse.Namespace, resolver: Any, skip: bool) -> Any:
                 f"--{given[0].replace('_', '-')}: the budget gate does not run with stdin or --diff"
             )
         return None
-    from oom_lsp.estimate.budget import BudgetError, gate_settings
+    from oom_lsp.usecases.budget import BudgetError, gate_settings
 
     try:
         return gate_settings(
@@ -436,7 +436,7 @@ def _run_budget_gate(args: argparse.Namespace, gate: Any, results: list[Any]) ->
     """Estimate the gate's scripts and put their findings with the files' own; Ctrl-C
     kills the scripts' process groups (the handlers of the feature commands)."""
     from oom_lsp import checker
-    from oom_lsp.estimate.budget import run_gate
+    from oom_lsp.usecases.budget import run_gate
 
     _install_stop_handlers()
     outcome = run_gate(gate, _gate_display(live=sys.stderr.isatty()))
@@ -488,7 +488,7 @@ def _check_paths(
     outcome = _run_budget_gate(args, gate, results) if gate is not None else None
     _report(args, results, sys.stdout, unanswered=len(outcome.problems) if outcome is not None else 0)
     if outcome is not None and args.format in ("text", "concise", "full") and not args.quiet:
-        from oom_lsp.estimate.budget import summary
+        from oom_lsp.usecases.budget import summary
 
         sys.stdout.write(summary(outcome))
     code = _exit_code(args, results)

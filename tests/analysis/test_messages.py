@@ -16,7 +16,7 @@ import pytest
 from oom_lsp.analysis import LintSettings, analyze
 from oom_lsp.analysis.registry import META_RULES, all_codes, all_rules, rule_for
 from oom_lsp.analysis.rule import MESSAGE_LIMIT, Rule, short_code
-from oom_lsp.estimate.budget import growth_message, over_budget_message
+from oom_lsp.usecases.budget import growth_message, over_budget_message
 from oom_lsp.estimate.gpus import CATALOGUE
 from oom_lsp.estimate.results import GpuTarget
 from oom_lsp.estimate.wording import predicted_oom_message

@@ -8,13 +8,14 @@ the line where the script sets its batch size:
 
 The predicted peak is what the estimate keeps under its margin: on CUDA the modelled
 reserved memory plus the CUDA context, as nvidia-smi counts the process
-(estimator.needed_bytes). The baseline is JSON, each script's peak keyed by its entry as
+(Prediction.needed_bytes); each script goes through the estimate use case
+(oom_lsp.usecases.estimate), and the CLI passes the display of its progress. The baseline is JSON, each script's peak keyed by its entry as
 written (`"train.py --epochs 1"`); `--update-baseline` writes it.
 
 What stops the gate from answering (no script to estimate, a missing script, a crash, a
 timeout, an unreadable baseline) is a `problem`: one line, exit 2, and the lint findings of
 the same run are still reported. No torch import here: the scripts run under `python` in
-child processes (estimator.run_harness), killed with their process group on Ctrl-C.
+child processes, killed with their process group on Ctrl-C.
 """
 
 from __future__ import annotations

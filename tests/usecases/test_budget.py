@@ -1,4 +1,4 @@
-"""The memory budget gate of `oom-lsp check` (oom_lsp/estimate/budget.py), through the
+"""The memory budget gate of `oom-lsp check` (oom_lsp/usecases/budget.py), through the
 installed console script as CI runs it: over the budget or grown against the baseline is
 exit 1 with a finding on the batch-size line in every format; a budget the gate cannot
 answer (no script, a missing one, a crash, a timeout, a missing baseline) is one line and
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from oom_lsp.estimate.budget import knob_location, read_baseline
+from oom_lsp.usecases.budget import knob_location, read_baseline
 from oom_lsp.estimate.results import BatchKnob, Prediction
 from oom_lsp.units import format_bytes
 from tests import console
