@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 EXIT_OK, EXIT_NO_FIX, EXIT_ERROR = 0, 1, 2
-LAST_PROFILE = Path(".oom_lsp/profile/report.json")  # `oom-lsp profile`'s default output
 
 
 class CommandError(Exception):
@@ -188,6 +187,8 @@ def _fix_log(args: argparse.Namespace, settings: Any, config: Any) -> Path:
 def _last_profile(script: Path) -> Path | None:
     """The report of the last `oom-lsp profile` of this script (its default --out), if any."""
     from oom_lsp.llm.validation import MeasurementError, read_measurement
+
+    from oom_lsp.usecases.profile import LAST_PROFILE
 
     path = LAST_PROFILE
     if not path.is_file():

@@ -560,7 +560,7 @@ def _before_report(ls: OomLanguageServer, uri: str, root: Path) -> Path | None:
     latest = latest_report(ls, uri)
     if latest is not None:
         return Path(latest)
-    from oom_lsp.cli.ai import LAST_PROFILE
+    from oom_lsp.usecases.profile import LAST_PROFILE
 
     candidate = root / LAST_PROFILE
     return candidate if candidate.is_file() else None

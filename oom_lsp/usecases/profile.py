@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from oom_lsp.profiling.report import Report
@@ -20,6 +21,9 @@ from oom_lsp.profiling.runner import ProfileError, ProfileRequest, ProfileRun
 __all__ = ["ProfileError", "ProfileOutcome", "ProfileRequest", "run_profile"]
 
 ENDED = ("completed", "finished", "exited")  # the script ran to its end or to the steps asked
+# `oom-lsp profile`'s default output (--out .oom_lsp/profile): the last profile of the project,
+# what a fix is compared with when nothing else was measured.
+LAST_PROFILE = Path(".oom_lsp/profile/report.json")
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,7 @@ async def test_cancelling_a_validate_fix_leaves_no_process(client: LanguageClien
         script.write_text(TRAINING_SCRIPT)
         await execute(client, "oom-lsp.estimate", {"uri": script.as_uri(), "device": "cpu"})
     else:
-        from oom_lsp.cli.ai import LAST_PROFILE
+        from oom_lsp.usecases.profile import LAST_PROFILE
         from oom_lsp.profiling.report import DeviceInfo, Report, StepStats
 
         steps = [StepStats(index, 2**20) for index in (1, 2, 3)]
