@@ -692,6 +692,10 @@ class SweepRow:
             "max_batch": estimate["max_batch"],
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SweepRow:
+        return cls(data["world_size"], Prediction.from_json(data["estimate"]), MaxBatchSearch.from_json(data["max_batch"]))
+
 
 @dataclass
 class Sweep:
@@ -711,6 +715,10 @@ class Sweep:
             "fewest_gpus": self.fewest_gpus,
             "runs": [row.to_json() for row in self.runs],
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Sweep:
+        return cls(list(data["world_sizes"]), data.get("fewest_gpus"), [SweepRow.from_json(row) for row in data["runs"]])
 
 
 # --- The what-if --------------------------------------------------------------------------------------

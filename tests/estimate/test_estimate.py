@@ -17,7 +17,8 @@ pytest.importorskip("torch")
 from oom_lsp.cli import main as cli_main
 from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, predict, run_harness
 from oom_lsp.estimate.gpus import custom_gpu, find_gpu
-from oom_lsp.estimate.results import Trace
+from oom_lsp.estimate.results import EstimateResult, Trace
+from tests.estimate.test_schema import ESTIMATE_SCHEMA, key_paths
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "estimate"
 MIB = 2**20
@@ -422,6 +423,10 @@ def test_json_output_has_the_documented_fields(capsys):
     assert result["peak_bytes"] == sum(result["breakdown"].values())
     assert result["reserved_bytes"] >= result["peak_bytes"]
     assert {"corrections", "max_batch", "peak_at", "top_modules", "gpu"} <= set(result)
+    # The keys are those of the schema (tests/estimate/test_schema.py), and the typed result
+    # reads and writes what the CLI printed to the byte.
+    assert key_paths(result) <= ESTIMATE_SCHEMA, sorted(key_paths(result) - ESTIMATE_SCHEMA)
+    assert EstimateResult.from_json(result).to_json() == result
 
 
 def test_unfakeable_script_falls_back_to_scaled_real_cpu_steps():
