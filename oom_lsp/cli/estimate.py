@@ -229,7 +229,6 @@ def _request(args: argparse.Namespace, gpu: Any, root: Path) -> Any:
         nproc_per_node=args.nproc_per_node,
         accelerate_config=args.accelerate_config,
         find_max_batch=args.find_max_batch,
-        compare_with_what_if=not args.find_max_batch,
         root=root,
         display=str(args.script),
     )

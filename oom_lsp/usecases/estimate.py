@@ -61,8 +61,8 @@ class EstimateRequest:
     nproc_per_node: int | None = None
     accelerate_config: Path | None = None  # `accelerate launch --config_file`'s variables
     find_max_batch: bool = False
-    # Compare with a what-if's prediction for this text (a fix applied). The CLI's
-    # --find-max-batch output leaves it out (its JSON has no such key).
+    # Compare with a what-if's prediction for this text (a fix applied): every face does; the
+    # budget gate has no use for it.
     compare_with_what_if: bool = True
     root: Path | None = None  # the project's root (the what-if's record); None: found from the script
     display: str | None = None  # how messages name the script (a notebook: as the user gave it)
@@ -172,7 +172,9 @@ def _estimate_script(request: EstimateRequest, script: Path, listener: Listener)
         result = EstimateResult(estimate(options, listener.message))
     if request.compare_with_what_if:
         result.what_if_check = what_if_check(request, options, result)
-        result.what_if_checked = True
+        # The plain estimate's JSON always says it (null: no what-if predicted this text); a
+        # search's only when a what-if did.
+        result.what_if_checked = not request.find_max_batch or result.what_if_check is not None
     return result
 
 

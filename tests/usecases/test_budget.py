@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from oom_lsp.usecases.budget import knob_location, read_baseline
 from oom_lsp.estimate.results import BatchKnob, Prediction
 from oom_lsp.units import format_bytes
+from oom_lsp.usecases.budget import knob_location, read_baseline
 from tests import console
 from tests.estimate.factories import prediction
 
