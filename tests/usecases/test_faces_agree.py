@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import pytest_lsp
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
 from oom_lsp.estimate.results import EstimateResult, WhatIfTable
@@ -235,14 +236,17 @@ async def test_the_validation_of_the_editor_is_the_clis(client: LanguageClient):
         cli(client.root, "estimate", script.name, "--device", "cpu", "--gpu", GPU, "--format", "json").stdout,
         encoding="utf-8",
     )
-    fixed = TRAINING_SCRIPT.replace("default=64", "default=32")
-    script.write_text(fixed, encoding="utf-8")
+    fixed = TRAINING_SCRIPT.replace("default=64", "default=32")  # the fix: half the batch
     replace_text(client, uri, 2, fixed)
+    with pytest.raises(JsonRpcException, match="save validated.py first"):
+        await execute(client, "oom-lsp.validateFix", {"uri": uri})  # the run takes the file on disk
+    script.write_text(fixed, encoding="utf-8")
 
     editor = await execute(client, "oom-lsp.validateFix", {"uri": uri})
     terminal = cli(client.root, "validate", script.name, "--before", "before.json", "--no-log").stdout
 
     assert editor["source"] == "estimate"
+    assert editor["change"] == editor["after"] - editor["before"]
     assert f"peak before: {_size(editor['before'])}" in terminal
     assert f"peak after:  {_size(editor['after'])}" in terminal
     assert editor["after"] < editor["before"]
