@@ -20,6 +20,7 @@ import pytest_lsp
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
+from oom_lsp.server.settings import parse_editor_settings
 from tests.server.lsp_session import CONFIG, diagnostics_for, open_document, start_session
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -59,9 +60,12 @@ async def client(
 
 
 async def test_the_payload_is_what_the_extension_test_wrote():
-    # Extension-only settings (path, interpreter, gpu, profile.*, trace) never reach the server.
+    # Extension-only settings (path, interpreter, profile.entryPoint, trace) never reach the server;
+    # what its commands read does, so that a lens (which sends the file alone) uses them.
     assert set(PAYLOAD) == {"settings"}
-    assert not {"path", "interpreter", "gpu", "profile", "trace"} & set(PAYLOAD["settings"])
+    assert not {"path", "interpreter", "trace"} & set(PAYLOAD["settings"])
+    commands = parse_editor_settings(PAYLOAD["settings"]).commands
+    assert commands == {"gpu": "RTX 3090", "worldSize": 2, "profile": {"steps": 2, "args": ["--epochs", "1"]}}
 
 
 async def _diagnostics(

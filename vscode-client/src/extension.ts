@@ -440,8 +440,7 @@ class OomLspExtension implements vscode.Disposable {
     if (document === undefined) {
       return;
     }
-    const settings = readSettings(configurationFor(document.uri));
-    const argument = estimateArguments(settings, document.uri.toString(), this.server?.python ?? null);
+    const argument = estimateArguments(document.uri.toString(), this.server?.python ?? null);
     const result = await this.runServerCommand<EstimateResult>(
       SERVER_COMMANDS.estimate,
       `Estimating the peak memory of ${path.basename(document.uri.fsPath)}`,
@@ -458,8 +457,7 @@ class OomLspExtension implements vscode.Disposable {
     if (document === undefined) {
       return;
     }
-    const settings = readSettings(configurationFor(document.uri));
-    const argument = estimateArguments(settings, document.uri.toString(), this.server?.python ?? null);
+    const argument = estimateArguments(document.uri.toString(), this.server?.python ?? null);
     const result = await this.runServerCommand<WhatIfResult>(
       SERVER_COMMANDS.whatIf,
       `What if: measuring each change to ${path.basename(document.uri.fsPath)}`,

@@ -54,7 +54,7 @@ test("the status bar reads like the docs' example and warns when the GPU is too 
   assert.equal(memoryStatusView({ ...status, peakBytes: 9.5 * 2 ** 20 })?.text, "OOM: 9.5 MiB / 24 GiB");
 });
 
-test("profile and estimate arguments carry the settings the server commands read", () => {
+test("profile arguments carry the profile's settings; the estimate's the file alone, as the lens sends it", () => {
   const settings = settingsOf({
     "profile.steps": 2,
     "profile.args": ["--epochs", "1"],
@@ -68,15 +68,12 @@ test("profile and estimate arguments carry the settings the server commands read
     args: ["--epochs", "1"],
     python: "/w/.venv/bin/python",
   });
-  assert.deepEqual(estimateArguments(settings, "file:///w/train.py", null), {
+  // The GPU, the world size and the script's arguments reach the server as settings (settings.ts).
+  assert.deepEqual(estimateArguments("file:///w/train.py", null), { uri: "file:///w/train.py" });
+  assert.deepEqual(estimateArguments("file:///w/train.py", "/w/.venv/bin/python"), {
     uri: "file:///w/train.py",
-    gpu: "A100-80GB",
-    gpuMemory: "80GiB",
-    worldSize: 8,
-    args: ["--epochs", "1"],
+    python: "/w/.venv/bin/python",
   });
-  // Not a whole number of GPUs: not sent (the server would refuse it).
-  assert.equal(estimateArguments(settingsOf({ worldSize: 2.5 }), "file:///w/t.py", null).worldSize, undefined);
   assert.deepEqual(profileArguments(settingsOf({}), "file:///w/t.py", null), { uri: "file:///w/t.py", steps: 3 });
 });
 

@@ -22,6 +22,7 @@ const USER_SETTINGS = {
   "oomLsp.severity": { OOM5: "error", OOM101: "hint" },
   "oomLsp.gpuMemory": "24GiB",
   "oomLsp.gpu": "RTX 3090",
+  "oomLsp.worldSize": 2,
   "oomLsp.profile.entryPoint": "train.py",
   "oomLsp.profile.args": ["--epochs", "1"],
   "oomLsp.profile.steps": 2,
@@ -46,6 +47,9 @@ const EXPECTED_PAYLOAD = {
     maxBatchSize: 64,
     severity: { OOM5: "error", OOM101: "hint" },
     gpuMemory: "24GiB",
+    gpu: "RTX 3090",
+    worldSize: 2,
+    profile: { steps: 2, args: ["--epochs", "1"] },
     llm: {
       enabled: false,
       baseUrl: "http://localhost:11434/v1",

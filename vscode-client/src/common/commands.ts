@@ -48,31 +48,15 @@ export function profileArguments(settings: ExtensionSettings, uri: string, pytho
 
 export interface EstimateArguments {
   uri: string;
-  gpu?: string;
-  gpuMemory?: string;
-  worldSize?: number;
-  args?: string[];
   python?: string;
 }
 
-export function estimateArguments(settings: ExtensionSettings, uri: string, python: string | null): EstimateArguments {
-  const argument: EstimateArguments = { uri };
-  if (settings.gpu !== null) {
-    argument.gpu = settings.gpu;
-  }
-  if (settings.gpuMemory !== null) {
-    argument.gpuMemory = settings.gpuMemory;
-  }
-  if (settings.worldSize !== null) {
-    argument.worldSize = settings.worldSize;
-  }
-  if (settings.profile.args.length > 0) {
-    argument.args = settings.profile.args;
-  }
-  if (python !== null) {
-    argument.python = python;
-  }
-  return argument;
+/** The estimate's and the what-if's arguments: the file (and the project's interpreter). The
+ * target GPU, the world size and the script's arguments are the server's settings (`oomLsp.gpu`,
+ * `gpuMemory`, `worldSize`, `profile.args`, sent with the others), so that the palette command
+ * and the code lens, which sends the file alone, estimate the same thing. */
+export function estimateArguments(uri: string, python: string | null): EstimateArguments {
+  return python !== null ? { uri, python } : { uri };
 }
 
 const GIB = 2 ** 30;

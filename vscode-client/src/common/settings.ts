@@ -5,13 +5,17 @@
  * The server rejects a settings object with an unknown key (it shows an error and
  * falls back to its defaults), so only the keys it parses are sent, and only when
  * they say something: an empty list or an unset value would *replace* the server's
- * default (an empty `select` would turn every rule off). Extension-only settings
- * (`path`, `interpreter`, `gpu`, `worldSize`, `profile.*`, `trace.server`) travel as server
- * command arguments or stay in the extension.
+ * default (an empty `select` would turn every rule off). What the server's commands
+ * read (`gpu`, `worldSize`, `profile.args`, `profile.steps`) is sent too, so that a
+ * command run with the file alone (a code lens) uses the settings the palette command
+ * passes. Extension-only settings (`path`, `interpreter`, `profile.entryPoint`,
+ * `trace.server`) stay in the extension.
  */
 import * as vscode from "vscode";
 
 export const SECTION = "oomLsp";
+/** The optimizer steps a profile runs when `oomLsp.profile.steps` is unset (the server's default too). */
+export const DEFAULT_PROFILE_STEPS = 3;
 
 export type Severity = "error" | "warning" | "info" | "hint";
 export type LogLevel = "error" | "warning" | "info" | "debug";
@@ -126,7 +130,7 @@ export function readSettings(config: ConfigurationReader): ExtensionSettings {
     profile: {
       entryPoint: optionalString(config.get("profile.entryPoint")),
       args: stringList(config.get("profile.args")),
-      steps: typeof steps === "number" && Number.isInteger(steps) && steps > 0 ? steps : 3,
+      steps: typeof steps === "number" && Number.isInteger(steps) && steps > 0 ? steps : DEFAULT_PROFILE_STEPS,
     },
     llm: {
       enabled: config.get<boolean>("llm.enabled") === true,
@@ -142,8 +146,8 @@ export function readSettings(config: ConfigurationReader): ExtensionSettings {
   };
 }
 
-/** The `oomLsp` object the server parses (camelCase keys of `[tool.oom-lsp]`
- * plus its own `logLevel` / `logFile`). */
+/** The `oomLsp` object the server parses (camelCase keys of `[tool.oom-lsp]`, its own
+ * `logLevel` / `logFile`, and the settings of its commands). */
 export type ServerSettings = Record<string, unknown>;
 
 export function buildServerSettings(settings: ExtensionSettings): ServerSettings {
@@ -174,6 +178,16 @@ export function buildServerSettings(settings: ExtensionSettings): ServerSettings
   }
   if (settings.gpuMemory !== null) {
     payload.gpuMemory = settings.gpuMemory;
+  }
+  if (settings.gpu !== null) {
+    payload.gpu = settings.gpu;
+  }
+  if (settings.worldSize !== null) {
+    payload.worldSize = settings.worldSize;
+  }
+  const { args, steps } = settings.profile;
+  if (args.length > 0 || steps !== DEFAULT_PROFILE_STEPS) {
+    payload.profile = args.length > 0 ? { steps, args } : { steps };
   }
   payload.llm = buildLlmSettings(settings.llm);
   payload.logLevel = settings.logLevel;
