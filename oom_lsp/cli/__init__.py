@@ -12,8 +12,12 @@ Other features add subcommands through FEATURE_COMMANDS: each module there
 has `add_parsers(subparsers)`, and each parser it adds sets `handler=` (a
 function of the parsed arguments returning the exit code).
 
-The check path imports neither pygls, lsprotocol nor torch: the server and
-feature modules are imported only when their subcommand runs.
+This package is the CLI face: it parses arguments, calls the use-case layer
+(oom_lsp.usecases: estimate.py, ai.py, profile.py) and prints the typed
+results as text or JSON; it never imports the language server (the other
+face), which `oom-lsp server` starts by name. The check path imports neither
+pygls, lsprotocol nor torch: the server and feature modules are imported only
+when their subcommand runs.
 """
 
 from __future__ import annotations

@@ -1,5 +1,15 @@
-"""The oom-lsp language server (pygls). Imported lazily by the CLI: importing
-lsprotocol costs most of a second, which `oom-lsp --check` must not pay."""
+"""The oom-lsp language server (pygls): the LSP face of the use-case layer.
+
+    server.py    the core: settings, the analysis of open documents, per-server state
+    hooks.py     what the features offer each other (`ls.hooks`)
+    jobs.py      what every long command shares: Job, the results, the interpreter
+    features.py  the features, listed and registered in one place (create_server)
+    protocol.py, transport.py, framing.py, logs.py, positions.py, settings.py
+    the features: lifecycle, diagnostics, code_actions, hover, ai, oom_reports, profiling,
+    estimate, what_if, lenses, notebooks (small handlers over oom_lsp.usecases)
+
+Imported lazily by the CLI: importing lsprotocol costs most of a second, which
+`oom-lsp --check` must not pay."""
 
 from __future__ import annotations
 
