@@ -187,7 +187,6 @@ def _fix_log(args: argparse.Namespace, settings: Any, config: Any) -> Path:
 def _last_profile(script: Path) -> Path | None:
     """The report of the last `oom-lsp profile` of this script (its default --out), if any."""
     from oom_lsp.llm.validation import MeasurementError, read_measurement
-
     from oom_lsp.usecases.profile import LAST_PROFILE
 
     path = LAST_PROFILE
@@ -336,7 +335,9 @@ def _apply(
     # The same encoding (a BOM stays) and, in the text, the file's own line endings.
     args.script.write_bytes(result.edit.new_text.encode(encoding))
     display = _display(args.script, config.root)
-    reason = log_applied(result, log, display, settings.host, None if args.fix_log is not None else config.root)
+    reason = log_applied(
+        result, log, display, settings.host, None if args.fix_log is not None else config.root
+    )
     if reason is not None:
         out.write(f"Applied to {args.script}.\n")
         err.write(f"oom-lsp: warning: the fix log {log} could not be written: {reason}\n")
@@ -372,7 +373,9 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
             result = validate.compare(before, validate.read_measurement(args.after))
         else:
             err.write(f"oom-lsp: re-running the {before.kind} of {args.script}\n")
-            result = validate.measure(args.script, before, python=args.python, timeout=args.timeout, out=args.out)
+            result = validate.measure(
+                args.script, before, python=args.python, timeout=args.timeout, out=args.out
+            )
     except (CommandError, validate.MeasurementError) as error:
         return _fail(str(error), err)
     after = result.after

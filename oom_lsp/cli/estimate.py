@@ -412,7 +412,8 @@ def _worst_case_words(prediction: Prediction) -> str:
             "samples (the rest not read, for time)"
         )
         longest.append(
-            f"{_shapes_words(batch.shapes)} ({scanned}, DataLoader at {_place(batch.loader.file, batch.loader.line)})"
+            f"{_shapes_words(batch.shapes)} ({scanned}, DataLoader at "
+            f"{_place(batch.loader.file, batch.loader.line)})"
         )
     verdict = f", {worst.verdict.value.upper()}" if worst.verdict else ""
     held = f", {format_bytes(worst.process_bytes)} process total" if worst.process_bytes is not None else ""
@@ -445,7 +446,9 @@ def write_text(prediction: Prediction, out: TextIO, result: EstimateResult | Non
     row(
         "peak allocated",
         format_bytes(prediction.peak_bytes),
-        "what torch.cuda.max_memory_allocated() would show" if cuda else "live tensor storage, as a CPU step holds it",
+        "what torch.cuda.max_memory_allocated() would show"
+        if cuda
+        else "live tensor storage, as a CPU step holds it",
     )
     if prediction.breakdown_batch_size:
         out.write(f"    breakdown measured at batch {prediction.breakdown_batch_size}:\n")

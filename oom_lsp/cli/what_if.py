@@ -70,7 +70,8 @@ def write_table(table: WhatIfTable, out: TextIO) -> None:
         out.write("  no change applies to this script\n")
     out.writelines(f"  not applicable: {skipped.title}: {skipped.why}\n" for skipped in table.not_applicable)
     out.write(
-        f"  peak: {NEEDED_PEAK}, each change traced alone; changes that stop a growth at every step come first\n"
+        f"  peak: {NEEDED_PEAK}, each change traced alone; changes that stop a growth at every step "
+        "come first\n"
     )
 
 

@@ -318,7 +318,9 @@ def trace_notes(trace: Trace, options: EstimateOptions) -> list[Correction]:
         )
     if trace.script_autocast:
         notes.append(
-            Correction("dtype", f"--dtype {trace.script_autocast}: the whole script traced under torch.autocast")
+            Correction(
+                "dtype", f"--dtype {trace.script_autocast}: the whole script traced under torch.autocast"
+            )
         )
     if trace.compiled:
         notes.append(
@@ -333,7 +335,8 @@ def trace_notes(trace: Trace, options: EstimateOptions) -> list[Correction]:
         got, wanted = trace.batch_padded
         notes.append(
             Correction(
-                "batch-shaped", f"the dataset gave batches of {got}; the inputs were shaped as batches of {wanted}"
+                "batch-shaped",
+                f"the dataset gave batches of {got}; the inputs were shaped as batches of {wanted}",
             )
         )
     if trace.bf16_emulated:
@@ -507,8 +510,8 @@ def cuda_terms(trace: Trace, gpu: Gpu | None) -> CudaTerms:
             Correction(
                 "sdpa-cuda-kernels",
                 f"scaled_dot_product_attention routed to CUDA's flash ({sdpa.get('sdpa_flash', 0)} calls) / "
-                f"memory-efficient ({sdpa.get('sdpa_mem_efficient', 0)} calls) kernels instead of the CPU math "
-                "path",
+                f"memory-efficient ({sdpa.get('sdpa_mem_efficient', 0)} calls) kernels instead of the CPU "
+                "math path",
             )
         )
     if sdpa.get("sdpa_math_kept"):
@@ -522,10 +525,13 @@ def cuda_terms(trace: Trace, gpu: Gpu | None) -> CudaTerms:
     if trace.foreach_pinned:
         notes.append(
             Correction(
-                "foreach-optimizer", "optimizers without an explicit foreach/fused use foreach, as CUDA parameters do"
+                "foreach-optimizer",
+                "optimizers without an explicit foreach/fused use foreach, as CUDA parameters do",
             )
         )
-    notes.append(Correction("rounding", "every allocation rounded up to 512 B, as the CUDA caching allocator does"))
+    notes.append(
+        Correction("rounding", "every allocation rounded up to 512 B, as the CUDA caching allocator does")
+    )
     workspaces = cublas_workspaces(gpu, trace.torch) if trace.matmuls else []
     events = [[-1 - index, size] for index, (_, size) in enumerate(workspaces)] + trace.events
     model = simulate(events)
@@ -1011,7 +1017,9 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
     where the line does not hold) by fake runs. The result's prediction is the first trace's."""
     if options.gpu is None:
         raise EstimateError("--find-max-batch needs a target: --gpu NAME or --gpu-memory SIZE")
-    found = traces(options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS}, {"batch_size": "double"}])
+    found = traces(
+        options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS}, {"batch_size": "double"}]
+    )
     base = found[0]
     _require_two_steps(base, base.batch_size)
     if not base.batch_knobs or not base.batch_size:
@@ -1047,7 +1055,9 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
     if search.fitting is None:
         reason = f"no batch size checked by a fake run keeps {result.limit}"
         if search.no_steps is not None and search.too_large is None:
-            reason = f"no batch size checked by a fake run reached two optimizer steps ({search.no_steps[0]:,})"
+            reason = (
+                f"no batch size checked by a fake run reached two optimizer steps ({search.no_steps[0]:,})"
+            )
         result.max_batch, result.reason = 0, reason
         return EstimateResult(first, result)
     largest, verified = search.fitting

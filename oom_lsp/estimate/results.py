@@ -96,7 +96,9 @@ class Breakdown:
 
     def printed(self) -> list[tuple[Category, int]]:
         """The categories holding bytes, in the printed order."""
-        return sorted(((c, size) for c, size in self.sizes.items() if size > 0), key=lambda item: item[0].rank)
+        return sorted(
+            ((c, size) for c, size in self.sizes.items() if size > 0), key=lambda item: item[0].rank
+        )
 
     def to_json(self) -> dict[str, int]:
         return {category.value: size for category, size in self.sizes.items()}
@@ -152,8 +154,14 @@ class PeakAt:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PeakAt:
-        return cls(data.get("op"), data.get("module"), data.get("phase"), data.get("file"), data.get("line"),
-                   data.get("cell"))
+        return cls(
+            data.get("op"),
+            data.get("module"),
+            data.get("phase"),
+            data.get("file"),
+            data.get("line"),
+            data.get("cell"),
+        )
 
 
 @dataclass(frozen=True)
@@ -234,8 +242,14 @@ class PeakBatch:
     def from_json(cls, data: dict[str, Any] | None) -> PeakBatch | None:
         if data is None:
             return None
-        return cls(data.get("step"), data.get("micro_batch"), data["index"], data["shapes"],
-                   Place.from_json(data["loader"]), bool(data.get("worst")))
+        return cls(
+            data.get("step"),
+            data.get("micro_batch"),
+            data["index"],
+            data["shapes"],
+            Place.from_json(data["loader"]),
+            bool(data.get("worst")),
+        )
 
 
 @dataclass
@@ -261,8 +275,14 @@ class LongestBatch:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LongestBatch:
-        return cls(Place.from_json(data["loader"]), data["shapes"], data["samples"], data["scanned"],
-                   data["batch_size"], data["drop_last"])
+        return cls(
+            Place.from_json(data["loader"]),
+            data["shapes"],
+            data["samples"],
+            data["scanned"],
+            data["batch_size"],
+            data["drop_last"],
+        )
 
 
 @dataclass
@@ -307,9 +327,15 @@ class WorstCase:
     def from_json(cls, data: dict[str, Any] | None) -> WorstCase | None:
         if data is None:
             return None
-        return cls(data["peak_bytes"], data.get("reserved_bytes"), data.get("context_bytes"),
-                   data.get("process_bytes"), _verdict(data.get("verdict")), PeakAt.from_json(data["peak_at"]),
-                   [LongestBatch.from_json(batch) for batch in data.get("batches") or []])
+        return cls(
+            data["peak_bytes"],
+            data.get("reserved_bytes"),
+            data.get("context_bytes"),
+            data.get("process_bytes"),
+            _verdict(data.get("verdict")),
+            PeakAt.from_json(data["peak_at"]),
+            [LongestBatch.from_json(batch) for batch in data.get("batches") or []],
+        )
 
 
 @dataclass
@@ -344,9 +370,17 @@ class Launch:
     def from_json(cls, data: dict[str, Any] | None) -> Launch | None:
         if data is None:
             return None
-        return cls(data["world_size"], data["nproc_per_node"], data.get("rank", 0), data.get("backend"),
-                   list(data.get("engines") or []), list(data.get("ddp") or []), data.get("fsdp_units", 0),
-                   list(data.get("device_meshes") or []), list(data.get("process_groups") or []))
+        return cls(
+            data["world_size"],
+            data["nproc_per_node"],
+            data.get("rank", 0),
+            data.get("backend"),
+            list(data.get("engines") or []),
+            list(data.get("ddp") or []),
+            data.get("fsdp_units", 0),
+            list(data.get("device_meshes") or []),
+            list(data.get("process_groups") or []),
+        )
 
 
 @dataclass
@@ -551,7 +585,9 @@ class MaxBatchSearch:
             "budget_bytes": self.budget_bytes,
             "limit": self.limit,
             "script_batch_size": self.script_batch_size,
-            "gradient_accumulation": self.gradient_accumulation.to_json() if self.gradient_accumulation else None,
+            "gradient_accumulation": self.gradient_accumulation.to_json()
+            if self.gradient_accumulation
+            else None,
         }
         if self.line_max_batch is not None:
             data["line_max_batch"] = self.line_max_batch
@@ -618,8 +654,13 @@ class WhatIfCheck:
     def from_json(cls, data: dict[str, Any] | None) -> WhatIfCheck | None:
         if data is None:
             return None
-        return cls(data["change"], data["predicted_bytes"], data["estimated_bytes"], data["difference_percent"],
-                   data["agrees"])
+        return cls(
+            data["change"],
+            data["predicted_bytes"],
+            data["estimated_bytes"],
+            data["difference_percent"],
+            data["agrees"],
+        )
 
 
 @dataclass
@@ -694,7 +735,11 @@ class SweepRow:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SweepRow:
-        return cls(data["world_size"], Prediction.from_json(data["estimate"]), MaxBatchSearch.from_json(data["max_batch"]))
+        return cls(
+            data["world_size"],
+            Prediction.from_json(data["estimate"]),
+            MaxBatchSearch.from_json(data["max_batch"]),
+        )
 
 
 @dataclass
@@ -718,7 +763,11 @@ class Sweep:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Sweep:
-        return cls(list(data["world_sizes"]), data.get("fewest_gpus"), [SweepRow.from_json(row) for row in data["runs"]])
+        return cls(
+            list(data["world_sizes"]),
+            data.get("fewest_gpus"),
+            [SweepRow.from_json(row) for row in data["runs"]],
+        )
 
 
 # --- The what-if --------------------------------------------------------------------------------------
@@ -747,8 +796,14 @@ class WhatIfBaseline:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WhatIfBaseline:
-        return cls(data["needed_bytes"], data["peak_bytes"], _verdict(data.get("verdict")), data.get("fits"),
-                   data.get("growth_per_step"), data.get("steps_to_oom"))
+        return cls(
+            data["needed_bytes"],
+            data["peak_bytes"],
+            _verdict(data.get("verdict")),
+            data.get("fits"),
+            data.get("growth_per_step"),
+            data.get("steps_to_oom"),
+        )
 
 
 @dataclass
@@ -925,8 +980,15 @@ class Failure:
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> Failure:
         data = data or {}
-        return cls(data.get("kind"), data.get("type"), data.get("message"), data.get("where"),
-                   list(data.get("frames") or []), data.get("traceback", ""), data.get("exit_code"))
+        return cls(
+            data.get("kind"),
+            data.get("type"),
+            data.get("message"),
+            data.get("where"),
+            list(data.get("frames") or []),
+            data.get("traceback", ""),
+            data.get("exit_code"),
+        )
 
 
 @dataclass
@@ -941,8 +1003,13 @@ class Loader:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Loader:
-        return cls(Place.from_json(data), data.get("batches"), data.get("samples"), data.get("batch_size"),
-                   bool(data.get("drop_last")))
+        return cls(
+            Place.from_json(data),
+            data.get("batches"),
+            data.get("samples"),
+            data.get("batch_size"),
+            bool(data.get("drop_last")),
+        )
 
 
 @dataclass(frozen=True)

@@ -313,7 +313,9 @@ def what_if(
                     # One line, the edited copy named as what it is.
                     first = row.error.splitlines()[0]
                     copy = copies.get(change.key)
-                    row.error = first.replace(copy.name, f"{options.script.name} (changed)") if copy else first
+                    row.error = (
+                        first.replace(copy.name, f"{options.script.name} (changed)") if copy else first
+                    )
                 rows.append(row)
     rows.sort(key=_rank)
     capacity = options.gpu.memory if options.gpu else None

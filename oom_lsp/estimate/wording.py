@@ -8,7 +8,14 @@ and the CUDA context, what nvidia-smi would show for the process; on the CPU the
 
 from __future__ import annotations
 
-from oom_lsp.estimate.results import GpuTarget, Prediction, WhatIfBaseline, WhatIfCheck, WhatIfRow, WhatIfTable
+from oom_lsp.estimate.results import (
+    GpuTarget,
+    Prediction,
+    WhatIfBaseline,
+    WhatIfCheck,
+    WhatIfRow,
+    WhatIfTable,
+)
 from oom_lsp.estimate.whatif_record import AGREEMENT
 from oom_lsp.units import format_bytes, format_percent, short_bytes, signed_bytes
 
@@ -17,7 +24,7 @@ NEEDED_PEAK = "what the estimate's verdict uses (reserved memory and the CUDA co
 
 
 def gpu_words(gpu: GpuTarget, short: bool = True) -> str:
-    """"24 GiB RTX 3090", or "24 GiB" for a target given by its memory alone."""
+    """ "24 GiB RTX 3090", or "24 GiB" for a target given by its memory alone."""
     name = gpu.name.removeprefix("NVIDIA ").removeprefix("GeForce ")
     size = short_bytes(gpu.memory) if short else format_bytes(gpu.memory)
     return f"{size} {name}" if gpu.named else size

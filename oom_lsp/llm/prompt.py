@@ -449,7 +449,9 @@ def _estimated(prediction: Prediction, limits: _Limits) -> str:
     if breakdown and limits.table_rows:
         rows.append(
             "- Breakdown at the peak: "
-            + ", ".join(f"{category.value.replace('_', ' ')} {format_bytes(size)}" for category, size in breakdown)
+            + ", ".join(
+                f"{category.value.replace('_', ' ')} {format_bytes(size)}" for category, size in breakdown
+            )
         )
     lines = prediction.top_lines
     if lines and limits.table_rows:

@@ -58,7 +58,9 @@ def parse_measurement(data: object, source: str) -> Measurement:
         try:
             return Measurement("estimate", Prediction.from_json(data), source)
         except (KeyError, TypeError, ValueError) as error:
-            raise MeasurementError(f"{source}: not an `oom-lsp estimate --format json` output ({error})") from None
+            raise MeasurementError(
+                f"{source}: not an `oom-lsp estimate --format json` output ({error})"
+            ) from None
     raise MeasurementError(
         f"{source}: neither a profile report.json nor an `oom-lsp estimate --format json` output"
     )

@@ -12,6 +12,7 @@ code object that goes through them; the wrappers keep the caller's globals, loca
 """
 
 import __future__
+
 import builtins
 import sys
 import types

@@ -365,7 +365,9 @@ async def _ask(ls: OomLanguageServer, document: TextDocument, target: _Target) -
             lint_settings=ls.settings_for_uri(uri),
             with_finding=False,  # the target is the diagnostic asked about
         )
-        outcome = await propose(request, settings, on_progress=progress.report, cancel=progress.cancelled, stream=True)
+        outcome = await propose(
+            request, settings, on_progress=progress.report, cancel=progress.cancelled, stream=True
+        )
     if not outcome.has_edit:
         return _Outcome(outcome.message)
     result = outcome.proposal

@@ -177,7 +177,9 @@ def _world_size(ls: OomLanguageServer, args: EstimateArgs) -> tuple[int | None, 
             raise JsonRpcInvalidParams("nprocPerNode needs worldSize")
         return None, None
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise JsonRpcInvalidParams(f"worldSize must be a whole number of GPUs (1 or more), not {world_size!r}")
+        raise JsonRpcInvalidParams(
+            f"worldSize must be a whole number of GPUs (1 or more), not {world_size!r}"
+        )
     nproc = args.nproc_per_node
     if nproc is not None and not (1 <= nproc <= world_size):
         raise JsonRpcInvalidParams(f"nprocPerNode must be from 1 to worldSize ({world_size}), not {nproc!r}")
@@ -200,7 +202,9 @@ def estimate_request(
     `interpreter`, `worldSize`: not for a notebook, which runs in one process) and the project's."""
     world_size, nproc_per_node = (None, None) if notebook else _world_size(ls, args)
     profile_settings = command_setting(ls, "profile")
-    default_args = profile_settings.get("args") if isinstance(profile_settings, dict) and not notebook else None
+    default_args = (
+        profile_settings.get("args") if isinstance(profile_settings, dict) and not notebook else None
+    )
     root = ls.lint_settings.project_config(script).root
     return EstimateRequest(
         script=script,
@@ -243,7 +247,9 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     if notebook is not None:
         # A notebook runs in one process; the oomLsp.worldSize setting is for the project's scripts.
         if args.world_size is not None:
-            raise JsonRpcInvalidParams("a notebook runs in one process: worldSize is for torchrun-style scripts")
+            raise JsonRpcInvalidParams(
+                "a notebook runs in one process: worldSize is for torchrun-style scripts"
+            )
         if not notebook.is_file():
             raise JsonRpcInvalidParams(f"{notebook}: no such file (save the notebook first)")
         script = notebook
@@ -320,9 +326,13 @@ def report_comparison(ls: OomLanguageServer, check: WhatIfCheck) -> dict[str, An
     """Within 5 %: a line in the log (and the result); beyond: a warning, it is oom-lsp's bug."""
     words = comparison_words(check)
     if check.agrees:
-        ls.window_log_message(types.LogMessageParams(type=types.MessageType.Info, message=f"oom-lsp: {words}"))
+        ls.window_log_message(
+            types.LogMessageParams(type=types.MessageType.Info, message=f"oom-lsp: {words}")
+        )
     else:
-        ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=f"oom-lsp: {words}"))
+        ls.window_show_message(
+            types.ShowMessageParams(type=types.MessageType.Warning, message=f"oom-lsp: {words}")
+        )
     return {
         "change": check.change,
         "predictedBytes": check.predicted_bytes,
@@ -341,7 +351,12 @@ def _notebook_path(ls: OomLanguageServer, uri: str) -> Path | None:
 
 
 def _show_estimate(
-    ls: OomLanguageServer, uri: str, script: Path, result: EstimateResult, report_path: str, version: int | None
+    ls: OomLanguageServer,
+    uri: str,
+    script: Path,
+    result: EstimateResult,
+    report_path: str,
+    version: int | None,
 ) -> None:
     """The hint on the batch-size literal, OOM100 when it does not fit, the memory status; OOM101's
     threshold becomes the largest batch that fits."""

@@ -61,7 +61,9 @@ class FeatureHooks:
     # Sends a document's diagnostics again (the diagnostics feature's; set when it registers).
     republish: Callable[[OomLanguageServer, str], None] | None = None
 
-    def add_provider(self, provider: ActionProvider, resolvers: dict[str, ActionResolver] | None = None) -> None:
+    def add_provider(
+        self, provider: ActionProvider, resolvers: dict[str, ActionResolver] | None = None
+    ) -> None:
         if provider not in self.action_providers:
             self.action_providers.append(provider)
         self.action_resolvers.update(resolvers or {})

@@ -118,7 +118,9 @@ def latest_report(
 ) -> str | None:
     """The file's most recent report of those kinds, even if the file changed
     since (oom-lsp.validateFix compares a fix with the measurement before it)."""
-    reports = [report for kind, report in ls.state(Results).last_reports.get(uri, {}).items() if kind in kinds]
+    reports = [
+        report for kind, report in ls.state(Results).last_reports.get(uri, {}).items() if kind in kinds
+    ]
     return max(reports)[1] if reports else None
 
 

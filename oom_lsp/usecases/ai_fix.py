@@ -23,7 +23,15 @@ from typing import Any
 
 from oom_lsp.llm.prompt import FixRequest, PromptError
 
-__all__ = ["FixOutcome", "FixRequest", "PromptError", "fix_request", "log_applied", "propose", "still_current"]
+__all__ = [
+    "FixOutcome",
+    "FixRequest",
+    "PromptError",
+    "fix_request",
+    "log_applied",
+    "propose",
+    "still_current",
+]
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ the line where the script sets its batch size:
 The predicted peak is what the estimate keeps under its margin: on CUDA the modelled
 reserved memory plus the CUDA context, as nvidia-smi counts the process
 (Prediction.needed_bytes); each script goes through the estimate use case
-(oom_lsp.usecases.estimate), and the CLI passes the display of its progress. The baseline is JSON, each script's peak keyed by its entry as
-written (`"train.py --epochs 1"`); `--update-baseline` writes it.
+(oom_lsp.usecases.estimate), and the CLI passes the display of its progress. The baseline is
+JSON, each script's peak keyed by its entry as written (`"train.py --epochs 1"`);
+`--update-baseline` writes it.
 
 What stops the gate from answering (no script to estimate, a missing script, a crash, a
 timeout, an unreadable baseline) is a `problem`: one line, exit 2, and the lint findings of
@@ -349,9 +350,7 @@ def run_gate(settings: GateSettings, display: Display) -> GateOutcome:
         result.peak = prediction.needed_bytes
         result.finding_file, where = knob_location(prediction, entry.script)
         if settings.budget is not None and result.peak > settings.budget:
-            message = over_budget_message(
-                result.peak, prediction.batch_size, settings.budget, entry.entry
-            )
+            message = over_budget_message(result.peak, prediction.batch_size, settings.budget, entry.entry)
             result.findings.append(_finding(PREDICTED_OUT_OF_MEMORY, message, where))
         record = baseline.get(entry.entry)
         if record is not None:

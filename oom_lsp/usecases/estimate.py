@@ -143,8 +143,8 @@ def check_distributed(request: EstimateRequest, script: Path) -> None:
     if deepspeed:
         raise EstimateInputError(
             f"no estimate: {request.script.name}:{deepspeed[0]} calls {deepspeed[1]}: DeepSpeed "
-            "(ZeRO) partitions through its own communication layer and CUDA kernels, out of reach of the fake "
-            "process group; the distributed estimate covers DDP and FSDP2"
+            "(ZeRO) partitions through its own communication layer and CUDA kernels, out of reach of the "
+            "fake process group; the distributed estimate covers DDP and FSDP2"
         )
 
 
@@ -191,7 +191,9 @@ def _estimate_notebook(request: EstimateRequest, listener: Listener) -> Estimate
                 listener.on_warning(warning)
             named = dataclasses.replace(
                 listener,
-                on_message=(lambda text: listener.message(run.places.text(text))) if listener.on_message else None,
+                on_message=(lambda text: listener.message(run.places.text(text)))
+                if listener.on_message
+                else None,
             )
             check_distributed(request, run.script)
             in_folder = dataclasses.replace(request, cwd=run.cwd, compare_with_what_if=False)
@@ -220,7 +222,9 @@ def what_if_check(
     return check
 
 
-def _compare(request: EstimateRequest, options: EstimateOptions, prediction: Prediction) -> WhatIfCheck | None:
+def _compare(
+    request: EstimateRequest, options: EstimateOptions, prediction: Prediction
+) -> WhatIfCheck | None:
     from oom_lsp.checker import decode_source
     from oom_lsp.config import ConfigError, ConfigResolver
 
@@ -234,6 +238,10 @@ def _compare(request: EstimateRequest, options: EstimateOptions, prediction: Pre
     if record is None or text is None:
         return None
     return compare_with_record(
-        record, source_digest(text), options.batch_size, options.autocast_dtype, options.world_size,
+        record,
+        source_digest(text),
+        options.batch_size,
+        options.autocast_dtype,
+        options.world_size,
         prediction.needed_bytes,
     )

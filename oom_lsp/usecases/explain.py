@@ -64,8 +64,9 @@ def next_steps(oom: OomError) -> list[str]:
             if finding.fix is not None:
                 flags = "--fix" if finding.fix.is_safe else "--fix --unsafe-fixes"
                 fix = f"; `oom-lsp --check {flags} {shown}` applies its fix"
+            headline = finding.message.split(". ")[0].rstrip(".")
             advice.append(
-                f"{finding.code} {finding.name} fires on that line: {finding.message.split('. ')[0].rstrip('.')}. "
+                f"{finding.code} {finding.name} fires on that line: {headline}. "
                 f"`oom-lsp rule {finding.code}` explains it{fix}"
             )
         if not here and findings:
@@ -75,7 +76,9 @@ def next_steps(oom: OomError) -> list[str]:
             )
     entry = next((_shown(Path(frame.file)) for frame in oom.frames if Path(frame.file).is_file()), "train.py")
     target = f"--gpu-memory {_size_argument(oom.total_capacity)}" if oom.total_capacity else "--gpu NAME"
-    advice.append(f"the largest batch that fits this GPU: `oom-lsp estimate {entry} {target} --find-max-batch`")
+    advice.append(
+        f"the largest batch that fits this GPU: `oom-lsp estimate {entry} {target} --find-max-batch`"
+    )
     return advice
 
 

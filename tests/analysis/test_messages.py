@@ -16,12 +16,12 @@ import pytest
 from oom_lsp.analysis import LintSettings, analyze
 from oom_lsp.analysis.registry import META_RULES, all_codes, all_rules, rule_for
 from oom_lsp.analysis.rule import MESSAGE_LIMIT, Rule, short_code
-from oom_lsp.usecases.budget import growth_message, over_budget_message
 from oom_lsp.estimate.gpus import CATALOGUE
 from oom_lsp.estimate.results import GpuTarget
 from oom_lsp.estimate.wording import predicted_oom_message
 from oom_lsp.notebooks.percent import split_cells
 from oom_lsp.notebooks.program import analyze_cells
+from oom_lsp.usecases.budget import growth_message, over_budget_message
 from tests.estimate.factories import cuda_prediction
 
 FIXTURES = sorted((Path(__file__).resolve().parents[2] / "fixtures").rglob("*.py"))

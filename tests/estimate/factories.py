@@ -65,12 +65,21 @@ def cuda_prediction(**fields: Any) -> Prediction:
 
 def what_if_row(key: str, title: str, needed: int | None, saving: int = 0, **fields: Any) -> WhatIfRow:
     values: dict[str, Any] = dict(
-        key=key, title=title, how=title, safety="safe", code=None, line=None, source_digest=None,
-        autocast_dtype=None, batch_size=None,
+        key=key,
+        title=title,
+        how=title,
+        safety="safe",
+        code=None,
+        line=None,
+        source_digest=None,
+        autocast_dtype=None,
+        batch_size=None,
     )
     if needed is not None:
         values.update(
-            needed_bytes=needed, peak_bytes=needed, saving_bytes=saving,
+            needed_bytes=needed,
+            peak_bytes=needed,
+            saving_bytes=saving,
             saving_percent=round(100 * saving / (needed + saving), 1) if needed + saving else 0.0,
         )
     values.update(fields)
@@ -79,9 +88,18 @@ def what_if_row(key: str, title: str, needed: int | None, saving: int = 0, **fie
 
 def what_if_table(script: str, rows: list[WhatIfRow], **fields: Any) -> WhatIfTable:
     values: dict[str, Any] = dict(
-        script=script, device="cpu", gpu=None, gpu_memory=None, batch_size=8, source_digest="",
-        batch_option=None, autocast_option=None, world_size_option=None,
-        baseline=WhatIfBaseline(2000, 2000, None, None, None, None), changes=rows, not_applicable=[],
+        script=script,
+        device="cpu",
+        gpu=None,
+        gpu_memory=None,
+        batch_size=8,
+        source_digest="",
+        batch_option=None,
+        autocast_option=None,
+        world_size_option=None,
+        baseline=WhatIfBaseline(2000, 2000, None, None, None, None),
+        changes=rows,
+        not_applicable=[],
     )
     values.update(fields)
     return WhatIfTable(**values)

@@ -42,43 +42,127 @@ def key_paths(value: Any, path: str = "$") -> set[str]:
 def _prediction(prefix: str) -> set[str]:
     """The keys of one prediction under `prefix`."""
     keys = {
-        "script", "args", "device", "batch_size", "peak_bytes", "breakdown", "breakdown.*",
-        "reserved_bytes", "context_bytes", "process_bytes",
-        "peak_at", "peak_at.op", "peak_at.module", "peak_at.phase", "peak_at.file", "peak_at.line",
+        "script",
+        "args",
+        "device",
+        "batch_size",
+        "peak_bytes",
+        "breakdown",
+        "breakdown.*",
+        "reserved_bytes",
+        "context_bytes",
+        "process_bytes",
+        "peak_at",
+        "peak_at.op",
+        "peak_at.module",
+        "peak_at.phase",
+        "peak_at.file",
+        "peak_at.line",
         "peak_at.cell",
-        "top_modules", "top_lines", "gpu", "gpu.name", "gpu.memory", "verdict",
-        "corrections", "corrections[].name", "corrections[].detail", "corrections[].bytes",
-        "steps_traced", "seconds", "method", "torch",
-        "batch_knobs", "batch_knobs[].kind", "batch_knobs[].file", "batch_knobs[].line", "batch_knobs[].cell",
-        "data_spread", "data_spread.seeds", "data_spread.peak_bytes",
-        "peak_batch", "peak_batch.step", "peak_batch.micro_batch", "peak_batch.index", "peak_batch.shapes",
-        "peak_batch.shapes.*", "peak_batch.loader", "peak_batch.loader.file", "peak_batch.loader.line",
-        "peak_batch.loader.cell", "peak_batch.worst",
+        "top_modules",
+        "top_lines",
+        "gpu",
+        "gpu.name",
+        "gpu.memory",
+        "verdict",
+        "corrections",
+        "corrections[].name",
+        "corrections[].detail",
+        "corrections[].bytes",
+        "steps_traced",
+        "seconds",
+        "method",
+        "torch",
+        "batch_knobs",
+        "batch_knobs[].kind",
+        "batch_knobs[].file",
+        "batch_knobs[].line",
+        "batch_knobs[].cell",
+        "data_spread",
+        "data_spread.seeds",
+        "data_spread.peak_bytes",
+        "peak_batch",
+        "peak_batch.step",
+        "peak_batch.micro_batch",
+        "peak_batch.index",
+        "peak_batch.shapes",
+        "peak_batch.shapes.*",
+        "peak_batch.loader",
+        "peak_batch.loader.file",
+        "peak_batch.loader.line",
+        "peak_batch.loader.cell",
+        "peak_batch.worst",
         "batches_traced",
-        "distributed", "distributed.world_size", "distributed.nproc_per_node", "distributed.rank",
-        "distributed.backend", "distributed.engines", "distributed.ddp", "distributed.ddp[].line",
-        "distributed.ddp[].bucket_cap_mb", "distributed.ddp[].find_unused_parameters",
-        "distributed.ddp[].gradient_as_bucket_view", "distributed.ddp[].static_graph",
-        "distributed.ddp[].broadcast_buffers", "distributed.ddp[].hook", "distributed.ddp[].rebuilt_at_step",
-        "distributed.fsdp_units", "distributed.device_meshes", "distributed.process_groups",
-        "worst_case", "worst_case.peak_bytes", "worst_case.reserved_bytes", "worst_case.context_bytes",
-        "worst_case.process_bytes", "worst_case.verdict", "worst_case.peak_at", "worst_case.peak_at.op",
-        "worst_case.peak_at.module", "worst_case.peak_at.phase", "worst_case.peak_at.file",
-        "worst_case.peak_at.line", "worst_case.batches", "worst_case.batches[].loader",
-        "worst_case.batches[].loader.file", "worst_case.batches[].loader.line", "worst_case.batches[].shapes",
-        "worst_case.batches[].shapes.*", "worst_case.batches[].samples", "worst_case.batches[].scanned",
-        "worst_case.batches[].batch_size", "worst_case.batches[].drop_last",
-        "breakdown_batch_size", "fallback", "fallback.reason", "fallback.uncertainty",
+        "distributed",
+        "distributed.world_size",
+        "distributed.nproc_per_node",
+        "distributed.rank",
+        "distributed.backend",
+        "distributed.engines",
+        "distributed.ddp",
+        "distributed.ddp[].line",
+        "distributed.ddp[].bucket_cap_mb",
+        "distributed.ddp[].find_unused_parameters",
+        "distributed.ddp[].gradient_as_bucket_view",
+        "distributed.ddp[].static_graph",
+        "distributed.ddp[].broadcast_buffers",
+        "distributed.ddp[].hook",
+        "distributed.ddp[].rebuilt_at_step",
+        "distributed.fsdp_units",
+        "distributed.device_meshes",
+        "distributed.process_groups",
+        "worst_case",
+        "worst_case.peak_bytes",
+        "worst_case.reserved_bytes",
+        "worst_case.context_bytes",
+        "worst_case.process_bytes",
+        "worst_case.verdict",
+        "worst_case.peak_at",
+        "worst_case.peak_at.op",
+        "worst_case.peak_at.module",
+        "worst_case.peak_at.phase",
+        "worst_case.peak_at.file",
+        "worst_case.peak_at.line",
+        "worst_case.batches",
+        "worst_case.batches[].loader",
+        "worst_case.batches[].loader.file",
+        "worst_case.batches[].loader.line",
+        "worst_case.batches[].shapes",
+        "worst_case.batches[].shapes.*",
+        "worst_case.batches[].samples",
+        "worst_case.batches[].scanned",
+        "worst_case.batches[].batch_size",
+        "worst_case.batches[].drop_last",
+        "breakdown_batch_size",
+        "fallback",
+        "fallback.reason",
+        "fallback.uncertainty",
     }
     return {f"{prefix}.{key}" for key in keys}
 
 
 def _search(prefix: str) -> set[str]:
     keys = {
-        "fit", "fit.intercept_bytes", "fit.bytes_per_sample", "fit.batch_sizes", "margin", "budget_bytes",
-        "limit", "script_batch_size", "gradient_accumulation", "gradient_accumulation.micro_batch",
-        "gradient_accumulation.steps", "gradient_accumulation.effective_batch", "line_max_batch",
-        "max_batch", "reason", "verified", "bound", "next_checked", "checks", "explanation",
+        "fit",
+        "fit.intercept_bytes",
+        "fit.bytes_per_sample",
+        "fit.batch_sizes",
+        "margin",
+        "budget_bytes",
+        "limit",
+        "script_batch_size",
+        "gradient_accumulation",
+        "gradient_accumulation.micro_batch",
+        "gradient_accumulation.steps",
+        "gradient_accumulation.effective_batch",
+        "line_max_batch",
+        "max_batch",
+        "reason",
+        "verified",
+        "bound",
+        "next_checked",
+        "checks",
+        "explanation",
     }
     return {f"{prefix}.{key}" for key in keys} | _prediction(f"{prefix}.verified")
 
@@ -87,33 +171,89 @@ ESTIMATE_SCHEMA = (
     _prediction("$")
     | {"$.max_batch", "$.what_if_check"}
     | _search("$.max_batch")
-    | {f"$.what_if_check.{key}" for key in ("change", "predicted_bytes", "estimated_bytes",
-                                            "difference_percent", "agrees")}
-    | {"$.notebook", "$.notebook.cells_run", "$.notebook.not_run", "$.notebook.not_run[].cell",
-       "$.notebook.not_run[].line", "$.notebook.not_run[].code"}
+    | {
+        f"$.what_if_check.{key}"
+        for key in ("change", "predicted_bytes", "estimated_bytes", "difference_percent", "agrees")
+    }
+    | {
+        "$.notebook",
+        "$.notebook.cells_run",
+        "$.notebook.not_run",
+        "$.notebook.not_run[].cell",
+        "$.notebook.not_run[].line",
+        "$.notebook.not_run[].code",
+    }
 )
 SWEEP_SCHEMA = (
-    {"$.world_sizes", "$.fewest_gpus", "$.runs", "$.runs[].world_size", "$.runs[].estimate", "$.runs[].max_batch"}
+    {
+        "$.world_sizes",
+        "$.fewest_gpus",
+        "$.runs",
+        "$.runs[].world_size",
+        "$.runs[].estimate",
+        "$.runs[].max_batch",
+    }
     | _prediction("$.runs[].estimate")
     | {"$.runs[].estimate.max_batch"}
     | _search("$.runs[].estimate.max_batch")
     | _search("$.runs[].max_batch")
 )
 _ROW = {
-    "key", "title", "how", "safety", "code", "line", "source_digest", "autocast_dtype", "batch_size", "error",
-    "growth_per_step", "stops_growth", "fallback", "needed_bytes", "peak_bytes", "saving_bytes",
-    "saving_percent", "verdict", "fits",
+    "key",
+    "title",
+    "how",
+    "safety",
+    "code",
+    "line",
+    "source_digest",
+    "autocast_dtype",
+    "batch_size",
+    "error",
+    "growth_per_step",
+    "stops_growth",
+    "fallback",
+    "needed_bytes",
+    "peak_bytes",
+    "saving_bytes",
+    "saving_percent",
+    "verdict",
+    "fits",
 }
 WHAT_IF_SCHEMA = (
-    {f"$.{key}" for key in ("script", "device", "gpu", "gpu_memory", "batch_size", "source_digest", "batch_option",
-                            "autocast_option", "world_size_option", "baseline", "changes", "not_applicable")}
-    | {f"$.baseline.{key}" for key in ("needed_bytes", "peak_bytes", "verdict", "fits", "growth_per_step",
-                                       "steps_to_oom")}
+    {
+        f"$.{key}"
+        for key in (
+            "script",
+            "device",
+            "gpu",
+            "gpu_memory",
+            "batch_size",
+            "source_digest",
+            "batch_option",
+            "autocast_option",
+            "world_size_option",
+            "baseline",
+            "changes",
+            "not_applicable",
+        )
+    }
+    | {
+        f"$.baseline.{key}"
+        for key in ("needed_bytes", "peak_bytes", "verdict", "fits", "growth_per_step", "steps_to_oom")
+    }
     | {f"$.changes[].{key}" for key in _ROW}
     | {"$.not_applicable[].title", "$.not_applicable[].why"}
 )
-ESTIMATES = ["estimate_cuda", "estimate_cpu", "search", "search_none_fits", "fallback", "distributed",
-             "worst_case", "notebook"]
+ESTIMATES = [
+    "estimate_cuda",
+    "estimate_cpu",
+    "search",
+    "search_none_fits",
+    "fallback",
+    "distributed",
+    "worst_case",
+    "notebook",
+]
 
 
 def _sample(name: str) -> dict[str, Any]:

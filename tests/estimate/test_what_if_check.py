@@ -27,7 +27,9 @@ def test_the_fixed_script_is_matched_to_its_row(tmp_path: Path, raw: bytes):
     text = raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
     title = "OOM304 line 2: Drop `retain_graph=True`"
     row = what_if_row("fix:OOM304:2:1", title, 1000, source_digest=source_digest(text))
-    save_record(tmp_path, what_if_table(str(script), [row], source_digest=source_digest("the text before the fix")))
+    save_record(
+        tmp_path, what_if_table(str(script), [row], source_digest=source_digest("the text before the fix"))
+    )
 
     check = what_if_check(
         EstimateRequest(script=script, root=tmp_path),

@@ -190,8 +190,8 @@ async def test_cancelling_a_validate_fix_leaves_no_process(client: LanguageClien
         script.write_text(TRAINING_SCRIPT)
         await execute(client, "oom-lsp.estimate", {"uri": script.as_uri(), "device": "cpu"})
     else:
-        from oom_lsp.usecases.profile import LAST_PROFILE
         from oom_lsp.profiling.report import DeviceInfo, Report, StepStats
+        from oom_lsp.usecases.profile import LAST_PROFILE
 
         steps = [StepStats(index, 2**20) for index in (1, 2, 3)]
         report = Report(str(script), "finished", DeviceInfo("cpu"), steps_requested=3, steps=steps)

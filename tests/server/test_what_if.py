@@ -184,7 +184,8 @@ async def test_titles_carry_the_savings_and_the_estimate_after_a_fix_compares(cl
     base = record.baseline
     assert "| change | peak | change in peak | growth/step | fits | safety |" in page
     assert (
-        f"**As it is: {format_bytes(base.needed_bytes)} peak** ({format_bytes(base.peak_bytes)} allocated)" in page
+        f"**As it is: {format_bytes(base.needed_bytes)} peak** ({format_bytes(base.peak_bytes)} allocated)"
+        in page
     )
     assert f"It {growth_words(base)}." in page
     titles = [change["title"] for change in result["changes"]]
@@ -281,15 +282,31 @@ def test_the_markdown_says_what_fits_what_failed_and_what_does_not_apply():
         "train.py",
         [
             what_if_row(
-                "knob:bf16", "bf16 | autocast", 20 * 2**30, 10 * 2**30, how="torch.autocast(...)",
-                safety="changes numerics", fits=True, saving_percent=33.3,
+                "knob:bf16",
+                "bf16 | autocast",
+                20 * 2**30,
+                10 * 2**30,
+                how="torch.autocast(...)",
+                safety="changes numerics",
+                fits=True,
+                saving_percent=33.3,
             ),
             what_if_row(
-                "fix:OOM201:9:1", "OOM201 line 9: Wrap in autocast", 29 * 2**30, 2**30, code="OOM201",
-                safety="changes numerics", fits=False, fallback=True, saving_percent=3.3,
+                "fix:OOM201:9:1",
+                "OOM201 line 9: Wrap in autocast",
+                29 * 2**30,
+                2**30,
+                code="OOM201",
+                safety="changes numerics",
+                fits=False,
+                fallback=True,
+                saving_percent=3.3,
             ),
             what_if_row(
-                "fix:OOM304:12:5", "OOM304 line 12: Drop `retain_graph=True`", None, code="OOM304",
+                "fix:OOM304:12:5",
+                "OOM304 line 12: Drop `retain_graph=True`",
+                None,
+                code="OOM304",
                 error="RuntimeError: Trying to backward through the graph a second time",
             ),
         ],

@@ -48,8 +48,13 @@ def test_a_search_compares_the_plain_estimate_with_the_what_ifs_prediction(tmp_p
 
     # A what-if predicted this very text (a fix applied) at what the plain estimate needs.
     needed = first.prediction.needed_bytes
-    row = what_if_row("fix:OOM301:1:1", "OOM301 line 1: Accumulate `.item()`", needed, 0,
-                      source_digest=source_digest(TRAINING_SCRIPT))
+    row = what_if_row(
+        "fix:OOM301:1:1",
+        "OOM301 line 1: Accumulate `.item()`",
+        needed,
+        0,
+        source_digest=source_digest(TRAINING_SCRIPT),
+    )
     save_record(tmp_path, what_if_table(str(script), [row], source_digest="the text before"))
 
     result = run_estimate(searched)

@@ -129,7 +129,9 @@ async def test_the_estimate_of_the_lens_is_the_clis(client: LanguageClient):
     hint = await client.text_document_inlay_hint_async(
         types.InlayHintParams(
             text_document=types.TextDocumentIdentifier(uri=uri),
-            range=types.Range(start=types.Position(line=0, character=0), end=types.Position(line=40, character=0)),
+            range=types.Range(
+                start=types.Position(line=0, character=0), end=types.Position(line=40, character=0)
+            ),
         )
     )
     assert [item.label for item in hint or []] == [hint_label(prediction)]
@@ -142,14 +144,28 @@ async def test_the_what_if_of_the_editor_is_the_clis(client: LanguageClient):
 
     editor = await execute(client, "oom-lsp.whatIf", {"uri": script.as_uri(), "device": "cpu"})
     table = WhatIfTable.from_json(
-        json.loads(cli(client.root, "estimate", script.name, "--what-if", "--device", "cpu", "--gpu", GPU,
-                       "--format", "json").stdout)
+        json.loads(
+            cli(
+                client.root,
+                "estimate",
+                script.name,
+                "--what-if",
+                "--device",
+                "cpu",
+                "--gpu",
+                GPU,
+                "--format",
+                "json",
+            ).stdout
+        )
     )
 
     assert editor["neededBytes"] == table.baseline.needed_bytes
     assert editor["peakBytes"] == table.baseline.peak_bytes
     rows = {row.key: (row.needed_bytes, row.saving_percent, row.error) for row in table.changes}
-    assert {row["key"]: (row["neededBytes"], row["savingPercent"], row["error"]) for row in editor["changes"]} == rows
+    assert {
+        row["key"]: (row["neededBytes"], row["savingPercent"], row["error"]) for row in editor["changes"]
+    } == rows
     assert rows, "no change measured"
     page = Path(editor["markdownPath"]).read_text(encoding="utf-8")
     assert "**As it is: " in page
@@ -194,7 +210,9 @@ async def test_the_explanation_of_the_editor_is_the_clis(client: LanguageClient)
     assert (error["frame"]["path"], error["frame"]["line"]) == (str(script), 11)
 
 
-async def test_the_ai_fix_of_the_editor_is_the_clis(client: LanguageClient, fake: FakeModelServer, tmp_path: Path):
+async def test_the_ai_fix_of_the_editor_is_the_clis(
+    client: LanguageClient, fake: FakeModelServer, tmp_path: Path
+):
     script = script_in(client, "ai.py", TRAIN)
     uri = script.as_uri()
     open_document(client, uri, TRAIN)
@@ -217,12 +235,21 @@ async def test_the_ai_fix_of_the_editor_is_the_clis(client: LanguageClient, fake
     (folder / "ai.py").write_text(TRAIN, encoding="utf-8")
     home = tmp_path / "config-home"
     write_user_config(home, llm={"enabled": True, "base-url": fake.base_url, "model": "test-model"})
-    cli(folder, "fix", "--ai", "ai.py", "--line", str(diagnostic.range.start.line + 1),
-        env={**os.environ, "XDG_CONFIG_HOME": str(home)})
+    cli(
+        folder,
+        "fix",
+        "--ai",
+        "ai.py",
+        "--line",
+        str(diagnostic.range.start.line + 1),
+        env={**os.environ, "XDG_CONFIG_HOME": str(home)},
+    )
 
     assert (folder / "ai.py").read_text(encoding="utf-8") == in_editor != TRAIN
     # One prompt: the same sections from the same facts.
-    editor_prompt, terminal_prompt = (request["body"]["messages"][-1]["content"] for request in fake.requests[-2:])
+    editor_prompt, terminal_prompt = (
+        request["body"]["messages"][-1]["content"] for request in fake.requests[-2:]
+    )
     assert editor_prompt == terminal_prompt
 
 
