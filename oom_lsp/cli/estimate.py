@@ -16,6 +16,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -235,22 +236,16 @@ def _request(args: argparse.Namespace, gpu: Any, root: Path) -> Any:
 
 
 def _estimate(args: argparse.Namespace, request: Any, out: TextIO, err: TextIO) -> int:
-    from oom_lsp.estimate.estimator import EstimateError
     from oom_lsp.estimate.results import Sweep, Verdict
-    from oom_lsp.usecases.estimate import EstimateInputError, run_estimate
+    from oom_lsp.usecases.estimate import run_estimate
 
     display = EstimateDisplay(err, f"estimating {args.script.name}", quiet=args.format != "text")
     listener = display.listener(
         on_warning=lambda warning: err.write(f"oom-lsp estimate: warning: {args.script}: {warning}\n")
     )
-    try:
-        with display:
-            outcome = run_estimate(request, listener)
-    except EstimateInputError as error:
-        err.write(f"oom-lsp estimate: {error}\n")
-        return EXIT_ERROR
-    except EstimateError as error:
-        return failed(args, str(error), out, err)
+    outcome, code = _attempt(args, display, lambda: run_estimate(request, listener), out, err)
+    if outcome is None:
+        return code
     if args.format == "json":
         out.write(json.dumps(outcome.to_json(), indent=2) + "\n")
     elif isinstance(outcome, Sweep):
@@ -272,7 +267,6 @@ def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO
     from oom_lsp.checker import analyze_text
     from oom_lsp.cli.what_if import write_table
     from oom_lsp.config import ConfigError
-    from oom_lsp.estimate.estimator import EstimateError
     from oom_lsp.estimate.results import Verdict
     from oom_lsp.usecases import what_if
     from oom_lsp.usecases.estimate import EstimateInputError
@@ -285,19 +279,37 @@ def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO
         return EXIT_ERROR
     findings = analyze_text(text, settings, str(request.script))
     display = EstimateDisplay(err, f"what if: {args.script.name}", quiet=args.format != "text")
-    try:
-        with display:
-            table = what_if.run_what_if(request, text, encoding, findings, settings, display.listener())
-    except EstimateInputError as error:
-        err.write(f"oom-lsp estimate: {error}\n")
-        return EXIT_ERROR
-    except EstimateError as error:
-        return failed(args, str(error), out, err)
+    listener = display.listener()
+
+    def work() -> Any:
+        return what_if.run_what_if(request, text, encoding, findings, settings, listener)
+
+    table, code = _attempt(args, display, work, out, err)
+    if table is None:
+        return code
     if args.format == "json":
         out.write(json.dumps(table.to_json(), indent=2) + "\n")
     else:
         write_table(table, out)
     return EXIT_OOM if table.baseline.verdict is Verdict.OOM else EXIT_FITS
+
+
+def _attempt(
+    args: argparse.Namespace, display: EstimateDisplay, work: Callable[[], Any], out: TextIO, err: TextIO
+) -> tuple[Any, int]:
+    """`work()` under the status line: (its result, 0), or (None, the exit code) once said why:
+    a request no run can answer in one line, an estimate that failed as --format asks."""
+    from oom_lsp.estimate.estimator import EstimateError
+    from oom_lsp.usecases.estimate import EstimateInputError
+
+    try:
+        with display:
+            return work(), EXIT_FITS
+    except EstimateInputError as error:
+        err.write(f"oom-lsp estimate: {error}\n")
+        return None, EXIT_ERROR
+    except EstimateError as error:
+        return None, failed(args, str(error), out, err)
 
 
 def failed(args: argparse.Namespace, problem: str, out: TextIO, err: TextIO) -> int:
