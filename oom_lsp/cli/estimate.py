@@ -240,8 +240,9 @@ def _estimate(args: argparse.Namespace, request: Any, out: TextIO, err: TextIO) 
     from oom_lsp.usecases.estimate import run_estimate
 
     display = EstimateDisplay(err, f"estimating {args.script.name}", quiet=args.format != "text")
+    # Above the status line on a terminal; in every format (the JSON goes to stdout).
     listener = display.listener(
-        on_warning=lambda warning: err.write(f"oom-lsp estimate: warning: {args.script}: {warning}\n")
+        on_warning=lambda warning: display.line(f"oom-lsp estimate: warning: {args.script}: {warning}")
     )
     outcome, code = _attempt(args, display, lambda: run_estimate(request, listener), out, err)
     if outcome is None:
