@@ -9,14 +9,9 @@ each world size gets its own search (estimator.find_max_batch). No torch import 
 from __future__ import annotations
 
 from oom_lsp.estimate import distributed
-from oom_lsp.estimate.estimator import (
-    EstimateOptions,
-    Progress,
-    find_max_batch,
-    prediction_from,
-    traces,
-)
+from oom_lsp.estimate.estimator import EstimateOptions, Progress, prediction_from, traces
 from oom_lsp.estimate.results import Sweep, SweepRow
+from oom_lsp.estimate.search import find_max_batch
 
 
 def sweep(

@@ -29,8 +29,8 @@ from oom_lsp.estimate.estimator import (
     EstimateOptions,
     prediction_from,
     traces,
-    verdict,
 )
+from oom_lsp.estimate.prediction import verdict
 from oom_lsp.estimate.results import NotApplicable, Prediction, Trace, WhatIfBaseline, WhatIfRow, WhatIfTable
 from oom_lsp.estimate.whatif_record import source_digest
 

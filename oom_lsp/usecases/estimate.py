@@ -24,15 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from oom_lsp.estimate import distributed
-from oom_lsp.estimate.estimator import (
-    DEFAULT_MARGIN,
-    EstimateError,
-    EstimateOptions,
-    estimate,
-    find_max_batch,
-)
+from oom_lsp.estimate.estimator import DEFAULT_MARGIN, EstimateError, EstimateOptions, estimate
 from oom_lsp.estimate.gpus import Gpu, UnknownGpuError, custom_gpu, find_gpu
 from oom_lsp.estimate.results import EstimateResult, Prediction, Sweep, WhatIfCheck
+from oom_lsp.estimate.search import find_max_batch
 from oom_lsp.estimate.whatif_record import compare_with_record, load_record, source_digest
 
 DEFAULT_TIMEOUT_S = 300.0

@@ -15,8 +15,9 @@ import pytest
 pytest.importorskip("torch")
 
 from oom_lsp.cli import main as cli_main
-from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, predict, run_harness
+from oom_lsp.estimate.estimator import EstimateError, EstimateOptions, estimate, run_harness
 from oom_lsp.estimate.gpus import custom_gpu, find_gpu
+from oom_lsp.estimate.prediction import predict
 from oom_lsp.estimate.results import EstimateResult, Trace
 from tests.estimate.test_schema import ESTIMATE_SCHEMA, key_paths
 
