@@ -12,7 +12,6 @@ code object that goes through them; the wrappers keep the caller's globals, loca
 """
 
 import __future__
-
 import builtins
 import sys
 import types
