@@ -233,24 +233,21 @@ SMALL_GPT = ["--dim", "256", "--vocab", "2048", "--block", "64", "--layers", "2"
 
 @in_module_loop
 async def test_estimate_per_rank_of_a_world_size(client: LanguageClient):
-    """worldSize traces a torchrun-style script as rank 0 of N, as --world-size does: FSDP2's
-    per-rank peak falls by the sharded parameters and AdamW's two states between 2 and 4 ranks."""
+    """worldSize traces a torchrun-style script as rank 0 of N, as --world-size does (what the
+    figures per rank are is the estimate's: tests/estimate/test_distributed.py); the result, the
+    kept report and the hint say the world size."""
     script = client.root / "fsdp2_gpt.py"
     source = (DISTRIBUTED / "fsdp2_gpt.py").read_text()
     script.write_text(source)
     uri = script.as_uri()
     open_document(client, uri, source)
-    reports = {}
-    for world_size in (2, 4):
-        result = await execute(
-            client, "oom-lsp.estimate", {"uri": uri, "device": "cpu", "args": SMALL_GPT, "worldSize": world_size}
-        )
-        assert result["worldSize"] == world_size
-        reports[world_size] = json.loads(Path(result["reportPath"]).read_text())
-        assert reports[world_size]["distributed"]["world_size"] == world_size
-        assert result["peakBytes"] == reports[world_size]["peak_bytes"]
-    shards = reports[2]["breakdown"]["parameters"] - reports[4]["breakdown"]["parameters"]
-    assert reports[2]["peak_bytes"] - reports[4]["peak_bytes"] == 3 * shards > 0
+    result = await execute(
+        client, "oom-lsp.estimate", {"uri": uri, "device": "cpu", "args": SMALL_GPT, "worldSize": 4}
+    )
+    assert result["worldSize"] == 4
+    report = json.loads(Path(result["reportPath"]).read_text())
+    assert report["distributed"]["world_size"] == 4 and report["distributed"]["engines"]
+    assert result["peakBytes"] == report["peak_bytes"]
     (hint,) = await hints(client, uri)
     assert hint.label.startswith("≈ ") and " allocated per rank of 4 at 8" in hint.label
 
