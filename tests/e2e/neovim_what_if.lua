@@ -2,7 +2,7 @@
 -- `oom-lsp.whatIf` opens the table (window/showDocument: Neovim edits the .md file), and the
 -- quick fixes listed by vim.lsp.buf.code_action() carry their measured saving.
 --
---   OOM_PY=<python with oom-lsp> OOM_FILE=<copy of fixtures/estimate/whatif/risky_loop.py> \
+--   OOM_PY=<python with oom-lsp> OOM_FILE=<copy of fixtures/estimate/whatif/small_loop.py> \
 --     nvim --headless --clean -l tests/e2e/neovim_what_if.lua
 --
 -- Exits 0 when every check passes; otherwise prints "FAIL: ..." on stderr and exits 1.

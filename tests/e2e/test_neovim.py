@@ -186,13 +186,13 @@ def test_neovim_what_if(tmp_path: Path):
     window/showDocument, the OOM304 quick fix's title with its saving in vim.lsp.buf.code_action."""
     project = tmp_path / "project"
     project.mkdir()
-    for name in ("pyproject.toml", "risky_loop.py"):
+    for name in ("pyproject.toml", "small_loop.py"):
         shutil.copy(FIXTURES / "estimate" / "whatif" / name, project / name)
     result = _run_neovim(
-        "neovim_what_if.lua", tmp_path, project, {"OOM_FILE": str(project / "risky_loop.py")}
+        "neovim_what_if.lua", tmp_path, project, {"OOM_FILE": str(project / "small_loop.py")}
     )
     title = re.search(r"ok: title: (.*)", result.stdout)
     assert title and re.fullmatch(
         r"oom-lsp \(OOM304\): Drop `retain_graph=True`, −\d+\.\d % peak \(.+ → .+\)", title[1]
     ), result.stdout
-    assert (project / ".oom_lsp" / "what-if" / "risky_loop.md").is_file()
+    assert (project / ".oom_lsp" / "what-if" / "small_loop.md").is_file()

@@ -1,5 +1,5 @@
-"""The what-if in the editor against the real server over stdio, on a small CUDA classifier with
-five memory mistakes a quick fix removes: the "What if…" lens, the table as Markdown shown with
+"""The what-if in the editor against the real server over stdio, on fixtures/estimate/whatif/
+small_loop.py (five memory mistakes a quick fix removes): the "What if…" lens, the table as Markdown shown with
 window/showDocument, the quick fixes' titles with their measured saving for the version the table
 was measured on only, and the estimate after a fix compared with the prediction (within 5 %: a
 log line; beyond: a warning). What the what-if measures is the use case's, tested through the
@@ -46,40 +46,8 @@ in_module_loop = pytest.mark.asyncio(loop_scope="module")
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "estimate" / "whatif"
 # One trace per change (ten here): seconds on an idle 2-core machine.
 WHAT_IF_TIMEOUT_S = 600
-# OOM101 (selected in the fixtures' pyproject.toml), OOM201, OOM304, OOM301, OOM502; three safe fixes.
-SMALL_LOOP = """\
-import argparse
-
-import torch
-import torch.nn as nn
-from torch.utils.data import DataLoader, TensorDataset
-
-
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--batch-size", type=int, default=128)
-    args = parser.parse_args()
-    device = "cuda"
-    data = TensorDataset(torch.randn(512, 2048), torch.randint(0, 10, (512,)))
-    loader = DataLoader(data, batch_size=args.batch_size)
-    model = nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 10)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    total_loss = 0
-    for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        loss = nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward(retain_graph=True)
-        optimizer.step()
-        total_loss += loss
-        torch.cuda.empty_cache()
-    print(f"loss {total_loss / len(loader):.3f}")
-
-
-if __name__ == "__main__":
-    main()
-"""
-OOM304_ROW, OOM201_ROW = "fix:OOM304:22:9", "fix:OOM201:18:5"
+# small_loop.py: OOM101 (selected in the fixtures' pyproject.toml), OOM201, OOM304, OOM301, OOM502.
+OOM304_ROW, OOM201_ROW = "fix:OOM304:26:9", "fix:OOM201:22:5"
 ESTIMATE_TIMEOUT_S = 300
 SAVING = re.compile(r", [−+]\d+\.\d % peak \([\d.]+ [KMG]?i?B → [\d.]+ [KMG]?i?B\)$")
 
@@ -129,11 +97,13 @@ async def quick_fix_titles(client: LanguageClient, uri: str, version: int) -> di
     return titles
 
 
-def copy_of_the_fixture(client: LanguageClient, name: str) -> tuple[Path, str, str]:
-    """risky_loop.py under another name: each test has its own file (they may run in any order,
-    on any xdist worker)."""
+def copy_of_the_fixture(
+    client: LanguageClient, name: str, fixture: str = "risky_loop.py"
+) -> tuple[Path, str, str]:
+    """A what-if fixture under another name: each test has its own file (they may run in any
+    order, on any xdist worker)."""
     script = client.root / name
-    text = (FIXTURES / "risky_loop.py").read_text(encoding="utf-8")
+    text = (FIXTURES / fixture).read_text(encoding="utf-8")
     script.write_text(text, encoding="utf-8")
     return script, script.as_uri(), text
 
@@ -156,9 +126,7 @@ async def test_the_lens_offers_what_if_next_to_the_estimate(client: LanguageClie
 async def test_titles_carry_the_savings_and_the_estimate_after_a_fix_compares(client: LanguageClient):
     """The what-if of a small loop; the titles with the savings for the version measured only;
     then the OOM304 fix applied and saved, and the estimate compared with the prediction."""
-    script = client.root / "small_loop.py"
-    script.write_text(SMALL_LOOP, encoding="utf-8")
-    uri, text = script.as_uri(), SMALL_LOOP
+    script, uri, text = copy_of_the_fixture(client, "small_loop.py", "small_loop.py")
     open_document(client, uri, text)
     before = await quick_fix_titles(client, uri, 1)
     assert {"OOM304", "OOM201", "all"} <= set(before)
@@ -189,7 +157,7 @@ async def test_titles_carry_the_savings_and_the_estimate_after_a_fix_compares(cl
     )
     assert f"It {growth_words(base)}." in page
     titles = [change["title"] for change in result["changes"]]
-    assert "OOM304 line 22: Drop `retain_graph=True`" in titles and "bf16 autocast (--dtype bf16)" in titles
+    assert "OOM304 line 26: Drop `retain_graph=True`" in titles and "bf16 autocast (--dtype bf16)" in titles
     for change in result["changes"]:
         assert f"| {change['title'].replace('|', chr(92) + '|')} |" in page
     assert "- **bf16 autocast (--dtype bf16)**: with torch.autocast(" in page
@@ -228,9 +196,9 @@ async def test_titles_carry_the_savings_and_the_estimate_after_a_fix_compares(cl
     result = await execute(client, "oom-lsp.estimate", {"uri": uri}, ESTIMATE_TIMEOUT_S)
 
     check = result["whatIfCheck"]
-    assert check["change"] == "OOM304 line 22: Drop `retain_graph=True`"
+    assert check["change"] == "OOM304 line 26: Drop `retain_graph=True`"
     assert check["agrees"] is True and abs(check["differencePercent"]) <= 5, check
-    assert check["message"].startswith("what-if check: OOM304 line 22") and "within 5%" in check["message"]
+    assert check["message"].startswith("what-if check: OOM304 line 26") and "within 5%" in check["message"]
     assert any(
         "what-if check: OOM304" in log.message and log.type == types.MessageType.Info
         for log in client.log_messages
@@ -254,7 +222,7 @@ async def test_titles_carry_the_savings_and_the_estimate_after_a_fix_compares(cl
     difference = result["whatIfCheck"]["differencePercent"]
     assert result["whatIfCheck"]["agrees"] is False and 18 < difference < 32, result["whatIfCheck"]
     (warning,) = [m for m in client.messages if m.type == types.MessageType.Warning]
-    assert warning.message.startswith("oom-lsp: what-if check: OOM304 line 22")
+    assert warning.message.startswith("oom-lsp: what-if check: OOM304 line 26")
     assert f"(+{difference:.1f} %): the what-if's prediction is off by more than 5%, a bug in oom-lsp" in (
         warning.message
     )
