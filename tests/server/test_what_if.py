@@ -1,11 +1,11 @@
 """The what-if in the editor against the real server over stdio, on fixtures/estimate/whatif/
 small_loop.py (five memory mistakes a quick fix removes): the "What if…" lens, the table as
-Markdown shown with window/showDocument, the quick fixes' titles with their measured saving for the version the table
-was measured on only, and the estimate after a fix compared with the prediction (within 5 %: a
-log line; beyond: a warning). What the what-if measures is the use case's, tested through the
-CLI on the fixtures of every fix (tests/estimate/test_what_if.py); the comparison after a fix,
-searched or not, in tests/usecases/test_estimate.py; the editor's rows against the CLI's in
-tests/usecases/test_faces_agree.py."""
+Markdown shown with window/showDocument, the quick fixes' titles with their measured saving for
+the version the table was measured on only, and the estimate after a fix compared with the
+prediction (within 5 %: a log line; beyond: a warning). What the what-if measures is the use
+case's, tested through the CLI on the fixtures of every fix (tests/estimate/test_what_if.py);
+the comparison after a fix, searched or not, in tests/usecases/test_estimate.py; the editor's
+rows against the CLI's in tests/usecases/test_faces_agree.py."""
 
 from __future__ import annotations
 
