@@ -27,6 +27,7 @@ from typing import Any
 
 from oom_lsp.estimate import distributed
 from oom_lsp.estimate.allocator import simulate
+from oom_lsp.estimate.failures import REAL_STEP_KINDS, data_dependent_hint, fallback_reason, library_line
 from oom_lsp.estimate.gpus import Gpu, format_bytes
 from oom_lsp.profiling.runner import NO_TORCH_EXIT, ProfileError, ProfileRequest, ProfileRun
 
@@ -570,6 +571,7 @@ def _failure_error(trace: dict[str, Any]) -> EstimateError:
         # A Hub name with no local copy (the harness runs offline): what is needed, in one line.
         return EstimateError(f"no estimate{location}: {failure.get('message')}")
     lines = [f"the script crashed{location}: {failure.get('type')}: {failure.get('message')}"]
+    lines += [f"  {line}" for line in (library_line(failure), data_dependent_hint(failure, _place)) if line]
     frames = failure.get("frames") or []
     if frames:
         lines.append("  the script's frames, innermost last:")
@@ -654,7 +656,7 @@ def prediction_from(
         if options.batch_size is not None and not trace.get("override_applied"):
             raise EstimateError(_NO_KNOB)
         return predict(trace, options)
-    if (trace.get("failure") or {}).get("kind") not in ("data-dependent", "unsupported-operator"):
+    if (trace.get("failure") or {}).get("kind") not in REAL_STEP_KINDS:
         raise _failure_error(trace)
     if progress:
         progress("the script cannot run on fake tensors; measuring real CPU steps instead")
@@ -664,14 +666,7 @@ def prediction_from(
 def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str, Any]:
     """Real CPU steps at a quarter and half of the target batch, the peak
     scaled linearly to the target."""
-    failure = fake_trace["failure"]
-    where = failure.get("where") or {}
-    reason = (
-        f"{failure.get('type')} at {where.get('file')}:{where.get('line')} ({where.get('code', '')}): "
-        f"{failure.get('message')}"
-        if where
-        else f"{failure.get('type')}: {failure.get('message')}"
-    )
+    reason = fallback_reason(fake_trace["failure"], _place)
     target = options.batch_size or fake_trace.get("batch_size")
     if fake_trace.get("batch_knobs") and target and target >= 4:
         sizes = fallback_batches(target)

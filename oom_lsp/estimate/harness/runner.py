@@ -55,7 +55,7 @@ from .cuda import CudaRedirect, gpu_visible
 from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
 from .data import LISTED_BATCHES
 from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
-from .failures import classify_failure, user_frames
+from .failures import classify_failure, library_frame, user_frames
 from .fakes import make_fake_mode
 from .knobs import run_script
 from .memo import FakeDispatchMemo
@@ -172,14 +172,18 @@ def run(request: dict) -> dict:
         status = "failed"
         state["quantized_failure"] = quantized.library_in(error.__traceback__)
         frames = user_frames(error.__traceback__, script_dir)
+        reads = tracker.stubbed_scalars + tracker.value_arrays if fake_mode is not None else 0
         failure = {
-            "kind": classify_failure(error),
+            "kind": classify_failure(error, reads),
             "type": type(error).__name__,
             "message": str(error).strip().splitlines()[0][:500]
             if str(error).strip()
             else type(error).__name__,
             "where": frames[-1] if frames else None,
             "frames": frames,
+            "library": library_frame(error.__traceback__, script_dir),
+            "data_dependent_reads": reads,
+            "last_data_dependent_read": list(tracker.last_stubbed_read) if tracker.last_stubbed_read else None,
             "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))[-4000:],
         }
         download = missing_download(error)
@@ -221,6 +225,8 @@ def run(request: dict) -> dict:
         ),
         stubbed_scalars=tracker.stubbed_scalars,
         value_reads=tracker.value_reads,
+        value_arrays=tracker.value_arrays,
+        checks_passed=tracker.checks_passed,
         fake_memo_hits=tracker.fake_memo.hits if tracker.fake_memo is not None else None,
         sdpa=sdpa_notes,
         rnn_workspace=rnn_notes,
