@@ -27,7 +27,13 @@ from typing import Any
 
 from oom_lsp.estimate import distributed
 from oom_lsp.estimate.allocator import simulate
-from oom_lsp.estimate.failures import REAL_STEP_KINDS, data_dependent_hint, fallback_reason, library_line
+from oom_lsp.estimate.failures import (
+    REAL_STEP_KINDS,
+    data_dependent_hint,
+    fallback_reason,
+    library_line,
+    value_notes,
+)
 from oom_lsp.estimate.gpus import Gpu, format_bytes
 from oom_lsp.profiling.runner import NO_TORCH_EXIT, ProfileError, ProfileRequest, ProfileRun
 
@@ -401,14 +407,7 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 "DataLoader's shuffle) may differ from a real run's",
             )
         )
-    if trace.get("stubbed_scalars"):
-        corrections.append(
-            _note(
-                "data-dependent-values",
-                f"{trace['stubbed_scalars']} read(s) of a value only a real run knows (.item(), if tensor:) "
-                "were answered 0/False",
-            )
-        )
+    corrections += value_notes(trace)
     if cuda:
         corrections.insert(
             0,
@@ -425,6 +424,15 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                     "sdpa-cuda-kernels",
                     f"scaled_dot_product_attention routed to CUDA's flash ({sdpa.get('sdpa_flash', 0)} calls) / "
                     f"memory-efficient ({sdpa.get('sdpa_mem_efficient', 0)} calls) kernels instead of the CPU math path",
+                )
+            )
+        if sdpa.get("flex_attention"):
+            corrections.append(
+                _note(
+                    "flex-attention-cuda",
+                    f"{sdpa['flex_attention']} FlexAttention call(s) traced as its compiled CUDA kernels allocate "
+                    "(the output and an fp32 logsumexp kept for backward; delta and the gradients in backward): "
+                    "the CPU the trace runs on has no FlexAttention backward",
                 )
             )
         if sdpa.get("sdpa_math_kept"):

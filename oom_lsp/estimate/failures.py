@@ -1,6 +1,8 @@
-"""How a failed fake run is told to the user (parent side, no torch): the library line that
-failed beside the script's own, and, when values only a real run knows may have caused it, what
-the estimate does about it (real CPU steps). The harness's `failures.py` gathers the facts."""
+"""Values only a real run knows, and how a failed fake run is told to the user (parent side, no
+torch): what the trace answered in their place (the `data-dependent-values` note), the library
+line that failed beside the script's own, and, when such values may have caused the failure,
+what the estimate does about it (real CPU steps). The harness's `branches.py`, `values.py` and
+`failures.py` gather the facts."""
 
 from __future__ import annotations
 
@@ -57,3 +59,26 @@ def fallback_reason(failure: dict[str, Any], place) -> str:
             f"real run knows with 0/False or zeros{at}: {what}"
         )
     return what
+
+
+def value_notes(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `data-dependent-values` correction: what the fake run answered for values it has not."""
+    parts = []
+    if trace.get("checks_passed"):
+        parts.append(
+            f"{trace['checks_passed']} truth test(s) one of whose outcomes raises at once (assert, "
+            "if ...: raise) took the other, as a run that reaches its second step does"
+        )
+    if trace.get("stubbed_scalars"):
+        parts.append(
+            f"{trace['stubbed_scalars']} read(s) of a value only a real run knows (.item(), if tensor:) "
+            "were answered 0/False"
+        )
+    if trace.get("value_arrays"):
+        parts.append(
+            f"{trace['value_arrays']} array(s) read by .numpy() were zeros of the tensor's shape and dtype "
+            "(the NumPy/SciPy code after them ran on those)"
+        )
+    if not parts:
+        return []
+    return [{"name": "data-dependent-values", "detail": "; ".join(parts)}]

@@ -63,7 +63,7 @@ _DTYPES = {
 # The run's fake mode while a fake run is on: a `safe_open` bound by a module imported during an
 # earlier run of this interpreter (a batch-size search runs the script several times) stays bound
 # to HeaderOnlyFile, which opens files for real when no fake run is on.
-_ACTIVE: dict = {"fake_mode": None, "real_open": None, "real_savers": {}}
+_ACTIVE: dict = {"fake_mode": None, "real_open": None}
 _SAVERS = ("save_file", "save", "save_model")
 
 
@@ -90,35 +90,17 @@ def install(shims, state: dict) -> None:
 
 def _install_savers(shims, module) -> None:
     """safetensors' savers write no data under fake mode (the module's docstring)."""
-    real = _ACTIVE["real_savers"]
     for name in _SAVERS:
-        current = getattr(module, name, None)
-        if current is None:
-            continue
-        if not getattr(current, "_oom_lsp_saver", False):
-            real[name] = current
-        replacement = _fake_saver(name)
-        replaced = {real[name], current}
-        for holder in list(sys.modules.values()):
-            names = getattr(holder, "__dict__", None)
-            if not isinstance(names, dict) or holder is module:
-                continue
-            for bound, value in list(names.items()):
-                if any(value is function for function in replaced):
-                    shims.patch(holder, bound, replacement)
-        shims.patch(module, name, replacement)
+        if hasattr(module, name):
+            shims.patch_everywhere(module, name, _fake_saver(name))
 
 
 def _fake_saver(name: str):
     def saver(tensors, *args, **kwargs):
-        if _ACTIVE["fake_mode"] is None:
-            return _ACTIVE["real_savers"][name](tensors, *args, **kwargs)
         if name == "save":
             return _header_bytes(tensors, kwargs.get("metadata", args[0] if args else None))
         return None
 
-    saver._oom_lsp_saver = True
-    saver.__name__ = name
     return saver
 
 

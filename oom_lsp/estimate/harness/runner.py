@@ -52,7 +52,13 @@ from .cpu_kernels import (
     profile_replay_peak,
 )
 from .cuda import CudaRedirect, gpu_visible
-from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
+from .cuda_kernels import (
+    install_flex_route,
+    install_sdpa_route,
+    make_cudnn_rnn_reserve,
+    make_flex_route,
+    make_sdpa_route,
+)
 from .data import LISTED_BATCHES
 from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
 from .failures import classify_failure, library_frame, user_frames
@@ -113,6 +119,7 @@ def run(request: dict) -> dict:
     redirect = CudaRedirect(tracker, gpu_visible=gpu_visible(request))
     if cuda and mode == "fake":
         install_sdpa_route(shims, make_sdpa_route(sdpa_notes))
+        install_flex_route(shims, make_flex_route(sdpa_notes))
 
     old_argv, old_path = sys.argv, list(sys.path)
     sys.argv = [script, *request.get("args", [])]
