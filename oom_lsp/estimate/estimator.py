@@ -27,6 +27,8 @@ from typing import Any
 
 from oom_lsp.estimate import distributed
 from oom_lsp.estimate.allocator import simulate
+from oom_lsp.estimate.calibration import context_term, workspace_term
+from oom_lsp.estimate.cuda_terms import verdict_basis
 from oom_lsp.estimate.failures import (
     REAL_STEP_KINDS,
     data_dependent_hint,
@@ -40,9 +42,6 @@ from oom_lsp.profiling.runner import NO_TORCH_EXIT, ProfileError, ProfileRequest
 # Started by path (harness/__main__.py explains why): the user's interpreter need not have oom_lsp.
 HARNESS = Path(__file__).resolve().parent / "harness" / "__main__.py"
 MIB, GIB = 2**20, 2**30
-# Not in memory_allocated/reserved, only in nvidia-smi: ~300 MB with CUDA's lazy
-# module loading (the default since CUDA 12.2), 200-700 MB by machine.
-CUDA_CONTEXT = 400 * MIB
 DEFAULT_MARGIN = 0.10
 CUBLAS_WORKSPACE_PRE_HOPPER = 8_519_680  # CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8
 CUBLAS_WORKSPACE_HOPPER = 32 * MIB
@@ -80,6 +79,8 @@ class EstimateOptions:
     world_size: int | None = None
     nproc_per_node: int | None = None
     launcher_environment: dict[str, str] | None = None  # accelerate's, from --accelerate-config
+    # The CUDA release of the target's PyTorch (--cuda-version): the CUDA context's size depends on it.
+    cuda_version: str | None = None
     # Progress: {"event": "starting"} before each child interpreter, then the harness's own
     # events from a reader thread: "ready", "run-start", "step", "run" (harness/progress.py).
     on_event: Callable[[dict[str, Any]], None] | None = None
@@ -245,12 +246,10 @@ def verdict(required: int, capacity: int, margin: float = DEFAULT_MARGIN) -> str
 
 
 def needed_bytes(prediction: dict[str, Any]) -> int:
-    """What must stay under the margin: on CUDA the modelled reserved memory
-    (the allocator's segments, fragmentation included) plus the context, as
-    nvidia-smi would count the process; on the CPU the allocated peak."""
-    reserved = prediction.get("reserved_bytes")
-    held = reserved if reserved is not None else prediction["peak_bytes"]
-    return held + (prediction.get("context_bytes") or 0)
+    """What must stay under the margin, and what the verdict judges: on CUDA the modelled reserved
+    memory (the allocator's segments, fragmentation included) plus the context, as nvidia-smi would
+    count the process; on the CPU the allocated peak."""
+    return verdict_basis(prediction, 0)["bytes"]
 
 
 def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
@@ -326,11 +325,12 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 "matmul-operand-copy",
                 what
                 + (
-                    ": cuBLAS copies them too (PyTorch's source), not added: not checked on a GPU"
+                    ": added at that op, as PyTorch's prepare_matrix_for_cublas copies them before cuBLAS "
+                    "runs (a batched operand whole); read from PyTorch's source, not measured on a GPU"
                     if cuda
                     else ": added at that op, as measured on the CPU kernels"
                 ),
-                None if cuda else copies["bytes"],
+                copies["bytes"],
             )
         )
     losses = trace.get("loss_buffers") or {}
@@ -453,7 +453,7 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
         corrections.append(
             _note("rounding", "every allocation rounded up to 512 B, as the CUDA caching allocator does")
         )
-        workspaces = cublas_workspaces(options.gpu, trace.get("torch", "")) if trace.get("matmuls") else []
+        workspaces = workspace_term(options, trace) if trace.get("matmuls") else []
         events = [[-1 - index, size] for index, (_, size) in enumerate(workspaces)] + trace["events"]
         model = simulate(events)
         workspace_bytes = sum(size for _, size in workspaces)
@@ -477,14 +477,8 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 reserved - allocated,
             )
         )
-        context = CUDA_CONTEXT
-        corrections.append(
-            _note(
-                "cuda-context",
-                f"CUDA context ~{format_bytes(CUDA_CONTEXT)} (outside PyTorch's counters; 200-700 MB by machine)",
-                CUDA_CONTEXT,
-            )
-        )
+        context, detail = context_term(options, trace)
+        corrections.append(_note("cuda-context", detail, context))
     if trace.get("distributed"):
         notes, reserved_extra, outside_allocator = distributed.terms(trace, cuda, options.script)
         corrections += notes
@@ -546,10 +540,10 @@ def _worst_case(trace: dict[str, Any], options: EstimateOptions) -> dict[str, An
 
 
 def _set_verdict(prediction: dict[str, Any], capacity: int, margin: float) -> None:
-    required = prediction["peak_bytes"] + (prediction.get("context_bytes") or 0)
-    prediction["verdict"] = verdict(required, capacity, margin)
-    if prediction["verdict"] == "fits" and needed_bytes(prediction) > capacity * (1 - margin):
-        prediction["verdict"] = "tight"
+    """Judged by reserved memory + the CUDA context on CUDA (the allocated peak on the CPU): "will run
+    out of memory" above the card, "tight" within the margin of it; `verdict_basis` names the figure."""
+    prediction["verdict_basis"] = verdict_basis(prediction, capacity)
+    prediction["verdict"] = verdict(prediction["verdict_basis"]["bytes"], capacity, margin)
 
 
 def _note(name: str, detail: str, size: int | None = None) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from .common import CATEGORIES, StopEstimate
 from .context import Context
 from .cpu_kernels import (
     make_conv_scratch,
+    make_cublas_copies,
     make_loss_buffers,
     make_matmul_copies,
     make_onednn_rnn_workspace,
@@ -89,7 +90,7 @@ def run(request: dict) -> dict:
         models["rnn_workspace"] = (make_cudnn_rnn_reserve if cuda else make_onednn_rnn_workspace)(rnn_notes)
         if not cuda:
             models["conv_scratch"] = make_conv_scratch(conv_notes)
-        models["matmul_copies"] = make_matmul_copies(matmul_notes, add=not cuda)
+        models["matmul_copies"] = make_cublas_copies(matmul_notes) if cuda else make_matmul_copies(matmul_notes, add=True)
         models["loss_buffers"] = make_loss_buffers(loss_notes, add=not cuda)
     tracker = StorageTracker(context, count_all=not cuda, round_cuda=cuda, kernel_models=models)
     state: dict = {"seed": int(request.get("seed", 0))}
@@ -232,6 +233,10 @@ def run(request: dict) -> dict:
         ),
         stubbed_scalars=tracker.stubbed_scalars,
         value_reads=tracker.value_reads,
+        # The CUDA release of the script's torch (None on a CPU build) and its kernel loading: the
+        # CUDA context's size depends on them (estimate/cuda_terms.py).
+        torch_cuda=torch.version.cuda,
+        cuda_module_loading=os.environ.get("CUDA_MODULE_LOADING"),
         value_arrays=tracker.value_arrays,
         checks_passed=tracker.checks_passed,
         fake_memo_hits=tracker.fake_memo.hits if tracker.fake_memo is not None else None,
