@@ -31,7 +31,7 @@ import torch
 
 
 def install(shims, tracker) -> None:
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch._subclasses.fake_tensor import FakeTensor
 
     original_format = torch.Tensor.__format__
 
@@ -45,40 +45,32 @@ def install(shims, tracker) -> None:
     def tolist(self):
         if self.dim() == 0:
             return self.item()
-        twin = tracker.shadows.get(self) if tracker.shadows is not None else None
-        if twin is None and self.constant is not None:
-            twin = self.constant
-        tracker.paused += 1
-        try:
-            with unset_fake_temporarily():
-                if twin is not None:
-                    return twin.tolist()
-                if self.dtype == torch.bool:
-                    dtype = torch.bool
-                elif self.dtype.is_floating_point or self.dtype.is_complex:
-                    dtype = torch.float64
-                else:
-                    dtype = torch.int64
-                tracker.stubbed_scalars += self.numel()
-                return torch.zeros(self.shape, dtype=dtype).tolist()
-        finally:
-            tracker.paused -= 1
+
+        def read(twin):
+            if twin is not None:
+                return twin.tolist()
+            if self.dtype == torch.bool:
+                dtype = torch.bool
+            elif self.dtype.is_floating_point or self.dtype.is_complex:
+                dtype = torch.float64
+            else:
+                dtype = torch.int64
+            tracker.stubbed_scalars += self.numel()
+            return torch.zeros(self.shape, dtype=dtype).tolist()
+
+        return _with_known_values(tracker, self, read)
 
     shims.patch(FakeTensor, "tolist", tolist)
 
     def numpy(self, *, force=False):
-        twin = tracker.shadows.get(self) if tracker.shadows is not None else None
-        if twin is None and self.constant is not None:
-            twin = self.constant
-        tracker.paused += 1
-        try:
-            with unset_fake_temporarily():
-                if twin is not None:
-                    return twin.detach().numpy(force=True)
-                tracker.value_arrays += 1
-                return torch.zeros(self.shape, dtype=self.dtype).numpy()
-        finally:
-            tracker.paused -= 1
+        def read(twin):
+            if twin is not None:
+                return twin.detach().numpy(force=True)
+            tracker.value_arrays += 1
+            tracker.last_stubbed_read = tracker.context.user_line()
+            return torch.zeros(self.shape, dtype=self.dtype).numpy()
+
+        return _with_known_values(tracker, self, read)
 
     shims.patch(FakeTensor, "numpy", numpy)
 
@@ -90,6 +82,21 @@ def install(shims, tracker) -> None:
         return original_tensor(data, *args, **kwargs)
 
     shims.patch(torch, "tensor", tensor)
+
+
+def _with_known_values(tracker, tensor, read):
+    """`read(real twin or constant, or None)` outside fake mode, uncounted."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    twin = tracker.shadows.get(tensor) if tracker.shadows is not None else None
+    if twin is None and tensor.constant is not None:
+        twin = tensor.constant
+    tracker.paused += 1
+    try:
+        with unset_fake_temporarily():
+            return read(twin)
+    finally:
+        tracker.paused -= 1
 
 
 def _holds_fake(data, fake_type) -> bool:
@@ -134,6 +141,6 @@ def _stacked(data, dtype=None, device=None, requires_grad=False, pin_memory=Fals
             return item.detach().reshape(()).to(dtype)
         return torch.full((), item, dtype=dtype)
 
-    result = build(data) if not (isinstance(data, (list, tuple)) and not data) else torch.empty(0, dtype=dtype)
+    result = build(data)
     result = result.to(device) if device is not None else result
     return result.requires_grad_(requires_grad) if requires_grad else result
