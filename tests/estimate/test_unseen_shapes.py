@@ -260,3 +260,25 @@ def test_flex_attention_on_the_target_gpu_is_traced_as_its_cuda_kernels_allocate
     assert with_flex["sdpa"].get("flex_attention") == 4
     assert with_sdpa["sdpa"].get("sdpa_mem_efficient") == 4
     assert abs(with_flex["peak_bytes"] - with_sdpa["peak_bytes"]) <= 0.01 * with_sdpa["peak_bytes"]
+
+
+def test_cuda_autocast_runs_softmax_and_layer_norm_in_float32_as_cuda_does(tmp_path):
+    """`autocast("cuda", float16)` is traced as CPU autocast, whose op lists leave softmax and
+    layer_norm in fp16; CUDA's runs them in fp32 (an fp16 BERT keeps fp32 attention probabilities:
+    Hugging Face's fp16 row of bench/published_gpu.py was -25 % without this)."""
+    script = tmp_path / "autocast.py"
+    script.write_text(
+        "import torch\n"
+        "lin = torch.nn.Linear(64, 64).cuda()\n"
+        "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
+        "for i in range(2):\n"
+        "    with torch.autocast('cuda', dtype=torch.float16):\n"
+        "        h = lin(torch.randn(4, 8, 64, 64, device='cuda'))\n"
+        "        p = torch.softmax(h, -1)\n"
+        "        print('dtypes', h.dtype, p.dtype, torch.nn.functional.layer_norm(h, (64,)).dtype)\n"
+        "        loss = (p @ h).float().mean()\n"
+        "    loss.backward(); opt.step(); opt.zero_grad()\n"
+    )
+    (trace,) = run_harness(EstimateOptions(script=script, device="cuda", timeout=300, cwd=tmp_path), [{}])
+    assert trace["status"] == "stopped", trace["failure"]
+    assert "dtypes torch.float16 torch.float32 torch.float32" in trace["output_tail"]
