@@ -83,7 +83,9 @@ def cuda_context(gpu: Gpu | None, cuda_version: str | None, module_loading: str 
     """The context's bytes, and the sentence that says which row gave them and why."""
     cuda = parse_cuda(cuda_version)
     lazy = loads_lazily(cuda, module_loading)
-    arch = gpu.arch if gpu is not None and gpu.arch else (0, 0)
+    # A target given by its memory alone is taken for a current GPU, as the harness answers its
+    # compute capability (sm 9.0).
+    arch = gpu.arch if gpu is not None and gpu.arch else (9, 0)
     for row in CONTEXT_SIZES:
         if row.cuda_from <= cuda < row.cuda_below and row.lazy == lazy and arch >= row.arch_from:
             break

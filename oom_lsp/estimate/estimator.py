@@ -983,7 +983,8 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
     upper = search.upper()
     result.update(
         max_batch=largest,
-        verified=verified,
+        # a copy: the script's own batch may be the answer, and the estimate gets this result
+        verified=dict(verified),
         bound=upper[0] if upper else "memory",
         next_checked=upper[1] if upper else None,
         checks=search.checks,
