@@ -59,8 +59,13 @@ DEFAULT_CORPUS = Path("/work/corpus/runnable")
 MIB = 2**20
 CONFIRM_SHARE = 0.01  # a fix that saves at least 1 % of the peak
 ESTIMATE_TOLERANCE = 0.02  # the estimate within 2 % of the real CPU peak, else an estimate bug
+# Fixes that change nothing on a CPU-only torch (`autocast("cuda")` is disabled there).
+GPU_ONLY_FIXES = {"OOM201"}
 CONFIRMED, NOT_CONFIRMED, UNMEASURABLE = "confirmed", "not confirmed", "unmeasurable"
 # Changes to the case folder's copy that say nothing about the case.
+# The same environment for the real run and the estimate: no tokenizer threads, no hub look-ups,
+# matplotlib without a display.
+CASE_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "MPLBACKEND": "Agg"}
 IGNORED_NAMES = {"__pycache__", ".oom_lsp_cache", ".oom_lsp", "fixes", ".ipynb_checkpoints"}
 
 
@@ -194,7 +199,7 @@ class OomLsp:
         return cls(script, python, version, digest.hexdigest()[:16])
 
     def __call__(self, arguments: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-        return run([str(self.script), *arguments], cwd, timeout, env={"TOKENIZERS_PARALLELISM": "false"})
+        return run([str(self.script), *arguments], cwd, timeout, env=CASE_ENV)
 
 
 def _json(done: subprocess.CompletedProcess, what: str):
@@ -268,7 +273,7 @@ def real_peak(case: Case, folder: Path, python: str, timeout: float) -> int:
             [python, str(REAL_STEPS), "--profile", "--out", str(out), "--", case.script, *case.args],
             folder,
             timeout,
-            env={"TOKENIZERS_PARALLELISM": "false"},
+            env=CASE_ENV,
         )
         if not out.exists():
             raise CaseError(f"the real run exited with {done.returncode}: {_tail(done.stderr)}")
@@ -379,6 +384,7 @@ def run_case(oom: OomLsp, case: Case, corpus: Path, work: Path, timeout: float) 
             entry.update(how=None, why="no quick fix and no hand-written fix")
         saving = entry.get("saving_bytes")
         entry["verdict"] = verdict_of(saving, entry.get("stops_growth", False), base["needed_bytes"])
+
         if saving is not None:
             entry["saving_share"] = saving / base["needed_bytes"]
         joined.append(entry)
@@ -414,7 +420,21 @@ def tally(results: list[dict]) -> dict[str, dict[str, int]]:
                 entry = counts.setdefault(key, {"findings": 0, CONFIRMED: 0, NOT_CONFIRMED: 0, UNMEASURABLE: 0})
                 entry["findings"] += 1
                 entry[finding["verdict"]] += 1
+                proxy = gpu_proxy(result, finding)
+                entry.setdefault("confirmed with the GPU proxy", 0)
+                entry["confirmed with the GPU proxy"] += finding["verdict"] == CONFIRMED or (
+                    proxy is not None and proxy >= CONFIRM_SHARE * result["baseline_bytes"]
+                )
     return dict(sorted(counts.items(), key=lambda item: (item[0] == "total", item[0])))
+
+
+def gpu_proxy(result: dict, finding: dict) -> int | None:
+    """OOM201's codemod writes autocast("cuda"), which a CPU-only torch disables: on the CPU its
+    saving is 0 by construction. The what-if's bf16 row (the same autocast around the forward,
+    traced on the CPU) is what the fix would save on a GPU: shown beside the verdict, not counted."""
+    if finding["code"] not in GPU_ONLY_FIXES:
+        return None
+    return result.get("knobs", {}).get("knob:bf16")
 
 
 def share(entry: dict[str, int]) -> float | None:
@@ -458,8 +478,17 @@ def print_report(report: dict, list_heldout: bool) -> None:
                         if saving is not None
                         else f.get("why", "")
                     )
+                    proxy = gpu_proxy(result, f)
+                    if proxy is not None:
+                        measure += f"; on a GPU (the bf16 row): {_size(proxy)} ({100 * proxy / result['baseline_bytes']:.1f} %)"
                     print(f"  {f['verdict']:<13} {result['case']}/{f['file']}:{f['line']} {f['code']}  {measure}"
                           + (f"  [{f['how']}]" if f.get("how") and f["how"] != "quick fix" else ""))
+            for result in measured:
+                for key, row in sorted(result.get("together", {}).items()):
+                    if row.get("saving_bytes") is not None:
+                        print(f"  together      {result['case']}: {key} saves {_size(row['saving_bytes'])} "
+                              f"({100 * row['saving_bytes'] / result['baseline_bytes']:.1f} %)"
+                              + (", stops the growth" if row.get("stops_growth") else ""))
         for result in results:
             if "estimate_bug" in result:
                 print(f"  ESTIMATE BUG {result['case']}: {result['estimate_bug']}")
@@ -471,6 +500,10 @@ def print_report(report: dict, list_heldout: bool) -> None:
     for split, part in report["splits"].items():
         total = part["tally"].get("total", {"findings": 0, CONFIRMED: 0, NOT_CONFIRMED: 0, UNMEASURABLE: 0})
         value = share(total)
+        proxied = total.get("confirmed with the GPU proxy", total[CONFIRMED])
+        if proxied != total[CONFIRMED]:
+            print(f"oracle {split}: counting OOM201 by the bf16 row (what its fix saves on a GPU): "
+                  f"{proxied} of {total['findings']} confirmed")
         print(
             f"oracle {split}: {total[CONFIRMED]} of {total['findings']} default findings confirmed "
             f"({'—' if value is None else f'{100 * value:.0f} %'}), {total[NOT_CONFIRMED]} not confirmed, "
@@ -495,6 +528,9 @@ def main() -> int:
     parser.add_argument("--split-check", action="store_true",
                         help="check that the manifest's splits follow the rule, and stop")
     options = parser.parse_args()
+    # SIGTERM and SIGHUP unwind like Ctrl-C, so the case running stops its process group first.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda number, frame: sys.exit(128 + number))
     cases = load_cases(options.manifest)
     expected = split_of(sorted(cases))
     wrong = [name for name, case in cases.items() if case.split != expected[name]]
