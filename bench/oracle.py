@@ -24,7 +24,7 @@ CONFIRMED when the fix saves less; UNMEASURABLE when there is no fix to measure 
     .venv/bin/python bench/oracle.py [--split dev|heldout|all] [--oom-lsp PATH] [--cases a,b]
         [--format text|json] [--timeout S] [--list-heldout] [--no-cache] [--split-check]
 
-Results are cached per (case text, arguments, oom-lsp fingerprint) in bench/.work/oracle/cache/:
+Results (and failures) are cached per (case text, arguments, oom-lsp fingerprint) in bench/.work/oracle/cache/:
 a rerun of an unchanged case with the same oom-lsp code costs nothing. The fingerprint is the
 hash of the installed `oom_lsp` package's files, so `--oom-lsp` of another branch gets its own.
 The held-out split's findings are not listed unless --list-heldout is given: the rules are tuned
@@ -456,8 +456,9 @@ def print_report(report: dict, list_heldout: bool) -> None:
     for split, part in report["splits"].items():
         results = part["results"]
         measured = [r for r in results if "estimate_bug" not in r]
-        print(f"\n== {split}: {len(results)} cases, {len(measured)} measured, "
-              f"{len(part['failures'])} failed, {sum(1 for r in results if 'estimate_bug' in r)} estimate bugs")
+        print(f"\n== {split}: {len(results) + len(part['failures'])} cases: {len(measured)} measured, "
+              f"{sum(1 for r in results if 'estimate_bug' in r)} estimate bugs (more than 2 % off the real run), "
+              f"{len(part['failures'])} failed")
         print(f"{'code':<8} {'findings':>8} {'confirmed':>9} {'not conf.':>9} {'unmeas.':>8} {'confirmed share':>16}")
         for code, entry in part["tally"].items():
             value = share(entry)
@@ -507,7 +508,8 @@ def print_report(report: dict, list_heldout: bool) -> None:
         print(
             f"oracle {split}: {total[CONFIRMED]} of {total['findings']} default findings confirmed "
             f"({'—' if value is None else f'{100 * value:.0f} %'}), {total[NOT_CONFIRMED]} not confirmed, "
-            f"{total[UNMEASURABLE]} unmeasurable; {len(part['results'])} cases, {len(part['failures'])} failed "
+            f"{total[UNMEASURABLE]} unmeasurable; {len(part['results']) + len(part['failures'])} cases, "
+            f"{sum(1 for r in part['results'] if 'estimate_bug' not in r)} measured "
             f"({report['oom_lsp']['version']}, {report['oom_lsp']['fingerprint']})"
         )
 
@@ -564,13 +566,19 @@ def main() -> int:
                 key = f"{name}-{case_digest(case, source) if source.is_dir() else 'missing'}-{oom.fingerprint}"
                 cached = CACHE / f"{key}.json"
                 if cached.exists() and not options.no_cache:
-                    results.append(json.loads(cached.read_text(encoding="utf-8")))
+                    saved = json.loads(cached.read_text(encoding="utf-8"))
+                    if "failure" in saved:
+                        failures[name] = saved["failure"]
+                    else:
+                        results.append(saved)
                     continue
                 print(f"{name}...", file=sys.stderr, flush=True)
                 try:
                     result = run_case(oom, case, options.corpus, work, options.timeout)
                 except CaseError as error:
+                    # A failure is a result too (the same text and oom-lsp fail the same way).
                     failures[name] = str(error)
+                    cached.write_text(json.dumps({"case": name, "failure": str(error)}), encoding="utf-8")
                     continue
                 finally:
                     if options.work is None:

@@ -120,3 +120,30 @@ def test_one_case_of_our_own_through_the_whole_oracle(tmp_path: Path) -> None:
     kept = next(f for f in result["findings"] if f["code"] == "OOM302")
     assert kept["stops_growth"] and kept["how"] == "quick fix"
     assert part["tally"]["total"]["findings"] == len(result["findings"])
+
+
+def test_a_hand_written_fix_is_applied_to_a_copy_and_its_baseline_compared(tmp_path: Path, monkeypatch) -> None:
+    source = tmp_path / "case"
+    (source / "fixes").mkdir(parents=True)
+    (source / "train.py").write_text("keep = []\nkeep.append(1)\n", encoding="utf-8")
+    patch = source / "fixes" / "OOM302_2.patch"
+    patch.write_text(
+        "--- a/train.py\n+++ b/train.py\n@@ -1,2 +1,2 @@\n keep = []\n-keep.append(1)\n+keep = [1]\n",
+        encoding="utf-8",
+    )
+    seen = {}
+
+    def fake_estimate(oom, case, folder, timeout, what_if=False):
+        seen["text"] = (folder / "train.py").read_text(encoding="utf-8")
+        return {"baseline": {"needed_bytes": 700, "growth_per_step": 0}}
+
+    monkeypatch.setattr(oracle, "estimate", fake_estimate)
+    case = oracle.Case(name="case", repo="r/r", commit="0" * 40, path="train.py", kind="script",
+                       script="train.py", split="dev", adaptation="ours")
+    oom = oracle.OomLsp(Path("oom-lsp"), sys.executable, "oom-lsp 0", "0")
+    base = {"needed_bytes": 1000, "growth_per_step": 100}
+    measured = oracle.hand_fix(oom, case, source, patch, tmp_path / "work", base, 10)
+    assert seen["text"] == "keep = []\nkeep = [1]\n"
+    assert (source / "train.py").read_text(encoding="utf-8") == "keep = []\nkeep.append(1)\n"
+    assert measured == {"needed_bytes": 700, "saving_bytes": 300, "growth_per_step": 0, "stops_growth": True}
+    assert not (tmp_path / "work" / "case.OOM302_2").exists()
