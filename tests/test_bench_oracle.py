@@ -77,22 +77,20 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 data = torch.utils.data.TensorDataset(torch.randn(1024, 256), torch.randint(0, 10, (1024,)))
 loader = torch.utils.data.DataLoader(data, batch_size=256)
 total_loss = 0
-hiddens = []
 for x, y in loader:
     optimizer.zero_grad()
-    hidden = model[1](model[0](x))
-    loss = nn.functional.cross_entropy(model[2](hidden), y)
-    loss.backward()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward(retain_graph=True)
     optimizer.step()
     total_loss += loss
-    hiddens.append(hidden)
 '''
 
 
 def test_one_case_of_our_own_through_the_whole_oracle(tmp_path: Path) -> None:
-    """`hiddens.append(hidden)` keeps 4 MiB at every step: its fix stops the growth (confirmed);
-    `total_loss += loss` keeps a scalar and its graph's nodes after the backward freed what they
-    saved: its fix saves under 1 % (not confirmed)."""
+    """`total_loss += loss` keeps every step's graph, and `backward(retain_graph=True)` keeps the
+    4 MiB its nodes saved: dropping retain_graph (OOM304's quick fix) stops the growth and lowers the
+    peak by about a fifth: confirmed. (Without `total_loss`, nothing holds the graph and the same fix
+    saves 0.6 %: not confirmed, rightly.)"""
     corpus = tmp_path / "corpus"
     (corpus / "toy").mkdir(parents=True)
     (corpus / "toy" / "train.py").write_text(TOY, encoding="utf-8")
@@ -115,35 +113,8 @@ def test_one_case_of_our_own_through_the_whole_oracle(tmp_path: Path) -> None:
     assert not part["failures"], part["failures"]
     (result,) = part["results"]
     assert abs(result["estimate_error"]) <= oracle.ESTIMATE_TOLERANCE
-    verdicts = {finding["code"]: finding["verdict"] for finding in result["findings"]}
-    assert verdicts.get("OOM302") == oracle.CONFIRMED, result["findings"]
-    kept = next(f for f in result["findings"] if f["code"] == "OOM302")
-    assert kept["stops_growth"] and kept["how"] == "quick fix"
+    kept = next(f for f in result["findings"] if f["code"] == "OOM304")
+    assert kept["verdict"] == oracle.CONFIRMED and kept["how"] == "quick fix", result["findings"]
+    assert kept["stops_growth"] and kept["saving_share"] > 0.1
+    assert part["tally"]["OOM304"][oracle.CONFIRMED] == 1
     assert part["tally"]["total"]["findings"] == len(result["findings"])
-
-
-def test_a_hand_written_fix_is_applied_to_a_copy_and_its_baseline_compared(tmp_path: Path, monkeypatch) -> None:
-    source = tmp_path / "case"
-    (source / "fixes").mkdir(parents=True)
-    (source / "train.py").write_text("keep = []\nkeep.append(1)\n", encoding="utf-8")
-    patch = source / "fixes" / "OOM302_2.patch"
-    patch.write_text(
-        "--- a/train.py\n+++ b/train.py\n@@ -1,2 +1,2 @@\n keep = []\n-keep.append(1)\n+keep = [1]\n",
-        encoding="utf-8",
-    )
-    seen = {}
-
-    def fake_estimate(oom, case, folder, timeout, what_if=False):
-        seen["text"] = (folder / "train.py").read_text(encoding="utf-8")
-        return {"baseline": {"needed_bytes": 700, "growth_per_step": 0}}
-
-    monkeypatch.setattr(oracle, "estimate", fake_estimate)
-    case = oracle.Case(name="case", repo="r/r", commit="0" * 40, path="train.py", kind="script",
-                       script="train.py", split="dev", adaptation="ours")
-    oom = oracle.OomLsp(Path("oom-lsp"), sys.executable, "oom-lsp 0", "0")
-    base = {"needed_bytes": 1000, "growth_per_step": 100}
-    measured = oracle.hand_fix(oom, case, source, patch, tmp_path / "work", base, 10)
-    assert seen["text"] == "keep = []\nkeep = [1]\n"
-    assert (source / "train.py").read_text(encoding="utf-8") == "keep = []\nkeep.append(1)\n"
-    assert measured == {"needed_bytes": 700, "saving_bytes": 300, "growth_per_step": 0, "stops_growth": True}
-    assert not (tmp_path / "work" / "case.OOM302_2").exists()
