@@ -527,6 +527,7 @@ def main() -> int:
     parser.add_argument("--format", choices=["text", "json"], default="text")
     parser.add_argument("--list-heldout", action="store_true", help="also list the held-out findings")
     parser.add_argument("--no-cache", action="store_true", help="measure again, ignoring the cache")
+    parser.add_argument("--cache", type=Path, default=CACHE, help=f"the cache folder (default: {CACHE.relative_to(ROOT)})")
     parser.add_argument("--split-check", action="store_true",
                         help="check that the manifest's splits follow the rule, and stop")
     options = parser.parse_args()
@@ -552,7 +553,7 @@ def main() -> int:
     splits = ["dev", "heldout"] if options.split == "all" else [options.split]
     report = {"oom_lsp": {"script": str(oom.script), "version": oom.version, "fingerprint": oom.fingerprint},
               "splits": {}}
-    CACHE.mkdir(parents=True, exist_ok=True)
+    options.cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="oom-lsp-oracle-") as tmp:
         work = options.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -564,7 +565,7 @@ def main() -> int:
                     continue
                 source = options.corpus / name
                 key = f"{name}-{case_digest(case, source) if source.is_dir() else 'missing'}-{oom.fingerprint}"
-                cached = CACHE / f"{key}.json"
+                cached = options.cache / f"{key}.json"
                 if cached.exists() and not options.no_cache:
                     saved = json.loads(cached.read_text(encoding="utf-8"))
                     if "failure" in saved:

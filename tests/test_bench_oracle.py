@@ -104,7 +104,7 @@ def test_one_case_of_our_own_through_the_whole_oracle(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "oracle.py"), "--manifest", str(manifest), "--corpus", str(corpus),
          "--oom-lsp", str(Path(sys.executable).parent / "oom-lsp"), "--no-cache", "--format", "json",
-         "--list-heldout", "--timeout", "120"],
+         "--list-heldout", "--timeout", "120", "--cache", str(tmp_path / "cache")],
         capture_output=True, text=True, timeout=900, check=False,
     )
     assert done.returncode == 0, done.stderr
