@@ -328,6 +328,15 @@ def hand_fix(
     }
 
 
+def missing_modules(case: Case, python: str) -> list[str]:
+    """The modules of the case's `needs` that `python` cannot import."""
+    if not case.needs:
+        return []
+    probe = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
+    done = subprocess.run([python, "-c", probe, *case.needs], capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
 def run_case(oom: OomLsp, case: Case, corpus: Path, work: Path, timeout: float) -> dict:
     source = corpus / case.name
     if not source.is_dir():
@@ -384,7 +393,6 @@ def run_case(oom: OomLsp, case: Case, corpus: Path, work: Path, timeout: float) 
             entry.update(how=None, why="no quick fix and no hand-written fix")
         saving = entry.get("saving_bytes")
         entry["verdict"] = verdict_of(saving, entry.get("stops_growth", False), base["needed_bytes"])
-
         if saving is not None:
             entry["saving_share"] = saving / base["needed_bytes"]
         joined.append(entry)
@@ -564,6 +572,10 @@ def main() -> int:
                 if case.split != split:
                     continue
                 source = options.corpus / name
+                missing = missing_modules(case, oom.python)
+                if missing:  # not cached: installing them changes the answer
+                    failures[name] = f"{oom.python} lacks {', '.join(missing)} (the case's `needs`)"
+                    continue
                 key = f"{name}-{case_digest(case, source) if source.is_dir() else 'missing'}-{oom.fingerprint}"
                 cached = options.cache / f"{key}.json"
                 if cached.exists() and not options.no_cache:
