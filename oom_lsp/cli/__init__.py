@@ -13,7 +13,7 @@ has `add_parsers(subparsers)`, and each parser it adds sets `handler=` (a
 function of the parsed arguments returning the exit code).
 
 This package is the CLI face: it parses arguments, calls the use-case layer
-(oom_lsp.usecases: estimate.py, ai.py, profile.py) and prints the typed
+(oom_lsp.usecases) from estimate.py, calibrate.py, ai.py, profile.py and prints the typed
 results as text or JSON; it never imports the language server (the other
 face), which `oom-lsp server` starts by name. The check path imports neither
 pygls, lsprotocol nor torch: the server and feature modules are imported only
@@ -37,7 +37,12 @@ from typing import Any
 
 import oom_lsp
 
-FEATURE_COMMANDS: tuple[str, ...] = ("oom_lsp.cli.profile", "oom_lsp.cli.estimate", "oom_lsp.cli.ai")
+FEATURE_COMMANDS: tuple[str, ...] = (
+    "oom_lsp.cli.profile",
+    "oom_lsp.cli.estimate",
+    "oom_lsp.cli.calibrate",
+    "oom_lsp.cli.ai",
+)
 BUILTIN_COMMANDS = ("check", "rule", "server")
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 

@@ -2,7 +2,8 @@
 
     oom-lsp estimate train.py [--device cuda|cpu] [--gpu NAME | --gpu-memory 24GiB]
         [--batch-size N] [--dtype bf16] [--python PATH] [--format text|json]
-        [--find-max-batch] [--timeout S] [--world-size N|1,2,4,8 [--nproc-per-node M]] -- ARGS...
+        [--find-max-batch] [--timeout S] [--world-size N|1,2,4,8 [--nproc-per-node M]]
+        [--cuda-version X.Y] -- ARGS...
 
 Exit codes: 0 the step fits (or no target was given), 1 it is predicted to run
 out of memory at the script's batch size (or, with --find-max-batch, not even
@@ -124,6 +125,13 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         "estimates each size and finds the fewest GPUs that fit",
     )
     parser.add_argument(
+        "--cuda-version",
+        metavar="X.Y",
+        default=default(None),
+        help="the CUDA release of the target machine's PyTorch (the CUDA context depends on it; default: "
+        "the --python torch's, else 12.x with lazy kernel loading)",
+    )
+    parser.add_argument(
         "--accelerate-config",
         type=Path,
         default=default(None),
@@ -229,6 +237,7 @@ def _request(args: argparse.Namespace, gpu: Any, root: Path) -> Any:
         world_sizes=world_sizes,
         nproc_per_node=args.nproc_per_node,
         accelerate_config=args.accelerate_config,
+        cuda_version=args.cuda_version,
         find_max_batch=args.find_max_batch,
         root=root,
         display=str(args.script),
@@ -504,19 +513,12 @@ def write_text(prediction: Prediction, out: TextIO, result: EstimateResult | Non
             out.write(f"    {format_bytes(size):>11}  {shown}\n")
     gpu = prediction.gpu
     if gpu:
-        needed = prediction.peak_bytes + (prediction.context_bytes or 0)
-        shares = f"{100 * needed / gpu.memory:.0f}% of the GPU allocated"
-        if prediction.process_bytes is not None:
-            shares += f", {100 * prediction.process_bytes / gpu.memory:.0f}% reserved"
+        from oom_lsp.estimate.cuda_terms import verdict_words
+
         out.write(f"  target: {gpu.name}" + (f", {format_bytes(gpu.memory)}" if gpu.named else "") + "\n")
         per_gpu = " on each GPU" if launch else ""
-        verdict = prediction.verdict.value.upper() if prediction.verdict else "?"
-        out.write(f"  verdict: {verdict}{per_gpu} ({shares}, CUDA context included)\n")
-        if needed <= gpu.memory < (prediction.process_bytes or 0):
-            out.write(
-                "  the allocated peak fits but the modelled reserved memory does not: the allocator frees "
-                "its cache and retries before failing, so fragmentation decides\n"
-            )
+        if prediction.verdict_basis is not None and prediction.verdict is not None:
+            out.write(f"  verdict{per_gpu}: {verdict_words(prediction)}\n")
     else:
         out.write(
             "  target: none (pass --gpu NAME or --gpu-memory SIZE, or set gpu-memory in [tool.oom-lsp])\n"

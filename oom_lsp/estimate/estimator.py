@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from oom_lsp.estimate import distributed
+from oom_lsp.estimate.failures import REAL_STEP_KINDS, data_dependent_hint, fallback_reason, library_line
 from oom_lsp.estimate.gpus import Gpu
 from oom_lsp.estimate.prediction import DEFAULT_MARGIN, _place, _set_verdict, predict
 from oom_lsp.estimate.results import Correction, Fallback, Prediction, Trace
@@ -69,6 +70,8 @@ class EstimateOptions:
     world_size: int | None = None
     nproc_per_node: int | None = None
     launcher_environment: dict[str, str] | None = None  # accelerate's, from --accelerate-config
+    # The CUDA release of the target's PyTorch (--cuda-version): the CUDA context's size depends on it.
+    cuda_version: str | None = None
     # Progress: {"event": "starting"} before each child interpreter, then the harness's own
     # events from a reader thread: "ready", "run-start", "step", "run" (harness/progress.py).
     on_event: Callable[[dict[str, Any]], None] | None = None
@@ -215,6 +218,7 @@ def _failure_error(trace: Trace) -> EstimateError:
         # A Hub name with no local copy (the harness runs offline): what is needed, in one line.
         return EstimateError(f"no estimate{location}: {failure.message}")
     lines = [f"the script crashed{location}: {failure.type}: {failure.message}"]
+    lines += [f"  {line}" for line in (library_line(failure), data_dependent_hint(failure, _place)) if line]
     if failure.frames:
         lines.append("  the script's frames, innermost last:")
         for frame in failure.frames:
@@ -293,7 +297,7 @@ def prediction_from(trace: Trace, options: EstimateOptions, progress: Progress |
         if options.batch_size is not None and not trace.override_applied:
             raise EstimateError(_NO_KNOB)
         return predict(trace, options)
-    if trace.failure.kind not in ("data-dependent", "unsupported-operator"):
+    if trace.failure.kind not in REAL_STEP_KINDS:
         raise _failure_error(trace)
     if progress:
         progress("the script cannot run on fake tensors; measuring real CPU steps instead")
@@ -303,14 +307,7 @@ def prediction_from(trace: Trace, options: EstimateOptions, progress: Progress |
 def _fallback(options: EstimateOptions, fake_trace: Trace) -> Prediction:
     """Real CPU steps at a quarter and half of the target batch, the peak
     scaled linearly to the target."""
-    failure = fake_trace.failure
-    where = failure.where or {}
-    reason = (
-        f"{failure.type} at {where.get('file')}:{where.get('line')} ({where.get('code', '')}): "
-        f"{failure.message}"
-        if where
-        else f"{failure.type}: {failure.message}"
-    )
+    reason = fallback_reason(fake_trace.failure, _place)
     target = options.batch_size or fake_trace.batch_size
     if fake_trace.batch_knobs and target and target >= 4:
         sizes = fallback_batches(target)

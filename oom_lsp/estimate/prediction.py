@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 
 from oom_lsp.estimate import distributed
 from oom_lsp.estimate.allocator import simulate
-from oom_lsp.estimate.gpus import Gpu
+from oom_lsp.estimate.calibration import context_term, workspace_term
+from oom_lsp.estimate.cuda_terms import verdict_basis
+from oom_lsp.estimate.failures import value_notes
 from oom_lsp.estimate.results import (
     Breakdown,
     Category,
@@ -31,41 +33,8 @@ from oom_lsp.units import format_bytes
 if TYPE_CHECKING:
     from oom_lsp.estimate.estimator import EstimateOptions
 
-MIB, GIB = 2**20, 2**30
-# Not in memory_allocated/reserved, only in nvidia-smi: ~300 MB with CUDA's lazy
-# module loading (the default since CUDA 12.2), 200-700 MB by machine.
-CUDA_CONTEXT = 400 * MIB
 # The share of the GPU kept free: "tight" above it, and the largest batch stays under it.
 DEFAULT_MARGIN = 0.10
-CUBLAS_WORKSPACE_PRE_HOPPER = 8_519_680  # CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8
-CUBLAS_WORKSPACE_HOPPER = 32 * MIB
-
-
-def cublas_workspaces(gpu: Gpu | None, torch_version: str) -> list[tuple[str, int]]:
-    """cuBLAS and cuBLASLt workspaces, allocated through the caching allocator
-    at the first matmul and kept: sizes by GPU architecture and torch release
-    (PyTorch PRs #89027/#91564, #120925; cuBLASLt shares cuBLAS's since 2.7)."""
-    if gpu is not None and gpu.vendor != "nvidia":
-        return []
-    hopper = gpu is not None and gpu.arch is not None and gpu.arch >= (9, 0)
-    sizes = [("cuBLAS", CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE_PRE_HOPPER)]
-    if _version(torch_version) < (2, 7):
-        if hopper:
-            lt = 32 * MIB
-        elif gpu is not None and gpu.arch is not None and gpu.arch >= (8, 0) and gpu.memory >= 24 * GIB:
-            lt = 4 * MIB
-        else:
-            lt = 1 * MIB
-        sizes.append(("cuBLASLt", lt))
-    return sizes
-
-
-def _version(text: str) -> tuple[int, int]:
-    parts = text.split("+")[0].split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return (0, 0)
 
 
 def verdict(required: int, capacity: int, margin: float = DEFAULT_MARGIN) -> Verdict:
@@ -77,7 +46,7 @@ def verdict(required: int, capacity: int, margin: float = DEFAULT_MARGIN) -> Ver
 
 
 def needed_bytes(prediction: Prediction) -> int:
-    """What must stay under the margin (Prediction.needed_bytes)."""
+    """What must stay under the margin, and what the verdict judges (Prediction.needed_bytes)."""
     return prediction.needed_bytes
 
 
@@ -90,7 +59,7 @@ def predict(trace: Trace, options: EstimateOptions) -> Prediction:
     corrections = trace_notes(trace, options)
     allocated, reserved, context = trace.peak_bytes, None, None
     if cuda:
-        terms = cuda_terms(trace, options.gpu)
+        terms = cuda_terms(trace, options)
         corrections = [TRACED_ON_CPU, *corrections, *terms.notes]
         if terms.workspace_bytes:
             breakdown[Category.WORKSPACES] = terms.workspace_bytes
@@ -213,11 +182,12 @@ def _kernel_notes(trace: Trace, cuda: bool) -> list[Correction]:
                 "matmul-operand-copy",
                 what
                 + (
-                    ": cuBLAS copies them too (PyTorch's source), not added: not checked on a GPU"
+                    ": added at that op, as PyTorch's prepare_matrix_for_cublas copies them before cuBLAS "
+                    "runs (a batched operand whole); read from PyTorch's source, not measured on a GPU"
                     if cuda
                     else ": added at that op, as measured on the CPU kernels"
                 ),
-                None if cuda else copies.bytes,
+                copies.bytes,
             )
         )
     losses = trace.loss_buffers
@@ -283,14 +253,7 @@ def _data_notes(trace: Trace, cuda: bool) -> list[Correction]:
                 "DataLoader's shuffle) may differ from a real run's",
             )
         )
-    if trace.stubbed_scalars:
-        notes.append(
-            Correction(
-                "data-dependent-values",
-                f"{trace.stubbed_scalars} read(s) of a value only a real run knows (.item(), if tensor:) "
-                "were answered 0/False",
-            )
-        )
+    notes += value_notes(trace)
     return notes
 
 
@@ -313,7 +276,7 @@ class CudaTerms:
     context_bytes: int
 
 
-def cuda_terms(trace: Trace, gpu: Gpu | None) -> CudaTerms:
+def cuda_terms(trace: Trace, options: EstimateOptions) -> CudaTerms:
     notes = []
     sdpa = trace.sdpa
     if sdpa.get("sdpa_flash") or sdpa.get("sdpa_mem_efficient"):
@@ -323,6 +286,15 @@ def cuda_terms(trace: Trace, gpu: Gpu | None) -> CudaTerms:
                 f"scaled_dot_product_attention routed to CUDA's flash ({sdpa.get('sdpa_flash', 0)} calls) / "
                 f"memory-efficient ({sdpa.get('sdpa_mem_efficient', 0)} calls) kernels instead of the CPU "
                 "math path",
+            )
+        )
+    if sdpa.get("flex_attention"):
+        notes.append(
+            Correction(
+                "flex-attention-cuda",
+                f"{sdpa['flex_attention']} FlexAttention call(s) traced as its compiled CUDA kernels allocate "
+                "(the output and an fp32 logsumexp kept for backward; delta and the gradients in backward): "
+                "the CPU the trace runs on has no FlexAttention backward",
             )
         )
     if sdpa.get("sdpa_math_kept"):
@@ -343,7 +315,7 @@ def cuda_terms(trace: Trace, gpu: Gpu | None) -> CudaTerms:
     notes.append(
         Correction("rounding", "every allocation rounded up to 512 B, as the CUDA caching allocator does")
     )
-    workspaces = cublas_workspaces(gpu, trace.torch) if trace.matmuls else []
+    workspaces = workspace_term(options, trace) if trace.matmuls else []
     events = [[-1 - index, size] for index, (_, size) in enumerate(workspaces)] + trace.events
     model = simulate(events)
     workspace_bytes = sum(size for _, size in workspaces)
@@ -366,14 +338,9 @@ def cuda_terms(trace: Trace, gpu: Gpu | None) -> CudaTerms:
             reserved - allocated,
         )
     )
-    notes.append(
-        Correction(
-            "cuda-context",
-            f"CUDA context ~{format_bytes(CUDA_CONTEXT)} (outside PyTorch's counters; 200-700 MB by machine)",
-            CUDA_CONTEXT,
-        )
-    )
-    return CudaTerms(notes, workspace_bytes, reserved, CUDA_CONTEXT)
+    context, detail = context_term(options, trace)
+    notes.append(Correction("cuda-context", detail, context))
+    return CudaTerms(notes, workspace_bytes, reserved, context)
 
 
 def _assemble(
@@ -439,10 +406,10 @@ def _worst_case(trace: Trace, options: EstimateOptions) -> WorstCase:
 
 
 def _set_verdict(prediction: Prediction, capacity: int, margin: float) -> None:
-    required = prediction.peak_bytes + (prediction.context_bytes or 0)
-    prediction.verdict = verdict(required, capacity, margin)
-    if prediction.verdict is Verdict.FITS and prediction.needed_bytes > capacity * (1 - margin):
-        prediction.verdict = Verdict.TIGHT
+    """Judged by reserved memory + the CUDA context on CUDA (the allocated peak on the CPU): "will run
+    out of memory" above the card, "tight" within the margin of it; `verdict_basis` names the figure."""
+    prediction.verdict_basis = verdict_basis(prediction, capacity)
+    prediction.verdict = verdict(prediction.verdict_basis.bytes, capacity, margin)
 
 
 def _place(file: str | None, line: int | None) -> str:

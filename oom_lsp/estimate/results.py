@@ -400,6 +400,32 @@ class Fallback:
 
 
 @dataclass
+class VerdictBasis:
+    """The figure the verdict judged by: on CUDA the modelled reserved memory plus the CUDA context
+    (what the process holds, as nvidia-smi shows it), on the CPU the allocated peak; beside it the
+    capacity and the allocated peak with the context, for comparison (estimate/cuda_terms.py)."""
+
+    figure: str  # "reserved + CUDA context" or "allocated"
+    bytes: int
+    capacity_bytes: int
+    allocated_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "figure": self.figure,
+            "bytes": self.bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "allocated_bytes": self.allocated_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> VerdictBasis | None:
+        if data is None:
+            return None
+        return cls(data["figure"], data["bytes"], data["capacity_bytes"], data["allocated_bytes"])
+
+
+@dataclass
 class Prediction:
     """The peak of one training step on the target, from one trace (docs/estimate.md)."""
 
@@ -430,6 +456,7 @@ class Prediction:
     worst_case: WorstCase | None = None
     breakdown_batch_size: int | None = None  # real CPU steps: the batch the breakdown was measured at
     fallback: Fallback | None = None
+    verdict_basis: VerdictBasis | None = None  # with a target: the figure the verdict judged by
 
     @property
     def needed_bytes(self) -> int:
@@ -477,6 +504,8 @@ class Prediction:
         }
         if self.distributed is not None:
             data["distributed"] = self.distributed.to_json()
+        if self.verdict_basis is not None:
+            data["verdict_basis"] = self.verdict_basis.to_json()
         if self.worst_case is not None:
             data["worst_case"] = self.worst_case.to_json()
         if self.breakdown_batch_size is not None:
@@ -515,6 +544,7 @@ class Prediction:
             worst_case=WorstCase.from_json(data.get("worst_case")),
             breakdown_batch_size=data.get("breakdown_batch_size"),
             fallback=Fallback.from_json(data.get("fallback")),
+            verdict_basis=VerdictBasis.from_json(data.get("verdict_basis")),
         )
 
 
@@ -967,7 +997,8 @@ class WhatIfTable:
 class Failure:
     """How a run that did not reach two optimizer steps ended: a crash, a sys.exit, a fake
     tensor the script could not run on (kind "data-dependent", "unsupported-operator"), a
-    download the offline run could not make ("needs-download")."""
+    failure after the fake run answered values only a real run knows ("after-data-dependent-reads"),
+    a download the offline run could not make ("needs-download")."""
 
     kind: str | None = None
     type: str | None = None
@@ -976,6 +1007,10 @@ class Failure:
     frames: list[dict[str, Any]] = field(default_factory=list)
     traceback: str = ""
     exit_code: Any = None
+    # The innermost library line that failed ({"file" under site-packages, "line", "function", "code"}).
+    library: dict[str, Any] | None = None
+    data_dependent_reads: int = 0  # values only a real run knows the fake run had answered
+    last_data_dependent_read: tuple[str, int] | None = None  # the user's line of the last one
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> Failure:
@@ -988,7 +1023,14 @@ class Failure:
             list(data.get("frames") or []),
             data.get("traceback", ""),
             data.get("exit_code"),
+            data.get("library"),
+            int(data.get("data_dependent_reads") or 0),
+            _line(data.get("last_data_dependent_read")),
         )
+
+
+def _line(place: list[Any] | None) -> tuple[str, int] | None:
+    return (place[0], place[1]) if place else None
 
 
 @dataclass
@@ -1078,7 +1120,9 @@ class Trace:
     foreach_pinned: bool = False
     batch_padded: tuple[int, int] | None = None
     bf16_emulated: bool = False
-    stubbed_scalars: int = 0
+    stubbed_scalars: int = 0  # reads of a value only a real run knows, answered 0/False
+    checks_passed: int = 0  # truth tests one of whose outcomes raises at once, answered with the other
+    value_arrays: int = 0  # .numpy() of fake tensors, answered with zeros
     draws_not_replayed: int = 0
     cuda_kept_on_cpu: list[dict[str, Any]] = field(default_factory=list)  # {"file", "line", "calls"}
     distributed: dict[str, Any] | None = None  # harness/distributed.py's account (estimate/distributed.py)
@@ -1093,6 +1137,10 @@ class Trace:
     worst_case: Trace | None = None
     longest_batches: list[LongestBatch] = field(default_factory=list)
     output_tail: str = ""  # the script's last lines of output (added by the parent)
+    # The CUDA release of the script's torch (None: a CPU build) and CUDA_MODULE_LOADING as the
+    # script saw it: the CUDA context's size depends on them (cuda_terms.py).
+    torch_cuda: str | None = None
+    cuda_module_loading: str | None = None
 
     @property
     def reached_two_steps(self) -> bool:
@@ -1144,6 +1192,8 @@ class Trace:
             batch_padded=(padded[0], padded[1]) if padded else None,
             bf16_emulated=bool(data.get("bf16_emulated")),
             stubbed_scalars=int(data.get("stubbed_scalars") or 0),
+            checks_passed=int(data.get("checks_passed") or 0),
+            value_arrays=int(data.get("value_arrays") or 0),
             draws_not_replayed=int(data.get("draws_not_replayed") or 0),
             cuda_kept_on_cpu=list(data.get("cuda_kept_on_cpu") or []),
             distributed=data.get("distributed"),
@@ -1158,4 +1208,6 @@ class Trace:
             worst_case=cls.from_harness(worst) if worst else None,
             longest_batches=[LongestBatch.from_json(batch) for batch in data.get("longest_batches") or []],
             output_tail=data.get("output_tail", ""),
+            torch_cuda=data.get("torch_cuda"),
+            cuda_module_loading=data.get("cuda_module_loading"),
         )

@@ -55,6 +55,7 @@ class EstimateRequest:
     world_sizes: list[int] | None = None  # torchrun-style: rank 0 of each size (several: a sweep)
     nproc_per_node: int | None = None
     accelerate_config: Path | None = None  # `accelerate launch --config_file`'s variables
+    cuda_version: str | None = None  # the target's CUDA release (the context); None: the script's torch's
     find_max_batch: bool = False
     # Compare with a what-if's prediction for this text (a fix applied): every face does; the
     # budget gate has no use for it.
@@ -126,6 +127,7 @@ def options_for(request: EstimateRequest, script: Path, listener: Listener) -> E
         world_size=sizes[0] if len(sizes) == 1 else None,
         nproc_per_node=request.nproc_per_node,
         launcher_environment=launcher,
+        cuda_version=request.cuda_version,
         on_event=listener.on_event,
     )
 

@@ -1,9 +1,11 @@
 """The JSON of `oom-lsp estimate --format json` is a public interface: its keys never change.
 
-tests/estimate/samples/ holds the JSON the CLI printed for each kind of estimate before the
-results were typed (one world size on CUDA and on the CPU, the largest batch found and none
-found, the fallback to real CPU steps, a rank of DDP, a sweep of world sizes, the worst case of
-the data, a notebook, the what-if), the project's paths replaced by /project/. The typed results
+tests/estimate/samples/ holds the JSON the CLI of main printed for each kind of estimate (one
+world size on CUDA and on the CPU, the largest batch found and none found, the fallback to real
+CPU steps, a rank of DDP, a sweep of world sizes, the worst case of the data, a notebook, the
+what-if), the project's paths replaced by /project/: the what-if's from before the results were
+typed, the estimates' from main's untyped code after issue 31 (`verdict_basis`, the CUDA context
+by release). The typed results
 (oom_lsp.estimate.results) must read each back and write it out again to the byte, and every
 key they write must be one of SCHEMA below: a key renamed in `to_json` or in `from_json` fails
 here. A real estimate checks the same of what the CLI prints now (test_estimate.py).
@@ -137,6 +139,11 @@ def _prediction(prefix: str) -> set[str]:
         "fallback",
         "fallback.reason",
         "fallback.uncertainty",
+        "verdict_basis",
+        "verdict_basis.figure",
+        "verdict_basis.bytes",
+        "verdict_basis.capacity_bytes",
+        "verdict_basis.allocated_bytes",
     }
     return {f"{prefix}.{key}" for key in keys}
 
