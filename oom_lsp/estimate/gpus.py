@@ -6,7 +6,7 @@ nvidia-smi shows about 81559 MiB of it), so those sizes are stored in GiB;
 the few whose stated size is not a power-of-two multiple keep the stated
 number in GiB as well (H200 141, H100 NVL 94), which is what the driver
 reports to within 1-2 %. `arch` is the CUDA compute capability where there
-is one: it keys the cuBLAS workspace sizes (see estimator.py).
+is one: it keys the cuBLAS workspace sizes (see cuda_terms.py).
 No torch import: used by the CLI and the editor.
 """
 
