@@ -1,10 +1,14 @@
 """Every rule code, its name and whether it is on by default.
 
+GENERATED from the rule classes (`oom_lsp/analysis/rules/`) and the meta rules
+of `oom_lsp/analysis/registry.py` by
+`python -m oom_lsp.analysis.registry --write-catalogue`; do not edit by hand
+(tests/analysis/test_registry.py fails when it is stale).
+
 This table is the public interface of RULES.md (codes never change meaning)
 and it is readable without importing the rules themselves, which pull in
 libcst: resolving a configuration and answering a run from the results cache
-need only codes and names. `tests/analysis/test_registry.py` checks that it
-agrees with the registered rule classes.
+need only codes and names.
 """
 
 from __future__ import annotations

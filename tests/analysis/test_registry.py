@@ -57,12 +57,51 @@ def test_prefix_selection() -> None:
         expand_selector("OOM77")
 
 
-def test_catalogue_agrees_with_the_rule_classes() -> None:
-    from oom_lsp.analysis.catalogue import CATALOGUE
+def test_catalogue_is_generated_from_the_rule_classes() -> None:
+    from pathlib import Path
 
-    defined = {code: (rule.name, rule.default_enabled) for code, rule in all_rules().items()}
-    defined |= {code: (meta.name, meta.default_enabled) for code, meta in META_RULES.items()}
-    assert {code: (name, enabled) for code, name, enabled in CATALOGUE} == defined
+    from oom_lsp.analysis import catalogue
+    from oom_lsp.analysis.registry import render_catalogue
+
+    assert Path(catalogue.__file__).read_text(encoding="utf-8") == render_catalogue(), (
+        "oom_lsp/analysis/catalogue.py is stale: run python -m oom_lsp.analysis.registry --write-catalogue"
+    )
+
+
+def test_a_rule_is_found_without_being_listed_anywhere(tmp_path, monkeypatch) -> None:
+    # The rule class is the one declaration: a module dropped into the package is found.
+    import oom_lsp.analysis.rules as package
+    from oom_lsp.analysis import registry
+
+    module = tmp_path / "zz_probe_rule.py"
+    module.write_text(
+        "from oom_lsp.analysis.rule import Rule\n"
+        "class Probe(Rule):\n"
+        "    code = 'OOM999'\n"
+        "    name = 'probe'\n"
+        "    summary = 'x'\n"
+        "    why = 'x'\n"
+        "    remedy = 'x'\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "_RULES", {})
+    assert "OOM999" in registry.all_rules()
+
+
+def test_the_rules_form_no_import_loop_with_the_registry() -> None:
+    # Rule modules never import the registry: it finds them, they do not register themselves.
+    import ast
+    from pathlib import Path
+
+    import oom_lsp.analysis.rules as package
+
+    for path in Path(package.__path__[0]).glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {
+            node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert "oom_lsp.analysis.registry" not in imported, path.name
 
 
 def test_configuration_resolves_without_importing_the_rules() -> None:

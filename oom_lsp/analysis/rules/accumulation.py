@@ -10,7 +10,6 @@ from oom_lsp.analysis.dataflow import (
     rebinds_every_iteration,
 )
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
 from oom_lsp.analysis.rules._autograd import (
     ACCUMULATING,
@@ -23,7 +22,6 @@ from oom_lsp.analysis.rules._autograd import (
 from oom_lsp.fixes import detach as detach_fix
 
 
-@register
 class LossAccumulatedWithGraph(AutogradRule):
     """
     ## What it does

@@ -10,7 +10,6 @@ import libcst as cst
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
 from oom_lsp.analysis.rules._attention_evidence import (
     BROADCAST_METHODS,
@@ -109,7 +108,6 @@ def _is_number(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, (cst.Integer, cst.Float))
 
 
-@register
 class NaiveAttention(Rule):
     """
     ## What it does

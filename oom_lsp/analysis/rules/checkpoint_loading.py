@@ -12,14 +12,12 @@ import libcst as cst
 from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, is_true, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.analysis.rules._devices import file_uses_cuda
 from oom_lsp.analysis.rules._scan import SCOPES, descendants, names_read, scope_of
 from oom_lsp.fixes.map_location import add_map_location
 
 
-@register
 class TorchLoadWithoutMapLocation(Rule):
     """
     ## What it does

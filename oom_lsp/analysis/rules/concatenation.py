@@ -10,7 +10,6 @@ import libcst as cst
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, short_code
 from oom_lsp.analysis.rules._scan import (
     SCOPES,
@@ -41,7 +40,6 @@ _CONCATENATIONS = {
 _WITH_DIM = {"torch.cat", "torch.concat", "torch.concatenate"}
 
 
-@register
 class CatInLoop(Rule):
     """
     ## What it does

@@ -11,7 +11,6 @@ from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, int_value, is_false, method_call, string_value
 from oom_lsp.analysis.dataflow import is_backward_call
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, deferred_report, short_code
 from oom_lsp.analysis.rules._devices import file_uses_cuda, is_device_expression
 from oom_lsp.analysis.rules._scan import is_optimizer_like
@@ -84,7 +83,6 @@ class _Constant:
     path: tuple[cst.CSTNode, ...]
 
 
-@register
 class LargeBatchSize(Rule):
     """
     ## What it does
@@ -594,7 +592,6 @@ def _dataset_named(name: str) -> bool:
     )
 
 
-@register
 class DatasetOnDevice(Rule):
     """
     ## What it does

@@ -8,7 +8,6 @@ import libcst as cst
 
 from oom_lsp.analysis.cst_helpers import get_arg
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
 from oom_lsp.fixes.ddp import add_gradient_as_bucket_view
 
@@ -23,7 +22,6 @@ _POSITIONAL_BEFORE = 10
 _GRAD_DETACH_RE = re.compile(r"\.grad(?:\.data)?\.(?:detach_|requires_grad_)\(")
 
 
-@register
 class DdpBucketCopy(Rule):
     """
     ## What it does

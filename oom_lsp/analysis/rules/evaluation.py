@@ -8,7 +8,6 @@ import libcst as cst
 
 from oom_lsp.analysis.facts.evaluation import EvalForward, evaluation_facts
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.fixes import inference_mode
 
@@ -16,7 +15,6 @@ _TEST_FILE_RE = re.compile(r"(^|[/\\])(test_[^/\\]*|[^/\\]*_test)\.py$|(^|[/\\])
 
 
 
-@register
 class EvalWithoutNoGrad(Rule):
     """
     ## What it does

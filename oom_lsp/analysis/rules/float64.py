@@ -7,7 +7,6 @@ import libcst as cst
 from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.cst_helpers import get_arg, int_value, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, deferred_report
 from oom_lsp.analysis.rules._devices import device_scopes, file_uses_cuda, is_device_expression
 from oom_lsp.edits import NodeEdit
@@ -85,7 +84,6 @@ def _mentions_cpu(call: cst.Call) -> bool:
     return any(string_value(arg.value) == "cpu" for arg in call.args)
 
 
-@register
 class Float64OnGpu(Rule):
     """
     ## What it does

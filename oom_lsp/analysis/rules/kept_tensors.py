@@ -15,7 +15,6 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.effects import STORING_METHODS, effects_for
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
 from oom_lsp.analysis.rules._autograd import (
     FORWARD_METHODS,
@@ -25,7 +24,6 @@ from oom_lsp.analysis.rules._autograd import (
 from oom_lsp.fixes import detach as detach_fix
 
 
-@register
 class TensorKeptAcrossIterations(AutogradRule):
     """
     ## What it does

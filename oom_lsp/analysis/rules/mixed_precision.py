@@ -17,7 +17,6 @@ import libcst as cst
 from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, has_splat, int_value, is_false, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.analysis.rules._devices import Found, device_scopes, file_uses_cuda, search
 from oom_lsp.fixes.autocast import autocast_regions, wrap_in_autocast
@@ -363,7 +362,6 @@ class _TrainingLoop:
     backward_calls: int = 1
 
 
-@register
 class NoMixedPrecision(Rule):
     """
     ## What it does

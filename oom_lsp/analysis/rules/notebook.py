@@ -19,7 +19,6 @@ import libcst as cst
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.dataflow import Kind, contains_backward, facts_for, is_backward_call, iter_nodes
 from oom_lsp.analysis.findings import Applicability, Severity
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report, short_code
 from oom_lsp.analysis.rules._devices import file_uses_cuda, is_device_expression
 from oom_lsp.fixes import detach as detach_fix
@@ -78,7 +77,6 @@ def _uses_gpu(statement: cst.CSTNode, context) -> bool:
     return False
 
 
-@register
 class FailedCellKeepsTensors(NotebookRule):
     """
     ## What it does
@@ -279,7 +277,6 @@ class FailedCellKeepsTensors(NotebookRule):
                     return
 
 
-@register
 class CellOutputKeepsGraph(NotebookRule):
     """
     ## What it does
@@ -459,7 +456,6 @@ _MODEL_ZOO_RE = re.compile(
 )
 
 
-@register
 class ModelRebuiltWhileHeld(NotebookRule):
     """
     ## What it does

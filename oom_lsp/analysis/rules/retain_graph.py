@@ -12,14 +12,12 @@ from oom_lsp.analysis.dataflow import (
     iter_nodes,
 )
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Valid
 from oom_lsp.analysis.rules._autograd import AutogradRule
 from oom_lsp.edits import DeleteStatement, InsertAfter, InsertBefore, NodeEdit
 from oom_lsp.fixes import retain_graph
 
 
-@register
 class RetainGraphInLoop(AutogradRule):
     """
     ## What it does

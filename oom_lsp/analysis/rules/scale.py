@@ -18,7 +18,6 @@ from oom_lsp.analysis.cst_helpers import (
     string_value,
 )
 from oom_lsp.analysis.findings import Applicability
-from oom_lsp.analysis.registry import register
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, short_code
 from oom_lsp.analysis.rules._scan import descendants, is_optimizer_like
 from oom_lsp.fixes.checkpointing import enable_gradient_checkpointing
@@ -110,7 +109,6 @@ class _Candidate:
     layers_field: str | None = None
 
 
-@register
 class NoGradientCheckpointing(Rule):
     """
     ## What it does
@@ -771,7 +769,6 @@ _DATA_PARALLEL = {
 }
 
 
-@register
 class DataParallelGather(Rule):
     """
     ## What it does
