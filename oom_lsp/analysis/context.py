@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -298,6 +299,8 @@ class _FunctionFrame:
     no_grad_depth: int = 0
     # Set by a `torch.set_grad_enabled(False)` statement, for what follows it.
     grad_switched_off: bool = False
+    # Every caller enters the function with autograd off (worked out on first use).
+    entered_without_grad: bool | None = None
 
 
 class Tracker:
@@ -320,6 +323,9 @@ class Tracker:
         self._loop_blocks: list[cst.CSTNode] = []
         self._region_withs: list[tuple[cst.With, bool, bool]] = []
         self.autocast_depth = 0
+        # Whether a function is entered with autograd off by every caller the
+        # file shows (`oom_lsp.analysis.facts.contexts`); set by the engine.
+        self.entry_grad_off: Callable[[cst.FunctionDef], bool] | None = None
 
     # --- state read by rules -------------------------------------------------
     @property
@@ -345,9 +351,18 @@ class Tracker:
 
     @property
     def in_no_grad(self) -> bool:
-        """Inside `torch.no_grad()` / `inference_mode()` (with or decorator)."""
+        """Inside `torch.no_grad()` / `inference_mode()` (with or decorator),
+        or in a function that every caller runs with autograd off."""
         frame = self._frames[-1]
-        return frame.no_grad_depth > 0 or frame.grad_switched_off
+        if frame.no_grad_depth > 0 or frame.grad_switched_off:
+            return True
+        if frame.entered_without_grad is None:
+            frame.entered_without_grad = (
+                frame.function is not None
+                and self.entry_grad_off is not None
+                and self.entry_grad_off(frame.function)
+            )
+        return frame.entered_without_grad
 
     @property
     def in_autocast(self) -> bool:

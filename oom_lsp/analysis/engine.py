@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import warnings
+import weakref
 from collections.abc import Callable
 
 import libcst as cst
@@ -18,6 +19,8 @@ from libcst._position import CodeRange
 
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.context import FileContext, Tracker
+from oom_lsp.analysis.facts.contexts import call_graph
+from oom_lsp.analysis.facts.library import Grad
 from oom_lsp.analysis.findings import Applicability, Finding, Fix, Severity
 from oom_lsp.analysis.incremental import ParsedSource, parse_whole
 from oom_lsp.analysis.positions import PositionResolver, compute_positions
@@ -175,6 +178,7 @@ def _run_rules(
     ]
     if not rules:
         return []
+    context.tracker.entry_grad_off = _entry_grad_off(context)
     try:
         walk(
             module,
@@ -203,12 +207,30 @@ def _run_rules(
                 name=rule.name,
                 message=report.message,
                 range=_report_range(report.node, node_range, builder.lines),
-                severity=settings.severity_of(rule.code, rule.default_severity),
+                severity=settings.severity_of(rule.code, report.severity or rule.default_severity),
                 fix=builder.build(report.fix) if report.fix else None,
                 statement_line=statement_range.start.line if statement_range else node_range.start.line,
             )
         )
     return _dedupe(findings)
+
+
+def _entry_grad_off(context: FileContext) -> Callable[[cst.FunctionDef], bool]:
+    """Whether every caller the file shows runs a function with autograd off
+    (a `with torch.no_grad():` around each call, a decorated caller, a
+    framework hook that runs without grad), from the file's call graph, built
+    the first time a rule asks."""
+    reference = weakref.ref(context)  # the tracker belongs to the context: no cycle through it
+
+    def entered_without_grad(function: cst.FunctionDef) -> bool:
+        owner = reference()
+        if owner is None:
+            return False
+        graph = call_graph(owner)
+        scope = graph.program.function(function)
+        return scope is not None and graph.entry_grad(scope) == Grad.OFF
+
+    return entered_without_grad
 
 
 def _fix_nodes(spec: FixSpec | None) -> list[cst.CSTNode]:

@@ -79,6 +79,9 @@ class Report:
     statement: cst.CSTNode | None
     # The enclosing statements, outermost first (for lazy positions).
     statement_path: tuple[cst.CSTNode, ...] = ()
+    # This finding's severity when it differs from the rule's default (what is
+    # at stake differs: a leak of host memory vs one of GPU activations).
+    severity: Severity | None = None
 
 
 MESSAGE_LIMIT = 120
@@ -116,7 +119,9 @@ class Rule(cst.BatchableCSTVisitor):
         super().__init__()
         self.context = context
 
-    def report(self, node: cst.CSTNode, message: str, *, fix: FixSpec | None = None) -> None:
+    def report(
+        self, node: cst.CSTNode, message: str, *, fix: FixSpec | None = None, severity: Severity | None = None
+    ) -> None:
         """Report `node`; the message is one short plain-text sentence on what
         is wrong (the fix is in the fix's title, the why in `why`)."""
         self.context.add_report(
@@ -127,6 +132,7 @@ class Rule(cst.BatchableCSTVisitor):
                 fix=fix,
                 statement=self.context.tracker.current_statement,
                 statement_path=tuple(self.context.tracker.statements),
+                severity=severity,
             )
         )
 

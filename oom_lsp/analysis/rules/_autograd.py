@@ -18,6 +18,7 @@ from oom_lsp.analysis.dataflow import (
     iter_nodes,
 )
 from oom_lsp.analysis.effects import Keep, bind_arguments, effects_for
+from oom_lsp.analysis.facts.contexts import call_graph
 from oom_lsp.analysis.rule import Rule
 
 
@@ -116,6 +117,25 @@ class AutogradRule(Rule):
             if holder is not None:
                 found.append((keep, argument, holder))
         return found
+
+    def _graph_freed_each_step(self, iteration: cst.For | cst.While | cst.FunctionDef) -> bool:
+        """A backward pass (without `retain_graph=True`) runs in every
+        iteration, itself or in a function it calls: it frees the activations
+        the iteration's graph saved, so what outlives the iteration keeps the
+        graph's nodes (host memory), not its activations. A Lightning
+        `training_step` is one iteration whose loss Lightning backpropagates."""
+        if type(iteration) is cst.FunctionDef:
+            return True
+        graph = call_graph(self.context)
+        function = self.context.tracker.current_function
+        scope = graph.program.function(function) if function is not None else graph.program.module
+        if scope is None or not graph.trains_in(iteration, scope):
+            return False
+        return not any(
+            type(node) is cst.Arg and node.keyword is not None and node.keyword.value == "retain_graph"
+            and not (type(node.value) is cst.Name and node.value.value == "False")
+            for node in iter_nodes(iteration.body)
+        )
 
     def _trains(self, loop: cst.For | cst.While | cst.FunctionDef) -> bool:
         """The loop runs a backward pass, itself or in a function of the file

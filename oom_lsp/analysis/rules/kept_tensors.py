@@ -556,11 +556,12 @@ class TensorKeptAcrossIterations(AutogradRule):
                 edit for part in attached for edit in detach_fix.detach(part, indent, self.context.module)
             )
             fix = FixSpec(title="Detach before storing", edits=edits, applicability=Applicability.SAFE)
-        self.report(
-            node,
-            f"{short_code(holder)} keeps graph-attached tensors across iterations",
-            fix=fix,
-        )
+        iteration = self._iteration(holder)
+        if iteration is not None and self._graph_freed_each_step(iteration):
+            message = f"{short_code(holder)} keeps each step's tensors and their autograd graphs"
+        else:
+            message = f"{short_code(holder)} keeps graph-attached tensors and their activations across iterations"
+        self.report(node, message, fix=fix)
 
     def _check_forward_store(self, node: cst.Call, holder: str, stored: cst.BaseExpression) -> None:
         """A model's `forward` appending to a list attribute that nothing
