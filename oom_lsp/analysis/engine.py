@@ -189,12 +189,13 @@ def _run_rules(
         )
     except RecursionError:
         return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
-    if not context.reports:
+    reports = context.reports if settings.strict else [report for report in context.reports if report.shown_by_default]
+    if not reports:
         return []
     resolver = PositionResolver(module, source, parsed.statements, parsed.positions)
     builder = _FixBuilder(context, resolver)
     findings = []
-    for report in context.reports:
+    for report in reports:
         resolver.ensure([report.node, report.statement, *_fix_nodes(report.fix)], report.statement_path)
         node_range = resolver.range_of(report.node)
         if node_range is None:

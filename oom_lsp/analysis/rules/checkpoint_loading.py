@@ -68,6 +68,7 @@ class TorchLoadWithoutMapLocation(Rule):
     """
 
     code = "OOM501"
+    advisory = True
     name = "torch-load-without-map-location"
     summary = "`torch.load` without `map_location` restores a GPU checkpoint onto the GPU next to the model."
     why = "The checkpoint's tensors come back onto the GPU they were saved from, next to the model's own copy."

@@ -136,6 +136,7 @@ class LargeBatchSize(Rule):
     """
 
     code = "OOM101"
+    advisory = True
     name = "large-batch-size"
     summary = "A literal batch size above the configured limit reaches a DataLoader or a training config."
     why = "Activation memory grows linearly with the batch size."
@@ -632,6 +633,7 @@ class DatasetOnDevice(Rule):
     """
 
     code = "OOM102"
+    advisory = True
     name = "dataset-on-device"
     summary = "A whole dataset is moved to the GPU at once instead of batch by batch."
     why = (

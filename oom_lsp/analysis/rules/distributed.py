@@ -77,6 +77,7 @@ class DdpBucketCopy(Rule):
     """
 
     code = "OOM603"
+    advisory = True
     name = "ddp-bucket-copy"
     summary = "`DistributedDataParallel` keeps a second copy of every gradient in its buckets."
     why = (

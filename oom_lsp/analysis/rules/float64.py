@@ -124,6 +124,7 @@ class Float64OnGpu(Rule):
     """
 
     code = "OOM202"
+    advisory = True
     name = "float64"
     summary = "Double precision on the GPU: 8 bytes per element, and a fraction of the speed."
     why = (

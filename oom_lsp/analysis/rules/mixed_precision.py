@@ -449,6 +449,7 @@ class NoMixedPrecision(Rule):
     """
 
     code = "OOM201"
+    advisory = True
     name = "no-mixed-precision"
     summary = "A CUDA training loop runs entirely in float32: no autocast, bf16 or fp16."
     why = (

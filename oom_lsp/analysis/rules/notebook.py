@@ -120,6 +120,7 @@ class FailedCellKeepsTensors(NotebookRule):
     """
 
     code = "OOM701"
+    advisory = True
     name = "failed-cell-keeps-tensors"
     summary = "After an out-of-memory error in a notebook, IPython keeps the failed step's tensors alive."
     why = (
@@ -314,6 +315,7 @@ class CellOutputKeepsGraph(NotebookRule):
     """
 
     code = "OOM702"
+    advisory = True
     name = "cell-output-keeps-graph"
     summary = "A cell displays a graph-attached loss, which IPython's output history keeps with its graph."
     why = (
@@ -499,6 +501,7 @@ class ModelRebuiltWhileHeld(NotebookRule):
     """
 
     code = "OOM703"
+    advisory = True
     name = "model-rebuilt-while-held"
     summary = "Running a notebook's model cell again builds a second model on the GPU while a later cell holds the first."
     why = (

@@ -164,6 +164,7 @@ class NoGradientCheckpointing(Rule):
     """
 
     code = "OOM601"
+    advisory = True
     name = "no-gradient-checkpointing"
     summary = "A deep model is trained without gradient checkpointing: every layer's activations stay alive."
     why = "Autograd keeps every layer's activations until backward: memory grows with depth x batch x sequence."
