@@ -71,7 +71,7 @@ class EvaluationFacts:
 
     # --- the decision ---------------------------------------------------------
     def _check(self, call: Call) -> EvalForward | None:
-        model = self._forward_model(call)
+        model = self.forward_model(call)
         if model is None:
             return None
         verdict = _judge(self.modes.contexts_at(call, model))
@@ -102,7 +102,7 @@ class EvaluationFacts:
                 continue
             for callee in self.graph.callees(call):
                 for inner in callee.calls:
-                    model = self._forward_model(inner)
+                    model = self.forward_model(inner)
                     if model is None or _judge(self.modes.contexts_at(inner, model)) is not _Verdict.SHARED:
                         continue
                     outer = self.modes._translate(call, callee, model, _self_name(callee))
@@ -128,7 +128,7 @@ class EvaluationFacts:
                 break
         return routed
 
-    def _forward_model(self, call: Call) -> str | None:
+    def forward_model(self, call: Call) -> str | None:
         """The model a call runs forward, as a path in its scope (`model`,
         `self.encoder`); None when the call is no forward pass."""
         func = call.node.func
@@ -219,7 +219,7 @@ class EvaluationFacts:
                 return False  # the model goes to code we cannot see, which may train it
         reported = {id(forward.call.node) for forward in found}
         return all(
-            id(call.node) in reported for call in scope.calls if self._forward_model(call) is not None
+            id(call.node) in reported for call in scope.calls if self.forward_model(call) is not None
         )
 
     def _is_forward_method(self, scope: Function) -> bool:
@@ -251,7 +251,7 @@ class EvaluationFacts:
 
         if any(type(inner) is cst.Await for inner in iter_nodes(statement)):
             return None  # grad mode is per thread: another coroutine would run under it at the await
-        indent = _indent_in_path(statement, path, self.context.module)
+        indent = indent_in_path(statement, path, self.context.module)
         return (statement, indent) if indent is not None else None
 
 
@@ -319,7 +319,7 @@ def _switches_mode(node: cst.CSTNode) -> bool:
     )
 
 
-def _indent_in_path(statement: cst.CSTNode, path: tuple[cst.CSTNode, ...], module: cst.Module) -> str | None:
+def indent_in_path(statement: cst.CSTNode, path: tuple[cst.CSTNode, ...], module: cst.Module) -> str | None:
     """The indentation of `statement`, from the blocks of the statements around it."""
     default = module.default_indent
     indent = ""

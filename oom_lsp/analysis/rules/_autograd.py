@@ -137,6 +137,41 @@ class AutogradRule(Rule):
             for node in iter_nodes(iteration.body)
         )
 
+    def _lives_one_call(self, holder: str, iteration: cst.For | cst.While | cst.FunctionDef) -> bool:
+        """The container is created anew by its function before the loop
+        (`self.h_emb_list = []`, `arr = []`), and the loop runs over a fixed
+        range within one step (hops, heads, facets), not over steps or
+        batches: what it holds never outlives one call."""
+        function = self.context.tracker.current_function
+        if function is None or type(iteration) is cst.FunctionDef or self._is_step_loop(iteration):
+            return False
+        if type(function.body) is not cst.IndentedBlock:
+            return False
+        for statement in function.body.body:
+            if any(inner is iteration for inner in iter_nodes(statement)):
+                return False
+            if type(statement) is cst.SimpleStatementLine and any(
+                type(small) in (cst.Assign, cst.AnnAssign)
+                and any(dotted_name(target) == holder for target in _targets(small))
+                for small in statement.body
+            ):
+                return True
+        return False
+
+    def _is_step_loop(self, loop: cst.For | cst.While) -> bool:
+        """A loop over training steps or data batches: it runs a backward pass,
+        or iterates anything but a `range(...)` (a loader, a dataset, batches)."""
+        if self._graph_freed_each_step(loop) or self._trains(loop):
+            return True
+        if type(loop) is not cst.For:
+            return True  # a `while` runs as long as it likes
+        iterable = loop.iter
+        while type(iterable) is cst.Call and dotted_name(iterable.func) in ("enumerate", "tqdm", "tqdm.tqdm", "zip"):
+            if not iterable.args:
+                return True
+            iterable = iterable.args[0].value
+        return not (type(iterable) is cst.Call and dotted_name(iterable.func) == "range")
+
     def _trains(self, loop: cst.For | cst.While | cst.FunctionDef) -> bool:
         """The loop runs a backward pass, itself or in a function of the file
         it calls (`tr_loss += self.training_step(batch)`)."""
@@ -165,6 +200,14 @@ NUMBER_CONSUMERS = frozenset(
      "set_postfix", "set_description", "log_metrics"}
 )  # fmt: skip
 ARITHMETIC = (cst.BinaryOperation, cst.UnaryOperation, cst.Comparison, cst.FormattedStringExpression)
+
+
+def _targets(small: cst.BaseSmallStatement) -> list[cst.BaseExpression]:
+    if type(small) is cst.Assign:
+        return [target.target for target in small.targets]
+    if type(small) is cst.AnnAssign:
+        return [small.target]
+    return []
 
 
 def holder_of(target: cst.BaseExpression) -> str | None:

@@ -545,7 +545,7 @@ class TensorKeptAcrossIterations(AutogradRule):
             return
         if rebinds_every_iteration(iteration.body, holder) or not self._holds_a_container(holder):
             return
-        if self._kept_on_purpose(holder, iteration):
+        if self._kept_on_purpose(holder, iteration) or self._lives_one_call(holder, iteration):
             return
         flow = self._flow()
         fix = None
