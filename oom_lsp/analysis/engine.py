@@ -9,6 +9,7 @@ syntax errors by CPython's parser.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 import weakref
@@ -63,13 +64,30 @@ def analyze(
     each made of this many top-level statements, in order."""
     findings: list[Finding] = []
     if mentions_framework(source):
+        legacy: list[Finding] = []
         try:
             parsed = parse(source)
         except cst.ParserSyntaxError as error:
-            return _syntax_error(error, source, settings)
+            readable = _without_legacy_async_keyword(source)
+            if readable is None:
+                return _syntax_error(error, source, settings)
+            try:
+                parsed = parse(readable)
+            except cst.ParserSyntaxError as remaining:
+                return _legacy_async_error(source, settings) + _syntax_error(remaining, readable, settings)
+            except RecursionError:
+                return _syntax_error(error, source, settings)
+            # The file still does not run on Python 3.7+: say so where it breaks, and check the rest.
+            legacy = _legacy_async_error(source, settings)
+            source_for_rules = readable
         except RecursionError:
             return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
-        findings = _run_rules(parsed, source, settings, path, cell_statements)
+        else:
+            source_for_rules = source
+        findings = _run_rules(parsed, source_for_rules, settings, path, cell_statements)
+        if legacy:
+            # Fixes are written from the renamed text: none is offered until the file parses.
+            findings = legacy + [dataclasses.replace(finding, fix=None) for finding in findings]
     elif registry.INVALID_SYNTAX.code in settings.enabled:
         # No rule can fire here, but a syntax error is reported in every file, as Ruff does.
         problem = _compile_error(source)
@@ -82,6 +100,31 @@ def analyze(
             findings += _unused_suppressions(suppressions, settings)
     findings.sort(key=lambda finding: (finding.range.start, finding.code))
     return findings
+
+
+# `x.cuda(async=True)`: PyTorch 0.3's keyword, a syntax error since Python 3.7 made
+# `async` a keyword. The argument is `non_blocking` since PyTorch 0.4.
+_LEGACY_ASYNC_KEYWORD = re.compile(r"(?<=[(,])(\s*)async(\s*=)(?!=)")
+
+
+def _without_legacy_async_keyword(source: str) -> str | None:
+    """The text with each `async=` keyword argument renamed to a name of the
+    same length (every position stays where it is), or None when it has none."""
+    if "async" not in source:
+        return None
+    renamed, count = _LEGACY_ASYNC_KEYWORD.subn(lambda match: f"{match.group(1)}_sync{match.group(2)}", source)
+    return renamed if count else None
+
+
+def _legacy_async_error(source: str, settings: LintSettings) -> list[Finding]:
+    match = _LEGACY_ASYNC_KEYWORD.search(source)
+    assert match is not None
+    start = match.start() + len(match.group(1))
+    line = source.count("\n", 0, start) + 1
+    column = start - (source.rfind("\n", 0, start) + 1)
+    return _syntax_error_at(
+        line, column, "`async=` is invalid since Python 3.7 (PyTorch's argument is `non_blocking=`)", settings
+    )
 
 
 def _compile_error(source: str) -> tuple[int, int, str] | None:
