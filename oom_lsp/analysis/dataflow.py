@@ -1730,6 +1730,11 @@ class ScopeSummary:
             elif node_type in _BINDING_TYPES:
                 for name, value in assigned_names(node):
                     self.bindings.setdefault(name, []).append(value)
+            elif node_type is cst.AugAssign:
+                # `loss += perceptual_loss`: loss is made of what is added to it too.
+                target = dotted_name(node.target)
+                if target is not None:
+                    self.bindings.setdefault(target, []).append(node.value)
         self.feeds_backward = self._closure(seeds)
         # What a return statement hands back, and every name it is made of.
         self.returned = self._closure(self.returned)
