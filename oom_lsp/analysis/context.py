@@ -23,6 +23,7 @@ import libcst as cst
 from oom_lsp import python_ast
 
 if TYPE_CHECKING:
+    from oom_lsp.analysis.facts.project import ProjectFacts
     from oom_lsp.analysis.rule import Report
     from oom_lsp.analysis.settings import LintSettings
 
@@ -491,8 +492,12 @@ class FileContext:
         path: str,
         syntax_tree: ast.Module | None = None,
         cell_statements: tuple[int, ...] | None = None,
+        project: ProjectFacts | None = None,
     ) -> None:
         self.source = source
+        # What the other files of the project say about this file's functions
+        # (oom_lsp.analysis.facts.project); None when the file is analysed alone.
+        self.project = project
         self.module = module
         self.settings = settings
         self.path = path

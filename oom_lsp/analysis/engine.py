@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from dataclasses import dataclass
 import warnings
 import weakref
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from oom_lsp.analysis import registry
 from oom_lsp.analysis.context import FileContext, Tracker
 from oom_lsp.analysis.facts.contexts import call_graph
 from oom_lsp.analysis.facts.library import Grad
+from oom_lsp.analysis.facts.project import FileSummary, ProjectFacts, summarize
 from oom_lsp.analysis.findings import Applicability, Finding, Fix, Severity
 from oom_lsp.analysis.incremental import ParsedSource, parse_whole
 from oom_lsp.analysis.positions import PositionResolver, compute_positions
@@ -57,11 +59,16 @@ def analyze(
     path: str = "<stdin>",
     parse: Callable[[str], ParsedSource] = parse_whole,
     cell_statements: tuple[int, ...] | None = None,
+    project: ProjectFacts | None = None,
+    observe: Callable[[FileContext], None] | None = None,
 ) -> list[Finding]:
     """All findings for one file's text, sorted by position. `parse` may be
     an IncrementalParser's, for successive versions of one document.
     `cell_statements`: the text is a notebook's code cells joined (oom_lsp.notebooks),
-    each made of this many top-level statements, in order."""
+    each made of this many top-level statements, in order. `project`: what
+    the other files of the project say about this file's functions. `observe`
+    is called with the file's context once its rules have run (the project
+    summary is read from it)."""
     findings: list[Finding] = []
     if mentions_framework(source):
         legacy: list[Finding] = []
@@ -84,7 +91,7 @@ def analyze(
             return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
         else:
             source_for_rules = source
-        findings = _run_rules(parsed, source_for_rules, settings, path, cell_statements)
+        findings = _run_rules(parsed, source_for_rules, settings, path, cell_statements, project, observe)
         if legacy:
             # Fixes are written from the renamed text: none is offered until the file parses.
             findings = legacy + [dataclasses.replace(finding, fix=None) for finding in findings]
@@ -204,6 +211,8 @@ def _run_rules(
     settings: LintSettings,
     path: str,
     cell_statements: tuple[int, ...] | None = None,
+    project: ProjectFacts | None = None,
+    observe: Callable[[FileContext], None] | None = None,
 ) -> list[Finding]:
     module = parsed.module
     context = FileContext(
@@ -213,6 +222,7 @@ def _run_rules(
         path=path,
         syntax_tree=parsed.statements,
         cell_statements=cell_statements,
+        project=project,
     )
     rules = [
         rule_class(context)
@@ -220,6 +230,8 @@ def _run_rules(
         if code in settings.enabled
     ]
     if not rules:
+        if observe is not None:
+            observe(context)
         return []
     context.tracker.entry_grad_off = _entry_grad_off(context)
     try:
@@ -232,6 +244,8 @@ def _run_rules(
         )
     except RecursionError:
         return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
+    if observe is not None:
+        observe(context)
     reports = context.reports if settings.strict else [report for report in context.reports if report.shown_by_default]
     if not reports:
         return []
@@ -502,4 +516,36 @@ def _remove_codes_fix(suppression: Suppression, unused: set[str]) -> Fix:
 _OOM_BRACKET = re.compile(r"(#\s*oom:\s*(?:ignore-file|file-ignore|ignore)\s*\[)([^\]]*)(\])", re.IGNORECASE)
 _NOQA_CODES = re.compile(r"(#\s*noqa:\s*)([A-Za-z0-9_\-]+(?:\s*,\s*[A-Za-z0-9_\-]+)*)()", re.IGNORECASE)
 
-__all__ = ["analyze", "compute_positions", "mentions_framework", "Severity"]
+@dataclass(frozen=True)
+class FileAnalysis:
+    findings: list[Finding]
+    # The calls this file makes into other modules of its project (None: not asked).
+    summary: FileSummary | None
+
+
+def analyze_file(
+    source: str,
+    settings: LintSettings,
+    path: str,
+    *,
+    module: str | None = None,
+    project: ProjectFacts | None = None,
+    parse: Callable[[str], ParsedSource] = parse_whole,
+    cell_statements: tuple[int, ...] | None = None,
+) -> FileAnalysis:
+    """`analyze`, and the file's project summary when `module` (its dotted name
+    in the project) is given: the checker's two phases (oom_lsp.analysis.facts.project)."""
+    summaries: list[FileSummary] = []
+
+    def observe(context: FileContext) -> None:
+        if module is not None:
+            summaries.append(summarize(context, module))
+
+    findings = analyze(
+        source, settings, path, parse=parse, cell_statements=cell_statements, project=project, observe=observe
+    )
+    summary = summaries[0] if summaries else (FileSummary(module) if module is not None else None)
+    return FileAnalysis(findings, summary)
+
+
+__all__ = ["FileAnalysis", "analyze", "analyze_file", "compute_positions", "mentions_framework", "Severity"]

@@ -385,6 +385,13 @@ class CallGraph:
         # Past the iteration cap (cannot happen on a finite lattice, but cheap to keep honest).
         return {key: value if value != Grad.NONE else Grad.UNKNOWN for key, value in state.items()}
 
+    def external_grad(self, function: Function) -> Grad:
+        """The grad modes other files of the project call `function` with."""
+        project = self.context.project
+        if project is None or function.is_module:
+            return Grad.NONE
+        return project.incoming.get(function.qualname, Grad.NONE)
+
     def declared_grad(self, function: Function) -> Grad | None:
         return self._declared_grad(function)
 
@@ -431,6 +438,7 @@ class CallGraph:
                 value |= state.get(id(call.scope), Grad.UNKNOWN)
         for reference in self.escapes(function):
             value |= self._grad_of_escape(reference, state)
+        value |= self.external_grad(function)
         if value == Grad.NONE:
             return Grad.UNKNOWN  # nothing in the file calls it: its callers are elsewhere
         return value

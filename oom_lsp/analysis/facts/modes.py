@@ -112,6 +112,9 @@ class ModeFacts:
                 pairs.add((declared or grad, mode))
         for reference in graph.escapes(scope):
             pairs.add((declared or graph.escape_grad(reference), Mode.UNKNOWN))
+        external = graph.external_grad(scope)
+        if external != Grad.NONE:
+            pairs.add((declared or external, Mode.UNKNOWN))
         if not pairs:
             pairs.add((declared or Grad.UNKNOWN, Mode.UNKNOWN))
         return pairs
