@@ -66,7 +66,11 @@ def test_a_caller_in_another_file_decides_the_grad_mode() -> None:
     alone = analyze_file(ENGINE, SETTINGS, "pkg/engine.py").findings
     assert [finding.line for finding in alone] == [6, 11]  # self-contained evaluation, callers unknown
     facts = incoming_calls([_summary(TRAIN, "pkg/train.py"), _summary(ENGINE, "pkg/engine.py")])
-    assert facts["pkg.engine"].incoming == {"evaluate": Grad.OFF, "Runner.validate": Grad.OFF}
+    assert facts["pkg.engine"].incoming == {
+        "evaluate": Grad.OFF,
+        "Runner.validate": Grad.OFF,
+        "Runner.__init__": Grad.ON,
+    }
     with_project = analyze_file(ENGINE, SETTINGS, "pkg/engine.py", project=facts["pkg.engine"]).findings
     assert with_project == []
 
