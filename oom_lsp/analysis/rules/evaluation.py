@@ -6,6 +6,7 @@ import re
 
 import libcst as cst
 
+from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
 from oom_lsp.analysis.facts.evaluation import EvalForward, evaluation_facts
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
@@ -366,5 +367,13 @@ class EvalWithoutNoGrad(Rule):
             edits = inference_mode.wrap(target, indent, self.context.module, reference)
             fix = FixSpec("Wrap in `with torch.inference_mode():`", edits, Applicability.SAFE, imports)
         self.context.add_report(
-            deferred_report(self, forward.call.node, forward.message, fix, forward.call.path)
+            deferred_report(
+                self,
+                forward.call.node,
+                forward.message,
+                fix,
+                forward.call.path,
+                # A forward pass on a known dataset of small samples keeps a few MB.
+                proven=not trains_on_small_inputs(self.context),
+            )
         )
