@@ -276,6 +276,14 @@ _VERBS = frozenset(
 )  # fmt: skip
 
 
+_MODEL_ONLY_NAMES = frozenset({"model", "net", "network"})
+
+
+def _names_a_model(name: str) -> bool:
+    lowered = name.lower().lstrip("_")
+    return lowered in _MODEL_ONLY_NAMES or lowered.endswith(("_model", "_net"))
+
+
 def model_name_heuristic(name: str) -> Role:
     lowered = name.lower()
     if lowered.lstrip("_").split("_", 1)[0] in _VERBS:
@@ -321,6 +329,7 @@ class FileFacts:
         self._summaries: dict[cst.FunctionDef | None, ScopeSummary] = {}
         # What the naming heuristics make of each name, worked out once.
         self._named_callees: dict[str, Callee] = {}
+        self._module_names: frozenset[str] | None = None
         self._functions: list[cst.FunctionDef] | None = None
         self._return_kinds: dict[cst.FunctionDef, Kind] = {}
         self._trains: bool | None = None
@@ -642,13 +651,39 @@ class FileFacts:
         return False
 
     def callee_by_name(self, name: str) -> Callee:
+        """What a name whose binding the file does not show is, from its name
+        (`model`, `criterion`). Only `model` and `net` (`*_model`, `*_net`) name
+        nothing but a model in PyTorch code; a name that also names other things
+        (`policy`, `encoder`, `generator`, `rnn`) is a module only when the file
+        calls a module's methods on it (`policy.parameters()`,
+        `encoder.eval()`) or hands it to what takes a module (`DDP(actor)`), so
+        that a function or a tokenizer's encoder is not taken for a model."""
         callee = self._named_callees.get(name)
         if callee is None:
-            callee = self._named_callees[name] = Callee(model_name_heuristic(name))
+            role = model_name_heuristic(name)
+            if role is Role.MODULE and not _names_a_model(name) and name not in self._module_used_names():
+                role = Role.UNKNOWN
+            callee = self._named_callees[name] = Callee(role)
         return callee
+
+    def _module_used_names(self) -> frozenset[str]:
+        if self._module_names is None:
+            self._module_names = frozenset(
+                match.group(1) or match.group(2) for match in _MODULE_USE_RE.finditer(self.context.source)
+            )
+        return self._module_names
 
 
 _LIGHTNING_NO_GRAD_HOOKS = frozenset({"validation_step", "test_step", "predict_step"})
+# `name.parameters()`, `name.eval()`, ...: nn.Module's API used on a name (the
+# last part of a dotted name: `self.policy.train()` names `policy`).
+_MODULE_USE_RE = re.compile(
+    r"\b([A-Za-z_]\w*)\s*\.\s*(?:parameters|named_parameters|train|eval|state_dict|load_state_dict|zero_grad|"
+    r"to|cuda|requires_grad_|modules|named_modules|children|apply|half|bfloat16|forward|register_forward_hook|"
+    r"gradient_checkpointing_enable)\s*\("
+    # Handed to what only takes a module: DDP(model), torch.compile(net), accelerator.prepare(model, ...).
+    r"|(?:DataParallel|DDP|FSDP|FullyShardedDataParallel|compile|prepare)\s*\(\s*(?:self\.)?([A-Za-z_]\w*)"
+)
 # Values that make a name no module: literals, and lambdas.
 _LITERAL_TYPES = frozenset(
     {
