@@ -31,7 +31,7 @@ from collections.abc import Iterable
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.dataflow import is_backward_call
+from oom_lsp.analysis.dataflow import assigned_names, facts_for, is_backward_call
 from oom_lsp.analysis.facts import library
 from oom_lsp.analysis.facts.library import Grad, HookContext, Mode
 from oom_lsp.analysis.facts.program import (
@@ -76,6 +76,7 @@ class CallGraph:
     def __init__(self, context: FileContext) -> None:
         self.context: FileContext = weakref.proxy(context)
         self.program: Program = program_of(context)
+        self._flow_facts = facts_for(context)
         self.imports = context.imports
         self._callees: dict[int, tuple[Function, ...]] = {}
         self._module_classes: set[int] | None = None
@@ -484,10 +485,36 @@ class CallGraph:
         self._backward[id(function)] = answer
         return answer
 
+    def call_runs_backward(self, call: Call) -> bool:
+        """The call is a backward pass, or runs one in a function of the file."""
+        return self._call_runs_backward(call)
+
     def _call_runs_backward(self, call: Call) -> bool:
         if is_backward_call(call.node, self.context):
             return True
         return any(self.runs_backward(callee) for callee in self.callees(call) if callee is not call.scope)
+
+    def result_feeds_a_backward(self, function: Function, depth: int = 0) -> bool | None:
+        """Whether what `function` returns may reach a backward pass in a caller
+        (`loss = compute_loss(model, batch)` then `loss.backward()`, directly or
+        through callers that return it on); None when no caller is known."""
+        if function.is_module or depth > 2:
+            return False
+        facts = self._flow_facts
+        if not facts.summary(None if function.is_module else function.node).returned:  # type: ignore[arg-type]
+            return False
+        callers = self.callers(function)
+        if not callers:
+            return None
+        for caller in callers:
+            if caller.scope.is_lambda:
+                continue
+            caller_summary = facts.summary(None if caller.scope.is_module else caller.scope.node)  # type: ignore[arg-type]
+            if _assigned_from(caller) & caller_summary.feeds_backward:
+                return True
+            if _returned_directly(caller) and self.result_feeds_a_backward(caller.scope, depth + 1) is not False:
+                return True
+        return False
 
     def trains_in(self, loop: cst.CSTNode, scope: Function) -> bool:
         """A backward pass runs in the body of `loop` (a loop of `scope`)."""
@@ -495,6 +522,23 @@ class CallGraph:
             any(enclosing is loop for enclosing in call.loops) and self._call_runs_backward(call)
             for call in scope.calls
         )
+
+
+def _assigned_from(call: Call) -> set[str]:
+    """The names the statement of `call` binds (`loss = compute(model, x)`)."""
+    statement = call.statement
+    names: set[str] = set()
+    if type(statement) is cst.SimpleStatementLine:
+        for small in statement.body:
+            names.update(name for name, _ in assigned_names(small))
+    return names
+
+
+def _returned_directly(call: Call) -> bool:
+    statement = call.statement
+    return type(statement) is cst.SimpleStatementLine and any(
+        type(small) is cst.Return for small in statement.body
+    )
 
 
 def _method_scope(scope: Function) -> Function | None:

@@ -23,11 +23,12 @@ import libcst as cst
 
 from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.dataflow import Role, facts_for, value_path
-from oom_lsp.analysis.facts import library
+from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.facts import flags, library
 from oom_lsp.analysis.facts.contexts import CallGraph, _method_scope, call_graph
 from oom_lsp.analysis.facts.library import Grad, Mode
 from oom_lsp.analysis.facts.modes import ModeFacts
-from oom_lsp.analysis.facts.program import Call, Function
+from oom_lsp.analysis.facts.program import Call, Function, LocalGrad
 
 
 @dataclass(frozen=True, repr=False)
@@ -75,10 +76,17 @@ class EvaluationFacts:
         if model is None:
             return None
         verdict = _judge(self.modes.contexts_at(call, model))
-        if verdict is _Verdict.SILENT or self._gradients_used(call):
-            return None
-        if verdict is _Verdict.SHARED:
-            return None  # also a training forward: the evaluation callers are reported instead
+        if verdict is not _Verdict.REPORT or self._gradients_used(call):
+            # One flag may choose between a training and an evaluation path here.
+            if not self._an_evaluation_path_by_flag(call, model):
+                return None
+            return EvalForward(
+                call=call,
+                model=model,
+                message=f"Forward pass of {model} runs with autograd on when it evaluates",
+                whole_function=False,
+                wrap=None,
+            )
         local = self.modes.local_mode(call, model)
         switched_here = local is not None and not local.conditional and local.mode is Mode.EVAL
         where = f"after {model}.eval()" if switched_here else "of a model in eval mode"
@@ -89,6 +97,73 @@ class EvaluationFacts:
             whole_function=False,
             wrap=self._wrap_target(call),
         )
+
+    def _an_evaluation_path_by_flag(self, call: Call, model: str) -> bool:
+        """A flag chooses between training and evaluation in the call's own
+        function (`if is_train: model.train() else: model.eval()`, `if is_train:
+        loss.backward()`): for some value of it the model is in eval mode, the
+        forward runs with autograd on, and no backward pass runs."""
+        scope = call.scope
+        stop = None if scope.is_module else scope.node
+        forward_guards = flags.guards_of(call.path, stop)
+        if forward_guards is None:
+            return False
+        switches = [
+            (switch, mode) for switch, switched, mode in self.modes.switches(scope)
+            if switch.index < call.index and (model == switched or model.startswith(switched + "."))
+        ]
+        loops = [loop for loop in call.loops if isinstance(loop, _LOOP_STATEMENTS)]
+        backwards = [
+            other for other in scope.calls
+            if (not loops or any(enclosing is loops[-1] for enclosing in other.loops))
+            and self.graph.call_runs_backward(other)
+        ]
+        guarded: list[tuple[object, list[flags.Guard]]] = []
+        for item in [*(switch for switch, _ in switches), *backwards]:
+            guards = flags.guards_of(item.path, stop)
+            if guards is None:
+                return False
+            guarded.append((item, guards))
+        names = {guard.flag for _, guards in guarded for guard in guards} | {g.flag for g in forward_guards}
+        grad_flag = _grad_flag(call)
+        switch_flags = {switch_flag for switch, _ in switches if (switch_flag := _train_flag(switch)) is not None}
+        names |= switch_flags | ({grad_flag} if grad_flag is not None else set())
+        if len(names) != 1:
+            return False
+        [flag] = names
+        all_guards = [guard for _, guards in guarded for guard in guards] + list(forward_guards)
+        values = flags.values_of(flag, all_guards) if all_guards else [True, False]
+        if grad_flag is not None or switch_flags:
+            values = [value for value in values if type(value) is bool] or [True, False]
+        entry = self.graph.entry_grad(scope)
+        for value in values:
+            if flags.runs(forward_guards, flag, value) is not True:
+                continue
+            mode = Mode.UNKNOWN
+            for switch, switch_mode in switches:
+                switch_guards = next(guards for item, guards in guarded if item is switch)
+                if flags.runs(switch_guards, flag, value):
+                    if _train_flag(switch) == flag:
+                        mode = Mode.TRAIN if flags.truthy(value) else Mode.EVAL
+                    else:
+                        mode = switch_mode
+            if mode is not Mode.EVAL:
+                continue
+            if grad_flag is not None:
+                grad_on = flags.truthy(value)
+            elif call.local_grad is not None:
+                grad_on = call.local_grad is LocalGrad.ON
+            else:
+                grad_on = Grad.ON in entry or entry == Grad.UNKNOWN
+            if not grad_on:
+                continue
+            if any(
+                flags.runs(next(guards for item, guards in guarded if item is backward), flag, value)
+                for backward in backwards
+            ):
+                continue
+            return True
+        return False
 
     def _routed(self, scope: Function, found: list[EvalForward]) -> list[EvalForward]:
         """Calls of `scope` whose callee runs a forward pass shared by training
@@ -182,25 +257,7 @@ class EvaluationFacts:
                 return True
         elif graph.runs_backward(scope):
             return True
-        return self._result_feeds_a_backward(scope, depth=0)
-
-    def _result_feeds_a_backward(self, scope: Function, depth: int) -> bool:
-        if scope.is_module or depth > 2:
-            return False
-        summary = self.flow_facts.summary(scope.node)  # type: ignore[arg-type]
-        if not summary.returned:
-            return False
-        for caller in self.graph.callers(scope):
-            caller_node = None if caller.scope.is_module else caller.scope.node
-            if type(caller_node) is cst.Lambda:
-                continue
-            caller_summary = self.flow_facts.summary(caller_node)  # type: ignore[arg-type]
-            assigned = _assigned_from(caller)
-            if assigned & caller_summary.feeds_backward:
-                return True
-            if self._result_feeds_a_backward(caller.scope, depth + 1) and _returned_directly(caller):
-                return True
-        return False
+        return self.graph.result_feeds_a_backward(scope) is True
 
     def _evaluates_only(self, scope: Function, found: list[EvalForward]) -> bool:
         """Every forward pass of the function is an evaluation one, it runs no
@@ -277,35 +334,40 @@ def _judge(pairs: frozenset[tuple[Grad, Mode]]) -> _Verdict:
             continue
         if mode == Mode.EVAL and (Grad.ON in grad or grad == Grad.UNKNOWN):
             evaluating = True
-        elif Grad.ON in grad and Mode.TRAIN in mode:
+        elif (Grad.ON in grad or grad == Grad.UNKNOWN) and Mode.TRAIN in mode:
             training = True
     if not evaluating:
         return _Verdict.SILENT
     return _Verdict.SHARED if training else _Verdict.REPORT
 
 
+def _grad_flag(call: Call) -> str | None:
+    """The flag of a `with torch.set_grad_enabled(flag):` around the call."""
+    for statement in reversed(call.path):
+        if type(statement) is not cst.With:
+            continue
+        for item in statement.items:
+            expr = item.item
+            if (
+                type(expr) is cst.Call
+                and dotted_name(expr.func) in ("torch.set_grad_enabled", "set_grad_enabled")
+                and expr.args
+            ):
+                return dotted_name(expr.args[0].value)
+    return None
+
+
+def _train_flag(switch: Call) -> str | None:
+    """`model.train(flag)`: the flag that chooses the mode."""
+    node = switch.node
+    if type(node.func) is cst.Attribute and node.func.attr.value == "train" and node.args:
+        return dotted_name(node.args[0].value)
+    return None
+
+
 def _self_name(function: Function) -> str | None:
     method = _method_scope(function)
     return method.self_name if method is not None else None
-
-
-def _assigned_from(call: Call) -> set[str]:
-    """The names the statement of `call` binds (`loss = compute(model, x)`)."""
-    from oom_lsp.analysis.dataflow import assigned_names
-
-    statement = call.statement
-    names: set[str] = set()
-    if type(statement) is cst.SimpleStatementLine:
-        for small in statement.body:
-            names.update(name for name, _ in assigned_names(small))
-    return names
-
-
-def _returned_directly(call: Call) -> bool:
-    statement = call.statement
-    return type(statement) is cst.SimpleStatementLine and any(
-        type(small) is cst.Return for small in statement.body
-    )
 
 
 def _switches_mode(node: cst.CSTNode) -> bool:

@@ -72,7 +72,13 @@ class AutogradRule(Rule):
         summary = self._summary()
         if holder in summary.feeds_backward:
             return True
-        return holder in summary.returned and not self._trains(loop)
+        if holder not in summary.returned or self._trains(loop):
+            return False
+        # Returned: wanted when a caller may backpropagate it (or no caller is known).
+        graph = call_graph(self.context)
+        function = self.context.tracker.current_function
+        scope = graph.program.function(function) if function is not None else None
+        return scope is None or graph.result_feeds_a_backward(scope) is not False
 
     def _kept_by_callee(self, call: cst.Call, *, accumulates: bool) -> list[tuple[Keep, cst.BaseExpression, str]]:
         """For a call, in a loop, of a function of the file that keeps a
