@@ -411,6 +411,10 @@ class CallGraph:
             effect = grad_effect(decorator, self.imports, self.program.local_grad_off)
             if effect is not None:
                 return _LOCAL_TO_GRAD[effect]
+        for decorator in function.decorators:
+            target = decorator.func if type(decorator) is cst.Call else decorator
+            if self.imports.qualified_name(target) in library.ENTRY_POINT_DECORATORS:
+                return Grad.ON  # the program's entry point: autograd in its default mode
         hook = self.framework_hook(function)
         if hook is not None:
             return hook.grad

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext
-from oom_lsp.analysis.dataflow import Role, facts_for, value_path
+from oom_lsp.analysis.dataflow import Kind, Role, facts_for, value_path
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.facts import flags, library
-from oom_lsp.analysis.facts.contexts import CallGraph, _method_scope, call_graph
+from oom_lsp.analysis.facts.contexts import CallGraph, _assigned_from, _method_scope, call_graph
 from oom_lsp.analysis.facts.library import Grad, Mode
 from oom_lsp.analysis.facts.modes import ModeFacts
 from oom_lsp.analysis.facts.program import Call, Function, LocalGrad
@@ -78,15 +78,23 @@ class EvaluationFacts:
         verdict = _judge(self.modes.contexts_at(call, model))
         if verdict is not _Verdict.REPORT or self._gradients_used(call):
             # One flag may choose between a training and an evaluation path here.
-            if not self._an_evaluation_path_by_flag(call, model):
-                return None
-            return EvalForward(
-                call=call,
-                model=model,
-                message=f"Forward pass of {model} runs with autograd on when it evaluates",
-                whole_function=False,
-                wrap=None,
-            )
+            if self._an_evaluation_path_by_flag(call, model):
+                return EvalForward(
+                    call=call,
+                    model=model,
+                    message=f"Forward pass of {model} runs with autograd on when it evaluates",
+                    whole_function=False,
+                    wrap=None,
+                )
+            if verdict is _Verdict.SILENT and self._losses_only_read_as_numbers(call):
+                return EvalForward(
+                    call=call,
+                    model=model,
+                    message=f"Forward pass of {model} runs with autograd on in a loop whose losses are only read",
+                    whole_function=False,
+                    wrap=self._wrap_target(call),
+                )
+            return None
         local = self.modes.local_mode(call, model)
         switched_here = local is not None and not local.conditional and local.mode is Mode.EVAL
         where = f"after {model}.eval()" if switched_here else "of a model in eval mode"
@@ -96,6 +104,42 @@ class EvaluationFacts:
             message=f"Forward pass {where} runs with autograd on",
             whole_function=False,
             wrap=self._wrap_target(call),
+        )
+
+    def _losses_only_read_as_numbers(self, call: Call) -> bool:
+        """A loop over batches whose losses are only ever read as numbers
+        (`.item()`, `float()`, printed, logged), never backpropagated nor
+        handed to code that could: an evaluation loop, whatever the model's
+        mode and the function's name. The call runs in it with autograd on, on
+        a path the file shows."""
+        scope = call.scope
+        loops = [loop for loop in call.loops if isinstance(loop, _LOOP_STATEMENTS)]
+        if not loops:
+            return False
+        loop = loops[-1]
+        if Grad.ON not in self.graph.grad_at(call) or self.graph.trains_in(loop, scope):
+            return False
+        if self.graph.result_feeds_a_backward(scope) is not False and not scope.is_module:
+            return False
+        flow = self.flow_facts.flow(None if scope.is_module else scope.node)  # type: ignore[arg-type]
+        summary = self.flow_facts.summary(None if scope.is_module else scope.node)  # type: ignore[arg-type]
+        # The losses: what the loop computes and reads with `.item()`, or a
+        # scalar the data flow knows to be a loss.
+        losses: set[str] = set()
+        for other in scope.calls:
+            if not any(enclosing is loop for enclosing in other.loops):
+                continue
+            func = other.node.func
+            if type(func) is cst.Attribute and func.attr.value == "item" and not other.node.args:
+                name = dotted_name(func.value)
+                if name is not None:
+                    losses.add(name)
+            elif flow.kind_of(other.node) is Kind.GRAPH_SCALAR:
+                losses.update(_assigned_from(other))
+        if not losses:
+            return False  # no loss computed: nothing says what the loop is for
+        return all(
+            _read_as_number(use, ancestors, losses) for name in losses for use, ancestors in summary.uses_of(name)
         )
 
     def _an_evaluation_path_by_flag(self, call: Call, model: str) -> bool:
@@ -154,7 +198,7 @@ class EvaluationFacts:
             elif call.local_grad is not None:
                 grad_on = call.local_grad is LocalGrad.ON
             else:
-                grad_on = Grad.ON in entry or entry == Grad.UNKNOWN
+                grad_on = Grad.ON in entry  # a caller the file shows runs it with autograd on
             if not grad_on:
                 continue
             if any(
@@ -341,6 +385,41 @@ def _judge(pairs: frozenset[tuple[Grad, Mode]]) -> _Verdict:
     return _Verdict.SHARED if training else _Verdict.REPORT
 
 
+_NUMBER_READERS = frozenset({"item", "tolist"})
+_NUMBER_FUNCTIONS = frozenset(
+    {"float", "int", "round", "str", "print", "format", "add_scalar", "log", "info", "debug", "warning", "write",
+     "set_postfix", "set_description", "log_metrics", "append"}
+)  # fmt: skip
+
+
+def _read_as_number(use: cst.CSTNode, ancestors: tuple[cst.CSTNode, ...], losses: set[str]) -> bool:
+    """A mention of a loss that only reads its value: `loss.item()`, `float(loss)`,
+    `f"{loss:.3f}"`, `print(loss)`, its own binding, or arithmetic that makes
+    another of the losses (`total = content + 0.1 * adv`)."""
+    index = len(ancestors) - 1
+    while index >= 0 and type(ancestors[index]) in (cst.BinaryOperation, cst.UnaryOperation):
+        index -= 1
+    if index < len(ancestors) - 1:
+        holder = ancestors[index] if index >= 0 else None
+        if type(holder) is cst.Assign:
+            return all(dotted_name(target.target) in losses for target in holder.targets)
+        if type(holder) is cst.AugAssign:
+            return dotted_name(holder.target) in losses
+        return False
+    parent = ancestors[-1] if ancestors else None
+    if type(parent) is cst.AssignTarget or (type(parent) is cst.AugAssign and parent.target is use):
+        return True
+    if type(parent) is cst.Attribute and parent.value is use and parent.attr.value in _NUMBER_READERS:
+        return True
+    if type(parent) is cst.FormattedStringExpression:
+        return True
+    if type(parent) is cst.Arg and len(ancestors) >= 2 and type(ancestors[-2]) is cst.Call:
+        func = ancestors[-2].func
+        called = func.attr.value if type(func) is cst.Attribute else dotted_name(func)
+        return called in _NUMBER_FUNCTIONS and called != "append"
+    return False
+
+
 def _grad_flag(call: Call) -> str | None:
     """The flag of a `with torch.set_grad_enabled(flag):` around the call."""
     for statement in reversed(call.path):
@@ -361,7 +440,8 @@ def _train_flag(switch: Call) -> str | None:
     """`model.train(flag)`: the flag that chooses the mode."""
     node = switch.node
     if type(node.func) is cst.Attribute and node.func.attr.value == "train" and node.args:
-        return dotted_name(node.args[0].value)
+        flag = dotted_name(node.args[0].value)
+        return flag if flag not in ("True", "False") else None
     return None
 
 

@@ -112,6 +112,18 @@ FRAMEWORK_HOOKS: dict[tuple[frozenset[str], str], HookContext] = {
 #     under the caller's grad mode (and again in the backward pass).
 #   - `map`/`filter`/`sorted(key=)`: run at the call site.
 CALLBACK_RECEIVERS: dict[str, Grad | None] = {
+    # Launchers and command-line runners call the program's entry point like a
+    # plain call from the top level: autograd is on (its default).
+    "fire.Fire": Grad.ON,
+    "typer.run": Grad.ON,
+    "jsonargparse.CLI": Grad.ON,
+    "absl.app.run": Grad.ON,
+    "argh.dispatch_command": Grad.ON,
+    "plac.call": Grad.ON,
+    "torch.multiprocessing.spawn": Grad.ON,
+    "torch.multiprocessing.start_processes": Grad.ON,
+    "accelerate.notebook_launcher": Grad.ON,
+    "detectron2.engine.launch": Grad.ON,
     "torch.utils.checkpoint.checkpoint": None,
     "torch.utils.checkpoint.checkpoint_sequential": None,
     "map": None,
@@ -124,6 +136,10 @@ CALLBACK_RECEIVERS: dict[str, Grad | None] = {
 # Methods named so on any receiver that call their callable argument with
 # autograd on (the optimizer's closure).
 CALLBACK_METHODS: dict[str, Grad] = {"step": Grad.ON}
+
+# Decorators that make a function a program's entry point, called by the library
+# with autograd in its default mode (on).
+ENTRY_POINT_DECORATORS = frozenset({"hydra.main", "click.command", "click.group", "typer.Typer.command"})
 
 # Wrappers that return the function they are given, running it under a mode:
 # `torch.no_grad()(fn)`, `torch.inference_mode()(fn)`.
