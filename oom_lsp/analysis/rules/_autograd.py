@@ -7,6 +7,8 @@ value is graph-attached, and stays silent when it cannot tell.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
@@ -144,24 +146,41 @@ class AutogradRule(Rule):
         )
 
     def _lives_one_call(self, holder: str, iteration: cst.For | cst.While | cst.FunctionDef) -> bool:
-        """The container is created anew by its function before the loop
-        (`self.h_emb_list = []`, `arr = []`), and the loop runs over a fixed
-        range within one step (hops, heads, facets), not over steps or
-        batches: what it holds never outlives one call."""
+        """The container is created anew before the loop, in a block that holds
+        it (`self.h_emb_list = []` at the top of a method, `arr = []` in the
+        arm of an `if`, or once per iteration of an outer loop), and the loop
+        runs over a fixed range within one step (hops, heads, facets), not
+        over steps or batches: what it holds never outlives one call."""
         function = self.context.tracker.current_function
-        if function is None or type(iteration) is cst.FunctionDef or self._is_step_loop(iteration):
+        if type(iteration) is cst.FunctionDef or self._is_step_loop(iteration):
             return False
-        if type(function.body) is not cst.IndentedBlock:
+        statements = self.context.tracker.statements
+        try:
+            position = statements.index(iteration)
+        except ValueError:
             return False
-        for statement in function.body.body:
-            if any(inner is iteration for inner in iter_nodes(statement)):
+        start = statements.index(function) if function is not None and function in statements else -1
+        # The blocks from the function (or the module) down to the loop: look in
+        # each for a binding of the container before the statement leading to the loop.
+        path = statements[start + 1 : position + 1]
+        blocks: list[tuple[Sequence[cst.CSTNode], cst.CSTNode]] = []
+        outer: cst.CSTNode | None = function
+        for inner in path:
+            block = _block_holding(outer, inner) if outer is not None else self.context.module.body
+            if block is None:
                 return False
-            if type(statement) is cst.SimpleStatementLine and any(
-                type(small) in (cst.Assign, cst.AnnAssign)
-                and any(dotted_name(target) == holder for target in _targets(small))
-                for small in statement.body
-            ):
-                return True
+            blocks.append((block, inner))
+            outer = inner
+        for block, inner in blocks:
+            for statement in block:
+                if statement is inner:
+                    break
+                if type(statement) is cst.SimpleStatementLine and any(
+                    type(small) in (cst.Assign, cst.AnnAssign)
+                    and any(dotted_name(target) == holder for target in _targets(small))
+                    for small in statement.body
+                ):
+                    return True
         return False
 
     def _is_step_loop(self, loop: cst.For | cst.While) -> bool:
@@ -206,6 +225,29 @@ NUMBER_CONSUMERS = frozenset(
      "set_postfix", "set_description", "log_metrics"}
 )  # fmt: skip
 ARITHMETIC = (cst.BinaryOperation, cst.UnaryOperation, cst.Comparison, cst.FormattedStringExpression)
+
+
+def _block_holding(outer: cst.CSTNode, inner: cst.CSTNode) -> Sequence[cst.CSTNode] | None:
+    """The statements of the block of `outer` that holds `inner`."""
+    suites = []
+    body = getattr(outer, "body", None)
+    if isinstance(body, cst.IndentedBlock):
+        suites.append(body)
+    orelse = getattr(outer, "orelse", None)
+    if isinstance(orelse, cst.Else) and isinstance(orelse.body, cst.IndentedBlock):
+        suites.append(orelse.body)
+    elif isinstance(orelse, cst.If) and orelse is inner:
+        return [orelse]
+    for handler in getattr(outer, "handlers", ()):
+        if isinstance(handler.body, cst.IndentedBlock):
+            suites.append(handler.body)
+    finalbody = getattr(outer, "finalbody", None)
+    if isinstance(finalbody, cst.Finally) and isinstance(finalbody.body, cst.IndentedBlock):
+        suites.append(finalbody.body)
+    for suite in suites:
+        if any(statement is inner for statement in suite.body):
+            return suite.body
+    return None
 
 
 def _targets(small: cst.BaseSmallStatement) -> list[cst.BaseExpression]:
