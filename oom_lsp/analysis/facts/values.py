@@ -446,6 +446,8 @@ class Evaluator:
                 binding, where = found
                 if type(binding) is Binding:
                     return self.binding_value(binding, where, dotted)
+        if expr.attr.value == "shape" and self.shape_of is not None:
+            return self.dimension(expr.value, None, frame)
         base = self.evaluate(expr.value, frame)
         return self.member(base, expr.attr.value, dotted or expr.attr.value)
 
@@ -568,6 +570,26 @@ class Evaluator:
             return None
         return None
 
+    def dimension(
+        self, tensor: cst.BaseExpression, index: cst.BaseExpression | None, frame: Frame, *, whole: bool = False
+    ) -> Value | None:
+        """`x.size(0)`, `x.size()`, `x.numel()` of a tensor the code builds."""
+        shape = self.shape_of(tensor, frame) if self.shape_of is not None else None
+        if shape is None:
+            return None
+        if whole:
+            return Known(math.prod(shape)) if None not in shape else None  # type: ignore[arg-type]
+        if index is None:
+            return Items(tuple(Known(dim) if dim is not None else None for dim in shape))
+        key = self.evaluate(index, frame)
+        if type(key) is not Known or type(key.value) is not int:
+            return None
+        try:
+            dim = shape[key.value]
+        except IndexError:
+            return None
+        return Known(dim) if dim is not None else None
+
     # --- calls ------------------------------------------------------------------------
     def call(self, expr: cst.Call, frame: Frame) -> Value | None:
         func = expr.func
@@ -615,6 +637,8 @@ class Evaluator:
             return inner if type(inner) is Record else None
         if type(func) is cst.Attribute:
             method = func.attr.value
+            if method in ("size", "numel") and self.shape_of is not None and len(args) <= 1:
+                return self.dimension(func.value, args[0].value if args else None, frame, whole=method == "numel")
             if method == "parse_args":
                 return ArgNamespace()
             if method == "parse_known_args":

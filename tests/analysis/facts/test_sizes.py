@@ -381,3 +381,44 @@ def test_unknown_models_stay_none() -> None:
 def test_queries_are_cached_per_file() -> None:
     context, expr, scope = _probe("import torch\nprobe = torch.zeros(3)\n")
     assert tensor_size(context, expr, scope) is tensor_size(context, expr, scope)
+
+
+def test_dimensions_of_a_known_tensor() -> None:
+    source = """
+        import torch
+        x = torch.zeros(16, 3, 32, 32)
+        probe = x.shape[0] * x.size(1) * x.size(-1)
+        """
+    assert _int(source).value == 16 * 3 * 32
+    assert _int(source.replace("x.shape[0] * x.size(1) * x.size(-1)", "x.numel()")).value == 16 * 3 * 32 * 32
+    assert _int(source.replace("x.shape[0] * x.size(1) * x.size(-1)", "len(x.shape)")).value == 4
+
+
+def test_self_attributes_read_in_another_method() -> None:
+    source = """
+        import torch
+        import torch.nn as nn
+        class Attention(nn.Module):
+            def __init__(self, dim=512, heads=8):
+                super().__init__()
+                self.heads = heads
+                self.dim = dim
+            def forward(self, x):
+                probe = torch.zeros(4, self.heads, 1024, 1024)
+        """
+    found = _tensor(source)
+    assert (found.elements, found.from_default, found.evidence) == (4 * 8 * 1024 * 1024, True, "heads=8 (parameter default)")
+    # An attribute another method rebinds is not a constant.
+    assert _tensor(source.replace("def forward(self, x):", "def grow(self):\n                self.heads = 16\n            def forward(self, x):")).elements is None
+
+
+def test_closures_and_top_level_rebinding() -> None:
+    source = """
+        BATCH = 32
+        BATCH = 64
+        def outer():
+            width = 128
+            def inner():
+                probe = BATCH * width
+        """
+    assert _int(source).value == 64 * 128
