@@ -530,27 +530,44 @@ class ModelFacts:
         self, item: cst.BaseExpression, loops: list[cst.For | cst.While], frame: Frame, *, extend: bool
     ) -> list[_Model | None] | None:
         """`item` evaluated once per iteration of the enclosing `for` loops."""
+        if any(type(loop) is not cst.For for loop in loops):
+            return None
+        return self.iterated(item, [(loop.target, loop.iter) for loop in loops], frame, extend=extend)
+
+    def comprehension(self, expr: cst.ListComp | cst.GeneratorExp, frame: Frame) -> list[_Model | None] | None:
+        clause = expr.for_in
+        if clause.inner_for_in is not None or clause.ifs:
+            return None
+        return self.iterated(expr.elt, [(clause.target, clause.iter)], frame, extend=False)
+
+    def iterated(
+        self,
+        item: cst.BaseExpression,
+        clauses: list[tuple[cst.BaseExpression, cst.BaseExpression]],
+        frame: Frame,
+        *,
+        extend: bool,
+    ) -> list[_Model | None] | None:
+        """`item` once per combination of the `for` clauses' values (`for target in iterable`):
+        evaluated once and repeated when it does not read the targets, else unrolled (capped)."""
         overlays: list[dict[str, object]] = [{}]
-        for loop in loops:
-            if type(loop) is not cst.For:
+        names: set[str] = set()
+        for target, iterable in clauses:
+            values = self.evaluator.evaluate(iterable, frame)
+            targets = _target_names(target)
+            if type(values) is not Items or targets is None:
                 return None
-            values = self.evaluator.evaluate(loop.iter, frame)
-            if type(values) is not Items:
-                return None
-            names = _target_names(loop.target)
-            if names is None:
-                return None
+            names.update(targets)
             overlays = [
-                {**overlay, **{name: (value if len(names) == 1 else None) for name in names}}
+                {**overlay, **{name: (value if len(targets) == 1 else None) for name in targets}}
                 for overlay in overlays
                 for value in values.items
             ]
             if len(overlays) > 4096:
                 return None
-        free = _names_in(item)
-        if not any(name in overlay for overlay in overlays[:1] for name in free):
-            # The item does not depend on the loop variables: evaluate once.
-            one = self.members(item, frame) if extend else [self.model(item, frame)]
+        if not _names_in(item) & names:
+            hidden = replace(frame, overlay={**frame.overlay, **{name: None for name in names}})
+            one = self.members(item, hidden) if extend else [self.model(item, hidden)]
             return None if one is None else one * len(overlays)
         if len(overlays) > _MAX_UNROLL:
             return None
@@ -561,28 +578,6 @@ class ModelFacts:
             if one is None:
                 return None
             members.extend(one)
-        return members
-
-    def comprehension(self, expr: cst.ListComp | cst.GeneratorExp, frame: Frame) -> list[_Model | None] | None:
-        clause = expr.for_in
-        if clause.inner_for_in is not None or clause.ifs:
-            return None
-        values = self.evaluator.evaluate(clause.iter, frame)
-        if type(values) is not Items:
-            return None
-        names = _target_names(clause.target)
-        if names is None:
-            return None
-        free = _names_in(expr.elt)
-        if not free & set(names):
-            one = self.model(expr.elt, replace(frame, overlay={**frame.overlay, **{name: None for name in names}}))
-            return [one] * len(values.items)
-        if len(values.items) > _MAX_UNROLL:
-            return None
-        members = []
-        for value in values.items:
-            overlay = {name: (value if len(names) == 1 else None) for name in names}
-            members.append(self.model(expr.elt, replace(frame, overlay={**frame.overlay, **overlay})))
         return members
 
     def ordered_dict_values(self, expr: cst.BaseExpression, frame: Frame) -> _Model | None:

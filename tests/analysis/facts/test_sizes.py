@@ -422,3 +422,14 @@ def test_closures_and_top_level_rebinding() -> None:
                 probe = BATCH * width
         """
     assert _int(source).value == 64 * 128
+
+
+def test_layers_that_read_the_loop_variable_are_unrolled() -> None:
+    found = _model(
+        """
+        import torch.nn as nn
+        dims = [8, 16, 32, 4]
+        probe = nn.ModuleList([nn.Linear(dims[i], dims[i + 1]) for i in range(len(dims) - 1)])
+        """
+    )
+    assert found.parameters == (8 * 16 + 16) + (16 * 32 + 32) + (32 * 4 + 4)
