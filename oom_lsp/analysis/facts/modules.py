@@ -1,8 +1,6 @@
 """The parameter count of the models the code builds or loads.
 
-- `torch.nn` layers, from their constructor arguments (the formulas follow
-  torch's `reset_parameters`: weights, biases, affine norms, gates of the
-  recurrent layers, in/out projections of attention), and containers
+- `torch.nn` layers, from their constructor arguments (`layers`), and containers
   (`Sequential`, `ModuleList`, `ModuleDict`, lists built by comprehension or
   by `append` in a `for` over a `range`);
 - a class of the file: the sum of the modules and `nn.Parameter`s its
@@ -18,13 +16,12 @@ Wrappers that keep the parameters (`.to()`, `.cuda()`, `torch.compile`,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
-from oom_lsp.analysis.facts import known_models
+from oom_lsp.analysis.facts import known_models, layers
 from oom_lsp.analysis.facts.bindings import Binding, BindingKind
 from oom_lsp.analysis.facts.results import ModelSize
 from oom_lsp.analysis.facts.tensors import TensorFacts
@@ -55,81 +52,6 @@ class _Model:
 
 
 _ZERO = _Model(0)
-# Layers without parameters (activations, pooling, dropout, reshaping, padding, losses).
-_PARAMETER_FREE = frozenset({
-    "ReLU", "ReLU6", "GELU", "SiLU", "Mish", "Tanh", "Sigmoid", "Softmax", "Softmax2d", "LogSoftmax", "Softmin",
-    "ELU", "CELU", "SELU", "LeakyReLU", "Softplus", "Softsign", "Hardswish", "Hardsigmoid", "Hardtanh",
-    "Hardshrink", "Softshrink", "Tanhshrink", "LogSigmoid", "Threshold", "GLU",
-    "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout", "Identity",
-    "Flatten", "Unflatten", "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "PixelShuffle",
-    "PixelUnshuffle", "ChannelShuffle", "Fold", "Unfold", "CosineSimilarity", "PairwiseDistance",
-    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
-    "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
-    "LPPool1d", "LPPool2d", "LPPool3d", "FractionalMaxPool2d", "FractionalMaxPool3d", "MaxUnpool1d",
-    "MaxUnpool2d", "MaxUnpool3d", "ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ConstantPad1d", "ConstantPad2d",
-    "ConstantPad3d", "ReflectionPad1d", "ReflectionPad2d", "ReflectionPad3d", "ReplicationPad1d",
-    "ReplicationPad2d", "ReplicationPad3d", "CircularPad1d", "CircularPad2d", "CircularPad3d",
-})  # fmt: skip
-# Layer signatures: positional parameter names and defaults (torch 2.13).
-_SIGNATURES: dict[str, tuple[tuple[str, object], ...]] = {
-    "Linear": (("in_features", None), ("out_features", None), ("bias", True)),
-    "Bilinear": (("in1_features", None), ("in2_features", None), ("out_features", None), ("bias", True)),
-    "Embedding": (("num_embeddings", None), ("embedding_dim", None)),
-    "EmbeddingBag": (("num_embeddings", None), ("embedding_dim", None)),
-    "LayerNorm": (("normalized_shape", None), ("eps", 1e-5), ("elementwise_affine", True), ("bias", True)),
-    "RMSNorm": (("normalized_shape", None), ("eps", None), ("elementwise_affine", True)),
-    "GroupNorm": (("num_groups", None), ("num_channels", None), ("eps", 1e-5), ("affine", True)),
-    "PReLU": (("num_parameters", 1),),
-    "MultiheadAttention": (
-        ("embed_dim", None), ("num_heads", None), ("dropout", 0.0), ("bias", True), ("add_bias_kv", False),
-        ("add_zero_attn", False), ("kdim", None), ("vdim", None),
-    ),
-    "TransformerEncoderLayer": (
-        ("d_model", None), ("nhead", None), ("dim_feedforward", 2048), ("dropout", 0.1), ("activation", None),
-        ("layer_norm_eps", 1e-5), ("batch_first", False), ("norm_first", False), ("bias", True),
-    ),
-    "TransformerDecoderLayer": (
-        ("d_model", None), ("nhead", None), ("dim_feedforward", 2048), ("dropout", 0.1), ("activation", None),
-        ("layer_norm_eps", 1e-5), ("batch_first", False), ("norm_first", False), ("bias", True),
-    ),
-    "TransformerEncoder": (("encoder_layer", None), ("num_layers", None), ("norm", None)),
-    "TransformerDecoder": (("decoder_layer", None), ("num_layers", None), ("norm", None)),
-    "Transformer": (
-        ("d_model", 512), ("nhead", 8), ("num_encoder_layers", 6), ("num_decoder_layers", 6),
-        ("dim_feedforward", 2048), ("dropout", 0.1), ("activation", None), ("custom_encoder", None),
-        ("custom_decoder", None), ("layer_norm_eps", 1e-5), ("batch_first", False), ("norm_first", False),
-        ("bias", True),
-    ),
-    "LSTM": (
-        ("input_size", None), ("hidden_size", None), ("num_layers", 1), ("bias", True), ("batch_first", False),
-        ("dropout", 0.0), ("bidirectional", False), ("proj_size", 0),
-    ),
-    "GRU": (
-        ("input_size", None), ("hidden_size", None), ("num_layers", 1), ("bias", True), ("batch_first", False),
-        ("dropout", 0.0), ("bidirectional", False),
-    ),
-    "RNN": (
-        ("input_size", None), ("hidden_size", None), ("num_layers", 1), ("nonlinearity", "tanh"), ("bias", True),
-        ("batch_first", False), ("dropout", 0.0), ("bidirectional", False),
-    ),
-    "LSTMCell": (("input_size", None), ("hidden_size", None), ("bias", True)),
-    "GRUCell": (("input_size", None), ("hidden_size", None), ("bias", True)),
-    "RNNCell": (("input_size", None), ("hidden_size", None), ("bias", True)),
-}  # fmt: skip
-for _dims in (1, 2, 3):
-    _SIGNATURES[f"Conv{_dims}d"] = (
-        ("in_channels", None), ("out_channels", None), ("kernel_size", None), ("stride", 1), ("padding", 0),
-        ("dilation", 1), ("groups", 1), ("bias", True),
-    )  # fmt: skip
-    _SIGNATURES[f"ConvTranspose{_dims}d"] = (
-        ("in_channels", None), ("out_channels", None), ("kernel_size", None), ("stride", 1), ("padding", 0),
-        ("output_padding", 0), ("groups", 1), ("bias", True), ("dilation", 1),
-    )  # fmt: skip
-    for _norm in ("BatchNorm", "InstanceNorm", "LazyBatchNorm"):
-        _SIGNATURES[f"{_norm}{_dims}d"] = (("num_features", None), ("eps", 1e-5), ("momentum", 0.1), ("affine", _norm != "InstanceNorm"))
-_SIGNATURES["SyncBatchNorm"] = _SIGNATURES["BatchNorm1d"]
-
-_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1, "LSTMCell": 4, "GRUCell": 3, "RNNCell": 1}
 # Methods and wrappers that return the same parameters.
 _SAME_MODEL_METHODS = frozenset({
     "to", "cuda", "cpu", "half", "float", "double", "bfloat16", "train", "eval", "requires_grad_",
@@ -222,7 +144,7 @@ class ModelFacts:
 
     # --- torch.nn ------------------------------------------------------------------------
     def layer(self, name: str, call: cst.Call, frame: Frame) -> _Model | None:
-        if name in _PARAMETER_FREE or name.endswith("Loss"):
+        if layers.is_parameter_free(name):
             return _ZERO
         if name in ("Sequential", "ModuleList", "ParameterList"):
             if name == "Sequential" and len(call.args) == 1 and not call.args[0].star:
@@ -242,204 +164,34 @@ class ModelFacts:
             if elements is None:
                 return None
             return _Model(elements, evidence=tensor.evidence, default=tensor.default)
-        signature = _SIGNATURES.get(name)
-        if signature is None:
-            return None
-        args = self.bind(signature, call, frame)
+        args = layers.bind(name, call, frame, self.evaluator)
         if args is None:
             return None
-        return self.layer_formula(name, args, call, frame)
-
-    def bind(self, signature: tuple[tuple[str, object], ...], call: cst.Call, frame: Frame) -> dict[str, object] | None:
-        """The layer's arguments by name: Known values, or the raw expression
-        for module-valued ones (`encoder_layer`)."""
-        names = [name for name, _ in signature]
-        bound: dict[str, object] = {name: Known(default) for name, default in signature}
-        expressions: dict[str, cst.BaseExpression] = {}
-        position = 0
-        for arg in call.args:
-            if arg.star:
-                return None
-            if arg.keyword is not None:
-                key = arg.keyword.value
-            elif position < len(names):
-                key = names[position]
-                position += 1
-            else:
-                continue
-            expressions[key] = arg.value
-        for key, expr in expressions.items():
-            bound[key] = self.evaluator.evaluate(expr, frame)
-            bound[f"{key}:expr"] = expr
-        return bound
-
-    def layer_formula(self, name: str, args: dict[str, object], call: cst.Call, frame: Frame) -> _Model | None:
-        numbers: dict[str, int] = {}
-        evidence: tuple[str, ...] = ()
-        default = False
-
-        def number(key: str) -> int | None:
-            nonlocal evidence, default
-            value = known_number(args.get(key))  # type: ignore[arg-type]
-            if value is None or not isinstance(value.value, int):
-                return None
-            evidence = _merge(evidence, value.evidence)
-            default = default or value.default
-            return value.value
-
-        def flag(key: str) -> bool | None:
-            value = args.get(key)
-            if type(value) is Known and isinstance(value.value, bool):
-                return value.value
-            if type(value) is Known and value.value is None:
-                return False
+        if name in ("TransformerEncoder", "TransformerDecoder"):
+            return self.transformer_stack(name, args, frame)
+        counted = layers.count_layer(name, args)
+        if counted is None:
             return None
+        return _Model(counted.parameters, True, counted.evidence, counted.default, **counted.shape)  # type: ignore[arg-type]
 
-        def shape_product(key: str) -> int | None:
-            nonlocal evidence, default
-            value = args.get(key)
-            if type(value) is Items:
-                dims = [known_number(item) for item in value.items]  # type: ignore[arg-type]
-                if any(dim is None or not isinstance(dim.value, int) for dim in dims):
-                    return None
-                for dim in dims:
-                    evidence = _merge(evidence, dim.evidence)  # type: ignore[union-attr]
-                    default = default or dim.default  # type: ignore[union-attr]
-                return math.prod(dim.value for dim in dims)  # type: ignore[union-attr,misc]
-            return number(key)
-
-        count: int | None = None
-        shape: dict[str, int | None] = {}
-        if name == "Linear":
-            a, b, bias = number("in_features"), number("out_features"), flag("bias")
-            if None not in (a, b, bias):
-                count = a * b + (b if bias else 0)  # type: ignore[operator]
-                shape = {"hidden": b}
-        elif name == "Bilinear":
-            a, b, c, bias = number("in1_features"), number("in2_features"), number("out_features"), flag("bias")
-            if None not in (a, b, c, bias):
-                count = a * b * c + (c if bias else 0)  # type: ignore[operator]
-        elif name in ("Embedding", "EmbeddingBag"):
-            a, b = number("num_embeddings"), number("embedding_dim")
-            if None not in (a, b):
-                count = a * b  # type: ignore[operator]
-                shape = {"vocab": a, "hidden": b}
-        elif name == "LayerNorm":
-            size, affine, bias = shape_product("normalized_shape"), flag("elementwise_affine"), flag("bias")
-            if None not in (size, affine, bias):
-                count = (size * (2 if bias else 1)) if affine else 0  # type: ignore[operator]
-        elif name == "RMSNorm":
-            size, affine = shape_product("normalized_shape"), flag("elementwise_affine")
-            if None not in (size, affine):
-                count = size if affine else 0
-        elif name == "GroupNorm":
-            channels, affine = number("num_channels"), flag("affine")
-            if None not in (channels, affine):
-                count = 2 * channels if affine else 0  # type: ignore[operator]
-        elif "BatchNorm" in name or name.startswith("InstanceNorm"):
-            features, affine = number("num_features"), flag("affine")
-            if None not in (features, affine):
-                count = 2 * features if affine else 0  # type: ignore[operator]
-        elif name == "PReLU":
-            count = number("num_parameters")
-        elif name.startswith("Conv"):
-            count = self.convolution(name, args, number, flag)
-        elif name in _GATES:
-            count = self.recurrent(name, number, flag)
-            shape = {"layers": number("num_layers") if "num_layers" in args else 1, "hidden": number("hidden_size")}
-        elif name == "MultiheadAttention":
-            embed, heads, bias, bias_kv = number("embed_dim"), number("num_heads"), flag("bias"), flag("add_bias_kv")
-            kdim = number("kdim") if args.get("kdim") != Known(None) else embed
-            vdim = number("vdim") if args.get("vdim") != Known(None) else embed
-            if None not in (embed, heads, bias, bias_kv, kdim, vdim):
-                count = _attention(embed, kdim, vdim, bias, bias_kv)  # type: ignore[arg-type]
-                shape = {"hidden": embed, "heads": heads}
-        elif name in ("TransformerEncoderLayer", "TransformerDecoderLayer"):
-            d, heads, ff, bias = number("d_model"), number("nhead"), number("dim_feedforward"), flag("bias")
-            if None not in (d, heads, ff, bias):
-                count = _transformer_layer(d, ff, bias, decoder=name == "TransformerDecoderLayer")  # type: ignore[arg-type]
-                shape = {"layers": 1, "hidden": d, "heads": heads}
-        elif name in ("TransformerEncoder", "TransformerDecoder"):
-            key = "encoder_layer" if name == "TransformerEncoder" else "decoder_layer"
-            layers = number("num_layers")
-            inner = self.model(args[f"{key}:expr"], frame) if f"{key}:expr" in args else None  # type: ignore[arg-type]
-            norm = args.get("norm:expr")
-            norm_model = self.model(norm, frame) if norm is not None else _ZERO  # type: ignore[arg-type]
-            if layers is None or inner is None or norm_model is None:
-                return None
-            return _Model(
-                layers * inner.parameters + norm_model.parameters,
-                inner.exact and norm_model.exact,
-                _merge(evidence, inner.evidence),
-                default or inner.default,
-                layers=layers,
-                hidden=inner.hidden,
-                heads=inner.heads,
-            )
-        elif name == "Transformer":
-            d, heads, ff, bias = number("d_model"), number("nhead"), number("dim_feedforward"), flag("bias")
-            encoders, decoders = number("num_encoder_layers"), number("num_decoder_layers")
-            custom = any(type(args.get(k)) is not Known or args[k] != Known(None) for k in ("custom_encoder", "custom_decoder"))
-            if None not in (d, heads, ff, bias, encoders, decoders) and not custom:
-                norm = 2 * d if bias else d  # type: ignore[operator]
-                count = (
-                    encoders * _transformer_layer(d, ff, bias, decoder=False)  # type: ignore[operator,arg-type]
-                    + norm
-                    + decoders * _transformer_layer(d, ff, bias, decoder=True)  # type: ignore[operator,arg-type]
-                    + norm
-                )
-                shape = {"layers": encoders + decoders, "hidden": d, "heads": heads}  # type: ignore[operator]
-        if count is None:
+    def transformer_stack(self, name: str, args: dict[str, object], frame: Frame) -> _Model | None:
+        """`nn.TransformerEncoder(layer, num_layers, norm)`: the layer's parameters, num_layers times, and the norm's."""
+        key = "encoder_layer" if name == "TransformerEncoder" else "decoder_layer"
+        layers_count = known_number(args.get("num_layers"))  # type: ignore[arg-type]
+        inner = self.model(args[f"{key}:expr"], frame) if f"{key}:expr" in args else None  # type: ignore[arg-type]
+        norm = args.get("norm:expr")
+        norm_model = self.model(norm, frame) if norm is not None else _ZERO  # type: ignore[arg-type]
+        if layers_count is None or not isinstance(layers_count.value, int) or inner is None or norm_model is None:
             return None
-        return _Model(count, True, evidence, default, **shape)  # type: ignore[arg-type]
-
-    @staticmethod
-    def convolution(name: str, args: dict[str, object], number, flag) -> int | None:  # type: ignore[no-untyped-def]
-        dims = int(name[-2])
-        channels_in, channels_out, groups, bias = number("in_channels"), number("out_channels"), number("groups"), flag("bias")
-        kernel = args.get("kernel_size")
-        if type(kernel) is Items:
-            sizes = [known_number(item) for item in kernel.items]  # type: ignore[arg-type]
-            if any(size is None for size in sizes) or len(sizes) != dims:
-                return None
-            kernel_elements = math.prod(int(size.value) for size in sizes)  # type: ignore[union-attr]
-        else:
-            side = number("kernel_size")
-            if side is None:
-                return None
-            kernel_elements = side**dims
-        if None in (channels_in, channels_out, groups, bias) or groups == 0:
-            return None
-        if name.startswith("ConvTranspose"):
-            weight = channels_in * (channels_out // groups) * kernel_elements
-        else:
-            weight = channels_out * (channels_in // groups) * kernel_elements
-        return weight + (channels_out if bias else 0)
-
-    @staticmethod
-    def recurrent(name: str, number, flag) -> int | None:  # type: ignore[no-untyped-def]
-        gates = _GATES[name]
-        size_in, hidden, bias = number("input_size"), number("hidden_size"), flag("bias")
-        if None in (size_in, hidden, bias):
-            return None
-        if name.endswith("Cell"):
-            return gates * hidden * (size_in + hidden) + (2 * gates * hidden if bias else 0)
-        layers, bidirectional = number("num_layers"), flag("bidirectional")
-        projection = number("proj_size") if name == "LSTM" else 0
-        if None in (layers, bidirectional, projection):
-            return None
-        directions = 2 if bidirectional else 1
-        recurrent_size = projection or hidden
-        total = 0
-        for layer in range(layers):
-            layer_in = size_in if layer == 0 else recurrent_size * directions
-            per_direction = gates * hidden * layer_in + gates * hidden * recurrent_size
-            if bias:
-                per_direction += 2 * gates * hidden
-            if projection:
-                per_direction += projection * hidden
-            total += directions * per_direction
-        return total
+        return _Model(
+            layers_count.value * inner.parameters + norm_model.parameters,
+            inner.exact and norm_model.exact,
+            _merge(layers_count.evidence, inner.evidence),
+            layers_count.default or inner.default,
+            layers=layers_count.value,
+            hidden=inner.hidden,
+            heads=inner.heads,
+        )
 
     # --- containers --------------------------------------------------------------------
     def total(self, members: list[_Model | None] | None) -> _Model | None:
@@ -870,30 +622,6 @@ def _from_known(found: known_models.KnownModel, evidence: tuple[str, ...], defau
         family=found.family,
         name=found.name,
     )
-
-
-def _attention(embed: int, kdim: int, vdim: int, bias: bool, bias_kv: bool) -> int:
-    """nn.MultiheadAttention: in-projection (one packed weight when k/v dims
-    equal the embedding, else three), its bias, the out-projection, and the
-    optional learned key/value biases."""
-    count = embed * embed + embed * kdim + embed * vdim + embed * embed
-    if bias:
-        count += 3 * embed + embed
-    if bias_kv:
-        count += 2 * embed
-    return count
-
-
-def _transformer_layer(d: int, ff: int, bias: bool, *, decoder: bool) -> int:
-    """nn.TransformerEncoderLayer / DecoderLayer: self-attention (and, in a
-    decoder, cross-attention), the two feed-forward linears, a LayerNorm per
-    sublayer; `bias=False` drops every bias, the norms' too."""
-    attention = _attention(d, d, d, bias, False)
-    feed_forward = d * ff + ff * d + ((ff + d) if bias else 0)
-    norm = 2 * d if bias else d
-    if decoder:
-        return 2 * attention + feed_forward + 3 * norm
-    return attention + feed_forward + 2 * norm
 
 
 def _target_names(target: cst.BaseExpression) -> list[str] | None:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.facts.results import Device, TensorSize
 from oom_lsp.analysis.facts.values import Evaluator, Frame, Items, Known, _merge, known_number
 
