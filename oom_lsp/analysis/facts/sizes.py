@@ -55,6 +55,7 @@ class SizeFacts:
 
     def __init__(self, context: FileContext) -> None:
         self.context: FileContext = weakref.proxy(context)
+        self._context_ref = weakref.ref(context)
         self._index: FileIndex | None = None
         self._evaluator: Evaluator | None = None
         self._tensors: TensorFacts | None = None
@@ -70,9 +71,34 @@ class SizeFacts:
     def _ready(self) -> Evaluator:
         if self._evaluator is None:
             self._evaluator = Evaluator(self.context, self.index)
+            self._evaluator.passed_by_callers = self._passed_by_callers
             self._tensors = TensorFacts(self._evaluator)
             self._models = ModelFacts(self._evaluator, self._tensors)
         return self._evaluator
+
+    def _passed_by_callers(self, function: cst.FunctionDef, name: str) -> list[tuple[cst.BaseExpression, Scope]]:
+        """The arguments the file's callers of `function` pass for `name`, each
+        with the caller's scope (from the call graph); [] when a caller passes
+        none or cannot be told (then nothing is concluded)."""
+        # Imported here: the call graph's module imports the data flow, which these facts stay below.
+        from oom_lsp.analysis.facts.contexts import call_graph
+        from oom_lsp.analysis.facts.modes import _argument_for
+
+        context = self._context_ref()
+        if context is None:
+            return []
+        graph = call_graph(context)
+        target = graph.program.function(function)
+        if target is None:
+            return []
+        passed = []
+        for caller in graph.callers(target):
+            argument = _argument_for(caller.node, target, name)
+            if argument is None:
+                return []
+            scope_node = caller.scope.node
+            passed.append((argument, scope_node if type(scope_node) is cst.FunctionDef else None))
+        return passed
 
     def _ask(self, kind: str, expr: cst.BaseExpression, scope: Scope) -> object:
         key = (kind, expr, scope)

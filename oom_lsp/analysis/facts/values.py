@@ -182,6 +182,9 @@ class Evaluator:
         self.steps = 0
         # The tensor facts plug in here, so that `x.shape[0]` and `x.size(1)` evaluate.
         self.shape_of: Callable[[cst.BaseExpression, Frame], tuple[int | None, ...] | None] | None = None
+        # The call graph plugs in here: what the file's callers pass for a parameter of a
+        # function entered from nowhere in particular, as (argument, the caller's scope).
+        self.passed_by_callers: Callable[[cst.FunctionDef, str], list[tuple[cst.BaseExpression, Scope]]] | None = None
 
     # --- frames -------------------------------------------------------------------------
     def frame_for(self, scope: Scope) -> Frame:
@@ -419,6 +422,13 @@ class Evaluator:
         if frame.arguments is not None and name in frame.arguments:
             expr, caller = frame.arguments[name]
             return _labelled(self.evaluate(expr, caller), name)
+        if frame.arguments is None and type(frame.scope) is cst.FunctionDef and self.passed_by_callers is not None:
+            # Entered from nowhere in particular: every caller the file shows passes the same value.
+            passed = self.passed_by_callers(frame.scope, name)
+            values = [self.evaluate(expr, self.frame_for(scope)) for expr, scope in passed]
+            agreed = _agreed(values) if values else None
+            if agreed is not None:
+                return _labelled(agreed, name)
         if frame.splat or param.default is None:
             return None
         value = self.evaluate(param.default, self.default_frame(frame.scope))

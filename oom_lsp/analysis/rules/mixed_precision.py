@@ -19,6 +19,7 @@ from oom_lsp.analysis.cst_helpers import get_arg, has_splat, int_value, is_false
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
+from oom_lsp.analysis.facts.workload import MATTERS, Stake, workload_of
 from oom_lsp.analysis.rules._devices import Found, device_scopes, file_uses_cuda, search
 from oom_lsp.fixes.autocast import autocast_regions, wrap_in_autocast
 
@@ -719,15 +720,34 @@ class NoMixedPrecision(Rule):
                 continue
             if not scopes.on_gpu(training.function) or _only_a_head_trains(training.loop, self.context):
                 continue
+            stake = self._stake(training)
+            message = "CUDA training loop runs entirely in float32 (no autocast or bf16/fp16)"
+            if stake is not None:
+                message = f"CUDA training loop runs in float32: {stake.text}"
             self.context.add_report(
                 deferred_report(
                     self,
                     training.loop,
-                    "CUDA training loop runs entirely in float32 (no autocast or bf16/fp16)",
+                    message,
                     self._fix(training),
                     training.path,
+                    proven=stake is not None,
                 )
             )
+
+    def _stake(self, training: _TrainingLoop) -> Stake | None:
+        """What autocast would save, when the sizes show it matters: half of
+        the float32 activations (at least 1 GiB), or the loop trains a model
+        of a billion parameters or more."""
+        workload = workload_of(self.context)
+        program = workload.program
+        scope = program.function(training.function) if training.function is not None else program.module
+        if scope is None:
+            return None
+        activations = workload.activations(training.loop, scope, element_bytes=4)
+        if activations is not None and activations.bytes >= 2 * MATTERS:
+            return activations
+        return workload.model_stake(training.loop, scope)
 
     def _fix(self, training: _TrainingLoop) -> FixSpec | None:
         body = training.loop.body
