@@ -42,6 +42,8 @@ from oom_lsp.analysis.facts.sizes import int_value, model_size
 # A model this large trains with gigabytes of activations at any batch and
 # sequence a training run uses, and its weights alone are gigabytes.
 LARGE_MODEL_PARAMETERS = 1_000_000_000
+# A model this small has weights, gradients and optimizer state of a few tens of MB.
+SMALL_MODEL_PARAMETERS = 10_000_000
 # What a stake must reach to be worth a finding by default: a few percent of
 # the smallest GPUs training runs on (16 GiB).
 MATTERS = 1 << 30

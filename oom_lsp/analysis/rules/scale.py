@@ -17,7 +17,10 @@ from oom_lsp.analysis.cst_helpers import (
     method_call,
     string_value,
 )
+from oom_lsp.analysis.facts import known_models
 from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
+from oom_lsp.analysis.facts.sizes import model_size
+from oom_lsp.analysis.facts.workload import LARGE_MODEL_PARAMETERS, SMALL_MODEL_PARAMETERS
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, short_code
 from oom_lsp.analysis.rules._scan import descendants, is_optimizer_like
@@ -678,15 +681,21 @@ class NoGradientCheckpointing(Rule):
                 edits=enable_gradient_checkpointing(candidate.statement, candidate.target),
                 applicability=Applicability.UNSAFE,
             )
+        known = known_models.pretrained(name, None)
+        size = f" ({known.parameters / 1e9:.1f} B parameters)" if known is not None else ""
         self.context.add_report(
             self._deferred(
                 candidate,
-                f"Large model {short_code(repr(name), 48)} is trained without gradient checkpointing",
+                f"Large model {short_code(repr(name), 48)}{size} is trained without gradient checkpointing",
                 fix,
+                # A billion parameters or more: every layer's activations are gigabytes at any batch.
+                proven=known is not None and known.parameters >= LARGE_MODEL_PARAMETERS,
             )
         )
 
-    def _deferred(self, candidate: _Candidate, message: str, fix: FixSpec | None) -> Report:
+    def _deferred(
+        self, candidate: _Candidate, message: str, fix: FixSpec | None, *, proven: bool | None = None
+    ) -> Report:
         return Report(
             rule=type(self),
             node=candidate.call,
@@ -694,6 +703,7 @@ class NoGradientCheckpointing(Rule):
             fix=fix,
             statement=candidate.path[-1] if candidate.path else None,
             statement_path=candidate.path,
+            proven=proven,
         )
 
 
@@ -902,9 +912,17 @@ class DataParallelGather(Rule):
         self.report(
             node,
             "DataParallel gathers outputs and gradients on the first GPU, which runs out first",
-            # On a known dataset of small samples the gathered outputs are a few MB.
-            proven=not trains_on_small_inputs(self.context),
+            # On a known dataset of small samples the gathered outputs are a few MB, and a
+            # model of a few million parameters has gradients of a few MB.
+            proven=not trains_on_small_inputs(self.context) and not self._wraps_a_small_model(node),
         )
+
+    def _wraps_a_small_model(self, node: cst.Call) -> bool:
+        module = node.args[0].value if node.args and not node.args[0].star else None
+        if module is None:
+            return False
+        size = model_size(self.context, module, self.context.tracker.current_function)
+        return size is not None and size.exact and size.parameters < SMALL_MODEL_PARAMETERS
 
     def _implements_a_data_parallel_strategy(self, node: cst.Call) -> bool:
         """`class DataParallelStrategy: def setup_module(self, module): return
