@@ -276,7 +276,7 @@ _VERBS = frozenset(
 )  # fmt: skip
 
 
-_MODEL_ONLY_NAMES = frozenset({"model", "net", "network"})
+_MODEL_ONLY_NAMES = frozenset({"model", "net", "network", "rnn", "lstm", "gru"})
 
 
 def _names_a_model(name: str) -> bool:
@@ -650,10 +650,11 @@ class FileFacts:
             return any((dotted_name(base.value) or "").endswith("Pipeline") for base in owner.bases)
         return False
 
-    def callee_by_name(self, name: str) -> Callee:
+    def callee_by_name(self, name: str, *, of_a_module: bool = False) -> Callee:
         """What a name whose binding the file does not show is, from its name
-        (`model`, `criterion`). Only `model` and `net` (`*_model`, `*_net`) name
-        nothing but a model in PyTorch code; a name that also names other things
+        (`model`, `criterion`). Only `model`, `net` (`*_model`, `*_net`) and the
+        recurrent layers' names name nothing but a model in PyTorch code; a name
+        that also names other things
         (`policy`, `encoder`, `generator`, `rnn`) is a module only when the file
         calls a module's methods on it (`policy.parameters()`,
         `encoder.eval()`) or hands it to what takes a module (`DDP(actor)`), so
@@ -664,6 +665,9 @@ class FileFacts:
             if role is Role.MODULE and not _names_a_model(name) and name not in self._module_used_names():
                 role = Role.UNKNOWN
             callee = self._named_callees[name] = Callee(role)
+        if of_a_module and callee.role is Role.UNKNOWN and model_name_heuristic(name) is Role.MODULE:
+            # `model.module(x)`, `net.encoder(x)`: a submodule of a module is a module.
+            return Callee(Role.MODULE)
         return callee
 
     def _module_used_names(self) -> frozenset[str]:
@@ -968,7 +972,7 @@ class ScopeFlow:
                 return self._by_name(attribute, call)
             # `model.encoder(x)`: a submodule of a module; `solver.model()` is not one.
             if self.callee(func.value).role is Role.MODULE:
-                return self._by_name(attribute, call)
+                return self._by_name(attribute, call, of_a_module=True)
         if type(func) is cst.Call:
             # Built and called at once: `nn.CrossEntropyLoss()(out, y)`.
             built = self.facts.classify_value(func, self.bindings)
@@ -1004,10 +1008,10 @@ class ScopeFlow:
                 class_def = facts.class_by_name.get(bound.constructor)
         return facts.method_of(class_def, func.attr.value) if class_def is not None else None
 
-    def _by_name(self, name: str, call: cst.Call | None) -> Callee:
+    def _by_name(self, name: str, call: cst.Call | None, *, of_a_module: bool = False) -> Callee:
         if not self.facts.uses_framework or (call is not None and not call.args):
             return _UNKNOWN_CALLEE
-        return self.facts.callee_by_name(name)
+        return self.facts.callee_by_name(name, of_a_module=of_a_module)
 
 
 _SET_GRAD_ENABLED = frozenset(

@@ -23,7 +23,7 @@ from oom_lsp.notebooks.program import analyze_cells
 from oom_lsp.server.estimate import predicted_oom_message
 
 FIXTURES = sorted((Path(__file__).resolve().parents[2] / "fixtures").rglob("*.py"))
-EVERY_RULE = LintSettings(enabled=frozenset(all_codes()))
+EVERY_RULE = LintSettings(enabled=frozenset(all_codes()), strict=True)
 # A second sentence ("... alive. Accumulate .detach() instead"): the advice the message must not carry.
 _SECOND_SENTENCE_RE = re.compile(r"[.!?] +[A-Z]")
 BROKEN_FILES = [

@@ -44,6 +44,10 @@ from oom_lsp.analysis.facts.sizes import int_value, model_size
 LARGE_MODEL_PARAMETERS = 1_000_000_000
 # A model this small has weights, gradients and optimizer state of a few tens of MB.
 SMALL_MODEL_PARAMETERS = 10_000_000
+# A notebook that trains a model this large in float32 holds several GiB of
+# weights, gradients and optimizer state: an out-of-memory error is plausible
+# on the GPUs notebooks run on, and what it pins matters.
+NOTEBOOK_LARGE_MODEL = 300_000_000
 # What a stake must reach to be worth a finding by default: a few percent of
 # the smallest GPUs training runs on (16 GiB).
 MATTERS = 1 << 30
@@ -207,16 +211,50 @@ class Workload:
             f"≈ {format_bytes(total)} of activations ({name}, batch {batch.value}, {sequence.value} tokens)",
         )
 
+    def largest_model(self) -> ModelSize | None:
+        """The largest model the file (or notebook) runs forward, when sized."""
+        evaluation = evaluation_facts(self.context)
+        largest: ModelSize | None = None
+        for scope in self.program.functions:
+            for call in scope.calls:
+                if evaluation.forward_model(call) is None:
+                    continue
+                size = self._size_of_called(call.node.func, scope)
+                if size is not None and (largest is None or size.parameters > largest.parameters):
+                    largest = size
+        return largest
+
+    def program_stake(self) -> Stake | None:
+        """What a failed or repeated step of the whole program holds, when the
+        sizes show it is large: a model of 300 M parameters or more (its training
+        state alone is several GiB), or a loop's activations of 2 GiB or more."""
+        largest = self.largest_model()
+        if largest is not None and largest.parameters >= NOTEBOOK_LARGE_MODEL:
+            state = training_state_bytes(largest).total
+            return Stake(state, f"{largest.name or 'a'} {parameter_count(largest.parameters)}-parameter model")
+        seen: set[int] = set()
+        for scope in self.program.functions:
+            for call in scope.calls:
+                for loop in call.loops:
+                    if id(loop) in seen or type(loop) not in (cst.For, cst.While):
+                        continue
+                    seen.add(id(loop))
+                    stake = self.activations(loop, scope)
+                    if stake is not None and stake.bytes >= 2 * MATTERS:
+                        return stake
+        return None
+
     def model_stake(self, loop: cst.CSTNode, scope: Function) -> Stake | None:
         """A model so large that its training state alone is gigabytes."""
         for _, size in self.models_in(loop, scope):
             if size.parameters >= LARGE_MODEL_PARAMETERS:
                 state = training_state_bytes(size).total
-                return Stake(state, f"a {_count(size.parameters)}-parameter model ({format_bytes(state)} of training state)")
+                return Stake(state, f"a {parameter_count(size.parameters)}-parameter model ({format_bytes(state)} of training state)")
         return None
 
 
-def _count(parameters: int) -> str:
+def parameter_count(parameters: int) -> str:
+    """`6.7 B`, `124 M`: a parameter count as people say it."""
     if parameters >= 1_000_000_000:
         return f"{parameters / 1e9:.1f} B"
     return f"{parameters / 1e6:.0f} M"

@@ -10,6 +10,8 @@ import libcst as cst
 from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, int_value, is_false, method_call, string_value
 from oom_lsp.analysis.dataflow import is_backward_call
+from oom_lsp.analysis.facts.sizes import tensor_size
+from oom_lsp.analysis.facts.workload import MATTERS, format_bytes
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, deferred_report, short_code
 from oom_lsp.analysis.rules._devices import file_uses_cuda, is_device_expression
@@ -1066,8 +1068,16 @@ class DatasetOnDevice(Rule):
             if named is None:
                 return
             shown = named
+        size = tensor_size(self.context, moved, tracker.current_function)
+        stake = size.bytes if size is not None else None
         message = f"The whole dataset {shown} is moved to the GPU at once"
-        self._candidates.append(deferred_report(self, node, message, None, tuple(tracker.statements)))
+        if stake is not None:
+            message += f" ({format_bytes(stake)})"
+        self._candidates.append(
+            deferred_report(
+                self, node, message, None, tuple(tracker.statements), proven=stake is not None and stake >= MATTERS
+            )
+        )
 
     def leave_Module(self, original_node: cst.Module) -> None:
         # An evaluation script (a frozen model under no_grad or `.eval()`,

@@ -7,6 +7,8 @@ import re
 import libcst as cst
 
 from oom_lsp.analysis.cst_helpers import get_arg
+from oom_lsp.analysis.facts.sizes import model_size
+from oom_lsp.analysis.facts.workload import MATTERS, format_bytes
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
 from oom_lsp.fixes.ddp import add_gradient_as_bucket_view
@@ -183,9 +185,16 @@ class DdpBucketCopy(Rule):
             self.context.source
         ):
             return
+        module = node.args[0].value if node.args and not node.args[0].star else None
+        size = model_size(self.context, module, self.context.tracker.current_function) if module else None
+        stake = size.parameters * 4 if size is not None and size.exact else None
+        message = "DistributedDataParallel keeps every gradient twice: in the parameter and in its bucket."
+        if stake is not None:
+            message = f"DistributedDataParallel keeps every gradient twice: {format_bytes(stake)} more per GPU"
         self.report(
             node,
-            "DistributedDataParallel keeps every gradient twice: in the parameter and in its bucket.",
+            message,
+            proven=stake is not None and stake >= MATTERS,
             fix=FixSpec(
                 title="Pass `gradient_as_bucket_view=True`",
                 edits=add_gradient_as_bucket_view(node),

@@ -18,6 +18,7 @@ import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.dataflow import Kind, contains_backward, facts_for, is_backward_call, iter_nodes
+from oom_lsp.analysis.facts.workload import MATTERS, workload_of
 from oom_lsp.analysis.findings import Applicability, Severity
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report, short_code
 from oom_lsp.analysis.rules._devices import file_uses_cuda, is_device_expression
@@ -262,6 +263,7 @@ class FailedCellKeepsTensors(NotebookRule):
             for statement in statements:
                 on_gpu = on_gpu or _uses_gpu(statement, self.context)
                 if on_gpu and _trains(statement, functions, self.context):
+                    stake = workload_of(self.context).program_stake()
                     self.context.add_report(
                         deferred_report(
                             self,
@@ -273,6 +275,8 @@ class FailedCellKeepsTensors(NotebookRule):
                                 Applicability.UNSAFE,
                             ),
                             (statement,),
+                            # An OOM is plausible, and what it pins matters, when the step is large.
+                            proven=stake is not None,
                         )
                     )
                     return
@@ -422,6 +426,7 @@ class CellOutputKeepsGraph(NotebookRule):
                         Applicability.SAFE,
                     ),
                     (statements[-1],),
+                    proven=workload_of(self.context).program_stake() is not None,
                 )
             )
 
@@ -622,6 +627,7 @@ class ModelRebuiltWhileHeld(NotebookRule):
                 holder = _holder_of(name, later)
                 if holder is None or _holder_of(name, same_cell) is not None:
                     continue
+                largest = workload_of(self.context).largest_model()
                 self.context.add_report(
                     deferred_report(
                         self,
@@ -634,6 +640,8 @@ class ModelRebuiltWhileHeld(NotebookRule):
                             Applicability.UNSAFE,
                         ),
                         (statement,),
+                        # A second copy of a model of a GiB or more of weights.
+                        proven=largest is not None and largest.parameters * 4 >= MATTERS,
                     )
                 )
 

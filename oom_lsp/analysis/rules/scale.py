@@ -20,7 +20,7 @@ from oom_lsp.analysis.cst_helpers import (
 from oom_lsp.analysis.facts import known_models
 from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
 from oom_lsp.analysis.facts.sizes import model_size
-from oom_lsp.analysis.facts.workload import LARGE_MODEL_PARAMETERS, SMALL_MODEL_PARAMETERS
+from oom_lsp.analysis.facts.workload import LARGE_MODEL_PARAMETERS, SMALL_MODEL_PARAMETERS, parameter_count
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, short_code
 from oom_lsp.analysis.rules._scan import descendants, is_optimizer_like
@@ -682,7 +682,7 @@ class NoGradientCheckpointing(Rule):
                 applicability=Applicability.UNSAFE,
             )
         known = known_models.pretrained(name, None)
-        size = f" ({known.parameters / 1e9:.1f} B parameters)" if known is not None else ""
+        size = f" ({parameter_count(known.parameters)} parameters)" if known is not None else ""
         self.context.add_report(
             self._deferred(
                 candidate,

@@ -12,11 +12,11 @@ from oom_lsp.analysis.findings import Finding
 
 
 def _findings(source: str, code: str, path: str = "train.py") -> list[Finding]:
-    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code})), path)
+    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code}), strict=True), path)
 
 
 def _fixed(source: str, code: str) -> str:
-    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code})), unsafe=True).source
+    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code}), strict=True), unsafe=True).source
 
 
 def _lines(source: str, code: str, path: str = "train.py") -> list[int]:
@@ -119,7 +119,7 @@ def test_a_model_wrapping_helper_is_not_an_evaluation_forward() -> None:
     )
     from oom_lsp.analysis import LintSettings, analyze
 
-    assert [f.code for f in analyze(source, LintSettings(enabled=frozenset({"OOM303"})))] == []
+    assert [f.code for f in analyze(source, LintSettings(enabled=frozenset({"OOM303"}), strict=True))] == []
 
 
 def test_set_grad_enabled_as_a_statement_turns_gradients_off_for_what_follows() -> None:
@@ -139,9 +139,9 @@ def test_set_grad_enabled_as_a_statement_turns_gradients_off_for_what_follows() 
         "    return total\n"
     )
     enabled = frozenset({"OOM301", "OOM303"})
-    assert analyze(source, LintSettings(enabled=enabled)) == []
+    assert analyze(source, LintSettings(enabled=enabled, strict=True)) == []
     # Turned back on before the forward: the evaluation forward is reported again.
     switched_back = source.replace(
         "    total = 0.0\n", "    torch.set_grad_enabled(True)\n    total = 0.0\n"
     )
-    assert "OOM303" in [f.code for f in analyze(switched_back, LintSettings(enabled=enabled))]
+    assert "OOM303" in [f.code for f in analyze(switched_back, LintSettings(enabled=enabled, strict=True))]
