@@ -169,6 +169,17 @@ class TorchLoadWithoutMapLocation(Rule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            import torch
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf").cuda()
+            model.load_state_dict(torch.load("finetuned.pt"))
+            """,
+            line=5,
+            by_default=True,
+        ),
         Invalid(
             'import torch\nmodel.cuda()\nmodel.load_state_dict(torch.load("ckpt.pt"))\n',
             line=3,

@@ -136,6 +136,19 @@ class DdpBucketCopy(Rule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            import torch
+            from torch.nn.parallel import DistributedDataParallel
+            from transformers import AutoModelForCausalLM
+            model = DistributedDataParallel(AutoModelForCausalLM.from_pretrained("gpt2-xl").cuda())
+            for batch in loader:
+                model(batch).loss.backward()
+            """,
+            line=5,
+            by_default=True,
+        ),
         Invalid(
             """\
             from torch.nn.parallel import DistributedDataParallel as DDP

@@ -212,6 +212,19 @@ class Float64OnGpu(Rule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            import torch
+            distances = torch.zeros(16384, 16384, dtype=torch.float64, device="cuda")
+            """,
+            line=3,
+            by_default=True,
+            expected_fix="""
+            import torch
+            distances = torch.zeros(16384, 16384, dtype=torch.float32, device="cuda")
+            """,
+        ),
         Invalid(
             """\
             import torch

@@ -466,6 +466,25 @@ class NoMixedPrecision(Rule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            from transformers import GPT2LMHeadModel
+            model = GPT2LMHeadModel.from_pretrained("gpt2").to("cuda")
+            block_size = 1024
+            loader = DataLoader(dataset, batch_size=8)
+            opt = torch.optim.AdamW(model.parameters())
+            for batch in loader:
+                loss = model(batch.cuda(), labels=batch.cuda()).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            """,
+            line=9,
+            by_default=True,
+        ),
         # The common shape: tensors moved in the loop, zero_grad, then the loss.
         Invalid(
             """\

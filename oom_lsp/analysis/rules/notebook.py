@@ -18,6 +18,7 @@ import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.dataflow import Kind, contains_backward, facts_for, is_backward_call, iter_nodes
+from oom_lsp.analysis.facts.sizes import model_size
 from oom_lsp.analysis.facts.workload import MATTERS, workload_of
 from oom_lsp.analysis.findings import Applicability, Severity
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report, short_code
@@ -195,6 +196,21 @@ class FailedCellKeepsTensors(NotebookRule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            # %%
+            import torch
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained("gpt2-large").cuda()
+            # %%
+            for batch in loader:
+                loss = model(batch.cuda(), labels=batch.cuda()).loss
+                loss.backward()
+            """,
+            line=7,
+            by_default=True,
+        ),
         Invalid(
             """
             # %%
@@ -367,6 +383,20 @@ class CellOutputKeepsGraph(NotebookRule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            # %%
+            import torch
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained("gpt2-large").cuda()
+            # %%
+            loss = model(batch.cuda(), labels=batch.cuda()).loss
+            loss
+            """,
+            line=8,
+            by_default=True,
+        ),
         Invalid(
             """
             # %%
@@ -429,6 +459,15 @@ class CellOutputKeepsGraph(NotebookRule):
                     proven=workload_of(self.context).program_stake() is not None,
                 )
             )
+
+
+def _built_model(statement: cst.BaseStatement) -> cst.BaseExpression | None:
+    """The value of `model = <expression>` (the model a cell builds)."""
+    if type(statement) is cst.SimpleStatementLine and len(statement.body) == 1:
+        small = statement.body[0]
+        if type(small) is cst.Assign:
+            return small.value
+    return None
 
 
 def _describe(value: cst.BaseExpression) -> str:
@@ -575,6 +614,21 @@ class ModelRebuiltWhileHeld(NotebookRule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            # %%
+            import torch
+            from transformers import AutoModelForCausalLM
+            device = "cuda"
+            # %%
+            model = AutoModelForCausalLM.from_pretrained("gpt2-large").to(device)
+            # %%
+            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+            """,
+            line=7,
+            by_default=True,
+        ),
         Invalid(
             """
             # %%
@@ -627,7 +681,8 @@ class ModelRebuiltWhileHeld(NotebookRule):
                 holder = _holder_of(name, later)
                 if holder is None or _holder_of(name, same_cell) is not None:
                     continue
-                largest = workload_of(self.context).largest_model()
+                built = _built_model(statement)
+                largest = model_size(self.context, built, None) if built is not None else None
                 self.context.add_report(
                     deferred_report(
                         self,

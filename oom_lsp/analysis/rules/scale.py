@@ -319,6 +319,7 @@ class NoGradientCheckpointing(Rule):
             trainer.train()
             """,
             line=2,
+            by_default=True,  # 6.7 B parameters: the table of known models says so
             expected_fix="""\
             from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
             model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf")  # base
@@ -347,6 +348,7 @@ class NoGradientCheckpointing(Rule):
                     optimizer.step()
             """,
             line=7,
+            by_default=True,  # gpt2-xl: 1.6 B parameters
             expected_fix="""\
             import torch
             import transformers
