@@ -177,7 +177,13 @@ class Rule(cst.BatchableCSTVisitor):
                 "`--unsafe-fixes` or chosen by hand, never by fix-all)."
             ),
         }[cls.fix_applicability]
-        parts = [header, body, fix_line]
+        level_line = (
+            "Level: advisory. A finding is shown by default where the size facts show the memory at stake "
+            "(the message then says how much); elsewhere only in strict mode (`--strict`, `strict = true`)."
+            if cls.advisory
+            else ""
+        )
+        parts = [header, body, fix_line, level_line]
         if cls.INVALID:
             example = textwrap.dedent(cls.INVALID[0].code).strip("\n")
             parts.append("## Flagged\n\n```python\n" + example + "\n```")

@@ -19,14 +19,26 @@ _TEST_FILE_RE = re.compile(r"(^|[/\\])(test_[^/\\]*|[^/\\]*_test)\.py$|(^|[/\\])
 class EvalWithoutNoGrad(Rule):
     """
     ## What it does
-    Flags forward passes of a model in evaluation or inference code that runs
-    with autograd on: calls of a model after `model.eval()` in the same
-    function, or of any model in a function named like `evaluate`,
-    `validate`, `predict`, `infer`, `test_*`, outside `torch.no_grad()` /
-    `torch.inference_mode()` (as a `with` block or a decorator). Each forward
-    call is reported. Functions that call `backward()` or
-    `torch.autograd.grad` (adversarial examples, saliency maps, gradient
-    tests) are not reported.
+    Flags a forward pass of a model that records an autograd graph no
+    backward pass will use. The facts that decide it cross function calls:
+
+    - the grad mode the call runs under: the `with torch.no_grad()` /
+      `inference_mode()` blocks and decorators around it and around every
+      call of its function, up the callers the file (and, with `--check` on
+      a folder, the project) shows; a framework's hooks (Lightning's
+      `validation_step` runs without grad, a Trainer's `prediction_step` with);
+    - the model's train/eval mode: its last `.eval()` / `.train()`, in the
+      call's function or in the caller that hands it the model;
+    - whether a backward pass uses the output: one in the same loop
+      iteration (an adversarial example, a frozen backbone trained through),
+      or in a caller that receives the function's result.
+
+    It reports a forward pass in eval mode with autograd on (on some path of
+    callers), a function that trains and evaluates by a flag
+    (`if is_train: ... else: model.eval()`) on its evaluation path, and a
+    loop over batches whose losses are only ever read as numbers
+    (`.item()`, printed, logged), whatever the model's mode. A function's
+    name (`evaluate`, `predict`) decides nothing.
 
     ## Why is this bad?
     `model.eval()` changes dropout and batch norm; it does not turn autograd
@@ -57,7 +69,9 @@ class EvalWithoutNoGrad(Rule):
     ```
 
     ## Fix safety
-    Safe. A function named as an evaluation function is decorated with
+    Safe. A function whose forward passes are all evaluation ones, that runs
+    no backward pass, switches no model to train mode and hands its model to
+    no code the analysis cannot see is decorated with
     `@torch.inference_mode()` (spelled with the file's alias for torch;
     `import torch` is added when the file has none). Elsewhere, the innermost
     loop around the forward call (when it contains no `.eval()`/`.train()`
