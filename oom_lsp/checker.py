@@ -294,7 +294,14 @@ def decode_source(raw: bytes) -> Decoded:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
     except SyntaxError as error:
-        if "unknown encoding" in str(error) or "encoding problem" in str(error):
+        if "unknown encoding" in str(error):
+            # A codec a package registers when it is imported (`# -*- coding: future_fstrings -*-`):
+            # such codecs rewrite UTF-8 source, and Python reads the file once the package is there.
+            try:
+                return Decoded(raw.decode("utf-8"), "utf-8")
+            except UnicodeDecodeError:
+                return Decoded(None, problem=(1, 0, str(error)))
+        if "encoding problem" in str(error):
             return Decoded(None, problem=(1, 0, str(error)))
         # No cookie and the first lines are not UTF-8: decoding below locates
         # the bad byte, as Python's own message does.

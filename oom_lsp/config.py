@@ -439,6 +439,9 @@ _PARSERS: dict[str, Callable[[str, str, Any], Any]] = {
     "extend-exclude": _string_list,
     "respect-gitignore": _bool,
     "max-batch-size": _positive_int,
+    # Every finding the rules can prove, also where the memory at stake is not
+    # shown to matter (the default shows only those that are).
+    "strict": _bool,
     "max-file-size": _memory,
     "severity": _severity_table,
     "gpu-memory": _memory,
@@ -502,6 +505,7 @@ class ProjectConfig:
     extend_exclude: tuple[str, ...] = ()
     respect_gitignore: bool = True
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    strict: bool = False
     max_file_size: int = DEFAULT_MAX_FILE_SIZE  # bytes; larger files are reported, not analysed
     severity: dict[str, Severity] = field(default_factory=dict)
     gpu_memory: int | None = None
@@ -572,6 +576,7 @@ class ProjectConfig:
                 enabled=self.enabled - ignored,
                 severity=dict(self._severity_by_code),
                 max_batch_size=self.max_batch_size,
+                strict=self.strict,
             )
             self._settings_cache[ignored] = settings
         return settings

@@ -119,7 +119,9 @@ def test_explicit_files_of_any_name_are_checked_once(tmp_path: Path) -> None:
         (b"# coding: latin-1\nx = '\xe9'\n", "# coding: latin-1\nx = '\xe9'\n", None),
         (b"x = 1\r\ny = 2\r\n", "x = 1\r\ny = 2\r\n", None),
         (b"x = 1\ny = '\x00'\n", None, (2, 5, "source code cannot contain null bytes")),
-        (b"# coding: klingon\n", None, (1, 0, "unknown encoding: klingon")),
+        # A codec a package installs when imported (future_fstrings): the text is read as UTF-8.
+        (b"# -*- coding: future_fstrings -*-\nx = f'{1}'\n", "# -*- coding: future_fstrings -*-\nx = f'{1}'\n", None),
+        (b"# coding: klingon\nx = '\xff'\n", None, (1, 0, "unknown encoding: klingon")),
     ],
 )
 def test_decode_source(raw: bytes, text: str | None, problem: tuple[int, int, str] | None) -> None:

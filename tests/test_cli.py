@@ -17,10 +17,16 @@ import pytest
 from oom_lsp import cli
 from oom_lsp.analysis import engine
 
-# A checkpoint of a CUDA model restored without map_location (OOM501).
-RISKY = 'import torch\nstate = torch.load("x.pt")\nnet.cuda().load_state_dict(state["net"])\n'
+# A checkpoint of a CUDA model restored without map_location (OOM501), shown by
+# default: the size facts know the model's weights (Llama 2 7B, about 25 GiB).
+_LLAMA = (
+    'net = transformers.AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf").cuda()\n'
+)
+RISKY = 'import torch, transformers\nstate = torch.load("x.pt")\n' + _LLAMA + 'net.load_state_dict(state["net"])\n'
 FIXED = (
-    'import torch\nstate = torch.load("x.pt", map_location="cpu")\nnet.cuda().load_state_dict(state["net"])\n'
+    'import torch, transformers\nstate = torch.load("x.pt", map_location="cpu")\n'
+    + _LLAMA
+    + 'net.load_state_dict(state["net"])\n'
 )
 CLEAN = "import torch\nx = torch.zeros(3)\n"
 # OOM101's fix (lowering the batch size) is unsafe.
@@ -244,7 +250,8 @@ def test_fix_keeps_encoding_bom_and_newlines(project: Path, capsys: pytest.Captu
 
 def test_unsafe_fixes_only_on_request(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = write(project / "train.py", BIG_BATCH)
-    select = ["--select", "OOM101"]
+    # A batch literal with no size facts around it is reported in strict mode only.
+    select = ["--strict", "--select", "OOM101"]
     code, out, _ = run(capsys, "--check", *select, ".")
     assert code == 1
     assert "OOM101 [*]" not in out
@@ -273,10 +280,11 @@ def test_diff_shows_but_does_not_write(project: Path, capsys: pytest.CaptureFixt
 def test_diff_numbers_lines_as_python_does_below_a_form_feed(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write(project / "paged.py", RISKY.replace("import torch\n", "import torch\n# page \x0c break\n"))
+    first = "import torch, transformers\n"
+    write(project / "paged.py", RISKY.replace(first, first + "# page \x0c break\n"))
     code, out, _ = run(capsys, "--check", *SELECT, "--diff", ".")
     assert code == 1
-    assert out.split("\n")[2:5] == ["@@ -1,4 +1,4 @@", " import torch", " # page \x0c break"]
+    assert out.split("\n")[2:5] == ["@@ -1,5 +1,5 @@", " import torch, transformers", " # page \x0c break"]
 
 
 # --- outputs through the CLI ------------------------------------------------------------------------------------------
@@ -287,7 +295,7 @@ def test_json_and_statistics(project: Path, capsys: pytest.CaptureFixture[str]) 
     write(project / "b.py", RISKY + 'more = torch.load("y.pt")\nnet.load_state_dict(more["net"])\n')
     code, out, _ = run(capsys, "--check", *SELECT, "--format", "json", ".")
     records = json.loads(out)
-    assert code == 1 and [(r["path"], r["line"]) for r in records] == [("a.py", 2), ("b.py", 2), ("b.py", 4)]
+    assert code == 1 and [(r["path"], r["line"]) for r in records] == [("a.py", 2), ("b.py", 2), ("b.py", 5)]
     code, out, _ = run(capsys, "--check", *SELECT, "--statistics", ".")
     assert out.splitlines()[0] == "3\tOOM501\t[*] torch-load-without-map-location"
     code, out, _ = run(capsys, "--check", *SELECT, "--statistics", "--format", "json", ".")
@@ -396,13 +404,13 @@ def test_a_file_over_max_file_size_is_reported_and_the_others_checked(
     code, out, err = run(capsys, "--check", *SELECT, "--no-cache", ".")
     assert code == 1
     assert (
-        "error: big.py: not checked: 11.8 KiB is over max-file-size (4 KiB); raise max-file-size in "
+        "error: big.py: not checked: 11.9 KiB is over max-file-size (4 KiB); raise max-file-size in "
         "[tool.oom-lsp] to check it\n"
     ) in err
     assert out.startswith("small.py:2:9: OOM501")
     feed_stdin(monkeypatch, (RISKY + "x = 1\n" * 2000).encode())
     code, _, err = run(capsys, "--check", *SELECT, "--stdin-filename", "big.py", "-")
-    assert code == 1 and "not checked: 11.8 KiB is over max-file-size" in err
+    assert code == 1 and "not checked: 11.9 KiB is over max-file-size" in err
 
 
 def test_tokenizer_errors_are_placed_where_python_places_them(

@@ -1,22 +1,26 @@
 """Golden tests over the realistic training scripts in fixtures/.
 
-Each fixtures/<name>.py is analysed with the default settings; the findings,
-rendered one per line as `line:col CODE message`, must equal
-fixtures/expected/<name>.txt. After a deliberate change to a rule, regenerate
-the expectations and review the diff:
+Each fixtures/<name>.py is analysed with the default settings and in strict
+mode; the findings, rendered one per line as `line:col CODE message`, must equal
+fixtures/expected/<name>.txt (what a user sees by default: the findings whose
+memory at stake is shown to matter) and fixtures/expected/strict/<name>.txt
+(every finding the rules prove). After a deliberate change to a rule,
+regenerate the expectations and review the diff:
 
     OOM_LSP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_fixtures.py
 
 Every fixture starts with a comment `# Intended findings: ...`, either `none`
 (a clean script: it must produce no finding at all) or a list such as
 `OOM101 (line 34), OOM301 (line 107)` (a risky script: each listed code must
-be reported; the lines tell reviewers where to look).
+be reported in strict mode, where every finding the rules prove is shown; the
+lines tell reviewers where to look).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,6 +30,7 @@ from oom_lsp.analysis.registry import all_rules
 
 FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
 EXPECTED_DIR = FIXTURES_DIR / "expected"
+STRICT_EXPECTED_DIR = EXPECTED_DIR / "strict"
 FIXTURES = sorted(FIXTURES_DIR.glob("*.py"))
 UPDATE_GOLDEN = os.environ.get("OOM_LSP_UPDATE_GOLDEN") == "1"
 
@@ -53,8 +58,9 @@ def render(findings: list[Finding]) -> str:
 
 
 def every_rule_settings() -> LintSettings:
-    """All registered rules, including those off by default: intent is checked against the catalogue."""
-    return LintSettings(enabled=frozenset(all_rules()))
+    """All registered rules, including those off by default, in strict mode: intent is
+    checked against everything the rules can prove."""
+    return LintSettings(enabled=frozenset(all_rules()), strict=True)
 
 
 def _ids(paths: list[Path]) -> list[str]:
@@ -94,12 +100,15 @@ def test_fixture_declares_its_intent_consistently_with_its_name(path: Path):
         assert intent, f"{path.name} is named risky but declares no finding"
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])
 @pytest.mark.parametrize("path", FIXTURES, ids=_ids(FIXTURES))
-def test_findings_match_golden_file(path: Path):
-    actual = render(analyze(path.read_text(encoding="utf-8"), default_settings(), str(path)))
-    expected_path = EXPECTED_DIR / f"{path.stem}.txt"
+def test_findings_match_golden_file(path: Path, strict: bool):
+    settings = replace(default_settings(), strict=strict)
+    actual = render(analyze(path.read_text(encoding="utf-8"), settings, str(path)))
+    expected_dir = STRICT_EXPECTED_DIR if strict else EXPECTED_DIR
+    expected_path = expected_dir / f"{path.stem}.txt"
     if UPDATE_GOLDEN:
-        EXPECTED_DIR.mkdir(exist_ok=True)
+        expected_dir.mkdir(parents=True, exist_ok=True)
         expected_path.write_text(actual, encoding="utf-8")
         return
     assert expected_path.exists(), (
@@ -120,3 +129,13 @@ def test_risky_fixture_reports_every_intended_code(path: Path):
     reported = {finding.code for finding in analyze(source, every_rule_settings(), str(path))}
     missing = [f"{code} (line {line})" for code, line in intended_findings(source) if code not in reported]
     assert not missing, f"{path.name}: not reported: {', '.join(missing)}"
+
+
+@pytest.mark.parametrize("path", RISKY_FIXTURES, ids=_ids(RISKY_FIXTURES))
+def test_risky_fixture_shows_a_finding_by_default(path: Path):
+    """A bundled risky example is what a new user runs first: it must show a risk
+    whose memory at stake matters, not only strict-mode findings."""
+    source = path.read_text(encoding="utf-8")
+    shown = {finding.code for finding in analyze(source, default_settings(), str(path))}
+    intended = {code for code, _ in intended_findings(source)}
+    assert shown & intended, f"{path.name}: none of its intended findings is shown by default"

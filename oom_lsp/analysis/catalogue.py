@@ -1,10 +1,14 @@
 """Every rule code, its name and whether it is on by default.
 
+GENERATED from the rule classes (`oom_lsp/analysis/rules/`) and the meta rules
+of `oom_lsp/analysis/registry.py` by
+`python -m oom_lsp.analysis.registry --write-catalogue`; do not edit by hand
+(tests/analysis/test_registry.py fails when it is stale).
+
 This table is the public interface of RULES.md (codes never change meaning)
 and it is readable without importing the rules themselves, which pull in
 libcst: resolving a configuration and answering a run from the results cache
-need only codes and names. `tests/analysis/test_registry.py` checks that it
-agrees with the registered rule classes.
+need only codes and names.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ CATALOGUE: tuple[tuple[str, str, bool], ...] = (
     ("OOM303", "eval-without-no-grad", True),
     ("OOM304", "retain-graph-in-loop", True),
     ("OOM305", "hidden-state-carried-across-batches", True),
+    ("OOM306", "device-tensors-kept-across-iterations", True),
+    ("OOM307", "backward-create-graph", True),
     ("OOM401", "cat-in-loop", True),
     ("OOM402", "naive-attention", True),
     ("OOM501", "torch-load-without-map-location", True),
@@ -41,12 +47,3 @@ CODES: tuple[str, ...] = tuple(code for code, _, _ in CATALOGUE)
 DEFAULT_CODES: tuple[str, ...] = tuple(code for code, _, enabled in CATALOGUE if enabled)
 CODE_BY_NAME: dict[str, str] = {name: code for code, name, _ in CATALOGUE}
 NAME_BY_CODE: dict[str, str] = {code: name for code, name, _ in CATALOGUE}
-
-# Where each rule is documented: `oom-lsp rule --all` writes docs/rules.md, whose headings
-# `# <name> (<code>)` GitHub turns into these anchors. Diagnostics link here in every face.
-DOCS_URL = "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md"
-
-
-def rule_url(code: str, name: str) -> str:
-    """The rule's section in docs/rules.md."""
-    return f"{DOCS_URL}#{name}-{code.lower()}"

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ import libcst as cst
 from oom_lsp import python_ast
 
 if TYPE_CHECKING:
+    from oom_lsp.analysis.facts.project import ProjectFacts
     from oom_lsp.analysis.rule import Report
     from oom_lsp.analysis.settings import LintSettings
 
@@ -298,6 +300,8 @@ class _FunctionFrame:
     no_grad_depth: int = 0
     # Set by a `torch.set_grad_enabled(False)` statement, for what follows it.
     grad_switched_off: bool = False
+    # Every caller enters the function with autograd off (worked out on first use).
+    entered_without_grad: bool | None = None
 
 
 class Tracker:
@@ -320,6 +324,9 @@ class Tracker:
         self._loop_blocks: list[cst.CSTNode] = []
         self._region_withs: list[tuple[cst.With, bool, bool]] = []
         self.autocast_depth = 0
+        # Whether a function is entered with autograd off by every caller the
+        # file shows (`oom_lsp.analysis.facts.contexts`); set by the engine.
+        self.entry_grad_off: Callable[[cst.FunctionDef], bool] | None = None
 
     # --- state read by rules -------------------------------------------------
     @property
@@ -345,9 +352,18 @@ class Tracker:
 
     @property
     def in_no_grad(self) -> bool:
-        """Inside `torch.no_grad()` / `inference_mode()` (with or decorator)."""
+        """Inside `torch.no_grad()` / `inference_mode()` (with or decorator),
+        or in a function that every caller runs with autograd off."""
         frame = self._frames[-1]
-        return frame.no_grad_depth > 0 or frame.grad_switched_off
+        if frame.no_grad_depth > 0 or frame.grad_switched_off:
+            return True
+        if frame.entered_without_grad is None:
+            frame.entered_without_grad = (
+                frame.function is not None
+                and self.entry_grad_off is not None
+                and self.entry_grad_off(frame.function)
+            )
+        return frame.entered_without_grad
 
     @property
     def in_autocast(self) -> bool:
@@ -476,8 +492,12 @@ class FileContext:
         path: str,
         syntax_tree: ast.Module | None = None,
         cell_statements: tuple[int, ...] | None = None,
+        project: ProjectFacts | None = None,
     ) -> None:
         self.source = source
+        # What the other files of the project say about this file's functions
+        # (oom_lsp.analysis.facts.project); None when the file is analysed alone.
+        self.project = project
         self.module = module
         self.settings = settings
         self.path = path

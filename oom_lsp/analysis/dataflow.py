@@ -276,6 +276,14 @@ _VERBS = frozenset(
 )  # fmt: skip
 
 
+_MODEL_ONLY_NAMES = frozenset({"model", "net", "network", "rnn", "lstm", "gru"})
+
+
+def _names_a_model(name: str) -> bool:
+    lowered = name.lower().lstrip("_")
+    return lowered in _MODEL_ONLY_NAMES or lowered.endswith(("_model", "_net"))
+
+
 def model_name_heuristic(name: str) -> Role:
     lowered = name.lower()
     if lowered.lstrip("_").split("_", 1)[0] in _VERBS:
@@ -321,6 +329,7 @@ class FileFacts:
         self._summaries: dict[cst.FunctionDef | None, ScopeSummary] = {}
         # What the naming heuristics make of each name, worked out once.
         self._named_callees: dict[str, Callee] = {}
+        self._module_names: frozenset[str] | None = None
         self._functions: list[cst.FunctionDef] | None = None
         self._return_kinds: dict[cst.FunctionDef, Kind] = {}
         self._trains: bool | None = None
@@ -641,14 +650,44 @@ class FileFacts:
             return any((dotted_name(base.value) or "").endswith("Pipeline") for base in owner.bases)
         return False
 
-    def callee_by_name(self, name: str) -> Callee:
+    def callee_by_name(self, name: str, *, of_a_module: bool = False) -> Callee:
+        """What a name whose binding the file does not show is, from its name
+        (`model`, `criterion`). Only `model`, `net` (`*_model`, `*_net`) and the
+        recurrent layers' names name nothing but a model in PyTorch code; a name
+        that also names other things
+        (`policy`, `encoder`, `generator`, `rnn`) is a module only when the file
+        calls a module's methods on it (`policy.parameters()`,
+        `encoder.eval()`) or hands it to what takes a module (`DDP(actor)`), so
+        that a function or a tokenizer's encoder is not taken for a model."""
         callee = self._named_callees.get(name)
         if callee is None:
-            callee = self._named_callees[name] = Callee(model_name_heuristic(name))
+            role = model_name_heuristic(name)
+            if role is Role.MODULE and not _names_a_model(name) and name not in self._module_used_names():
+                role = Role.UNKNOWN
+            callee = self._named_callees[name] = Callee(role)
+        if of_a_module and callee.role is Role.UNKNOWN and model_name_heuristic(name) is Role.MODULE:
+            # `model.module(x)`, `net.encoder(x)`: a submodule of a module is a module.
+            return Callee(Role.MODULE)
         return callee
+
+    def _module_used_names(self) -> frozenset[str]:
+        if self._module_names is None:
+            self._module_names = frozenset(
+                match.group(1) or match.group(2) for match in _MODULE_USE_RE.finditer(self.context.source)
+            )
+        return self._module_names
 
 
 _LIGHTNING_NO_GRAD_HOOKS = frozenset({"validation_step", "test_step", "predict_step"})
+# `name.parameters()`, `name.eval()`, ...: nn.Module's API used on a name (the
+# last part of a dotted name: `self.policy.train()` names `policy`).
+_MODULE_USE_RE = re.compile(
+    r"\b([A-Za-z_]\w*)\s*\.\s*(?:parameters|named_parameters|train|eval|state_dict|load_state_dict|zero_grad|"
+    r"to|cuda|requires_grad_|modules|named_modules|children|apply|half|bfloat16|forward|register_forward_hook|"
+    r"gradient_checkpointing_enable)\s*\("
+    # Handed to what only takes a module: DDP(model), torch.compile(net), accelerator.prepare(model, ...).
+    r"|(?:DataParallel|DDP|FSDP|FullyShardedDataParallel|compile|prepare)\s*\(\s*(?:self\.)?([A-Za-z_]\w*)"
+)
 # Values that make a name no module: literals, and lambdas.
 _LITERAL_TYPES = frozenset(
     {
@@ -933,7 +972,7 @@ class ScopeFlow:
                 return self._by_name(attribute, call)
             # `model.encoder(x)`: a submodule of a module; `solver.model()` is not one.
             if self.callee(func.value).role is Role.MODULE:
-                return self._by_name(attribute, call)
+                return self._by_name(attribute, call, of_a_module=True)
         if type(func) is cst.Call:
             # Built and called at once: `nn.CrossEntropyLoss()(out, y)`.
             built = self.facts.classify_value(func, self.bindings)
@@ -969,10 +1008,10 @@ class ScopeFlow:
                 class_def = facts.class_by_name.get(bound.constructor)
         return facts.method_of(class_def, func.attr.value) if class_def is not None else None
 
-    def _by_name(self, name: str, call: cst.Call | None) -> Callee:
+    def _by_name(self, name: str, call: cst.Call | None, *, of_a_module: bool = False) -> Callee:
         if not self.facts.uses_framework or (call is not None and not call.args):
             return _UNKNOWN_CALLEE
-        return self.facts.callee_by_name(name)
+        return self.facts.callee_by_name(name, of_a_module=of_a_module)
 
 
 _SET_GRAD_ENABLED = frozenset(
@@ -1730,6 +1769,11 @@ class ScopeSummary:
             elif node_type in _BINDING_TYPES:
                 for name, value in assigned_names(node):
                     self.bindings.setdefault(name, []).append(value)
+            elif node_type is cst.AugAssign:
+                # `loss += perceptual_loss`: loss is made of what is added to it too.
+                target = dotted_name(node.target)
+                if target is not None:
+                    self.bindings.setdefault(target, []).append(node.value)
         self.feeds_backward = self._closure(seeds)
         # What a return statement hands back, and every name it is made of.
         self.returned = self._closure(self.returned)

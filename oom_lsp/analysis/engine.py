@@ -9,8 +9,11 @@ syntax errors by CPython's parser.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from dataclasses import dataclass
 import warnings
+import weakref
 from collections.abc import Callable
 
 import libcst as cst
@@ -18,6 +21,9 @@ from libcst._position import CodeRange
 
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.context import FileContext, Tracker
+from oom_lsp.analysis.facts.contexts import call_graph
+from oom_lsp.analysis.facts.library import Grad
+from oom_lsp.analysis.facts.project import FileSummary, ProjectFacts, summarize
 from oom_lsp.analysis.findings import Applicability, Finding, Fix, Severity
 from oom_lsp.analysis.incremental import ParsedSource, parse_whole
 from oom_lsp.analysis.positions import PositionResolver, compute_positions
@@ -53,20 +59,42 @@ def analyze(
     path: str = "<stdin>",
     parse: Callable[[str], ParsedSource] = parse_whole,
     cell_statements: tuple[int, ...] | None = None,
+    project: ProjectFacts | None = None,
+    observe: Callable[[FileContext], None] | None = None,
 ) -> list[Finding]:
     """All findings for one file's text, sorted by position. `parse` may be
     an IncrementalParser's, for successive versions of one document.
     `cell_statements`: the text is a notebook's code cells joined (oom_lsp.notebooks),
-    each made of this many top-level statements, in order."""
+    each made of this many top-level statements, in order. `project`: what
+    the other files of the project say about this file's functions. `observe`
+    is called with the file's context once its rules have run (the project
+    summary is read from it)."""
     findings: list[Finding] = []
     if mentions_framework(source):
+        legacy: list[Finding] = []
         try:
             parsed = parse(source)
         except cst.ParserSyntaxError as error:
-            return _syntax_error(error, source, settings)
+            readable = _without_legacy_async_keyword(source)
+            if readable is None:
+                return _syntax_error(error, source, settings)
+            try:
+                parsed = parse(readable)
+            except cst.ParserSyntaxError as remaining:
+                return _legacy_async_error(source, settings) + _syntax_error(remaining, readable, settings)
+            except RecursionError:
+                return _syntax_error(error, source, settings)
+            # The file still does not run on Python 3.7+: say so where it breaks, and check the rest.
+            legacy = _legacy_async_error(source, settings)
+            source_for_rules = readable
         except RecursionError:
             return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
-        findings = _run_rules(parsed, source, settings, path, cell_statements)
+        else:
+            source_for_rules = source
+        findings = _run_rules(parsed, source_for_rules, settings, path, cell_statements, project, observe)
+        if legacy:
+            # Fixes are written from the renamed text: none is offered until the file parses.
+            findings = legacy + [dataclasses.replace(finding, fix=None) for finding in findings]
     elif registry.INVALID_SYNTAX.code in settings.enabled:
         # No rule can fire here, but a syntax error is reported in every file, as Ruff does.
         problem = _compile_error(source)
@@ -79,6 +107,31 @@ def analyze(
             findings += _unused_suppressions(suppressions, settings)
     findings.sort(key=lambda finding: (finding.range.start, finding.code))
     return findings
+
+
+# `x.cuda(async=True)`: PyTorch 0.3's keyword, a syntax error since Python 3.7 made
+# `async` a keyword. The argument is `non_blocking` since PyTorch 0.4.
+_LEGACY_ASYNC_KEYWORD = re.compile(r"(?<=[(,])(\s*)async(\s*=)(?!=)")
+
+
+def _without_legacy_async_keyword(source: str) -> str | None:
+    """The text with each `async=` keyword argument renamed to a name of the
+    same length (every position stays where it is), or None when it has none."""
+    if "async" not in source:
+        return None
+    renamed, count = _LEGACY_ASYNC_KEYWORD.subn(lambda match: f"{match.group(1)}_sync{match.group(2)}", source)
+    return renamed if count else None
+
+
+def _legacy_async_error(source: str, settings: LintSettings) -> list[Finding]:
+    match = _LEGACY_ASYNC_KEYWORD.search(source)
+    assert match is not None
+    start = match.start() + len(match.group(1))
+    line = source.count("\n", 0, start) + 1
+    column = start - (source.rfind("\n", 0, start) + 1)
+    return _syntax_error_at(
+        line, column, "`async=` is invalid since Python 3.7 (PyTorch's argument is `non_blocking=`)", settings
+    )
 
 
 def _compile_error(source: str) -> tuple[int, int, str] | None:
@@ -158,6 +211,8 @@ def _run_rules(
     settings: LintSettings,
     path: str,
     cell_statements: tuple[int, ...] | None = None,
+    project: ProjectFacts | None = None,
+    observe: Callable[[FileContext], None] | None = None,
 ) -> list[Finding]:
     module = parsed.module
     context = FileContext(
@@ -167,6 +222,7 @@ def _run_rules(
         path=path,
         syntax_tree=parsed.statements,
         cell_statements=cell_statements,
+        project=project,
     )
     rules = [
         rule_class(context)
@@ -174,7 +230,10 @@ def _run_rules(
         if code in settings.enabled
     ]
     if not rules:
+        if observe is not None:
+            observe(context)
         return []
+    context.tracker.entry_grad_off = _entry_grad_off(context)
     try:
         walk(
             module,
@@ -185,12 +244,15 @@ def _run_rules(
         )
     except RecursionError:
         return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
-    if not context.reports:
+    if observe is not None:
+        observe(context)
+    reports = context.reports if settings.strict else [report for report in context.reports if report.shown_by_default]
+    if not reports:
         return []
     resolver = PositionResolver(module, source, parsed.statements, parsed.positions)
     builder = _FixBuilder(context, resolver)
     findings = []
-    for report in context.reports:
+    for report in reports:
         resolver.ensure([report.node, report.statement, *_fix_nodes(report.fix)], report.statement_path)
         node_range = resolver.range_of(report.node)
         if node_range is None:
@@ -203,12 +265,30 @@ def _run_rules(
                 name=rule.name,
                 message=report.message,
                 range=_report_range(report.node, node_range, builder.lines),
-                severity=settings.severity_of(rule.code, rule.default_severity),
+                severity=settings.severity_of(rule.code, report.severity or rule.default_severity),
                 fix=builder.build(report.fix) if report.fix else None,
                 statement_line=statement_range.start.line if statement_range else node_range.start.line,
             )
         )
     return _dedupe(findings)
+
+
+def _entry_grad_off(context: FileContext) -> Callable[[cst.FunctionDef], bool]:
+    """Whether every caller the file shows runs a function with autograd off
+    (a `with torch.no_grad():` around each call, a decorated caller, a
+    framework hook that runs without grad), from the file's call graph, built
+    the first time a rule asks."""
+    reference = weakref.ref(context)  # the tracker belongs to the context: no cycle through it
+
+    def entered_without_grad(function: cst.FunctionDef) -> bool:
+        owner = reference()
+        if owner is None:
+            return False
+        graph = call_graph(owner)
+        scope = graph.program.function(function)
+        return scope is not None and graph.entry_grad(scope) == Grad.OFF
+
+    return entered_without_grad
 
 
 def _fix_nodes(spec: FixSpec | None) -> list[cst.CSTNode]:
@@ -436,4 +516,36 @@ def _remove_codes_fix(suppression: Suppression, unused: set[str]) -> Fix:
 _OOM_BRACKET = re.compile(r"(#\s*oom:\s*(?:ignore-file|file-ignore|ignore)\s*\[)([^\]]*)(\])", re.IGNORECASE)
 _NOQA_CODES = re.compile(r"(#\s*noqa:\s*)([A-Za-z0-9_\-]+(?:\s*,\s*[A-Za-z0-9_\-]+)*)()", re.IGNORECASE)
 
-__all__ = ["analyze", "compute_positions", "mentions_framework", "Severity"]
+@dataclass(frozen=True)
+class FileAnalysis:
+    findings: list[Finding]
+    # The calls this file makes into other modules of its project (None: not asked).
+    summary: FileSummary | None
+
+
+def analyze_file(
+    source: str,
+    settings: LintSettings,
+    path: str,
+    *,
+    module: str | None = None,
+    project: ProjectFacts | None = None,
+    parse: Callable[[str], ParsedSource] = parse_whole,
+    cell_statements: tuple[int, ...] | None = None,
+) -> FileAnalysis:
+    """`analyze`, and the file's project summary when `module` (its dotted name
+    in the project) is given: the checker's two phases (oom_lsp.analysis.facts.project)."""
+    summaries: list[FileSummary] = []
+
+    def observe(context: FileContext) -> None:
+        if module is not None:
+            summaries.append(summarize(context, module))
+
+    findings = analyze(
+        source, settings, path, parse=parse, cell_statements=cell_statements, project=project, observe=observe
+    )
+    summary = summaries[0] if summaries else (FileSummary(module) if module is not None else None)
+    return FileAnalysis(findings, summary)
+
+
+__all__ = ["FileAnalysis", "analyze", "analyze_file", "compute_positions", "mentions_framework", "Severity"]

@@ -7,16 +7,19 @@ them too.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from oom_lsp.analysis import catalogue
 from oom_lsp.analysis.findings import Applicability, Severity
-from oom_lsp.analysis.rule_store import REGISTERED
 
 if TYPE_CHECKING:
     from oom_lsp.analysis.rule import Rule
 
+_RULES: dict[str, type[Rule]] = {}
+_CODE_RE = re.compile(r"^OOM\d{3}$")
+_NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
 
 @dataclass(frozen=True)
@@ -172,23 +175,89 @@ META_RULES: dict[str, MetaRule] = {
 }
 
 
-def _load() -> None:
-    # Importing the package registers every rule module (in rule_store, which they import).
-    import oom_lsp.analysis.rules  # noqa: F401
+def _check(rule: type[Rule]) -> None:
+    if not _CODE_RE.match(rule.code):
+        raise ValueError(f"{rule.__name__}: bad code {rule.code!r}")
+    if not _NAME_RE.match(rule.name):
+        raise ValueError(f"{rule.__name__}: name {rule.name!r} is not kebab-case")
+    if rule.code in _RULES or rule.code in META_RULES:
+        raise ValueError(f"duplicate rule code {rule.code}")
 
-    clash = sorted(set(REGISTERED) & set(META_RULES))
-    if clash:
-        raise ValueError(f"duplicate rule code {clash[0]}: a meta rule has it")
+
+def _load() -> None:
+    """Find the rules: every `Rule` subclass with a code, defined in a module of
+    `oom_lsp.analysis.rules` (modules named `_*` hold shared helpers)."""
+    if _RULES:
+        return
+    import importlib
+    import pkgutil
+
+    import oom_lsp.analysis.rules as package
+    from oom_lsp.analysis.rule import Rule
+
+    found: dict[str, type[Rule]] = {}
+    for module_info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+        if module_info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package.__name__}.{module_info.name}")
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, Rule)
+                and value.__module__ == module.__name__
+                and "code" in vars(value)
+            ):
+                if value.code in found:
+                    raise ValueError(f"duplicate rule code {value.code}")
+                found[value.code] = value
+    for rule in found.values():
+        _check(rule)
+        _RULES[rule.code] = rule
+
+
+def render_catalogue() -> str:
+    """The text of `oom_lsp/analysis/catalogue.py`, generated from the rule classes and the meta rules."""
+    rows = {code: (rule.name, rule.default_enabled) for code, rule in all_rules().items()}
+    rows |= {code: (meta.name, meta.default_enabled) for code, meta in META_RULES.items()}
+    lines = [f'    ("{code}", "{name}", {enabled}),' for code, (name, enabled) in sorted(rows.items())]
+    return _CATALOGUE_TEMPLATE.format(rows="\n".join(lines))
+
+
+_CATALOGUE_TEMPLATE = '''"""Every rule code, its name and whether it is on by default.
+
+GENERATED from the rule classes (`oom_lsp/analysis/rules/`) and the meta rules
+of `oom_lsp/analysis/registry.py` by
+`python -m oom_lsp.analysis.registry --write-catalogue`; do not edit by hand
+(tests/analysis/test_registry.py fails when it is stale).
+
+This table is the public interface of RULES.md (codes never change meaning)
+and it is readable without importing the rules themselves, which pull in
+libcst: resolving a configuration and answering a run from the results cache
+need only codes and names.
+"""
+
+from __future__ import annotations
+
+# (code, name, enabled by default)
+CATALOGUE: tuple[tuple[str, str, bool], ...] = (
+{rows}
+)
+
+CODES: tuple[str, ...] = tuple(code for code, _, _ in CATALOGUE)
+DEFAULT_CODES: tuple[str, ...] = tuple(code for code, _, enabled in CATALOGUE if enabled)
+CODE_BY_NAME: dict[str, str] = {{name: code for code, name, _ in CATALOGUE}}
+NAME_BY_CODE: dict[str, str] = {{code: name for code, name, _ in CATALOGUE}}
+'''
 
 
 def all_rules() -> dict[str, type[Rule]]:
     _load()
-    return dict(sorted(REGISTERED.items()))
+    return dict(sorted(_RULES.items()))
 
 
 def rule_for(code: str) -> type[Rule] | MetaRule | None:
     _load()
-    return REGISTERED.get(code) or META_RULES.get(code)
+    return _RULES.get(code) or META_RULES.get(code)
 
 
 def rule_by_name(name: str) -> type[Rule] | MetaRule | None:
@@ -246,3 +315,12 @@ def resolve_selection(
     for selector in ignore:
         enabled -= expand_selector(selector)
     return frozenset(enabled)
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    if sys.argv[1:] != ["--write-catalogue"]:
+        sys.exit("usage: python -m oom_lsp.analysis.registry --write-catalogue")
+    Path(catalogue.__file__).write_text(render_catalogue(), encoding="utf-8")

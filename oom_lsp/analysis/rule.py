@@ -55,6 +55,13 @@ class Invalid:
     line: int | None = None
     expected_fix: str | None = None
     settings: dict[str, object] = field(default_factory=dict)
+    # Reported at the default level too (not only in strict mode); None: as
+    # the rule's findings are by default (an advisory rule's are not, unless
+    # the example shows the memory at stake).
+    by_default: bool | None = None
+
+    def shown_by_default(self, rule: type[Rule]) -> bool:
+        return self.by_default if self.by_default is not None else not rule.advisory
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,18 @@ class Report:
     statement: cst.CSTNode | None
     # The enclosing statements, outermost first (for lazy positions).
     statement_path: tuple[cst.CSTNode, ...] = ()
+    # This finding's severity when it differs from the rule's default (what is
+    # at stake differs: a leak of host memory vs one of GPU activations).
+    severity: Severity | None = None
+    # Whether the facts show that the memory at stake matters (a size, a
+    # growth with the length of the run); None: the rule's default (an
+    # advisory rule's findings are unproven unless it says otherwise).
+    # Unproven findings are shown only in strict mode.
+    proven: bool | None = None
+
+    @property
+    def shown_by_default(self) -> bool:
+        return self.proven if self.proven is not None else not self.rule.advisory
 
 
 MESSAGE_LIMIT = 120
@@ -109,6 +128,11 @@ class Rule(cst.BatchableCSTVisitor):
     # Runs on a notebook's cells only (oom_lsp.notebooks); its examples are notebooks
     # in the percent format (`# %%` starts a cell).
     notebook_only: ClassVar[bool] = False
+    # Advice whose worth depends on sizes (mixed precision, float64, a checkpoint's
+    # device...): a finding is shown by default only where the size facts show
+    # that the memory at stake matters (`report(..., proven=True)`), else in
+    # strict mode only.
+    advisory: ClassVar[bool] = False
     VALID: ClassVar[list[Valid]] = []
     INVALID: ClassVar[list[Invalid]] = []
 
@@ -116,7 +140,15 @@ class Rule(cst.BatchableCSTVisitor):
         super().__init__()
         self.context = context
 
-    def report(self, node: cst.CSTNode, message: str, *, fix: FixSpec | None = None) -> None:
+    def report(
+        self,
+        node: cst.CSTNode,
+        message: str,
+        *,
+        fix: FixSpec | None = None,
+        severity: Severity | None = None,
+        proven: bool | None = None,
+    ) -> None:
         """Report `node`; the message is one short plain-text sentence on what
         is wrong (the fix is in the fix's title, the why in `why`)."""
         self.context.add_report(
@@ -127,6 +159,8 @@ class Rule(cst.BatchableCSTVisitor):
                 fix=fix,
                 statement=self.context.tracker.current_statement,
                 statement_path=tuple(self.context.tracker.statements),
+                severity=severity,
+                proven=proven,
             )
         )
 
@@ -143,7 +177,13 @@ class Rule(cst.BatchableCSTVisitor):
                 "`--unsafe-fixes` or chosen by hand, never by fix-all)."
             ),
         }[cls.fix_applicability]
-        parts = [header, body, fix_line]
+        level_line = (
+            "Level: advisory. A finding is shown by default where the size facts show the memory at stake "
+            "(the message then says how much); elsewhere only in strict mode (`--strict`, `strict = true`)."
+            if cls.advisory
+            else ""
+        )
+        parts = [header, body, fix_line, level_line]
         if cls.INVALID:
             example = textwrap.dedent(cls.INVALID[0].code).strip("\n")
             parts.append("## Flagged\n\n```python\n" + example + "\n```")
@@ -179,7 +219,14 @@ def _code_blocks(markdown: str) -> set[str]:
 
 
 def deferred_report(
-    rule: Rule, node: cst.CSTNode, message: str, fix: FixSpec | None, path: tuple[cst.CSTNode, ...]
+    rule: Rule,
+    node: cst.CSTNode,
+    message: str,
+    fix: FixSpec | None,
+    path: tuple[cst.CSTNode, ...],
+    *,
+    severity: Severity | None = None,
+    proven: bool | None = None,
 ) -> Report:
     """A report made after the pass: `path` is the statement path the
     Tracker had where `node` was found, outermost first."""
@@ -190,4 +237,6 @@ def deferred_report(
         fix=fix,
         statement=path[-1] if path else None,
         statement_path=path,
+        severity=severity,
+        proven=proven,
     )

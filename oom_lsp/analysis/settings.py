@@ -19,6 +19,9 @@ class LintSettings:
     enabled: frozenset[str]
     severity: dict[str, Severity] = field(default_factory=dict)
     max_batch_size: int = 32
+    # Report also the findings whose memory at stake is not shown to matter
+    # (`strict = true`, `--strict`); by default only those shown to matter.
+    strict: bool = False
 
     def severity_of(self, code: str, default: Severity) -> Severity:
         return self.severity.get(code, default)
@@ -30,6 +33,7 @@ class LintSettings:
                 "enabled": sorted(self.enabled),
                 "severity": {code: sev.value for code, sev in sorted(self.severity.items())},
                 "max_batch_size": self.max_batch_size,
+                "strict": self.strict,
             },
             sort_keys=True,
         )

@@ -163,6 +163,11 @@ def _add_check_parser(subparsers: Any) -> None:
     )
     check.add_argument("--stdin-filename", metavar="PATH", help="the name of the file read from stdin")
     check.add_argument("--no-cache", action="store_true", help="neither read nor write .oom_lsp_cache/")
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="also report findings whose memory at stake is not shown to matter (strict = true)",
+    )
     check.add_argument("--fix", action="store_true", help="apply safe fixes")
     check.add_argument(
         "--unsafe-fixes", action="store_true", help="also apply (and show as fixable) unsafe fixes"
@@ -366,6 +371,8 @@ def _resolver(args: argparse.Namespace) -> Any:
             except registry.SelectorError as error:
                 raise UsageError(f"--{key}: {error}") from None
         overrides[key] = selectors
+    if getattr(args, "strict", False):
+        overrides["strict"] = True  # type: ignore[assignment]
     try:
         return ConfigResolver(overrides=overrides, config_file=args.config)
     except ConfigError as error:

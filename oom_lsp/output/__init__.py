@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from oom_lsp.analysis.catalogue import DOCS_URL, rule_url
+from oom_lsp.analysis.rule_links import DOCS_URL, rule_url
 from oom_lsp.output.base import (
     CheckedFile,
     NotebookPositions,

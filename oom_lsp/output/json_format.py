@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from oom_lsp.analysis.catalogue import rule_url
+from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.analysis.findings import Finding, Fix
 from oom_lsp.edits import Position
 from oom_lsp.output.base import CheckedFile, RenderOptions, located

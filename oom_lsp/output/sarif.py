@@ -23,7 +23,7 @@ from typing import Any
 
 import oom_lsp
 from oom_lsp.analysis import registry
-from oom_lsp.analysis.catalogue import rule_url
+from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.analysis.findings import Finding, Fix, Severity
 from oom_lsp.edits import Range
 from oom_lsp.output.base import CheckedFile, NotebookPositions, RenderOptions, located

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from lsprotocol import types
 
 from oom_lsp.analysis import Finding, Severity
-from oom_lsp.analysis.catalogue import rule_url
+from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.server import Analysis, OomLanguageServer
 

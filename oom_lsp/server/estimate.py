@@ -28,7 +28,7 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import LintSettings, Severity
-from oom_lsp.analysis.catalogue import rule_url
+from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
 from oom_lsp.edits import Position, Range
 from oom_lsp.estimate.estimator import DEFAULT_MARGIN, EstimateError

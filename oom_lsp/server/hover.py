@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from lsprotocol import types
 
 from oom_lsp.analysis import Finding, registry
-from oom_lsp.analysis.catalogue import rule_url
+from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.edits import Position, Range
 from oom_lsp.server.positions import PositionConverter

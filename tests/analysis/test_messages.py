@@ -25,7 +25,7 @@ from oom_lsp.usecases.budget import growth_message, over_budget_message
 from tests.estimate.factories import cuda_prediction
 
 FIXTURES = sorted((Path(__file__).resolve().parents[2] / "fixtures").rglob("*.py"))
-EVERY_RULE = LintSettings(enabled=frozenset(all_codes()))
+EVERY_RULE = LintSettings(enabled=frozenset(all_codes()), strict=True)
 # A second sentence ("... alive. Accumulate .detach() instead"): the advice the message must not carry.
 _SECOND_SENTENCE_RE = re.compile(r"[.!?] +[A-Z]")
 BROKEN_FILES = [

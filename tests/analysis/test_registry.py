@@ -12,10 +12,11 @@ from oom_lsp.analysis.registry import (
     expand_selector,
     resolve_selection,
 )
-from oom_lsp.analysis.rule_store import register
 
 RULES_MD_CODES = [
     "OOM101", "OOM102", "OOM201", "OOM202", "OOM301", "OOM302", "OOM303", "OOM304", "OOM305",
+    # Issue 27: GPU tensors (no graph) collected across a data loader; backward(create_graph=True).
+    "OOM306", "OOM307",
     "OOM401", "OOM402", "OOM501", "OOM502", "OOM503", "OOM601", "OOM602", "OOM603",
     # The notebook family (issue 19): new codes, added after the catalogue's last.
     "OOM701", "OOM702", "OOM703",
@@ -46,7 +47,7 @@ def test_names_are_unique() -> None:
 
 
 def test_prefix_selection() -> None:
-    assert expand_selector("OOM3") == {"OOM301", "OOM302", "OOM303", "OOM304", "OOM305"}
+    assert expand_selector("OOM3") == {"OOM301", "OOM302", "OOM303", "OOM304", "OOM305", "OOM306", "OOM307"}
     assert expand_selector("torch-load-without-map-location") == {"OOM501"}
     assert "OOM900" in expand_selector("ALL")
     assert "OOM900" not in default_codes()
@@ -58,12 +59,51 @@ def test_prefix_selection() -> None:
         expand_selector("OOM77")
 
 
-def test_catalogue_agrees_with_the_rule_classes() -> None:
-    from oom_lsp.analysis.catalogue import CATALOGUE
+def test_catalogue_is_generated_from_the_rule_classes() -> None:
+    from pathlib import Path
 
-    defined = {code: (rule.name, rule.default_enabled) for code, rule in all_rules().items()}
-    defined |= {code: (meta.name, meta.default_enabled) for code, meta in META_RULES.items()}
-    assert {code: (name, enabled) for code, name, enabled in CATALOGUE} == defined
+    from oom_lsp.analysis import catalogue
+    from oom_lsp.analysis.registry import render_catalogue
+
+    assert Path(catalogue.__file__).read_text(encoding="utf-8") == render_catalogue(), (
+        "oom_lsp/analysis/catalogue.py is stale: run python -m oom_lsp.analysis.registry --write-catalogue"
+    )
+
+
+def test_a_rule_is_found_without_being_listed_anywhere(tmp_path, monkeypatch) -> None:
+    # The rule class is the one declaration: a module dropped into the package is found.
+    import oom_lsp.analysis.rules as package
+    from oom_lsp.analysis import registry
+
+    module = tmp_path / "zz_probe_rule.py"
+    module.write_text(
+        "from oom_lsp.analysis.rule import Rule\n"
+        "class Probe(Rule):\n"
+        "    code = 'OOM999'\n"
+        "    name = 'probe'\n"
+        "    summary = 'x'\n"
+        "    why = 'x'\n"
+        "    remedy = 'x'\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "_RULES", {})
+    assert "OOM999" in registry.all_rules()
+
+
+def test_the_rules_form_no_import_loop_with_the_registry() -> None:
+    # Rule modules never import the registry: it finds them, they do not register themselves.
+    import ast
+    from pathlib import Path
+
+    import oom_lsp.analysis.rules as package
+
+    for path in Path(package.__path__[0]).glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {
+            node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert "oom_lsp.analysis.registry" not in imported, path.name
 
 
 def test_configuration_resolves_without_importing_the_rules() -> None:
@@ -83,21 +123,32 @@ def test_configuration_resolves_without_importing_the_rules() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_a_rule_is_registered_once_with_a_valid_code_and_name():
+@pytest.mark.parametrize(
+    "code, name, problem",
+    [
+        ("OOM1", "bad-code", "bad code"),
+        ("OOM998", "Bad_Name", "kebab-case"),
+        ("OOM301", "loss-kept-again", "duplicate rule code"),  # a rule's code
+        ("OOM900", "unused-again", "duplicate rule code"),  # a meta code (not a visitor)
+    ],
+)
+def test_a_found_rule_has_a_valid_code_and_name_used_once(tmp_path, monkeypatch, code, name, problem) -> None:
+    # The registration's checks run on the rules the registry finds, before any is used.
+    import oom_lsp.analysis.rules as package
+    from oom_lsp.analysis import registry
 
-    class BadCode:
-        __name__ = "BadCode"
-        code, name = "OOM1", "bad-code"
-
-    class BadName:
-        __name__ = "BadName"
-        code, name = "OOM998", "Bad_Name"
-
-    class Taken:
-        __name__ = "Taken"
-        code, name = "OOM301", "loss-kept-again"
-
-    all_rules()  # the real rules are registered first
-    for rule, problem in ((BadCode, "bad code"), (BadName, "kebab-case"), (Taken, "duplicate rule code")):
-        with pytest.raises(ValueError, match=problem):
-            register(rule)  # type: ignore[arg-type]
+    # A module name of its own: the package's modules stay imported (sys.modules) between tests.
+    (tmp_path / f"zz_checked_{problem.split()[0]}_{code.lower()}.py").write_text(
+        "from oom_lsp.analysis.rule import Rule\n"
+        "class Probe(Rule):\n"
+        f"    code = {code!r}\n"
+        f"    name = {name!r}\n"
+        "    summary = 'x'\n"
+        "    why = 'x'\n"
+        "    remedy = 'x'\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "_RULES", {})
+    with pytest.raises(ValueError, match=problem):
+        registry.all_rules()

@@ -55,10 +55,13 @@ def _fix(rule: type[Rule], source: str, settings: LintSettings) -> _Fixed:
     return _Fixed(text, result.remaining.all_findings(), result.applied)
 
 
-def _settings(rule: type[Rule], example: Valid | Invalid) -> LintSettings:
+def _settings(rule: type[Rule], example: Valid | Invalid, *, strict: bool = True) -> LintSettings:
+    """The example's settings; strict by default: a VALID example must stay silent
+    even where every finding is shown, an INVALID one is reported there."""
     return LintSettings(
         enabled=frozenset({rule.code}),
         max_batch_size=int(example.settings.get("max_batch_size", 32)),  # type: ignore[arg-type]
+        strict=strict,
     )
 
 
@@ -98,6 +101,28 @@ def test_invalid_example_is_reported(rule: type[Rule], example: Invalid) -> None
     assert len([f for f in result.remaining if f.code == rule.code]) < len(findings)
     again = _fix(rule, result.source, settings)
     assert again.applied == 0
+
+
+@pytest.mark.parametrize(("rule", "example"), list(_cases("INVALID")))
+def test_invalid_example_is_shown_by_default_only_with_evidence(rule: type[Rule], example: Invalid) -> None:
+    """An advisory rule's finding is shown by default only where the facts show
+    the memory at stake; its examples say which ones are (`by_default`)."""
+    source = textwrap.dedent(example.code)
+    findings = [f for f in _analyze(rule, source, _settings(rule, example, strict=False)) if f.code == rule.code]
+    if example.line is not None:
+        findings = [f for f in findings if f.line == example.line]
+    assert bool(findings) is example.shown_by_default(rule), (
+        f"{rule.code} {'did not report' if not findings else 'reported'} at the default level:\n{source}"
+    )
+
+
+@pytest.mark.parametrize("rule", [rule for rule in all_rules().values() if rule.advisory])
+def test_an_advisory_rule_shows_both_levels(rule: type[Rule]) -> None:
+    levels = {example.shown_by_default(rule) for example in rule.INVALID}
+    assert levels == {True, False}, (
+        f"{rule.code}: examples of a finding shown by default (memory at stake shown) and of one shown "
+        "only in strict mode"
+    )
 
 
 @pytest.mark.parametrize(("rule", "example"), list(_cases("INVALID")))

@@ -7,6 +7,8 @@ value is graph-attached, and stays silent when it cannot tell.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
@@ -18,6 +20,7 @@ from oom_lsp.analysis.dataflow import (
     iter_nodes,
 )
 from oom_lsp.analysis.effects import Keep, bind_arguments, effects_for
+from oom_lsp.analysis.facts.contexts import call_graph
 from oom_lsp.analysis.rule import Rule
 
 
@@ -71,7 +74,13 @@ class AutogradRule(Rule):
         summary = self._summary()
         if holder in summary.feeds_backward:
             return True
-        return holder in summary.returned and not self._trains(loop)
+        if holder not in summary.returned or self._trains(loop):
+            return False
+        # Returned: wanted when a caller may backpropagate it (or no caller is known).
+        graph = call_graph(self.context)
+        function = self.context.tracker.current_function
+        scope = graph.program.function(function) if function is not None else None
+        return scope is None or graph.result_feeds_a_backward(scope) is not False
 
     def _kept_by_callee(self, call: cst.Call, *, accumulates: bool) -> list[tuple[Keep, cst.BaseExpression, str]]:
         """For a call, in a loop, of a function of the file that keeps a
@@ -117,6 +126,77 @@ class AutogradRule(Rule):
                 found.append((keep, argument, holder))
         return found
 
+    def _graph_freed_each_step(self, iteration: cst.For | cst.While | cst.FunctionDef) -> bool:
+        """A backward pass (without `retain_graph=True`) runs in every
+        iteration, itself or in a function it calls: it frees the activations
+        the iteration's graph saved, so what outlives the iteration keeps the
+        graph's nodes (host memory), not its activations. A Lightning
+        `training_step` is one iteration whose loss Lightning backpropagates."""
+        if type(iteration) is cst.FunctionDef:
+            return True
+        graph = call_graph(self.context)
+        function = self.context.tracker.current_function
+        scope = graph.program.function(function) if function is not None else graph.program.module
+        if scope is None or not graph.trains_in(iteration, scope):
+            return False
+        return not any(
+            type(node) is cst.Arg and node.keyword is not None and node.keyword.value == "retain_graph"
+            and not (type(node.value) is cst.Name and node.value.value == "False")
+            for node in iter_nodes(iteration.body)
+        )
+
+    def _lives_one_call(self, holder: str, iteration: cst.For | cst.While | cst.FunctionDef) -> bool:
+        """The container is created anew before the loop, in a block that holds
+        it (`self.h_emb_list = []` at the top of a method, `arr = []` in the
+        arm of an `if`, or once per iteration of an outer loop), and the loop
+        runs over a fixed range within one step (hops, heads, facets), not
+        over steps or batches: what it holds never outlives one call."""
+        function = self.context.tracker.current_function
+        if type(iteration) is cst.FunctionDef or self._is_step_loop(iteration):
+            return False
+        statements = self.context.tracker.statements
+        try:
+            position = statements.index(iteration)
+        except ValueError:
+            return False
+        start = statements.index(function) if function is not None and function in statements else -1
+        # The blocks from the function (or the module) down to the loop: look in
+        # each for a binding of the container before the statement leading to the loop.
+        path = statements[start + 1 : position + 1]
+        blocks: list[tuple[Sequence[cst.CSTNode], cst.CSTNode]] = []
+        outer: cst.CSTNode | None = function
+        for inner in path:
+            block = _block_holding(outer, inner) if outer is not None else self.context.module.body
+            if block is None:
+                return False
+            blocks.append((block, inner))
+            outer = inner
+        for block, inner in blocks:
+            for statement in block:
+                if statement is inner:
+                    break
+                if type(statement) is cst.SimpleStatementLine and any(
+                    type(small) in (cst.Assign, cst.AnnAssign)
+                    and any(dotted_name(target) == holder for target in _targets(small))
+                    for small in statement.body
+                ):
+                    return True
+        return False
+
+    def _is_step_loop(self, loop: cst.For | cst.While) -> bool:
+        """A loop over training steps or data batches: it runs a backward pass,
+        or iterates anything but a `range(...)` (a loader, a dataset, batches)."""
+        if self._graph_freed_each_step(loop) or self._trains(loop):
+            return True
+        if type(loop) is not cst.For:
+            return True  # a `while` runs as long as it likes
+        iterable = loop.iter
+        while type(iterable) is cst.Call and dotted_name(iterable.func) in ("enumerate", "tqdm", "tqdm.tqdm", "zip"):
+            if not iterable.args:
+                return True
+            iterable = iterable.args[0].value
+        return not (type(iterable) is cst.Call and dotted_name(iterable.func) == "range")
+
     def _trains(self, loop: cst.For | cst.While | cst.FunctionDef) -> bool:
         """The loop runs a backward pass, itself or in a function of the file
         it calls (`tr_loss += self.training_step(batch)`)."""
@@ -145,6 +225,37 @@ NUMBER_CONSUMERS = frozenset(
      "set_postfix", "set_description", "log_metrics"}
 )  # fmt: skip
 ARITHMETIC = (cst.BinaryOperation, cst.UnaryOperation, cst.Comparison, cst.FormattedStringExpression)
+
+
+def _block_holding(outer: cst.CSTNode, inner: cst.CSTNode) -> Sequence[cst.CSTNode] | None:
+    """The statements of the block of `outer` that holds `inner`."""
+    suites = []
+    body = getattr(outer, "body", None)
+    if isinstance(body, cst.IndentedBlock):
+        suites.append(body)
+    orelse = getattr(outer, "orelse", None)
+    if isinstance(orelse, cst.Else) and isinstance(orelse.body, cst.IndentedBlock):
+        suites.append(orelse.body)
+    elif isinstance(orelse, cst.If) and orelse is inner:
+        return [orelse]
+    for handler in getattr(outer, "handlers", ()):
+        if isinstance(handler.body, cst.IndentedBlock):
+            suites.append(handler.body)
+    finalbody = getattr(outer, "finalbody", None)
+    if isinstance(finalbody, cst.Finally) and isinstance(finalbody.body, cst.IndentedBlock):
+        suites.append(finalbody.body)
+    for suite in suites:
+        if any(statement is inner for statement in suite.body):
+            return suite.body
+    return None
+
+
+def _targets(small: cst.BaseSmallStatement) -> list[cst.BaseExpression]:
+    if type(small) is cst.Assign:
+        return [target.target for target in small.targets]
+    if type(small) is cst.AnnAssign:
+        return [small.target]
+    return []
 
 
 def holder_of(target: cst.BaseExpression) -> str | None:

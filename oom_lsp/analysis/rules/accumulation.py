@@ -7,11 +7,11 @@ import libcst as cst
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.dataflow import (
     Kind,
+    binds_inside,
     rebinds_every_iteration,
 )
-from oom_lsp.analysis.findings import Applicability
+from oom_lsp.analysis.findings import Applicability, Severity
 from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._autograd import (
     ACCUMULATING,
     ADDITIVE,
@@ -23,7 +23,6 @@ from oom_lsp.analysis.rules._autograd import (
 from oom_lsp.fixes import detach as detach_fix
 
 
-@register
 class LossAccumulatedWithGraph(AutogradRule):
     """
     ## What it does
@@ -34,9 +33,17 @@ class LossAccumulatedWithGraph(AutogradRule):
     ## Why is this bad?
     `loss` carries its autograd graph, and `total_loss + loss` makes a new
     tensor whose graph contains it. The accumulator therefore keeps the graph
-    of every iteration alive, with the saved activations of each forward pass
-    until `backward()` frees them, and the graph nodes themselves forever:
-    memory grows with every step until the epoch ends, or the GPU runs out.
+    of every iteration alive. What that costs depends on whether a backward
+    pass ran through it:
+
+    - in a loop that calls `backward()` every step (without
+      `retain_graph=True`), backward has freed the activations each graph
+      saved; what grows is the chain of autograd nodes, in host memory, a
+      little every step for as long as the accumulator lives (reported as
+      information);
+    - in a loop that runs no backward (an evaluation loop with autograd on),
+      every iteration's saved activations stay on the GPU: memory grows by a
+      forward pass per iteration until the GPU runs out (a warning).
 
     ## Example
     ```python
@@ -492,14 +499,27 @@ class LossAccumulatedWithGraph(AutogradRule):
         ):
             return
         method = "item" if kind is Kind.GRAPH_SCALAR and self._stays_a_number(holder) else "detach"
+        proven = True
+        if self._graph_freed_each_step(iteration):
+            # backward() freed each step's activations: the chain of graph nodes is what grows.
+            message = f"{short_code(holder)} keeps every step's autograd graph: host memory grows each step"
+            severity = Severity.INFO
+            # Reset inside the loop (every N steps, at each optimizer step): the
+            # chain never holds more than a few steps' nodes, some kilobytes.
+            proven = type(iteration) is cst.FunctionDef or not binds_inside(iteration, holder, besides=node)
+        else:
+            message = f"{short_code(holder)} keeps every iteration's graph and activations alive"
+            severity = None
         self.report(
             node,
-            f"{short_code(holder)} accumulates a graph-attached tensor across iterations",
+            message,
             fix=FixSpec(
                 title=f"Accumulate `.{method}()`",
                 edits=detach_fix.call_method(operand, method, self._indent(), self.context.module),
                 applicability=Applicability.SAFE,
             ),
+            severity=severity,
+            proven=proven,
         )
 
     def _stays_a_number(self, holder: str) -> bool:

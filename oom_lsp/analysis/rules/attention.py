@@ -11,7 +11,6 @@ from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._attention_evidence import (
     BROADCAST_METHODS,
     WEIGHT_PRESERVING_FUNCTIONS,
@@ -109,7 +108,6 @@ def _is_number(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, (cst.Integer, cst.Float))
 
 
-@register
 class NaiveAttention(Rule):
     """
     ## What it does

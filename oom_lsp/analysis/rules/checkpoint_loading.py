@@ -11,15 +11,16 @@ import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, is_true, method_call, string_value
+from oom_lsp.analysis.facts.program import program_of
+from oom_lsp.analysis.facts.sizes import model_size
+from oom_lsp.analysis.facts.workload import MATTERS, Stake, format_bytes, parameter_count
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._devices import file_uses_cuda
 from oom_lsp.analysis.rules._scan import SCOPES, descendants, names_read, scope_of
 from oom_lsp.fixes.map_location import add_map_location
 
 
-@register
 class TorchLoadWithoutMapLocation(Rule):
     """
     ## What it does
@@ -70,6 +71,7 @@ class TorchLoadWithoutMapLocation(Rule):
     """
 
     code = "OOM501"
+    advisory = True
     name = "torch-load-without-map-location"
     summary = "`torch.load` without `map_location` restores a GPU checkpoint onto the GPU next to the model."
     why = "The checkpoint's tensors come back onto the GPU they were saved from, next to the model's own copy."
@@ -167,6 +169,17 @@ class TorchLoadWithoutMapLocation(Rule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            import torch
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf").cuda()
+            model.load_state_dict(torch.load("finetuned.pt"))
+            """,
+            line=5,
+            by_default=True,
+        ),
         Invalid(
             'import torch\nmodel.cuda()\nmodel.load_state_dict(torch.load("ckpt.pt"))\n',
             line=3,
@@ -310,7 +323,33 @@ class TorchLoadWithoutMapLocation(Rule):
             edits=add_map_location(node, weights_only=weights_only),
             applicability=Applicability.SAFE,
         )
-        self.context.add_report(deferred_report(self, node, message, fix, load.path))
+        stake = self._stake(load)
+        if stake is not None:
+            message = f"torch.load without map_location puts {stake.text} back on the GPU it was saved from"
+        self.context.add_report(
+            deferred_report(
+                self, node, message, fix, load.path, proven=stake is not None and stake.bytes >= 4 * MATTERS
+            )
+        )
+
+    def _stake(self, load: _Load) -> Stake | None:
+        """The checkpoint's size, from the model that loads it (`model.load_state_dict(...)`
+        in the same function): a copy of its weights on the GPU beside the model."""
+        program = program_of(self.context)
+        scope = program.function(load.function) if load.function is not None else program.module
+        if scope is None:
+            return None
+        largest = None
+        for call in scope.calls:
+            func = call.node.func
+            if type(func) is cst.Attribute and func.attr.value == "load_state_dict":
+                size = model_size(self.context, func.value, load.function)
+                if size is not None and size.exact and (largest is None or size.parameters > largest.parameters):
+                    largest = size
+        if largest is None:
+            return None
+        weights = largest.parameters * 4
+        return Stake(weights, f"≈ {format_bytes(weights)} of weights ({parameter_count(largest.parameters)} parameters)")
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.dataflow import value_path
 from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, short_code
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._scan import (
     SCOPES,
     descendants,
@@ -41,7 +41,6 @@ _CONCATENATIONS = {
 _WITH_DIM = {"torch.cat", "torch.concat", "torch.concatenate"}
 
 
-@register
 class CatInLoop(Rule):
     """
     ## What it does
@@ -414,13 +413,22 @@ class CatInLoop(Rule):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         tracker = self.context.tracker
-        if not tracker.in_loop or len(node.targets) != 1 or not isinstance(node.value, cst.Call):
+        if not tracker.in_loop or len(node.targets) != 1:
             return
         call = node.value
+        conditional = False
+        if isinstance(call, cst.IfExp):
+            # `x = torch.cat((x, y)) if ok else None`: the arm that grows it.
+            grown = [arm for arm in (call.body, call.orelse) if isinstance(arm, cst.Call)]
+            call = next((arm for arm in grown if self.context.call_name(arm) in _CONCATENATIONS), None)
+            conditional = True
+        if not isinstance(call, cst.Call):
+            return
         function = self.context.call_name(call)
         if function not in _CONCATENATIONS:
             return
-        accumulator = dotted_name(node.targets[0].target)
+        # A name, an attribute, or an entry of a dict with a constant key (`embeddings["query"]`).
+        accumulator = value_path(node.targets[0].target)
         sequence = get_arg(call, "tensors", 0)
         if accumulator is None or not isinstance(sequence, cst.Arg):
             return
@@ -431,7 +439,7 @@ class CatInLoop(Rule):
             (
                 i
                 for i, element in enumerate(elements)
-                if isinstance(element, cst.Element) and dotted_name(element.value) == accumulator
+                if isinstance(element, cst.Element) and value_path(element.value) == accumulator
             ),
             None,
         )
@@ -467,7 +475,7 @@ class CatInLoop(Rule):
                 # list would not do.
                 return
         fix = None
-        if position == 0 and len(elements) == 2 and isinstance(elements[1], cst.Element):
+        if not conditional and position == 0 and len(elements) == 2 and isinstance(elements[1], cst.Element):
             fix = self._fix(node, call, loop, accumulator, function, elements[1].value, others)
         self.report(
             node,

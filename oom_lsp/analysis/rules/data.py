@@ -10,9 +10,10 @@ import libcst as cst
 from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg, int_value, is_false, method_call, string_value
 from oom_lsp.analysis.dataflow import is_backward_call
+from oom_lsp.analysis.facts.sizes import tensor_size
+from oom_lsp.analysis.facts.workload import MATTERS, Stake, format_bytes, workload_of
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, deferred_report, short_code
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._devices import file_uses_cuda, is_device_expression
 from oom_lsp.analysis.rules._scan import is_optimizer_like
 from oom_lsp.fixes.batch_size import lower_batch_size
@@ -84,7 +85,6 @@ class _Constant:
     path: tuple[cst.CSTNode, ...]
 
 
-@register
 class LargeBatchSize(Rule):
     """
     ## What it does
@@ -138,6 +138,7 @@ class LargeBatchSize(Rule):
     """
 
     code = "OOM101"
+    advisory = True
     name = "large-batch-size"
     summary = "A literal batch size above the configured limit reaches a DataLoader or a training config."
     why = "Activation memory grows linearly with the batch size."
@@ -216,6 +217,22 @@ class LargeBatchSize(Rule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained("gpt2-medium").cuda()
+            loader = DataLoader(dataset, batch_size=64)
+            max_length = 1024
+            for batch in loader:
+                loss = model(batch.cuda(), labels=batch.cuda()).loss
+                loss.backward()
+            """,
+            line=6,
+            by_default=True,
+        ),
         Invalid(
             """\
             from torch.utils.data import DataLoader as DL
@@ -488,18 +505,39 @@ class LargeBatchSize(Rule):
         path = tuple(self.context.tracker.statements)
         if statement is not None:
             path = (*path, statement)
-        self.context.add_report(deferred_report(self, value, *self._finding(value, number, reaches), path))
+        message, fix, stake = self._finding(value, number, reaches)
+        self.context.add_report(deferred_report(self, value, message, fix, path, proven=stake is not None))
 
-    def _finding(self, literal: cst.BaseExpression, number: int, reaches: str) -> tuple[str, FixSpec]:
+    def _finding(
+        self, literal: cst.BaseExpression, number: int, reaches: str
+    ) -> tuple[str, FixSpec, Stake | None]:
         limit = self._limit
+        stake = self._stake_at(number)
         message = f"Batch size {number} is above the limit of {limit} ({short_code(reaches, 48)})"
+        if stake is not None:
+            message = f"Batch size {number} is above the limit of {limit}: {stake.text}"
         assert isinstance(literal, cst.Integer)
         fix = FixSpec(
             title=f"Lower the batch size to {limit}",
             edits=lower_batch_size(literal, limit),
             applicability=Applicability.UNSAFE,
         )
-        return message, fix
+        return message, fix, stake
+
+    def _stake_at(self, number: int) -> Stake | None:
+        """The activations of a loop that iterates batches of this size, when
+        the sizes show at least 2 GiB (the limit is about memory, not the number)."""
+        workload = workload_of(self.context)
+        for scope in workload.program.functions:
+            loops = {id(loop): loop for call in scope.calls for loop in call.loops if type(loop) is cst.For}
+            for loop in loops.values():
+                batch = workload.batch_of(loop, scope)
+                if batch is None or batch.value != number:
+                    continue
+                stake = workload.activations(loop, scope)
+                if stake is not None and stake.bytes >= 2 * MATTERS:
+                    return stake
+        return None
 
     def leave_Module(self, original_node: cst.Module) -> None:
         reported: set[int] = set()
@@ -513,8 +551,10 @@ class LargeBatchSize(Rule):
             number = int_value(constant.literal)
             if number is None or number <= self._limit:
                 continue
-            message, fix = self._finding(constant.literal, number, f"{name}, {reaches}")
-            self.context.add_report(deferred_report(self, constant.literal, message, fix, constant.path))
+            message, fix, stake = self._finding(constant.literal, number, f"{name}, {reaches}")
+            self.context.add_report(
+                deferred_report(self, constant.literal, message, fix, constant.path, proven=stake is not None)
+            )
 
 
 # --- OOM102 ------------------------------------------------------------------
@@ -594,7 +634,6 @@ def _dataset_named(name: str) -> bool:
     )
 
 
-@register
 class DatasetOnDevice(Rule):
     """
     ## What it does
@@ -635,6 +674,7 @@ class DatasetOnDevice(Rule):
     """
 
     code = "OOM102"
+    advisory = True
     name = "dataset-on-device"
     summary = "A whole dataset is moved to the GPU at once instead of batch by batch."
     why = (
@@ -736,6 +776,20 @@ class DatasetOnDevice(Rule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            import torch
+            model = torch.nn.Linear(12288, 10).cuda()
+            train_x = torch.randn(100_000, 3, 64, 64)
+            train_x = train_x.cuda()
+            for i in range(0, 100_000, 64):
+                loss = model(train_x[i : i + 64].flatten(1)).sum()
+                loss.backward()
+            """,
+            line=5,
+            by_default=True,
+        ),
         Invalid(
             """\
             import torch
@@ -1067,8 +1121,16 @@ class DatasetOnDevice(Rule):
             if named is None:
                 return
             shown = named
+        size = tensor_size(self.context, moved, tracker.current_function)
+        stake = size.bytes if size is not None else None
         message = f"The whole dataset {shown} is moved to the GPU at once"
-        self._candidates.append(deferred_report(self, node, message, None, tuple(tracker.statements)))
+        if stake is not None:
+            message += f" ({format_bytes(stake)})"
+        self._candidates.append(
+            deferred_report(
+                self, node, message, None, tuple(tracker.statements), proven=stake is not None and stake >= MATTERS
+            )
+        )
 
     def leave_Module(self, original_node: cst.Module) -> None:
         # An evaluation script (a frozen model under no_grad or `.eval()`,

@@ -7,9 +7,10 @@ import re
 import libcst as cst
 
 from oom_lsp.analysis.cst_helpers import get_arg
+from oom_lsp.analysis.facts.sizes import model_size
+from oom_lsp.analysis.facts.workload import MATTERS, format_bytes
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.fixes.ddp import add_gradient_as_bucket_view
 
 _DDP = {
@@ -23,7 +24,6 @@ _POSITIONAL_BEFORE = 10
 _GRAD_DETACH_RE = re.compile(r"\.grad(?:\.data)?\.(?:detach_|requires_grad_)\(")
 
 
-@register
 class DdpBucketCopy(Rule):
     """
     ## What it does
@@ -79,6 +79,7 @@ class DdpBucketCopy(Rule):
     """
 
     code = "OOM603"
+    advisory = True
     name = "ddp-bucket-copy"
     summary = "`DistributedDataParallel` keeps a second copy of every gradient in its buckets."
     why = (
@@ -135,6 +136,19 @@ class DdpBucketCopy(Rule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            import torch
+            from torch.nn.parallel import DistributedDataParallel
+            from transformers import AutoModelForCausalLM
+            model = DistributedDataParallel(AutoModelForCausalLM.from_pretrained("gpt2-xl").cuda())
+            for batch in loader:
+                model(batch).loss.backward()
+            """,
+            line=5,
+            by_default=True,
+        ),
         Invalid(
             """\
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -184,9 +198,16 @@ class DdpBucketCopy(Rule):
             self.context.source
         ):
             return
+        module = node.args[0].value if node.args and not node.args[0].star else None
+        size = model_size(self.context, module, self.context.tracker.current_function) if module else None
+        stake = size.parameters * 4 if size is not None and size.exact else None
+        message = "DistributedDataParallel keeps every gradient twice: in the parameter and in its bucket."
+        if stake is not None:
+            message = f"DistributedDataParallel keeps every gradient twice: {format_bytes(stake)} more per GPU"
         self.report(
             node,
-            "DistributedDataParallel keeps every gradient twice: in the parameter and in its bucket.",
+            message,
+            proven=stake is not None and stake >= MATTERS,
             fix=FixSpec(
                 title="Pass `gradient_as_bucket_view=True`",
                 edits=add_gradient_as_bucket_view(node),

@@ -6,9 +6,10 @@ import libcst as cst
 
 from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.cst_helpers import get_arg, int_value, method_call, string_value
+from oom_lsp.analysis.facts.sizes import tensor_size
+from oom_lsp.analysis.facts.workload import MATTERS, format_bytes
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, deferred_report
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._devices import device_scopes, file_uses_cuda, is_device_expression
 from oom_lsp.edits import NodeEdit
 from oom_lsp.fixes.precision import double_call_to_float, to_float32
@@ -85,7 +86,6 @@ def _mentions_cpu(call: cst.Call) -> bool:
     return any(string_value(arg.value) == "cpu" for arg in call.args)
 
 
-@register
 class Float64OnGpu(Rule):
     """
     ## What it does
@@ -126,6 +126,7 @@ class Float64OnGpu(Rule):
     """
 
     code = "OOM202"
+    advisory = True
     name = "float64"
     summary = "Double precision on the GPU: 8 bytes per element, and a fraction of the speed."
     why = (
@@ -211,6 +212,19 @@ class Float64OnGpu(Rule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            import torch
+            distances = torch.zeros(16384, 16384, dtype=torch.float64, device="cuda")
+            """,
+            line=3,
+            by_default=True,
+            expected_fix="""
+            import torch
+            distances = torch.zeros(16384, 16384, dtype=torch.float32, device="cuda")
+            """,
+        ),
         Invalid(
             """\
             import torch
@@ -346,7 +360,7 @@ class Float64OnGpu(Rule):
                 arg.keyword is None and not arg.star and positional_dtype
             )
             if is_dtype_slot and self.context.qualified_name(arg.value) in _DOUBLE_DTYPES:
-                self._candidate(arg.value, to_float32(arg.value))
+                self._candidate(arg.value, to_float32(arg.value), tensor=node)
 
     def _moves_to_device(self, node: cst.Call, method: str) -> bool:
         if method == "cuda":
@@ -369,17 +383,31 @@ class Float64OnGpu(Rule):
                 isinstance(device, cst.Arg) and is_device_expression(device.value, self.context)
             ):
                 return  # `torch.from_numpy(a).double()`: a CPU tensor
-        self._candidate(node, double_call_to_float(node))
+        self._candidate(node, double_call_to_float(node), tensor=receiver)
 
-    def _candidate(self, node: cst.CSTNode, edits: tuple[NodeEdit, ...] | None) -> None:
+    def _candidate(
+        self, node: cst.CSTNode, edits: tuple[NodeEdit, ...] | None, *, tensor: cst.BaseExpression | None = None
+    ) -> None:
         function = self.context.tracker.current_function
         if function is not None and function.name.value == "double":
             return  # the implementation of a `.double()` API itself
         fix = None
         if edits is not None:
             fix = FixSpec(title="Use float32", edits=edits, applicability=Applicability.SAFE)
+        # The size facts know the tensor's elements when the code states its shape.
+        size = tensor_size(self.context, tensor, function) if tensor is not None else None
+        stake = size.elements * 8 if size is not None and size.elements is not None else None
         message = "Double precision (float64) on the GPU: 8 bytes per element"
-        report = deferred_report(self, node, message, fix, tuple(self.context.tracker.statements))
+        if stake is not None:
+            message = f"Double precision (float64) on the GPU: {format_bytes(stake)} here, half of it in float32"
+        report = deferred_report(
+            self,
+            node,
+            message,
+            fix,
+            tuple(self.context.tracker.statements),
+            proven=stake is not None and stake >= MATTERS,
+        )
         self._candidates.append((report, self.context.tracker.current_function))
 
     def leave_Module(self, original_node: cst.Module) -> None:

@@ -16,7 +16,6 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._autograd import SEQUENCES, AutogradRule
 from oom_lsp.fixes import hidden_state
 
@@ -32,7 +31,6 @@ _RECURRENT_STATES = frozenset(
 )
 
 
-@register
 class HiddenStateCarriedAcrossBatches(AutogradRule):
     """
     ## What it does

@@ -18,109 +18,10 @@ from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, has_splat, int_value, is_false, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
-from oom_lsp.analysis.rule_store import register
+from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
+from oom_lsp.analysis.facts.workload import MATTERS, Stake, workload_of
 from oom_lsp.analysis.rules._devices import Found, device_scopes, file_uses_cuda, search
 from oom_lsp.fixes.autocast import autocast_regions, wrap_in_autocast
-
-# torchvision datasets of images 32 pixels wide or less (MNIST's 28x28,
-# CIFAR's and SVHN's 32x32, USPS's 16x16).
-_SMALL_IMAGE_DATASETS = {
-    "MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "CIFAR10", "CIFAR100", "SVHN", "USPS",
-}  # fmt: skip
-_SMALL_IMAGE_WORDS = ("MNIST", "CIFAR", "SVHN", "USPS")
-# Transforms that set the size of the images the model sees.
-_SIZING_TRANSFORMS = {
-    "Resize",
-    "RandomResizedCrop",
-    "CenterCrop",
-    "RandomCrop",
-    "FiveCrop",
-    "TenCrop",
-    "Scale",
-}
-# The largest side that keeps images "small": a CIFAR crop, a 64x64 DCGAN.
-_SMALL_IMAGE_SIDE = 64
-_SMALL_IMAGES: weakref.WeakKeyDictionary[FileContext, bool] = weakref.WeakKeyDictionary()
-
-
-class _LargerInputFinder(cst.BatchableCSTVisitor):
-    """Raises `Found` at the first sign that the file's model may see more
-    than small images: another torchvision dataset, an image resized or
-    cropped above 64 pixels (or to a size the call does not show), or a
-    pretrained model (`from_pretrained`, `timm.create_model`, a
-    `torchvision.models` network with weights), whose processor or recipe
-    resizes its inputs.
-    Records whether a small-image dataset is built at all."""
-
-    def __init__(self, context: FileContext) -> None:
-        super().__init__()
-        self.context = context
-        self.small_dataset = False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        called = method_call(node)
-        if called is not None and called[1] == "from_pretrained":
-            raise Found
-        qualified = self.context.call_name(node)
-        if qualified is None:
-            return
-        last = qualified.rsplit(".", 1)[-1]
-        if qualified.startswith("torchvision.datasets."):
-            if last not in _SMALL_IMAGE_DATASETS:
-                raise Found
-            self.small_dataset = True
-        elif qualified == "timm.create_model" or (
-            qualified.startswith("torchvision.models.") and _loads_weights(node)
-        ):
-            raise Found
-        elif qualified.startswith("torchvision.transforms.") and last in _SIZING_TRANSFORMS:
-            size = get_arg(node, "size", 0)
-            if not isinstance(size, cst.Arg) or not _is_small_side(size.value):
-                raise Found
-
-
-def _loads_weights(call: cst.Call) -> bool:
-    """`resnet18(weights="DEFAULT")`, `resnet18(pretrained=True)`: ImageNet
-    weights, trained (and meant to be fine-tuned) on 224-pixel inputs. A
-    network built from scratch (`resnet18(num_classes=10)`) takes any size."""
-    if has_splat(call):
-        return True
-    weights = get_arg(call, "weights")
-    pretrained = get_arg(call, "pretrained")
-    return (isinstance(weights, cst.Arg) and not _is_none(weights.value)) or (
-        isinstance(pretrained, cst.Arg) and not is_false(pretrained.value)
-    )
-
-
-def _is_none(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "None"
-
-
-def _is_small_side(expr: cst.BaseExpression) -> bool:
-    """`32`, `(28, 28)`: literal sides of at most 64 pixels."""
-    sides = (
-        [element.value for element in expr.elements] if isinstance(expr, (cst.Tuple, cst.List)) else [expr]
-    )
-    values = [int_value(side) for side in sides]
-    return bool(values) and all(value is not None and value <= _SMALL_IMAGE_SIDE for value in values)
-
-
-def trains_on_small_images(context: FileContext) -> bool:
-    """Whether the file's data are small images: it builds a torchvision
-    MNIST / CIFAR / SVHN / USPS dataset, and nothing in it resizes the
-    images past 64 pixels, loads another dataset or a pretrained model.
-    Activations of a network on 32x32 images are a fraction of a GPU's
-    memory at any batch a training script uses (a 224x224 ImageNet image
-    has 49 times the pixels). Computed once per file, on demand."""
-    answer = _SMALL_IMAGES.get(context)
-    if answer is None:
-        answer = False
-        if any(word in context.source for word in _SMALL_IMAGE_WORDS):
-            finder = _LargerInputFinder(context)
-            answer = not search(context.module, finder) and finder.small_dataset
-        _SMALL_IMAGES[context] = answer
-    return answer
-
 
 # --- OOM201 ------------------------------------------------------------------
 
@@ -363,7 +264,6 @@ class _TrainingLoop:
     backward_calls: int = 1
 
 
-@register
 class NoMixedPrecision(Rule):
     """
     ## What it does
@@ -451,6 +351,7 @@ class NoMixedPrecision(Rule):
     """
 
     code = "OOM201"
+    advisory = True
     name = "no-mixed-precision"
     summary = "A CUDA training loop runs entirely in float32: no autocast, bf16 or fp16."
     why = (
@@ -565,6 +466,25 @@ class NoMixedPrecision(Rule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            from transformers import GPT2LMHeadModel
+            model = GPT2LMHeadModel.from_pretrained("gpt2").to("cuda")
+            block_size = 1024
+            loader = DataLoader(dataset, batch_size=8)
+            opt = torch.optim.AdamW(model.parameters())
+            for batch in loader:
+                loss = model(batch.cuda(), labels=batch.cuda()).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            """,
+            line=9,
+            by_default=True,
+        ),
         # The common shape: tensors moved in the loop, zero_grad, then the loss.
         Invalid(
             """\
@@ -811,7 +731,7 @@ class NoMixedPrecision(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self._loops or not file_uses_cuda(self.context) or _file_handles_precision(self.context):
             return
-        if trains_on_small_images(self.context):
+        if trains_on_small_inputs(self.context):
             return
         scopes = device_scopes(self.context)
         for training in self._loops:
@@ -819,15 +739,34 @@ class NoMixedPrecision(Rule):
                 continue
             if not scopes.on_gpu(training.function) or _only_a_head_trains(training.loop, self.context):
                 continue
+            stake = self._stake(training)
+            message = "CUDA training loop runs entirely in float32 (no autocast or bf16/fp16)"
+            if stake is not None:
+                message = f"CUDA training loop runs in float32: {stake.text}"
             self.context.add_report(
                 deferred_report(
                     self,
                     training.loop,
-                    "CUDA training loop runs entirely in float32 (no autocast or bf16/fp16)",
+                    message,
                     self._fix(training),
                     training.path,
+                    proven=stake is not None,
                 )
             )
+
+    def _stake(self, training: _TrainingLoop) -> Stake | None:
+        """What autocast would save, when the sizes show it matters: half of
+        the float32 activations (at least 1 GiB), or the loop trains a model
+        of a billion parameters or more."""
+        workload = workload_of(self.context)
+        program = workload.program
+        scope = program.function(training.function) if training.function is not None else program.module
+        if scope is None:
+            return None
+        activations = workload.activations(training.loop, scope, element_bytes=4)
+        if activations is not None and activations.bytes >= 2 * MATTERS:
+            return activations
+        return workload.model_stake(training.loop, scope)
 
     def _fix(self, training: _TrainingLoop) -> FixSpec | None:
         body = training.loop.body

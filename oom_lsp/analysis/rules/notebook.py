@@ -18,9 +18,10 @@ import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.dataflow import Kind, contains_backward, facts_for, is_backward_call, iter_nodes
+from oom_lsp.analysis.facts.sizes import model_size
+from oom_lsp.analysis.facts.workload import MATTERS, workload_of
 from oom_lsp.analysis.findings import Applicability, Severity
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report, short_code
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._devices import file_uses_cuda, is_device_expression
 from oom_lsp.fixes import detach as detach_fix
 from oom_lsp.fixes import notebook as notebook_fixes
@@ -78,7 +79,6 @@ def _uses_gpu(statement: cst.CSTNode, context) -> bool:
     return False
 
 
-@register
 class FailedCellKeepsTensors(NotebookRule):
     """
     ## What it does
@@ -122,6 +122,7 @@ class FailedCellKeepsTensors(NotebookRule):
     """
 
     code = "OOM701"
+    advisory = True
     name = "failed-cell-keeps-tensors"
     summary = "After an out-of-memory error in a notebook, IPython keeps the failed step's tensors alive."
     why = (
@@ -195,6 +196,21 @@ class FailedCellKeepsTensors(NotebookRule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            # %%
+            import torch
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained("gpt2-large").cuda()
+            # %%
+            for batch in loader:
+                loss = model(batch.cuda(), labels=batch.cuda()).loss
+                loss.backward()
+            """,
+            line=7,
+            by_default=True,
+        ),
         Invalid(
             """
             # %%
@@ -263,6 +279,7 @@ class FailedCellKeepsTensors(NotebookRule):
             for statement in statements:
                 on_gpu = on_gpu or _uses_gpu(statement, self.context)
                 if on_gpu and _trains(statement, functions, self.context):
+                    stake = workload_of(self.context).program_stake()
                     self.context.add_report(
                         deferred_report(
                             self,
@@ -274,12 +291,13 @@ class FailedCellKeepsTensors(NotebookRule):
                                 Applicability.UNSAFE,
                             ),
                             (statement,),
+                            # An OOM is plausible, and what it pins matters, when the step is large.
+                            proven=stake is not None,
                         )
                     )
                     return
 
 
-@register
 class CellOutputKeepsGraph(NotebookRule):
     """
     ## What it does
@@ -317,6 +335,7 @@ class CellOutputKeepsGraph(NotebookRule):
     """
 
     code = "OOM702"
+    advisory = True
     name = "cell-output-keeps-graph"
     summary = "A cell displays a graph-attached loss, which IPython's output history keeps with its graph."
     why = (
@@ -364,6 +383,20 @@ class CellOutputKeepsGraph(NotebookRule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            # %%
+            import torch
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained("gpt2-large").cuda()
+            # %%
+            loss = model(batch.cuda(), labels=batch.cuda()).loss
+            loss
+            """,
+            line=8,
+            by_default=True,
+        ),
         Invalid(
             """
             # %%
@@ -423,8 +456,18 @@ class CellOutputKeepsGraph(NotebookRule):
                         Applicability.SAFE,
                     ),
                     (statements[-1],),
+                    proven=workload_of(self.context).program_stake() is not None,
                 )
             )
+
+
+def _built_model(statement: cst.BaseStatement) -> cst.BaseExpression | None:
+    """The value of `model = <expression>` (the model a cell builds)."""
+    if type(statement) is cst.SimpleStatementLine and len(statement.body) == 1:
+        small = statement.body[0]
+        if type(small) is cst.Assign:
+            return small.value
+    return None
 
 
 def _describe(value: cst.BaseExpression) -> str:
@@ -459,7 +502,6 @@ _MODEL_ZOO_RE = re.compile(
 )
 
 
-@register
 class ModelRebuiltWhileHeld(NotebookRule):
     """
     ## What it does
@@ -503,6 +545,7 @@ class ModelRebuiltWhileHeld(NotebookRule):
     """
 
     code = "OOM703"
+    advisory = True
     name = "model-rebuilt-while-held"
     summary = "Running a notebook's model cell again builds a second model on the GPU while a later cell holds the first."
     why = (
@@ -571,6 +614,21 @@ class ModelRebuiltWhileHeld(NotebookRule):
         ),
     ]
     INVALID = [
+        # The size facts show the memory at stake: shown by default.
+        Invalid(
+            """
+            # %%
+            import torch
+            from transformers import AutoModelForCausalLM
+            device = "cuda"
+            # %%
+            model = AutoModelForCausalLM.from_pretrained("gpt2-large").to(device)
+            # %%
+            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+            """,
+            line=7,
+            by_default=True,
+        ),
         Invalid(
             """
             # %%
@@ -623,6 +681,8 @@ class ModelRebuiltWhileHeld(NotebookRule):
                 holder = _holder_of(name, later)
                 if holder is None or _holder_of(name, same_cell) is not None:
                     continue
+                built = _built_model(statement)
+                largest = model_size(self.context, built, None) if built is not None else None
                 self.context.add_report(
                     deferred_report(
                         self,
@@ -635,6 +695,8 @@ class ModelRebuiltWhileHeld(NotebookRule):
                             Applicability.UNSAFE,
                         ),
                         (statement,),
+                        # A second copy of a model of a GiB or more of weights.
+                        proven=largest is not None and largest.parameters * 4 >= MATTERS,
                     )
                 )
 

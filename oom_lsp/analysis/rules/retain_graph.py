@@ -13,13 +13,11 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Valid
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._autograd import AutogradRule
 from oom_lsp.edits import DeleteStatement, InsertAfter, InsertBefore, NodeEdit
 from oom_lsp.fixes import retain_graph
 
 
-@register
 class RetainGraphInLoop(AutogradRule):
     """
     ## What it does

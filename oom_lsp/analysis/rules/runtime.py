@@ -11,7 +11,6 @@ from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.cst_helpers import get_arg, is_false, method_call
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._scan import (
     SCOPES,
     descendants,
@@ -39,7 +38,6 @@ def _is_training_step(node: cst.CSTNode, context: FileContext) -> bool:
     return context.call_name(node) == "torch.autograd.backward"
 
 
-@register
 class EmptyCacheInLoop(Rule):
     """
     ## What it does
@@ -258,7 +256,6 @@ class EmptyCacheInLoop(Rule):
         )
 
 
-@register
 class ZeroGradKeepsGrads(Rule):
     """
     ## What it does

@@ -17,9 +17,12 @@ from oom_lsp.analysis.cst_helpers import (
     method_call,
     string_value,
 )
+from oom_lsp.analysis.facts import known_models
+from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
+from oom_lsp.analysis.facts.sizes import model_size
+from oom_lsp.analysis.facts.workload import LARGE_MODEL_PARAMETERS, SMALL_MODEL_PARAMETERS, parameter_count
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, short_code
-from oom_lsp.analysis.rule_store import register
 from oom_lsp.analysis.rules._scan import descendants, is_optimizer_like
 from oom_lsp.fixes.checkpointing import enable_gradient_checkpointing
 
@@ -110,7 +113,6 @@ class _Candidate:
     layers_field: str | None = None
 
 
-@register
 class NoGradientCheckpointing(Rule):
     """
     ## What it does
@@ -166,6 +168,7 @@ class NoGradientCheckpointing(Rule):
     """
 
     code = "OOM601"
+    advisory = True
     name = "no-gradient-checkpointing"
     summary = "A deep model is trained without gradient checkpointing: every layer's activations stay alive."
     why = "Autograd keeps every layer's activations until backward: memory grows with depth x batch x sequence."
@@ -316,6 +319,7 @@ class NoGradientCheckpointing(Rule):
             trainer.train()
             """,
             line=2,
+            by_default=True,  # 6.7 B parameters: the table of known models says so
             expected_fix="""\
             from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
             model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf")  # base
@@ -344,6 +348,7 @@ class NoGradientCheckpointing(Rule):
                     optimizer.step()
             """,
             line=7,
+            by_default=True,  # gpt2-xl: 1.6 B parameters
             expected_fix="""\
             import torch
             import transformers
@@ -678,15 +683,21 @@ class NoGradientCheckpointing(Rule):
                 edits=enable_gradient_checkpointing(candidate.statement, candidate.target),
                 applicability=Applicability.UNSAFE,
             )
+        known = known_models.pretrained(name, None)
+        size = f" ({parameter_count(known.parameters)} parameters)" if known is not None else ""
         self.context.add_report(
             self._deferred(
                 candidate,
-                f"Large model {short_code(repr(name), 48)} is trained without gradient checkpointing",
+                f"Large model {short_code(repr(name), 48)}{size} is trained without gradient checkpointing",
                 fix,
+                # A billion parameters or more: every layer's activations are gigabytes at any batch.
+                proven=known is not None and known.parameters >= LARGE_MODEL_PARAMETERS,
             )
         )
 
-    def _deferred(self, candidate: _Candidate, message: str, fix: FixSpec | None) -> Report:
+    def _deferred(
+        self, candidate: _Candidate, message: str, fix: FixSpec | None, *, proven: bool | None = None
+    ) -> Report:
         return Report(
             rule=type(self),
             node=candidate.call,
@@ -694,6 +705,7 @@ class NoGradientCheckpointing(Rule):
             fix=fix,
             statement=candidate.path[-1] if candidate.path else None,
             statement_path=candidate.path,
+            proven=proven,
         )
 
 
@@ -771,7 +783,6 @@ _DATA_PARALLEL = {
 }
 
 
-@register
 class DataParallelGather(Rule):
     """
     ## What it does
@@ -903,7 +914,17 @@ class DataParallelGather(Rule):
         self.report(
             node,
             "DataParallel gathers outputs and gradients on the first GPU, which runs out first",
+            # On a known dataset of small samples the gathered outputs are a few MB, and a
+            # model of a few million parameters has gradients of a few MB.
+            proven=not trains_on_small_inputs(self.context) and not self._wraps_a_small_model(node),
         )
+
+    def _wraps_a_small_model(self, node: cst.Call) -> bool:
+        module = node.args[0].value if node.args and not node.args[0].star else None
+        if module is None:
+            return False
+        size = model_size(self.context, module, self.context.tracker.current_function)
+        return size is not None and size.exact and size.parameters < SMALL_MODEL_PARAMETERS
 
     def _implements_a_data_parallel_strategy(self, node: cst.Call) -> bool:
         """`class DataParallelStrategy: def setup_module(self, module): return

@@ -12,11 +12,11 @@ from oom_lsp.analysis.findings import Applicability, Finding
 
 
 def _findings(source: str, code: str, path: str = "train.py") -> list[Finding]:
-    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code})), path)
+    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code}), strict=True), path)
 
 
 def _fixed(source: str, code: str) -> str:
-    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code})), unsafe=True).source
+    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code}), strict=True), unsafe=True).source
 
 
 def _lines(source: str, code: str, path: str = "train.py") -> list[int]:
@@ -53,7 +53,7 @@ def test_item_only_when_every_use_takes_a_float(after: str, method: str) -> None
     [finding] = _findings(source, "OOM301")
     assert finding.fix is not None and finding.fix.applicability is Applicability.SAFE
     assert f"total += loss.{method}()" in _fixed(source, "OOM301")
-    assert finding.message == "total accumulates a graph-attached tensor across iterations"
+    assert finding.message == "total keeps every step's autograd graph: host memory grows each step"
 
 
 def test_a_periodic_reset_does_not_end_the_accumulation() -> None:

@@ -12,11 +12,11 @@ from oom_lsp.analysis.findings import Finding
 
 
 def _findings(source: str, code: str) -> list[Finding]:
-    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code})))
+    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code}), strict=True))
 
 
 def _fixed(source: str, code: str) -> str:
-    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code})), unsafe=True).source
+    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code}), strict=True), unsafe=True).source
 
 
 

@@ -10,8 +10,8 @@ from oom_lsp.analysis import LintSettings, analyze, default_settings
 from oom_lsp.analysis.autofix import fix_source
 from oom_lsp.analysis.registry import resolve_selection
 
-OOM101 = LintSettings(enabled=frozenset({"OOM101"}))
-OOM102 = LintSettings(enabled=frozenset({"OOM102"}))
+OOM101 = LintSettings(enabled=frozenset({"OOM101"}), strict=True)
+OOM102 = LintSettings(enabled=frozenset({"OOM102"}), strict=True)
 
 
 def _lines(source: str, settings: LintSettings) -> list[int]:
@@ -32,9 +32,9 @@ def test_message_names_the_number_the_limit_and_where_it_goes() -> None:
 
 def test_limit_comes_from_the_settings_and_is_inclusive() -> None:
     source = "import torch\nloader = torch.utils.data.DataLoader(ds, batch_size=64)\n"
-    assert _lines(source, LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=64)) == []
-    assert _lines(source, LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=63)) == [2]
-    fixed = fix_source(source, LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=48), unsafe=True)
+    assert _lines(source, LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=64, strict=True)) == []
+    assert _lines(source, LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=63, strict=True)) == [2]
+    fixed = fix_source(source, LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=48, strict=True), unsafe=True)
     assert fixed.source == "import torch\nloader = torch.utils.data.DataLoader(ds, batch_size=48)\n"
 
 
@@ -163,8 +163,8 @@ def test_deepspeed_global_batch_is_not_per_gpu() -> None:
 def test_off_by_default_and_selectable() -> None:
     source = "import torch\nloader = torch.utils.data.DataLoader(train_set, batch_size=256)\n"
     assert _lines(source, default_settings()) == []
-    assert _lines(source, LintSettings(enabled=resolve_selection(["OOM101"]))) == [2]
-    assert _lines(source, LintSettings(enabled=resolve_selection(["OOM1"]))) == [2]
+    assert _lines(source, LintSettings(enabled=resolve_selection(["OOM101"]), strict=True)) == [2]
+    assert _lines(source, LintSettings(enabled=resolve_selection(["OOM1"]), strict=True)) == [2]
 
 
 # --- OOM102 ------------------------------------------------------------------

@@ -21,7 +21,7 @@ class Trainer:
 
 
 def _findings(source: str) -> list[Finding]:
-    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({"OOM603"})))
+    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({"OOM603"}), strict=True))
 
 
 def test_off_by_default():
@@ -33,7 +33,7 @@ def test_a_trainer_method_wrapping_its_model_is_reported_with_an_unsafe_fix():
     assert finding.line == 8
     assert finding.message == "DistributedDataParallel keeps every gradient twice: in the parameter and in its bucket."
     assert finding.fix is not None and finding.fix.applicability is Applicability.UNSAFE
-    fixed = fix_source(MINGPT_TRAINER, LintSettings(enabled=frozenset({"OOM603"})), unsafe=True).source
+    fixed = fix_source(MINGPT_TRAINER, LintSettings(enabled=frozenset({"OOM603"}), strict=True), unsafe=True).source
     assert "DDP(self.model, device_ids=[self.local_rank], gradient_as_bucket_view=True)" in fixed
 
 

@@ -12,11 +12,11 @@ from oom_lsp.analysis.findings import Applicability, Finding
 
 
 def _findings(source: str, code: str, path: str = "train.py") -> list[Finding]:
-    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code})), path)
+    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code}), strict=True), path)
 
 
 def _fixed(source: str, code: str) -> str:
-    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code})), unsafe=True).source
+    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code}), strict=True), unsafe=True).source
 
 
 def _lines(source: str, code: str, path: str = "train.py") -> list[int]:
@@ -33,9 +33,9 @@ def _lines(source: str, code: str, path: str = "train.py") -> list[int]:
     ],
 )
 def test_the_decorator_respects_the_files_imports(imports: str, decorator: str, added_import: bool) -> None:
-    source = f"{imports}\n\ndef predict(model, x):\n    return model(x)\n"
+    source = f"{imports}\n\ndef predict(model, x):\n    model.eval()\n    return model(x)\n"
     [finding] = _findings(source, "OOM303")
-    assert finding.line == 4 and finding.fix is not None and finding.fix.applicability is Applicability.SAFE
+    assert finding.line == 5 and finding.fix is not None and finding.fix.applicability is Applicability.SAFE
     fixed = _fixed(source, "OOM303")
     assert f"{decorator}\ndef predict(model, x):" in fixed
     assert ("\nimport torch\n" in fixed) is added_import

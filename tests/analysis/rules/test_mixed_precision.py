@@ -12,8 +12,8 @@ from oom_lsp.analysis import LintSettings, analyze
 from oom_lsp.analysis.autofix import fix_source
 from oom_lsp.analysis.context import FileContext
 
-OOM201 = LintSettings(enabled=frozenset({"OOM201"}))
-OOM202 = LintSettings(enabled=frozenset({"OOM202"}))
+OOM201 = LintSettings(enabled=frozenset({"OOM201"}), strict=True)
+OOM202 = LintSettings(enabled=frozenset({"OOM202"}), strict=True)
 
 
 def _lines(source: str, settings: LintSettings) -> list[int]:

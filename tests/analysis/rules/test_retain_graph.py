@@ -12,11 +12,11 @@ from oom_lsp.analysis.findings import Applicability, Finding
 
 
 def _findings(source: str, code: str, path: str = "train.py") -> list[Finding]:
-    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code})), path)
+    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code}), strict=True), path)
 
 
 def _fixed(source: str, code: str) -> str:
-    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code})), unsafe=True).source
+    return fix_source(textwrap.dedent(source), LintSettings(enabled=frozenset({code}), strict=True), unsafe=True).source
 
 
 def _lines(source: str, code: str, path: str = "train.py") -> list[int]:

@@ -12,7 +12,7 @@ from oom_lsp.analysis.rules.scale import is_large_model_name
 
 
 def _findings(source: str, code: str) -> list[Finding]:
-    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code})))
+    return analyze(textwrap.dedent(source), LintSettings(enabled=frozenset({code}), strict=True))
 
 
 @pytest.mark.parametrize(

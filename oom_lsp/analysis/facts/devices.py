@@ -1,0 +1,198 @@
+"""Where a tensor lives, and whether it is a whole output or a few numbers.
+
+`device_of(expr, scope)` follows an expression back through the bindings of
+its scope (flow-insensitively: every binding of a name must agree) to where
+its storage was made:
+
+- moved: `.cuda()`, `.to("cuda")`, `.to(device)` where `device` is the file's
+  device (the file uses CUDA) -> GPU; `.cpu()`, `.numpy()`, `.tolist()`,
+  `.item()`, `float(...)` -> HOST;
+- computed: a model's forward (a module of a file that puts its models on the
+  GPU) -> GPU; a tensor method or torch function keeps its first tensor's
+  device (`out.detach()`, `out[0]`, `F.softmax(out)`, `out * 2`);
+- anything else (a batch straight from a loader, a parameter, an unknown
+  call) -> UNKNOWN, and rules stay silent.
+
+`reduced(expr)` says whether the value is a reduction of a tensor to a few
+numbers per sample or fewer (`argmax`, `sum`, `mean`, a comparison, `.item()`):
+what such a value keeps per batch is a handful of bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import weakref
+
+import libcst as cst
+
+from oom_lsp.analysis.context import FileContext, dotted_name
+from oom_lsp.analysis.cst_helpers import get_arg, string_value
+from oom_lsp.analysis.facts.evaluation import evaluation_facts
+from oom_lsp.analysis.facts.program import BindingKind, Function, Program, program_of
+
+
+class Device(enum.Enum):
+    GPU = "gpu"
+    HOST = "host"
+    UNKNOWN = "unknown"
+
+
+_TO_HOST = frozenset({"cpu", "numpy", "tolist", "item"})
+_HOST_BUILTINS = frozenset({"float", "int", "bool", "len", "list", "tuple", "str"})
+# Methods whose result lives where their receiver does.
+_SAME_DEVICE_METHODS = frozenset(
+    {
+        "detach", "clone", "contiguous", "float", "half", "double", "bfloat16", "view", "reshape", "squeeze",
+        "unsqueeze", "flatten", "permute", "transpose", "t", "softmax", "log_softmax", "sigmoid", "tanh",
+        "relu", "exp", "log", "abs", "pow", "mul", "add", "sub", "div", "masked_fill", "type_as", "chunk",
+        "split", "narrow", "expand", "repeat", "gather", "index_select", "squeeze_", "unsqueeze_", "detach_",
+        "requires_grad_", "to_dense",
+    }
+)  # fmt: skip
+# Reductions: a few numbers per sample (or per batch) at most.
+_REDUCING_METHODS = frozenset(
+    {
+        "argmax", "argmin", "sum", "mean", "max", "min", "item", "norm", "std", "var", "all", "any", "eq",
+        "ne", "lt", "gt", "le", "ge", "count_nonzero", "numel", "size", "topk", "prod", "median", "mode",
+        "nansum", "nanmean", "logsumexp", "amax", "amin", "long", "int", "bool",
+    }
+)  # fmt: skip
+_REDUCING_TORCH = frozenset(
+    {"torch.argmax", "torch.argmin", "torch.sum", "torch.mean", "torch.max", "torch.min", "torch.eq",
+     "torch.topk", "torch.norm", "torch.count_nonzero", "torch.logsumexp"}
+)  # fmt: skip
+_CUDA_STRING = re.compile(r"^cuda(:\d+)?$")
+_MAX_DEPTH = 6
+
+
+class DeviceFacts:
+    def __init__(self, context: FileContext, uses_cuda: bool) -> None:
+        self._context = weakref.ref(context)  # no strong reference back: a per-context cache holds this
+        self.imports = context.imports
+        self.program: Program = program_of(context)
+        self.uses_cuda = uses_cuda
+        self._memo: dict[tuple[int, int], Device] = {}
+
+    def device_of(self, expr: cst.BaseExpression, scope: Function, depth: int = 0) -> Device:
+        key = (id(expr), id(scope))
+        known = self._memo.get(key)
+        if known is not None:
+            return known
+        self._memo[key] = Device.UNKNOWN  # while it is worked out: cycles through names
+        result = self._device(expr, scope, depth) if depth <= _MAX_DEPTH else Device.UNKNOWN
+        self._memo[key] = result
+        return result
+
+    def _device(self, expr: cst.BaseExpression, scope: Function, depth: int) -> Device:
+        expr_type = type(expr)
+        if expr_type is cst.Call:
+            return self._call(expr, scope, depth)
+        if expr_type is cst.Name:
+            return self._name(expr.value, scope, depth)
+        if expr_type is cst.Subscript:
+            return self.device_of(expr.value, scope, depth + 1)
+        if expr_type is cst.BinaryOperation:
+            left = self.device_of(expr.left, scope, depth + 1)
+            return left if left is not Device.UNKNOWN else self.device_of(expr.right, scope, depth + 1)
+        if expr_type is cst.UnaryOperation:
+            return self.device_of(expr.expression, scope, depth + 1)
+        if expr_type is cst.Attribute:
+            if expr.attr.value in ("data", "T", "mT", "real", "imag"):
+                return self.device_of(expr.value, scope, depth + 1)
+            if expr.attr.value in ("logits", "last_hidden_state", "hidden_states", "pooler_output", "loss"):
+                return self.device_of(expr.value, scope, depth + 1)  # a model output's fields
+        return Device.UNKNOWN
+
+    def _call(self, call: cst.Call, scope: Function, depth: int) -> Device:
+        func = call.func
+        if type(func) is cst.Name and func.value in _HOST_BUILTINS:
+            return Device.HOST
+        qualified = self.imports.qualified_name(func)
+        if qualified is not None:
+            if qualified.startswith(("numpy.", "np.")):
+                return Device.HOST
+            if qualified.startswith("torch.") and call.args:
+                device = get_arg(call, "device")
+                if isinstance(device, cst.Arg):
+                    return self._target(device.value)
+                return self.device_of(call.args[0].value, scope, depth + 1)
+            return Device.UNKNOWN
+        if type(func) is cst.Attribute:
+            method = func.attr.value
+            if method in _TO_HOST:
+                return Device.HOST
+            if method == "cuda":
+                return Device.GPU
+            if method == "to":
+                target = get_arg(call, "device", 0)
+                if isinstance(target, cst.Arg):
+                    moved = self._target(target.value)
+                    if moved is not Device.UNKNOWN:
+                        return moved
+                return self.device_of(func.value, scope, depth + 1)
+            if method in _SAME_DEVICE_METHODS or method in _REDUCING_METHODS:
+                return self.device_of(func.value, scope, depth + 1)
+        if self._is_forward(call, scope):
+            return Device.GPU if self.uses_cuda else Device.UNKNOWN
+        return Device.UNKNOWN
+
+    def _target(self, target: cst.BaseExpression) -> Device:
+        """Where `.to(target)` / `device=target` puts a tensor."""
+        text = string_value(target)
+        if text is not None:
+            if _CUDA_STRING.match(text):
+                return Device.GPU
+            return Device.HOST if text == "cpu" else Device.UNKNOWN
+        if type(target) is cst.Call and self.imports.qualified_name(target.func) == "torch.device" and target.args:
+            return self._target(target.args[0].value)
+        name = dotted_name(target)
+        if name is not None and "device" in name.rpartition(".")[2].lower():
+            return Device.GPU if self.uses_cuda else Device.UNKNOWN
+        return Device.UNKNOWN
+
+    def _name(self, name: str, scope: Function, depth: int) -> Device:
+        bindings = self.program.lookup(name, scope)
+        if not bindings:
+            return Device.UNKNOWN
+        found: Device | None = None
+        for binding in bindings:
+            if binding.kind is not BindingKind.ASSIGN or binding.value is None:
+                return Device.UNKNOWN
+            device = self.device_of(binding.value, binding.scope or scope, depth + 1)
+            if device is Device.UNKNOWN or (found is not None and device is not found):
+                return Device.UNKNOWN
+            found = device
+        return found or Device.UNKNOWN
+
+    def _is_forward(self, call: cst.Call, scope: Function) -> bool:
+        context = self._context()
+        site = self.program.call(call)
+        if context is None or site is None:
+            return False
+        return evaluation_facts(context).forward_model(site) is not None
+
+
+def reduced(expr: cst.BaseExpression, context: FileContext) -> bool:
+    """A value that is a reduction (per sample or per batch) of a tensor."""
+    if type(expr) is cst.Comparison:
+        return True
+    if type(expr) is not cst.Call:
+        return False
+    func = expr.func
+    if type(func) is cst.Attribute:
+        if func.attr.value in _REDUCING_METHODS:
+            return True
+        if func.attr.value in _SAME_DEVICE_METHODS or func.attr.value in _TO_HOST or func.attr.value in ("to", "cuda"):
+            return reduced(func.value, context)
+    return context.qualified_name(func) in _REDUCING_TORCH
+
+
+_FACTS: weakref.WeakKeyDictionary[FileContext, DeviceFacts] = weakref.WeakKeyDictionary()
+
+
+def device_facts(context: FileContext, uses_cuda: bool) -> DeviceFacts:
+    facts = _FACTS.get(context)
+    if facts is None:
+        facts = _FACTS[context] = DeviceFacts(context, uses_cuda)
+    return facts

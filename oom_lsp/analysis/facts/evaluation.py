@@ -1,0 +1,510 @@
+"""Forward passes that record a graph no backward pass will use.
+
+The fact that decides OOM303: a forward call of a model runs with autograd
+on (the grad mode of its statement, merged over the callers of its
+function), the model is in eval mode there (its last `.eval()` / `.train()`,
+here or in the callers), and no backward pass consumes what it computes (none
+in the loop iteration around it, none in the function when it is not in a
+loop, and its result does not flow to a caller's backward). Its activations
+are then kept alive for nothing until the outputs are dropped.
+
+Names of functions (`evaluate`, `predict`) decide nothing: a function named
+`predict` that trains, or a `train_one_epoch` that evaluates, are told apart
+by what they do.
+"""
+
+from __future__ import annotations
+
+import enum
+import weakref
+from dataclasses import dataclass
+
+import libcst as cst
+
+from oom_lsp.analysis.context import FileContext
+from oom_lsp.analysis.dataflow import Kind, Role, facts_for, value_path
+from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.facts import flags, library
+from oom_lsp.analysis.facts.contexts import CallGraph, _assigned_from, _method_scope, call_graph
+from oom_lsp.analysis.facts.library import Grad, Mode
+from oom_lsp.analysis.facts.modes import ModeFacts
+from oom_lsp.analysis.facts.program import Call, Function, LocalGrad
+
+
+@dataclass(frozen=True, repr=False)
+class EvalForward:
+    call: Call
+    model: str
+    message: str
+    # The whole function evaluates: decorating it is the fix.
+    whole_function: bool
+    # Else the statement (a loop, or the call's statement) to wrap, with its indentation.
+    wrap: tuple[cst.CSTNode, str] | None
+
+
+_FORWARD_SUFFIXES = (".forward", ".__call__")
+_LOOP_STATEMENTS = (cst.For, cst.While)
+
+
+class EvaluationFacts:
+    def __init__(self, context: FileContext) -> None:
+        self.context: FileContext = weakref.proxy(context)
+        self.graph: CallGraph = call_graph(context)
+        self.modes = ModeFacts(self.graph)
+        self.flow_facts = facts_for(context)
+        self._found: list[EvalForward] | None = None
+        self._switched: frozenset[str] | None = None
+
+    def forwards_without_grad_use(self) -> list[EvalForward]:
+        if self._found is None:
+            self._found = []
+            for scope in self.graph.program.functions:
+                if scope.is_lambda or self._is_forward_method(scope):
+                    continue
+                found = [forward for call in scope.calls if (forward := self._check(call)) is not None]
+                found += self._routed(scope, found)
+                if found and self._evaluates_only(scope, found):
+                    found = [
+                        EvalForward(f.call, f.model, f.message, whole_function=True, wrap=f.wrap) for f in found
+                    ]
+                self._found.extend(found)
+        return self._found
+
+    # --- the decision ---------------------------------------------------------
+    def _check(self, call: Call) -> EvalForward | None:
+        model = self.forward_model(call)
+        if model is None:
+            return None
+        verdict = _judge(self.modes.contexts_at(call, model))
+        if verdict is not _Verdict.REPORT or self._gradients_used(call):
+            # One flag may choose between a training and an evaluation path here.
+            if self._an_evaluation_path_by_flag(call, model):
+                return EvalForward(
+                    call=call,
+                    model=model,
+                    message=f"Forward pass of {model} runs with autograd on when it evaluates",
+                    whole_function=False,
+                    wrap=None,
+                )
+            if verdict is _Verdict.SILENT and self._losses_only_read_as_numbers(call):
+                return EvalForward(
+                    call=call,
+                    model=model,
+                    message=f"Forward pass of {model} runs with autograd on in a loop whose losses are only read",
+                    whole_function=False,
+                    wrap=self._wrap_target(call),
+                )
+            return None
+        local = self.modes.local_mode(call, model)
+        switched_here = local is not None and not local.conditional and local.mode is Mode.EVAL
+        where = f"after {model}.eval()" if switched_here else "of a model in eval mode"
+        return EvalForward(
+            call=call,
+            model=model,
+            message=f"Forward pass {where} runs with autograd on",
+            whole_function=False,
+            wrap=self._wrap_target(call),
+        )
+
+    def _losses_only_read_as_numbers(self, call: Call) -> bool:
+        """A loop over batches whose losses are only ever read as numbers
+        (`.item()`, `float()`, printed, logged), never backpropagated nor
+        handed to code that could: an evaluation loop, whatever the model's
+        mode and the function's name. The call runs in it with autograd on, on
+        a path the file shows."""
+        scope = call.scope
+        loops = [loop for loop in call.loops if isinstance(loop, _LOOP_STATEMENTS)]
+        if not loops:
+            return False
+        loop = loops[-1]
+        if Grad.ON not in self.graph.grad_at(call) or self.graph.trains_in(loop, scope):
+            return False
+        if self.graph.result_feeds_a_backward(scope) is not False and not scope.is_module:
+            return False
+        flow = self.flow_facts.flow(None if scope.is_module else scope.node)  # type: ignore[arg-type]
+        summary = self.flow_facts.summary(None if scope.is_module else scope.node)  # type: ignore[arg-type]
+        # The losses: what the loop computes and reads with `.item()`, or a
+        # scalar the data flow knows to be a loss.
+        losses: set[str] = set()
+        for other in scope.calls:
+            if not any(enclosing is loop for enclosing in other.loops):
+                continue
+            func = other.node.func
+            if type(func) is cst.Attribute and func.attr.value == "item" and not other.node.args:
+                name = dotted_name(func.value)
+                if name is not None:
+                    losses.add(name)
+            elif flow.kind_of(other.node) is Kind.GRAPH_SCALAR:
+                losses.update(_assigned_from(other))
+        if not losses:
+            return False  # no loss computed: nothing says what the loop is for
+        return all(
+            _read_as_number(use, ancestors, losses) for name in losses for use, ancestors in summary.uses_of(name)
+        )
+
+    def _an_evaluation_path_by_flag(self, call: Call, model: str) -> bool:
+        """A flag chooses between training and evaluation in the call's own
+        function (`if is_train: model.train() else: model.eval()`, `if is_train:
+        loss.backward()`): for some value of it the model is in eval mode, the
+        forward runs with autograd on, and no backward pass runs."""
+        scope = call.scope
+        stop = None if scope.is_module else scope.node
+        forward_guards = flags.guards_of(call.path, stop)
+        if forward_guards is None:
+            return False
+        switches = [
+            (switch, mode) for switch, switched, mode in self.modes.switches(scope)
+            if switch.index < call.index and (model == switched or model.startswith(switched + "."))
+        ]
+        loops = [loop for loop in call.loops if isinstance(loop, _LOOP_STATEMENTS)]
+        backwards = [
+            other for other in scope.calls
+            if (not loops or any(enclosing is loops[-1] for enclosing in other.loops))
+            and self.graph.call_runs_backward(other)
+        ]
+        guarded: list[tuple[object, list[flags.Guard]]] = []
+        for item in [*(switch for switch, _ in switches), *backwards]:
+            guards = flags.guards_of(item.path, stop)
+            if guards is None:
+                return False
+            guarded.append((item, guards))
+        names = {guard.flag for _, guards in guarded for guard in guards} | {g.flag for g in forward_guards}
+        grad_flag = _grad_flag(call)
+        switch_flags = {switch_flag for switch, _ in switches if (switch_flag := _train_flag(switch)) is not None}
+        names |= switch_flags | ({grad_flag} if grad_flag is not None else set())
+        if len(names) != 1:
+            return False
+        [flag] = names
+        all_guards = [guard for _, guards in guarded for guard in guards] + list(forward_guards)
+        values = flags.values_of(flag, all_guards) if all_guards else [True, False]
+        if grad_flag is not None or switch_flags:
+            values = [value for value in values if type(value) is bool] or [True, False]
+        entry = self.graph.entry_grad(scope)
+        for value in values:
+            if flags.runs(forward_guards, flag, value) is not True:
+                continue
+            mode = Mode.UNKNOWN
+            for switch, switch_mode in switches:
+                switch_guards = next(guards for item, guards in guarded if item is switch)
+                if flags.runs(switch_guards, flag, value):
+                    if _train_flag(switch) == flag:
+                        mode = Mode.TRAIN if flags.truthy(value) else Mode.EVAL
+                    else:
+                        mode = switch_mode
+            if mode is not Mode.EVAL:
+                continue
+            if grad_flag is not None:
+                grad_on = flags.truthy(value)
+            elif call.local_grad is not None:
+                grad_on = call.local_grad is LocalGrad.ON
+            else:
+                grad_on = Grad.ON in entry  # a caller the file shows runs it with autograd on
+            if not grad_on:
+                continue
+            if any(
+                flags.runs(next(guards for item, guards in guarded if item is backward), flag, value)
+                for backward in backwards
+            ):
+                continue
+            return True
+        return False
+
+    def _routed(self, scope: Function, found: list[EvalForward]) -> list[EvalForward]:
+        """Calls of `scope` whose callee runs a forward pass shared by training
+        and evaluation, on the evaluation path (`self.infer(batch)` in a loop
+        after `self.model.eval()`): the call is where the graph is recorded
+        for nothing, and where the fix goes."""
+        routed = []
+        reported = {id(forward.call.node) for forward in found}
+        for call in scope.calls:
+            if id(call.node) in reported:
+                continue
+            for callee in self.graph.callees(call):
+                for inner in callee.calls:
+                    model = self.forward_model(inner)
+                    if model is None or _judge(self.modes.contexts_at(inner, model)) is not _Verdict.SHARED:
+                        continue
+                    outer = self.modes._translate(call, callee, model, _self_name(callee))
+                    if outer is None:
+                        continue
+                    if _judge(self.modes.contexts_at(call, outer)) is not _Verdict.REPORT:
+                        continue
+                    if self._gradients_used(call):
+                        continue
+                    name = callee.name if not callee.is_lambda else "the lambda"
+                    routed.append(
+                        EvalForward(
+                            call=call,
+                            model=outer,
+                            message=f"{name}() runs a forward pass of {outer} in eval mode with autograd on",
+                            whole_function=False,
+                            wrap=self._wrap_target(call),
+                        )
+                    )
+                    break
+                else:
+                    continue
+                break
+        return routed
+
+    def forward_model(self, call: Call) -> str | None:
+        """The model a call runs forward, as a path in its scope (`model`,
+        `self.encoder`); None when the call is no forward pass."""
+        func = call.node.func
+        if type(func) is cst.Attribute and func.attr.value in library.GRAPHLESS_METHODS:
+            return None
+        path = value_path(func)
+        if path is None:
+            return None
+        for suffix in _FORWARD_SUFFIXES:
+            if path.endswith(suffix):
+                path = path[: -len(suffix)]
+        callees = self.graph.callees(call)
+        if any(callee.name in ("forward", "__call__") and callee.owner is not None and self.graph.is_module_class(callee.owner) for callee in callees):
+            return path
+        if callees:
+            return None  # a function or method of the file, not a model
+        scope_node = None if call.scope.is_module else call.scope.node
+        if type(scope_node) is cst.Lambda:
+            return None
+        flow = self.flow_facts.flow(scope_node)  # type: ignore[arg-type]
+        role = flow.callee(func, call.node).role
+        if role is Role.MODULE:
+            return path
+        if role is Role.UNKNOWN and call.node.args and path.rpartition(".")[2] in self._switched_names():
+            # `.eval()` with no argument is nn.Module's: a value switched to eval
+            # mode and then called is a model.
+            if Mode.EVAL in self.modes.mode_at(call, path):
+                return path
+        return None
+
+    def _switched_names(self) -> frozenset[str]:
+        """The last names of every path the file switches with `.eval()` / `.train()`."""
+        if self._switched is None:
+            self._switched = frozenset(
+                switched.rpartition(".")[2]
+                for scope in self.graph.program.functions
+                for _, switched, _ in self.modes.switches(scope)
+            )
+        return self._switched
+
+    def _gradients_used(self, call: Call) -> bool:
+        """A backward pass uses what the forward computed: one in the loop
+        iteration around it (a frozen eval-mode backbone trained through, an
+        adversarial example), in its function when it is in no loop, or in a
+        caller that receives the function's result."""
+        graph = self.graph
+        scope = call.scope
+        loops = [loop for loop in call.loops if isinstance(loop, _LOOP_STATEMENTS)]
+        if loops:
+            if graph.trains_in(loops[-1], scope):
+                return True
+        elif graph.runs_backward(scope):
+            return True
+        return self.graph.result_feeds_a_backward(scope) is True
+
+    def _evaluates_only(self, scope: Function, found: list[EvalForward]) -> bool:
+        """Every forward pass of the function is an evaluation one, it runs no
+        backward, and it is a plain function: decorating it is the whole fix."""
+        if scope.is_module or type(scope.node) is not cst.FunctionDef:
+            return False
+        if self.graph.runs_backward(scope):
+            return False
+        if any(Mode.TRAIN in mode for _, _, mode in self.modes.switches(scope)):
+            return False  # it also trains, or hands the model back in train mode
+        models = {forward.model.split(".")[0] for forward in found}
+        for call in scope.calls:
+            if self.graph.callees(call):
+                continue
+            if any((value_path(arg.value) or "").split(".")[0] in models for arg in call.node.args):
+                return False  # the model goes to code we cannot see, which may train it
+        reported = {id(forward.call.node) for forward in found}
+        return all(
+            id(call.node) in reported for call in scope.calls if self.forward_model(call) is not None
+        )
+
+    def _is_forward_method(self, scope: Function) -> bool:
+        """A model's own forward: its submodules' calls are part of the pass
+        its callers run (and are reported there)."""
+        return (
+            scope.owner is not None
+            and scope.name in ("forward", "__call__", "_forward", "forward_features")
+            and self.graph.is_module_class(scope.owner)
+        )
+
+    # --- the fix -----------------------------------------------------------------
+    def _wrap_target(self, call: Call) -> tuple[cst.CSTNode, str] | None:
+        """The innermost loop statement around the call that switches no mode,
+        else the call's own statement, with its indentation."""
+        path = call.path
+        candidates = [statement for statement in path if any(statement is loop for loop in call.loops)]
+        for loop in reversed(candidates):
+            if not _switches_mode(loop):
+                return self._with_indent(loop, path)
+            break
+        statement = path[-1] if path else None
+        if statement is None or isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or _switches_mode(statement):
+            return None
+        return self._with_indent(statement, path)
+
+    def _with_indent(self, statement: cst.CSTNode, path: tuple[cst.CSTNode, ...]) -> tuple[cst.CSTNode, str] | None:
+        from oom_lsp.analysis.dataflow import iter_nodes
+
+        if any(type(inner) is cst.Await for inner in iter_nodes(statement)):
+            return None  # grad mode is per thread: another coroutine would run under it at the await
+        indent = indent_in_path(statement, path, self.context.module)
+        return (statement, indent) if indent is not None else None
+
+
+class _Verdict(enum.Enum):
+    REPORT = "report"  # evaluation with autograd on, on some path
+    SHARED = "shared"  # also runs as a training forward on another path
+    SILENT = "silent"
+
+
+def _judge(pairs: frozenset[tuple[Grad, Mode]]) -> _Verdict:
+    """Whether the (grad, mode) pairs of a forward call make it an
+    evaluation pass with autograd on.
+
+    A path with autograd on in eval mode is one. So is a path whose grad mode
+    is unknown (its callers are elsewhere) in eval mode: the code that put
+    the model in eval mode is in view, and evaluation code owns its grad
+    mode. A grad mode chosen by a value at run time
+    (`set_grad_enabled(phase == "train")`) is the author's decision."""
+    evaluating = False
+    training = False
+    for grad, mode in pairs:
+        if Grad.MAYBE in grad:
+            continue
+        if mode == Mode.EVAL and (Grad.ON in grad or grad == Grad.UNKNOWN):
+            evaluating = True
+        elif (Grad.ON in grad or grad == Grad.UNKNOWN) and Mode.TRAIN in mode:
+            training = True
+    if not evaluating:
+        return _Verdict.SILENT
+    return _Verdict.SHARED if training else _Verdict.REPORT
+
+
+_NUMBER_READERS = frozenset({"item", "tolist"})
+_NUMBER_FUNCTIONS = frozenset(
+    {"float", "int", "round", "str", "print", "format", "add_scalar", "log", "info", "debug", "warning", "write",
+     "set_postfix", "set_description", "log_metrics", "append"}
+)  # fmt: skip
+
+
+def _read_as_number(use: cst.CSTNode, ancestors: tuple[cst.CSTNode, ...], losses: set[str]) -> bool:
+    """A mention of a loss that only reads its value: `loss.item()`, `float(loss)`,
+    `f"{loss:.3f}"`, `print(loss)`, its own binding, or arithmetic that makes
+    another of the losses (`total = content + 0.1 * adv`)."""
+    index = len(ancestors) - 1
+    while index >= 0 and type(ancestors[index]) in (cst.BinaryOperation, cst.UnaryOperation):
+        index -= 1
+    if index < len(ancestors) - 1:
+        holder = ancestors[index] if index >= 0 else None
+        if type(holder) is cst.Assign:
+            return all(dotted_name(target.target) in losses for target in holder.targets)
+        if type(holder) is cst.AugAssign:
+            return dotted_name(holder.target) in losses
+        return False
+    parent = ancestors[-1] if ancestors else None
+    if type(parent) is cst.AssignTarget or (type(parent) is cst.AugAssign and parent.target is use):
+        return True
+    if type(parent) is cst.Attribute and parent.value is use and parent.attr.value in _NUMBER_READERS:
+        return True
+    if type(parent) is cst.FormattedStringExpression:
+        return True
+    if type(parent) is cst.Arg and len(ancestors) >= 2 and type(ancestors[-2]) is cst.Call:
+        func = ancestors[-2].func
+        called = func.attr.value if type(func) is cst.Attribute else dotted_name(func)
+        return called in _NUMBER_FUNCTIONS and called != "append"
+    return False
+
+
+def _grad_flag(call: Call) -> str | None:
+    """The flag of a `with torch.set_grad_enabled(flag):` around the call."""
+    for statement in reversed(call.path):
+        if type(statement) is not cst.With:
+            continue
+        for item in statement.items:
+            expr = item.item
+            if (
+                type(expr) is cst.Call
+                and dotted_name(expr.func) in ("torch.set_grad_enabled", "set_grad_enabled")
+                and expr.args
+            ):
+                return dotted_name(expr.args[0].value)
+    return None
+
+
+def _train_flag(switch: Call) -> str | None:
+    """`model.train(flag)`: the flag that chooses the mode."""
+    node = switch.node
+    if type(node.func) is cst.Attribute and node.func.attr.value == "train" and node.args:
+        flag = dotted_name(node.args[0].value)
+        return flag if flag not in ("True", "False") else None
+    return None
+
+
+def _self_name(function: Function) -> str | None:
+    method = _method_scope(function)
+    return method.self_name if method is not None else None
+
+
+def _switches_mode(node: cst.CSTNode) -> bool:
+    from oom_lsp.analysis.dataflow import iter_nodes
+
+    return any(
+        type(inner) is cst.Call
+        and type(inner.func) is cst.Attribute
+        and inner.func.attr.value in ("eval", "train")
+        for inner in iter_nodes(node)
+    )
+
+
+def indent_in_path(statement: cst.CSTNode, path: tuple[cst.CSTNode, ...], module: cst.Module) -> str | None:
+    """The indentation of `statement`, from the blocks of the statements around it."""
+    default = module.default_indent
+    indent = ""
+    for outer, inner in zip(path, path[1:]):
+        if outer is statement:
+            return indent
+        if getattr(outer, "orelse", None) is inner:
+            continue  # an `elif`: at the `if`'s own indentation
+        block = _block_holding(outer, inner)
+        if block is None:
+            return None
+        indent += block.indent if block.indent is not None else default
+    if path and path[-1] is statement:
+        return indent
+    return None
+
+
+def _block_holding(outer: cst.CSTNode, inner: cst.CSTNode) -> cst.IndentedBlock | None:
+    blocks: list[cst.CSTNode] = []
+    body = getattr(outer, "body", None)
+    if isinstance(body, cst.CSTNode):
+        blocks.append(body)
+    orelse = getattr(outer, "orelse", None)
+    if type(orelse) is cst.Else:
+        blocks.append(orelse.body)
+    for handler in getattr(outer, "handlers", ()):
+        blocks.append(handler.body)
+    finalbody = getattr(outer, "finalbody", None)
+    if finalbody is not None:
+        blocks.append(finalbody.body)
+    for case in getattr(outer, "cases", ()):
+        blocks.append(case.body)
+    for block in blocks:
+        if type(block) is cst.IndentedBlock and any(statement is inner for statement in block.body):
+            return block
+    return None
+
+
+_FACTS: weakref.WeakKeyDictionary[FileContext, EvaluationFacts] = weakref.WeakKeyDictionary()
+
+
+def evaluation_facts(context: FileContext) -> EvaluationFacts:
+    facts = _FACTS.get(context)
+    if facts is None:
+        facts = _FACTS[context] = EvaluationFacts(context)
+    return facts

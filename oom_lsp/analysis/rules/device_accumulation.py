@@ -1,0 +1,260 @@
+"""OOM306: whole outputs collected on the GPU across a data loader."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.dataflow import binds_inside, facts_for
+from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
+from oom_lsp.analysis.facts.devices import Device, device_facts, reduced
+from oom_lsp.analysis.facts.evaluation import indent_in_path
+from oom_lsp.analysis.facts.program import BindingKind, Call, Function, program_of
+from oom_lsp.analysis.findings import Applicability
+from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report, short_code
+from oom_lsp.analysis.rules._devices import file_uses_cuda
+from oom_lsp.fixes import detach as detach_fix
+
+_STORING = frozenset({"append", "extend"})
+# How people name what yields batches: `loader`, `val_loader`, `dataloader`,
+# `test_dl`, `batches`. The loop over one runs once per batch of a dataset.
+_LOADER_RE = re.compile(r"(^|_)(loader|dataloader|dl|batches|data_iter|dataiter)$", re.IGNORECASE)
+_WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "zip", "iter"})
+_DATALOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+_CONTAINER_FACTORIES = frozenset({"list", "dict", "collections.defaultdict", "defaultdict", "deque"})
+
+
+class DeviceTensorsKeptAcrossIterations(Rule):
+    """
+    ## What it does
+    Flags a loop over a data loader that stores, every batch, a whole tensor
+    that still lives on the GPU in a list that outlives the loop:
+    `preds.append(out.detach())`, `features.extend(model(x))` under
+    `torch.no_grad()`. The stored value holds no autograd graph (that is
+    OOM302's case); it is a model's output (or a tensor moved to the GPU),
+    not reduced to a few numbers (`argmax`, `sum`, `.item()`), and nothing
+    moves it off the GPU (`.cpu()`, `.numpy()`, `.tolist()`).
+
+    ## Why is this bad?
+    Every batch's output stays allocated on the GPU until the loop ends and
+    the list is dropped: the loop holds the outputs of the whole dataset at
+    once. A validation set of 50,000 images with 1,000 logits each is 200 MB;
+    a segmentation model's masks or a language model's logits are gigabytes
+    per few hundred batches. Collecting predictions on the GPU for a final
+    `torch.cat` is a common cause of out-of-memory errors at the end of an
+    epoch (7 % of the memory reports classified for issue 27).
+
+    ## Example
+    ```python
+    preds = []
+    with torch.no_grad():
+        for x, _ in val_loader:
+            preds.append(model(x.cuda()))
+    ```
+
+    ## Use instead
+    ```python
+    preds = []
+    with torch.no_grad():
+        for x, _ in val_loader:
+            preds.append(model(x.cuda()).cpu())
+    ```
+
+    ## Fix safety
+    Unsafe: `.cpu()` is appended to the stored value, which changes where the
+    collected tensors live; code that later combines them with GPU tensors
+    (`torch.cat(preds) == labels.cuda()`) must move those too. When only a
+    reduction of the outputs is needed, keep a running reduction instead.
+    """
+
+    code = "OOM306"
+    name = "device-tensors-kept-across-iterations"
+    summary = "Whole GPU tensors are collected in a list across a data loader: the GPU holds every batch's output."
+    why = (
+        "Each stored tensor keeps its GPU storage until the loop ends: the loop holds the outputs of the "
+        "whole dataset on the GPU at once."
+    )
+    remedy = "Store .cpu() copies (or keep a running reduction)."
+    fix_applicability = Applicability.UNSAFE
+
+    VALID = [
+        Valid(
+            """
+            import torch
+            model = torch.nn.Linear(4, 4).cuda()
+            preds = []
+            with torch.no_grad():
+                for x, _ in val_loader:
+                    preds.append(model(x.cuda()).cpu())
+            """
+        ),
+        # A reduction per batch: a few numbers.
+        Valid(
+            """
+            import torch
+            model = torch.nn.Linear(4, 4).cuda()
+            correct = []
+            with torch.no_grad():
+                for x, y in val_loader:
+                    correct.append((model(x.cuda()).argmax(1) == y.cuda()).sum())
+            """
+        ),
+        # A CPU-only file: host memory is the host's business.
+        Valid(
+            """
+            import torch
+            model = torch.nn.Linear(4, 4)
+            preds = []
+            with torch.no_grad():
+                for x, _ in loader:
+                    preds.append(model(x))
+            """
+        ),
+        # The list is emptied every iteration.
+        Valid(
+            """
+            import torch
+            model = torch.nn.Linear(4, 4).cuda()
+            with torch.no_grad():
+                for x, _ in loader:
+                    preds = []
+                    preds.append(model(x.cuda()))
+            """
+        ),
+        # A loop over a fixed range inside one step (heads, hops), not over data.
+        Valid(
+            """
+            import torch
+            model = torch.nn.Linear(4, 4).cuda()
+            outs = []
+            with torch.no_grad():
+                for i in range(4):
+                    outs.append(model(x.cuda()))
+            """
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            model = torch.nn.Linear(4, 4).cuda()
+            preds = []
+            with torch.no_grad():
+                for x, _ in val_loader:
+                    preds.append(model(x.cuda()))
+            """,
+            line=7,
+            expected_fix="""
+            import torch
+            model = torch.nn.Linear(4, 4).cuda()
+            preds = []
+            with torch.no_grad():
+                for x, _ in val_loader:
+                    preds.append(model(x.cuda()).cpu())
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            device = "cuda"
+
+            @torch.inference_mode()
+            def collect(model, test_loader):
+                outputs = []
+                for step, batch in enumerate(test_loader):
+                    logits = model(batch.to(device))
+                    outputs.append(logits.detach())
+                return torch.cat(outputs)
+            """,
+            line=10,
+        ),
+    ]
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        if not file_uses_cuda(self.context):
+            return
+        program = program_of(self.context)
+        devices = device_facts(self.context, uses_cuda=True)
+        for scope in program.functions:
+            if scope.is_lambda:
+                continue
+            for call in scope.calls:
+                self._check(call, scope, devices)
+
+    def _check(self, call: Call, scope: Function, devices: object) -> None:
+        func = call.node.func
+        if type(func) is not cst.Attribute or func.attr.value not in _STORING or len(call.node.args) != 1:
+            return
+        if call.node.args[0].star:
+            return
+        value = call.node.args[0].value
+        holder = dotted_name(func.value)
+        loops = [loop for loop in call.loops if type(loop) is cst.For]
+        if holder is None or not loops:
+            return
+        loop = loops[-1]
+        if not self._is_data_loop(loop, scope) or binds_inside(loop, holder):
+            return
+        if not self._is_a_list(holder, scope):
+            return
+        flow = facts_for(self.context).flow(None if scope.is_module else scope.node)  # type: ignore[arg-type]
+        if flow.kind_of(value).attached or reduced(value, self.context):
+            return
+        if devices.device_of(value, scope) is not Device.GPU:  # type: ignore[attr-defined]
+            return
+        indent = indent_in_path(call.path[-1], call.path, self.context.module) if call.path else None
+        fix = None
+        if indent is not None:
+            fix = FixSpec(
+                "Store a `.cpu()` copy",
+                detach_fix.call_method(value, "cpu", indent, self.context.module),
+                Applicability.UNSAFE,
+            )
+        self.context.add_report(
+            deferred_report(
+                self,
+                call.node,
+                f"{short_code(holder)} keeps every batch's {short_code(self.context.code_for(value), 24)} "
+                "on the GPU until the loop ends",
+                fix,
+                call.path,
+                # The outputs of a known dataset of small samples: a few MB in all.
+                proven=not trains_on_small_inputs(self.context),
+            )
+        )
+
+    def _is_data_loop(self, loop: cst.For, scope: Function) -> bool:
+        """The loop runs once per batch of a data loader."""
+        iterable = loop.iter
+        while type(iterable) is cst.Call and dotted_name(iterable.func) in _WRAPPERS and iterable.args:
+            iterable = iterable.args[0].value
+        name = dotted_name(iterable)
+        if name is None:
+            return False
+        if _LOADER_RE.search(name.rpartition(".")[2]):
+            return True
+        if "." in name:
+            return False
+        for binding in program_of(self.context).lookup(name, scope):
+            value = binding.value
+            if binding.kind is BindingKind.ASSIGN and type(value) is cst.Call:
+                if self.context.qualified_name(value.func) in _DATALOADERS:
+                    return True
+        return False
+
+    def _is_a_list(self, holder: str, scope: Function) -> bool:
+        """`holder` is bound to a list (or dict) in its scope, or is an attribute of `self`."""
+        if "." in holder:
+            return holder.startswith("self.")
+        bindings = program_of(self.context).lookup(holder, scope)
+        return bool(bindings) and all(
+            binding.kind is BindingKind.ASSIGN
+            and (
+                type(binding.value) in (cst.List, cst.Dict, cst.ListComp)
+                or type(binding.value) is cst.Call
+                and dotted_name(binding.value.func) in _CONTAINER_FACTORIES
+            )
+            for binding in bindings
+        )
