@@ -135,7 +135,8 @@ async def test_plain_text_hover_for_a_client_without_markdown(plain_client: Lang
     text = hover.contents.value
     assert len(text.splitlines()) < MAX_HOVER_LINES, text
     assert text.startswith(
-        "OOM501 torch.load without map_location restores tensors onto the device they were saved from\n"
+        "OOM501 torch.load without map_location puts ≈ 25.1 GiB of weights (6.7 B parameters) back on "
+        "the GPU it was saved from\n"
     )
     assert 'Quick fix: Pass map_location="cpu" (safe)' in text
     assert URL in text
