@@ -9,8 +9,8 @@ import pytest
 from oom_lsp import checker
 from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.config import ConfigResolver
+from tests.samples import RISKY
 
-RISKY = 'import torch\nstate = torch.load("x.pt")\nnet.cuda().load_state_dict(state["net"])\n'
 
 
 def write(path: Path, text: str | bytes = RISKY) -> Path:

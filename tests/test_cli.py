@@ -16,18 +16,8 @@ import pytest
 
 from oom_lsp import cli
 from oom_lsp.analysis import engine
+from tests.samples import FIXED, RISKY
 
-# A checkpoint of a CUDA model restored without map_location (OOM501), shown by
-# default: the size facts know the model's weights (Llama 2 7B, about 25 GiB).
-_LLAMA = (
-    'net = transformers.AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf").cuda()\n'
-)
-RISKY = 'import torch, transformers\nstate = torch.load("x.pt")\n' + _LLAMA + 'net.load_state_dict(state["net"])\n'
-FIXED = (
-    'import torch, transformers\nstate = torch.load("x.pt", map_location="cpu")\n'
-    + _LLAMA
-    + 'net.load_state_dict(state["net"])\n'
-)
 CLEAN = "import torch\nx = torch.zeros(3)\n"
 # OOM101's fix (lowering the batch size) is unsafe.
 BIG_BATCH = "from torch.utils.data import DataLoader\nloader = DataLoader(data, batch_size=256)\n"

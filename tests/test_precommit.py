@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.samples import FIXED, RISKY
+
 REPO = Path(__file__).resolve().parents[1]
-RISKY = 'import torch\nstate = torch.load("x.pt")\nnet.cuda().load_state_dict(state["net"])\n'
-FIXED = (
-    'import torch\nstate = torch.load("x.pt", map_location="cpu")\nnet.cuda().load_state_dict(state["net"])\n'
-)
 
 
 def _pre_commit() -> str | None:

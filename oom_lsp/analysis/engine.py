@@ -27,7 +27,7 @@ from oom_lsp.analysis.facts.project import FileSummary, ProjectFacts, summarize
 from oom_lsp.analysis.findings import Applicability, Finding, Fix, Severity
 from oom_lsp.analysis.incremental import ParsedSource, parse_whole
 from oom_lsp.analysis.positions import PositionResolver, compute_positions
-from oom_lsp.analysis.rule import FixSpec
+from oom_lsp.analysis.rule import FixSpec, Report
 from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.analysis.suppressions import Suppression, apply_suppressions, parse_suppressions
 from oom_lsp.analysis.walker import walk
@@ -70,6 +70,11 @@ def analyze(
     is called with the file's context once its rules have run (the project
     summary is read from it)."""
     findings: list[Finding] = []
+    # Findings hidden at the default level still use their suppressions: a
+    # `# oom: ignore[...]` written in strict mode is not "unused" by default.
+    hidden: list[Finding] | None = (
+        [] if not settings.strict and registry.UNUSED_SUPPRESSION.code in settings.enabled else None
+    )
     if mentions_framework(source):
         legacy: list[Finding] = []
         try:
@@ -91,7 +96,7 @@ def analyze(
             return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
         else:
             source_for_rules = source
-        findings = _run_rules(parsed, source_for_rules, settings, path, cell_statements, project, observe)
+        findings = _run_rules(parsed, source_for_rules, settings, path, cell_statements, project, observe, hidden)
         if legacy:
             # Fixes are written from the renamed text: none is offered until the file parses.
             findings = legacy + [dataclasses.replace(finding, fix=None) for finding in findings]
@@ -102,6 +107,7 @@ def analyze(
             return _syntax_error_at(*problem, settings)
     suppressions = parse_suppressions(source)
     if suppressions:
+        apply_suppressions(hidden or [], suppressions)
         findings = apply_suppressions(findings, suppressions)
         if registry.UNUSED_SUPPRESSION.code in settings.enabled:
             findings += _unused_suppressions(suppressions, settings)
@@ -213,7 +219,10 @@ def _run_rules(
     cell_statements: tuple[int, ...] | None = None,
     project: ProjectFacts | None = None,
     observe: Callable[[FileContext], None] | None = None,
+    hidden: list[Finding] | None = None,
 ) -> list[Finding]:
+    """The findings shown at the settings' level; with `hidden`, the findings
+    of strict mode that the default level hides are appended to it."""
     module = parsed.module
     context = FileContext(
         source=source,
@@ -246,31 +255,42 @@ def _run_rules(
         return _syntax_error_at(1, 0, "the file is nested too deeply to analyse", settings)
     if observe is not None:
         observe(context)
-    reports = context.reports if settings.strict else [report for report in context.reports if report.shown_by_default]
-    if not reports:
+    if settings.strict:
+        reports, hidden_reports = context.reports, []
+    else:
+        reports = [report for report in context.reports if report.shown_by_default]
+        hidden_reports = [] if hidden is None else [r for r in context.reports if not r.shown_by_default]
+    if not reports and not hidden_reports:
         return []
     resolver = PositionResolver(module, source, parsed.statements, parsed.positions)
     builder = _FixBuilder(context, resolver)
-    findings = []
-    for report in reports:
-        resolver.ensure([report.node, report.statement, *_fix_nodes(report.fix)], report.statement_path)
-        node_range = resolver.range_of(report.node)
-        if node_range is None:
-            continue
-        statement_range = resolver.range_of(report.statement) if report.statement is not None else None
-        rule = report.rule
-        findings.append(
-            Finding(
-                code=rule.code,
-                name=rule.name,
-                message=report.message,
-                range=_report_range(report.node, node_range, builder.lines),
-                severity=settings.severity_of(rule.code, report.severity or rule.default_severity),
-                fix=builder.build(report.fix) if report.fix else None,
-                statement_line=statement_range.start.line if statement_range else node_range.start.line,
+
+    def findings_of(reports: list[Report]) -> list[Finding]:
+        findings = []
+        for report in reports:
+            resolver.ensure([report.node, report.statement, *_fix_nodes(report.fix)], report.statement_path)
+            node_range = resolver.range_of(report.node)
+            if node_range is None:
+                continue
+            statement_range = resolver.range_of(report.statement) if report.statement is not None else None
+            rule = report.rule
+            findings.append(
+                Finding(
+                    code=rule.code,
+                    name=rule.name,
+                    message=report.message,
+                    range=_report_range(report.node, node_range, builder.lines),
+                    severity=settings.severity_of(rule.code, report.severity or rule.default_severity),
+                    fix=builder.build(report.fix) if report.fix else None,
+                    statement_line=statement_range.start.line if statement_range else node_range.start.line,
+                )
             )
-        )
-    return _dedupe(findings)
+        return _dedupe(findings)
+
+    shown = findings_of(reports)
+    if hidden is not None:
+        hidden += findings_of(hidden_reports)
+    return shown
 
 
 def _entry_grad_off(context: FileContext) -> Callable[[cst.FunctionDef], bool]:

@@ -3,6 +3,8 @@ result really silences the finding."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from oom_lsp.analysis import analyze, default_settings
@@ -19,7 +21,8 @@ def _ignored(source: str, line: int, code: str = "OOM501", statement_line: int |
 
 
 def _codes(source: str) -> list[str]:
-    return [finding.code for finding in analyze(source, default_settings())]
+    # Strict mode: a checkpoint of an unsized model is reported there only.
+    return [finding.code for finding in analyze(source, replace(default_settings(), strict=True))]
 
 
 def test_appends_a_trailing_comment():
@@ -106,3 +109,17 @@ def test_columns_are_code_points():
 def test_out_of_range_line_and_untokenizable_file():
     assert ignore_for_line(LOAD, 7, "OOM501") is None
     assert ignore_for_line('x = """never closed\n', 1, "OOM501") is None
+
+
+def test_a_suppression_of_a_finding_shown_only_in_strict_mode_is_used_at_both_levels():
+    # The checkpoint of an unsized model is a strict-mode finding: the comment a strict
+    # user wrote for it is no "unused suppression" for a teammate (or CI) at the default level.
+    source = _ignored(LOAD + "model.cuda().load_state_dict(state)\n", 2)
+    for strict in (False, True):
+        settings = replace(default_settings(), strict=strict)
+        with_unused = replace(settings, enabled=settings.enabled | {"OOM900"})
+        assert [finding.code for finding in analyze(source, with_unused)] == []
+    # A comment that suppresses nothing at either level is still reported.
+    stale = 'import torch\nx = torch.zeros(3)  # oom: ignore[OOM501]\n'
+    settings = replace(default_settings(), enabled=default_settings().enabled | {"OOM900"})
+    assert [finding.code for finding in analyze(stale, settings)] == ["OOM900"]

@@ -103,6 +103,20 @@ def test_finding_only_leaves_out_error_and_profiling() -> None:
     assert "Framework" not in prompt.user and "GPU:" not in prompt.user  # nothing known, nothing said
 
 
+def test_the_static_findings_are_those_of_the_project_level() -> None:
+    """The prompt lists the findings the user sees: strict mode adds those whose
+    memory at stake the facts do not show (the LSTM's float32 loop)."""
+    from dataclasses import replace
+
+    request = fixture_request("lstm_language_model_risky.py", line=112)
+    default = build_prompt(request).user
+    strict = build_prompt(
+        FixRequest(**{**request.__dict__, "lint_settings": replace(request.lint_settings, strict=True)})
+    ).user
+    assert "OOM305 hidden-state-carried-across-batches" in default and "OOM201" not in default
+    assert "- line 109 `for batch, i in enumerate(" in strict and "OOM201 no-mixed-precision" in strict
+
+
 def test_json_schema_contract_in_the_system_message() -> None:
     prompt = build_prompt(fixture_request("cnn_cifar_risky.py", line=107), response_format="json_schema")
     assert '"causes"' in prompt.system and "<<<<<<< SEARCH" not in prompt.system

@@ -11,12 +11,13 @@ from lsprotocol import types
 from pytest_lsp import LanguageClient
 
 from oom_lsp.analysis import Applicability, LintSettings, analyze, registry
+from tests.samples import LLAMA_ON_GPU
 from tests.server.lsp_session import apply_text_edits, diagnostics_for, edits_of, open_document, replace_text
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 # A checkpoint of a CUDA model restored without map_location (OOM501).
-RESTORE = 'net.cuda().load_state_dict(state["net"])\n'
+RESTORE = LLAMA_ON_GPU + 'net.load_state_dict(state["net"])\n'
 LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n' + RESTORE
 _names = itertools.count()
 
@@ -97,7 +98,7 @@ async def test_ignore_merges_with_an_existing_comment(client: LanguageClient):
 
 
 async def test_fix_all_applies_every_safe_fix_as_one_edit(client: LanguageClient):
-    both = 'net.cuda().load_state_dict(first["net"])\nnet.load_state_dict(second["net"])\n'
+    both = LLAMA_ON_GPU + 'net.load_state_dict(first["net"])\nnet.load_state_dict(second["net"])\n'
     text = 'import torch\n\nfirst = torch.load("a.pt")\nsecond = torch.load("é.pt")\n' + both
     uri, diagnostics = await _open(client, text)
     assert len(diagnostics) == 2
@@ -116,7 +117,7 @@ async def test_fix_all_applies_every_safe_fix_as_one_edit(client: LanguageClient
 
 
 async def test_fix_all_in_the_light_bulb_is_resolved_lazily(client: LanguageClient):
-    restore = 'net.cuda().load_state_dict(first["net"])\n'
+    restore = LLAMA_ON_GPU + 'net.load_state_dict(first["net"])\n'
     text = 'import torch\n\nfirst = torch.load("a.pt")\n' + restore
     uri, diagnostics = await _open(client, text)
     assert client.init_result.capabilities.code_action_provider.resolve_provider is True

@@ -14,6 +14,7 @@ from pytest_lsp import LanguageClient
 
 from oom_lsp import checker
 from oom_lsp.config import ConfigResolver
+from tests.samples import LLAMA_ON_GPU
 from tests.server.lsp_session import (
     TIMEOUT_S,
     close_document,
@@ -28,7 +29,7 @@ from tests.server.lsp_session import (
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 # A checkpoint of a CUDA model restored without map_location (OOM501).
-RESTORE = 'net.cuda().load_state_dict(state["net"])\n'
+RESTORE = LLAMA_ON_GPU + 'net.load_state_dict(state["net"])\n'
 LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n' + RESTORE
 _names = itertools.count()
 

@@ -12,6 +12,7 @@ from lsprotocol import types
 from pytest_lsp import LanguageClient
 
 from oom_lsp.output import rule_url
+from tests.samples import LLAMA_ON_GPU
 from tests.server.lsp_session import CONFIG, diagnostics_for, open_document, start_session
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -23,7 +24,8 @@ TEXT = (
     'state = torch.load("ckpt.pt")\n'
     'other = torch.load("b.pt", map_location="cpu")  # oom: ignore[OOM301, torch-load-without-map-location]\n'
     "value = 1  # noqa: E501, OOM501\n"
-    'net.cuda().load_state_dict(state["net"])\n'
+    + LLAMA_ON_GPU
+    + 'net.load_state_dict(state["net"])\n'
 )
 
 
@@ -60,7 +62,8 @@ async def test_hover_on_a_diagnostic_summarises_the_rule(client: LanguageClient,
     # The message, one or two lines of why, the quick fix by its title, a link to the full page.
     assert (
         lines[0]
-        == "**OOM501** torch.load without map_location restores tensors onto the device they were saved from"
+        == "**OOM501** torch.load without map_location puts ≈ 25.1 GiB of weights (6.7 B parameters) back on "
+        "the GPU it was saved from"
     )
     assert "the GPU they were saved from" in text
     assert 'Quick fix: Pass `map_location="cpu"` (safe)' in text
@@ -132,7 +135,8 @@ async def test_plain_text_hover_for_a_client_without_markdown(plain_client: Lang
     text = hover.contents.value
     assert len(text.splitlines()) < MAX_HOVER_LINES, text
     assert text.startswith(
-        "OOM501 torch.load without map_location restores tensors onto the device they were saved from\n"
+        "OOM501 torch.load without map_location puts ≈ 25.1 GiB of weights (6.7 B parameters) back on "
+        "the GPU it was saved from\n"
     )
     assert 'Quick fix: Pass map_location="cpu" (safe)' in text
     assert URL in text

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.samples import LLAMA_ON_GPU
 from tests.server.stdio_client import StdioServer, frame
 
-LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\nmodel.cuda().load_state_dict(state)\n'
+LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n' + LLAMA_ON_GPU + "net.load_state_dict(state)\n"
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
     -32700,
     -32600,

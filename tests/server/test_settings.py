@@ -10,6 +10,7 @@ import pytest_lsp
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
+from tests.samples import LLAMA_ON_GPU
 from tests.server.lsp_session import (
     CLIENTS,
     CONFIG,
@@ -25,7 +26,7 @@ from tests.server.lsp_session import (
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 # A checkpoint of a CUDA model restored without map_location (OOM501).
-LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\nnet.cuda().load_state_dict(state["net"])\n'
+LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n' + LLAMA_ON_GPU + 'net.load_state_dict(state["net"])\n'
 
 
 @pytest_lsp.fixture(scope="module", params=list(CLIENTS), config=CONFIG)

@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 from typing import IO
 
+from tests.samples import LLAMA_ON_GPU
 from tests.server.lsp_session import SERVER_COMMAND
 
 # A checkpoint of a CUDA model restored without map_location (OOM501).
-LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\nnet.cuda().load_state_dict(state["net"])\n'
+LOAD = 'import torch\n\nstate = torch.load("ckpt.pt")\n' + LLAMA_ON_GPU + 'net.load_state_dict(state["net"])\n'
 
 
 def _frame(message: dict) -> bytes:

@@ -26,8 +26,13 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SCRIPT = FIXTURES / "budget" / "train_mlp.py"
 PACKAGE = Path(__file__).resolve().parents[2] / "oom_lsp"
 
-# A file with one lint finding (OOM501), to see that the lint part of the run still reports.
-RISKY = 'import torch\nmodel = torch.nn.Linear(4, 4).cuda()\nmodel.load_state_dict(torch.load("m.pt"))\n'
+# A file with one lint finding (OOM501, shown by default: Llama 2 7B's weights), to see
+# that the lint part of the run still reports.
+RISKY = (
+    "import torch, transformers\n"
+    'model = transformers.AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf").cuda()\n'
+    'model.load_state_dict(torch.load("m.pt"))\n'
+)
 
 
 def _batch_size_position(path: Path) -> tuple[int, int]:

@@ -19,6 +19,7 @@ const USER_SETTINGS = {
   "oomLsp.exclude": null,
   "oomLsp.extendExclude": ["scratch/**"],
   "oomLsp.maxBatchSize": 64,
+  "oomLsp.strict": true,
   "oomLsp.severity": { OOM5: "error", OOM101: "hint" },
   "oomLsp.gpuMemory": "24GiB",
   "oomLsp.gpu": "RTX 3090",
@@ -45,6 +46,7 @@ const EXPECTED_PAYLOAD = {
     perFileIgnores: { "tests/**": ["OOM101"] },
     extendExclude: ["scratch/**"],
     maxBatchSize: 64,
+    strict: true,
     severity: { OOM5: "error", OOM101: "hint" },
     gpuMemory: "24GiB",
     gpu: "RTX 3090",
@@ -86,6 +88,7 @@ test("an explicit empty select is sent: it means no rules", () => {
 test("values of the wrong type or out of range fall back to the defaults", () => {
   __setConfiguration({
     "oomLsp.maxBatchSize": 0,
+    "oomLsp.strict": "yes",
     "oomLsp.severity": { OOM5: "fatal", OOM101: "hint" },
     "oomLsp.perFileIgnores": { "a/**": "OOM101" },
     "oomLsp.logLevel": "verbose",
@@ -95,6 +98,7 @@ test("values of the wrong type or out of range fall back to the defaults", () =>
   });
   const settings = readSettings(configurationFor());
   assert.equal(settings.maxBatchSize, null);
+  assert.equal(settings.strict, null);
   assert.deepEqual(settings.severity, { OOM101: "hint" });
   assert.deepEqual(settings.perFileIgnores, {});
   assert.equal(settings.logLevel, "info");

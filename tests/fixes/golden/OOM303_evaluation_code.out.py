@@ -12,7 +12,6 @@ class Classifier(nn.Module):
         return self.head(self.backbone(x))
 
     @staticmethod
-    @T.inference_mode()
     def predict_labels(model, images):
         """Labels for a batch of images."""
         return model(images).argmax(-1)

@@ -48,6 +48,8 @@ export interface ExtensionSettings {
   exclude: string[] | null;
   extendExclude: string[];
   maxBatchSize: number | null;
+  /** Every finding the rules prove (`strict`); null: the project's setting. */
+  strict: boolean | null;
   severity: Record<string, Severity>;
   gpuMemory: string | null;
   gpu: string | null;
@@ -72,6 +74,10 @@ function stringList(value: unknown): string[] {
 
 function optionalStringList(value: unknown): string[] | null {
   return Array.isArray(value) ? stringList(value) : null;
+}
+
+function optionalBoolean(value: unknown): boolean | null {
+  return typeof value === "boolean" ? value : null;
 }
 
 function optionalString(value: unknown): string | null {
@@ -123,6 +129,7 @@ export function readSettings(config: ConfigurationReader): ExtensionSettings {
     exclude: optionalStringList(config.get("exclude")),
     extendExclude: stringList(config.get("extendExclude")),
     maxBatchSize: optionalPositiveNumber(config.get("maxBatchSize")),
+    strict: optionalBoolean(config.get("strict")),
     severity: stringTable(config.get("severity"), isSeverity),
     gpuMemory: optionalString(config.get("gpuMemory")),
     gpu: optionalString(config.get("gpu")),
@@ -172,6 +179,9 @@ export function buildServerSettings(settings: ExtensionSettings): ServerSettings
   }
   if (settings.maxBatchSize !== null) {
     payload.maxBatchSize = settings.maxBatchSize;
+  }
+  if (settings.strict !== null) {
+    payload.strict = settings.strict;
   }
   if (Object.keys(settings.severity).length > 0) {
     payload.severity = settings.severity;
