@@ -109,7 +109,8 @@ def find_batch_literal(
     value is the estimated batch size. None when neither exists."""
     from oom_lsp.analysis import analyze  # libcst, loaded by the analysis worker at start
 
-    settings = LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=1)
+    # Strict: the literal is found whatever OOM101's default level would show (a place, not a finding).
+    settings = LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=1, strict=True)
     lines = split_lines(source)
     candidates = []
     for finding in analyze(source, settings, path):
