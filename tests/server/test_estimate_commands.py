@@ -55,9 +55,10 @@ async def client(request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp
         lsp_client,
         request.param,
         root,
-        # OOM101 is off by default; selected, it takes the estimate's limit.
-        initialization_options={"settings": {"debounceMs": 0, "extendSelect": ["OOM101"]}},
-        configuration={"debounceMs": 0, "extendSelect": ["OOM101"]},
+        # OOM101 is off by default; selected, it takes the estimate's limit. Strict mode:
+        # the sample's batch literal has no size facts around it.
+        initialization_options={"settings": {"debounceMs": 0, "extendSelect": ["OOM101"], "strict": True}},
+        configuration={"debounceMs": 0, "extendSelect": ["OOM101"], "strict": True},
     )
     yield
     await lsp_client.shutdown_session()
