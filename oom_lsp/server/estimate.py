@@ -109,7 +109,8 @@ def find_batch_literal(
     value is the estimated batch size. None when neither exists."""
     from oom_lsp.analysis import analyze  # libcst, loaded by the analysis worker at start
 
-    # Strict: the literal is found whatever OOM101's default level would show (a place, not a finding).
+    # OOM101 as a locator of batch literals, not a finding shown: strict, so that a
+    # literal is found whatever the size facts say about what is at stake.
     settings = LintSettings(enabled=frozenset({"OOM101"}), max_batch_size=1, strict=True)
     lines = split_lines(source)
     candidates = []

@@ -35,7 +35,8 @@ vim.lsp.config("oom_lsp", {
   cmd = { python, "-m", "oom_lsp" },
   filetypes = { "python" },
   root_markers = { "pyproject.toml", ".git" },
-  settings = { oomLsp = { severity = { OOM501 = "error" } } },
+  -- strict: the checkpoints of an unsized model are shown in strict mode only.
+  settings = { oomLsp = { severity = { OOM501 = "error" }, strict = true } },
 })
 vim.lsp.enable("oom_lsp")
 

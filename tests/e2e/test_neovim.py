@@ -8,6 +8,7 @@ tensors on the CPU), fix all on save; the buffer is checked after each step."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -158,13 +159,16 @@ def test_neovim_applies_fixes(tmp_path: Path):
     )
     assert reported, result.stdout
     # With the settings the server uses: the project's, or a fixture folder's own pyproject.toml
-    # (fixtures/estimate/whatif/ selects OOM101 and OOM603).
+    # (fixtures/estimate/whatif/ selects OOM101 and OOM603), in strict mode (the editor's
+    # `strict = true` in neovim_e2e.lua; the what-if fixtures' pyproject.toml sets it too).
     scripts = sorted((project / "fixtures").rglob("*.py"))
     resolver = ConfigResolver()
     expected = [
         f
         for path in scripts
-        for f in analyze(path.read_text(), resolver.resolve(path).settings_for(path), str(path))
+        for f in analyze(
+            path.read_text(), dataclasses.replace(resolver.resolve(path).settings_for(path), strict=True), str(path)
+        )
     ]
     assert int(reported[1]) == len(expected) and int(reported[2]) == len(scripts)
     assert reported[4].split(",") == sorted({f.code for f in expected})

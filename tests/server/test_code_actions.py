@@ -188,12 +188,14 @@ def _fix_examples() -> list[tuple[str, str, str]]:
     ("code", "example", "expected"), _fix_examples(), ids=[case[0] for case in _fix_examples()]
 )
 async def test_each_rules_quick_fix(client: LanguageClient, code: str, example: str, expected: str):
-    folder = ""
-    if not registry.rule_for(code).default_enabled:
-        # An opt-in rule, selected by the project the example lives in.
-        folder = f"select-{code}"
-        (client.root / folder).mkdir(exist_ok=True)
-        (client.root / folder / "pyproject.toml").write_text(f'[tool.oom-lsp]\nextend-select = ["{code}"]\n')
+    # The example's project is in strict mode: an example need not show the memory at
+    # stake to be fixed (its rule's own tests say which level shows it), and selects
+    # an opt-in rule.
+    folder = f"strict-{code}"
+    (client.root / folder).mkdir(exist_ok=True)
+    (client.root / folder / "pyproject.toml").write_text(
+        f'[tool.oom-lsp]\nstrict = true\nextend-select = ["{code}"]\n'
+    )
     uri, diagnostics = await _open(client, example, folder)
     own = [diagnostic for diagnostic in diagnostics if diagnostic.code == code]
     assert own, f"{code} not reported on its own example"
@@ -210,5 +212,5 @@ async def test_each_rules_quick_fix(client: LanguageClient, code: str, example: 
         # Fix-all never applies an unsafe fix.
         all_fixed = apply_text_edits(example, edits_of(fix_all, uri), _encoding(client))
         assert code in [
-            finding.code for finding in analyze(all_fixed, LintSettings(enabled=frozenset({code})))
+            finding.code for finding in analyze(all_fixed, LintSettings(enabled=frozenset({code}), strict=True))
         ]

@@ -277,7 +277,7 @@ async def test_a_document_over_max_file_size_is_reported_not_analysed(client: La
     (diagnostic,) = await diagnostics_for(client, uri, 1, since)
     assert diagnostic.code is None and diagnostic.severity == types.DiagnosticSeverity.Warning
     assert diagnostic.message == (
-        "oom-lsp not checked: 11.8 KiB is over max-file-size (4 KiB); raise max-file-size in "
+        "oom-lsp not checked: 11.9 KiB is over max-file-size (4 KiB); raise max-file-size in "
         "[tool.oom-lsp] to check it"
     )
 

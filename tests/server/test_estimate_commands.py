@@ -55,8 +55,8 @@ async def client(request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp
         lsp_client,
         request.param,
         root,
-        # OOM101 is off by default; selected, it takes the estimate's limit. Strict: on this small
-        # model no memory at stake is shown, so the default level would not show it.
+        # OOM101 is off by default; selected, it takes the estimate's limit. Strict mode:
+        # the sample's batch literal has no size facts around it.
         initialization_options={"settings": {"debounceMs": 0, "extendSelect": ["OOM101"], "strict": True}},
         configuration={"debounceMs": 0, "extendSelect": ["OOM101"], "strict": True},
     )

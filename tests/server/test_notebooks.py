@@ -25,7 +25,13 @@ CLIENT = "vscode-1.139.1"
 SETUP = "%matplotlib inline\nimport torch\nimport torch.nn as nn\ndevice = 'cuda'\nmodel = nn.Linear(8, 2).to(device)"
 LOSS = "criterion = nn.CrossEntropyLoss()\nbatch = torch.randn(4, 8, device=device)\nlabels = torch.zeros(4, dtype=torch.long, device=device)"
 LOOP = "total = 0\nfor step in range(3):\n    loss = criterion(model(batch), labels)\n    total += loss"
-LOAD = "state = torch.load('ckpt.pt')\nmodel.load_state_dict(state)"
+# A checkpoint restored into a model whose weights the size facts know (Llama 2 7B):
+# OOM501 is shown by default.
+LOAD = (
+    "state = torch.load('ckpt.pt')\nimport transformers\n"
+    "llm = transformers.AutoModelForCausalLM.from_pretrained('meta-llama/Llama-2-7b-hf').cuda()\n"
+    "llm.load_state_dict(state)"
+)
 
 
 @pytest_lsp.fixture(scope="module", config=CONFIG)

@@ -382,9 +382,10 @@ async def test_set_batch_size_from_the_estimate_on_the_oom(client: LanguageClien
     client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)(lambda params: None)
     folder = client.root / "estimated"
     folder.mkdir()
-    # The action is OOM101's fix at the estimate's limit: OOM101 (off by default) is selected.
+    # The action is OOM101's fix at the estimate's limit: OOM101 (off by default) is selected,
+    # in strict mode (the script's batch literal has no size facts around it).
     (folder / "pyproject.toml").write_text(
-        "[project]\nname = 'estimated'\n\n[tool.oom-lsp]\nextend-select = ['OOM101']\n", encoding="utf-8"
+        "[project]\nname = 'estimated'\n\n[tool.oom-lsp]\nextend-select = ['OOM101']\nstrict = true\n", encoding="utf-8"
     )
     path = folder / "train_batch.py"
     path.write_text(ESTIMATED_AND_GUARDED, encoding="utf-8")
