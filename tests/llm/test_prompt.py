@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from oom_lsp.config import ConfigResolver
+from oom_lsp.estimate.results import Prediction
 from oom_lsp.llm.context import EnvironmentFacts
 from oom_lsp.llm.prompt import TOKEN_BUDGET, FixRequest, PromptError, build_prompt, estimate_tokens
 from oom_lsp.profiling.oom_messages import find_ooms
@@ -70,7 +71,9 @@ def test_script_with_oom_log_and_profile_report() -> None:
 
 def test_method_with_an_estimate() -> None:
     request = fixture_request(
-        "gpt_naive_attention_risky.py", line=46, estimate=json.loads((DATA / "gpt_estimate.json").read_text())
+        "gpt_naive_attention_risky.py",
+        line=46,
+        estimate=Prediction.from_json(json.loads((DATA / "gpt_estimate.json").read_text())),
     )
     prompt = build_prompt(request)
     check_golden("gpt_estimate", prompt.markdown(include_system=True))
