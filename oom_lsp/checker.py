@@ -502,7 +502,9 @@ def run_job(job: Job) -> JobResult:
     files are still checked (as Ruff reports a panic)."""
     try:
         return _run_job(job)
-    except Exception:
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # also a panic of libcst's native parser (pyo3's PanicException)
         return JobResult(job.index, [], internal_error=traceback.format_exc())
 
 
@@ -574,18 +576,69 @@ def _worker_count(jobs: list[Job]) -> int:
     return max(1, min(available, len(jobs)))
 
 
-def run_jobs(jobs: list[Job], workers: int | None = None) -> list[JobResult]:
-    """Results in the order of `jobs`; largest sources first across workers."""
+def run_jobs(
+    jobs: list[Job], workers: int | None = None, runner: Callable[[Job], JobResult] = run_job
+) -> list[JobResult]:
+    """Results in the order of `jobs`; largest sources first across workers. A worker that
+    dies (a crash in native code: the process is gone, not an exception) costs only the
+    file it was checking: the files it had not finished are checked again, one worker at a
+    time, and the one that kills a worker alone is reported as an internal error."""
     count = _worker_count(jobs) if workers is None else workers
     if count <= 1:
         if jobs:
             tune_for_analysis()
-        return [run_job(job) for job in jobs]
+        return [runner(job) for job in jobs]
     ordered = sorted(jobs, key=lambda job: len(job.source), reverse=True)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=count, mp_context=context, initializer=_warm_worker) as pool:
-        results = list(pool.map(run_job, ordered, chunksize=1))
+    results, unfinished, _ = _run_in_pool(ordered, count, runner)
+    while unfinished:  # one worker at a time: the first job left unfinished is the one that killed it
+        done, left, exit_code = _run_in_pool(unfinished, 1, runner)
+        results += done
+        if left:
+            results.append(JobResult(left[0].index, [], internal_error=_died_message(exit_code)))
+            left = left[1:]
+        unfinished = left
     return sorted(results, key=lambda result: result.index)
+
+
+def _run_in_pool(
+    jobs: list[Job], count: int, runner: Callable[[Job], JobResult]
+) -> tuple[list[JobResult], list[Job], int | None]:
+    """The results of the jobs a pool of `count` workers finished, the jobs it did not (in
+    their order) when a worker died, and a dead worker's exit status."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    context = multiprocessing.get_context("spawn")
+    results: list[JobResult] = []
+    unfinished: list[Job] = []
+    exit_code: int | None = None
+    with ProcessPoolExecutor(max_workers=count, mp_context=context, initializer=_warm_worker) as pool:
+        futures = [pool.submit(runner, job) for job in jobs]
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        for job, future in zip(jobs, futures):
+            try:
+                results.append(future.result())
+            except BrokenProcessPool:
+                unfinished.append(job)
+    if unfinished:  # the pool has joined its workers: their exit statuses are known
+        codes = [process.exitcode for process in processes if process.exitcode]
+        # The others were stopped by the pool with SIGTERM.
+        exit_code = next((code for code in codes if code != -15), codes[0] if codes else None)
+    return results, unfinished, exit_code
+
+
+def _died_message(exit_code: int | None) -> str:
+    """An internal error's text (its last line is what the CLI prints) for a worker that died."""
+    import signal
+
+    how = ""
+    if exit_code is not None and exit_code < 0:
+        try:
+            how = f" ({signal.Signals(-exit_code).name})"
+        except ValueError:
+            how = f" (signal {-exit_code})"
+    elif exit_code:
+        how = f" (exit code {exit_code})"
+    return f"WorkerDied: the analysis process died{how} while checking this file\n"
 
 
 def has_applicable_fix(findings: list[Finding], unsafe_fixes: bool) -> bool:
