@@ -26,7 +26,6 @@ import json
 import multiprocessing
 import os
 import re
-import tempfile
 import tokenize
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import oom_lsp
-from oom_lsp import python_ast
+from oom_lsp import python_ast, safe_files
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.findings import Finding
 from oom_lsp.analysis.settings import LintSettings
@@ -74,6 +73,8 @@ class FileResult:
     # The analysis itself failed on this file: a bug in oom-lsp, exit code 2.
     internal_error: str | None = None
     from_cache: bool = False
+    # Not checked, and no error: a symbolic link that leads out of the project.
+    notice: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -203,6 +204,21 @@ def _force_excluded(path: Path, config: ProjectConfig) -> bool:
     return any(config.is_excluded(candidate) for candidate in candidates)
 
 
+def _link_out_of_project(path: Path, config: ProjectConfig, walked: Path | None) -> FileResult | None:
+    """A notice for a file that is a symbolic link leading out of its project (its
+    configuration's folder, or the folder being checked): a cloned repository's link to
+    `~/.bashrc` or `/dev/zero` is neither read nor, with --fix, written."""
+    if not os.path.islink(path):
+        return None
+    boundaries = [config.root] + ([walked] if walked is not None else [])
+    if any(safe_files.resolves_inside(path, boundary) for boundary in boundaries):
+        return None
+    target = os.path.realpath(path)
+    return FileResult(
+        path, display_path(path), notice=f"not checked: a symbolic link to {target}, outside the project"
+    )
+
+
 def discover_files(
     paths: Iterable[Path],
     resolver: ConfigResolver,
@@ -210,7 +226,8 @@ def discover_files(
     force_exclude: bool = False,
 ) -> tuple[list[Path], list[FileResult]]:
     """Python files to check under `paths`, sorted, and a FileResult with an
-    error for each path that does not exist."""
+    error for each path that does not exist (or a notice for each link out of the
+    project, which is not checked)."""
     found: dict[str, Path] = {}
     missing: list[FileResult] = []
     for path in paths:
@@ -220,10 +237,16 @@ def discover_files(
             if force_exclude and _force_excluded(absolute, config):
                 continue
             ignores = _ancestor_ignores(absolute) if config.respect_gitignore else []
-            for file in _walk(absolute, resolver, ignores, missing):
+            for file in _walk(absolute, resolver, ignores, missing, absolute):
                 found.setdefault(str(file), file)
         elif absolute.is_file():
-            if force_exclude and _force_excluded(absolute, resolver.resolve(absolute)):
+            config = resolver.resolve(absolute)
+            if force_exclude and _force_excluded(absolute, config):
+                continue
+            outside = _link_out_of_project(absolute, config, None)
+            if outside is not None:
+                outside.display = display_path(path)
+                missing.append(outside)
                 continue
             found.setdefault(str(absolute), absolute)
         else:
@@ -232,10 +255,15 @@ def discover_files(
 
 
 def _walk(
-    folder: Path, resolver: ConfigResolver, ignores: list[GitIgnore], unreadable: list[FileResult]
+    folder: Path,
+    resolver: ConfigResolver,
+    ignores: list[GitIgnore],
+    unreadable: list[FileResult],
+    walked: Path,
 ) -> Iterator[Path]:
-    """The Python files below `folder`; a folder that cannot be listed is added to
-    `unreadable` (reported like an unreadable file) and the walk goes on."""
+    """The Python files below `folder` (the walk of `walked`); a folder that cannot be
+    listed is added to `unreadable` (reported like an unreadable file), and so is a link
+    out of the project, and the walk goes on."""
     config = resolver.resolve_folder(folder)
     if config.respect_gitignore:
         own = GitIgnore.load(folder / ".gitignore")
@@ -261,7 +289,11 @@ def _walk(
         if config.respect_gitignore and ignores and _is_ignored(ignores, path, is_dir):
             continue
         if is_dir:
-            yield from _walk(path, resolver, ignores, unreadable)
+            yield from _walk(path, resolver, ignores, unreadable, walked)
+            continue
+        outside = _link_out_of_project(path, config, walked)
+        if outside is not None:
+            unreadable.append(outside)
         else:
             yield path
 
@@ -434,42 +466,25 @@ class ResultsCache:
         if not self._dirty:
             return
         # A cloned repository may hold symbolic links here (the folder itself, its marker
-        # files, a temporary file's name): nothing is created or written through them.
-        if not os.path.realpath(self.folder).startswith(os.path.realpath(self.root) + os.sep):
-            return
+        # files, a temporary file's name): nothing is created or written through them
+        # (oom_lsp.safe_files).
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
             top = self.root / CACHE_DIR_NAME
-            if not os.path.lexists(top / ".gitignore"):
-                _create_new(top / ".gitignore", "# Created by oom-lsp automatically.\n*\n")
-                _create_new(top / "CACHEDIR.TAG", "Signature: 8a477f597d28d172789f06886806bc55\n")
+            safe_files.make_folder(self.folder, self.root)
+            if safe_files.create_new(top / ".gitignore", "# Created by oom-lsp automatically.\n*\n", root=self.root):
+                safe_files.create_new(
+                    top / "CACHEDIR.TAG", "Signature: 8a477f597d28d172789f06886806bc55\n", root=self.root
+                )
             for fingerprint in sorted(self._dirty):
                 table = self._tables[fingerprint]
                 # Files deleted or renamed since they were cached.
                 for relative in [relative for relative in table if not (self.root / relative).exists()]:
                     del table[relative]
                 payload = json.dumps({"entries": table}, separators=(",", ":"))
-                descriptor, temporary = tempfile.mkstemp(suffix=".tmp", dir=self.folder)
-                try:
-                    with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-                        stream.write(payload)
-                    os.replace(temporary, self.folder / f"{fingerprint}.json")
-                except OSError:
-                    Path(temporary).unlink(missing_ok=True)
-                    raise
+                safe_files.write_file(self.folder / f"{fingerprint}.json", payload, root=self.root)
         except OSError:
-            return  # a read-only checkout still gets its results, just not cached
+            return  # a read-only checkout (or a link out of it) still gets its results, just not cached
         self._dirty.clear()
-
-
-def _create_new(path: Path, text: str) -> None:
-    """Write a file that must not exist yet: O_EXCL fails on any name there already,
-    a symbolic link included, instead of writing through it."""
-    try:
-        with open(path, "x", encoding="utf-8") as stream:
-            stream.write(text)
-    except FileExistsError:
-        pass
 
 
 # --- Analysis jobs (run in-process or in a worker) ---------------------------------------------
@@ -650,6 +665,7 @@ def has_applicable_fix(findings: list[Finding], unsafe_fixes: bool) -> bool:
 
 @dataclass
 class _Pending:
+    root: Path  # the project's folder: --fix writes nothing through a link out of it
     result: FileResult
     raw: bytes
     decoded: Decoded
@@ -715,7 +731,7 @@ def check_files(
                 result.source = decoded.text if cached else None
                 run.cached += 1
                 continue
-        pending.append(_Pending(result, raw, decoded, settings, cache, relative, key))
+        pending.append(_Pending(config.root, result, raw, decoded, settings, cache, relative, key))
 
     jobs = [
         Job(index, str(item.result.path), item.decoded.text or "", item.settings, fix, unsafe_fixes)
@@ -747,7 +763,10 @@ def _record(item: _Pending, outcome: JobResult, write: bool) -> None:
         if write:
             new_raw = outcome.fixed_source.encode(item.decoded.encoding)
             try:
-                result.path.write_bytes(new_raw)
+                safe_files.write_through(result.path, new_raw, root=item.root)
+            except safe_files.LinkOutOfProject as error:
+                result.error = f"the fixes were not written: {error}"
+                return
             except OSError as error:
                 result.error = f"cannot write the fixes: {error.strerror or error}"
                 return
@@ -789,7 +808,7 @@ def check_source(
     if decoded.problem is not None:
         result.findings = undecodable_finding(decoded.problem, settings)
         return result
-    item = _Pending(result, raw, decoded, settings, None, "", "")
+    item = _Pending(config.root, result, raw, decoded, settings, None, "", "")
     outcome = run_job(Job(0, str(path), decoded.text or "", settings, fix, unsafe_fixes))
     _record(item, outcome, write=False)
     if result.source is None:

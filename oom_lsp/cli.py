@@ -400,11 +400,16 @@ def _budget_gate(args: argparse.Namespace, resolver: Any, skip: bool) -> Any:
                 f"--{given[0].replace('_', '-')}: the budget gate does not run with stdin or --diff"
             )
         return None
+    from oom_lsp.config import load_user_config
     from oom_lsp.estimate.budget import BudgetError, gate_settings
 
+    config = resolver.resolve_folder(Path.cwd())
+    asked = any(value is not None for value in (config.budget, config.budget_baseline, args.budget, args.baseline))
+    # The user's own trusted-projects, read only when the project's own scripts would run.
+    runs_project_scripts = asked and bool(config.estimate_scripts) and not args.estimate_script
     try:
         return gate_settings(
-            resolver.resolve_folder(Path.cwd()),
+            config,
             budget=args.budget,
             scripts=args.estimate_script,
             baseline=args.baseline,
@@ -412,6 +417,7 @@ def _budget_gate(args: argparse.Namespace, resolver: Any, skip: bool) -> Any:
             update_baseline=args.update_baseline,
             timeout=args.estimate_timeout,
             python=args.python,
+            trusted=runs_project_scripts and load_user_config().trusts(config.root),
         )
     except BudgetError as error:
         raise UsageError(str(error)) from None
@@ -424,7 +430,7 @@ def _run_budget_gate(args: argparse.Namespace, gate: Any, results: list[Any]) ->
     from oom_lsp.estimate.budget import run_gate
 
     _install_stop_handlers()
-    outcome = run_gate(gate, sys.stderr, live=sys.stderr.isatty())
+    outcome = run_gate(gate, sys.stderr, live=sys.stderr.isatty(), announce=not args.quiet)
     by_path = {os.path.abspath(result.path): result for result in results}
     for path, finding in outcome.located:
         result = by_path.get(os.path.abspath(path))
@@ -482,6 +488,8 @@ def _check_paths(
 
 def _report_file_errors(results: list[Any], *, verbose: bool) -> None:
     for result in results:
+        if result.notice is not None:
+            print(f"warning: {result.display}: {result.notice}", file=sys.stderr)
         if result.error is not None:
             _error(f"{result.display}: {result.error}")
         if result.internal_error is not None:

@@ -42,3 +42,12 @@ def split_script_arguments(
     for name, value in vars(parsed).items():
         setattr(args, name, value)
     return None
+
+
+def running_line(command: str, script: object, script_args: list[str], python: str) -> str:
+    """What a command that runs the user's code says before it does (on stderr, whatever the
+    output format): the script, its arguments and the interpreter, so that running a
+    project's code is never a surprise."""
+    import shlex
+
+    return f"oom-lsp {command}: running {shlex.join([str(script), *map(str, script_args)])} with {python}"

@@ -22,10 +22,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from oom_lsp import safe_files
 from oom_lsp.analysis.findings import Finding, Severity
 from oom_lsp.analysis.registry import PREDICTED_MEMORY_GROWTH, PREDICTED_OUT_OF_MEMORY
 from oom_lsp.config import ProjectConfig, split_command
@@ -59,6 +61,11 @@ class GateSettings:
     timeout: float
     python: str
     scripts_origin: str  # where the scripts were named, for messages
+    # The project no symbolic link may lead the baseline out of, when it is written.
+    baseline_root: Path | None = None
+    # Why the scripts are not run: the configuration of a project the user does not trust
+    # names them (docs/configuration.md#trust). One line, a problem of the gate.
+    refused: str | None = None
 
 
 @dataclass
@@ -111,9 +118,15 @@ def gate_settings(
     update_baseline: bool = False,
     timeout: float | None = None,
     python: str,
+    trusted: bool = False,
 ) -> GateSettings | None:
     """The gate's settings from the command line over `config`; None when neither a budget
-    nor a baseline asks for it. Raises BudgetError for a value that cannot be used."""
+    nor a baseline asks for it. Raises BudgetError for a value that cannot be used.
+
+    The trust rule: the scripts of `estimate-scripts` run only when the user trusts the
+    project (`trusted`: its folder is in the user's own `trusted-projects`); otherwise the
+    settings say why they are not run (`refused`). Scripts named on the command line
+    (`scripts`, from --estimate-script) are the user's own choice and always run."""
     from oom_lsp.config import parse_memory_size, parse_percent
 
     cwd = Path.cwd()
@@ -124,10 +137,17 @@ def gate_settings(
         except (TypeError, ValueError) as error:
             raise BudgetError(f"--budget: {error}") from None
     baseline_path = None
+    baseline_root: Path | None = cwd
     if baseline is not None:
         baseline_path = cwd / baseline
     elif config.budget_baseline is not None:
-        baseline_path = config.root / config.budget_baseline
+        baseline_path, baseline_root = config.root / config.budget_baseline, config.root
+        if not safe_files.is_inside(baseline_path, config.root):
+            where = os.path.relpath(config.path) if config.path is not None else "[tool.oom-lsp]"
+            raise BudgetError(
+                f"{where}: budget-baseline {config.budget_baseline} is outside the project {config.root}; "
+                "set it to a path inside it (or pass --baseline FILE)"
+            )
     if budget_bytes is None and baseline_path is None and not update_baseline:
         return None
     if update_baseline and baseline_path is None:
@@ -142,11 +162,14 @@ def gate_settings(
             raise BudgetError(f"--max-growth: {error}") from None
     if timeout is not None and not timeout > 0:
         raise BudgetError(f"--estimate-timeout: expected a positive number of seconds, got {timeout:g}")
+    refused = None
     if scripts:
         entries, folder, origin = scripts, cwd, "--estimate-script"
     else:
         where = os.path.relpath(config.path) if config.path is not None else "[tool.oom-lsp]"
         entries, folder, origin = list(config.estimate_scripts), config.root, f"estimate-scripts in {where}"
+        if entries and config.path is not None and not trusted:
+            refused = untrusted_scripts_message(where, entries, config.root)
     parsed = []
     for entry in entries:
         try:
@@ -164,6 +187,21 @@ def gate_settings(
         timeout=timeout if timeout is not None else (config.estimate_timeout or DEFAULT_TIMEOUT),
         python=python,
         scripts_origin=origin,
+        baseline_root=baseline_root,
+        refused=refused,
+    )
+
+
+def untrusted_scripts_message(where: str, entries: list[str], root: Path) -> str:
+    """One line: what the configuration asks to run, that it did not, and how to allow it."""
+    from oom_lsp.config import user_config_path
+
+    listed = ", ".join(entries[:2]) + (f" and {len(entries) - 2} more" if len(entries) > 2 else "")
+    return (
+        f"budget gate: {where} asks to run its estimate-scripts ({listed}), the project's own code: "
+        f"not run, since {root} is not in your trusted-projects. Name the script yourself "
+        f"(--estimate-script {shlex.quote(entries[0])}), trust the project (trusted-projects = "
+        f'["{root}"] in {user_config_path()}), or skip the gate (--no-budget)'
     )
 
 
@@ -197,17 +235,15 @@ def read_baseline(path: Path) -> dict[str, dict[str, Any]]:
     return scripts
 
 
-def write_baseline(path: Path, records: dict[str, dict[str, Any]]) -> None:
+def write_baseline(path: Path, records: dict[str, dict[str, Any]], root: Path | None = None) -> None:
+    """`root`: the project no symbolic link may lead the file out of (oom_lsp.safe_files)."""
     document = {
         "version": BASELINE_VERSION,
         "comment": "Predicted peak GPU memory per script (reserved + CUDA context), written by "
         "`oom-lsp check --update-baseline`; --max-growth is checked against it.",
         "scripts": dict(sorted(records.items())),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    safe_files.write_file(path, json.dumps(document, indent=2) + "\n", root=root)
 
 
 # --- Locating the finding -------------------------------------------------------------------
@@ -274,7 +310,9 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "the estimate failed"
 
 
-def _estimate(settings: GateSettings, entry: ScriptEntry, err: TextIO, live: bool) -> dict[str, Any]:
+def _estimate(
+    settings: GateSettings, entry: ScriptEntry, err: TextIO, live: bool, announce: bool
+) -> dict[str, Any]:
     """The prediction for one script; raises EstimateError."""
     from oom_lsp.estimate.commands import EstimateDisplay
     from oom_lsp.estimate.estimator import EstimateOptions, estimate
@@ -289,19 +327,28 @@ def _estimate(settings: GateSettings, entry: ScriptEntry, err: TextIO, live: boo
         timeout=settings.timeout,
         cwd=entry.cwd,
     )
+    from oom_lsp.script_args import running_line
+
+    if announce:
+        line = running_line("check: budget gate", _shown(entry.script), list(entry.args), settings.python)
+        err.write(line + "\n")
     display = EstimateDisplay(err, f"budget gate: {entry.entry}", quiet=not live)
     options.on_event = display.on_event
     with display:
         return estimate(options, display.message)
 
 
-def run_gate(settings: GateSettings, err: TextIO, live: bool) -> GateOutcome:
+def run_gate(settings: GateSettings, err: TextIO, live: bool, announce: bool = True) -> GateOutcome:
     """Estimate every script; each one's findings, problems and the baseline's update.
-    `live`: draw the progress line (a terminal)."""
+    `live`: draw the progress line (a terminal); `announce`: say which script runs before
+    it does (not with -q)."""
     from oom_lsp.estimate.estimator import EstimateError, needed_bytes
     from oom_lsp.notebooks import is_notebook_path
 
     outcome = GateOutcome(settings, [], [])
+    if settings.refused is not None:
+        outcome.problems.append(settings.refused)
+        return outcome
     baseline: dict[str, dict[str, Any]] = {}
     if settings.baseline is not None:
         try:
@@ -328,7 +375,7 @@ def run_gate(settings: GateSettings, err: TextIO, live: bool) -> GateOutcome:
             )
         else:
             try:
-                result.prediction = _estimate(settings, entry, err, live)
+                result.prediction = _estimate(settings, entry, err, live, announce)
             except EstimateError as error:
                 result.problem = f"budget gate: {entry.entry}: {_first_line(str(error))}"
         if result.problem is not None:
@@ -353,11 +400,13 @@ def run_gate(settings: GateSettings, err: TextIO, live: bool) -> GateOutcome:
                 )
                 result.findings.append(_finding(PREDICTED_MEMORY_GROWTH, message, where))
     if settings.update_baseline and settings.baseline is not None:
-        _update_baseline(settings.baseline, baseline, outcome)
+        _update_baseline(settings.baseline, baseline, outcome, settings.baseline_root)
     return outcome
 
 
-def _update_baseline(path: Path, old: dict[str, dict[str, Any]], outcome: GateOutcome) -> None:
+def _update_baseline(
+    path: Path, old: dict[str, dict[str, Any]], outcome: GateOutcome, root: Path | None
+) -> None:
     """Every script estimated now, with its new peak; a script that failed keeps its old
     record; scripts no longer listed are dropped."""
     records: dict[str, dict[str, Any]] = {}
@@ -372,7 +421,7 @@ def _update_baseline(path: Path, old: dict[str, dict[str, Any]], outcome: GateOu
         elif result.entry.entry in old:
             records[result.entry.entry] = old[result.entry.entry]
     try:
-        write_baseline(path, records)
+        write_baseline(path, records, root)
     except OSError as error:
         outcome.problems.append(
             f"budget gate: cannot write the baseline {_shown(path)}: {error.strerror or error}"

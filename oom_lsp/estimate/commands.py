@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from oom_lsp.profiling.commands import LiveLine
-from oom_lsp.script_args import split_script_arguments
+from oom_lsp.script_args import running_line, split_script_arguments
 
 if TYPE_CHECKING:
     from oom_lsp.notebooks.run import NotebookRun
@@ -274,6 +274,7 @@ def _estimate(
         nproc_per_node=args.nproc_per_node,
         launcher_environment=launcher_environment,
     )
+    err.write(running_line("estimate", args.script, options.script_args, options.python) + "\n")
     if world_sizes and len(world_sizes) > 1:
         return _run_sweep(args, options, world_sizes, out, err)
     if args.what_if:

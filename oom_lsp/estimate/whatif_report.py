@@ -11,7 +11,6 @@ import argparse
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -183,18 +182,15 @@ def _record_path(root: Path, script: str) -> Path:
 
 def save_record(root: Path, table: dict[str, Any]) -> None:
     """Kept for the next estimate's comparison; a read-only project only loses that."""
+    from oom_lsp import safe_files
+
     path = _record_path(root, table["script"])
-    if not os.path.realpath(path).startswith(os.path.realpath(root) + os.sep):
-        return  # the cache folder is a link out of the project: nothing is written through it
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        top = root / RECORD_FOLDER.parent
-        if not (top / ".gitignore").exists():
-            (top / ".gitignore").write_text("# Created by oom-lsp automatically.\n*\n", encoding="utf-8")
-        descriptor, temporary = tempfile.mkstemp(suffix=".tmp", dir=path.parent)
-        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-            json.dump(table, stream)
-        os.replace(temporary, path)
+    try:  # nothing through a link out of the project (oom_lsp.safe_files)
+        safe_files.make_folder(path.parent, root)
+        safe_files.create_new(
+            root / RECORD_FOLDER.parent / ".gitignore", "# Created by oom-lsp automatically.\n*\n", root=root
+        )
+        safe_files.write_file(path, json.dumps(table), root=root)
     except OSError:
         return
 

@@ -340,7 +340,12 @@ def _apply(
             f"{args.script} changed while the model was answering; nothing was written: run again", err
         )
     # The same encoding (a BOM stays) and, in the text, the file's own line endings.
-    args.script.write_bytes(result.edit.new_text.encode(encoding))
+    from oom_lsp import safe_files
+
+    try:
+        safe_files.write_through(args.script, result.edit.new_text.encode(encoding), root=config.root)
+    except OSError as error:
+        return _fail(f"{args.script} was not changed: {error.strerror or error}", err)
     display = _display(args.script, config.root)
     try:
         fixlog.append_entry(
@@ -394,7 +399,12 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
                     f"--before is a {before.kind} and --after a {after.kind}: compare like with like"
                 )
         else:
+            from oom_lsp.script_args import running_line
+
+            data = before.data
+            argv = list((data.argv if before.kind == "profile" else data.get("args")) or [])
             err.write(f"oom-lsp: re-running the {before.kind} of {args.script}\n")
+            err.write(running_line("validate", args.script, argv, args.python) + "\n")
             after = measure_again(args.script, before, python=args.python, timeout=args.timeout, out=args.out)
     except (CommandError, MeasurementError) as error:
         return _fail(str(error), err)
@@ -448,6 +458,7 @@ def _record(args: argparse.Namespace, figures: Any, out: TextIO) -> None:
 
     config = _config(args.script)
     log = _fix_log(args, _llm_settings(config), config)
-    entry = fixlog.record_figures(log, _display(args.script, config.root), figures)
+    root = None if args.fix_log is not None else config.root
+    entry = fixlog.record_figures(log, _display(args.script, config.root), figures, root=root)
     if entry:
         out.write(f"recorded in {log} (entry {entry})\n")

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from oom_lsp.config import ConfigError
 from oom_lsp.profiling.oom_messages import OomError, describe, find_ooms, format_bytes
 from oom_lsp.profiling.report import Report, ReportError, mismatches, read_report
-from oom_lsp.script_args import split_script_arguments
+from oom_lsp.script_args import running_line, split_script_arguments
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 TABLE_LINES = 10
@@ -222,6 +222,7 @@ def run_profile(args: argparse.Namespace) -> int:
         script=args.script, out=args.out, script_args=args.script_args, steps=args.steps,
         device=args.device, python=args.python, timeout=args.timeout,
     )
+    print(running_line("profile", args.script, args.script_args, args.python), file=sys.stderr)
     display = ProgressDisplay(sys.stderr, args.steps, f"profiling {args.script.name}")
     try:
         with display:
@@ -255,7 +256,10 @@ def _import(args: argparse.Namespace) -> int:
         return _error(f"{args.import_file}: no such file")
     except ImportFormatError as exc:
         return _error(str(exc))
-    report.write(args.out / "report.json")
+    try:
+        report.write(args.out / "report.json", root=Path.cwd())
+    except OSError as error:
+        return _error(f"cannot write the report: {error.strerror or error}")
     print_summary(report, args.out, sys.stdout)
     return EXIT_OK
 

@@ -48,6 +48,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from oom_lsp import safe_files
 from oom_lsp.profiling import watchdog
 from oom_lsp.profiling.keepalive import KeepCodeAlive
 from oom_lsp.profiling.oom_messages import Frame, from_exception, is_user_file
@@ -400,9 +401,10 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
     report.wall_time = round(ended - started, 6)
 
     progress.send("analysing")
-    trace = out / "trace.json"
+    # Written under a fresh name, then renamed: a link planted at the final name is replaced.
+    trace = safe_files.temporary_file(out, "trace.json", root=out)
     profiler.export_chrome_trace(str(trace))
-    report.artifacts.trace = trace.name
+    report.artifacts.trace = safe_files.publish(trace, out / "trace.json", root=out).name
     analysis = analyse_allocations(profiler, "cuda" if use_cuda else "cpu", names, str(script))
     report.top_lines = analysis["top_lines"]
     report.top_modules = analysis["top_modules"]
@@ -427,10 +429,10 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
         report.memory_summary = torch.cuda.memory_summary()
         if report.peak_allocated == 0:
             notes.append("no CUDA memory was allocated: the script ran on the CPU (profile it with --device cpu)")
-        snapshot = out / "snapshot.pickle"
+        snapshot = safe_files.temporary_file(out, "snapshot.pickle", root=out)
         torch.cuda.memory._dump_snapshot(str(snapshot))
         torch.cuda.memory._record_memory_history(enabled=None)
-        report.artifacts.snapshot = snapshot.name
+        report.artifacts.snapshot = safe_files.publish(snapshot, out / "snapshot.pickle", root=out).name
     else:
         for step, peak in zip(recorder.steps, analysis["step_peaks"]):
             step.peak_allocated = peak
@@ -447,13 +449,14 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
 
     # torch's export_stacks knows only time metrics (and writes nothing unless the profiler ran in
     # verbose mode, which makes the trace ~4x bigger): the memory flame graph is written here.
-    stacks = out / "stacks.txt"
-    stacks.write_text(
-        "".join(f"{stack} {size}\n" for stack, size in sorted(analysis["memory_stacks"].items())), encoding="utf-8"
+    stacks = safe_files.write_file(
+        out / "stacks.txt",
+        "".join(f"{stack} {size}\n" for stack, size in sorted(analysis["memory_stacks"].items())),
+        root=out,
     )
     report.artifacts.stacks = stacks.name
     report.notes = notes
-    report.write(out / "report.json")
+    report.write(out / "report.json", root=out)
     del keep_code, code  # the profile has been read: its code objects may go now
     progress.send("done", status=report.status)
     return report

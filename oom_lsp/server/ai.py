@@ -679,7 +679,7 @@ async def _validate(
     except fixlog.FixLogError as error:
         _show(ls, f"the figures were not recorded: {error}")
     else:
-        fixlog.record_figures(log, _display(path, config.root), change)
+        fixlog.record_figures(log, _display(path, config.root), change, root=config.root)
     _show(ls, f"{path.name}: {change.render()}", types.MessageType.Info)
     return {
         "before": change.before,

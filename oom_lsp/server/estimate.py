@@ -52,7 +52,7 @@ from oom_lsp.server.profiling import (
     current_results,
     document_version,
     interpreter,
-    results_folder,
+    write_result,
     script_of,
     send_memory_status,
     store_result,
@@ -306,10 +306,7 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         prediction = await job.run(work)
     except EstimateError as error:
         raise RequestFailed(f"the estimate failed: {error}") from None
-    folder = results_folder(ls, script, "estimate")
-    folder.mkdir(parents=True, exist_ok=True)
-    report_path = folder / f"{script.stem}.json"
-    report_path.write_text(json.dumps(prediction, indent=2) + "\n", encoding="utf-8")
+    report_path = write_result(ls, script, "estimate", f"{script.stem}.json", json.dumps(prediction, indent=2) + "\n")
     _show_estimate(ls, args.uri, script, prediction, str(report_path), version)
     result: dict[str, Any] = {
         "reportPath": str(report_path),
@@ -383,10 +380,9 @@ async def _estimate_notebook(ls: OomLanguageServer, args: EstimateArgs, notebook
             warning = run.built.warning()
     except NotebookError as error:
         raise RequestFailed(f"{notebook.name}: {error}") from None
-    folder = results_folder(ls, notebook, "estimate")
-    folder.mkdir(parents=True, exist_ok=True)
-    report_path = folder / f"{notebook.stem}.json"
-    report_path.write_text(json.dumps(prediction, indent=2) + "\n", encoding="utf-8")
+    report_path = write_result(
+        ls, notebook, "estimate", f"{notebook.stem}.json", json.dumps(prediction, indent=2) + "\n"
+    )
     if warning:
         ls.window_log_message(
             types.LogMessageParams(type=types.MessageType.Warning, message=f"{notebook.name}: {warning}")

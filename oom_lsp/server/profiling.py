@@ -305,6 +305,19 @@ def results_folder(ls: OomLanguageServer, script: Path, kind: str) -> Path:
     return Path(root) / RESULTS_FOLDER / kind
 
 
+def write_result(ls: OomLanguageServer, script: Path, kind: str, name: str, text: str) -> Path:
+    """Write `.oom_lsp/<kind>/<name>` of the script's project (oom_lsp.safe_files: nothing
+    through a link a cloned repository planted there); RequestFailed when it cannot be."""
+    from oom_lsp import safe_files
+
+    root = Path(ls.lint_settings.project_config(script).root)
+    path = results_folder(ls, script, kind) / name
+    try:
+        return safe_files.write_file(path, text, root=root)
+    except OSError as error:
+        raise RequestFailed(f"the {kind} ran, but its result was not written: {error.strerror or error}") from None
+
+
 def line_range(ls: OomLanguageServer, uri: str, line: int) -> types.Range:
     """The text of a 1-based line, without its indentation, in the client's
     position encoding (the open document's text, else the file on disk)."""
@@ -658,12 +671,12 @@ def _write_explanation(ls: OomLanguageServer, uri: str, ooms: list[OomError]) ->
     path = to_fs_path(uri)
     if path is None or not _in_workspace(ls, Path(path)):
         return None
-    folder = results_folder(ls, Path(path), "explain")
-    folder.mkdir(parents=True, exist_ok=True)
-    report = folder / f"{Path(path).stem}.json"
-    report.write_text(
-        json.dumps({"ooms": [oom.to_dict() for oom in ooms]}, indent=2) + "\n", encoding="utf-8"
-    )
+    text = json.dumps({"ooms": [oom.to_dict() for oom in ooms]}, indent=2) + "\n"
+    try:
+        report = write_result(ls, Path(path), "explain", f"{Path(path).stem}.json", text)
+    except RequestFailed as refused:
+        logger.warning("%s", refused)
+        return None
     return str(report)
 
 

@@ -60,7 +60,7 @@ from oom_lsp.server.profiling import (
     Job,
     current_results,
     document_version,
-    results_folder,
+    write_result,
     script_of,
     store_result,
 )
@@ -120,10 +120,7 @@ async def what_if_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str
     except EstimateError as error:
         raise RequestFailed(f"the what-if failed: {error}") from None
     save_record(ls.lint_settings.project_config(script).root, table)
-    folder = results_folder(ls, script, KIND)
-    folder.mkdir(parents=True, exist_ok=True)
-    markdown_path = folder / f"{script.stem}.md"
-    markdown_path.write_text(table_markdown(table, script.name), encoding="utf-8")
+    markdown_path = write_result(ls, script, KIND, f"{script.stem}.md", table_markdown(table, script.name))
     store_result(
         ls,
         args.uri,
