@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import oom_lsp
+from oom_lsp.script_args import positive_seconds
 
 FEATURE_COMMANDS: tuple[str, ...] = ("oom_lsp.profiling.commands", "oom_lsp.estimate.commands", "oom_lsp.llm.commands")
 BUILTIN_COMMANDS = ("check", "rule", "server")
@@ -80,7 +81,9 @@ def _install_stop_handlers() -> None:
 
 
 def _error(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    from oom_lsp.output import printable  # a path or a configuration value may hold controls
+
+    print(printable(f"error: {message}"), file=sys.stderr)
 
 
 def _last_words(message: str) -> None:
@@ -103,7 +106,10 @@ def _last_words(message: str) -> None:
 
 
 def _selectors(value: str) -> list[str]:
-    return [part.strip() for part in value.split(",") if part.strip()]
+    selectors = [part.strip() for part in value.split(",") if part.strip()]
+    if not selectors:  # `--select ''` (an unset shell variable) would silently check nothing
+        raise argparse.ArgumentTypeError(f"expected rule codes, prefixes or names (OOM301,OOM3,ALL), got {value!r}")
+    return selectors
 
 
 def _tcp_address(value: str) -> str:
@@ -202,7 +208,7 @@ def _add_budget_options(check: argparse.ArgumentParser) -> None:
     )
     gate.add_argument(
         "--estimate-timeout",
-        type=float,
+        type=positive_seconds,
         metavar="S",
         help="seconds before a script's estimate is killed (default 300; key: estimate-timeout)",
     )
@@ -489,7 +495,9 @@ def _check_paths(
 def _report_file_errors(results: list[Any], *, verbose: bool) -> None:
     for result in results:
         if result.notice is not None:
-            print(f"warning: {result.display}: {result.notice}", file=sys.stderr)
+            from oom_lsp.output import printable
+
+            print(printable(f"warning: {result.display}: {result.notice}"), file=sys.stderr)
         if result.error is not None:
             _error(f"{result.display}: {result.error}")
         if result.internal_error is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from oom_lsp.profiling.commands import LiveLine
-from oom_lsp.script_args import running_line, split_script_arguments
+from oom_lsp.script_args import positive_seconds, running_line, split_script_arguments
 
 if TYPE_CHECKING:
     from oom_lsp.notebooks.run import NotebookRun
@@ -110,7 +110,7 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         "(default 10%%; 0.1 or 10%%)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=default(300.0), help="seconds before the run is killed (default 300)"
+        "--timeout", type=positive_seconds, default=default(300.0), help="seconds before the run is killed (default 300)"
     )
     parser.add_argument(
         "--list-gpus", action="store_true", default=default(False), help="print the GPU catalogue and exit"
@@ -394,6 +394,7 @@ class EstimateDisplay(LiveLine):
         self.batch: int | None = None
         self.steps = 0
         self.phase = "starting Python and importing torch"
+        self.search: str | None = None  # --find-max-batch's check under way
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
@@ -410,6 +411,8 @@ class EstimateDisplay(LiveLine):
             self.phase = "tracing" if self.steps < self.STEPS else "traced"
         elif kind == "run":
             self.phase = "reading the trace"
+        elif kind == "search-check":
+            self.search = f"search: check {event['check']} of at most {event['of']}"
         if self.tty:
             self.draw()
 
@@ -421,6 +424,8 @@ class EstimateDisplay(LiveLine):
         parts = [self.phase, f"{self.steps}/{self.STEPS} optimizer steps", f"{self.elapsed:.1f} s"]
         if self.trace:
             parts.insert(0, f"trace {self.trace}" + (f" (batch {self.batch:,})" if self.batch else ""))
+        if self.search:
+            parts.insert(0, self.search)
         return f"{self.label}: {' · '.join(parts)}"
 
 
@@ -614,6 +619,11 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
             if max_batch.get("next_checked"):
                 bound = _BOUNDS[max_batch["bound"]].format(batch=max_batch["next_checked"])
                 out.write(f"    bound by {bound}\n")
+            elif max_batch.get("bound") == "search limit":
+                out.write(
+                    f"    bound by the search, which stops at {max_batch['search_limit']:,}: the memory line "
+                    f"alone gives {max_batch['line_max_batch']:,} (estimate a larger one with --batch-size N)\n"
+                )
             else:
                 out.write("    bound by memory: the line's answer, checked by a fake run\n")
             if max_batch.get("explanation"):

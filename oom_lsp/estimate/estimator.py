@@ -754,6 +754,11 @@ def accumulation_steps(batch: int, largest: int) -> int:
 
 
 _MAX_CHECKS = 8
+# The largest batch --find-max-batch tries. On a small model the memory line alone answers
+# tens of thousands, and a fake run at such a batch still builds and collates every sample
+# (over ten minutes for one check): past this the answer is "this many fit, the search stops
+# here" (docs/estimate.md). Per-GPU batches of training recipes stay well below it.
+MAX_SEARCHED_BATCH = 8192
 
 
 @dataclass
@@ -858,9 +863,16 @@ def _search_largest_fitting(
     if needed_bytes(base) <= budget:
         search.fitting = (base_batch, base)
     next_batch: int | None = candidate
+    if progress:
+        progress(
+            f"searching for the largest batch that fits, up to {MAX_SEARCHED_BATCH:,} "
+            f"(at most {_MAX_CHECKS} fake runs)"
+        )
     while next_batch is not None and search.checks < _MAX_CHECKS:
-        if progress:
-            progress(f"checking batch size {next_batch} with a fake run")
+        if options.on_event:  # the progress line (not one line per candidate)
+            options.on_event(
+                {"event": "search-check", "batch_size": next_batch, "check": search.checks + 1, "of": _MAX_CHECKS}
+            )
         (trace,) = run_harness(options, [{"batch_size": next_batch}])
         search.checks += 1
         if trace["status"] == "failed":
@@ -973,7 +985,10 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
             reason=f"even batch size 1 does not keep {result['limit']}: the model states alone need more",
         )
         return {"estimate": first, "max_batch": result}
-    search = _search_largest_fitting(options, first, batches[0], line_answer, budget, progress)
+    result["search_limit"] = MAX_SEARCHED_BATCH
+    search = _search_largest_fitting(
+        options, first, batches[0], min(line_answer, MAX_SEARCHED_BATCH), budget, progress
+    )
     if search.fitting is None:
         reason = f"no batch size checked by a fake run keeps {result['limit']}"
         if search.no_steps is not None and search.too_large is None:
@@ -984,10 +999,11 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
         return {"estimate": first, "max_batch": result}
     largest, verified = search.fitting
     upper = search.upper()
+    at_limit = upper is None and largest == MAX_SEARCHED_BATCH < line_answer
     result.update(
         max_batch=largest,
         verified=verified,
-        bound=upper[0] if upper else "memory",
+        bound=upper[0] if upper else ("search limit" if at_limit else "memory"),
         next_checked=upper[1] if upper else None,
         checks=search.checks,
         explanation=_why_not_the_line(search, largest, line_answer, batches, first),

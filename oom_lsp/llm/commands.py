@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from oom_lsp.script_args import positive_seconds
+
 EXIT_OK, EXIT_NO_FIX, EXIT_ERROR = 0, 1, 2
 LAST_PROFILE = Path(".oom_lsp/profile/report.json")  # `oom-lsp profile`'s default output
 
@@ -79,7 +81,7 @@ def add_parsers(subparsers: Any) -> None:
         "--python", default=sys.executable, help="the interpreter with your torch (default: this one)"
     )
     validate.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds before the run is killed (default 600)"
+        "--timeout", type=positive_seconds, default=600.0, help="seconds before the run is killed (default 600)"
     )
     validate.add_argument(
         "--out", type=Path, default=Path(".oom_lsp/validate"), help="output folder of a profile run"

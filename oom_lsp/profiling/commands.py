@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from oom_lsp.config import ConfigError
 from oom_lsp.profiling.oom_messages import OomError, describe, find_ooms, format_bytes
 from oom_lsp.profiling.report import Report, ReportError, mismatches, read_report
-from oom_lsp.script_args import running_line, split_script_arguments
+from oom_lsp.script_args import positive_seconds, running_line, split_script_arguments
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 TABLE_LINES = 10
@@ -84,7 +84,7 @@ def _add_profile_options(parser: argparse.ArgumentParser, defaults: bool) -> Non
         "--python", default=default(sys.executable), help="the interpreter with your torch (default: this one)"
     )
     parser.add_argument(
-        "--timeout", type=float, default=default(600.0), help="seconds before the run is killed (default 600)"
+        "--timeout", type=positive_seconds, default=default(600.0), help="seconds before the run is killed (default 600)"
     )
     parser.add_argument("--out", type=Path, default=default(Path(".oom_lsp/profile")), help="output folder")
     parser.add_argument(

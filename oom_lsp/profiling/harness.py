@@ -87,10 +87,55 @@ def is_profiled_user_file(path: str) -> bool:
     return is_user_file(path) and not path.startswith(_PACKAGE_ROOT)
 
 
+class Phases:
+    """Two recordings, so that what a script does before it trains costs next to nothing.
+
+    From the script's first line, `setup`: torch's allocation events only, no Python stacks
+    (a million prints before training made a 271 MB trace and 1.9 GiB of memory when every
+    Python call was recorded). From the first forward pass of a module (the training step;
+    else the end of the first optimizer step), `training`: shapes, Python stacks and, on
+    CUDA, the allocator's history for the snapshot. The setup's live allocations still count
+    in the peaks (analyse_allocations)."""
+
+    def __init__(self, torch: Any, activities: list[Any], use_cuda: bool) -> None:
+        self.torch = torch
+        self.use_cuda = use_cuda
+        self.setup = torch.profiler.profile(activities=activities, profile_memory=True)
+        self.training = torch.profiler.profile(
+            activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+        )
+        self.started = False
+        self.stopped = False
+
+    def pre_hook(self, module: Any, args: Any) -> None:
+        if not self.started:
+            self.start_training()
+
+    def start_training(self) -> None:
+        if self.started or self.stopped:
+            return
+        self.started = True
+        self.setup.stop()
+        if self.use_cuda:
+            self.torch.cuda.memory._record_memory_history(max_entries=200_000)
+        self.training.start()
+
+    def stop(self) -> Any:
+        """Stop the recording running; the profile of the training (the setup's when the
+        training never started)."""
+        self.stopped = True
+        current = self.training if self.started else self.setup
+        current.stop()
+        return current
+
+
 class StepRecorder:
     """The optimizer hook: counts steps, keeps per-step peaks, stops after `limit` steps."""
 
-    def __init__(self, torch: Any, limit: int, use_cuda: bool, progress: Progress) -> None:
+    def __init__(
+        self, torch: Any, limit: int, use_cuda: bool, progress: Progress, phases: Phases | None = None
+    ) -> None:
+        self.phases = phases
         self.torch = torch
         self.limit = limit
         self.use_cuda = use_cuda
@@ -114,6 +159,8 @@ class StepRecorder:
         if len(self.steps) >= self.limit:
             self.stopping = True
             raise StopProfiling()
+        if self.phases is not None:
+            self.phases.start_training()  # no module's forward pass came first: from the next step on
 
     def end_step(self) -> None:
         index = len(self.steps) + 1
@@ -174,32 +221,58 @@ def _source_line(file: str, line: int) -> str | None:
     return text or None
 
 
-def analyse_allocations(prof: Any, device_type: str, names: ModuleNames, script: str) -> dict[str, Any]:
-    """Replay the profiler's allocation events: peaks per step window and the live set at the peak."""
-    from torch._C._profiler import _EventType  # private, present since torch 1.13
-
+def _allocation_events(prof: Any, device_type: str, event_type: Any) -> tuple[list[Any], dict[int, int]]:
+    """The profile's allocations on `device_type`, in time order (a free and a reuse of the same
+    address can share a timestamp: frees first), and its step markers' times."""
     allocations = []
     markers: dict[int, int] = {}
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
         stack.extend(node.children)
-        if node.tag == _EventType.Allocation:
+        if node.tag == event_type.Allocation:
             if node.extra_fields.device.type == device_type:
                 allocations.append(node)
-        elif node.tag == _EventType.TorchOp:
+        elif node.tag == event_type.TorchOp:
             name = node.name
             if name.startswith(STEP_MARKER_PREFIX):
                 markers[int(name[len(STEP_MARKER_PREFIX):])] = node.start_time_ns
-    # A free and a reuse of the same address can share a timestamp: frees first.
     allocations.sort(key=lambda n: (n.start_time_ns, n.extra_fields.alloc_size > 0))
-    boundaries = [markers[i] for i in sorted(markers)]
+    return allocations, markers
+
+
+def analyse_allocations(
+    prof: Any, device_type: str, names: ModuleNames, script: str, before: Any = None
+) -> dict[str, Any]:
+    """Replay the profiler's allocation events: peaks per step window and the live set at the peak.
+    `before`: the profile of what ran before `prof` started (Phases.setup), whose allocations
+    still live when it ended count from the start."""
+    from torch._C._profiler import _EventType  # private, present since torch 1.13
 
     live: dict[int, int] = {}
+    carried: dict[int, Any] = {}  # the setup's allocations still live when training started
     total = 0
-    peak = 0
+    setup_peak = 0
+    if before is not None:
+        setup_allocations, _ = _allocation_events(before, device_type, _EventType)
+        for node in setup_allocations:
+            fields = node.extra_fields
+            if fields.alloc_size > 0:
+                live[fields.ptr] = fields.alloc_size
+                carried[fields.ptr] = node
+                total += fields.alloc_size
+            elif fields.ptr in live:
+                total -= live.pop(fields.ptr)
+                carried.pop(fields.ptr, None)
+            setup_peak = max(setup_peak, total)
+    before_training = total
+    allocations, markers = _allocation_events(prof, device_type, _EventType)
+    boundaries = [markers[i] for i in sorted(markers)]
+
+    peak = total
     peak_index = -1
     step_peaks = [0] * (len(boundaries) + 1)  # the last window is a step cut short (OOM, exit)
+    step_peaks[0] = total
     window = 0
     for position, node in enumerate(allocations):
         fields = node.extra_fields
@@ -215,7 +288,7 @@ def analyse_allocations(prof: Any, device_type: str, names: ModuleNames, script:
         if total > peak:
             peak, peak_index = total, position
 
-    live_nodes: dict[int, Any] = {}
+    live_nodes: dict[int, Any] = dict(carried)
     for node in allocations[: peak_index + 1]:
         fields = node.extra_fields
         if fields.alloc_size > 0:
@@ -242,12 +315,16 @@ def analyse_allocations(prof: Any, device_type: str, names: ModuleNames, script:
             entry = modules.setdefault(qualified, ModuleUsage(qualified, kind, 0))
             entry.bytes += size
     return {
-        "peak": peak,
+        "peak": max(peak, setup_peak),
+        "before_training": before_training,
         "step_peaks": step_peaks,
         "completed_windows": len(boundaries),
         "top_lines": sorted(lines.values(), key=lambda u: (-u.bytes, u.file, u.line))[:TOP_LINES],
         "top_modules": sorted(modules.values(), key=lambda m: (-m.bytes, m.name))[:TOP_MODULES],
-        "unattributed": peak - sum(u.bytes for u in lines.values()),
+        # Beside what was allocated before training (`before_training`, noted on its own).
+        "unattributed": peak
+        - sum(u.bytes for u in lines.values())
+        - sum(node.extra_fields.alloc_size for ptr, node in live_nodes.items() if carried.get(ptr) is node),
         "memory_stacks": stacks,
     }
 
@@ -330,17 +407,19 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
 
     from torch.optim.optimizer import register_optimizer_step_post_hook  # torch >= 2.0
 
-    recorder = StepRecorder(torch, steps, use_cuda, progress)
-    names = ModuleNames(torch)
-    hooks = [
-        register_optimizer_step_post_hook(recorder.hook),
-        torch.nn.modules.module.register_module_forward_pre_hook(names.pre_hook),
-    ]
     activities = [torch.profiler.ProfilerActivity.CPU]
     if use_cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
         torch.cuda.reset_peak_memory_stats()
-        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    phases = Phases(torch, activities, use_cuda)
+    recorder = StepRecorder(torch, steps, use_cuda, progress, phases)
+    names = ModuleNames(torch)
+    hooks = [
+        register_optimizer_step_post_hook(recorder.hook),
+        # The first forward pass of a module starts the training step: the full recording.
+        torch.nn.modules.module.register_module_forward_pre_hook(phases.pre_hook),
+        torch.nn.modules.module.register_module_forward_pre_hook(names.pre_hook),
+    ]
 
     report = Report(
         script=str(script),
@@ -358,9 +437,6 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
     sys.path[0] = str(script.parent)  # as for `python SCRIPT`: the script's folder, not our working directory
     progress.send("started", device=report.device.type)
     started = time.perf_counter()
-    profiler = torch.profiler.profile(
-        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
-    )
     code = compile(script.read_bytes(), str(script), "exec", dont_inherit=True)
     main_module = types.ModuleType("__main__")
     main_module.__dict__.update(__file__=str(script), __cached__=None, __loader__=None, __package__=None,
@@ -368,7 +444,7 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
     saved_main = sys.modules["__main__"]
     sys.modules["__main__"] = main_module
     keep_code = KeepCodeAlive().__enter__()
-    profiler.start()
+    phases.setup.start()
     try:
         # runpy.run_path(run_name="__main__") does this too, but throws its code objects away when the
         # script ends; the profiler's Python events point at their names, so `code` must outlive the
@@ -391,7 +467,7 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
             report.error = f"{type(exc).__qualname__}: {exc}"
     finally:
         recorder.stopping = True
-        profiler.stop()
+        profiler = phases.stop()
         keep_code.__exit__(None, None, None)
         sys.argv, sys.path[:] = saved_argv, saved_path
         sys.modules["__main__"] = saved_main
@@ -405,10 +481,22 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
     trace = safe_files.temporary_file(out, "trace.json", root=out)
     profiler.export_chrome_trace(str(trace))
     report.artifacts.trace = safe_files.publish(trace, out / "trace.json", root=out).name
-    analysis = analyse_allocations(profiler, "cuda" if use_cuda else "cpu", names, str(script))
+    analysis = analyse_allocations(
+        profiler, "cuda" if use_cuda else "cpu", names, str(script), before=phases.setup if phases.started else None
+    )
     report.top_lines = analysis["top_lines"]
     report.top_modules = analysis["top_modules"]
     report.batch_size, report.input_shape = names.batch_size, names.input_shape
+    if not phases.started:
+        notes.append(
+            "no module's forward pass and no optimizer step ran: recorded without Python stacks (no lines)"
+        )
+    elif analysis["before_training"] > 0:
+        notes.append(
+            f"{analysis['before_training']} bytes live when training started were allocated before its "
+            "first forward pass (the model, the data): counted in the peaks; lines and stacks are recorded "
+            "from that forward pass on"
+        )
     if analysis["unattributed"] > 0:
         notes.append(
             f"{analysis['unattributed']} bytes live at the peak were allocated with no user-code frame above them "
@@ -431,7 +519,8 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
             notes.append("no CUDA memory was allocated: the script ran on the CPU (profile it with --device cpu)")
         snapshot = safe_files.temporary_file(out, "snapshot.pickle", root=out)
         torch.cuda.memory._dump_snapshot(str(snapshot))
-        torch.cuda.memory._record_memory_history(enabled=None)
+        if phases.started:
+            torch.cuda.memory._record_memory_history(enabled=None)
         report.artifacts.snapshot = safe_files.publish(snapshot, out / "snapshot.pickle", root=out).name
     else:
         for step, peak in zip(recorder.steps, analysis["step_peaks"]):

@@ -286,6 +286,8 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
             job.report(f"trace {traces[0]}: running the script")
         elif kind == "step":
             job.report(f"trace {traces[0]}: {event.get('step')} of 2 optimizer steps traced")
+        elif kind == "search-check":
+            job.report(f"checking batch {event['batch_size']:,} ({event['check']} of at most {event['of']} fake runs)")
 
     options.on_event = on_event
 
