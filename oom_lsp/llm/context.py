@@ -17,9 +17,9 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from oom_lsp import python_ast
-from oom_lsp.probes import run_probe
 from oom_lsp.analysis.context import ImportMap
 from oom_lsp.llm.edits import Region
+from oom_lsp.probes import run_probe
 
 PROBE_TIMEOUT = 30.0
 _PROBE = r"""

@@ -39,7 +39,7 @@ from oom_lsp.analysis import Finding
 from oom_lsp.config import ProjectConfig
 from oom_lsp.server import code_actions, diagnostics
 from oom_lsp.server.positions import PositionConverter
-from oom_lsp.server.profiling import interpreter, latest_report, results_folder
+from oom_lsp.server.profiling import interpreter, latest_report, require_trusted_workspace, results_folder
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 
@@ -598,6 +598,7 @@ def _unsaved(ls: OomLanguageServer, uri: str, path: Path) -> bool:
 async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str, Any]:
     from oom_lsp.llm.validation import MeasurementError, read_measurement
 
+    require_trusted_workspace(ls, "validating a fix")
     path = _path_of(args.uri)
     if path is None or not path.is_file():
         raise RequestFailed(f"{args.uri}: not a file on disk")

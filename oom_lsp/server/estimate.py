@@ -52,10 +52,11 @@ from oom_lsp.server.profiling import (
     current_results,
     document_version,
     interpreter,
-    write_result,
+    require_trusted_workspace,
     script_of,
     send_memory_status,
     store_result,
+    write_result,
 )
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
@@ -257,6 +258,7 @@ def file_options(
 
 
 async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+    require_trusted_workspace(ls, "an estimate")
     check_trace_args(args)
     world_size, _ = _world_size(ls, args)
     notebook = _notebook_path(ls, args.uri)

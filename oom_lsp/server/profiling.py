@@ -299,6 +299,16 @@ def interpreter(ls: OomLanguageServer, given: str | None) -> str:
     return sys.executable
 
 
+def require_trusted_workspace(ls: OomLanguageServer, what: str) -> None:
+    """RequestFailed when the editor has not trusted the workspace (VS Code's restricted
+    mode): `what` would run its code."""
+    if not ls.editor.workspace_trusted:
+        raise RequestFailed(
+            f"{what} runs this workspace's code, and the workspace is not trusted: trust it "
+            "(VS Code: Manage Workspace Trust) to run it"
+        )
+
+
 def results_folder(ls: OomLanguageServer, script: Path, kind: str) -> Path:
     """`.oom_lsp/<kind>/` under the file's project root."""
     root = ls.lint_settings.project_config(script).root
@@ -439,6 +449,7 @@ def _profile_settings(ls: OomLanguageServer) -> dict[str, Any]:
 
 
 async def profile_command(ls: OomLanguageServer, args: ProfileArgs) -> dict[str, Any]:
+    require_trusted_workspace(ls, "a profile")
     if args.device not in ("auto", "cpu", "cuda"):
         raise JsonRpcInvalidParams(f"device must be auto, cpu or cuda, not {args.device!r}")
     settings = _profile_settings(ls)

@@ -60,9 +60,10 @@ from oom_lsp.server.profiling import (
     Job,
     current_results,
     document_version,
-    write_result,
+    require_trusted_workspace,
     script_of,
     store_result,
+    write_result,
 )
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
@@ -77,6 +78,7 @@ FIX_ALL_ROW = "fixes:safe"
 
 
 async def what_if_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+    require_trusted_workspace(ls, "the what-if")
     check_trace_args(args)
     if args.find_max_batch:
         raise JsonRpcInvalidParams(
