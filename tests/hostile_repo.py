@@ -86,18 +86,8 @@ class HostileRepo:
         return sorted(path.name for path in self.markers.iterdir())
 
     def outside(self) -> dict[str, Any]:
-        """Everything outside the repository (the user's files, the markers): files by
-        content, links by target, folders by name."""
-        entries: dict[str, Any] = {}
-        for base in (self.home, self.markers):
-            for path in sorted(base.rglob("*")):
-                if path.is_symlink():
-                    entries[str(path)] = os.readlink(path)
-                elif path.is_file():
-                    entries[str(path)] = path.read_bytes()
-                else:
-                    entries[str(path)] = "<folder>"
-        return entries
+        """Everything outside the repository: the user's files and the markers."""
+        return {**snapshot(self.home), **snapshot(self.markers)}
 
     def run(self, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -110,6 +100,19 @@ class HostileRepo:
             timeout=timeout,
             check=False,
         )
+
+
+def snapshot(folder: Path) -> dict[str, Any]:
+    """Every entry under `folder`: a file by its bytes, a link by its target, a folder by name."""
+    entries: dict[str, Any] = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink():
+            entries[str(path)] = os.readlink(path)
+        elif path.is_file():
+            entries[str(path)] = path.read_bytes()
+        else:
+            entries[str(path)] = "<folder>"
+    return entries
 
 
 def _marker_code(markers: Path, name: str) -> str:

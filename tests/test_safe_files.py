@@ -19,6 +19,7 @@ from oom_lsp.estimate.budget import write_baseline
 from oom_lsp.estimate.whatif_report import RECORD_FOLDER, save_record
 from oom_lsp.profiling.report import DeviceInfo, Report
 from oom_lsp.profiling.runner import ProfileError, ProfileRequest, ProfileRun
+from tests.hostile_repo import snapshot
 
 VICTIM_TEXT = "# the user's own file\n"
 RISKY = 'import torch\nmodel = torch.nn.Linear(4, 4).cuda()\nmodel.load_state_dict(torch.load("m.pt"))\n'
@@ -33,19 +34,6 @@ def world(tmp_path: Path) -> dict[str, Path]:
     (outside / ".bashrc").write_text(VICTIM_TEXT)
     (outside / "folder").mkdir()
     return {"project": project, "outside": outside, "root": tmp_path}
-
-
-def snapshot(folder: Path) -> dict[str, bytes | str]:
-    """Every entry under `folder`, a file by its bytes and a link by its target."""
-    entries: dict[str, bytes | str] = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_symlink():
-            entries[str(path)] = os.readlink(path)
-        elif path.is_file():
-            entries[str(path)] = path.read_bytes()
-        else:
-            entries[str(path)] = "<folder>"
-    return entries
 
 
 def link(path: Path, target: Path) -> Path:
