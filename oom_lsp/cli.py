@@ -34,7 +34,12 @@ from typing import Any
 import oom_lsp
 from oom_lsp.script_args import positive_seconds
 
-FEATURE_COMMANDS: tuple[str, ...] = ("oom_lsp.profiling.commands", "oom_lsp.estimate.commands", "oom_lsp.llm.commands")
+FEATURE_COMMANDS: tuple[str, ...] = (
+    "oom_lsp.profiling.commands",
+    "oom_lsp.estimate.commands",
+    "oom_lsp.estimate.calibrate_command",
+    "oom_lsp.llm.commands",
+)
 BUILTIN_COMMANDS = ("check", "rule", "server")
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from oom_lsp.estimate.cuda_terms import verdict_words
 from oom_lsp.profiling.commands import LiveLine
 from oom_lsp.script_args import positive_seconds, running_line, split_script_arguments
 
@@ -120,6 +121,13 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         default=default(None),
         help="a torchrun-style script (DDP, FSDP2) traced as rank 0 of N GPUs; a list such as 1,2,4,8 "
         "estimates each size and finds the fewest GPUs that fit",
+    )
+    parser.add_argument(
+        "--cuda-version",
+        metavar="X.Y",
+        default=default(None),
+        help="the CUDA release of the target machine's PyTorch (the CUDA context depends on it; default: "
+        "the --python torch's, else 12.x with lazy kernel loading)",
     )
     parser.add_argument(
         "--accelerate-config",
@@ -273,6 +281,7 @@ def _estimate(
         world_size=world_sizes[0] if world_sizes and len(world_sizes) == 1 else None,
         nproc_per_node=args.nproc_per_node,
         launcher_environment=launcher_environment,
+        cuda_version=args.cuda_version,
     )
     err.write(running_line("estimate", args.script, options.script_args, options.python) + "\n")
     if world_sizes and len(world_sizes) > 1:
@@ -570,19 +579,11 @@ def write_text(prediction: dict[str, Any], out: TextIO) -> None:
             out.write(f"    {format_bytes(size):>11}  {shown}\n")
     gpu = prediction.get("gpu")
     if gpu:
-        needed = prediction["peak_bytes"] + (prediction.get("context_bytes") or 0)
-        shares = f"{100 * needed / gpu['memory']:.0f}% of the GPU allocated"
-        if prediction.get("process_bytes") is not None:
-            shares += f", {100 * prediction['process_bytes'] / gpu['memory']:.0f}% reserved"
         named = not gpu["name"].startswith("GPU with ")  # --gpu-memory: the name is the size already
         out.write(f"  target: {gpu['name']}" + (f", {format_bytes(gpu['memory'])}" if named else "") + "\n")
         per_gpu = " on each GPU" if launch else ""
-        out.write(f"  verdict: {prediction['verdict'].upper()}{per_gpu} ({shares}, CUDA context included)\n")
-        if needed <= gpu["memory"] < (prediction.get("process_bytes") or 0):
-            out.write(
-                "  the allocated peak fits but the modelled reserved memory does not: the allocator frees "
-                "its cache and retries before failing, so fragmentation decides\n"
-            )
+        if prediction.get("verdict_basis"):
+            out.write(f"  verdict{per_gpu}: {verdict_words(prediction)}\n")
     else:
         out.write(
             "  target: none (pass --gpu NAME or --gpu-memory SIZE, or set gpu-memory in [tool.oom-lsp])\n"

@@ -174,14 +174,23 @@ def terms(
         notes.append(
             _note("accelerate-config", f"accelerate's launch variables from --accelerate-config: {shown}")
         )
-    notes.append(
-        _note(
-            "fake-process-group",
-            f"traced as rank 0 of {world} ({per_node} GPU{'s' if per_node > 1 else ''} per node) on PyTorch's "
-            f"fake process group: {how}{backend}; collectives complete at once and move no data, their buffers "
-            "counted as rank 0 allocates them",
+    if info.get("detected"):
+        notes.append(
+            _note(
+                "process-group-detected",
+                f"{backend} without --world-size: traced as rank 0 of {world}, the world size the script "
+                f"asks for, on PyTorch's fake process group; pass --world-size N to trace a job of N GPUs",
+            )
         )
-    )
+    else:
+        notes.append(
+            _note(
+                "fake-process-group",
+                f"traced as rank 0 of {world} ({per_node} GPU{'s' if per_node > 1 else ''} per node) on "
+                f"PyTorch's fake process group: {how}{backend}; collectives complete at once and move no data, "
+                "their buffers counted as rank 0 allocates them",
+            )
+        )
     for ddp in info.get("ddp", []):
         options = ", ".join(
             f"{name}={ddp[name]!r}"

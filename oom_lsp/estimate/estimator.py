@@ -27,15 +27,21 @@ from typing import Any
 
 from oom_lsp.estimate import distributed
 from oom_lsp.estimate.allocator import simulate
+from oom_lsp.estimate.calibration import context_term, workspace_term
+from oom_lsp.estimate.cuda_terms import verdict_basis
+from oom_lsp.estimate.failures import (
+    REAL_STEP_KINDS,
+    data_dependent_hint,
+    fallback_reason,
+    library_line,
+    value_notes,
+)
 from oom_lsp.estimate.gpus import Gpu, format_bytes
 from oom_lsp.profiling.runner import NO_TORCH_EXIT, ProfileError, ProfileRequest, ProfileRun
 
 # Started by path (harness/__main__.py explains why): the user's interpreter need not have oom_lsp.
 HARNESS = Path(__file__).resolve().parent / "harness" / "__main__.py"
 MIB, GIB = 2**20, 2**30
-# Not in memory_allocated/reserved, only in nvidia-smi: ~300 MB with CUDA's lazy
-# module loading (the default since CUDA 12.2), 200-700 MB by machine.
-CUDA_CONTEXT = 400 * MIB
 DEFAULT_MARGIN = 0.10
 CUBLAS_WORKSPACE_PRE_HOPPER = 8_519_680  # CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8
 CUBLAS_WORKSPACE_HOPPER = 32 * MIB
@@ -73,6 +79,8 @@ class EstimateOptions:
     world_size: int | None = None
     nproc_per_node: int | None = None
     launcher_environment: dict[str, str] | None = None  # accelerate's, from --accelerate-config
+    # The CUDA release of the target's PyTorch (--cuda-version): the CUDA context's size depends on it.
+    cuda_version: str | None = None
     # Progress: {"event": "starting"} before each child interpreter, then the harness's own
     # events from a reader thread: "ready", "run-start", "step", "run" (harness/progress.py).
     on_event: Callable[[dict[str, Any]], None] | None = None
@@ -238,12 +246,10 @@ def verdict(required: int, capacity: int, margin: float = DEFAULT_MARGIN) -> str
 
 
 def needed_bytes(prediction: dict[str, Any]) -> int:
-    """What must stay under the margin: on CUDA the modelled reserved memory
-    (the allocator's segments, fragmentation included) plus the context, as
-    nvidia-smi would count the process; on the CPU the allocated peak."""
-    reserved = prediction.get("reserved_bytes")
-    held = reserved if reserved is not None else prediction["peak_bytes"]
-    return held + (prediction.get("context_bytes") or 0)
+    """What must stay under the margin, and what the verdict judges: on CUDA the modelled reserved
+    memory (the allocator's segments, fragmentation included) plus the context, as nvidia-smi would
+    count the process; on the CPU the allocated peak."""
+    return verdict_basis(prediction, 0)["bytes"]
 
 
 def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
@@ -319,11 +325,12 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 "matmul-operand-copy",
                 what
                 + (
-                    ": cuBLAS copies them too (PyTorch's source), not added: not checked on a GPU"
+                    ": added at that op, as PyTorch's prepare_matrix_for_cublas copies them before cuBLAS "
+                    "runs (a batched operand whole); read from PyTorch's source, not measured on a GPU"
                     if cuda
                     else ": added at that op, as measured on the CPU kernels"
                 ),
-                None if cuda else copies["bytes"],
+                copies["bytes"],
             )
         )
     losses = trace.get("loss_buffers") or {}
@@ -400,14 +407,7 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 "DataLoader's shuffle) may differ from a real run's",
             )
         )
-    if trace.get("stubbed_scalars"):
-        corrections.append(
-            _note(
-                "data-dependent-values",
-                f"{trace['stubbed_scalars']} read(s) of a value only a real run knows (.item(), if tensor:) "
-                "were answered 0/False",
-            )
-        )
+    corrections += value_notes(trace)
     if cuda:
         corrections.insert(
             0,
@@ -424,6 +424,15 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                     "sdpa-cuda-kernels",
                     f"scaled_dot_product_attention routed to CUDA's flash ({sdpa.get('sdpa_flash', 0)} calls) / "
                     f"memory-efficient ({sdpa.get('sdpa_mem_efficient', 0)} calls) kernels instead of the CPU math path",
+                )
+            )
+        if sdpa.get("flex_attention"):
+            corrections.append(
+                _note(
+                    "flex-attention-cuda",
+                    f"{sdpa['flex_attention']} FlexAttention call(s) traced as its compiled CUDA kernels allocate "
+                    "(the output and an fp32 logsumexp kept for backward; delta and the gradients in backward): "
+                    "the CPU the trace runs on has no FlexAttention backward",
                 )
             )
         if sdpa.get("sdpa_math_kept"):
@@ -444,7 +453,7 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
         corrections.append(
             _note("rounding", "every allocation rounded up to 512 B, as the CUDA caching allocator does")
         )
-        workspaces = cublas_workspaces(options.gpu, trace.get("torch", "")) if trace.get("matmuls") else []
+        workspaces = workspace_term(options, trace) if trace.get("matmuls") else []
         events = [[-1 - index, size] for index, (_, size) in enumerate(workspaces)] + trace["events"]
         model = simulate(events)
         workspace_bytes = sum(size for _, size in workspaces)
@@ -468,14 +477,8 @@ def predict(trace: dict[str, Any], options: EstimateOptions) -> dict[str, Any]:
                 reserved - allocated,
             )
         )
-        context = CUDA_CONTEXT
-        corrections.append(
-            _note(
-                "cuda-context",
-                f"CUDA context ~{format_bytes(CUDA_CONTEXT)} (outside PyTorch's counters; 200-700 MB by machine)",
-                CUDA_CONTEXT,
-            )
-        )
+        context, detail = context_term(options, trace)
+        corrections.append(_note("cuda-context", detail, context))
     if trace.get("distributed"):
         notes, reserved_extra, outside_allocator = distributed.terms(trace, cuda, options.script)
         corrections += notes
@@ -537,10 +540,10 @@ def _worst_case(trace: dict[str, Any], options: EstimateOptions) -> dict[str, An
 
 
 def _set_verdict(prediction: dict[str, Any], capacity: int, margin: float) -> None:
-    required = prediction["peak_bytes"] + (prediction.get("context_bytes") or 0)
-    prediction["verdict"] = verdict(required, capacity, margin)
-    if prediction["verdict"] == "fits" and needed_bytes(prediction) > capacity * (1 - margin):
-        prediction["verdict"] = "tight"
+    """Judged by reserved memory + the CUDA context on CUDA (the allocated peak on the CPU): "will run
+    out of memory" above the card, "tight" within the margin of it; `verdict_basis` names the figure."""
+    prediction["verdict_basis"] = verdict_basis(prediction, capacity)
+    prediction["verdict"] = verdict(prediction["verdict_basis"]["bytes"], capacity, margin)
 
 
 def _note(name: str, detail: str, size: int | None = None) -> dict[str, Any]:
@@ -570,6 +573,7 @@ def _failure_error(trace: dict[str, Any]) -> EstimateError:
         # A Hub name with no local copy (the harness runs offline): what is needed, in one line.
         return EstimateError(f"no estimate{location}: {failure.get('message')}")
     lines = [f"the script crashed{location}: {failure.get('type')}: {failure.get('message')}"]
+    lines += [f"  {line}" for line in (library_line(failure), data_dependent_hint(failure, _place)) if line]
     frames = failure.get("frames") or []
     if frames:
         lines.append("  the script's frames, innermost last:")
@@ -654,7 +658,7 @@ def prediction_from(
         if options.batch_size is not None and not trace.get("override_applied"):
             raise EstimateError(_NO_KNOB)
         return predict(trace, options)
-    if (trace.get("failure") or {}).get("kind") not in ("data-dependent", "unsupported-operator"):
+    if (trace.get("failure") or {}).get("kind") not in REAL_STEP_KINDS:
         raise _failure_error(trace)
     if progress:
         progress("the script cannot run on fake tensors; measuring real CPU steps instead")
@@ -664,14 +668,7 @@ def prediction_from(
 def _fallback(options: EstimateOptions, fake_trace: dict[str, Any]) -> dict[str, Any]:
     """Real CPU steps at a quarter and half of the target batch, the peak
     scaled linearly to the target."""
-    failure = fake_trace["failure"]
-    where = failure.get("where") or {}
-    reason = (
-        f"{failure.get('type')} at {where.get('file')}:{where.get('line')} ({where.get('code', '')}): "
-        f"{failure.get('message')}"
-        if where
-        else f"{failure.get('type')}: {failure.get('message')}"
-    )
+    reason = fallback_reason(fake_trace["failure"], _place)
     target = options.batch_size or fake_trace.get("batch_size")
     if fake_trace.get("batch_knobs") and target and target >= 4:
         sizes = fallback_batches(target)
@@ -1002,7 +999,8 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
     at_limit = upper is None and largest == MAX_SEARCHED_BATCH < line_answer
     result.update(
         max_batch=largest,
-        verified=verified,
+        # a copy: the script's own batch may be the answer, and the estimate gets this result
+        verified=dict(verified),
         bound=upper[0] if upper else ("search limit" if at_limit else "memory"),
         next_checked=upper[1] if upper else None,
         checks=search.checks,

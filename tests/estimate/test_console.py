@@ -77,7 +77,9 @@ def test_a_crash_shows_the_scripts_own_frames(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert lines[0].startswith("oom-lsp estimate: the script crashed at train.py:5: FileNotFoundError: ")
-    assert lines[1:] == [
+    # the library line that raised, then the script's own frames
+    assert lines[1].startswith("  raised in torch/serialization.py:") and lines[1].endswith(", in __init__")
+    assert lines[2:] == [
         "  the script's frames, innermost last:",
         "    train.py:8, in <module>",
         '      state = load("missing.pt")',

@@ -165,7 +165,7 @@ def test_cuda_terms_nccl_and_the_stream_pools_are_stated(tmp_path):
     assert nccl["bytes"] == 688 * 2**20 and "not calibrated" in nccl["detail"]
     pools = note(prediction, "fsdp2-stream-pools")
     assert "not calibrated" in pools["detail"]
-    assert prediction["context_bytes"] == (400 + 688) * 2**20
+    assert prediction["context_bytes"] == note(prediction, "cuda-context")["bytes"] + 688 * 2**20
     assert prediction["process_bytes"] == prediction["reserved_bytes"] + prediction["context_bytes"]
     assert prediction["verdict"] == "fits"
 

@@ -177,6 +177,30 @@ def make_matmul_copies(notes: dict, add: bool):
     return copies
 
 
+def make_cublas_copies(notes: dict):
+    """The copies cuBLAS's callers make (PyTorch's Blas.cpp, `prepare_matrix_for_cublas` and
+    `prepare_batch_matrix_for_cublas`): an operand that is neither row- nor column-major (the
+    stride-0 gradient of `.sum()`, a column slice, a broadcast row) is made contiguous through the
+    caching allocator before the call, whatever its dtype, and a batched operand as a whole (not
+    one matrix at a time, as the CPU kernel does), and freed after it: a transient at that op,
+    counted by `max_memory_allocated`. Read from PyTorch's source, not measured on a GPU."""
+
+    def copies(func, args) -> int:
+        operands = args[1:3] if func in (aten.addmm.default, aten.baddbmm.default) else args[:2]
+        if not operands[0].dtype.is_floating_point:
+            return 0
+        size = 0
+        for operand in operands:
+            if operand.numel() and not _blas_readable(tuple(operand.shape[-2:]), operand.stride()[-2:]):
+                size += operand.numel() * operand.element_size()
+        if size:
+            notes["calls"] = notes.get("calls", 0) + 1
+            notes["bytes"] = max(notes.get("bytes", 0), size)
+        return size
+
+    return copies
+
+
 # Losses whose kernel computes the elementwise loss at the inputs' broadcast shape and reduces it
 # into that buffer (Loss.cpp): the 0-dim loss keeps the whole buffer as its storage, alive as long
 # as the loss is (a loss kept for logging, Lightning's closure result, a `loss` bound until the next

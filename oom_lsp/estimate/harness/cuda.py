@@ -341,6 +341,7 @@ def _install_visible_gpu(shims, request: dict, state: dict, gpu_memory: int, def
         original_autocast_init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     shims.patch(autocast_cls, "__init__", autocast_init)
+    _install_cuda_autocast_policy(shims, state)
     scaler_cls = torch.amp.GradScaler
     original_scaler_init = scaler_cls.__init__
 
@@ -352,3 +353,58 @@ def _install_visible_gpu(shims, request: dict, state: dict, gpu_memory: int, def
         shims.patch(
             torch.cuda.amp.GradScaler, "__init__", lambda self, *a, **k: scaler_init(self, "cpu", *a, **k)
         )
+
+
+# CUDA's autocast runs these in float32 (autocast_mode.cpp: the fp32 list, and the ops that take a
+# dtype, run with dtype=float32), CPU's autocast leaves them in the low precision: a softmax of fp16
+# attention scores keeps fp32 probabilities on a GPU, twice what the CPU trace would keep.
+_CUDA_AUTOCAST_FP32 = (
+    "layer_norm", "native_layer_norm", "group_norm", "exp", "log", "log10", "log2", "log1p", "expm1",
+    "rsqrt", "reciprocal", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus",
+    "logsumexp", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "cosine_similarity", "dist", "pdist",
+    "renorm", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "upsample_bilinear2d",
+    "upsample_linear1d", "upsample_trilinear3d", "upsample_bicubic2d",
+)
+_CUDA_AUTOCAST_FP32_DTYPE = ("softmax.int", "log_softmax.int", "sum", "sum.dim_IntList", "cumsum", "cumprod", "prod")
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _install_cuda_autocast_policy(shims, state: dict) -> None:
+    """The CPU autocast that stands for CUDA's (`autocast("cuda")` traced as `autocast("cpu")`) runs
+    the ops above as CUDA's does: Python kernels at the AutocastCPU key, for the ops that have a CUDA
+    autocast kernel and no CPU one; removed after the run."""
+    library = torch.library.Library("aten", "IMPL")
+    autocast_cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+    def register(name: str, set_dtype: bool) -> None:
+        qualified = "aten::" + name
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "AutocastCUDA"):
+            return
+        if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "AutocastCPU"):
+            return
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+        def kernel(*args, **kwargs):
+            low = any(isinstance(a, torch.Tensor) and a.dtype in _LOW for a in args)
+            with torch._C._ExcludeDispatchKeyGuard(autocast_cpu):
+                if not low:
+                    return op(*args, **kwargs)
+                state["cuda_autocast_fp32"] = state.get("cuda_autocast_fp32", 0) + 1
+                if set_dtype:
+                    if kwargs.get("dtype") is None and not (len(args) > 2 and args[-1] is not None and
+                                                            isinstance(args[-1], torch.dtype)):
+                        kwargs["dtype"] = torch.float32
+                    return op(*args, **kwargs)
+                cast = tuple(
+                    a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a for a in args
+                )
+                return op(*cast, **kwargs)
+
+        library.impl(name, kernel, "AutocastCPU")
+
+    for name in _CUDA_AUTOCAST_FP32:
+        register(name, set_dtype=False)
+    for name in _CUDA_AUTOCAST_FP32_DTYPE:
+        register(name, set_dtype=True)
+    shims.at_undo(library._destroy)

@@ -49,9 +49,46 @@ MASTER_PORT = "29500"
 def install(shims, request: dict, tracker, context, state: dict) -> None:
     config = request.get("distributed")
     if not config:
+        _install_detection(shims, request, tracker, context, state)
         return
+    _install_launch(shims, request, config, tracker, context, state)
+
+
+def _install_detection(shims, request: dict, tracker, context, state: dict) -> None:
+    """A script that sets up its own process group without a launcher (`--world-size` not given):
+    `init_process_group("gloo", rank=0, world_size=1)`, or torchrun's variables left unset. Its
+    group is traced on the fake backend as rank 0 of the world size it asks for (its
+    `world_size` argument, else WORLD_SIZE, else 1), as `--world-size` would, from that call on."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+    except ImportError:
+        return
+    if not dist.is_available():
+        return
+    original = distributed_c10d.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        world_size = kwargs.get("world_size", args[3] if len(args) > 3 else -1)
+        if world_size in (None, -1):
+            world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        config = {"world_size": int(world_size), "nproc_per_node": int(world_size), "detected": True}
+        request["distributed"] = config
+        for owner in (dist, distributed_c10d):
+            shims.patch(owner, "init_process_group", original)  # what the launch's own shim wraps
+        _install_launch(shims, request, config, tracker, context, state)
+        return dist.init_process_group(*args, **kwargs)
+
+    for owner in (dist, distributed_c10d):
+        if getattr(owner, "init_process_group", None) is original:
+            shims.patch(owner, "init_process_group", init_process_group)
+
+
+def _install_launch(shims, request: dict, config: dict, tracker, context, state: dict) -> None:
     import torch.distributed as dist
     import torch.testing._internal.distributed.fake_pg  # registers the "fake" backend
+
+    from .cuda import gpu_visible
 
     world_size = int(config["world_size"])
     per_node = int(config.get("nproc_per_node") or world_size)
@@ -70,9 +107,12 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
         "largest_all_gather": 0,
         "largest_reduce_scatter": 0,
         "process_groups": [],
+        # Set up by the script's own init_process_group, without --world-size.
+        "detected": bool(config.get("detected")),
     }
     _set_environment(shims, world_size, per_node, config.get("environment") or {})
-    shims.patch(torch.cuda, "device_count", lambda: per_node)
+    if gpu_visible(request):
+        shims.patch(torch.cuda, "device_count", lambda: per_node)
     shims.patch(dist, "is_nccl_available", lambda: True)
     fake_mode = state.get("fake_mode")
     tracker.unwrap = _local_tensor
@@ -84,8 +124,6 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
     _install_rank_zero_collectives(shims, dist, tracker, context, info)
     _install_ddp(shims, dist, tracker, context, fake_mode, state)
     _install_fsdp2(shims, tracker, context, info)
-    if fake_mode is not None:
-        _install_fake_data_pointers(shims)
     shims.at_undo(lambda: _destroy_process_groups(dist, info))
 
 
@@ -578,18 +616,6 @@ def _install_fsdp2(shims, tracker, context, info: dict) -> None:
 
 def _storage_bytes(tensor) -> int:
     return tensor.untyped_storage().nbytes() if isinstance(tensor, torch.Tensor) else 0
-
-
-def _install_fake_data_pointers(shims) -> None:
-    """accelerate's FSDP2 preparation keys each parameter by `data_ptr()` to move the
-    optimizer onto the sharded ones; every fake tensor answers 0, so they would all be one.
-    A fake tensor answers where its data would be: its storage's identity plus its offset."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    def data_ptr(self) -> int:
-        return id(self.untyped_storage()) + self.storage_offset() * self.element_size()
-
-    shims.patch(FakeTensor, "data_ptr", data_ptr)
 
 
 def _categorised(function, context, category: str):

@@ -46,7 +46,11 @@ class FakeDispatchMemo:
 
     def call(self, func, args, kwargs):
         if func in _INDEXED_VIEWS and not kwargs and self._indexable(args):
-            return self._indexed_view(func, args)
+            # Under inference_mode a view is an inference tensor, whose version counter the
+            # fake wrapper cannot set: FakeTensorMode makes those itself.
+            if not torch.is_inference_mode_enabled():
+                return self._indexed_view(func, args)
+            return func(*args, **kwargs)
         kind = _MEMO_KINDS.get(func)
         if kind is None:
             kind = _MEMO_KINDS[func] = self._memo_kind(func)

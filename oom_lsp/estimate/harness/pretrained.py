@@ -11,6 +11,13 @@ and unexpected keys, its renamings), and `safetensors.torch.load_file` (PEFT ada
 tensor data. The run's loads are synchronous (`HF_DEACTIVATE_ASYNC_LOAD`), so that the trace sees
 them in order, in the thread its modes are active in.
 
+Under fake mode, saving writes no tensor data, as `torch.save` does nothing: safetensors'
+`save_file` and `save_model` write nothing, and `save` gives the header alone (Transformers'
+`save_pretrained` and PEFT's, diffusers', sentence-transformers' savers end there; they still write
+their small JSON files). The real functions would read fake data pointers (a crash). They are
+replaced wherever they are bound, under any name (`save_file as safe_save_file`), and call the
+real ones when no fake run is on.
+
 Every run, fake or real, is offline (`HF_HUB_OFFLINE=1`): a Hub name resolves to its copy in the
 Hugging Face cache or fails, and `missing_download` turns that failure into one line that says what
 is needed.
@@ -57,6 +64,7 @@ _DTYPES = {
 # earlier run of this interpreter (a batch-size search runs the script several times) stays bound
 # to HeaderOnlyFile, which opens files for real when no fake run is on.
 _ACTIVE: dict = {"fake_mode": None, "real_open": None}
+_SAVERS = ("save_file", "save", "save_model")
 
 
 def install(shims, state: dict) -> None:
@@ -77,6 +85,40 @@ def install(shims, state: dict) -> None:
         # The module's own namespace, never its __getattr__ (lazy modules import on a miss).
         if getattr(module, "__dict__", {}).get("safe_open") is real_open:
             shims.patch(module, "safe_open", HeaderOnlyFile)
+    _install_savers(shims, safetensors.torch)
+
+
+def _install_savers(shims, module) -> None:
+    """safetensors' savers write no data under fake mode (the module's docstring)."""
+    for name in _SAVERS:
+        if hasattr(module, name):
+            shims.patch_everywhere(module, name, _fake_saver(name))
+
+
+def _fake_saver(name: str):
+    def saver(tensors, *args, **kwargs):
+        if name == "save":
+            return _header_bytes(tensors, kwargs.get("metadata", args[0] if args else None))
+        return None
+
+    return saver
+
+
+def _header_bytes(tensors: dict, metadata: dict | None) -> bytes:
+    """A safetensors header for `tensors` (names, dtypes, shapes, offsets), without their data."""
+    names = {dtype: name for name, dtype in _DTYPES.items()}
+    header: dict = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, tensor in tensors.items():
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": names[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(text)) + text
 
 
 def _offline(shims) -> None:

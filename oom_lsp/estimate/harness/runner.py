@@ -46,16 +46,23 @@ from .common import CATEGORIES, StopEstimate
 from .context import Context
 from .cpu_kernels import (
     make_conv_scratch,
+    make_cublas_copies,
     make_loss_buffers,
     make_matmul_copies,
     make_onednn_rnn_workspace,
     profile_replay_peak,
 )
 from .cuda import CudaRedirect, gpu_visible
-from .cuda_kernels import install_sdpa_route, make_cudnn_rnn_reserve, make_sdpa_route
+from .cuda_kernels import (
+    install_flex_route,
+    install_sdpa_route,
+    make_cudnn_rnn_reserve,
+    make_flex_route,
+    make_sdpa_route,
+)
 from .data import LISTED_BATCHES
 from .distributed import CATEGORIES as DISTRIBUTED_CATEGORIES
-from .failures import classify_failure, user_frames
+from .failures import classify_failure, library_frame, user_frames
 from .fakes import make_fake_mode
 from .knobs import run_script
 from .memo import FakeDispatchMemo
@@ -83,7 +90,7 @@ def run(request: dict) -> dict:
         models["rnn_workspace"] = (make_cudnn_rnn_reserve if cuda else make_onednn_rnn_workspace)(rnn_notes)
         if not cuda:
             models["conv_scratch"] = make_conv_scratch(conv_notes)
-        models["matmul_copies"] = make_matmul_copies(matmul_notes, add=not cuda)
+        models["matmul_copies"] = make_cublas_copies(matmul_notes) if cuda else make_matmul_copies(matmul_notes, add=True)
         models["loss_buffers"] = make_loss_buffers(loss_notes, add=not cuda)
     tracker = StorageTracker(context, count_all=not cuda, round_cuda=cuda, kernel_models=models)
     state: dict = {"seed": int(request.get("seed", 0))}
@@ -113,6 +120,7 @@ def run(request: dict) -> dict:
     redirect = CudaRedirect(tracker, gpu_visible=gpu_visible(request))
     if cuda and mode == "fake":
         install_sdpa_route(shims, make_sdpa_route(sdpa_notes))
+        install_flex_route(shims, make_flex_route(sdpa_notes))
 
     old_argv, old_path = sys.argv, list(sys.path)
     sys.argv = [script, *request.get("args", [])]
@@ -172,14 +180,18 @@ def run(request: dict) -> dict:
         status = "failed"
         state["quantized_failure"] = quantized.library_in(error.__traceback__)
         frames = user_frames(error.__traceback__, script_dir)
+        reads = tracker.stubbed_scalars + tracker.value_arrays if fake_mode is not None else 0
         failure = {
-            "kind": classify_failure(error),
+            "kind": classify_failure(error, reads),
             "type": type(error).__name__,
             "message": str(error).strip().splitlines()[0][:500]
             if str(error).strip()
             else type(error).__name__,
             "where": frames[-1] if frames else None,
             "frames": frames,
+            "library": library_frame(error.__traceback__, script_dir),
+            "data_dependent_reads": reads,
+            "last_data_dependent_read": list(tracker.last_stubbed_read) if tracker.last_stubbed_read else None,
             "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))[-4000:],
         }
         download = missing_download(error)
@@ -221,6 +233,12 @@ def run(request: dict) -> dict:
         ),
         stubbed_scalars=tracker.stubbed_scalars,
         value_reads=tracker.value_reads,
+        # The CUDA release of the script's torch (None on a CPU build) and its kernel loading: the
+        # CUDA context's size depends on them (estimate/cuda_terms.py).
+        torch_cuda=torch.version.cuda,
+        cuda_module_loading=os.environ.get("CUDA_MODULE_LOADING"),
+        value_arrays=tracker.value_arrays,
+        checks_passed=tracker.checks_passed,
         fake_memo_hits=tracker.fake_memo.hits if tracker.fake_memo is not None else None,
         sdpa=sdpa_notes,
         rnn_workspace=rnn_notes,

@@ -3,6 +3,10 @@ the run; `install_shims` installs them all, concern by concern."""
 
 from __future__ import annotations
 
+import functools
+import sys
+import types
+
 from . import changes, cuda, data, distributed, fakes, knobs, pretrained, quantized, training, values
 
 _MISSING = object()
@@ -21,6 +25,33 @@ class Shims:
         setattr(owner, name, value)
         self._undo.append((owner, name, original))
         return None if original is _MISSING else original
+
+    def patch_everywhere(self, owner, name, replacement):
+        """`owner.name = replacement`, and in every imported module that bound the original under
+        any name (`from safetensors.torch import save_file as safe_save_file`). A module imported
+        during the run binds the replacement for good: after undo it calls the original, and the
+        next run's patch finds it by what it replaces."""
+        current = getattr(owner, name)
+        original = getattr(current, "_oom_lsp_replaces", current)
+        active = [True]
+
+        @functools.wraps(original)
+        def dispatch(*args, **kwargs):
+            return (replacement if active[0] else original)(*args, **kwargs)
+
+        dispatch._oom_lsp_replaces = original
+        for module in list(sys.modules.values()):
+            names = getattr(module, "__dict__", None)  # never a lazy module's __getattr__
+            if not isinstance(names, dict) or module is owner:
+                continue
+            for bound, value in list(names.items()):
+                if value is original or (
+                    type(value) is types.FunctionType and value.__dict__.get("_oom_lsp_replaces") is original
+                ):
+                    self.patch(module, bound, dispatch)
+        self.patch(owner, name, dispatch)
+        self.at_undo(lambda: active.__setitem__(0, False))
+        return original
 
     def at_undo(self, callback):
         """`callback()` on undo, in the same reverse order as the patches."""

@@ -10,6 +10,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .branches import passing_outcome
 from .common import CUDA_BLOCK, aten, has_exact_values, op_tensors
 from .context import Context
 from .cpu_kernels import CONVOLUTIONS, LOSS_BUFFERS, MATMULS
@@ -60,6 +61,9 @@ class StorageTracker(TorchDispatchMode):
         self.device_scope = 0
         self.stubbed_scalars = 0
         self.value_reads = 0  # `.item()`-like reads of one value (_local_scalar_dense)
+        self.checks_passed = 0  # truth tests answered with the outcome that does not raise (branches.py)
+        self.last_stubbed_read: tuple[str, int] | None = None  # the user's line of the last read answered 0
+        self.value_arrays = 0  # `.numpy()` of fake tensors whose values only a real run knows (zeros)
         # Fake integer/bool tensors computed outside the training step (token
         # arrays, random indices, their slices) keep a real twin, so that
         # `data[i : i + block]` reads real indices instead of a stubbed 0.
@@ -305,7 +309,7 @@ class StorageTracker(TorchDispatchMode):
         how many were drawn before: a DataLoader's shuffle, drawn from torch's generator after the
         model's initial weights, gives other batches, so another peak (PEFT's LoRA example: 3 %).
         Outside the training step (initialisation, data preparation), each random op is run for
-        real on zeros of its arguments' shapes (its integer twins where known), so that torch's
+        real on ones of its arguments' shapes (its integer twins where known), so that torch's
         generator, or the script's own, advances as in a real run."""
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
@@ -328,7 +332,10 @@ class StorageTracker(TorchDispatchMode):
                 twin = self.shadows.get(value)
                 if twin is not None:
                     return twin.clone()
-                return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype).zero_()
+                # Values only a real run knows: ones, a valid argument of every sampling op (the
+                # weights of `multinomial` must not sum to 0, a `normal`'s std, a `poisson` rate,
+                # a `bernoulli` probability); the count of numbers drawn depends on the shapes.
+                return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype).fill_(1)
             if isinstance(value, torch.Tensor):
                 return value.clone()  # a real tensor the fake op would leave as it is
             if type(value) is list or type(value) is tuple:
@@ -398,15 +405,22 @@ class StorageTracker(TorchDispatchMode):
         try:
             return func(*args, **kwargs)
         except DataDependentOutputException:
-            # `.item()` / `bool(t)` on a value only a real run knows: answer a
-            # neutral value; a data-dependent branch then goes one way.
-            self.stubbed_scalars += 1
+            # `.item()` / `bool(t)` on a value only a real run knows (branches.py): a check that
+            # raises on one outcome passes; anything else answers a neutral value, and a
+            # data-dependent branch then goes one way.
             dtype = args[0].dtype
+            outcome = passing_outcome()
+            if outcome is not None:
+                self.checks_passed += 1
+            else:
+                self.stubbed_scalars += 1
+                self.last_stubbed_read = self.context.user_line()
+            value = bool(outcome)
             if dtype == torch.bool:
-                return False
+                return value
             if dtype.is_floating_point or dtype.is_complex:
-                return 0.0
-            return 0
+                return float(value)
+            return int(value)
 
 
 class OpTraits:

@@ -1,5 +1,6 @@
 """What a fake run answers when the script reads a tensor's values outside
-`.item()`: `f"{loss:.4f}"` and `.tolist()`.
+`.item()`: `f"{loss:.4f}"`, `.tolist()`, `.numpy()`, and `torch.tensor([...])` of
+fake scalars.
 
 `Tensor.__format__` formats the value only when `type(self) is Tensor`, so a
 fake 0-dim tensor (a FakeTensor) gets `object.__format__`, which rejects any
@@ -12,7 +13,17 @@ each, ~70 us apiece under the tracker): a real twin (integer tensors computed
 outside the step, see `StorageTracker.shadows`) or a constant answers it
 whole, and a tensor whose values only a real run knows answers zeros of its
 shape at once, each element counted as a data-dependent read, as the
-per-element path would."""
+per-element path would.
+
+`FakeTensor.numpy()` (and `np.asarray(t)`, which calls it) is a real array of the tensor's shape
+and dtype: the real twin's values where known, else zeros, each such array counted (`value_arrays`).
+The NumPy or SciPy code after it then runs on real values of the right shape (DETR's Hungarian
+matcher solves `linear_sum_assignment` on a zero cost matrix: the same number of pairs, so the
+same shapes from there on); its result comes back through `torch.as_tensor` as a fake tensor.
+
+`torch.tensor(values)` reads each element's value in C++, which a fake tensor has not: a list of
+fake 0-dim tensors (torchtune's Llama 3 RoPE scaling builds its frequencies one by one in Python)
+is stacked instead, with the dtype torch would infer and the device asked for."""
 
 from __future__ import annotations
 
@@ -20,7 +31,7 @@ import torch
 
 
 def install(shims, tracker) -> None:
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch._subclasses.fake_tensor import FakeTensor
 
     original_format = torch.Tensor.__format__
 
@@ -34,23 +45,102 @@ def install(shims, tracker) -> None:
     def tolist(self):
         if self.dim() == 0:
             return self.item()
-        twin = tracker.shadows.get(self) if tracker.shadows is not None else None
-        if twin is None and self.constant is not None:
-            twin = self.constant
-        tracker.paused += 1
-        try:
-            with unset_fake_temporarily():
-                if twin is not None:
-                    return twin.tolist()
-                if self.dtype == torch.bool:
-                    dtype = torch.bool
-                elif self.dtype.is_floating_point or self.dtype.is_complex:
-                    dtype = torch.float64
-                else:
-                    dtype = torch.int64
-                tracker.stubbed_scalars += self.numel()
-                return torch.zeros(self.shape, dtype=dtype).tolist()
-        finally:
-            tracker.paused -= 1
+
+        def read(twin):
+            if twin is not None:
+                return twin.tolist()
+            if self.dtype == torch.bool:
+                dtype = torch.bool
+            elif self.dtype.is_floating_point or self.dtype.is_complex:
+                dtype = torch.float64
+            else:
+                dtype = torch.int64
+            tracker.stubbed_scalars += self.numel()
+            return torch.zeros(self.shape, dtype=dtype).tolist()
+
+        return _with_known_values(tracker, self, read)
 
     shims.patch(FakeTensor, "tolist", tolist)
+
+    def numpy(self, *, force=False):
+        def read(twin):
+            if twin is not None:
+                return twin.detach().numpy(force=True)
+            tracker.value_arrays += 1
+            tracker.last_stubbed_read = tracker.context.user_line()
+            return torch.zeros(self.shape, dtype=self.dtype).numpy()
+
+        return _with_known_values(tracker, self, read)
+
+    shims.patch(FakeTensor, "numpy", numpy)
+
+    original_tensor = torch.tensor
+
+    def tensor(data, *args, **kwargs):
+        if not args and _holds_fake(data, FakeTensor):
+            return _stacked(data, **kwargs)
+        return original_tensor(data, *args, **kwargs)
+
+    shims.patch(torch, "tensor", tensor)
+
+
+def _with_known_values(tracker, tensor, read):
+    """`read(real twin or constant, or None)` outside fake mode, uncounted."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    twin = tracker.shadows.get(tensor) if tracker.shadows is not None else None
+    if twin is None and tensor.constant is not None:
+        twin = tensor.constant
+    tracker.paused += 1
+    try:
+        with unset_fake_temporarily():
+            return read(twin)
+    finally:
+        tracker.paused -= 1
+
+
+def _holds_fake(data, fake_type) -> bool:
+    if isinstance(data, fake_type):
+        return True
+    if isinstance(data, (list, tuple)):
+        return any(_holds_fake(item, fake_type) for item in data)
+    return False
+
+
+def _leaf_dtype(item) -> torch.dtype:
+    if isinstance(item, torch.Tensor):
+        return item.dtype
+    if isinstance(item, bool):
+        return torch.bool
+    if isinstance(item, int):
+        return torch.int64
+    if isinstance(item, complex):
+        return torch.complex64 if torch.get_default_dtype() == torch.float32 else torch.complex128
+    return torch.get_default_dtype()
+
+
+def _leaves(data) -> list:
+    if isinstance(data, (list, tuple)):
+        return [leaf for item in data for leaf in _leaves(item)]
+    return [data]
+
+
+def _stacked(data, dtype=None, device=None, requires_grad=False, pin_memory=False):
+    """`torch.tensor(data)` for nested lists holding fake scalars: the elements stacked."""
+    if dtype is None:
+        dtype = _leaf_dtype(_leaves(data)[0])
+        for leaf in _leaves(data)[1:]:
+            dtype = torch.promote_types(dtype, _leaf_dtype(leaf))
+
+    def build(item):
+        if isinstance(item, (list, tuple)):
+            return torch.stack([build(part) for part in item])
+        if isinstance(item, torch.Tensor):
+            if item.numel() != 1:
+                raise ValueError("only one element tensors can be converted to Python scalars")
+            return item.detach().reshape(()).to(dtype)
+        return torch.full((), item, dtype=dtype)
+
+    result = build(data)
+    result = result.to(device) if device is not None else result
+    return result.requires_grad_(requires_grad) if requires_grad else result
