@@ -28,18 +28,13 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from pygls.exceptions import JsonRpcException
+from pygls.exceptions import JsonRpcContentModified as ContentModified
 
 logger = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
 MsgId = int | str
-
-
-class ContentModified(JsonRpcException):
-    """LSP's ContentModified: the document changed while the request was being answered."""
-
-    CODE = -32801
+__all__ = ["ContentModified", "Superseded", "AnalysisQueue", "StaleRequests", "Scheduling"]
 
 
 class Superseded(Exception):
