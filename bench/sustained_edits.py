@@ -247,9 +247,7 @@ async def run(mode: str, edits: int, seed: int, workspace: Path, server: Path) -
     sent_edits = 0
     last_edit = started
     while sent_edits < edits:
-        for change in typist.edits():
-            if sent_edits >= edits:
-                break
+        for change in typist.edits():  # the whole burst: the typist's text is after it
             version += 1
             sent_edits += 1
             client.text_document_did_change(
@@ -267,15 +265,20 @@ async def run(mode: str, edits: int, seed: int, workspace: Path, server: Path) -
         await asyncio.sleep(rng.choice([0, 0, 0, 0.05, 0.2]))  # a pause between words
     edit_seconds = last_edit - started
     # The last diagnostics, as the client gets them after the typing stops.
-    if pull:
-        final = await client.text_document_diagnostic_async(types.DocumentDiagnosticParams(text_document=document))
-        final_items = list(final.items)  # type: ignore[union-attr]
-        final_seconds = time.perf_counter() - last_edit
-    else:
-        while published_version[0] < version and time.perf_counter() - last_edit < 60:
+
+    async def diagnostics_of(version: int, since: float) -> tuple[list[types.Diagnostic], float]:
+        if pull:
+            answer = await client.text_document_diagnostic_async(
+                types.DocumentDiagnosticParams(text_document=document)
+            )
+            return list(answer.items), time.perf_counter() - since  # type: ignore[union-attr]
+        while published_version[0] < version and time.perf_counter() - since < 60:
             await asyncio.sleep(0.005)
-        final_items = diagnostics.get(version, [])
-        final_seconds = time.perf_counter() - last_edit if published_version[0] >= version else float("nan")
+        if published_version[0] < version:
+            return [], float("nan")
+        return diagnostics.get(version, []), time.perf_counter() - since
+
+    final_items, final_seconds = await diagnostics_of(version, last_edit)
     await asyncio.sleep(max(0.0, last_edit + 1.0 - time.perf_counter()))
     unanswered_after_1s = len(requests.pending)
     late = sum(1 for answered in requests.answered_at if answered > last_edit + 1.0)
@@ -285,7 +288,59 @@ async def run(mode: str, edits: int, seed: int, workspace: Path, server: Path) -
     never = len(requests.pending)
     await asyncio.sleep(1.0)
     rss_end = rss_kib(pid)
-    path.write_text(typist.text)
+    final_text = typist.text
+    expected, got = compare(server, workspace, path, final_text, final_items)
+    # Then the whole text replaced by the script as it was (an undo to the start): its real
+    # findings, not only the syntax error the random typing usually leaves.
+    version += 1
+    last = typist.lines[-1] if typist.lines else ""
+    if last.endswith(("\n", "\r")):
+        end = types.Position(line=len(typist.lines), character=0)
+    else:
+        end = types.Position(line=len(typist.lines) - 1, character=len(last))
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(start=types.Position(line=0, character=0), end=end), text=SCRIPT.read_text()
+                )
+            ],
+        )
+    )
+    undo_items, _ = await diagnostics_of(version, time.perf_counter())
+    undo_expected, undo_got = compare(server, workspace, path, SCRIPT.read_text(), undo_items)
+    for task in list(tasks):
+        task.cancel()
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+    return {
+        "mode": mode,
+        "edits": sent_edits,
+        "edit_seconds": edit_seconds,
+        "requests": requests,
+        "unanswered_after_1s": unanswered_after_1s,
+        "late": late,
+        "never": never,
+        "final_seconds": final_seconds,
+        "equal": expected == got,
+        "undo_equal": undo_expected == undo_got,
+        "text": final_text,
+        "undo_got": undo_got,
+        "expected": expected,
+        "got": got,
+        "rss_warm": rss_warm,
+        "rss_end": rss_end,
+        "lines": len(typist.lines),
+    }
+
+
+def compare(
+    server: Path, workspace: Path, path: Path, text: str, items: list[types.Diagnostic]
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """(the CLI's findings for `text`, the server's diagnostics): code, start, end (1-based), message."""
+    path.write_text(text)
     cli = subprocess.run(
         [str(server), "--check", "--format", "json", "--no-cache", path.name],
         cwd=workspace,
@@ -305,30 +360,10 @@ async def run(mode: str, edits: int, seed: int, workspace: Path, server: Path) -
             d.range.end.character + 1,
             d.message,
         )
-        for d in final_items
+        for d in items
         if d.source == "oom-lsp" and d.code is not None
     )
-    for task in list(tasks):
-        task.cancel()
-    await client.shutdown_async(None)
-    client.exit(None)
-    await client.stop()
-    return {
-        "mode": mode,
-        "edits": sent_edits,
-        "edit_seconds": edit_seconds,
-        "requests": requests,
-        "unanswered_after_1s": unanswered_after_1s,
-        "late": late,
-        "never": never,
-        "final_seconds": final_seconds,
-        "equal": expected == got,
-        "expected": expected,
-        "got": got,
-        "rss_warm": rss_warm,
-        "rss_end": rss_end,
-        "lines": len(typist.lines),
-    }
+    return expected, got
 
 
 def report(figures: dict[str, Any]) -> None:
@@ -357,8 +392,13 @@ def report(figures: dict[str, Any]) -> None:
         f"  last diagnostics {figures['final_seconds'] * 1000:.0f} ms after the last edit; "
         f"{len(figures['got'])} findings, equal to `oom-lsp --check --format json`: {figures['equal']}"
     )
+    print(f"    codes: {', '.join(row[0] for row in figures['got']) or 'none'}")
     if not figures["equal"]:
         print(f"    server: {figures['got'][:5]}\n    CLI:    {figures['expected'][:5]}")
+    print(
+        f"  after an undo to the start: {len(figures['undo_got'])} findings "
+        f"({', '.join(row[0] for row in figures['undo_got'])}), equal to the CLI's: {figures['undo_equal']}"
+    )
     print(
         f"  server RSS after the warm-up {figures['rss_warm'] / 1024:.1f} MiB, at the end "
         f"{figures['rss_end'] / 1024:.1f} MiB: growth {growth:+.1f} %"
@@ -370,6 +410,7 @@ async def main() -> None:
     parser.add_argument("--edits", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--modes", nargs="+", choices=["push", "pull"], default=["push", "pull"])
+    parser.add_argument("--keep", type=Path, help="copy the texts whose diagnostics differ from the CLI's here")
     parser.add_argument(
         "--server", type=Path, default=SERVER, help="the console script (default: the one next to this Python)"
     )
@@ -379,7 +420,11 @@ async def main() -> None:
         workspace = Path(folder)
         (workspace / "pyproject.toml").write_text('[project]\nname = "bench"\n')
         for mode in args.modes:
-            report(await run(mode, args.edits, args.seed, workspace, args.server))
+            figures = await run(mode, args.edits, args.seed, workspace, args.server)
+            report(figures)
+            if args.keep and not figures["equal"]:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                (args.keep / f"{mode}_final.py").write_text(figures["text"])
 
 
 if __name__ == "__main__":
