@@ -268,9 +268,13 @@ async def run(mode: str, edits: int, seed: int, workspace: Path, server: Path) -
 
     async def diagnostics_of(version: int, since: float) -> tuple[list[types.Diagnostic], float]:
         if pull:
-            answer = await client.text_document_diagnostic_async(
-                types.DocumentDiagnosticParams(text_document=document)
-            )
+            try:
+                answer = await asyncio.wait_for(
+                    client.text_document_diagnostic_async(types.DocumentDiagnosticParams(text_document=document)),
+                    60,
+                )
+            except asyncio.TimeoutError:
+                return [], float("nan")  # not answered within 60 s
             return list(answer.items), time.perf_counter() - since  # type: ignore[union-attr]
         while published_version[0] < version and time.perf_counter() - since < 60:
             await asyncio.sleep(0.005)
