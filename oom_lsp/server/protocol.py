@@ -16,6 +16,11 @@ the rest to pygls' dispatch. The LSP methods overridden here:
   missing argument was an internal error (a TypeError) instead of InvalidParams; and
   `$/cancelRequest` cancelled the request but not the command's own task.
 
+Two hooks for server/scheduling.py: a request about a document that changes (or closes)
+before it is answered is answered ContentModified (-32801) at once and its handler cancelled;
+and the futures pygls keeps for notification handlers are dropped when they are done (it kept
+one per edit, forever).
+
 `make_converter` makes cattrs strict about JSON types: by default it structures
 `"--epochs 1"` into `list[str]` as single characters, `"false"` into True and 2.7 into 2.
 """
