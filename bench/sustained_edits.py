@@ -23,6 +23,7 @@ Goals: every request answered within 1 s of the last edit, RSS growth under 10 %
 diagnostics equal to the CLI's.
 
     .venv/bin/python bench/sustained_edits.py [--edits 20000] [--seed 28] [--modes push pull]
+        [--keystroke-ms 4] [--server PATH/TO/oom-lsp] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -141,7 +142,9 @@ class Typist:
         return changes
 
 
-async def run(mode: str, edits: int, seed: int, workspace: Path, server: Path) -> dict[str, Any]:
+async def run(
+    mode: str, edits: int, seed: int, workspace: Path, server: Path, keystroke_s: float = 0.004
+) -> dict[str, Any]:
     pull = mode == "pull"
     rng = random.Random(seed)
     client = LanguageClient("oom-lsp-sustained-edits", "1")
@@ -258,7 +261,7 @@ async def run(mode: str, edits: int, seed: int, workspace: Path, server: Path) -
             )
             last_edit = time.perf_counter()
             interleave()
-            await asyncio.sleep(rng.expovariate(1 / 0.004))  # ~4 ms between keystrokes
+            await asyncio.sleep(rng.expovariate(1 / keystroke_s))  # between keystrokes
             if sent_edits == warm_up:
                 await asyncio.sleep(1.0)
                 rss_warm = rss_kib(pid)
@@ -414,6 +417,9 @@ async def main() -> None:
     parser.add_argument("--edits", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--modes", nargs="+", choices=["push", "pull"], default=["push", "pull"])
+    parser.add_argument(
+        "--keystroke-ms", type=float, default=4.0, help="mean time between two edits of a burst (default 4)"
+    )
     parser.add_argument("--keep", type=Path, help="copy the texts whose diagnostics differ from the CLI's here")
     parser.add_argument(
         "--server", type=Path, default=SERVER, help="the console script (default: the one next to this Python)"
@@ -424,7 +430,7 @@ async def main() -> None:
         workspace = Path(folder)
         (workspace / "pyproject.toml").write_text('[project]\nname = "bench"\n')
         for mode in args.modes:
-            figures = await run(mode, args.edits, args.seed, workspace, args.server)
+            figures = await run(mode, args.edits, args.seed, workspace, args.server, args.keystroke_ms / 1000)
             report(figures)
             if args.keep and not figures["equal"]:
                 args.keep.mkdir(parents=True, exist_ok=True)
