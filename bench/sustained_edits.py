@@ -47,7 +47,7 @@ from pygls.lsp.client import LanguageClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lsp_latency import capabilities, percentile  # noqa: E402
+from lsp_latency import capabilities, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "fixtures" / "estimate" / "real" / "pytorch_examples" / "imagenet" / "main.py"
@@ -102,7 +102,9 @@ class Typist:
         old = self.lines[line]
         new_lines = (old[:column] + text + old[column:]).splitlines(keepends=True) or [""]
         self.lines[line : line + 1] = new_lines
-        return types.TextDocumentContentChangePartial(range=types.Range(start=position, end=position), text=text)
+        return types.TextDocumentContentChangePartial(
+            range=types.Range(start=position, end=position), text=text
+        )
 
     def _delete(self, line: int, start: int, end: int) -> types.TextDocumentContentChangePartial:
         old = self.lines[line]
@@ -134,7 +136,9 @@ class Typist:
         content = self.lines[line].rstrip("\r\n")
         column = rng.randint(0, len(content))
         self.cursor = (line, column)
-        word = rng.choice(TYPED) if rng.random() < 0.5 else "".join(rng.choices(WORD_CHARS, k=rng.randint(1, 8)))
+        word = (
+            rng.choice(TYPED) if rng.random() < 0.5 else "".join(rng.choices(WORD_CHARS, k=rng.randint(1, 8)))
+        )
         changes = [self._insert(line, column + index, char) for index, char in enumerate(word)]
         if rng.random() < 0.7:  # deleted again, backspace by backspace
             for index in range(len(word), 0, -1):
@@ -238,7 +242,10 @@ async def run(
         elif roll < 0.17:
             send(types.TEXT_DOCUMENT_CODE_LENS, types.CodeLensParams(text_document=document))
         elif roll < 0.19:
-            whole = types.Range(start=types.Position(line=0, character=0), end=types.Position(line=len(typist.lines), character=0))
+            whole = types.Range(
+                start=types.Position(line=0, character=0),
+                end=types.Position(line=len(typist.lines), character=0),
+            )
             send(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintParams(text_document=document, range=whole))
         if pull and rng.random() < 0.2:
             send(types.TEXT_DOCUMENT_DIAGNOSTIC, types.DocumentDiagnosticParams(text_document=document))
@@ -261,7 +268,8 @@ async def run(
             )
             last_edit = time.perf_counter()
             interleave()
-            await asyncio.sleep(rng.expovariate(1 / keystroke_s))  # between keystrokes
+            # between keystrokes (0: only yield to the client's loop)
+            await asyncio.sleep(rng.expovariate(1 / keystroke_s) if keystroke_s > 0 else 0)
             if sent_edits == warm_up:
                 await asyncio.sleep(1.0)
                 rss_warm = rss_kib(pid)
@@ -273,7 +281,9 @@ async def run(
         if pull:
             try:
                 answer = await asyncio.wait_for(
-                    client.text_document_diagnostic_async(types.DocumentDiagnosticParams(text_document=document)),
+                    client.text_document_diagnostic_async(
+                        types.DocumentDiagnosticParams(text_document=document)
+                    ),
                     60,
                 )
             except asyncio.TimeoutError:
@@ -310,7 +320,8 @@ async def run(
             text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
             content_changes=[
                 types.TextDocumentContentChangePartial(
-                    range=types.Range(start=types.Position(line=0, character=0), end=end), text=SCRIPT.read_text()
+                    range=types.Range(start=types.Position(line=0, character=0), end=end),
+                    text=SCRIPT.read_text(),
                 )
             ],
         )
@@ -353,6 +364,7 @@ def compare(
         cwd=workspace,
         capture_output=True,
         text=True,
+        check=False,
     )
     expected = sorted(
         (f["code"], f["line"], f["column"], f["end_line"], f["end_column"], f["message"])
@@ -376,7 +388,11 @@ def compare(
 def report(figures: dict[str, Any]) -> None:
     requests: Requests = figures["requests"]
     latencies = requests.latencies or [0.0]
-    growth = (figures["rss_end"] - figures["rss_warm"]) / figures["rss_warm"] * 100 if figures["rss_warm"] else float("nan")
+    growth = (
+        (figures["rss_end"] - figures["rss_warm"]) / figures["rss_warm"] * 100
+        if figures["rss_warm"]
+        else float("nan")
+    )
     print(
         f"\n{figures['mode']} mode: {figures['edits']:,} edits in {figures['edit_seconds']:.0f} s "
         f"({figures['edits'] / figures['edit_seconds']:.0f}/s), the text now {figures['lines']} lines"
@@ -413,19 +429,28 @@ def report(figures: dict[str, Any]) -> None:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--edits", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--modes", nargs="+", choices=["push", "pull"], default=["push", "pull"])
     parser.add_argument(
         "--keystroke-ms", type=float, default=4.0, help="mean time between two edits of a burst (default 4)"
     )
-    parser.add_argument("--keep", type=Path, help="copy the texts whose diagnostics differ from the CLI's here")
     parser.add_argument(
-        "--server", type=Path, default=SERVER, help="the console script (default: the one next to this Python)"
+        "--keep", type=Path, help="copy the texts whose diagnostics differ from the CLI's here"
+    )
+    parser.add_argument(
+        "--server",
+        type=Path,
+        default=SERVER,
+        help="the console script (default: the one next to this Python)",
     )
     args = parser.parse_args()
-    print(f"server: {args.server}; script: {SCRIPT.relative_to(ROOT)} ({SCRIPT.read_text().count(chr(10))} lines)")
+    print(
+        f"server: {args.server}; script: {SCRIPT.relative_to(ROOT)} ({SCRIPT.read_text().count(chr(10))} lines)"
+    )
     with tempfile.TemporaryDirectory(prefix="oom-lsp-sustained-") as folder:
         workspace = Path(folder)
         (workspace / "pyproject.toml").write_text('[project]\nname = "bench"\n')

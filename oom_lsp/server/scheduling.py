@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
 MsgId = int | str
-__all__ = ["ContentModified", "Superseded", "AnalysisQueue", "StaleRequests", "Scheduling"]
+__all__ = ["AnalysisQueue", "ContentModified", "Scheduling", "StaleRequests", "Superseded"]
 
 
 class Superseded(Exception):
@@ -179,5 +179,7 @@ def changed_documents(method: str, params: Any) -> list[str]:
         cells = getattr(params, "cell_text_documents", None) or []
         change = getattr(getattr(params, "change", None), "cells", None)
         cells = [*cells, *(getattr(change, "text_content", None) or [])]
-        return [uri for uri in (getattr(getattr(cell, "document", cell), "uri", None) for cell in cells) if uri]
+        return [
+            uri for uri in (getattr(getattr(cell, "document", cell), "uri", None) for cell in cells) if uri
+        ]
     return []

@@ -39,7 +39,12 @@ def change(uri: str, version: int, line: int, text: str, end: int | None = None)
 
 
 def request(msg_id: int, method: str, uri: str, **params: Any) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": {"textDocument": {"uri": uri}, **params}}
+    return {
+        "jsonrpc": "2.0",
+        "id": msg_id,
+        "method": method,
+        "params": {"textDocument": {"uri": uri}, **params},
+    }
 
 
 def hover_at(line: int, character: int) -> dict[str, Any]:
@@ -55,7 +60,8 @@ def analyses(server: StdioServer) -> list[str]:
     return [
         message["params"]["message"]
         for message in server.received
-        if message.get("method") == "window/logMessage" and message["params"]["message"].startswith("Analysed ")
+        if message.get("method") == "window/logMessage"
+        and message["params"]["message"].startswith("Analysed ")
     ]
 
 
@@ -66,6 +72,7 @@ def cli_findings(folder: Path, name: str, text: str) -> list[tuple[str, int, int
         cwd=folder,
         capture_output=True,
         text=True,
+        check=False,
         timeout=120,
     )
     return sorted((f["code"], f["line"], f["column"]) for f in json.loads(run.stdout))
@@ -131,7 +138,10 @@ def burst(server: StdioServer, uri: str, first_version: int) -> tuple[bytes, lis
         else:
             messages.append(change(uri, version, 10, "", end=11))
             del current[10]
-        for params, method in ((hover_at(20, 8), "textDocument/hover"), (code_action_at(20), "textDocument/codeAction")):
+        for params, method in (
+            (hover_at(20, 8), "textDocument/hover"),
+            (code_action_at(20), "textDocument/codeAction"),
+        ):
             msg_id = server.next_id()
             ids.append(msg_id)
             messages.append(request(msg_id, method, uri, **params))
@@ -177,7 +187,10 @@ def test_a_request_for_an_older_version_gets_content_modified_or_the_current_ans
     ]
     # The requests, then at once a burst of edits that ends with the text they were asked on
     # plus a blank line at the top: every line of it moved.
-    messages += [change(uri, 2 + index, 0, "\n" if index % 2 == 0 else "", end=None if index % 2 == 0 else 1) for index in range(9)]
+    messages += [
+        change(uri, 2 + index, 0, "\n" if index % 2 == 0 else "", end=None if index % 2 == 0 else 1)
+        for index in range(9)
+    ]
     server.write(b"".join(frame(message) for message in messages))
     current = "\n" + text
     for msg_id, method, params in (
@@ -192,7 +205,9 @@ def test_a_request_for_an_older_version_gets_content_modified_or_the_current_ans
         # Answered: then it is the answer for the current text.
         again = server.call(method, {"textDocument": {"uri": uri}, **params}, timeout=60)
         assert answer["result"] == again["result"], (answer, again)
-    assert lsp_findings(last_diagnostics(server, uri, 10)) == cli_findings(server.root, "older_now.py", current)
+    assert lsp_findings(last_diagnostics(server, uri, 10)) == cli_findings(
+        server.root, "older_now.py", current
+    )
 
 
 def test_requests_still_in_progress_are_answered_content_modified_at_once(server: StdioServer) -> None:
