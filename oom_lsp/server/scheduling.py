@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
 MsgId = int | str
-__all__ = ["AnalysisQueue", "ContentModified", "Scheduling", "StaleRequests", "Superseded"]
+__all__ = ("AnalysisQueue", "ContentModified", "Scheduling", "StaleRequests", "Superseded")
 
 
 class Superseded(Exception):
