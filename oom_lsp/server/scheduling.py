@@ -80,7 +80,7 @@ class AnalysisQueue:
         work = executor.submit(compute)
         new = _Job(key, result, work)
         self._jobs[uri] = new
-        work.add_done_callback(lambda done: loop.call_soon_threadsafe(self._finished, uri, new))
+        work.add_done_callback(lambda done: _call_soon(loop, self._finished, uri, new))
         return result
 
     def _finished(self, uri: str, job: _Job[Any]) -> None:
@@ -105,6 +105,13 @@ class AnalysisQueue:
 
     def pending(self) -> int:
         return len(self._jobs)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass  # the loop closed (the server is exiting) while the analysis ran
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
