@@ -26,7 +26,6 @@ import json
 import multiprocessing
 import os
 import re
-import tempfile
 import tokenize
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import oom_lsp
-from oom_lsp import python_ast
+from oom_lsp import python_ast, safe_files
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.findings import Finding
 from oom_lsp.analysis.settings import LintSettings
@@ -75,6 +74,8 @@ class FileResult:
     # The analysis itself failed on this file: a bug in oom-lsp, exit code 2.
     internal_error: str | None = None
     from_cache: bool = False
+    # Not checked, and no error: a symbolic link that leads out of the project.
+    notice: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -204,6 +205,21 @@ def _force_excluded(path: Path, config: ProjectConfig) -> bool:
     return any(config.is_excluded(candidate) for candidate in candidates)
 
 
+def _link_out_of_project(path: Path, config: ProjectConfig, walked: Path | None) -> FileResult | None:
+    """A notice for a file that is a symbolic link leading out of its project (its
+    configuration's folder, or the folder being checked): a cloned repository's link to
+    `~/.bashrc` or `/dev/zero` is neither read nor, with --fix, written."""
+    if not os.path.islink(path):
+        return None
+    boundaries = [config.root] + ([walked] if walked is not None else [])
+    if any(safe_files.resolves_inside(path, boundary) for boundary in boundaries):
+        return None
+    target = os.path.realpath(path)
+    return FileResult(
+        path, display_path(path), notice=f"not checked: a symbolic link to {target}, outside the project"
+    )
+
+
 def discover_files(
     paths: Iterable[Path],
     resolver: ConfigResolver,
@@ -211,7 +227,8 @@ def discover_files(
     force_exclude: bool = False,
 ) -> tuple[list[Path], list[FileResult]]:
     """Python files to check under `paths`, sorted, and a FileResult with an
-    error for each path that does not exist."""
+    error for each path that does not exist (or a notice for each link out of the
+    project, which is not checked)."""
     found: dict[str, Path] = {}
     missing: list[FileResult] = []
     for path in paths:
@@ -221,10 +238,16 @@ def discover_files(
             if force_exclude and _force_excluded(absolute, config):
                 continue
             ignores = _ancestor_ignores(absolute) if config.respect_gitignore else []
-            for file in _walk(absolute, resolver, ignores, missing):
+            for file in _walk(absolute, resolver, ignores, missing, absolute):
                 found.setdefault(str(file), file)
         elif absolute.is_file():
-            if force_exclude and _force_excluded(absolute, resolver.resolve(absolute)):
+            config = resolver.resolve(absolute)
+            if force_exclude and _force_excluded(absolute, config):
+                continue
+            outside = _link_out_of_project(absolute, config, None)
+            if outside is not None:
+                outside.display = display_path(path)
+                missing.append(outside)
                 continue
             found.setdefault(str(absolute), absolute)
         else:
@@ -233,10 +256,15 @@ def discover_files(
 
 
 def _walk(
-    folder: Path, resolver: ConfigResolver, ignores: list[GitIgnore], unreadable: list[FileResult]
+    folder: Path,
+    resolver: ConfigResolver,
+    ignores: list[GitIgnore],
+    unreadable: list[FileResult],
+    walked: Path,
 ) -> Iterator[Path]:
-    """The Python files below `folder`; a folder that cannot be listed is added to
-    `unreadable` (reported like an unreadable file) and the walk goes on."""
+    """The Python files below `folder` (the walk of `walked`); a folder that cannot be
+    listed is added to `unreadable` (reported like an unreadable file), and so is a link
+    out of the project, and the walk goes on."""
     config = resolver.resolve_folder(folder)
     if config.respect_gitignore:
         own = GitIgnore.load(folder / ".gitignore")
@@ -262,7 +290,11 @@ def _walk(
         if config.respect_gitignore and ignores and _is_ignored(ignores, path, is_dir):
             continue
         if is_dir:
-            yield from _walk(path, resolver, ignores, unreadable)
+            yield from _walk(path, resolver, ignores, unreadable, walked)
+            continue
+        outside = _link_out_of_project(path, config, walked)
+        if outside is not None:
+            unreadable.append(outside)
         else:
             yield path
 
@@ -435,42 +467,25 @@ class ResultsCache:
         if not self._dirty:
             return
         # A cloned repository may hold symbolic links here (the folder itself, its marker
-        # files, a temporary file's name): nothing is created or written through them.
-        if not os.path.realpath(self.folder).startswith(os.path.realpath(self.root) + os.sep):
-            return
+        # files, a temporary file's name): nothing is created or written through them
+        # (oom_lsp.safe_files).
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
             top = self.root / CACHE_DIR_NAME
-            if not os.path.lexists(top / ".gitignore"):
-                _create_new(top / ".gitignore", "# Created by oom-lsp automatically.\n*\n")
-                _create_new(top / "CACHEDIR.TAG", "Signature: 8a477f597d28d172789f06886806bc55\n")
+            safe_files.make_folder(self.folder, self.root)
+            if safe_files.create_new(top / ".gitignore", "# Created by oom-lsp automatically.\n*\n", root=self.root):
+                safe_files.create_new(
+                    top / "CACHEDIR.TAG", "Signature: 8a477f597d28d172789f06886806bc55\n", root=self.root
+                )
             for fingerprint in sorted(self._dirty):
                 table = self._tables[fingerprint]
                 # Files deleted or renamed since they were cached.
                 for relative in [relative for relative in table if not (self.root / relative).exists()]:
                     del table[relative]
                 payload = json.dumps({"entries": table}, separators=(",", ":"))
-                descriptor, temporary = tempfile.mkstemp(suffix=".tmp", dir=self.folder)
-                try:
-                    with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-                        stream.write(payload)
-                    os.replace(temporary, self.folder / f"{fingerprint}.json")
-                except OSError:
-                    Path(temporary).unlink(missing_ok=True)
-                    raise
+                safe_files.write_file(self.folder / f"{fingerprint}.json", payload, root=self.root)
         except OSError:
-            return  # a read-only checkout still gets its results, just not cached
+            return  # a read-only checkout (or a link out of it) still gets its results, just not cached
         self._dirty.clear()
-
-
-def _create_new(path: Path, text: str) -> None:
-    """Write a file that must not exist yet: O_EXCL fails on any name there already,
-    a symbolic link included, instead of writing through it."""
-    try:
-        with open(path, "x", encoding="utf-8") as stream:
-            stream.write(text)
-    except FileExistsError:
-        pass
 
 
 # --- Analysis jobs (run in-process or in a worker) ---------------------------------------------
@@ -503,7 +518,9 @@ def run_job(job: Job) -> JobResult:
     files are still checked (as Ruff reports a panic)."""
     try:
         return _run_job(job)
-    except Exception:
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # also a panic of libcst's native parser (pyo3's PanicException)
         return JobResult(job.index, [], internal_error=traceback.format_exc())
 
 
@@ -575,18 +592,69 @@ def _worker_count(jobs: list[Job]) -> int:
     return max(1, min(available, len(jobs)))
 
 
-def run_jobs(jobs: list[Job], workers: int | None = None) -> list[JobResult]:
-    """Results in the order of `jobs`; largest sources first across workers."""
+def run_jobs(
+    jobs: list[Job], workers: int | None = None, runner: Callable[[Job], JobResult] = run_job
+) -> list[JobResult]:
+    """Results in the order of `jobs`; largest sources first across workers. A worker that
+    dies (a crash in native code: the process is gone, not an exception) costs only the
+    file it was checking: the files it had not finished are checked again, one worker at a
+    time, and the one that kills a worker alone is reported as an internal error."""
     count = _worker_count(jobs) if workers is None else workers
     if count <= 1:
         if jobs:
             tune_for_analysis()
-        return [run_job(job) for job in jobs]
+        return [runner(job) for job in jobs]
     ordered = sorted(jobs, key=lambda job: len(job.source), reverse=True)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=count, mp_context=context, initializer=_warm_worker) as pool:
-        results = list(pool.map(run_job, ordered, chunksize=1))
+    results, unfinished, _ = _run_in_pool(ordered, count, runner)
+    while unfinished:  # one worker at a time: the first job left unfinished is the one that killed it
+        done, left, exit_code = _run_in_pool(unfinished, 1, runner)
+        results += done
+        if left:
+            results.append(JobResult(left[0].index, [], internal_error=_died_message(exit_code)))
+            left = left[1:]
+        unfinished = left
     return sorted(results, key=lambda result: result.index)
+
+
+def _run_in_pool(
+    jobs: list[Job], count: int, runner: Callable[[Job], JobResult]
+) -> tuple[list[JobResult], list[Job], int | None]:
+    """The results of the jobs a pool of `count` workers finished, the jobs it did not (in
+    their order) when a worker died, and a dead worker's exit status."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    context = multiprocessing.get_context("spawn")
+    results: list[JobResult] = []
+    unfinished: list[Job] = []
+    exit_code: int | None = None
+    with ProcessPoolExecutor(max_workers=count, mp_context=context, initializer=_warm_worker) as pool:
+        futures = [pool.submit(runner, job) for job in jobs]
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        for job, future in zip(jobs, futures):
+            try:
+                results.append(future.result())
+            except BrokenProcessPool:
+                unfinished.append(job)
+    if unfinished:  # the pool has joined its workers: their exit statuses are known
+        codes = [process.exitcode for process in processes if process.exitcode]
+        # The others were stopped by the pool with SIGTERM.
+        exit_code = next((code for code in codes if code != -15), codes[0] if codes else None)
+    return results, unfinished, exit_code
+
+
+def _died_message(exit_code: int | None) -> str:
+    """An internal error's text (its last line is what the CLI prints) for a worker that died."""
+    import signal
+
+    how = ""
+    if exit_code is not None and exit_code < 0:
+        try:
+            how = f" ({signal.Signals(-exit_code).name})"
+        except ValueError:
+            how = f" (signal {-exit_code})"
+    elif exit_code:
+        how = f" (exit code {exit_code})"
+    return f"WorkerDied: the analysis process died{how} while checking this file\n"
 
 
 def has_applicable_fix(findings: list[Finding], unsafe_fixes: bool) -> bool:
@@ -598,6 +666,7 @@ def has_applicable_fix(findings: list[Finding], unsafe_fixes: bool) -> bool:
 
 @dataclass
 class _Pending:
+    root: Path  # the project's folder: --fix writes nothing through a link out of it
     result: FileResult
     raw: bytes
     decoded: Decoded
@@ -663,7 +732,7 @@ def check_files(
                 result.source = decoded.text if cached else None
                 run.cached += 1
                 continue
-        pending.append(_Pending(result, raw, decoded, settings, cache, relative, key))
+        pending.append(_Pending(config.root, result, raw, decoded, settings, cache, relative, key))
 
     jobs = [
         Job(index, str(item.result.path), item.decoded.text or "", item.settings, fix, unsafe_fixes)
@@ -695,7 +764,10 @@ def _record(item: _Pending, outcome: JobResult, write: bool) -> None:
         if write:
             new_raw = outcome.fixed_source.encode(item.decoded.encoding)
             try:
-                result.path.write_bytes(new_raw)
+                safe_files.write_through(result.path, new_raw, root=item.root)
+            except safe_files.LinkOutOfProject as error:
+                result.error = f"the fixes were not written: {error}"
+                return
             except OSError as error:
                 result.error = f"cannot write the fixes: {error.strerror or error}"
                 return
@@ -737,7 +809,7 @@ def check_source(
     if decoded.problem is not None:
         result.findings = undecodable_finding(decoded.problem, settings)
         return result
-    item = _Pending(result, raw, decoded, settings, None, "", "")
+    item = _Pending(config.root, result, raw, decoded, settings, None, "", "")
     outcome = run_job(Job(0, str(path), decoded.text or "", settings, fix, unsafe_fixes))
     _record(item, outcome, write=False)
     if result.source is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
 import re
@@ -457,11 +458,25 @@ _PARSERS: dict[str, Callable[[str, str, Any], Any]] = {
 KNOWN_KEYS = sorted(_PARSERS)
 
 
-def validate_table(table: dict[str, Any], origin: str) -> dict[str, Any]:
-    """The table with kebab-case keys and typed values; raises ConfigError."""
+_LIST_KEYS = frozenset(key for key, parser in _PARSERS.items() if parser in (_string_list, _selectors))
+
+
+def _no_string_for_a_list(origin: str, key: str, value: object) -> None:
+    """In a TOML file a list is an array: `select = "OOM301"` is a mistake to name (editor
+    settings and shells may give a comma-separated string; a file has no such reason)."""
+    if isinstance(value, str):
+        raise ConfigError(origin, key, f"expected an array of strings such as {json.dumps([value])}, got a string")
+
+
+def validate_table(table: dict[str, Any], origin: str, *, from_file: bool = False) -> dict[str, Any]:
+    """The table with kebab-case keys and typed values; raises ConfigError. `from_file`: a
+    TOML file's table, where a list must be an array."""
     if not isinstance(table, dict):
         raise ConfigError(origin, None, f"expected a table, got {_type_name(table)}")
     normalized = _normalize_keys(table, origin, KNOWN_KEYS)
+    if from_file:
+        for key in _LIST_KEYS & normalized.keys():
+            _no_string_for_a_list(origin, key, normalized[key])
     return {key: _PARSERS[key](origin, key, value) for key, value in normalized.items()}
 
 
@@ -602,8 +617,8 @@ def parse_config_table(
     """A ProjectConfig from a `[tool.oom-lsp]`-shaped table. Pure.
 
     `origin` prefixes error messages, e.g. "pyproject.toml: [tool.oom-lsp]"
-    or "editor settings"."""
-    values = validate_table(table, origin)
+    or "editor settings"; `path`: the file the table is from."""
+    values = validate_table(table, origin, from_file=path is not None)
     return _config_from_values(values, root, path)
 
 
@@ -796,7 +811,7 @@ class ConfigResolver:
             root = self._fallback_root
         else:
             table, origin = _file_table(config_path)
-            file_values = validate_table(table, origin)
+            file_values = validate_table(table, origin, from_file=True)
             root = config_path.parent
         values = dict(file_values)
         project_selects = any(key in file_values for key in self._SELECTION_KEYS)
@@ -854,6 +869,7 @@ def user_config_path(environ: dict[str, str] | None = None) -> Path:
 
 def parse_user_config(table: dict[str, Any], origin: str, path: Path | None = None) -> UserConfig:
     normalized = _normalize_keys(table, origin, USER_CONFIG_KEYS)
+    _no_string_for_a_list(origin, "trusted-projects", normalized.get("trusted-projects", []))
     llm = _llm_table(origin, "llm", normalized.get("llm", {}))
     folders = _string_list(origin, "trusted-projects", normalized.get("trusted-projects", []))
     return UserConfig(path, llm, tuple(Path(os.path.expanduser(folder)) for folder in folders))

@@ -34,11 +34,37 @@ def split_script_arguments(
         options, args.script_args = rest[:cut], rest[cut + 1 :]
     else:
         options, args.script_args = rest, []
-    late = argparse.ArgumentParser(prog=f"oom-lsp {command}", add_help=False)
+    late = argparse.ArgumentParser(prog=f"oom-lsp {command}", add_help=False, exit_on_error=False)
     add_options(late, defaults=False)
-    parsed, unknown = late.parse_known_args(options)
+    try:
+        parsed, unknown = late.parse_known_args(options)
+    except argparse.ArgumentError as error:  # a bad value: `--timeout -1`
+        return str(error)
     if unknown:
         return f"unknown {command} option(s) {' '.join(unknown)}: put the script's own arguments after --"
     for name, value in vars(parsed).items():
         setattr(args, name, value)
     return None
+
+
+def running_line(command: str, script: object, script_args: list[str], python: str) -> str:
+    """What a command that runs the user's code says before it does (on stderr, whatever the
+    output format): the script, its arguments and the interpreter, so that running a
+    project's code is never a surprise."""
+    import shlex
+
+    return f"oom-lsp {command}: running {shlex.join([str(script), *map(str, script_args)])} with {python}"
+
+
+def positive_seconds(value: str) -> float:
+    """An argparse type for a timeout: a positive, finite number of seconds (`--timeout -1`,
+    `0` or `nan` would never stop a run, or stop it at once)."""
+    import math
+
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return seconds

@@ -115,6 +115,14 @@ def test_default_path_is_the_current_folder(project: Path, capsys: pytest.Captur
         (["rule"], "error: give either a rule (code or name) or --all\n"),
         (["rule", "OOM999"], "error: unknown rule 'OOM999'"),
         (["server", "--tcp", "nonsense"], "expected HOST:PORT"),
+        # An empty selection (an unset shell variable) would check nothing and pass.
+        (["--check", "--select", "", "."], "argument --select: expected rule codes, prefixes or names"),
+        (["--check", "--ignore", " , ", "."], "argument --ignore: expected rule codes, prefixes or names"),
+        (["--check", "--estimate-timeout", "-1", "."], "expected a positive number of seconds, got '-1'"),
+        (["estimate", "a.py", "--timeout", "-1"], "argument --timeout: expected a positive number of seconds, got '-1'"),
+        (["estimate", "a.py", "--timeout", "nan"], "argument --timeout: expected a positive number of seconds, got 'nan'"),
+        (["profile", "a.py", "--timeout", "0"], "argument --timeout: expected a positive number of seconds, got '0'"),
+        (["validate", "a.py", "--timeout", "-5"], "argument --timeout: expected a positive number of seconds, got '-5'"),
     ],
 )
 def test_usage_errors_exit_2_without_traceback(

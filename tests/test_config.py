@@ -476,3 +476,24 @@ def test_the_user_config_file(tmp_path: Path) -> None:
     path.write_text("trust = []\n")
     with pytest.raises(ConfigError, match="trust: unknown key; known keys: llm, trusted-projects"):
         load_user_config(path)
+
+
+def test_a_string_where_a_toml_file_needs_an_array_is_an_error_naming_the_key(tmp_path: Path) -> None:
+    """`select = "OOM301"` in a file is a slip (editor settings and shells may give a
+    comma-separated string; a file has arrays)."""
+    pyproject = tmp_path / "pyproject.toml"
+    for key in ("select", "ignore", "extend-exclude"):
+        pyproject.write_text(f'[tool.oom-lsp]\n{key} = "OOM301"\n')
+        with pytest.raises(ConfigError) as error:
+            ConfigResolver().resolve(tmp_path / "a.py")
+        assert str(error.value).endswith(
+            f'pyproject.toml: [tool.oom-lsp] {key}: expected an array of strings such as ["OOM301"], got a string'
+        )
+    user = tmp_path / "config.toml"
+    user.write_text('trusted-projects = "~/src"\n')
+    with pytest.raises(ConfigError, match=r"trusted-projects: expected an array of strings"):
+        load_user_config(user)
+    # Editor settings may still send a comma-separated string.
+    pyproject.unlink()
+    resolver = ConfigResolver(defaults={"select": "OOM301,OOM501"}, fallback_root=tmp_path)
+    assert resolver.resolve(tmp_path / "b.py").enabled == frozenset({"OOM301", "OOM501"})

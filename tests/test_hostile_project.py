@@ -7,7 +7,12 @@ variable, AWS_SECRET_ACCESS_KEY; its fix log is `../stolen.md`. The user enabled
 in their own config file, for their own server and key. Nothing may reach the
 repository's server, no environment value may reach either server (the user's key goes
 to the user's server, as its bearer token, and nowhere else), and nothing may be written
-outside the repository."""
+outside the repository.
+
+Then the repository of tests/hostile_repo.py (issue 28): a budget gate naming a script of
+its own, modules that shadow the standard library's, a pickle that runs a command, links
+where oom-lsp writes and a file libcst's parser dies of; under every command a user runs
+there and in the server, nothing of it runs and nothing outside it changes."""
 
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ CANARIES = {
     "OPENAI_API_KEY": "openai-canary-abcdefghijklmnop",
 }
 USER_KEY = "user-own-key-0123456789"
+SECRET_CANARY = CANARIES["AWS_SECRET_ACCESS_KEY"]
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -182,3 +188,78 @@ def test_symbolic_links_the_repository_plants_lead_nowhere_outside_it(world: dic
     assert snapshot_outside(world["root"], clone) == before
     assert list((home / "elsewhere").iterdir()) == []
     assert_nothing_leaked(world)
+
+
+# --- Issue 28: nothing of a cloned repository runs, nothing outside it is written ------------------
+
+
+@pytest.fixture
+def hostile(tmp_path: Path):
+    from tests.hostile_repo import plant
+
+    return plant(tmp_path)
+
+
+def test_no_command_runs_the_repository_or_writes_outside_it(hostile):
+    """The planted files of tests/hostile_repo.py under every command a user runs in a fresh
+    clone; each command's own answer is checked, and after each: no marker, nothing changed
+    outside the repository."""
+    from tests.hostile_repo import CLI_COMMANDS
+
+    before = hostile.outside()
+    answers = {}
+    for name, argv in CLI_COMMANDS.items():
+        answers[name] = done = hostile.run(*argv)
+        assert "Traceback" not in done.stderr, (name, done.stderr)
+        assert hostile.markers_written() == [], (name, done.stdout, done.stderr)
+        assert hostile.outside() == before, name
+
+    check = answers["--check"]
+    assert check.returncode == 2  # the budget gate did not answer: not a silent pass
+    assert "deep.py:2:205: OOM000 SyntaxError: too many nested parentheses" in check.stdout
+    assert "train.py:11:9: OOM301" in check.stdout
+    assert "warning: shared.py: not checked: a symbolic link to" in check.stderr
+    assert "asks to run its estimate-scripts (evil.py --epochs 1), the project's own code: not run" in check.stderr
+    fixed = answers["--check --fix"]
+    assert "3 fixed" in fixed.stdout and fixed.returncode == 2
+    assert "total_loss += loss.detach()" in (hostile.clone / "train.py").read_text()
+    assert answers["prompt"].returncode == 0 and "## Context" in answers["prompt"].stdout
+    assert answers["rule"].returncode == 0
+    imported = answers["profile --import"]
+    assert imported.returncode == 2
+    assert "a memory snapshot holds only plain data; this pickle wants posix.system" in imported.stderr
+    assert answers["compare"].returncode == 0 and "-300.00 MiB (-50.0 %)" in answers["compare"].stdout
+    assert answers["explain"].returncode == 0
+    assert SECRET_CANARY not in "".join(done.stdout + done.stderr for done in answers.values())
+
+
+def test_profile_import_writes_no_report_through_the_links(hostile):
+    """`profile --import` writes `.oom_lsp/profile/report.json`, where the repository put a link
+    to ~/.bashrc (and another at the fixed temporary name the report used to go through)."""
+    import pickle
+
+    from tests.profiling.test_commands import snapshot_fixture
+
+    (hostile.clone / "plain.pickle").write_bytes(pickle.dumps(snapshot_fixture()))
+    before = hostile.outside()
+    done = hostile.run("profile", "--import", "plain.pickle")
+    assert done.returncode == 0, done.stderr
+    report = hostile.clone / ".oom_lsp" / "profile" / "report.json"
+    assert not report.is_symlink() and json.loads(report.read_text())["status"] == "imported"
+    assert hostile.outside() == before
+
+
+def test_the_server_opens_every_planted_file_and_runs_none(hostile):
+    from tests.hostile_repo import open_in_server
+
+    before = hostile.outside()
+    answered = open_in_server(hostile)
+    assert answered["alive_after_each"] and answered["exit_code"] == 0
+    files = answered["files"]
+    assert files["deep.py"]["codes"] == ["OOM000"]
+    assert files["train.py"]["codes"] == ["OOM201", "OOM301", "OOM501"]
+    assert all(entry["actions_answered"] for entry in files.values())
+    assert answered["explain"]["errors"][0]["frame"]["line"] == 9  # answered; its file not written
+    assert not list((hostile.home / "folder").iterdir())
+    assert hostile.markers_written() == []
+    assert hostile.outside() == before

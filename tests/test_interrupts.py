@@ -105,3 +105,15 @@ def test_a_terminal_that_hangs_up_kills_the_script_and_exits_129(tmp_path, comma
         for pid in pids:
             if console.alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_an_interrupted_profile_leaves_no_empty_folder_it_created(tmp_path):
+    script, record = console.write_hanging_script(tmp_path)
+    (tmp_path / "runs").mkdir()  # there before: stays
+    args = ["profile", "train.py", "--device", "cpu", "--out", "runs/new/profile"]
+    with console.started(args, tmp_path, record) as (process, script_pids):
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == 130, err
+        console.assert_all_gone(script_pids, console.killed_groups(err))
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == []

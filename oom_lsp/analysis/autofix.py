@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from oom_lsp import python_ast
 from oom_lsp.analysis.engine import analyze
 from oom_lsp.analysis.findings import Finding, Fix
 from oom_lsp.analysis.settings import LintSettings
@@ -21,7 +22,7 @@ MAX_PASSES = 10
 
 def _parses(source: str) -> bool:
     try:
-        cst.parse_module(source)
+        python_ast.parse_module(source)
     except (cst.ParserSyntaxError, RecursionError):
         return False
     return True

@@ -41,6 +41,7 @@ from oom_lsp.edits import (
     Range,
     Replace,
     TextEdit,
+    split_lines,
 )
 
 # Files that mention none of these cannot contain a finding of any rule
@@ -191,7 +192,14 @@ def _syntax_error(error: cst.ParserSyntaxError, source: str, settings: LintSetti
         message = python[2]
     elif message.startswith("expected one of") and message.count(",") >= _MOST_EXPECTED_SHOWN:
         message = "invalid syntax"
-    return _syntax_error_at(error.raw_line, error.raw_column, message, settings)
+    # libcst's raw column can lie past the end of its raw line (seen: 11 on a 5-character line,
+    # the column of the position its message names on the line before): it is put on the
+    # line's last character, where an editor can draw it and where the CLI then says it is.
+    lines = split_lines(source)
+    column = error.raw_column
+    if 0 < error.raw_line <= len(lines):
+        column = min(column, max(len(lines[error.raw_line - 1]) - 1, 0))
+    return _syntax_error_at(error.raw_line, column, message, settings)
 
 
 def _syntax_error_at(line: int, column: int, message: str, settings: LintSettings) -> list[Finding]:

@@ -39,7 +39,10 @@ class ParsedSource(NamedTuple):
 
 
 def parse_whole(source: str) -> ParsedSource:
-    return ParsedSource(cst.parse_module(source), None)
+    """libcst's parse of the whole text, after python_ast.check_nesting (CPython's tree, when
+    CPython accepts the text, is kept for the positions)."""
+    statements = python_ast.check_nesting(source)
+    return ParsedSource(cst.parse_module(source), statements)
 
 
 class IncrementalParser:
@@ -62,6 +65,7 @@ class IncrementalParser:
                 statements = python_ast.parse(source)
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 return parse_whole(source)
+        python_ast.check_nesting(source, statements)
         texts = _chunk_texts(source, statements)
         if len(texts) < 2:
             return ParsedSource(cst.parse_module(source), statements, self._positions)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import oom_lsp
+from oom_lsp.script_args import positive_seconds
 
 FEATURE_COMMANDS: tuple[str, ...] = (
     "oom_lsp.cli.profile",
@@ -89,7 +90,9 @@ def _install_stop_handlers() -> None:
 
 
 def _error(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    from oom_lsp.output import printable  # a path or a configuration value may hold controls
+
+    print(printable(f"error: {message}"), file=sys.stderr)
 
 
 def _last_words(message: str) -> None:
@@ -112,7 +115,10 @@ def _last_words(message: str) -> None:
 
 
 def _selectors(value: str) -> list[str]:
-    return [part.strip() for part in value.split(",") if part.strip()]
+    selectors = [part.strip() for part in value.split(",") if part.strip()]
+    if not selectors:  # `--select ''` (an unset shell variable) would silently check nothing
+        raise argparse.ArgumentTypeError(f"expected rule codes, prefixes or names (OOM301,OOM3,ALL), got {value!r}")
+    return selectors
 
 
 def _tcp_address(value: str) -> str:
@@ -216,7 +222,7 @@ def _add_budget_options(check: argparse.ArgumentParser) -> None:
     )
     gate.add_argument(
         "--estimate-timeout",
-        type=float,
+        type=positive_seconds,
         metavar="S",
         help="seconds before a script's estimate is killed (default 300; key: estimate-timeout)",
     )
@@ -416,11 +422,16 @@ def _budget_gate(args: argparse.Namespace, resolver: Any, skip: bool) -> Any:
                 f"--{given[0].replace('_', '-')}: the budget gate does not run with stdin or --diff"
             )
         return None
+    from oom_lsp.config import load_user_config
     from oom_lsp.usecases.budget import BudgetError, gate_settings
 
+    config = resolver.resolve_folder(Path.cwd())
+    asked = any(value is not None for value in (config.budget, config.budget_baseline, args.budget, args.baseline))
+    # The user's own trusted-projects, read only when the project's own scripts would run.
+    runs_project_scripts = asked and bool(config.estimate_scripts) and not args.estimate_script
     try:
         return gate_settings(
-            resolver.resolve_folder(Path.cwd()),
+            config,
             budget=args.budget,
             scripts=args.estimate_script,
             baseline=args.baseline,
@@ -428,19 +439,25 @@ def _budget_gate(args: argparse.Namespace, resolver: Any, skip: bool) -> Any:
             update_baseline=args.update_baseline,
             timeout=args.estimate_timeout,
             python=args.python,
+            trusted=runs_project_scripts and load_user_config().trusts(config.root),
         )
     except BudgetError as error:
         raise UsageError(str(error)) from None
 
 
-def _gate_display(live: bool) -> Any:
-    """The budget gate's progress: the estimate's status line per script (on a terminal)."""
+def _gate_display(live: bool, announce: bool, python: str) -> Any:
+    """The budget gate's progress: which script runs (unless -q), then the estimate's status
+    line per script (on a terminal)."""
     from contextlib import contextmanager
 
     from oom_lsp.cli.estimate import EstimateDisplay
+    from oom_lsp.script_args import running_line
+    from oom_lsp.usecases.budget import _shown
 
     @contextmanager
     def display(entry: Any) -> Any:
+        if announce:
+            sys.stderr.write(running_line("check: budget gate", _shown(entry.script), list(entry.args), python) + "\n")
         line = EstimateDisplay(sys.stderr, f"budget gate: {entry.entry}", quiet=not live)
         with line:
             yield line.listener()
@@ -455,7 +472,7 @@ def _run_budget_gate(args: argparse.Namespace, gate: Any, results: list[Any]) ->
     from oom_lsp.usecases.budget import run_gate
 
     _install_stop_handlers()
-    outcome = run_gate(gate, _gate_display(live=sys.stderr.isatty()))
+    outcome = run_gate(gate, _gate_display(live=sys.stderr.isatty(), announce=not args.quiet, python=gate.python))
     by_path = {os.path.abspath(result.path): result for result in results}
     for path, finding in outcome.located:
         result = by_path.get(os.path.abspath(path))
@@ -513,6 +530,10 @@ def _check_paths(
 
 def _report_file_errors(results: list[Any], *, verbose: bool) -> None:
     for result in results:
+        if result.notice is not None:
+            from oom_lsp.output import printable
+
+            print(printable(f"warning: {result.display}: {result.notice}"), file=sys.stderr)
         if result.error is not None:
             _error(f"{result.display}: {result.error}")
         if result.internal_error is not None:

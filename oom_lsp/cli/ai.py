@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from oom_lsp.script_args import positive_seconds
+
 EXIT_OK, EXIT_NO_FIX, EXIT_ERROR = 0, 1, 2
 
 
@@ -78,7 +80,7 @@ def add_parsers(subparsers: Any) -> None:
         "--python", default=sys.executable, help="the interpreter with your torch (default: this one)"
     )
     validate.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds before the run is killed (default 600)"
+        "--timeout", type=positive_seconds, default=600.0, help="seconds before the run is killed (default 600)"
     )
     validate.add_argument(
         "--out", type=Path, default=Path(".oom_lsp/validate"), help="output folder of a profile run"
@@ -333,7 +335,12 @@ def _apply(
         )
     result = outcome.proposal
     # The same encoding (a BOM stays) and, in the text, the file's own line endings.
-    args.script.write_bytes(result.edit.new_text.encode(encoding))
+    from oom_lsp import safe_files
+
+    try:
+        safe_files.write_through(args.script, result.edit.new_text.encode(encoding), root=config.root)
+    except OSError as error:
+        return _fail(f"{args.script} was not changed: {error.strerror or error}", err)
     display = _display(args.script, config.root)
     reason = log_applied(
         result, log, display, settings.host, None if args.fix_log is not None else config.root
@@ -372,7 +379,12 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         if args.after is not None:
             result = validate.compare(before, validate.read_measurement(args.after))
         else:
+            from oom_lsp.script_args import running_line
+
+            data = before.data
+            argv = list((data.argv if before.kind == "profile" else data.get("args")) or [])
             err.write(f"oom-lsp: re-running the {before.kind} of {args.script}\n")
+            err.write(running_line("validate", args.script, argv, args.python) + "\n")
             result = validate.measure(
                 args.script, before, python=args.python, timeout=args.timeout, out=args.out
             )
@@ -422,6 +434,7 @@ def _record(args: argparse.Namespace, result: Any, out: TextIO) -> None:
 
     config = _config(args.script)
     log = _fix_log(args, _llm_settings(config), config)
-    entry = record(result, log, _display(args.script, config.root))
+    root = None if args.fix_log is not None else config.root
+    entry = record(result, log, _display(args.script, config.root), root=root)
     if entry:
         out.write(f"recorded in {log} (entry {entry})\n")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from oom_lsp.cli.live import LiveLine
-from oom_lsp.script_args import split_script_arguments
+from oom_lsp.script_args import positive_seconds, running_line, split_script_arguments
 
 if TYPE_CHECKING:
     from oom_lsp.estimate.results import EstimateResult, Prediction, Sweep
@@ -113,7 +113,7 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         "(default 10%%; 0.1 or 10%%)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=default(300.0), help="seconds before the run is killed (default 300)"
+        "--timeout", type=positive_seconds, default=default(300.0), help="seconds before the run is killed (default 300)"
     )
     parser.add_argument(
         "--list-gpus", action="store_true", default=default(False), help="print the GPU catalogue and exit"
@@ -205,6 +205,7 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     except ValueError as error:  # a world size or an option that needs one
         err.write(f"oom-lsp estimate: {error}\n")
         return EXIT_ERROR
+    err.write(running_line("estimate", args.script, list(args.script_args), args.python) + "\n")
     if args.what_if:
         return run_what_if(args, request, config, out, err)
     return _estimate(args, request, out, err)
@@ -345,6 +346,7 @@ class EstimateDisplay(LiveLine):
         self.batch: int | None = None
         self.steps = 0
         self.phase = "starting Python and importing torch"
+        self.search: str | None = None  # --find-max-batch's check under way
 
     def listener(self, **more: Any) -> Listener:
         """What the use case tells this display while it runs."""
@@ -367,6 +369,8 @@ class EstimateDisplay(LiveLine):
             self.phase = "tracing" if self.steps < self.STEPS else "traced"
         elif kind == "run":
             self.phase = "reading the trace"
+        elif kind == "search-check":
+            self.search = f"search: check {event['check']} of at most {event['of']}"
         if self.tty:
             self.draw()
 
@@ -378,6 +382,8 @@ class EstimateDisplay(LiveLine):
         parts = [self.phase, f"{self.steps}/{self.STEPS} optimizer steps", f"{self.elapsed:.1f} s"]
         if self.trace:
             parts.insert(0, f"trace {self.trace}" + (f" (batch {self.batch:,})" if self.batch else ""))
+        if self.search:
+            parts.insert(0, self.search)
         return f"{self.label}: {' · '.join(parts)}"
 
 
@@ -557,6 +563,11 @@ def _write_search(search: Any, out: TextIO) -> None:
         if search.next_checked:
             bound = _BOUNDS[search.bound].format(batch=search.next_checked)
             out.write(f"    bound by {bound}\n")
+        elif search.bound == "search limit":
+            out.write(
+                f"    bound by the search, which stops at {search.search_limit:,}: the memory line "
+                f"alone gives {search.line_max_batch:,} (estimate a larger one with --batch-size N)\n"
+            )
         else:
             out.write("    bound by memory: the line's answer, checked by a fake run\n")
         if search.explanation:

@@ -19,7 +19,7 @@ from oom_lsp.cli.live import LiveLine
 from oom_lsp.config import ConfigError
 from oom_lsp.profiling.oom_messages import describe
 from oom_lsp.profiling.report import Report, ReportError, mismatches, read_report
-from oom_lsp.script_args import split_script_arguments
+from oom_lsp.script_args import positive_seconds, running_line, split_script_arguments
 from oom_lsp.units import format_bytes
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
@@ -82,7 +82,7 @@ def _add_profile_options(parser: argparse.ArgumentParser, defaults: bool) -> Non
         "--python", default=default(sys.executable), help="the interpreter with your torch (default: this one)"
     )
     parser.add_argument(
-        "--timeout", type=float, default=default(600.0), help="seconds before the run is killed (default 600)"
+        "--timeout", type=positive_seconds, default=default(600.0), help="seconds before the run is killed (default 600)"
     )
     parser.add_argument("--out", type=Path, default=default(Path(".oom_lsp/profile")), help="output folder")
     parser.add_argument(
@@ -152,6 +152,7 @@ def run_profile(args: argparse.Namespace) -> int:
         script=args.script, out=args.out, script_args=args.script_args, steps=args.steps,
         device=args.device, python=args.python, timeout=args.timeout,
     )
+    print(running_line("profile", args.script, args.script_args, args.python), file=sys.stderr)
     display = ProgressDisplay(sys.stderr, args.steps, f"profiling {args.script.name}")
     try:
         with display:
@@ -184,7 +185,10 @@ def _import(args: argparse.Namespace) -> int:
         return _error(f"{args.import_file}: no such file")
     except ImportFormatError as exc:
         return _error(str(exc))
-    report.write(args.out / "report.json")
+    try:
+        report.write(args.out / "report.json", root=Path.cwd())
+    except OSError as error:
+        return _error(f"cannot write the report: {error.strerror or error}")
     print_summary(report, args.out, sys.stdout)
     return EXIT_OK
 

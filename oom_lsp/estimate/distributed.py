@@ -69,15 +69,17 @@ print(json.dumps({"environment": {name: value for name, value in environment.ite
 def accelerate_environment(python: str, config: Path, world_size: int, nproc_per_node: int | None) -> dict:
     """accelerate's variables for `config` (its YAML or JSON config file), or WorldSizeError."""
     import json
+    import os
     import subprocess
+
+    from oom_lsp.probes import run_probe
 
     per_node = min(nproc_per_node or world_size, world_size)
     try:
-        done = subprocess.run(
-            [python, "-c", _ACCELERATE_ENVIRONMENT, str(config), str(world_size), str(per_node)],
-            check=False,
-            capture_output=True,
-            text=True,
+        done = run_probe(  # from an empty folder: no module of the project is imported
+            python,
+            _ACCELERATE_ENVIRONMENT,
+            [os.path.abspath(config), str(world_size), str(per_node)],
             timeout=120,
         )
     except (OSError, subprocess.TimeoutExpired) as error:

@@ -601,8 +601,9 @@ class MaxBatchSearch:
     max_batch: int | None = None
     reason: str | None = None
     line_max_batch: int | None = None  # the line's own answer (absent when the peak does not grow)
+    search_limit: int | None = None  # the largest batch the search tries (absent when it did not search)
     verified: Prediction | None = None
-    bound: str | None = None  # "memory" or "data": what stops a larger batch
+    bound: str | None = None  # "memory", "data" or "search limit": what stops a larger batch
     next_checked: int | None = None
     checks: int | None = None
     explanation: str | None = None  # why the answer is not the line's
@@ -622,6 +623,8 @@ class MaxBatchSearch:
         if self.line_max_batch is not None:
             data["line_max_batch"] = self.line_max_batch
         data["max_batch"] = self.max_batch
+        if self.search_limit is not None:
+            data["search_limit"] = self.search_limit
         if self.verified is None:
             data["reason"] = self.reason
             return data
@@ -648,6 +651,7 @@ class MaxBatchSearch:
             max_batch=data.get("max_batch"),
             reason=data.get("reason"),
             line_max_batch=data.get("line_max_batch"),
+            search_limit=data.get("search_limit"),
             verified=Prediction.from_json(verified) if verified is not None else None,
             bound=data.get("bound"),
             next_checked=data.get("next_checked"),

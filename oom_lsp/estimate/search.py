@@ -43,6 +43,11 @@ def accumulation_steps(batch: int, largest: int) -> int:
 
 
 _MAX_CHECKS = 8
+# The largest batch --find-max-batch tries. On a small model the memory line alone answers
+# tens of thousands, and a fake run at such a batch still builds and collates every sample
+# (over ten minutes for one check): past this the answer is "this many fit, the search stops
+# here" (docs/estimate.md). Per-GPU batches of training recipes stay well below it.
+MAX_SEARCHED_BATCH = 8192
 
 
 @dataclass
@@ -147,9 +152,16 @@ def _search_largest_fitting(
     if base.needed_bytes <= budget:
         search.fitting = (base_batch, base)
     next_batch: int | None = candidate
+    if progress:
+        progress(
+            f"searching for the largest batch that fits, up to {MAX_SEARCHED_BATCH:,} "
+            f"(at most {_MAX_CHECKS} fake runs)"
+        )
     while next_batch is not None and search.checks < _MAX_CHECKS:
-        if progress:
-            progress(f"checking batch size {next_batch} with a fake run")
+        if options.on_event:  # the progress line (not one line per candidate)
+            options.on_event(
+                {"event": "search-check", "batch_size": next_batch, "check": search.checks + 1, "of": _MAX_CHECKS}
+            )
         (trace,) = traces(options, [{"batch_size": next_batch}])
         search.checks += 1
         if trace.failed:
@@ -259,7 +271,10 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
         result.max_batch = 0
         result.reason = f"even batch size 1 does not keep {result.limit}: the model states alone need more"
         return EstimateResult(first, result)
-    search = _search_largest_fitting(options, first, batches[0], line_answer, budget, progress)
+    result.search_limit = MAX_SEARCHED_BATCH
+    search = _search_largest_fitting(
+        options, first, batches[0], min(line_answer, MAX_SEARCHED_BATCH), budget, progress
+    )
     if search.fitting is None:
         reason = f"no batch size checked by a fake run keeps {result.limit}"
         if search.no_steps is not None and search.too_large is None:
@@ -272,7 +287,8 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
     upper = search.upper()
     result.max_batch = largest
     result.verified = verified
-    result.bound = upper[0] if upper else "memory"
+    at_limit = upper is None and largest == MAX_SEARCHED_BATCH < line_answer
+    result.bound = upper[0] if upper else ("search limit" if at_limit else "memory")
     result.next_checked = upper[1] if upper else None
     result.checks = search.checks
     result.explanation = _why_not_the_line(search, largest, line_answer, batches, first)

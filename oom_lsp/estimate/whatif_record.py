@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
+from oom_lsp import safe_files
 from oom_lsp.estimate.results import WhatIfCheck, WhatIfTable
 
 RECORD_FOLDER = Path(".oom_lsp_cache") / "what-if"
@@ -35,17 +35,12 @@ def _record_path(root: Path, script: str) -> Path:
 def save_record(root: Path, table: WhatIfTable) -> None:
     """Kept for the next estimate's comparison; a read-only project only loses that."""
     path = _record_path(root, table.script)
-    if not os.path.realpath(path).startswith(os.path.realpath(root) + os.sep):
-        return  # the cache folder is a link out of the project: nothing is written through it
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        top = root / RECORD_FOLDER.parent
-        if not (top / ".gitignore").exists():
-            (top / ".gitignore").write_text("# Created by oom-lsp automatically.\n*\n", encoding="utf-8")
-        descriptor, temporary = tempfile.mkstemp(suffix=".tmp", dir=path.parent)
-        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-            json.dump(table.to_json(), stream)
-        os.replace(temporary, path)
+    try:  # nothing through a link out of the project (oom_lsp.safe_files)
+        safe_files.make_folder(path.parent, root)
+        safe_files.create_new(
+            root / RECORD_FOLDER.parent / ".gitignore", "# Created by oom-lsp automatically.\n*\n", root=root
+        )
+        safe_files.write_file(path, json.dumps(table.to_json()), root=root)
     except OSError:
         return
 

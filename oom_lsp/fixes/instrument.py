@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from oom_lsp import python_ast
 from oom_lsp.edits import Position, Range, TextEdit, line_starts, split_lines
 from oom_lsp.fixes.codegen import code_at_indent
 
@@ -66,7 +67,7 @@ class _Facts:
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self.module = cst.parse_module(source)
+        self.module = python_ast.parse_module(source)
         wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
         self.positions = wrapper.resolve(PositionProvider)
         self.parents = wrapper.resolve(ParentNodeProvider)

@@ -19,6 +19,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from oom_lsp import python_ast
 from oom_lsp.analysis.context import ImportMap
 from oom_lsp.llm.edits import Region
+from oom_lsp.probes import run_probe
 
 PROBE_TIMEOUT = 30.0
 _PROBE = r"""
@@ -61,9 +62,7 @@ class EnvironmentFacts:
 def probe_environment(python: str, timeout: float = PROBE_TIMEOUT) -> EnvironmentFacts:
     """Python, torch, CUDA and GPU as the user's interpreter sees them."""
     try:
-        completed = subprocess.run(
-            [python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-        )
+        completed = run_probe(python, _PROBE, timeout=timeout)  # from an empty folder: no project module
     except subprocess.TimeoutExpired:
         return EnvironmentFacts(problem=f"{python} did not answer within {timeout:g} s")
     except OSError as error:

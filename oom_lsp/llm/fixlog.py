@@ -19,11 +19,12 @@ from __future__ import annotations
 import os
 import re
 import secrets as random_ids
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from oom_lsp import safe_files
+from oom_lsp.llm.secrets import redact
 from oom_lsp.units import format_bytes
 
 HEADER = (
@@ -140,32 +141,24 @@ def append_entry(log: Path, entry: FixLogEntry, root: Path | None = None) -> Non
     checked_log_path(log, root)
     existing = log.read_text(encoding="utf-8") if log.exists() else ""
     text = (existing or HEADER).rstrip("\n") + "\n" + render_entry(entry)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    _replace_contents(log, text)
+    safe_files.make_folder(log.parent, root)
+    _replace_contents(log, text, root)
 
 
-def _replace_contents(log: Path, text: str) -> None:
-    """Write `text` to `log` through a temporary file of a fresh, unpredictable name
-    (O_EXCL): a fixed name such as `OOM_FIXES.md.tmp` could be a symbolic link a cloned
-    repository planted, and writing through it would overwrite any file of the user's.
-    A log that is a link inside the project (checked by `checked_log_path`) stays one."""
-    log = Path(os.path.realpath(log))
-    mode = log.stat().st_mode & 0o777 if log.exists() else 0o644  # mkstemp's own is 0o600
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{log.name}.", suffix=".tmp", dir=log.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.chmod(temporary, mode)
-        os.replace(temporary, log)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+def _replace_contents(log: Path, text: str, root: Path | None) -> None:
+    """Write `text` to `log` (oom_lsp.safe_files): through a temporary file of a fresh,
+    unpredictable name, never a fixed one such as `OOM_FIXES.md.tmp` that a cloned
+    repository could have planted as a link to the user's files; a log that is a link
+    inside the project stays one."""
+    safe_files.write_through(log, text, root=root)
 
 
-def record_figures(log: Path, file: str, figures: Figures, entry_id: str | None = None) -> str | None:
+def record_figures(
+    log: Path, file: str, figures: Figures, entry_id: str | None = None, root: Path | None = None
+) -> str | None:
     """Fill in the figures of entry `entry_id`, or of the latest entry for `file` that has
     none yet. Returns the id of the entry updated, or None when there is none (or `log`
-    is not a fix log)."""
+    is not a fix log). `root`: the project, which no link may lead `log` out of."""
     if not log.exists() or not _is_fix_log(log):
         return None
     text = log.read_text(encoding="utf-8")
@@ -188,6 +181,6 @@ def record_figures(log: Path, file: str, figures: Figures, entry_id: str | None 
         updated = (
             text[:start] + f"- Peak before / after: {figures.render()}" + text[marker.end() + line.end() :]
         )
-        _replace_contents(log, updated)
+        _replace_contents(log, updated, root)
         return marker["id"]
     return None

@@ -21,6 +21,7 @@ from typing import Any
 
 import libcst as cst
 
+from oom_lsp import python_ast
 from oom_lsp.analysis.engine import analyze
 from oom_lsp.analysis.findings import Finding
 from oom_lsp.analysis.registry import rule_for
@@ -205,7 +206,7 @@ def _shrinking_limits() -> list[_Limits]:
 def build_prompt(request: FixRequest, response_format: str = "text", budget: int = TOKEN_BUDGET) -> Prompt:
     """The prompt for `request`, within `budget` tokens if it can be made to fit."""
     try:
-        module = cst.parse_module(request.text)
+        module = python_ast.parse_module(request.text)
     except cst.ParserSyntaxError as error:
         raise PromptError(
             f"{request.path} does not parse (line {error.raw_line}): fix the syntax first"

@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from oom_lsp import python_ast
 from oom_lsp.analysis import registry
 from oom_lsp.analysis.findings import Finding, Fix
 from oom_lsp.analysis.settings import LintSettings
@@ -263,7 +264,7 @@ def _syntax_error(text: str) -> tuple[int, int, str] | int:
     import libcst as cst
 
     try:
-        module = cst.parse_module(text)
+        module = python_ast.parse_module(text)
     except (cst.ParserSyntaxError, RecursionError):
         return problem
     return len(module.body)

@@ -17,6 +17,7 @@ from oom_lsp.output.base import (
     applicable_fix,
     located,
     location,
+    printable,
 )
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "applicable_fix",
     "located",
     "location",
+    "printable",
     "renderer",
     "rule_url",
 ]

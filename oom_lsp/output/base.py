@@ -76,3 +76,19 @@ class NotebookPositions:
 def located(files: Sequence[CheckedFile]) -> list[tuple[CheckedFile, Finding]]:
     """Every finding with its file, in file order then position order."""
     return [(file, finding) for file in files for finding in file.findings]
+
+
+# What a terminal would act on rather than show: C0 controls (ESC starts the sequences that
+# retitle a terminal or move its cursor) and DEL as their Unicode "control pictures", as Ruff
+# draws them (ESC as U+241B); C1 controls and the bidirectional overrides and isolates
+# (which reorder the rest of the line, "Trojan Source") as U+FFFD. One character each: the
+# carets under a code frame keep their columns. Tabs stay.
+_UNPRINTABLE = {code: 0x2400 + code for code in range(0x20) if code != 0x09}
+_UNPRINTABLE[0x7F] = 0x2421
+_UNPRINTABLE.update({code: 0xFFFD for code in range(0x80, 0xA0)})
+_UNPRINTABLE.update({code: 0xFFFD for code in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+
+
+def printable(text: str) -> str:
+    """`text` as the human formats print it: nothing in it acts on the terminal."""
+    return text.translate(_UNPRINTABLE)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from oom_lsp.analysis.findings import Finding
 from oom_lsp.edits import split_lines
-from oom_lsp.output.base import CheckedFile, RenderOptions, applicable_fix, located, location
+from oom_lsp.output.base import CheckedFile, RenderOptions, applicable_fix, located, location, printable
 
 CONTEXT_LINES = 1
 
@@ -59,7 +59,8 @@ def _block(file: CheckedFile, finding: Finding, options: RenderOptions, source: 
     if finding.fix is not None:
         qualifier = "" if finding.fix.is_safe else " (unsafe: review it; applied only with --unsafe-fixes)"
         out.append(f"help: {finding.fix.title}{qualifier}")
-    return "\n".join(out) + "\n"
+    # The file's own characters (a comment can hold an escape sequence) never reach the terminal.
+    return "\n".join(printable(line) for line in out) + "\n"
 
 
 def _frame(lines: list[str], finding: Finding) -> list[str]:

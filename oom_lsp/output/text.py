@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oom_lsp.output.base import CheckedFile, RenderOptions, applicable_fix, located, location
+from oom_lsp.output.base import CheckedFile, RenderOptions, applicable_fix, located, location, printable
 
 
 def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:
@@ -18,4 +18,4 @@ def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:
         )
         if options.show_fix_titles and finding.fix is not None:
             lines.append(f"    help: {finding.fix.title} ({finding.fix.applicability.value} fix)")
-    return "".join(line + "\n" for line in lines)
+    return "".join(printable(line) + "\n" for line in lines)

@@ -48,6 +48,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from oom_lsp import safe_files
 from oom_lsp.profiling import watchdog
 from oom_lsp.profiling.keepalive import KeepCodeAlive
 from oom_lsp.profiling.oom_messages import Frame, from_exception, is_user_file
@@ -86,10 +87,123 @@ def is_profiled_user_file(path: str) -> bool:
     return is_user_file(path) and not path.startswith(_PACKAGE_ROOT)
 
 
+class SetupPlaces:
+    """Where the parameters and buffers registered before training were created (the user's
+    line, the module), from torch's global registration hooks: the setup recording has no
+    Python stacks, and parameters are most of what a script allocates before it trains.
+    Settled into storage pointers when training starts (after `.to(device)` moved them)."""
+
+    def __init__(self, torch: Any) -> None:
+        self._created: list[tuple[Any, tuple[str, int, str], int]] = []
+        self.by_pointer: dict[int, tuple[tuple[str, int, str], int]] = {}
+        self.handles: list[Any] = []
+        module = torch.nn.modules.module
+        for name in ("register_module_parameter_registration_hook", "register_module_buffer_registration_hook"):
+            register = getattr(module, name, None)  # torch >= 2.0
+            if register is not None:
+                self.handles.append(register(self.hook))
+
+    def hook(self, module: Any, name: str, tensor: Any) -> None:
+        if tensor is None:
+            return
+        frame = sys._getframe(1)
+        while frame is not None and not is_profiled_user_file(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is not None:
+            where = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+            self._created.append((weakref.ref(tensor), where, id(module)))
+
+    def settle(self) -> None:
+        for reference, where, module in self._created:
+            tensor = reference()
+            if tensor is None:
+                continue
+            try:
+                pointer = int(tensor.untyped_storage().data_ptr())
+            except (RuntimeError, AttributeError):
+                continue
+            self.by_pointer.setdefault(pointer, (where, module))
+        self._created.clear()
+        for handle in self.handles:
+            handle.remove()
+
+
+class Phases:
+    """Two recordings, so that what a script does before it trains costs next to nothing.
+
+    From the script's first line, `setup`: torch's allocation events only, no Python stacks
+    (a million prints before training made a 271 MB trace and 1.9 GiB of memory when every
+    Python call was recorded). From the moment training starts (an optimizer is created, or a
+    module runs its first forward pass; else the end of the first optimizer step), `training`:
+    shapes, Python stacks and, on CUDA, the allocator's history for the snapshot. The setup's
+    live allocations still count in the peaks (analyse_allocations)."""
+
+    def __init__(self, torch: Any, activities: list[Any], use_cuda: bool) -> None:
+        self.torch = torch
+        self.use_cuda = use_cuda
+        self.places = SetupPlaces(torch)
+        self.setup = torch.profiler.profile(activities=activities, profile_memory=True)
+        self.training = torch.profiler.profile(
+            activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+        )
+        self.started = False
+        self.stopped = False
+        # The frames on the stack when training's recording starts are named by the line they
+        # were at ("train.py(23): <module>"), the others by their def line ("train.py(0):
+        # <module>"): the names of the first kind, renamed to the second (flame graph stacks).
+        self.frame_names: dict[str, str] = {}
+
+    def pre_hook(self, module: Any, args: Any) -> None:
+        if not self.started:
+            self.start_training()
+
+    def watch_optimizers(self) -> Any:
+        """Start training's recording when an optimizer is created; returns the undo."""
+        optimizer = self.torch.optim.Optimizer
+        original = optimizer.__init__
+        phases = self
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            phases.start_training()
+
+        optimizer.__init__ = init
+        return lambda: setattr(optimizer, "__init__", original)
+
+    def start_training(self) -> None:
+        if self.started or self.stopped:
+            return
+        self.started = True
+        self.setup.stop()
+        self.places.settle()
+        frame = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            first = 0 if code.co_name == "<module>" else code.co_firstlineno
+            self.frame_names[f"{code.co_filename}({frame.f_lineno}): {code.co_name}"] = (
+                f"{code.co_filename}({first}): {code.co_name}"
+            )
+            frame = frame.f_back
+        if self.use_cuda:
+            self.torch.cuda.memory._record_memory_history(max_entries=200_000)
+        self.training.start()
+
+    def stop(self) -> Any:
+        """Stop the recording running; the profile of the training (the setup's when the
+        training never started)."""
+        self.stopped = True
+        current = self.training if self.started else self.setup
+        current.stop()
+        return current
+
+
 class StepRecorder:
     """The optimizer hook: counts steps, keeps per-step peaks, stops after `limit` steps."""
 
-    def __init__(self, torch: Any, limit: int, use_cuda: bool, progress: Progress) -> None:
+    def __init__(
+        self, torch: Any, limit: int, use_cuda: bool, progress: Progress, phases: Phases | None = None
+    ) -> None:
+        self.phases = phases
         self.torch = torch
         self.limit = limit
         self.use_cuda = use_cuda
@@ -113,6 +227,8 @@ class StepRecorder:
         if len(self.steps) >= self.limit:
             self.stopping = True
             raise StopProfiling()
+        if self.phases is not None:
+            self.phases.start_training()  # no module's forward pass came first: from the next step on
 
     def end_step(self) -> None:
         index = len(self.steps) + 1
@@ -173,49 +289,84 @@ def _source_line(file: str, line: int) -> str | None:
     return text or None
 
 
-def analyse_allocations(prof: Any, device_type: str, names: ModuleNames, script: str) -> dict[str, Any]:
-    """Replay the profiler's allocation events: peaks per step window and the live set at the peak."""
-    from torch._C._profiler import _EventType  # private, present since torch 1.13
-
+def _allocation_events(prof: Any, device_type: str, event_type: Any) -> tuple[list[Any], dict[int, int]]:
+    """The profile's allocations on `device_type`, in time order (a free and a reuse of the same
+    address can share a timestamp: frees first), and its step markers' times."""
     allocations = []
     markers: dict[int, int] = {}
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
         stack.extend(node.children)
-        if node.tag == _EventType.Allocation:
+        if node.tag == event_type.Allocation:
             if node.extra_fields.device.type == device_type:
                 allocations.append(node)
-        elif node.tag == _EventType.TorchOp:
+        elif node.tag == event_type.TorchOp:
             name = node.name
             if name.startswith(STEP_MARKER_PREFIX):
                 markers[int(name[len(STEP_MARKER_PREFIX):])] = node.start_time_ns
-    # A free and a reuse of the same address can share a timestamp: frees first.
     allocations.sort(key=lambda n: (n.start_time_ns, n.extra_fields.alloc_size > 0))
-    boundaries = [markers[i] for i in sorted(markers)]
+    return allocations, markers
+
+
+def analyse_allocations(
+    prof: Any,
+    device_type: str,
+    names: ModuleNames,
+    script: str,
+    before: Any = None,
+    setup_places: dict[int, tuple[tuple[str, int, str], int]] | None = None,
+    frame_names: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Replay the profiler's allocation events: peaks per step window and the live set at the peak.
+    `before`: the profile of what ran before `prof` started (Phases.setup), whose allocations
+    still live when it ended count from the start; `setup_places`: where the parameters and
+    buffers among them were created (SetupPlaces.by_pointer)."""
+    from torch._C._profiler import _EventType  # private, present since torch 1.13
+
+    # One timeline: the setup's events, then the training's (each recording in its own time
+    # order), with the step markers where they fell. Window k is the k-th step: a marker ends it.
+    timeline: list[tuple[str, Any]] = []
+    setup_nodes: set[int] = set()
+    for recording in ([before] if before is not None else []) + [prof]:
+        allocations, markers = _allocation_events(recording, device_type, _EventType)
+        if recording is before:
+            setup_nodes = {id(node) for node in allocations}
+        ends = sorted(markers.values())
+        merged: list[tuple[int, int, str, Any]] = [(node.start_time_ns, 0, "alloc", node) for node in allocations]
+        merged += [(time, 1, "step end", None) for time in ends]  # an allocation at the marker's time first
+        timeline += [(kind, node) for _, _, kind, node in sorted(merged, key=lambda item: item[:2])]
+    steps_marked = sum(1 for kind, _ in timeline if kind == "step end")
 
     live: dict[int, int] = {}
-    total = 0
-    peak = 0
-    peak_index = -1
-    step_peaks = [0] * (len(boundaries) + 1)  # the last window is a step cut short (OOM, exit)
+    total = peak = 0
+    before_training = 0
+    peak_position = -1
+    peak_in_setup = False
+    step_peaks = [0] * (steps_marked + 1)  # the last window is a step cut short (OOM, exit)
     window = 0
-    for position, node in enumerate(allocations):
-        fields = node.extra_fields
-        while window < len(boundaries) and node.start_time_ns > boundaries[window]:
+    for position, (kind, node) in enumerate(timeline):
+        if kind == "step end":
             window += 1
             step_peaks[window] = total  # what is live when a step starts counts toward its peak
+            continue
+        fields = node.extra_fields
         if fields.alloc_size > 0:
             live[fields.ptr] = fields.alloc_size
             total += fields.alloc_size
         elif fields.ptr in live:  # frees of blocks allocated before profiling started are unknown
             total -= live.pop(fields.ptr)
+        if id(node) in setup_nodes:
+            before_training = total
         step_peaks[window] = max(step_peaks[window], total)
-        if total > peak:
-            peak, peak_index = total, position
+        # The same peak again in training is the one to attribute: the setup has no stacks.
+        if total > peak or (total == peak and peak_in_setup and id(node) not in setup_nodes):
+            peak, peak_position, peak_in_setup = total, position, id(node) in setup_nodes
 
     live_nodes: dict[int, Any] = {}
-    for node in allocations[: peak_index + 1]:
+    for kind, node in timeline[: peak_position + 1]:
+        if kind != "alloc":
+            continue
         fields = node.extra_fields
         if fields.alloc_size > 0:
             live_nodes[fields.ptr] = node
@@ -225,11 +376,16 @@ def analyse_allocations(prof: Any, device_type: str, names: ModuleNames, script:
     lines: dict[tuple[str, int], LineUsage] = {}
     modules: dict[str, ModuleUsage] = {}
     stacks: dict[str, int] = {}
-    for node in live_nodes.values():
+    unplaced_setup = 0  # bytes allocated before training, live at the peak, with no line
+    for pointer, node in live_nodes.items():
         size = node.extra_fields.alloc_size
-        stack = _folded_stack(node, _EventType, script)
+        stack = _folded_stack(node, _EventType, script, frame_names)
         stacks[stack] = stacks.get(stack, 0) + size
         where, module = _attribute(node, _EventType)
+        if id(node) in setup_nodes:  # recorded without stacks: a parameter's or buffer's place, if known
+            where, module = (setup_places or {}).get(pointer, (None, None))
+            if where is None:
+                unplaced_setup += size
         if where is not None:
             usage = lines.get(where[:2])
             if usage is None:
@@ -242,11 +398,13 @@ def analyse_allocations(prof: Any, device_type: str, names: ModuleNames, script:
             entry.bytes += size
     return {
         "peak": peak,
+        "before_training": before_training,
         "step_peaks": step_peaks,
-        "completed_windows": len(boundaries),
+        "completed_windows": steps_marked,
         "top_lines": sorted(lines.values(), key=lambda u: (-u.bytes, u.file, u.line))[:TOP_LINES],
         "top_modules": sorted(modules.values(), key=lambda m: (-m.bytes, m.name))[:TOP_MODULES],
-        "unattributed": peak - sum(u.bytes for u in lines.values()),
+        # Beside what was allocated before training with no known place (noted on its own).
+        "unattributed": peak - sum(u.bytes for u in lines.values()) - unplaced_setup,
         "memory_stacks": stacks,
     }
 
@@ -258,13 +416,14 @@ def _event_name(node: Any) -> str:
         return "[freed frame]"
 
 
-def _folded_stack(node: Any, event_type: Any, script: str) -> str:
+def _folded_stack(node: Any, event_type: Any, script: str, renames: dict[str, str] | None = None) -> str:
     """'outer;...;inner' from the script's top level down to the op that allocated (flame graph format)."""
     names = []
     parent = node.parent
     while parent is not None:
         if parent.tag in (event_type.PyCall, event_type.PyCCall, event_type.TorchOp):
-            names.append(_event_name(parent))
+            name = _event_name(parent)
+            names.append((renames or {}).get(name, name))
         parent = parent.parent
     names.reverse()
     top = f"{script}("  # the script's module frame: the harness's frames above it are dropped
@@ -329,17 +488,20 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
 
     from torch.optim.optimizer import register_optimizer_step_post_hook  # torch >= 2.0
 
-    recorder = StepRecorder(torch, steps, use_cuda, progress)
-    names = ModuleNames(torch)
-    hooks = [
-        register_optimizer_step_post_hook(recorder.hook),
-        torch.nn.modules.module.register_module_forward_pre_hook(names.pre_hook),
-    ]
     activities = [torch.profiler.ProfilerActivity.CPU]
     if use_cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
         torch.cuda.reset_peak_memory_stats()
-        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    phases = Phases(torch, activities, use_cuda)
+    recorder = StepRecorder(torch, steps, use_cuda, progress, phases)
+    names = ModuleNames(torch)
+    hooks = [
+        register_optimizer_step_post_hook(recorder.hook),
+        # An optimizer, or the first forward pass of a module, starts training: the full recording.
+        types.SimpleNamespace(remove=phases.watch_optimizers()),
+        torch.nn.modules.module.register_module_forward_pre_hook(phases.pre_hook),
+        torch.nn.modules.module.register_module_forward_pre_hook(names.pre_hook),
+    ]
 
     report = Report(
         script=str(script),
@@ -357,9 +519,6 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
     sys.path[0] = str(script.parent)  # as for `python SCRIPT`: the script's folder, not our working directory
     progress.send("started", device=report.device.type)
     started = time.perf_counter()
-    profiler = torch.profiler.profile(
-        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
-    )
     code = compile(script.read_bytes(), str(script), "exec", dont_inherit=True)
     main_module = types.ModuleType("__main__")
     main_module.__dict__.update(__file__=str(script), __cached__=None, __loader__=None, __package__=None,
@@ -367,7 +526,7 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
     saved_main = sys.modules["__main__"]
     sys.modules["__main__"] = main_module
     keep_code = KeepCodeAlive().__enter__()
-    profiler.start()
+    phases.setup.start()
     try:
         # runpy.run_path(run_name="__main__") does this too, but throws its code objects away when the
         # script ends; the profiler's Python events point at their names, so `code` must outlive the
@@ -390,23 +549,42 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
             report.error = f"{type(exc).__qualname__}: {exc}"
     finally:
         recorder.stopping = True
-        profiler.stop()
+        profiler = phases.stop()
         keep_code.__exit__(None, None, None)
         sys.argv, sys.path[:] = saved_argv, saved_path
         sys.modules["__main__"] = saved_main
-        for handle in hooks:
+        for handle in [*hooks, *phases.places.handles]:
             handle.remove()
     ended = time.perf_counter()
     report.wall_time = round(ended - started, 6)
 
     progress.send("analysing")
-    trace = out / "trace.json"
+    # Written under a fresh name, then renamed: a link planted at the final name is replaced.
+    trace = safe_files.temporary_file(out, "trace.json", root=out)
     profiler.export_chrome_trace(str(trace))
-    report.artifacts.trace = trace.name
-    analysis = analyse_allocations(profiler, "cuda" if use_cuda else "cpu", names, str(script))
+    report.artifacts.trace = safe_files.publish(trace, out / "trace.json", root=out).name
+    analysis = analyse_allocations(
+        profiler,
+        "cuda" if use_cuda else "cpu",
+        names,
+        str(script),
+        before=phases.setup if phases.started else None,
+        setup_places=phases.places.by_pointer,
+        frame_names=phases.frame_names,
+    )
     report.top_lines = analysis["top_lines"]
     report.top_modules = analysis["top_modules"]
     report.batch_size, report.input_shape = names.batch_size, names.input_shape
+    if not phases.started:
+        notes.append(
+            "no module's forward pass and no optimizer step ran: recorded without Python stacks (no lines)"
+        )
+    elif analysis["before_training"] > 0:
+        notes.append(
+            f"{analysis['before_training']} bytes live when training started were allocated before its "
+            "first forward pass (the model, the data): counted in the peaks; lines and stacks are recorded "
+            "from that forward pass on"
+        )
     if analysis["unattributed"] > 0:
         notes.append(
             f"{analysis['unattributed']} bytes live at the peak were allocated with no user-code frame above them "
@@ -427,10 +605,11 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
         report.memory_summary = torch.cuda.memory_summary()
         if report.peak_allocated == 0:
             notes.append("no CUDA memory was allocated: the script ran on the CPU (profile it with --device cpu)")
-        snapshot = out / "snapshot.pickle"
+        snapshot = safe_files.temporary_file(out, "snapshot.pickle", root=out)
         torch.cuda.memory._dump_snapshot(str(snapshot))
-        torch.cuda.memory._record_memory_history(enabled=None)
-        report.artifacts.snapshot = snapshot.name
+        if phases.started:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        report.artifacts.snapshot = safe_files.publish(snapshot, out / "snapshot.pickle", root=out).name
     else:
         for step, peak in zip(recorder.steps, analysis["step_peaks"]):
             step.peak_allocated = peak
@@ -447,13 +626,14 @@ def run(script: Path, script_args: list[str], out: Path, steps: int, device: str
 
     # torch's export_stacks knows only time metrics (and writes nothing unless the profiler ran in
     # verbose mode, which makes the trace ~4x bigger): the memory flame graph is written here.
-    stacks = out / "stacks.txt"
-    stacks.write_text(
-        "".join(f"{stack} {size}\n" for stack, size in sorted(analysis["memory_stacks"].items())), encoding="utf-8"
+    stacks = safe_files.write_file(
+        out / "stacks.txt",
+        "".join(f"{stack} {size}\n" for stack, size in sorted(analysis["memory_stacks"].items())),
+        root=out,
     )
     report.artifacts.stacks = stacks.name
     report.notes = notes
-    report.write(out / "report.json")
+    report.write(out / "report.json", root=out)
     del keep_code, code  # the profile has been read: its code objects may go now
     progress.send("done", status=report.status)
     return report

@@ -258,11 +258,12 @@ class Report:
         except (KeyError, TypeError, ValueError) as exc:
             raise ReportError(f"malformed report: {exc!r}") from exc
 
-    def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
-        temporary.replace(path)  # readers (the editor watching the folder) never see half a file
+    def write(self, path: Path, root: Path | None = None) -> None:
+        """Atomically (readers, the editor watching the folder, never see half a file) and
+        through no symbolic link out of `root` (oom_lsp.safe_files)."""
+        from oom_lsp import safe_files
+
+        safe_files.write_file(path, json.dumps(self.to_dict(), indent=2) + "\n", root=root)
 
 
 # Runs whose peaks mean nothing to compare: the script failed, or was stopped from outside.

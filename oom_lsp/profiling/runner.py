@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from oom_lsp import safe_files
 from oom_lsp.profiling import watchdog
 from oom_lsp.profiling.report import DeviceInfo, Report, ReportError, read_report
 
@@ -107,6 +108,9 @@ class ProfileRequest:
     python: str = sys.executable
     timeout: float | None = 600.0
     cwd: Path | None = None  # where the script runs; default: the current directory
+    # The project no symbolic link may lead `out` out of (oom_lsp.safe_files); default: the
+    # folder of the `.oom_lsp` that `out` is in, else the current directory.
+    root: Path | None = None
 
 
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -132,6 +136,7 @@ class ProfileRun:
         self._events: list[dict[str, Any]] = []
         self._threads: list[threading.Thread] = []
         self._parent_fd: int | None = None  # the write end of the child's watchdog pipe
+        self.created_folders: list[Path] = []  # by start(), outermost first
 
     def command(self, progress_fd: int) -> list[str]:
         request = self.request
@@ -155,7 +160,11 @@ class ProfileRun:
 
     def start(self) -> None:
         request = self.request
-        request.out.mkdir(parents=True, exist_ok=True)
+        try:
+            root = request.root or safe_files.results_root(request.out) or Path.cwd()
+            self.created_folders = safe_files.make_folder(request.out, root)
+        except OSError as error:
+            raise ProfileError(f"cannot write the results to {request.out}: {error.strerror or error}") from None
         (request.out / "report.json").unlink(missing_ok=True)  # a stale report must not pass for this run's
         read_end, write_end = os.pipe()
         # Held open by this process only: its end of file tells the child its parent is gone.
@@ -293,8 +302,16 @@ class ProfileRun:
         if report.status != "exited":
             report.exit_code = returncode
         report.output_tail = tail
-        report.write(path)
+        report.write(path, root=request.out)
         return report
+
+    def remove_created_folders(self) -> None:
+        """Remove the folders start() created that are still empty (a run that was stopped)."""
+        for folder in reversed(self.created_folders):
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # not empty (or gone): neither are the folders around it
 
 
 def profile(
@@ -305,5 +322,9 @@ def profile(
 ) -> Report:
     """Run one profile to the end; `cancel.set()` from another thread stops it."""
     run = ProfileRun(request, on_progress, on_output, cancel)
-    run.start()
-    return run.wait()
+    try:
+        run.start()
+        return run.wait()
+    except BaseException:  # Ctrl-C, a failure to start: no empty results folder is left behind
+        run.remove_created_folders()
+        raise

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oom_lsp import safe_files
 from oom_lsp.profiling.oom_messages import Frame, OomError, from_exception, is_user_file
 from oom_lsp.profiling.report import DeviceInfo, OomFailure, Report
 from oom_lsp.runtime.reports import (
@@ -123,7 +124,8 @@ def record_oom(exc: BaseException, options: CaptureOptions) -> Path:
     outermost = oom.frames[0].file if oom.frames else None
     root = options.project_root or find_project_root(outermost or script)
     out = options.out or last_oom_dir(root)
-    out.mkdir(parents=True, exist_ok=True)
+    # A cloned repository's committed `.oom_lsp/last_oom` link out of it is not written through.
+    safe_files.make_folder(out, root)
     for stale in (ANSWER_NAME, SNAPSHOT_NAME, PROMPT_NAME):
         (out / stale).unlink(missing_ok=True)
 
@@ -200,7 +202,9 @@ def _cuda_figures(torch: Any, oom: OomError, report: Report, notes: list[str]) -
 
 def _dump_snapshot(torch: Any, out: Path, report: Report, notes: list[str]) -> None:
     try:
-        torch.cuda.memory._dump_snapshot(str(out / SNAPSHOT_NAME))
+        temporary = safe_files.temporary_file(out, SNAPSHOT_NAME, root=out)
+        torch.cuda.memory._dump_snapshot(str(temporary))
+        safe_files.publish(temporary, out / SNAPSHOT_NAME, root=out)
     except (RuntimeError, OSError) as problem:
         notes.append(f"the memory snapshot could not be written: {problem}")
         return
@@ -370,15 +374,14 @@ def _write_prompt(request: Any, out: Path, notes: list[str]) -> None:
     except PromptError as problem:
         notes.append(f"no prompt: {problem}")
         return
-    (out / PROMPT_NAME).write_text(prompt.markdown(include_system=True), encoding="utf-8")
+    safe_files.write_file(out / PROMPT_NAME, prompt.markdown(include_system=True), root=out)
 
 
 def _write_report(report: Report, tensors: list[dict[str, Any]], path: Path) -> None:
     data = report.to_dict()
     data[TENSORS_KEY] = tensors
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    temporary.replace(path)  # the editor never sees half a report
+    # Atomic: the editor never sees half a report.
+    safe_files.write_file(path, json.dumps(data, indent=2) + "\n", root=path.parent)
 
 
 def _ask(request: Any, config: Any, out: Path, log: Callable[[str], None]) -> None:
@@ -415,7 +418,7 @@ def _ask(request: Any, config: Any, out: Path, log: Callable[[str], None]) -> No
     if isinstance(result, FixError):
         log(f"oom-lsp: could not ask for a diagnosis: {result.message}")
         return
-    (out / ANSWER_NAME).write_text(_answer_markdown(result, settings), encoding="utf-8")
+    safe_files.write_file(out / ANSWER_NAME, _answer_markdown(result, settings), root=out)
     log(f"oom-lsp: diagnosis written to {out / ANSWER_NAME} (nothing was changed)")
 
 

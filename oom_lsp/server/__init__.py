@@ -13,6 +13,8 @@ Imported lazily by the CLI: importing lsprotocol costs most of a second, which
 
 from __future__ import annotations
 
+ANALYSIS_THREAD_STACK = 16 * 2**20  # bytes
+
 
 def _log_failure(done: object) -> None:
     import logging
@@ -41,6 +43,15 @@ def start_server(tcp: str | None, log_file: str | None) -> int:
     # the imports' CPU). warm_up_analysis turns the collector back on, tuned, once the analysis
     # stack is loaded too.
     gc.disable()
+    # The analyses run on worker threads, whose stacks the platform sizes (2 MiB under glibc
+    # with an unlimited `ulimit -s`, 128 KiB under musl): libcst's native parser recurses once
+    # per level of nesting, within python_ast.MAX_NESTING, so give them room of their own.
+    import threading
+
+    try:
+        threading.stack_size(ANALYSIS_THREAD_STACK)
+    except (ValueError, RuntimeError):
+        pass  # a platform that does not let it be set keeps its own
     from oom_lsp.server.features import create_server
     from oom_lsp.server.server import warm_up_analysis
 

@@ -38,7 +38,7 @@ from pygls.workspace import TextDocument
 from oom_lsp.analysis import Finding
 from oom_lsp.config import ProjectConfig
 from oom_lsp.server import code_actions, diagnostics
-from oom_lsp.server.jobs import interpreter, latest_report, results_folder
+from oom_lsp.server.jobs import interpreter, latest_report, require_trusted_workspace, results_folder
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
@@ -582,6 +582,7 @@ def _unsaved(ls: OomLanguageServer, uri: str, path: Path) -> bool:
 async def validate_fix(ls: OomLanguageServer, args: ValidateFixArgs) -> dict[str, Any]:
     from oom_lsp.usecases.validate import MeasurementError, read_before
 
+    require_trusted_workspace(ls, "validating a fix")
     path = _path_of(args.uri)
     if path is None or not path.is_file():
         raise RequestFailed(f"{args.uri}: not a file on disk")
@@ -653,7 +654,7 @@ async def _validate(
     except fixlog.FixLogError as error:
         _show(ls, f"the figures were not recorded: {error}")
     else:
-        record(result, log, _display(path, config.root))
+        record(result, log, _display(path, config.root), root=config.root)
     _show(ls, f"{path.name}: {change.render()}", types.MessageType.Info)
     return {
         "before": change.before,

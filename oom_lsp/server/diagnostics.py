@@ -18,6 +18,7 @@ from lsprotocol import types
 from oom_lsp.analysis import Finding, Severity
 from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.server.positions import PositionConverter
+from oom_lsp.server.scheduling import ContentModified
 from oom_lsp.server.server import Analysis, OomLanguageServer
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,10 @@ async def _publish_after(ls: OomLanguageServer, uri: str, delay: float) -> None:
     document = ls.open_document(uri)
     if document is None:
         return
-    analysis = await ls.analysis_of(document)
+    try:
+        analysis = await ls.analysis_of(document)
+    except ContentModified:
+        return  # replaced by a newer edit's analysis, which that edit's task publishes
     if not ls.is_current(analysis):
         return  # a newer edit has its own task
     ls.text_document_publish_diagnostics(
@@ -206,14 +210,9 @@ async def on_document_diagnostic(
     if document is None or _owned(ls, document.uri):
         # A notebook cell's diagnostics are pushed (server/notebooks.py): none twice.
         return types.RelatedFullDocumentDiagnosticReport(items=[])
-    analysis = await ls.analysis_of(document)
-    while not ls.is_current(analysis):
-        # Edited while it was analysed: answer for the text the client has now
-        # (ranges of the older text would land in the wrong places).
-        document = ls.open_document(params.text_document.uri)
-        if document is None:
-            return types.RelatedFullDocumentDiagnosticReport(items=[])
-        analysis = await ls.analysis_of(document)
+    # Edited while it was analysed: ContentModified (ranges of the older text would land in
+    # the wrong places), and the client pulls again for the text it has now.
+    analysis = ls.current_analysis(await ls.analysis_of(document))
     extras = extra_diagnostics(ls, params.text_document.uri)
     result_id = _result_id(analysis, extras)
     if params.previous_result_id == result_id:

@@ -45,10 +45,11 @@ from oom_lsp.server.jobs import (
     current_results,
     document_version,
     interpreter,
-    results_folder,
+    require_trusted_workspace,
     script_of,
     send_memory_status,
     store_result,
+    write_result,
 )
 from oom_lsp.server.positions import PositionConverter, split_lines
 from oom_lsp.server.protocol import RequestFailed
@@ -238,11 +239,14 @@ def job_listener(job: Job, named: bool = False) -> Listener:
             job.report(f"trace {traces[0]}: {event.get('step')} of 2 optimizer steps traced")
         elif kind == "comparing":
             job.report(f"comparing with the what-if's prediction for {event.get('change')}", 90)
+        elif kind == "search-check":
+            job.report(f"checking batch {event['batch_size']:,} ({event['check']} of at most {event['of']} fake runs)")
 
     return Listener(on_event=on_event, on_message=lambda message: job.report(message, 60), cancel=job.cancel)
 
 
 async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+    require_trusted_workspace(ls, "an estimate")
     check_trace_args(args)
     _world_size(ls, args)
     notebook = _notebook_path(ls, args.uri)
@@ -288,10 +292,9 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
         ls.window_log_message(
             types.LogMessageParams(type=types.MessageType.Warning, message=f"{script.name}: {warning}")
         )
-    folder = results_folder(ls, script, "estimate")
-    folder.mkdir(parents=True, exist_ok=True)
-    report_path = folder / f"{script.stem}.json"
-    report_path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+    report_path = write_result(
+        ls, script, "estimate", f"{script.stem}.json", json.dumps(result.to_json(), indent=2) + "\n"
+    )
     if notebook is None:
         _show_estimate(ls, args.uri, script, result, str(report_path), version)
     return estimate_answer(ls, result, str(report_path))

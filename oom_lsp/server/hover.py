@@ -133,9 +133,7 @@ async def on_hover(ls: OomLanguageServer, params: types.HoverParams) -> types.Ho
                 entry_range = Range(Position(position.line, entry[1]), Position(position.line, entry[2]))
                 return _hover(ls, [summary], converter.range_to_lsp(entry_range))
     await ls.settings_ready.wait()
-    analysis = await ls.analysis_of(document)
-    if not ls.is_current(analysis):
-        return None
+    analysis = ls.current_analysis(await ls.analysis_of(document))
     under = [finding for finding in analysis.findings if finding.range.start <= position <= finding.range.end]
     summaries = list(dict.fromkeys(filter(None, map(summary_of_finding, under))))
     if not summaries:

@@ -293,3 +293,26 @@ def results_folder(ls: OomLanguageServer, script: Path, kind: str) -> Path:
 def document_version(ls: OomLanguageServer, uri: str) -> int | None:
     document = ls.open_document(uri)
     return document.version if document is not None else None
+
+
+def require_trusted_workspace(ls: OomLanguageServer, what: str) -> None:
+    """RequestFailed when the editor has not trusted the workspace (VS Code's restricted
+    mode): `what` would run its code."""
+    if not ls.editor.workspace_trusted:
+        raise RequestFailed(
+            f"{what} runs this workspace's code, and the workspace is not trusted: trust it "
+            "(VS Code: Manage Workspace Trust) to run it"
+        )
+
+
+def write_result(ls: OomLanguageServer, script: Path, kind: str, name: str, text: str) -> Path:
+    """Write `.oom_lsp/<kind>/<name>` of the script's project (oom_lsp.safe_files: nothing
+    through a link a cloned repository planted there); RequestFailed when it cannot be."""
+    from oom_lsp import safe_files
+
+    root = Path(ls.lint_settings.project_config(script).root)
+    path = results_folder(ls, script, kind) / name
+    try:
+        return safe_files.write_file(path, text, root=root)
+    except OSError as error:
+        raise RequestFailed(f"the {kind} ran, but its result was not written: {error.strerror or error}") from None

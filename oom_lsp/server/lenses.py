@@ -55,6 +55,8 @@ async def on_code_lens(ls: OomLanguageServer, params: types.CodeLensParams) -> l
     document = ls.open_document(params.text_document.uri)
     if document is None or not document.uri.startswith("file:"):
         return None  # the commands run a file on disk
+    if not ls.editor.workspace_trusted:
+        return []  # every lens runs the workspace's code (profiling.require_trusted_workspace)
     source = document.source
     lines = await asyncio.get_running_loop().run_in_executor(ls.analysis_executor, lens_lines, source)
     lenses = []

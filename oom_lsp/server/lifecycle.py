@@ -95,9 +95,12 @@ async def on_did_change_configuration(
         configured = editor_settings.unwrap(params.settings)
     if configured is None:
         return
+    trusted_before = ls.editor.workspace_trusted
     ls.apply_editor_settings(configured)
     logger.info("Settings changed; checking the open documents again")
     diagnostics.refresh_all(ls)
+    if ls.editor.workspace_trusted != trusted_before and ls.client_supports("workspace.code_lens.refresh_support"):
+        ls.workspace_code_lens_refresh(None)  # the lenses that run the workspace's code come or go
 
 
 def on_did_change_watched_files(ls: OomLanguageServer, params: types.DidChangeWatchedFilesParams) -> None:

@@ -177,6 +177,7 @@ def _profile_settings(ls: OomLanguageServer) -> dict[str, Any]:
 
 
 async def profile_command(ls: OomLanguageServer, args: ProfileArgs) -> dict[str, Any]:
+    require_trusted_workspace(ls, "a profile")
     if args.device not in ("auto", "cpu", "cuda"):
         raise JsonRpcInvalidParams(f"device must be auto, cpu or cuda, not {args.device!r}")
     settings = _profile_settings(ls)
@@ -402,12 +403,12 @@ def _write_explanation(ls: OomLanguageServer, uri: str, ooms: list[OomError]) ->
     path = to_fs_path(uri)
     if path is None or not _in_workspace(ls, Path(path)):
         return None
-    folder = results_folder(ls, Path(path), "explain")
-    folder.mkdir(parents=True, exist_ok=True)
-    report = folder / f"{Path(path).stem}.json"
-    report.write_text(
-        json.dumps({"ooms": [oom.to_dict() for oom in ooms]}, indent=2) + "\n", encoding="utf-8"
-    )
+    text = json.dumps({"ooms": [oom.to_dict() for oom in ooms]}, indent=2) + "\n"
+    try:
+        report = write_result(ls, Path(path), "explain", f"{Path(path).stem}.json", text)
+    except RequestFailed as refused:
+        logger.warning("%s", refused)
+        return None
     return str(report)
 
 

@@ -16,6 +16,11 @@ the rest to pygls' dispatch. The LSP methods overridden here:
   missing argument was an internal error (a TypeError) instead of InvalidParams; and
   `$/cancelRequest` cancelled the request but not the command's own task.
 
+Two hooks for server/scheduling.py: a request about a document that changes (or closes)
+before it is answered is answered ContentModified (-32801) at once and its handler cancelled;
+and the futures pygls keeps for notification handlers are dropped when they are done (it kept
+one per edit, forever).
+
 `make_converter` makes cattrs strict about JSON types: by default it structures
 `"--epochs 1"` into `list[str]` as single characters, `"false"` into True and 2.7 into 2.
 """
@@ -45,6 +50,8 @@ from pygls.protocol import (
     lsp_method,
 )
 from pygls.protocol.language_server import _prepare_command_arguments
+
+from oom_lsp.server import scheduling
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +139,11 @@ class OomProtocol(LanguageServerProtocol):
             # drops them, and whatever waited on them waits forever).
             self._handle_response(msg_id, getattr(message, "result", None), getattr(message, "error", None))
             return
+        if "method" in value and not is_request:
+            self._answer_stale(scheduling.changed_documents(method, getattr(message, "params", None)))
         self.handle_message(message)
+        if is_request:
+            self._track(msg_id, getattr(message, "params", None))
 
     def structure_message(self, data: dict[str, Any]) -> Any:
         """pygls' choice of type for a message, without its logging of a traceback for
@@ -168,6 +179,62 @@ class OomProtocol(LanguageServerProtocol):
             self._send_error(value["id"], INVALID_REQUEST, message)
         elif "method" in value or not answerable:
             self._send_error(None, INVALID_REQUEST, message)
+
+    # --- requests whose document changed (server/scheduling.py) ----------------------
+
+    def _track(self, msg_id: Any, params: Any) -> None:
+        """A request about a document, still in progress: answered ContentModified if the
+        document changes first."""
+        future = self._request_futures.get(msg_id)
+        uri = scheduling.document_uri(params)
+        requests = getattr(self._server, "scheduling", None)
+        if future is not None and not future.done() and uri is not None and requests is not None:
+            requests.requests.track(msg_id, uri, future)
+
+    def _answer_stale(self, uris: list[str]) -> None:
+        requests = getattr(self._server, "scheduling", None)
+        if not uris or requests is None:
+            return
+        for msg_id in requests.requests.changed(uris):
+            future = self._request_futures.pop(msg_id, None)
+            logger.debug("Request %r: its document changed, answered ContentModified", msg_id)
+            super()._send_response(
+                msg_id,
+                error=types.ResponseError(
+                    code=scheduling.ContentModified.CODE, message="the document changed; ask again"
+                ),
+            )
+            if future is not None:
+                future.cancel()
+
+    def _send_handler_result(self, future: Future[Any], *, msg_id: Any) -> None:
+        requests = getattr(self._server, "scheduling", None)
+        if requests is not None and requests.requests.already_answered(msg_id):
+            return  # answered ContentModified when its document changed
+        error = None if future.cancelled() else future.exception()
+        if isinstance(error, scheduling.ContentModified):
+            # Not a failure: answered without pygls' logged traceback.
+            self._request_futures.pop(msg_id, None)
+            self._send_response(msg_id, error=error.to_response_error())
+            return
+        super()._send_handler_result(future, msg_id=msg_id)
+
+    def _execute_handler(self, msg_id: Any, handler: Any, callback: Any, *args: Any, **kwargs: Any) -> None:
+        """pygls' execution, without its leak: the future of a notification's handler (and of
+        the handler a built-in one chains to, such as the user's didChange) stays in
+        `_request_futures` forever, since only a request's answer removes it: a future with its
+        lock and condition per edit, ~0.5 KB, 10 MB over 20,000 edits. Here it is removed
+        when it is done (a request's own entry is still removed by its answer)."""
+        super()._execute_handler(msg_id, handler, callback, *args, **kwargs)
+        if getattr(callback, "func", None) == self._send_handler_result:
+            return  # a request: its answer removes it
+        future = self._request_futures.get(msg_id)
+        if future is not None:
+            future.add_done_callback(lambda done: self._forget_future(msg_id, done))
+
+    def _forget_future(self, msg_id: Any, future: Any) -> None:
+        if self._request_futures.get(msg_id) is future:
+            del self._request_futures[msg_id]
 
     def _send_response(
         self, msg_id: Any, result: Any = None, error: types.ResponseError | None = None

@@ -38,6 +38,7 @@ from oom_lsp.server.hooks import FeatureHooks
 from oom_lsp.server.logs import LogSetup
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.protocol import OomProtocol, make_converter
+from oom_lsp.server.scheduling import ContentModified, Scheduling, Superseded
 
 if TYPE_CHECKING:
     from oom_lsp.analysis.incremental import IncrementalParser
@@ -114,6 +115,9 @@ class OomLanguageServer(LanguageServer):
             max_workers=1, thread_name_prefix="oom-analysis-large"
         )
         self._analyses: dict[str, Analysis] = {}
+        # One pending analysis per document; requests answered ContentModified when their
+        # document changes (server/scheduling.py).
+        self.scheduling = Scheduling()
         # Per open document: keeps the last version's parsed statements, so an
         # edit re-parses only the statements it touched.
         self._parsers: dict[str, IncrementalParser] = {}
@@ -219,6 +223,7 @@ class OomLanguageServer(LanguageServer):
 
     def forget_document(self, uri: str) -> None:
         self.forget_analyses(uri)
+        self.scheduling.analyses.forget(uri)
         self._parsers.pop(uri, None)
 
     def settings_for_uri(self, uri: str) -> LintSettings | None:
@@ -232,7 +237,9 @@ class OomLanguageServer(LanguageServer):
 
     async def analysis_of(self, document: TextDocument) -> Analysis:
         """The findings of the document's current text, computed off the event
-        loop and memoized per (version, settings)."""
+        loop and memoized per (version, settings). Callers asking for the same text
+        share one analysis; one for a newer text replaces the one still waiting
+        (server/scheduling.py), whose callers get ContentModified."""
         uri, version, source = document.uri, document.version, document.source
         if self.cell_analysis is not None and self.workspace.get_notebook_document(cell_uri=uri) is not None:
             return await self.cell_analysis(self, document)
@@ -250,35 +257,55 @@ class OomLanguageServer(LanguageServer):
             findings: list[Finding] = []
         else:
             path = to_fs_path(uri) or uri
-            loop = asyncio.get_running_loop()
-            started = time.perf_counter()
             # A big file has a worker of its own: the others' analyses do not queue behind it.
-            executor = self.large_analysis_executor if len(source) > LARGE_SOURCE_CHARS else self.analysis_executor
-            findings = await loop.run_in_executor(
-                executor, self._analyze_on_worker, uri, source, settings, path
+            executor = (
+                self.large_analysis_executor if len(source) > LARGE_SOURCE_CHARS else self.analysis_executor
             )
-            logger.debug(
-                "%s v%s: %d findings in %.0f ms (queue + analysis)",
+            pending = self.scheduling.analyses.submit(
                 uri,
-                version,
-                len(findings),
-                (time.perf_counter() - started) * 1000,
+                (version, source, settings),
+                executor,
+                lambda: self._analyze_on_worker(uri, version, source, settings, path),
             )
+            try:
+                findings = await asyncio.shield(pending)
+            except Superseded:
+                raise ContentModified(f"{uri} changed before its version {version} was analysed") from None
         analysis = Analysis(uri, version, source, settings, findings, skipped)
         if self.open_document(uri) is not None:
-            self._analyses[uri] = analysis
+            if self.is_current(analysis):
+                self._analyses[uri] = analysis  # (one older than the kept one would replace it)
         else:
             self._parsers.pop(uri, None)  # closed while it was analysed
         return analysis
 
-    def _analyze_on_worker(self, uri: str, source: str, settings: LintSettings, path: str) -> list[Finding]:
+    def current_analysis(self, analysis: Analysis) -> Analysis:
+        """`analysis` if the document has not changed since, else ContentModified (the
+        request's answer would be for a text the client no longer has)."""
+        if not self.is_current(analysis):
+            raise ContentModified(f"{analysis.uri} changed while it was analysed")
+        return analysis
+
+    def _analyze_on_worker(
+        self, uri: str, version: int | None, source: str, settings: LintSettings, path: str
+    ) -> list[Finding]:
         # Imported here, on the worker: libcst may still be loading there (warm_up_analysis), and
         # the event loop must not wait for that import.
         from oom_lsp.analysis.incremental import IncrementalParser
 
         parser = self._parsers.setdefault(uri, IncrementalParser())
         collect_before_analysis()
-        return analyze_text(source, settings, path, parser.parse)
+        started = time.perf_counter()
+        findings = analyze_text(source, settings, path, parser.parse)
+        # One line per analysis run (tests/server/test_load.py counts them).
+        logger.debug(
+            "Analysed %s v%s: %d findings in %.0f ms",
+            uri,
+            version,
+            len(findings),
+            (time.perf_counter() - started) * 1000,
+        )
+        return findings
 
     def _too_large(self, uri: str, source: str) -> str | None:
         path = to_fs_path(uri)

@@ -41,7 +41,9 @@ _LOG_LEVELS = {
     "info": logging.INFO,
     "debug": logging.DEBUG,
 }
-_SERVER_KEYS = ("logLevel", "logFile", "debounceMs", "llm")
+# `workspaceTrusted`: false from an editor whose user has not trusted the workspace (VS Code's
+# restricted mode): the lenses and commands that run its code are then not offered.
+_SERVER_KEYS = ("logLevel", "logFile", "debounceMs", "llm", "workspaceTrusted")
 # Read by the server commands (docs/server-commands.md), not by the analysis.
 COMMAND_KEYS = ("gpu", "interpreter", "profile", "worldSize")
 
@@ -55,6 +57,9 @@ class EditorSettings:
     commands: dict[str, Any] = field(default_factory=dict)  # COMMAND_KEYS, as sent
     llm: dict[str, Any] = field(default_factory=dict)  # `oomLsp.llm`, type-checked, kebab-case keys
     problems: tuple[str, ...] = ()  # settings ignored, for the user
+    # The editor's word on the workspace: False in VS Code's restricted mode. Clients that have
+    # no such notion (Neovim, Helix) send nothing: the user who opened the files decides.
+    workspace_trusted: bool = True
 
 
 def unwrap(payload: Any) -> dict[str, Any] | None:
@@ -91,6 +96,10 @@ def parse_editor_settings(raw: Mapping[str, Any]) -> EditorSettings:
         debounce = DEFAULT_DEBOUNCE_MS
     llm: dict[str, Any] = {}
     problems: list[str] = []
+    trusted = raw.get("workspaceTrusted", True)
+    if not isinstance(trusted, bool):
+        problems.append(f"Ignoring oomLsp.workspaceTrusted: expected true or false, got {trusted!r}; not trusted")
+        trusted = False
     if raw.get("llm") is not None:
         try:
             llm = validate_llm_table(raw["llm"], "editor settings")
@@ -104,6 +113,7 @@ def parse_editor_settings(raw: Mapping[str, Any]) -> EditorSettings:
         log_file=os.path.expanduser(log_file) if log_file else None,
         debounce_seconds=debounce / 1000,
         commands={key: raw[key] for key in COMMAND_KEYS if key in raw},
+        workspace_trusted=trusted,
     )
 
 

@@ -52,9 +52,10 @@ from oom_lsp.server.jobs import (
     Job,
     current_results,
     document_version,
-    results_folder,
+    require_trusted_workspace,
     script_of,
     store_result,
+    write_result,
 )
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
@@ -72,6 +73,7 @@ FIX_ALL_ROW = "fixes:safe"
 
 
 async def what_if_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+    require_trusted_workspace(ls, "the what-if")
     check_trace_args(args)
     if args.find_max_batch:
         raise JsonRpcInvalidParams(
@@ -109,10 +111,7 @@ async def what_if_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str
         raise RequestFailed(str(error)) from None
     except EstimateError as error:
         raise RequestFailed(f"the what-if failed: {error}") from None
-    folder = results_folder(ls, script, KIND)
-    folder.mkdir(parents=True, exist_ok=True)
-    markdown_path = folder / f"{script.stem}.md"
-    markdown_path.write_text(table_markdown(table, script.name), encoding="utf-8")
+    markdown_path = write_result(ls, script, KIND, f"{script.stem}.md", table_markdown(table, script.name))
     store_result(
         ls,
         args.uri,

@@ -24,12 +24,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oom_lsp import safe_files
 from oom_lsp.analysis.findings import Finding, Severity
 from oom_lsp.analysis.registry import PREDICTED_MEMORY_GROWTH, PREDICTED_OUT_OF_MEMORY
 from oom_lsp.config import ProjectConfig, split_command
@@ -68,6 +70,11 @@ class GateSettings:
     timeout: float
     python: str
     scripts_origin: str  # where the scripts were named, for messages
+    # The project no symbolic link may lead the baseline out of, when it is written.
+    baseline_root: Path | None = None
+    # Why the scripts are not run: the configuration of a project the user does not trust
+    # names them (docs/configuration.md#trust). One line, a problem of the gate.
+    refused: str | None = None
 
 
 @dataclass
@@ -112,9 +119,15 @@ def gate_settings(
     update_baseline: bool = False,
     timeout: float | None = None,
     python: str,
+    trusted: bool = False,
 ) -> GateSettings | None:
     """The gate's settings from the command line over `config`; None when neither a budget
-    nor a baseline asks for it. Raises BudgetError for a value that cannot be used."""
+    nor a baseline asks for it. Raises BudgetError for a value that cannot be used.
+
+    The trust rule: the scripts of `estimate-scripts` run only when the user trusts the
+    project (`trusted`: its folder is in the user's own `trusted-projects`); otherwise the
+    settings say why they are not run (`refused`). Scripts named on the command line
+    (`scripts`, from --estimate-script) are the user's own choice and always run."""
     from oom_lsp.config import parse_memory_size, parse_percent
 
     cwd = Path.cwd()
@@ -125,10 +138,17 @@ def gate_settings(
         except (TypeError, ValueError) as error:
             raise BudgetError(f"--budget: {error}") from None
     baseline_path = None
+    baseline_root: Path | None = cwd
     if baseline is not None:
         baseline_path = cwd / baseline
     elif config.budget_baseline is not None:
-        baseline_path = config.root / config.budget_baseline
+        baseline_path, baseline_root = config.root / config.budget_baseline, config.root
+        if not safe_files.is_inside(baseline_path, config.root):
+            where = os.path.relpath(config.path) if config.path is not None else "[tool.oom-lsp]"
+            raise BudgetError(
+                f"{where}: budget-baseline {config.budget_baseline} is outside the project {config.root}; "
+                "set it to a path inside it (or pass --baseline FILE)"
+            )
     if budget_bytes is None and baseline_path is None and not update_baseline:
         return None
     if update_baseline and baseline_path is None:
@@ -143,11 +163,14 @@ def gate_settings(
             raise BudgetError(f"--max-growth: {error}") from None
     if timeout is not None and not timeout > 0:
         raise BudgetError(f"--estimate-timeout: expected a positive number of seconds, got {timeout:g}")
+    refused = None
     if scripts:
         entries, folder, origin = scripts, cwd, "--estimate-script"
     else:
         where = os.path.relpath(config.path) if config.path is not None else "[tool.oom-lsp]"
         entries, folder, origin = list(config.estimate_scripts), config.root, f"estimate-scripts in {where}"
+        if entries and config.path is not None and not trusted:
+            refused = untrusted_scripts_message(where, entries, config.root)
     parsed = []
     for entry in entries:
         try:
@@ -165,6 +188,21 @@ def gate_settings(
         timeout=timeout if timeout is not None else (config.estimate_timeout or DEFAULT_TIMEOUT),
         python=python,
         scripts_origin=origin,
+        baseline_root=baseline_root,
+        refused=refused,
+    )
+
+
+def untrusted_scripts_message(where: str, entries: list[str], root: Path) -> str:
+    """One line: what the configuration asks to run, that it did not, and how to allow it."""
+    from oom_lsp.config import user_config_path
+
+    listed = ", ".join(entries[:2]) + (f" and {len(entries) - 2} more" if len(entries) > 2 else "")
+    return (
+        f"budget gate: {where} asks to run its estimate-scripts ({listed}), the project's own code: "
+        f"not run, since {root} is not in your trusted-projects. Name the script yourself "
+        f"(--estimate-script {shlex.quote(entries[0])}), trust the project (trusted-projects = "
+        f'["{root}"] in {user_config_path()}), or skip the gate (--no-budget)'
     )
 
 
@@ -198,17 +236,15 @@ def read_baseline(path: Path) -> dict[str, dict[str, Any]]:
     return scripts
 
 
-def write_baseline(path: Path, records: dict[str, dict[str, Any]]) -> None:
+def write_baseline(path: Path, records: dict[str, dict[str, Any]], root: Path | None = None) -> None:
+    """`root`: the project no symbolic link may lead the file out of (oom_lsp.safe_files)."""
     document = {
         "version": BASELINE_VERSION,
         "comment": "Predicted peak GPU memory per script (reserved + CUDA context), written by "
         "`oom-lsp check --update-baseline`; --max-growth is checked against it.",
         "scripts": dict(sorted(records.items())),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    safe_files.write_file(path, json.dumps(document, indent=2) + "\n", root=root)
 
 
 # --- Locating the finding -------------------------------------------------------------------
@@ -313,6 +349,9 @@ def run_gate(settings: GateSettings, display: Display) -> GateOutcome:
     from oom_lsp.usecases.estimate import EstimateInputError
 
     outcome = GateOutcome(settings, [], [])
+    if settings.refused is not None:
+        outcome.problems.append(settings.refused)
+        return outcome
     baseline: dict[str, dict[str, Any]] = {}
     if settings.baseline is not None:
         try:
@@ -362,11 +401,13 @@ def run_gate(settings: GateSettings, display: Display) -> GateOutcome:
                 )
                 result.findings.append(_finding(PREDICTED_MEMORY_GROWTH, message, where))
     if settings.update_baseline and settings.baseline is not None:
-        _update_baseline(settings.baseline, baseline, outcome)
+        _update_baseline(settings.baseline, baseline, outcome, settings.baseline_root)
     return outcome
 
 
-def _update_baseline(path: Path, old: dict[str, dict[str, Any]], outcome: GateOutcome) -> None:
+def _update_baseline(
+    path: Path, old: dict[str, dict[str, Any]], outcome: GateOutcome, root: Path | None
+) -> None:
     """Every script estimated now, with its new peak; a script that failed keeps its old
     record; scripts no longer listed are dropped."""
     records: dict[str, dict[str, Any]] = {}
@@ -381,7 +422,7 @@ def _update_baseline(path: Path, old: dict[str, dict[str, Any]], outcome: GateOu
         elif result.entry.entry in old:
             records[result.entry.entry] = old[result.entry.entry]
     try:
-        write_baseline(path, records)
+        write_baseline(path, records, root)
     except OSError as error:
         outcome.problems.append(
             f"budget gate: cannot write the baseline {_shown(path)}: {error.strerror or error}"

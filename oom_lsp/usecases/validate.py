@@ -96,11 +96,13 @@ def compare(before: Measurement, after: Measurement) -> Validation:
     )
 
 
-def record(validation: Validation, log: Path, display: str) -> str | None:
+def record(validation: Validation, log: Path, display: str, root: Path | None = None) -> str | None:
     """The figures in the fix log's entry of the script that has none yet (the last fix applied
-    to it); the entry's id, or None when no entry takes them. Raises fixlog.FixLogError, OSError."""
+    to it); the entry's id, or None when no entry takes them. With `root` (the project's, when the
+    log is the project's own), nothing is written through a link out of it (oom_lsp.safe_files).
+    Raises fixlog.FixLogError, OSError."""
     from oom_lsp.llm import fixlog
 
     if validation.change is None:
         return None
-    return fixlog.record_figures(log, display, validation.change)
+    return fixlog.record_figures(log, display, validation.change, root=root)

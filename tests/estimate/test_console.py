@@ -132,3 +132,34 @@ def test_a_hanging_script_shows_the_time_going_by(tmp_path):
     seconds = [float(state.rsplit(" · ", 1)[1].removesuffix(" s")) for state in states]
     assert seconds == sorted(seconds) and seconds[-1] - seconds[0] >= 3, states
     assert "did not reach its second optimizer step within 12 s" in screen
+
+
+def test_find_max_batch_on_a_small_model_stops_at_its_documented_bound(tmp_path: Path) -> None:
+    """On 80 GiB a small MLP's memory line answers hundreds of millions: the search checks no
+    batch above MAX_SEARCHED_BATCH, says so in one line before, and names the bound."""
+    from oom_lsp.estimate.estimator import MAX_SEARCHED_BATCH
+
+    shutil.copy(FIXTURES.parent / "budget" / "train_mlp.py", tmp_path / "train.py")
+    done = console.run(["estimate", "train.py", "--gpu-memory", "80GiB", "--find-max-batch"], tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        done.stderr.splitlines()[0],  # oom-lsp estimate: running train.py with ...
+        f"oom-lsp estimate: searching for the largest batch that fits, up to {MAX_SEARCHED_BATCH:,} "
+        "(at most 8 fake runs)",
+    ]
+    assert done.stderr.startswith("oom-lsp estimate: running train.py with ")
+    assert f"largest batch that fits: {MAX_SEARCHED_BATCH:,} (checked by a fake run" in done.stdout
+    assert f"bound by the search, which stops at {MAX_SEARCHED_BATCH:,}: the memory line alone gives " in done.stdout
+    result = json.loads(
+        console.run(
+            ["estimate", "train.py", "--gpu-memory", "80GiB", "--find-max-batch", "--format", "json"],
+            tmp_path,
+            timeout=600,
+        ).stdout
+    )["max_batch"]
+    assert (result["max_batch"], result["bound"], result["search_limit"]) == (
+        MAX_SEARCHED_BATCH,
+        "search limit",
+        MAX_SEARCHED_BATCH,
+    )
+    assert result["checks"] == 1 and result["line_max_batch"] > MAX_SEARCHED_BATCH

@@ -163,6 +163,7 @@ def _search(prefix: str) -> set[str]:
         "gradient_accumulation.steps",
         "gradient_accumulation.effective_batch",
         "line_max_batch",
+        "search_limit",
         "max_batch",
         "reason",
         "verified",

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -219,3 +220,30 @@ def test_the_fix_log_path_is_checked(tmp_path: Path, fix_log: str, message: str)
     with pytest.raises(FixLogError, match=message):
         LlmSettings(fix_log=fix_log).fix_log_path(tmp_path)
     assert LlmSettings(fix_log="docs/fixes.md").fix_log_path(tmp_path) == tmp_path / "docs" / "fixes.md"
+
+
+def test_the_probe_imports_nothing_of_the_current_folder(tmp_path: Path, monkeypatch) -> None:
+    """`python -c` puts the current folder first on sys.path: a cloned repository's json.py,
+    platform.py or torch.py would be imported by the probe of `prompt`, `fix --ai` and the
+    editor's Ask AI. The probe runs from an empty folder of its own."""
+    marker = tmp_path / "imported"
+    for name in ("json", "platform", "torch", "sitecustomize"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    monkeypatch.chdir(tmp_path)
+    facts = probe_environment(os.path.relpath(sys.executable))  # a relative path is found from here, as typed
+    assert facts.python is not None and facts.problem is None, facts
+    assert not marker.exists()
+
+
+def test_the_accelerate_probe_runs_from_an_empty_folder(tmp_path: Path, monkeypatch) -> None:
+    from oom_lsp.estimate.distributed import WorldSizeError, accelerate_environment
+
+    marker = tmp_path / "imported"
+    (tmp_path / "json.py").write_text(f"open({str(marker)!r}, 'w').write('json')\n")
+    (tmp_path / "accelerate.yaml").write_text("distributed_type: MULTI_GPU\n")
+    monkeypatch.chdir(tmp_path)
+    try:
+        accelerate_environment(sys.executable, Path("accelerate.yaml"), 2, None)
+    except WorldSizeError as error:  # accelerate not installed here: still, nothing was imported
+        assert "accelerate.yaml" in str(error)
+    assert not marker.exists()

@@ -41,6 +41,12 @@ def _project(tmp_path: Path, train: str = TRAIN) -> Path:
     return project
 
 
+def _listing(project: Path) -> list[str]:
+    """The project's files, but for the `__pycache__` Python writes when the notebook imports
+    its module (as its kernel would; absent where PYTHONDONTWRITEBYTECODE is set)."""
+    return sorted(path.name for path in project.iterdir() if path.name != "__pycache__")
+
+
 def _top_lines(output: str) -> list[str]:
     lines = output.splitlines()
     start = end = lines.index("  top lines at the peak:") + 1
@@ -61,7 +67,7 @@ def _estimate(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_estimate_runs_the_cells_and_names_cells(tmp_path: Path) -> None:
     project = _project(tmp_path)
-    before = sorted(path.name for path in project.iterdir())
+    before = _listing(project)
     text = _estimate(tmp_path, "--gpu-memory", "8GiB")
     assert text.returncode == 0, text.stderr
     assert text.stderr.splitlines()[0] == (
@@ -77,7 +83,7 @@ def test_estimate_runs_the_cells_and_names_cells(tmp_path: Path) -> None:
     # The notebook's own module counts as the user's code, as in its kernel.
     assert "project/models.py:5" in places
     assert ".oom-lsp-" not in text.stdout + text.stderr
-    assert sorted(path.name for path in project.iterdir()) == before  # the script is gone
+    assert _listing(project) == before  # the script is gone
 
     report = json.loads(_estimate(tmp_path, "--format", "json").stdout)
     assert report["script"] == str(project / "train.ipynb")
@@ -119,4 +125,4 @@ def test_a_cell_that_cannot_run_or_a_broken_file_is_one_line(tmp_path: Path) -> 
         "oom-lsp estimate: project/train.ipynb: not a notebook: invalid JSON: "
         "Expecting value at line 1, column 12\n"
     )
-    assert sorted(path.name for path in project.iterdir()) == ["config.json", "models.py", "train.ipynb"]
+    assert _listing(project) == ["config.json", "models.py", "train.ipynb"]

@@ -214,3 +214,19 @@ def test_full_frames_the_line_python_numbers_below_a_form_feed_or_u2028() -> Non
     finding = _finding("OOM501", "torch-load-without-map-location", 3, 8, 26, Severity.WARNING, None)
     block = render("full", [Checked("train.py", [finding], source)])
     assert '3 | state = torch.load("x.pt")' in block.splitlines()
+
+
+def test_the_human_formats_print_no_control_character_of_the_file() -> None:
+    """A comment can hold the sequence that retitles a terminal (`ESC ] 0 ; ... BEL`) or
+    reorders a line (RLO): drawn as Ruff draws them, one character each, so the carets stay."""
+    source = 'import torch\nstate = torch.load("x.pt")  # \x1b]0;pwned\x07 \x1b[2J \u202e \x9b\n'
+    finding = _finding("OOM501", "torch-load-without-map-location", 2, 8, 26, Severity.WARNING, SAFE_FIX)
+    escaped = Checked("evil\x1b[31m.py", [finding], source)
+    for name in ("text", "full"):
+        out = render(name, [escaped])
+        assert not [char for char in out if ord(char) < 0x20 and char != "\n"], (name, out)
+        assert "\x7f" not in out and "\u202e" not in out and "\x9b" not in out
+        assert "evil␛[31m.py" in out
+    frame = render("full", [escaped]).splitlines()
+    assert frame[4] == '2 | state = torch.load("x.pt")  # ␛]0;pwned␇ ␛[2J � �'
+    assert frame[5] == "  |         ^^^^^^^^^^^^^^^^^^ OOM501"

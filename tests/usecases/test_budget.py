@@ -26,6 +26,9 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SCRIPT = FIXTURES / "budget" / "train_mlp.py"
 PACKAGE = Path(__file__).resolve().parents[2] / "oom_lsp"
 
+RUNNING = "oom-lsp check: budget gate: running "  # the line before each script runs
+# The console script's interpreter (its shebang): the default --python of the gate.
+_PYTHON = Path(console.OOM_LSP).read_text().splitlines()[0].removeprefix("#!").strip()
 # A file with one lint finding (OOM501, shown by default: Llama 2 7B's weights), to see
 # that the lint part of the run still reports.
 RISKY = (
@@ -44,8 +47,10 @@ def _batch_size_position(path: Path) -> tuple[int, int]:
 
 
 @pytest.fixture
-def project(tmp_path: Path) -> Path:
+def project(tmp_path: Path, user_config) -> Path:
+    """A project the user trusts (its estimate-scripts run: test_trust below for one not)."""
     shutil.copy(SCRIPT, tmp_path / "train.py")
+    user_config(trusted=[tmp_path])
     return tmp_path
 
 
@@ -130,7 +135,9 @@ def test_under_the_budget_passes_and_says_so(project):
     assert (quiet.returncode, quiet.stdout) == (0, "")
     github = _run(project, "--budget", "1GiB", "--estimate-script", "train.py", "--format", "github")
     assert (github.returncode, github.stdout) == (0, "")
-    assert result.stderr == quiet.stderr == github.stderr == ""  # no progress line off a terminal
+    # Off a terminal no progress line: the script about to run, and nothing with -q.
+    running = f"oom-lsp check: budget gate: running train.py with {_PYTHON}\n"
+    assert (result.stderr, github.stderr, quiet.stderr) == (running, running, "")
 
 
 def test_a_terminal_shows_the_estimate_s_progress_line(project):
@@ -213,7 +220,7 @@ def test_a_script_not_in_the_baseline_is_only_checked_against_the_budget(project
 
 
 def _one_error_line(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if line.strip()]
+    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith(RUNNING)]
     assert len(lines) == 1, stderr
     assert "Traceback" not in stderr
     return lines[0]
@@ -429,3 +436,62 @@ def test_the_language_server_never_imports_the_gate():
             )
             offenders += [f"{path.name}: {name}" for name in names if "budget" in name]
     assert offenders == []
+
+
+# --- Trust: a project's configuration runs nothing unless the user says so ---------------------------
+
+
+def test_an_untrusted_projects_scripts_do_not_run_and_the_line_says_how_to_allow_them(
+    tmp_path: Path, user_config
+) -> None:
+    """A cloned repository's pyproject.toml names a script that leaves a marker: `--check`
+    (what its README and every CI run do) must not run it; one line says what was asked and
+    how to allow it, exit 2 (the gate did not answer), the lint findings still reported."""
+    user_config(trusted=[tmp_path / "elsewhere"])
+    project = tmp_path / "clone"
+    project.mkdir()
+    marker = tmp_path / "ran"
+    (project / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (project / "risky.py").write_text(RISKY)
+    _config(project, 'budget = "24GiB"\nestimate-scripts = ["evil.py --epochs 1"]\n')
+    result = _run(project)
+    assert result.returncode == 2
+    assert not marker.exists()
+    assert _one_error_line(result.stderr) == (
+        "error: budget gate: pyproject.toml asks to run its estimate-scripts (evil.py --epochs 1), the "
+        f"project's own code: not run, since {project} is not in your trusted-projects. Name the script "
+        "yourself (--estimate-script 'evil.py --epochs 1'), trust the project (trusted-projects = "
+        f'["{project}"] in {Path(os.environ["XDG_CONFIG_HOME"]) / "oom-lsp" / "config.toml"}), or skip the '
+        "gate (--no-budget)"
+    )
+    assert result.stdout.startswith("risky.py:3:23: OOM501 ")
+    # A budget on the command line is a number, not consent to run the configuration's scripts.
+    assert _run(project, "--budget", "48GiB").returncode == 2 and not marker.exists()
+    assert _run(project, "--no-budget").returncode == 1 and not marker.exists()
+
+
+def test_trusted_projects_and_named_scripts_run(tmp_path: Path, user_config) -> None:
+    _needs_torch()
+    project = tmp_path / "mine"
+    project.mkdir()
+    shutil.copy(SCRIPT, project / "train.py")
+    _config(project, 'budget = "8GiB"\nestimate-scripts = ["train.py --epochs 1"]\n')
+    user_config()
+    named = _run(project, "--estimate-script", "train.py --epochs 1")
+    assert named.returncode == 0, named.stderr
+    assert named.stderr == f"{RUNNING}train.py --epochs 1 with {_PYTHON}\n"
+    user_config(trusted=[project])
+    trusted = _run(project)
+    assert trusted.returncode == 0, trusted.stderr
+    assert "Memory budget: train.py --epochs 1: predicted peak" in trusted.stdout
+
+
+def test_a_baseline_outside_the_project_is_refused(project) -> None:
+    _config(project, 'budget = "1GiB"\nestimate-scripts = ["train.py"]\nbudget-baseline = "../baseline.json"\n')
+    result = _run(project, "--update-baseline")
+    assert result.returncode == 2
+    assert _one_error_line(result.stderr) == (
+        f"error: pyproject.toml: budget-baseline ../baseline.json is outside the project {project}; "
+        "set it to a path inside it (or pass --baseline FILE)"
+    )
+    assert not (project.parent / "baseline.json").exists()

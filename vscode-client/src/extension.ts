@@ -4,6 +4,7 @@
  * cancellable progress, and shows the last memory estimate in the status bar.
  */
 import { randomUUID } from "node:crypto";
+import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import * as vscode from "vscode";
@@ -25,6 +26,7 @@ import {
 import {
   COMMAND_PURPOSE,
   EstimateResult,
+  RUNS_WORKSPACE_CODE,
   MemoryStatus,
   OomError,
   ProfileResult,
@@ -44,10 +46,11 @@ import {
   memoryStatusView,
   profileArguments,
   unavailableMessage,
+  untrustedMessage,
 } from "./common/commands";
 import { nodeProbes } from "./common/probes";
 import { onDidChangeInterpreter, selectedInterpreter } from "./common/python";
-import { ServerCommand, expandPathSetting, resolveServerCommand } from "./common/server";
+import { ServerCommand, expandPathSetting, resolveServerCommand, usableExtensionInterpreter } from "./common/server";
 import {
   RESTART_SETTINGS,
   SECTION,
@@ -83,6 +86,9 @@ class OomLspExtension implements vscode.Disposable {
   private readonly progressAdopters: ((token: ProgressToken) => void)[] = [];
   private readonly explanations = new Map<string, string>();
   private explanationCount = 0;
+  // The server's working folder: empty, so that `python -m oom_lsp` imports nothing of the
+  // workspace (`-m` puts the working folder first on sys.path).
+  private neutralFolder: string | undefined;
 
   constructor() {
     this.statusBar.name = "oom-lsp memory";
@@ -109,6 +115,8 @@ class OomLspExtension implements vscode.Disposable {
         provideTextDocumentContent: (uri) => this.explanations.get(uri.toString()),
       }),
       vscode.workspace.onDidChangeConfiguration((event) => this.onDidChangeConfiguration(event)),
+      // Restricted Mode lifted: the server offers the lenses and commands that run the workspace's code.
+      vscode.workspace.onDidGrantWorkspaceTrust(() => this.onDidGrantWorkspaceTrust()),
       vscode.window.onDidChangeActiveTextEditor(() => this.updateStatusBar()),
     );
     const interpreterWatch = await onDidChangeInterpreter(() => {
@@ -176,11 +184,20 @@ class OomLspExtension implements vscode.Disposable {
       workspaceFolder: this.workspaceFolder()?.uri.fsPath ?? null,
       home: os.homedir(),
     };
+    const trusted = vscode.workspace.isTrusted;
+    const folders = (vscode.workspace.workspaceFolders ?? []).map((folder) => folder.uri.fsPath);
+    const selected = await selectedInterpreter(resource);
+    const pythonExtensionInterpreter = usableExtensionInterpreter(selected, trusted, folders);
+    if (selected !== null && pythonExtensionInterpreter === null) {
+      this.outputChannel.info(
+        `Restricted Mode: not starting the workspace's own Python (${selected[0]}); trust the workspace to use it`,
+      );
+    }
     const resolution = await resolveServerCommand(
       {
         path: expandPathSetting(settings.path, variables),
         interpreter: expandPathSetting(settings.interpreter, variables),
-        pythonExtensionInterpreter: await selectedInterpreter(resource),
+        pythonExtensionInterpreter,
       },
       nodeProbes,
     );
@@ -195,7 +212,7 @@ class OomLspExtension implements vscode.Disposable {
       command: server.command,
       args: server.args,
       transport: TransportKind.stdio,
-      options: { env: { ...process.env, PYTHONUNBUFFERED: "1" } },
+      options: { cwd: this.serverFolder(), env: { ...process.env, PYTHONUNBUFFERED: "1" } },
     };
     const client = new LanguageClient(CLIENT_ID, CLIENT_NAME, serverOptions, this.clientOptions());
     this.clientSubscriptions.push(client.onNotification(MEMORY_STATUS, (status) => this.onMemoryStatus(status)));
@@ -225,6 +242,13 @@ class OomLspExtension implements vscode.Disposable {
     this.server = server;
   }
 
+  private serverFolder(): string {
+    if (this.neutralFolder === undefined || !fs.existsSync(this.neutralFolder)) {
+      this.neutralFolder = fs.mkdtempSync(path.join(os.tmpdir(), "oom-lsp-server-"));
+    }
+    return this.neutralFolder;
+  }
+
   private clientOptions(): LanguageClientOptions {
     return {
       documentSelector: [
@@ -232,7 +256,7 @@ class OomLspExtension implements vscode.Disposable {
         { scheme: "untitled", language: "python" },
         { scheme: "vscode-notebook-cell", language: "python" },
       ],
-      initializationOptions: buildInitializationOptions(configurationFor()),
+      initializationOptions: buildInitializationOptions(configurationFor(), vscode.workspace.isTrusted),
       outputChannel: this.outputChannel,
       revealOutputChannelOn: RevealOutputChannelOn.Never,
       middleware: {
@@ -256,7 +280,10 @@ class OomLspExtension implements vscode.Disposable {
             }
             return params.items.map((item, index) =>
               item.section === SECTION
-                ? buildServerSettings(readSettings(configurationFor(item.scopeUri ? vscode.Uri.parse(item.scopeUri) : undefined)))
+                ? buildServerSettings(
+                    readSettings(configurationFor(item.scopeUri ? vscode.Uri.parse(item.scopeUri) : undefined)),
+                    vscode.workspace.isTrusted,
+                  )
                 : answers[index],
             );
           },
@@ -268,10 +295,26 @@ class OomLspExtension implements vscode.Disposable {
   private onDidChangeConfiguration(event: vscode.ConfigurationChangeEvent): void {
     if (RESTART_SETTINGS.some((key) => event.affectsConfiguration(key))) {
       void this.restart();
-    } else if (event.affectsConfiguration(SECTION) && this.client?.isRunning()) {
+    } else if (event.affectsConfiguration(SECTION)) {
+      this.sendSettings();
+    }
+  }
+
+  private sendSettings(): void {
+    if (this.client?.isRunning()) {
       void this.client.sendNotification(DidChangeConfigurationNotification.type, {
-        settings: { [SECTION]: buildServerSettings(readSettings(configurationFor())) },
+        settings: { [SECTION]: buildServerSettings(readSettings(configurationFor()), vscode.workspace.isTrusted) },
       });
+    }
+  }
+
+  private onDidGrantWorkspaceTrust(): void {
+    const settings = readSettings(configurationFor(this.workspaceResource()));
+    if (settings.path.length === 0 && settings.interpreter.length === 0) {
+      // The workspace's own Python (from the Python extension) may serve now: start again.
+      void this.restart();
+    } else {
+      this.sendSettings();
     }
   }
 
@@ -292,6 +335,13 @@ class OomLspExtension implements vscode.Disposable {
    * undefined when it failed, was cancelled or is not available (the user has
    * been told). */
   private async runServerCommand<T>(command: ServerCommandId, title: string, argument: object): Promise<T | undefined> {
+    if (RUNS_WORKSPACE_CODE.has(command) && !vscode.workspace.isTrusted) {
+      const choice = await vscode.window.showWarningMessage(untrustedMessage(command), "Manage Workspace Trust");
+      if (choice === "Manage Workspace Trust") {
+        await vscode.commands.executeCommand("workbench.trust.manage");
+      }
+      return undefined;
+    }
     const client = this.client;
     if (client === undefined || !client.isRunning()) {
       const choice = await vscode.window.showErrorMessage(
@@ -608,6 +658,9 @@ class OomLspExtension implements vscode.Disposable {
     await this.stop();
     for (const disposable of this.disposables) {
       disposable.dispose();
+    }
+    if (this.neutralFolder !== undefined) {
+      fs.rmSync(this.neutralFolder, { recursive: true, force: true });
     }
   }
 }

@@ -1,4 +1,6 @@
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import * as path from "node:path";
 import { test } from "node:test";
 import {
   describeCommandError,
@@ -13,6 +15,8 @@ import {
   memoryStatusView,
   profileArguments,
   ProgressRelay,
+  RUNS_WORKSPACE_CODE,
+  untrustedMessage,
 } from "../src/common/commands";
 import { readSettings } from "../src/common/settings";
 
@@ -203,4 +207,22 @@ test("only the what-if's table opens as a Markdown preview", () => {
   assert.equal(isWhatIfTable("file:///home/me/project/notes.md"), false);
   assert.equal(isWhatIfTable("file:///home/me/project/.oom_lsp/what-if/train.json"), false);
   assert.equal(isWhatIfTable("file:///home/me/project/train.py"), false);
+});
+
+test("Restricted Mode: the commands that run the workspace's code are the palette entries hidden until trust", () => {
+  assert.deepEqual(
+    [...RUNS_WORKSPACE_CODE].sort(),
+    ["oom-lsp.estimate", "oom-lsp.profile", "oom-lsp.validateFix", "oom-lsp.whatIf"],
+  );
+  const manifest = JSON.parse(readFileSync(path.resolve(__dirname, "../../package.json"), "utf8"));
+  assert.equal(manifest.capabilities.untrustedWorkspaces.supported, "limited");
+  const hidden = manifest.contributes.menus.commandPalette
+    .filter((entry: { when?: string }) => entry.when?.includes("isWorkspaceTrusted"))
+    .map((entry: { command: string }) => entry.command)
+    .sort();
+  assert.deepEqual(hidden, ["oomLsp.estimateFile", "oomLsp.profileFile", "oomLsp.validateFix", "oomLsp.whatIfFile"]);
+  assert.equal(
+    untrustedMessage("oom-lsp.estimate"),
+    "oom-lsp: to estimate peak memory, oom-lsp runs this workspace's code, and the workspace is in Restricted Mode. Trust the workspace to run it.",
+  );
 });

@@ -1,6 +1,13 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { Probes, ResolutionInputs, expandPathSetting, resolveServerCommand } from "../src/common/server";
+import {
+  Probes,
+  ResolutionInputs,
+  expandPathSetting,
+  insideFolders,
+  resolveServerCommand,
+  usableExtensionInterpreter,
+} from "../src/common/server";
 
 /** A machine: which programs exist, which interpreters have oom_lsp, what PATH has. */
 function machine(options: { runnable?: string[]; withOomLsp?: string[]; onPath?: Record<string, string> }): Probes & {
@@ -132,4 +139,16 @@ test("path settings expand ${workspaceFolder}, ${userHome} and ~", () => {
     ["/w/.venv/bin/python", "/home/me/bin/x", "/home/me/y", "a~b"],
   );
   assert.deepEqual(expandPathSetting(["${workspaceFolder}/p"], { workspaceFolder: null, home: "/h" }), ["${workspaceFolder}/p"]);
+});
+
+test("in Restricted Mode the workspace's own interpreter is not started; any other is", () => {
+  const folders = ["/home/me/clone", "C:\\work\\other\\"];
+  const venv = ["/home/me/clone/.venv/bin/python"];
+  assert.equal(usableExtensionInterpreter(venv, false, folders), null);
+  assert.equal(usableExtensionInterpreter(["C:\\work\\other\\.venv\\Scripts\\python.exe"], false, folders), null);
+  assert.deepEqual(usableExtensionInterpreter(["/usr/bin/python3"], false, folders), ["/usr/bin/python3"]);
+  assert.deepEqual(usableExtensionInterpreter(["/home/me/clone-2/bin/python"], false, folders), ["/home/me/clone-2/bin/python"]);
+  assert.deepEqual(usableExtensionInterpreter(venv, true, folders), venv);
+  assert.equal(usableExtensionInterpreter(null, false, folders), null);
+  assert.equal(insideFolders("/home/me/clone", folders), true);
 });

@@ -3,7 +3,7 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import * as path from "node:path";
 import { beforeEach, test } from "node:test";
 import { __setConfiguration } from "./stub/vscode";
-import { buildInitializationOptions, configurationFor, readSettings } from "../src/common/settings";
+import { buildInitializationOptions, buildServerSettings, configurationFor, readSettings } from "../src/common/settings";
 
 // The payload that tests/server/test_vscode_init_options.py replays against the real server.
 const FIXTURE = path.resolve(__dirname, "../../../tests/server/fixtures/vscode_initialization_options.json");
@@ -113,4 +113,14 @@ test("the extension-only settings are read for the extension", () => {
   assert.deepEqual(settings.interpreter, ["/opt/venv/bin/python"]);
   assert.equal(settings.gpu, "RTX 3090");
   assert.deepEqual(settings.profile, { entryPoint: "train.py", args: ["--epochs", "1"], steps: 2 });
+});
+
+test("an untrusted workspace is said to the server, in both payloads; a trusted one sends nothing new", () => {
+  __setConfiguration(USER_SETTINGS);
+  const untrusted = buildInitializationOptions(configurationFor(), false);
+  assert.equal(untrusted.settings.workspaceTrusted, false);
+  assert.deepEqual(buildServerSettings(readSettings(configurationFor()), false), untrusted.settings);
+  const { workspaceTrusted: _, ...rest } = untrusted.settings;
+  assert.deepEqual({ settings: rest }, EXPECTED_PAYLOAD);
+  assert.equal("workspaceTrusted" in buildInitializationOptions(configurationFor(), true).settings, false);
 });

@@ -17,6 +17,20 @@ export const SERVER_COMMANDS = {
 
 export type ServerCommandId = (typeof SERVER_COMMANDS)[keyof typeof SERVER_COMMANDS];
 
+/** The server commands that run the workspace's code (its scripts, under the user's Python):
+ * not offered in VS Code's restricted mode, where the server sends no lens for them either. */
+export const RUNS_WORKSPACE_CODE: ReadonlySet<ServerCommandId> = new Set<ServerCommandId>([
+  SERVER_COMMANDS.profile,
+  SERVER_COMMANDS.estimate,
+  SERVER_COMMANDS.whatIf,
+  SERVER_COMMANDS.validateFix,
+]);
+
+/** Why a command is not run in restricted mode, in one line the user can act on. */
+export function untrustedMessage(command: ServerCommandId): string {
+  return `oom-lsp: to ${COMMAND_PURPOSE[command]}, oom-lsp runs this workspace's code, and the workspace is in Restricted Mode. Trust the workspace to run it.`;
+}
+
 /** What each server command does, for messages ("... cannot profile memory"). */
 export const COMMAND_PURPOSE: Record<ServerCommandId, string> = {
   "oom-lsp.profile": "profile memory",

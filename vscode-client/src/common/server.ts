@@ -123,3 +123,23 @@ export function expandPathSetting(words: string[], variables: { workspaceFolder:
     return expanded;
   });
 }
+
+/** Whether `file` lies in one of `folders` (or is one): in Restricted Mode an interpreter inside
+ * the workspace (its `.venv`) is a program the workspace brought, and is not started. */
+export function insideFolders(file: string, folders: readonly string[]): boolean {
+  const normal = (name: string) => name.replace(/\\/g, "/").replace(/\/+$/, "");
+  const target = normal(file);
+  return folders.map(normal).some((folder) => target === folder || target.startsWith(`${folder}/`));
+}
+
+/** The Python extension's interpreter, unless the workspace is untrusted and brought it. */
+export function usableExtensionInterpreter(
+  interpreter: string[] | null,
+  trusted: boolean,
+  workspaceFolders: readonly string[],
+): string[] | null {
+  if (trusted || interpreter === null || interpreter.length === 0) {
+    return interpreter;
+  }
+  return insideFolders(interpreter[0], workspaceFolders) ? null : interpreter;
+}

@@ -157,8 +157,14 @@ export function readSettings(config: ConfigurationReader): ExtensionSettings {
  * `logLevel` / `logFile`, and the settings of its commands). */
 export type ServerSettings = Record<string, unknown>;
 
-export function buildServerSettings(settings: ExtensionSettings): ServerSettings {
+/** `trusted`: VS Code's workspace trust. An untrusted workspace is said (`workspaceTrusted:
+ * false`): the server then sends no lens, and runs no command, that runs the workspace's code.
+ * Trusted is the server's default, so nothing is sent for it. */
+export function buildServerSettings(settings: ExtensionSettings, trusted = true): ServerSettings {
   const payload: ServerSettings = {};
+  if (!trusted) {
+    payload.workspaceTrusted = false;
+  }
   if (settings.select !== null) {
     payload.select = settings.select;
   }
@@ -227,8 +233,8 @@ function buildLlmSettings(llm: LlmSettings): Record<string, unknown> {
 
 /** What the extension sends as `initializationOptions`: the same object it
  * answers to `workspace/configuration`, so both paths agree. */
-export function buildInitializationOptions(config: ConfigurationReader): { settings: ServerSettings } {
-  return { settings: buildServerSettings(readSettings(config)) };
+export function buildInitializationOptions(config: ConfigurationReader, trusted = true): { settings: ServerSettings } {
+  return { settings: buildServerSettings(readSettings(config), trusted) };
 }
 
 /** The `oomLsp` configuration of a resource (or of the window). */
