@@ -184,6 +184,7 @@ SERVER_CORE = {
     "oom_lsp.server.logs",
     "oom_lsp.server.positions",
     "oom_lsp.server.settings",
+    "oom_lsp.server.scheduling",  # one pending analysis per document, stale requests answered
 }
 SERVER_ROOTS = {"oom_lsp.server", "oom_lsp.server.features"}  # start_server, create_server
 

@@ -23,7 +23,12 @@ from oom_lsp.usecases.budget import write_baseline
 from tests.hostile_repo import snapshot
 
 VICTIM_TEXT = "# the user's own file\n"
-RISKY = 'import torch\nmodel = torch.nn.Linear(4, 4).cuda()\nmodel.load_state_dict(torch.load("m.pt"))\n'
+# OOM501 shown by default (Llama 2 7B's weights restored without map_location).
+RISKY = (
+    "import torch, transformers\n"
+    'model = transformers.AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf").cuda()\n'
+    'model.load_state_dict(torch.load("m.pt"))\n'
+)
 
 
 @pytest.fixture

@@ -36,10 +36,12 @@ from oom_lsp.server.jobs import (
     document_version,
     interpreter,
     latest_report,
+    require_trusted_workspace,
     results_folder,
     script_of,
     send_memory_status,
     store_result,
+    write_result,
 )
 from oom_lsp.server.positions import PositionConverter, split_lines
 from oom_lsp.server.protocol import RequestFailed

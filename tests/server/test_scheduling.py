@@ -46,7 +46,7 @@ async def test_a_newer_text_replaces_the_waiting_analysis_and_the_same_text_shar
 
 
 async def test_notification_handlers_leave_no_future_behind() -> None:
-    from oom_lsp.server.server import create_server
+    from oom_lsp.server.features import create_server
 
     server = create_server()
 
