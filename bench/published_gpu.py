@@ -21,9 +21,11 @@ Sources (each row names its own; the configs are the sources' own, the code ours
 
     .venv/bin/python bench/published_gpu.py [--rows hf_vanilla,...] [--json out.json]
 
-Not yet reproduced here (their configs are known, the scripts are not written): lit-gpt's LoRA
-resource table (A100 40GB, max_memory_allocated; tutorials/resource-tables.md at Lightning-AI/litgpt)
-and torchtune's Llama 3.2 3B full finetune (A100, peak active).
+* lit-gpt's LoRA resource table (tutorials/resource-tables.md of Lightning-AI/litgpt, PyTorch 2.1 and
+  Lit-GPT commit 8641822): phi-1.5, StableLM Alpha 3B, Llama 2 7B and 13B, bf16-true, LoRA on query
+  and value, on one A100 40GB; "Max GPU RAM" = max_memory_allocated / 1e9, and its OOM rows.
+
+Not yet reproduced here: torchtune's Llama 3.2 3B full finetune (A100, peak active).
 """
 
 from __future__ import annotations
