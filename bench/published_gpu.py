@@ -21,9 +21,11 @@ Sources (each row names its own; the configs are the sources' own, the code ours
 
     .venv/bin/python bench/published_gpu.py [--rows hf_vanilla,...] [--json out.json]
 
-Not yet reproduced here (their configs are known, the scripts are not written): lit-gpt's LoRA
-resource table (A100 40GB, max_memory_allocated; tutorials/resource-tables.md at Lightning-AI/litgpt)
-and torchtune's Llama 3.2 3B full finetune (A100, peak active).
+* lit-gpt's LoRA resource table (tutorials/resource-tables.md of Lightning-AI/litgpt, PyTorch 2.1 and
+  Lit-GPT commit 8641822): phi-1.5, StableLM Alpha 3B, Llama 2 7B and 13B, bf16-true, LoRA on query
+  and value, on one A100 40GB; "Max GPU RAM" = max_memory_allocated / 1e9, and its OOM rows.
+
+Not yet reproduced here: torchtune's Llama 3.2 3B full finetune (A100, peak active).
 """
 
 from __future__ import annotations
@@ -101,6 +103,189 @@ HF_ROWS = [
     ),
 ]
 
+LITGPT_SOURCE = (
+    "https://github.com/Lightning-AI/litgpt/blob/bc35e1b7/tutorials/resource-tables.md "
+    "(Lit-GPT commit 8641822, PyTorch 2.1)"
+)
+
+# Lit-GPT's GPT (lit_gpt/model.py, lit_gpt/lora.py at 8641822) written again from its description:
+# fused qkv with LoRA on query and value (r 8, alpha 16, dropout 0.05, finetune/lora.py's defaults),
+# RoPE on the first rope_n_elem channels, causal SDPA (no flash_attn package), LayerNorm or RMSNorm
+# (computed in the model's dtype), GPT-NeoX (GELU) or LLaMA (SwiGLU) MLP, parallel or sequential
+# residual, the lm_head applied in chunks of 128 tokens and a chunked cross entropy. bf16-true: every
+# weight in bfloat16. One micro-batch of the longest Alpaca example per step, as the table's runs
+# peak on it (get_batch pads to the longest sequence of the micro-batch).
+LITGPT_SCRIPT = """
+import math
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+cfg = {config!r}
+micro_batch_size, seq_len = {micro_batch_size}, {seq_len}
+r, alpha, lora_dropout = 8, 16, 0.05
+head_size = cfg["n_embd"] // cfg["n_head"]
+rope_n_elem = int(cfg["rotary_percentage"] * head_size)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x):
+        norm_x = torch.mean(x * x, dim=-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(norm_x + self.eps))
+
+
+def norm():
+    return RMSNorm(cfg["n_embd"]) if cfg["rmsnorm"] else nn.LayerNorm(cfg["n_embd"], eps=1e-5)
+
+
+class LoRAQKV(nn.Module):
+    def __init__(self):
+        super().__init__()
+        c = cfg["n_embd"]
+        self.linear = nn.Linear(c, 3 * c, bias=cfg["bias"])
+        self.lora_A = nn.Parameter(torch.zeros(2 * r, c))
+        self.lora_B = nn.Parameter(torch.zeros(2 * c, r))
+        self.dropout = nn.Dropout(lora_dropout)
+
+    def forward(self, x):
+        pretrained = self.linear(x)
+        after_a = F.linear(self.dropout(x), self.lora_A)
+        # lit-gpt's grouped conv1d: each enabled matrix gets its own r columns of A and rows of B
+        after_b = F.conv1d(after_a.transpose(-2, -1), self.lora_B.unsqueeze(-1), groups=2).transpose(-2, -1)
+        c = cfg["n_embd"]
+        # zero_pad: the lora output placed at the query and value columns of a full-size zero tensor
+        padded = after_b.new_zeros((*after_b.shape[:-1], 3 * c))
+        padded = padded.index_copy(-1, torch.cat([torch.arange(c), torch.arange(2 * c, 3 * c)]).to(x.device), after_b)
+        return pretrained + padded * (alpha / r)
+
+
+def apply_rope(x, cos, sin):
+    half = x.size(-1) // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return ((x * cos) + (rotated * sin)).type_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        c = cfg["n_embd"]
+        self.norm_1 = norm()
+        self.norm_2 = None if cfg["shared_attention_norm"] else norm()
+        self.attn = LoRAQKV()
+        self.proj = nn.Linear(c, c, bias=cfg["bias"])
+        if cfg["llama_mlp"]:
+            self.fc_1 = nn.Linear(c, cfg["intermediate_size"], bias=cfg["bias"])
+            self.fc_2 = nn.Linear(c, cfg["intermediate_size"], bias=cfg["bias"])
+        else:
+            self.fc = nn.Linear(c, cfg["intermediate_size"], bias=cfg["bias"])
+        self.mlp_proj = nn.Linear(cfg["intermediate_size"], c, bias=cfg["bias"])
+
+    def mlp(self, x):
+        if cfg["llama_mlp"]:
+            return self.mlp_proj(F.silu(self.fc_1(x)) * self.fc_2(x))
+        return self.mlp_proj(F.gelu(self.fc(x), approximate=cfg["gelu_approximate"]))
+
+    def attention(self, x, cos, sin):
+        B, T, C = x.size()
+        qkv = self.attn(x).view(B, T, cfg["n_head"], 3, head_size).permute(0, 2, 3, 1, 4)
+        q, k, v = qkv.split((1, 1, 1), dim=2)
+        q, k, v = (t.reshape(B, -1, T, head_size) for t in (q, k, v))
+        q = torch.cat((apply_rope(q[..., :rope_n_elem], cos, sin), q[..., rope_n_elem:]), dim=-1)
+        k = torch.cat((apply_rope(k[..., :rope_n_elem], cos, sin), k[..., rope_n_elem:]), dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, scale=1.0 / math.sqrt(head_size), is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+    def forward(self, x, cos, sin):
+        n_1 = self.norm_1(x)
+        h = self.attention(n_1, cos, sin)
+        if cfg["parallel_residual"]:
+            n_2 = n_1 if cfg["shared_attention_norm"] else self.norm_2(x)
+            return x + h + self.mlp(n_2)
+        x = x + h
+        return x + self.mlp(self.norm_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(cfg["padded_vocab_size"], cfg["n_embd"])
+        self.h = nn.ModuleList(Block() for _ in range(cfg["n_layer"]))
+        self.ln_f = norm()
+        self.lm_head = nn.Linear(cfg["n_embd"], cfg["padded_vocab_size"], bias=cfg["lm_head_bias"])
+        theta = 1.0 / (10000 ** (torch.arange(0, rope_n_elem, 2).float() / rope_n_elem))
+        idx_theta = torch.outer(torch.arange(cfg["block_size"]).float(), theta).repeat(1, 2)
+        self.register_buffer("cos", torch.cos(idx_theta), persistent=False)
+        self.register_buffer("sin", torch.sin(idx_theta), persistent=False)
+
+    def forward(self, idx):
+        T = idx.size(1)
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = self.wte(idx)
+        for block in self.h:
+            x = block(x, cos, sin)
+        x = self.ln_f(x)
+        return [self.lm_head(x_i) for x_i in x.split(128, dim=1)]
+
+
+def chunked_cross_entropy(logits, targets):
+    logits = [chunk.reshape(-1, chunk.size(-1)) for chunk in logits]
+    targets = [chunk.reshape(-1) for chunk in targets.split(128, dim=1)]
+    losses = [F.cross_entropy(l, t, ignore_index=-1, reduction="none") for l, t in zip(logits, targets)]
+    return torch.cat(losses).sum() / (targets[0].numel() * len(targets))
+
+
+torch.set_default_dtype(torch.bfloat16)
+model = GPT().to("cuda")
+for name, parameter in model.named_parameters():
+    parameter.requires_grad = "lora_" in name
+optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-4, weight_decay=0.01)
+for step in range(2):
+    input_ids = torch.randint(0, cfg["vocab_size"], (micro_batch_size, seq_len), device="cuda")
+    targets = torch.randint(0, cfg["vocab_size"], (micro_batch_size, seq_len), device="cuda")
+    logits = model(input_ids)
+    loss = chunked_cross_entropy(logits, targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+_LLAMA = dict(rmsnorm=True, llama_mlp=True, bias=False, lm_head_bias=False, parallel_residual=False,
+              shared_attention_norm=False, rotary_percentage=1.0, vocab_size=32000, padded_vocab_size=32000,
+              block_size=4096, gelu_approximate="none")
+# lit_gpt/config.py at 8641822; block_size is the rope cache's length (the model's context)
+LITGPT_MODELS = {
+    "phi-1.5": (dict(_LLAMA, rmsnorm=False, llama_mlp=False, bias=True, lm_head_bias=True, parallel_residual=True,
+                     shared_attention_norm=True, rotary_percentage=0.5, vocab_size=50257, padded_vocab_size=51200,
+                     block_size=2048, n_layer=24, n_embd=2048, n_head=32, intermediate_size=8192,
+                     gelu_approximate="tanh"), 1044),
+    "stablelm-alpha-3b": (dict(_LLAMA, rmsnorm=False, llama_mlp=False, bias=True, parallel_residual=True,
+                               rotary_percentage=0.25, vocab_size=50254, padded_vocab_size=50688, n_layer=16,
+                               n_embd=4096, n_head=32, intermediate_size=16384), 1034),
+    "llama-2-7b": (dict(_LLAMA, n_layer=32, n_embd=4096, n_head=32, intermediate_size=11008), 1304),
+    "llama-2-13b": (dict(_LLAMA, n_layer=40, n_embd=5120, n_head=40, intermediate_size=13824), 1304),
+}
+# (row, model, micro-batch, "Max GPU RAM" in GB = max_memory_allocated / 1e9, None for OOM); the
+# bnb.nf4 rows are left out (bitsandbytes' CUDA kernels: no CPU trace of them)
+LITGPT_ROWS = [
+    ("litgpt_phi_mb1", "phi-1.5", 1, 4.82),
+    ("litgpt_phi_mb2", "phi-1.5", 2, 6.76),
+    ("litgpt_phi_mb4", "phi-1.5", 4, 10.68),
+    ("litgpt_stablelm_mb1", "stablelm-alpha-3b", 1, 9.69),
+    ("litgpt_stablelm_mb2", "stablelm-alpha-3b", 2, 12.10),
+    ("litgpt_stablelm_mb4", "stablelm-alpha-3b", 4, 16.92),
+    ("litgpt_llama2_7b_mb1", "llama-2-7b", 1, 21.30),
+    ("litgpt_llama2_7b_mb2", "llama-2-7b", 2, 29.07),
+    ("litgpt_llama2_7b_mb4", "llama-2-7b", 4, None),
+    ("litgpt_llama2_13b_mb1", "llama-2-13b", 1, 38.12),
+    ("litgpt_llama2_13b_mb2", "llama-2-13b", 2, None),
+    ("litgpt_llama2_13b_mb4", "llama-2-13b", 4, None),
+]
+
 
 def rows() -> list[dict]:
     found = []
@@ -115,6 +300,19 @@ def rows() -> list[dict]:
                 "published_bytes": mib * MIB,
                 "config": arguments,
                 "script": HF_SCRIPT.format(arguments=repr(arguments)),
+            }
+        )
+    for name, model, micro_batch_size, gb in LITGPT_ROWS:
+        config, seq_len = LITGPT_MODELS[model]
+        found.append(
+            {
+                "name": name,
+                "source": LITGPT_SOURCE,
+                "gpu": "A100 40GB",
+                "metric": "max_memory_allocated",
+                "published_bytes": None if gb is None else int(gb * 1e9),
+                "config": {"model": model, "micro_batch_size": micro_batch_size, "seq_len": seq_len},
+                "script": LITGPT_SCRIPT.format(config=config, micro_batch_size=micro_batch_size, seq_len=seq_len),
             }
         )
     return found
