@@ -749,7 +749,11 @@ def test_fix_counts_agree_in_one_output(tmp_path: Path) -> None:
     assert summary, out[-500:]
     total, fixed, remaining = map(int, summary.groups())
     assert listed == per_code == fixed > 0
-    assert total == found == fixed + remaining
+    # As Ruff counts: the fixed ones plus what a check finds after the fixes. A fix can make a
+    # finding of another rule (OOM401's list of batches is OOM306's GPU outputs kept over the
+    # loader), so the total may exceed the first check's, never fall below the fixed ones.
+    assert total == fixed + remaining
+    assert found <= total <= found + fixed
     again = console.run(["--check", "--no-cache", "."], tmp_path).stdout
     assert _count(r"^Found (\d+) errors\.$", again) == remaining
 
