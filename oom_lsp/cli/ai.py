@@ -382,7 +382,7 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
             from oom_lsp.script_args import running_line
 
             data = before.data
-            argv = list((data.argv if before.kind == "profile" else data.get("args")) or [])
+            argv = list((data.argv if before.kind == "profile" else data.args) or [])
             err.write(f"oom-lsp: re-running the {before.kind} of {args.script}\n")
             err.write(running_line("validate", args.script, argv, args.python) + "\n")
             result = validate.measure(
