@@ -221,7 +221,7 @@ def test_no_command_runs_the_repository_or_writes_outside_it(hostile):
     assert "warning: shared.py: not checked: a symbolic link to" in check.stderr
     assert "asks to run its estimate-scripts (evil.py --epochs 1), the project's own code: not run" in check.stderr
     fixed = answers["--check --fix"]
-    assert "3 fixed" in fixed.stdout and fixed.returncode == 2
+    assert "1 fixed" in fixed.stdout and fixed.returncode == 2  # OOM301 in train.py (the default level)
     assert "total_loss += loss.detach()" in (hostile.clone / "train.py").read_text()
     assert answers["prompt"].returncode == 0 and "## Context" in answers["prompt"].stdout
     assert answers["rule"].returncode == 0
@@ -257,7 +257,7 @@ def test_the_server_opens_every_planted_file_and_runs_none(hostile):
     assert answered["alive_after_each"] and answered["exit_code"] == 0
     files = answered["files"]
     assert files["deep.py"]["codes"] == ["OOM000"]
-    assert files["train.py"]["codes"] == ["OOM201", "OOM301", "OOM501"]
+    assert files["train.py"]["codes"] == ["OOM301"]  # the default level: OOM201 and OOM501 have no size shown here
     assert all(entry["actions_answered"] for entry in files.values())
     assert answered["explain"]["errors"][0]["frame"]["line"] == 9  # answered; its file not written
     assert not list((hostile.home / "folder").iterdir())

@@ -65,6 +65,10 @@ def run_profile(
     from oom_lsp.usecases.explain import next_steps
 
     run = ProfileRun(request, on_progress, on_output, cancel=cancel)
-    run.start()
-    report = run.wait()
+    try:
+        run.start()
+        report = run.wait()
+    except BaseException:  # Ctrl-C, a failure to start: no empty results folder is left behind
+        run.remove_created_folders()
+        raise
     return ProfileOutcome(report, next_steps(report.oom.error) if report.oom else [])
