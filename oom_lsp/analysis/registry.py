@@ -161,6 +161,13 @@ train.py:13:59: OOM103 Predicted peak 488 MiB grew 10.3% over the baseline 442 M
 Find what grew (`oom-lsp estimate train.py` shows the top modules and lines at
 the peak); when the growth is intended, record the new peak with
 `oom-lsp check --update-baseline` and commit the baseline.
+
+When the message says "tensors unchanged", the script's own tensors
+peak where they did when the baseline was written: the growth is in what the
+estimate adds around them (the CUDA context for the GPU and CUDA release, the
+caching allocator's segments). That follows an upgrade of oom-lsp, PyTorch or
+CUDA, not the change under review; record the new peak with
+`oom-lsp check --update-baseline`.
 """,
     why="The step is predicted to hold more memory than the baseline allows: the run moves towards an "
     "out-of-memory failure.",

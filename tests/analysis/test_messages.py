@@ -86,6 +86,7 @@ def _messages() -> dict[str, set[str]]:
     entry = "train.py --config configs/very/long/path/to/the/experiment.yaml --epochs 1"
     by_code["OOM100"].add(over_budget_message(int(123.4 * 2**30), 40960, 24 * 2**30, entry))
     by_code["OOM103"].add(growth_message(int(123.4 * 2**30), int(99.9 * 2**30), 1234.5, 2.5, entry))
+    by_code["OOM103"].add(growth_message(int(123.4 * 2**30), int(99.9 * 2**30), 1234.5, 2.5, entry, True))
     return by_code
 
 

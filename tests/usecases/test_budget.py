@@ -198,6 +198,7 @@ def test_growth_against_the_baseline_fails_and_the_baseline_is_written_and_read(
     finding = grown.stdout.splitlines()[0]
     assert finding.startswith(f"train.py:{line}:{column}: OOM103 Predicted peak "), finding
     assert f"over the baseline {format_bytes(peak, short=True)}, limit 5% (train.py)" in finding
+    assert "tensors unchanged" not in finding  # the tensors grew: the pull request did it
     # A larger allowance lets it through; the baseline itself is unchanged by a check.
     assert _run(project, "--max-growth", "1000%").returncode == 0
     assert read_baseline(project / "memory" / "baseline.json")["train.py"]["peak_bytes"] == peak
@@ -206,6 +207,21 @@ def test_growth_against_the_baseline_fails_and_the_baseline_is_written_and_read(
     assert refreshed.returncode == 0
     assert read_baseline(project / "memory" / "baseline.json")["train.py"]["peak_bytes"] > peak
     assert _run(project).returncode == 0
+
+
+def test_growth_outside_the_tensors_is_named(project):
+    """A baseline written before an upgrade that changed a term outside the tensors (here its
+    peak lowered by a tenth, its allocated peak as now): the finding says the tensors did not grow."""
+    _needs_torch()
+    _config(project, 'estimate-scripts = ["train.py"]\nbudget-baseline = "baseline.json"\n')
+    assert _run(project, "--update-baseline").returncode == 0
+    baseline = json.loads((project / "baseline.json").read_text())
+    baseline["scripts"]["train.py"]["peak_bytes"] = baseline["scripts"]["train.py"]["peak_bytes"] * 9 // 10
+    (project / "baseline.json").write_text(json.dumps(baseline))
+    grown = _run(project, "--format", "concise")
+    assert grown.returncode == 1, grown.stderr
+    finding = grown.stdout.splitlines()[0]
+    assert "OOM103" in finding and "limit 5%, tensors unchanged (train.py)" in finding, finding
 
 
 def test_a_script_not_in_the_baseline_is_only_checked_against_the_budget(project):
