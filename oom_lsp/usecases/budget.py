@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from oom_lsp import safe_files
 from oom_lsp.analysis.findings import Finding, Severity
 from oom_lsp.analysis.registry import PREDICTED_MEMORY_GROWTH, PREDICTED_OUT_OF_MEMORY
+from oom_lsp.analysis.rule import MESSAGE_LIMIT
 from oom_lsp.config import ProjectConfig, split_command
 from oom_lsp.edits import Position, Range
 from oom_lsp.estimate.results import Prediction
@@ -296,10 +297,12 @@ def growth_message(
     # around them (the CUDA context, the allocator's segments): an upgrade of oom-lsp, torch or
     # CUDA, not the pull request. The message says so; the rule's docs say what to do.
     unchanged = ", tensors unchanged" if tensors_unchanged else ""
-    return (
+    said = (
         f"Predicted peak {short_bytes(peak)} grew {growth:.1f}% over the baseline {short_bytes(baseline)}, "
-        f"limit {allowed:g}%{unchanged} ({_quoted(entry, _ENTRY_IN_MESSAGE - len(unchanged))})"
+        f"limit {allowed:g}%{unchanged}"
     )
+    room = max(_ENTRY_IN_MESSAGE - len(unchanged), MESSAGE_LIMIT - 1 - len(said) - len(" ()"))
+    return f"{said} ({_quoted(entry, min(room, _ENTRY_IN_MESSAGE))})"
 
 
 def tensors_unchanged(record: dict[str, Any], allocated: int) -> bool:
