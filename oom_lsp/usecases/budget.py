@@ -227,10 +227,7 @@ def read_baseline(path: Path) -> dict[str, dict[str, Any]]:
         raise ValueError(f"not JSON ({error})") from None
     scripts = data.get("scripts") if isinstance(data, dict) else None
     if not isinstance(scripts, dict) or not all(
-        isinstance(record, dict)
-        and isinstance(record.get("peak_bytes"), int)
-        and not isinstance(record.get("peak_bytes"), bool)
-        and record["peak_bytes"] > 0
+        isinstance(record, dict) and _byte_count(record.get("peak_bytes")) is not None
         for record in scripts.values()
     ):
         raise ValueError('expected {"scripts": {"<entry>": {"peak_bytes": <bytes>, ...}, ...}}')
@@ -301,17 +298,23 @@ def growth_message(
         f"Predicted peak {short_bytes(peak)} grew {growth:.1f}% over the baseline {short_bytes(baseline)}, "
         f"limit {allowed:g}%{unchanged}"
     )
-    room = max(_ENTRY_IN_MESSAGE - len(unchanged), MESSAGE_LIMIT - 1 - len(said) - len(" ()"))
-    return f"{said} ({_quoted(entry, min(room, _ENTRY_IN_MESSAGE))})"
+    # The entry gets what the one-line limit leaves, at most the usual share, and never less
+    # than that share minus the clause.
+    left = MESSAGE_LIMIT - 1 - len(said) - len(" ()")
+    room = min(_ENTRY_IN_MESSAGE, max(left, _ENTRY_IN_MESSAGE - len(unchanged)))
+    return f"{said} ({_quoted(entry, room)})"
 
 
 def tensors_unchanged(record: dict[str, Any], allocated: int) -> bool:
     """Whether the baseline's allocated peak (the tensors alone) is the one predicted now, within
     a tenth of a percent; False when the baseline does not record it."""
-    before = record.get("allocated_bytes")
-    if not isinstance(before, int) or isinstance(before, bool) or before <= 0:
-        return False
-    return abs(allocated - before) <= before / 1000
+    before = _byte_count(record.get("allocated_bytes"))
+    return before is not None and abs(allocated - before) <= before / 1000
+
+
+def _byte_count(value: object) -> int | None:
+    """A baseline's byte count: a positive int (JSON's true/false are not counts)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _finding(rule: Any, message: str, where: Range) -> Finding:
