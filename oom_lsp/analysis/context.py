@@ -79,6 +79,11 @@ class ImportMap:
                     self._scan_block(block)
 
     def _unbind_targets(self, node: cst.BaseSmallStatement) -> None:
+        # `except ImportError: flash_attn_func = None`: a name that is None cannot
+        # be called or have attributes, so code using the name uses the import.
+        value = getattr(node, "value", None)
+        if type(value) is cst.Name and value.value == "None":
+            return
         targets: list[cst.BaseExpression] = []
         if isinstance(node, cst.Assign):
             targets = [target.target for target in node.targets]

@@ -1841,30 +1841,99 @@ def _heads(dotted: str) -> set[str]:
 
 
 def rebinds_every_iteration(body: cst.BaseSuite, dotted: str, *, besides: cst.CSTNode | None = None) -> bool:
-    """Whether a statement directly in the loop body (so: in every
-    iteration) rebinds `dotted`, other than `besides`. A reset inside an `if`
-    (`if step % 100 == 0: total = 0`) does not count: the value then
-    outlives the iterations in between."""
+    """Whether the value of `dotted` cannot pass from one iteration of the loop
+    whose body is `body` to the next: a fresh binding of it (one that does not
+    read its old value) runs on every path through the iteration, other than
+    `besides`. With `besides` (the statement that updates it), a fresh binding
+    on every path through any block that holds `besides` counts too: before it,
+    what it reads is this iteration's; after it, what it made dies here
+    (`else: loss = a; loss = loss + b`). A reset on one path only
+    (`if step % 100 == 0: total = 0`) does not count: the value then outlives
+    the iterations in between."""
     heads = _heads(dotted)
-    for statement in _block(body):
-        if type(statement) is not cst.SimpleStatementLine:
-            continue
-        for small in statement.body:
-            if small is not besides and any(name in heads for name, _ in assigned_names(small)):
+    block: Sequence[cst.BaseStatement] | None = _block(body)
+    while block is not None:
+        holding: cst.BaseStatement | None = None
+        for statement in block:
+            if besides is not None and holding is None and _holds(statement, besides):
+                holding = statement
+            elif _always_rebinds(statement, dotted, heads, besides):
                 return True
+        if holding is None or type(holding) in (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef):
+            return False
+        block = next(
+            (inner for inner in _blocks_in_source_order(holding) if any(_holds(s, besides) for s in inner)),
+            None,
+        )
     return False
 
 
-def binds_inside(loop: cst.CSTNode, dotted: str, *, besides: cst.CSTNode | None = None) -> bool:
+def _holds(statement: cst.CSTNode, node: cst.CSTNode | None) -> bool:
+    return node is not None and any(child is node for child in iter_nodes(statement))
+
+
+def _always_rebinds(
+    statement: cst.BaseStatement, dotted: str, heads: set[str], besides: cst.CSTNode | None
+) -> bool:
+    """Whether every normal path through `statement` binds `dotted` afresh."""
+
+    def block_rebinds(suite: cst.BaseSuite) -> bool:
+        return any(_always_rebinds(inner, dotted, heads, besides) for inner in _block(suite))
+
+    kind = type(statement)
+    if kind is cst.SimpleStatementLine:
+        return any(
+            small is not besides and _binds_afresh(small, dotted, heads)
+            for small in statement.body  # type: ignore[attr-defined]
+        )
+    if kind is cst.If:
+        orelse = statement.orelse  # type: ignore[attr-defined]
+        if orelse is None or not block_rebinds(statement.body):
+            return False
+        if type(orelse) is cst.If:
+            return _always_rebinds(orelse, dotted, heads, besides)
+        return block_rebinds(orelse.body)
+    if kind is cst.With:
+        return block_rebinds(statement.body)
+    if kind is cst.Try:
+        finalbody = statement.finalbody  # type: ignore[attr-defined]
+        if finalbody is not None and block_rebinds(finalbody.body):
+            return True
+        return block_rebinds(statement.body) and all(
+            block_rebinds(handler.body) for handler in statement.handlers  # type: ignore[attr-defined]
+        )
+    return False  # a loop may run no iteration; a match may match no case
+
+
+def _binds_afresh(small: cst.CSTNode, dotted: str, heads: set[str]) -> bool:
+    """`x = <an expression that does not read x>` (x or an object it belongs to)."""
+    for name, value in assigned_names(small):
+        if name not in heads:
+            continue
+        if value is None:
+            return True
+        read = dotted_names_in(value)
+        if not any(mention == dotted or mention.startswith((dotted + ".", dotted + "[")) for mention in read):
+            return True
+    return False
+
+
+def binds_inside(
+    loop: cst.CSTNode, dotted: str, *, besides: cst.CSTNode | None = None, afresh: bool = False
+) -> bool:
     """Whether anything in the loop's body rebinds `dotted` (or the object
     it is an attribute of) with a plain binding, other than the statement
-    `besides`."""
+    `besides`; with `afresh`, only a binding that does not read the old value
+    (a reset, not another update)."""
     heads = _heads(dotted)
     body = loop.body
     for node in iter_nodes(body):
         if node is besides:
             continue
-        if any(name in heads for name, _ in assigned_names(node)):
+        if afresh:
+            if _binds_afresh(node, dotted, heads):
+                return True
+        elif any(name in heads for name, _ in assigned_names(node)):
             return True
         if type(node) is cst.Del and dotted_names_in(node.target) & heads:
             return True

@@ -520,12 +520,29 @@ class CallGraph:
                 return True
         return False
 
+    def runs_within_forward(self, function: Function, depth: int = 0) -> bool:
+        """Whether `function` runs inside a module's forward pass: it is a
+        forward method of a module class, or every call site known to run it
+        is in such a function (`forward` calling `self.fignn_layer(x)`). What
+        it computes then feeds the step's loss: a graph kept across its loops
+        is the model's own, freed by that step's backward."""
+        if function.is_module or function.is_lambda or depth > 3:
+            return False
+        if function.owner is not None and function.name in FORWARD_METHODS:
+            return True  # its class's base may be in another file: the name is the evidence
+        callers = [call for call in self.callers(function) if call.scope is not function]
+        return bool(callers) and all(self.runs_within_forward(call.scope, depth + 1) for call in callers)
+
     def trains_in(self, loop: cst.CSTNode, scope: Function) -> bool:
         """A backward pass runs in the body of `loop` (a loop of `scope`)."""
         return any(
             any(enclosing is loop for enclosing in call.loops) and self._call_runs_backward(call)
             for call in scope.calls
         )
+
+
+# The methods a module's __call__ runs: the forward pass.
+FORWARD_METHODS = frozenset({"forward", "__call__", "_forward", "forward_features"})
 
 
 def _assigned_from(call: Call) -> set[str]:

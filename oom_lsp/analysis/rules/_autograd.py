@@ -20,7 +20,7 @@ from oom_lsp.analysis.dataflow import (
     iter_nodes,
 )
 from oom_lsp.analysis.effects import Keep, bind_arguments, effects_for
-from oom_lsp.analysis.facts.contexts import call_graph
+from oom_lsp.analysis.facts.contexts import FORWARD_METHODS, call_graph
 from oom_lsp.analysis.rule import Rule
 
 
@@ -59,6 +59,11 @@ class AutogradRule(Rule):
         function = tracker.current_function
         if function is not None and function.name.value in FORWARD_METHODS:
             return None  # a forward pass keeps what its backward pass needs
+        if function is not None:
+            graph = call_graph(self.context)
+            scope = graph.program.function(function)
+            if scope is not None and graph.runs_within_forward(scope):
+                return None  # a helper of the forward pass, which keeps the same
         if tracker.in_loop:
             return tracker.loops[-1]
         if function is None or function.name.value != "training_step" or not holder.startswith("self."):
@@ -217,7 +222,6 @@ class AutogradRule(Rule):
 ACCUMULATING = frozenset({cst.AddAssign, cst.SubtractAssign})
 ADDITIVE = frozenset({cst.Add, cst.Subtract})
 SEQUENCES = frozenset({cst.Tuple, cst.List})
-FORWARD_METHODS = frozenset({"forward", "__call__", "_forward", "forward_features"})
 # Consumers that take a Python number as well as a tensor: an accumulator
 # only used by them can become a float (`.item()`).
 NUMBER_CONSUMERS = frozenset(

@@ -144,6 +144,35 @@ class LossAccumulatedWithGraph(AutogradRule):
                 loss.backward()
             """
         ),
+        # Built from several terms within one step: each branch binds the loss afresh first.
+        Valid(
+            """
+            import torch
+            for x, y in loader:
+                outputs = model(x)
+                if single:
+                    loss = criterion(outputs, y)
+                else:
+                    loss = 0.5 * criterion(outputs, y)
+                    loss = loss + 0.5 * criterion(outputs, y.flip(0))
+                loss.backward()
+            """
+        ),
+        # A helper that only the forward pass calls: its loop over layers builds the model's graph.
+        Valid(
+            """
+            import torch.nn as nn
+            class Net(nn.Module):
+                def layers(self, h):
+                    for i in range(self.depth):
+                        h = self.cell(h)
+                        h += self.skip(h)
+                    return h
+
+                def forward(self, x):
+                    return self.head(self.layers(x))
+            """
+        ),
         # Summed on purpose, then backpropagated.
         Valid(
             """
@@ -287,6 +316,20 @@ class LossAccumulatedWithGraph(AutogradRule):
                     running = running + loss.item()  # logged below
                     print(running / (step + 1))
             """,
+        ),
+        # Two updates in one iteration do not reset each other: both read the old value.
+        Invalid(
+            """
+            import torch.nn.functional as F
+            running = 0.0
+            for x, y in loader:
+                out = model(x)
+                loss = F.cross_entropy(out, y)
+                loss.backward()
+                running = running + loss
+                running = running + 0
+            """,
+            line=8,
         ),
         # The accumulator is used as a tensor afterwards: `.detach()`.
         Invalid(
@@ -506,7 +549,7 @@ class LossAccumulatedWithGraph(AutogradRule):
             severity = Severity.INFO
             # Reset inside the loop (every N steps, at each optimizer step): the
             # chain never holds more than a few steps' nodes, some kilobytes.
-            proven = type(iteration) is cst.FunctionDef or not binds_inside(iteration, holder, besides=node)
+            proven = type(iteration) is cst.FunctionDef or not binds_inside(iteration, holder, besides=node, afresh=True)
         else:
             message = f"{short_code(holder)} keeps every iteration's graph and activations alive"
             severity = None

@@ -246,6 +246,23 @@ class NaiveAttention(Rule):
                     return attn.softmax(dim=-1) @ v
             """
         ),
+        # The fallback of an optional import: the name is the kernel wherever it is called.
+        Valid(
+            """\
+            import torch.nn.functional as F
+            try:
+                from torch.nn.functional import scaled_dot_product_attention
+            except ImportError:
+                scaled_dot_product_attention = None
+
+            def attention(q, k, v):
+                if scaled_dot_product_attention is not None:
+                    out = scaled_dot_product_attention(q, k, v)
+                else:
+                    out = F.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+                return out
+            """
+        ),
         # The eager entry of a registry of attention functions.
         Valid(
             """\
