@@ -152,6 +152,8 @@ def test_the_committed_manifests_keep_the_split_rule_and_the_sizes_issue_27_asks
     moved = header.split("Moved by the tiebreak this time: ")[1].split(".\n")[0].split(", ")
     splits: dict[str, str] = {}
     for entry in [*static, *notebooks]:
+        if entry["split"] == "fresh":
+            continue  # the fresh split has its own test below
         parity = "dev" if int(hashlib.sha256(entry["name"].encode()).hexdigest(), 16) % 2 == 0 else "heldout"
         assert entry["split"] == parity or entry["name"] in moved, entry["name"]
         assert splits.setdefault(entry["name"], entry["split"]) == entry["split"], entry["name"]
@@ -177,3 +179,31 @@ def test_the_committed_dev_verdicts_judge_only_dev_repositories_with_a_reason() 
         assert row["verdict"] in ("worth", "harmless", "wrong") and row["reason"].strip()
     for missed in data["missed"]:
         assert missed["repo"] in dev and missed["rule"].startswith("OOM") and missed["reason"].strip()
+
+
+def test_the_fresh_split_shares_no_repository_with_the_tuned_corpora_and_its_verdicts_are_its_own() -> None:
+    entries = [e for name in ("static.toml", "notebooks.toml") for e in tomllib.loads((CORPORA / name).read_text())["repo"]]
+    fresh = {e["name"] for e in entries if e["split"] == "fresh"}
+    tuned = {e["name"] for e in entries if e["split"] != "fresh"}
+    runnable = {e["repo"] for e in tomllib.loads((CORPORA / "runnable.toml").read_text())["case"]}
+    bugs = {b["repo"] for b in json.loads((CORPORA / "bugs.json").read_text())}
+    assert fresh and not fresh & (tuned | runnable | bugs)
+    for e in entries:
+        if e["split"] == "fresh":
+            assert len(e["commit"]) == 40 and e["reason"].strip(), e["name"]
+    path = CORPORA / "verdicts-fresh.json"
+    data = json.loads(path.read_text())
+    assert data["verdicts"]
+    for row in data["verdicts"]:
+        assert row["repo"] in fresh, row["repo"]
+        assert row["verdict"] in ("worth", "harmless", "wrong") and row["reason"].strip()
+    for missed in data["missed"]:
+        assert missed["repo"] in fresh and missed["rule"].startswith("OOM") and missed["reason"].strip()
+
+
+def test_the_fresh_split_is_read_from_its_own_folder_and_verdict_file(tmp_path: Path) -> None:
+    entry = {"name": "acme/trainer", "split": "fresh"}
+    assert corpus_eval.corpus_folder(tmp_path, "static", entry) == tmp_path / "fresh" / "static" / "acme+trainer"
+    assert corpus_eval.corpus_folder(tmp_path, "static", {**entry, "split": "dev"}) == tmp_path / "static" / "acme+trainer"
+    assert corpus_eval.default_verdict_files("fresh", tmp_path) == [CORPORA / "verdicts-fresh.json"]
+    assert not corpus_eval.in_split("fresh", "all") and corpus_eval.in_split("fresh", "fresh")
