@@ -11,6 +11,11 @@ diagnostics, code actions and hover per cell URI.
   server does): a pull names one cell, and an edit elsewhere changes its
   findings without a change to it. A pull for a cell answers an empty report,
   so nothing is shown twice.
+- The notebook's analysis goes through the server's analysis queue as a file's
+  does (`ls.queued_analysis`, server/scheduling.py), and its publication through
+  the same debounce (`diagnostics.debounce`): under sustained typing in a cell one
+  analysis waits per notebook, a request on a cell edited under it is answered
+  ContentModified, and a result for cells that changed since is not published.
 - `ls.analysis_of(cell)` answers with the cell's part of the notebook's
   analysis, so hover (and anything else that asks) sees the same findings.
 - Code actions on a cell: its quick fixes, "Ignore ... for this line",
