@@ -35,7 +35,6 @@ _SEVERITIES = {
 _UNNECESSARY = {"OOM900"}
 
 
-
 @dataclass
 class Pending:
     """A server's debounced publications: the task per document (`ls.state(Pending)`)."""
@@ -72,7 +71,9 @@ def to_diagnostics(analysis: Analysis, encoding: str) -> list[types.Diagnostic]:
     if analysis.skipped is not None:
         return [
             types.Diagnostic(
-                range=types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)),
+                range=types.Range(
+                    start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)
+                ),
                 severity=types.DiagnosticSeverity.Warning,
                 source=SOURCE,
                 message=f"oom-lsp {analysis.skipped}",

@@ -62,7 +62,13 @@ def open_notebook(server: StdioServer, name: str, sources: list[str]) -> tuple[s
 
 
 def cell_change(
-    notebook_uri: str, version: int, cell: str, cell_version: int, line: int, text: str, end: int | None = None
+    notebook_uri: str,
+    version: int,
+    cell: str,
+    cell_version: int,
+    line: int,
+    text: str,
+    end: int | None = None,
 ) -> dict[str, Any]:
     """A cell's text edited in place, as VS Code's notebook editor sends it."""
     start = {"line": line, "character": 0}
@@ -87,7 +93,12 @@ def cell_change(
 
 
 def request(msg_id: int, method: str, uri: str, **params: Any) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": {"textDocument": {"uri": uri}, **params}}
+    return {
+        "jsonrpc": "2.0",
+        "id": msg_id,
+        "method": method,
+        "params": {"textDocument": {"uri": uri}, **params},
+    }
 
 
 def publications(server: StdioServer, uri: str, since: int = 0) -> list[dict[str, Any]]:
@@ -225,8 +236,12 @@ def test_requests_on_a_cell_edited_under_them_are_answered_content_modified(serv
     published_version(server, cells[-1], 1)
     edited_ids = [server.next_id() for _ in range(5)]
     other_id = server.next_id()
-    messages = [request(msg_id, "textDocument/hover", cells[EDITED], **hover_at(0, 8)) for msg_id in edited_ids]
-    accumulated = next(index for index, line in enumerate(sources[-1].splitlines()) if "total_loss +=" in line)
+    messages = [
+        request(msg_id, "textDocument/hover", cells[EDITED], **hover_at(0, 8)) for msg_id in edited_ids
+    ]
+    accumulated = next(
+        index for index, line in enumerate(sources[-1].splitlines()) if "total_loss +=" in line
+    )
     messages.append(request(other_id, "textDocument/hover", cells[-1], **hover_at(accumulated, 10)))
     messages.append(cell_change(notebook, 2, cells[EDITED], 2, 0, "# typed\n"))
     before = len(notebook_analyses(server, notebook))
