@@ -3,8 +3,8 @@ pushed (`textDocument/publishDiagnostics`) otherwise.
 
 Pushing is debounced per document with an asyncio task (`debounce`, which
 notebooks use too); a newer edit cancels the pending task, and a result whose
-version has since changed is dropped (VS Code ignores the version of pushed diagnostics, so the server
-must not send stale ones).
+version has since changed is dropped (VS Code ignores the version of pushed
+diagnostics, so the server must not send stale ones).
 """
 
 from __future__ import annotations
