@@ -580,6 +580,8 @@ async def main() -> None:
         help="the console script (default: the one next to this Python)",
     )
     args = parser.parse_args()
+    # The CLI runs in the workspace (compare): a relative path would not name the console script there.
+    args.server = args.server.absolute()
     print(
         f"server: {args.server}; script: {SCRIPT.relative_to(ROOT)} ({SCRIPT.read_text().count(chr(10))} lines)"
     )
