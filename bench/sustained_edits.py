@@ -455,27 +455,11 @@ def compare_notebook(
     document = nbformat.v4.new_notebook()
     document.cells = [nbformat.v4.new_code_cell(source) for source in cells]
     nbformat.write(document, path)
-    cli = subprocess.run(
-        [str(server), "--check", "--format", "json", "--no-cache", path.name],
-        cwd=workspace,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
     expected = sorted(
-        (f["code"], f["cell"], f["line"], f["column"], f["end_line"], f["end_column"], f["message"])
-        for f in json.loads(cli.stdout or "[]")
+        (f["code"], f["cell"], *_finding_place(f)) for f in _cli_findings(server, workspace, path)
     )
     got = sorted(
-        (
-            str(d.code),
-            number,
-            d.range.start.line + 1,
-            d.range.start.character + 1,
-            d.range.end.line + 1,
-            d.range.end.character + 1,
-            d.message,
-        )
+        (str(d.code), number, *_diagnostic_place(d))
         for number, cell in enumerate(cell_uris, start=1)
         for d in published.get(cell, [])
         if d.source == "oom-lsp" and d.code is not None
@@ -483,11 +467,8 @@ def compare_notebook(
     return expected, got
 
 
-def compare(
-    server: Path, workspace: Path, path: Path, text: str, items: list[types.Diagnostic]
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """(the CLI's findings for `text`, the server's diagnostics): code, start, end (1-based), message."""
-    path.write_text(text)
+def _cli_findings(server: Path, workspace: Path, path: Path) -> list[dict[str, Any]]:
+    """`oom-lsp --check --format json` on the file, run in the workspace."""
     cli = subprocess.run(
         [str(server), "--check", "--format", "json", "--no-cache", path.name],
         cwd=workspace,
@@ -495,21 +476,39 @@ def compare(
         text=True,
         check=False,
     )
-    expected = sorted(
-        (f["code"], f["line"], f["column"], f["end_line"], f["end_column"], f["message"])
-        for f in json.loads(cli.stdout or "[]")
+    return json.loads(cli.stdout or "[]")
+
+
+def _finding_place(finding: dict[str, Any]) -> tuple[Any, ...]:
+    """Start, end (1-based) and message of the CLI's finding."""
+    return (
+        finding["line"],
+        finding["column"],
+        finding["end_line"],
+        finding["end_column"],
+        finding["message"],
     )
+
+
+def _diagnostic_place(diagnostic: types.Diagnostic) -> tuple[Any, ...]:
+    """Start, end (1-based) and message of the server's diagnostic."""
+    return (
+        diagnostic.range.start.line + 1,
+        diagnostic.range.start.character + 1,
+        diagnostic.range.end.line + 1,
+        diagnostic.range.end.character + 1,
+        diagnostic.message,
+    )
+
+
+def compare(
+    server: Path, workspace: Path, path: Path, text: str, items: list[types.Diagnostic]
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """(the CLI's findings for `text`, the server's diagnostics): code, start, end (1-based), message."""
+    path.write_text(text)
+    expected = sorted((f["code"], *_finding_place(f)) for f in _cli_findings(server, workspace, path))
     got = sorted(
-        (
-            str(d.code),
-            d.range.start.line + 1,
-            d.range.start.character + 1,
-            d.range.end.line + 1,
-            d.range.end.character + 1,
-            d.message,
-        )
-        for d in items
-        if d.source == "oom-lsp" and d.code is not None
+        (str(d.code), *_diagnostic_place(d)) for d in items if d.source == "oom-lsp" and d.code is not None
     )
     return expected, got
 

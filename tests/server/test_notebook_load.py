@@ -13,8 +13,6 @@ once per analysis run of a notebook, sent as window/logMessage)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,16 @@ import nbformat
 import pytest
 
 from tests.server.stdio_client import StdioServer, frame
-from tests.server.test_load import CONTENT_MODIFIED, analyses, answer_to, code_action_at, hover_at
+from tests.server.test_load import (
+    CONTENT_MODIFIED,
+    analyses,
+    answer_to,
+    change,
+    cli_json,
+    code_action_at,
+    hover_at,
+    request,
+)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "cnn_cifar_risky.py"
 BURST = 40
@@ -70,9 +77,9 @@ def cell_change(
     text: str,
     end: int | None = None,
 ) -> dict[str, Any]:
-    """A cell's text edited in place, as VS Code's notebook editor sends it."""
-    start = {"line": line, "character": 0}
-    stop = {"line": end if end is not None else line, "character": 0}
+    """A cell's text edited in place, as VS Code's notebook editor sends it: the edit a file's
+    didChange carries (test_load.change), inside the notebook's."""
+    edit = change(cell, cell_version, line, text, end)["params"]
     return {
         "jsonrpc": "2.0",
         "method": "notebookDocument/didChange",
@@ -80,24 +87,10 @@ def cell_change(
             "notebookDocument": {"uri": notebook_uri, "version": version},
             "change": {
                 "cells": {
-                    "textContent": [
-                        {
-                            "document": {"uri": cell, "version": cell_version},
-                            "changes": [{"range": {"start": start, "end": stop}, "text": text}],
-                        }
-                    ]
+                    "textContent": [{"document": edit["textDocument"], "changes": edit["contentChanges"]}]
                 }
             },
         },
-    }
-
-
-def request(msg_id: int, method: str, uri: str, **params: Any) -> dict[str, Any]:
-    return {
-        "jsonrpc": "2.0",
-        "id": msg_id,
-        "method": method,
-        "params": {"textDocument": {"uri": uri}, **params},
     }
 
 
@@ -139,15 +132,7 @@ def cli_findings(folder: Path, name: str, sources: list[str]) -> list[tuple[int,
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in sources]
     nbformat.write(notebook, folder / name)
-    run = subprocess.run(
-        [sys.executable, "-m", "oom_lsp", "--check", "--format", "json", "--no-cache", name],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    return sorted((f["cell"], f["code"], f["line"], f["column"]) for f in json.loads(run.stdout))
+    return sorted((f["cell"], f["code"], f["line"], f["column"]) for f in cli_json(folder, name))
 
 
 def notebook_analyses(server: StdioServer, notebook_uri: str) -> list[str]:
