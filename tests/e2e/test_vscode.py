@@ -43,9 +43,9 @@ pytestmark = pytest.mark.skipif(
 
 def _expected_on_the_risky_fixtures() -> list[str]:
     """The codes the risky fixtures get with the workspace's settings at that step
-    (oomLsp.extendSelect OOM101, oomLsp.maxBatchSize 1024)."""
+    (oomLsp.extendSelect OOM101, oomLsp.maxBatchSize 1024, oomLsp.strict)."""
     base = default_settings()
-    settings = dataclasses.replace(base, enabled=base.enabled | {"OOM101"}, max_batch_size=1024)
+    settings = dataclasses.replace(base, enabled=base.enabled | {"OOM101"}, max_batch_size=1024, strict=True)
     scripts = sorted((REPO / "fixtures").glob("*_risky.py"))
     return [f.code for path in scripts for f in analyze(path.read_text(), settings, str(path))]
 
@@ -94,11 +94,13 @@ def test_vscode_ui_end_to_end(tmp_path: Path):
         "14-explain-oom.png",
         "15-notebook-problems.png",
         "16-notebook-quick-fix-saved.png",
-        "17-fixture-messages.png",
-        "18-no-light-bulb-on-a-clean-line.png",
-        "19-light-bulb-menu.png",
-        "20-autocast-validated.png",
-        "21-no-server-notification.png",
+        "17-what-if-preview.png",
+        "18-what-if-light-bulb-menu.png",
+        "19-fixture-messages.png",
+        "20-no-light-bulb-on-a-clean-line.png",
+        "21-light-bulb-menu.png",
+        "22-autocast-validated.png",
+        "23-no-server-notification.png",
     ]
     # The hover is a short summary; every message of the risky fixtures (the ones the analysis
     # gives, with the workspace's settings) fits the panel; the autocast fix lowered the peak.

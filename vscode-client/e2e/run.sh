@@ -53,12 +53,14 @@ Traceback (most recent call last):
     state = torch.load("checkpoint.pt")
 torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 6.00 GiB total capacity; 5.00 GiB already allocated; 3.00 MiB free; 5.10 GiB reserved in total by PyTorch)
 EOF
+# Strict mode: the steps check findings the default level shows only where the size facts show
+# the memory at stake (train.py's OOM501 and OOM101, the risky fixtures' advisory rules).
 "$PYTHON" - "$WORKSPACE/.vscode/settings.json" "$PYTHON" "$ARTIFACTS/server.log" <<'EOF'
 import json, sys
 settings_file, python, log_file = sys.argv[1:]
 json.dump({"oomLsp.interpreter": [python], "oomLsp.logFile": log_file, "oomLsp.trace.server": "messages",
            "oomLsp.extendSelect": ["OOM101"], "oomLsp.maxBatchSize": 256, "oomLsp.severity": {"OOM5": "error"},
-           "oomLsp.gpu": "RTX 3090"},
+           "oomLsp.gpu": "RTX 3090", "oomLsp.strict": True},
           open(settings_file, "w"), indent=2)
 EOF
 # Which server commands this checkout's server offers (some are newer than others).
