@@ -13,17 +13,26 @@ waiting for the answers, it asks what an editor asks: code actions at the cursor
 diagnostics it last got for that line), hovers, code lenses, inlay hints and, in pull mode,
 the document's diagnostics. Then, after the last edit, it asks for the diagnostics once more.
 
-Printed, for push mode (a client without pull diagnostics, debounce 0) and pull mode:
+In notebook mode the same script is a notebook (its top-level sections, split at two blank
+lines, are 14 cells, opened with notebookDocument/didOpen as VS Code's notebook editor does)
+and the edits go to the cell of `def train(`, as notebookDocument/didChange; the requests go
+to that cell, and one in four to another cell (its findings depend on the edited one: the
+notebook is one program). Its diagnostics are pushed per cell.
+
+Printed, for push mode (a client without pull diagnostics, debounce 0), pull mode and
+notebook mode:
 - requests: how many, answered with a result / ContentModified (-32801) / another error,
   left unanswered 1 s after the last edit, never answered; latency p50 / p95 / max;
 - the last diagnostics: time from the last edit, and whether they equal `oom-lsp --check
-  --format json` run on the same text in the same project;
+  --format json` run on the same text in the same project (the whole notebook's, per cell, in
+  notebook mode);
 - the server's RSS after a warm-up (the first 10 % of the edits) and at the end, its growth.
 Goals: every request answered within 1 s of the last edit, RSS growth under 10 %, the last
 diagnostics equal to the CLI's.
 
     .venv/bin/python bench/sustained_edits.py [--edits 20000] [--seed 28] [--modes push pull]
         [--keystroke-ms 4] [--server PATH/TO/oom-lsp] [--keep DIR]
+    .venv/bin/python bench/sustained_edits.py --modes push notebook   # a file and a notebook side by side
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nbformat
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pygls.lsp.client import LanguageClient
@@ -52,6 +62,7 @@ from lsp_latency import capabilities, percentile
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "fixtures" / "estimate" / "real" / "pytorch_examples" / "imagenet" / "main.py"
 SERVER = Path(sys.executable).with_name("oom-lsp")
+EDITED_CELL = "def train("  # notebook mode: the cell typed in
 WORD_CHARS = "abcdefghijklmnopqrstuvwxyz_0123456789"
 TYPED = ["x", "loss", ".item()", "torch.zeros(8)", " + 1", "(", ")", ", ", "model", ".cuda()", "[0]"]
 PASTED = [
@@ -150,14 +161,28 @@ async def run(
     mode: str, edits: int, seed: int, workspace: Path, server: Path, keystroke_s: float = 0.004
 ) -> dict[str, Any]:
     pull = mode == "pull"
+    notebook = mode == "notebook"
     rng = random.Random(seed)
     client = LanguageClient("oom-lsp-sustained-edits", "1")
     diagnostics: dict[int, list[types.Diagnostic]] = {}
     published_version: list[int] = [0]
+    # Notebook mode: the cells' texts (the edited one is the typist's), URIs, and the
+    # diagnostics last published for each.
+    cells = SCRIPT.read_text().split("\n\n\n") if notebook else [SCRIPT.read_text()]
+    edited = (
+        next(index for index, cell in enumerate(cells) if cell.startswith(EDITED_CELL)) if notebook else 0
+    )
+    path = workspace / (f"train_{mode}.ipynb" if notebook else f"train_{mode}.py")
+    cell_uris = (
+        [_cell_uri(path.as_uri(), index) for index in range(len(cells))] if notebook else [path.as_uri()]
+    )
+    uri = cell_uris[edited]
+    cell_diagnostics: dict[str, list[types.Diagnostic]] = {}
 
     @client.feature(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
     def on_publish(params: types.PublishDiagnosticsParams) -> None:
-        if params.version is not None:
+        cell_diagnostics[params.uri] = params.diagnostics
+        if params.version is not None and params.uri == uri:
             diagnostics[params.version] = params.diagnostics
             published_version[0] = max(published_version[0], params.version)
 
@@ -173,21 +198,63 @@ async def run(
     pid = client._server.pid  # type: ignore[union-attr]
     await client.initialize_async(
         types.InitializeParams(
-            capabilities=capabilities(pull),
+            capabilities=_notebook_capabilities(capabilities(pull)) if notebook else capabilities(pull),
             root_uri=workspace.as_uri(),
             initialization_options={"debounceMs": 0},
         )
     )
     client.initialized(types.InitializedParams())
-    path = workspace / f"train_{mode}.py"
-    uri = path.as_uri()
     document = types.TextDocumentIdentifier(uri=uri)
-    typist = Typist(SCRIPT.read_text(), rng)
-    client.text_document_did_open(
-        types.DidOpenTextDocumentParams(
-            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=typist.text)
+    typist = Typist(cells[edited], rng)
+    if notebook:
+        client.notebook_document_did_open(
+            types.DidOpenNotebookDocumentParams(
+                notebook_document=types.NotebookDocument(
+                    uri=path.as_uri(),
+                    notebook_type="jupyter-notebook",
+                    version=0,
+                    cells=[
+                        types.NotebookCell(kind=types.NotebookCellKind.Code, document=cell)
+                        for cell in cell_uris
+                    ],
+                ),
+                cell_text_documents=[
+                    types.TextDocumentItem(uri=cell, language_id="python", version=1, text=text)
+                    for cell, text in zip(cell_uris, cells)
+                ],
+            )
         )
-    )
+    else:
+        client.text_document_did_open(
+            types.DidOpenTextDocumentParams(
+                text_document=types.TextDocumentItem(
+                    uri=uri, language_id="python", version=1, text=typist.text
+                )
+            )
+        )
+
+    def did_change(version: int, change: types.TextDocumentContentChangePartial) -> None:
+        identifier = types.VersionedTextDocumentIdentifier(uri=uri, version=version)
+        if not notebook:
+            client.text_document_did_change(
+                types.DidChangeTextDocumentParams(text_document=identifier, content_changes=[change])
+            )
+            return
+        client.notebook_document_did_change(
+            types.DidChangeNotebookDocumentParams(
+                notebook_document=types.VersionedNotebookDocumentIdentifier(
+                    uri=path.as_uri(), version=version
+                ),
+                change=types.NotebookDocumentChangeEvent(
+                    cells=types.NotebookDocumentCellChanges(
+                        text_content=[
+                            types.NotebookDocumentCellContentChanges(document=identifier, changes=[change])
+                        ]
+                    )
+                ),
+            )
+        )
+
     requests = Requests()
     tasks: set[asyncio.Task[None]] = set()
     last_diagnostics: list[types.Diagnostic] = []
@@ -226,29 +293,36 @@ async def run(
 
     def interleave() -> None:
         line, column = typist.cursor
+        target = document
+        if notebook and rng.random() < 0.25:  # a request on another cell, somewhere in it
+            other = rng.choice([index for index in range(len(cells)) if index != edited])
+            target = types.TextDocumentIdentifier(uri=cell_uris[other])
+            line = rng.randrange(cells[other].count("\n") + 1)
+            column = 4
         position = types.Position(line=line, character=column)
         here = types.Range(start=position, end=position)
         roll = rng.random()
         if roll < 0.10:
-            on_line = [d for d in current_diagnostics() if d.range.start.line <= line <= d.range.end.line]
+            shown = current_diagnostics() if target is document else cell_diagnostics.get(target.uri, [])
+            on_line = [d for d in shown if d.range.start.line <= line <= d.range.end.line]
             send(
                 types.TEXT_DOCUMENT_CODE_ACTION,
                 types.CodeActionParams(
-                    text_document=document, range=here, context=types.CodeActionContext(diagnostics=on_line)
+                    text_document=target, range=here, context=types.CodeActionContext(diagnostics=on_line)
                 ),
             )
         elif roll < 0.15:
-            send(types.TEXT_DOCUMENT_HOVER, types.HoverParams(text_document=document, position=position))
+            send(types.TEXT_DOCUMENT_HOVER, types.HoverParams(text_document=target, position=position))
         elif roll < 0.17:
-            send(types.TEXT_DOCUMENT_CODE_LENS, types.CodeLensParams(text_document=document))
+            send(types.TEXT_DOCUMENT_CODE_LENS, types.CodeLensParams(text_document=target))
         elif roll < 0.19:
             whole = types.Range(
                 start=types.Position(line=0, character=0),
                 end=types.Position(line=len(typist.lines), character=0),
             )
-            send(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintParams(text_document=document, range=whole))
+            send(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintParams(text_document=target, range=whole))
         if pull and rng.random() < 0.2:
-            send(types.TEXT_DOCUMENT_DIAGNOSTIC, types.DocumentDiagnosticParams(text_document=document))
+            send(types.TEXT_DOCUMENT_DIAGNOSTIC, types.DocumentDiagnosticParams(text_document=target))
 
     warm_up = max(1, edits // 10)
     rss_warm = 0
@@ -260,12 +334,7 @@ async def run(
         for change in typist.edits():  # the whole burst: the typist's text is after it
             version += 1
             sent_edits += 1
-            client.text_document_did_change(
-                types.DidChangeTextDocumentParams(
-                    text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-                    content_changes=[change],
-                )
-            )
+            did_change(version, change)
             last_edit = time.perf_counter()
             interleave()
             # between keystrokes (0: only yield to the client's loop)
@@ -306,7 +375,12 @@ async def run(
     await asyncio.sleep(1.0)
     rss_end = rss_kib(pid)
     final_text = typist.text
-    expected, got = compare(server, workspace, path, final_text, final_items)
+    cells[edited] = final_text
+    expected, got = (
+        compare_notebook(server, workspace, path, cells, cell_uris, cell_diagnostics)
+        if notebook
+        else compare(server, workspace, path, final_text, final_items)
+    )
     # Then the whole text replaced by the script as it was (an undo to the start): its real
     # findings, not only the syntax error the random typing usually leaves.
     version += 1
@@ -315,19 +389,22 @@ async def run(
         end = types.Position(line=len(typist.lines), character=0)
     else:
         end = types.Position(line=len(typist.lines) - 1, character=len(last))
-    client.text_document_did_change(
-        types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-            content_changes=[
-                types.TextDocumentContentChangePartial(
-                    range=types.Range(start=types.Position(line=0, character=0), end=end),
-                    text=SCRIPT.read_text(),
-                )
-            ],
-        )
+    original = SCRIPT.read_text().split("\n\n\n")[edited] if notebook else SCRIPT.read_text()
+    did_change(
+        version,
+        types.TextDocumentContentChangePartial(
+            range=types.Range(start=types.Position(line=0, character=0), end=end), text=original
+        ),
     )
     undo_items, _ = await diagnostics_of(version, time.perf_counter())
-    undo_expected, undo_got = compare(server, workspace, path, SCRIPT.read_text(), undo_items)
+    if notebook:
+        await asyncio.sleep(1.0)  # the other cells' publications, when the undo changed their findings
+        cells[edited] = original
+        undo_expected, undo_got = compare_notebook(
+            server, workspace, path, cells, cell_uris, cell_diagnostics
+        )
+    else:
+        undo_expected, undo_got = compare(server, workspace, path, original, undo_items)
     for task in list(tasks):
         task.cancel()
     await client.shutdown_async(None)
@@ -354,11 +431,44 @@ async def run(
     }
 
 
-def compare(
-    server: Path, workspace: Path, path: Path, text: str, items: list[types.Diagnostic]
+def _cell_uri(notebook_uri: str, index: int) -> str:
+    return f"vscode-notebook-cell:{notebook_uri.removeprefix('file://')}#W{index}sZmlsZQ%3D%3D"
+
+
+def _notebook_capabilities(base: types.ClientCapabilities) -> types.ClientCapabilities:
+    base.notebook_document = types.NotebookDocumentClientCapabilities(
+        synchronization=types.NotebookDocumentSyncClientCapabilities()
+    )
+    return base
+
+
+def compare_notebook(
+    server: Path,
+    workspace: Path,
+    path: Path,
+    cells: list[str],
+    cell_uris: list[str],
+    published: dict[str, list[types.Diagnostic]],
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """(the CLI's findings for `text`, the server's diagnostics): code, start, end (1-based), message."""
-    path.write_text(text)
+    """compare() for a notebook: (the CLI's findings on the .ipynb, the diagnostics last
+    published for each cell), with the cell's number first."""
+    document = nbformat.v4.new_notebook()
+    document.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    nbformat.write(document, path)
+    expected = sorted(
+        (f["code"], f["cell"], *_finding_place(f)) for f in _cli_findings(server, workspace, path)
+    )
+    got = sorted(
+        (str(d.code), number, *_diagnostic_place(d))
+        for number, cell in enumerate(cell_uris, start=1)
+        for d in published.get(cell, [])
+        if d.source == "oom-lsp" and d.code is not None
+    )
+    return expected, got
+
+
+def _cli_findings(server: Path, workspace: Path, path: Path) -> list[dict[str, Any]]:
+    """`oom-lsp --check --format json` on the file, run in the workspace."""
     cli = subprocess.run(
         [str(server), "--check", "--format", "json", "--no-cache", path.name],
         cwd=workspace,
@@ -366,21 +476,39 @@ def compare(
         text=True,
         check=False,
     )
-    expected = sorted(
-        (f["code"], f["line"], f["column"], f["end_line"], f["end_column"], f["message"])
-        for f in json.loads(cli.stdout or "[]")
+    return json.loads(cli.stdout or "[]")
+
+
+def _finding_place(finding: dict[str, Any]) -> tuple[Any, ...]:
+    """Start, end (1-based) and message of the CLI's finding."""
+    return (
+        finding["line"],
+        finding["column"],
+        finding["end_line"],
+        finding["end_column"],
+        finding["message"],
     )
+
+
+def _diagnostic_place(diagnostic: types.Diagnostic) -> tuple[Any, ...]:
+    """Start, end (1-based) and message of the server's diagnostic."""
+    return (
+        diagnostic.range.start.line + 1,
+        diagnostic.range.start.character + 1,
+        diagnostic.range.end.line + 1,
+        diagnostic.range.end.character + 1,
+        diagnostic.message,
+    )
+
+
+def compare(
+    server: Path, workspace: Path, path: Path, text: str, items: list[types.Diagnostic]
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """(the CLI's findings for `text`, the server's diagnostics): code, start, end (1-based), message."""
+    path.write_text(text)
+    expected = sorted((f["code"], *_finding_place(f)) for f in _cli_findings(server, workspace, path))
     got = sorted(
-        (
-            str(d.code),
-            d.range.start.line + 1,
-            d.range.start.character + 1,
-            d.range.end.line + 1,
-            d.range.end.character + 1,
-            d.message,
-        )
-        for d in items
-        if d.source == "oom-lsp" and d.code is not None
+        (str(d.code), *_diagnostic_place(d)) for d in items if d.source == "oom-lsp" and d.code is not None
     )
     return expected, got
 
@@ -395,7 +523,8 @@ def report(figures: dict[str, Any]) -> None:
     )
     print(
         f"\n{figures['mode']} mode: {figures['edits']:,} edits in {figures['edit_seconds']:.0f} s "
-        f"({figures['edits'] / figures['edit_seconds']:.0f}/s), the text now {figures['lines']} lines"
+        f"({figures['edits'] / figures['edit_seconds']:.0f}/s), the "
+        f"{'edited cell' if figures['mode'] == 'notebook' else 'text'} now {figures['lines']} lines"
     )
     print(
         f"  requests: {requests.sent:,} sent, {requests.results:,} answered with a result, "
@@ -434,7 +563,9 @@ async def main() -> None:
     )
     parser.add_argument("--edits", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=28)
-    parser.add_argument("--modes", nargs="+", choices=["push", "pull"], default=["push", "pull"])
+    parser.add_argument(
+        "--modes", nargs="+", choices=["push", "pull", "notebook"], default=["push", "pull", "notebook"]
+    )
     parser.add_argument(
         "--keystroke-ms", type=float, default=4.0, help="mean time between two edits of a burst (default 4)"
     )
@@ -448,6 +579,8 @@ async def main() -> None:
         help="the console script (default: the one next to this Python)",
     )
     args = parser.parse_args()
+    # The CLI runs in the workspace (compare): a relative path would not name the console script there.
+    args.server = args.server.absolute()
     print(
         f"server: {args.server}; script: {SCRIPT.relative_to(ROOT)} ({SCRIPT.read_text().count(chr(10))} lines)"
     )

@@ -1,16 +1,17 @@
 """Diagnostics: pulled (`textDocument/diagnostic`) when the client can pull,
 pushed (`textDocument/publishDiagnostics`) otherwise.
 
-Pushing is debounced per document with an asyncio task; a newer edit
-cancels the pending task, and a result whose version has since changed is
-dropped (VS Code ignores the version of pushed diagnostics, so the server
-must not send stale ones).
+Pushing is debounced per document with an asyncio task (`debounce`, which
+notebooks use too); a newer edit cancels the pending task, and a result whose
+version has since changed is dropped (VS Code ignores the version of pushed
+diagnostics, so the server must not send stale ones).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from lsprotocol import types
@@ -32,7 +33,6 @@ _SEVERITIES = {
 }
 # Findings about the suppression comments themselves: drawn faded.
 _UNNECESSARY = {"OOM900"}
-
 
 
 @dataclass
@@ -71,7 +71,9 @@ def to_diagnostics(analysis: Analysis, encoding: str) -> list[types.Diagnostic]:
     if analysis.skipped is not None:
         return [
             types.Diagnostic(
-                range=types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)),
+                range=types.Range(
+                    start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)
+                ),
                 severity=types.DiagnosticSeverity.Warning,
                 source=SOURCE,
                 message=f"oom-lsp {analysis.skipped}",
@@ -115,13 +117,31 @@ def republish(ls: OomLanguageServer, uri: str) -> None:
 def schedule(ls: OomLanguageServer, uri: str, delay: float) -> None:
     if ls.pull_diagnostics:
         return
+    debounce(ls, uri, delay, _publish)
+
+
+Publish = Callable[[OomLanguageServer, str], Awaitable[None]]
+
+
+def debounce(ls: OomLanguageServer, uri: str, delay: float, publish: Publish) -> None:
+    """`publish(ls, uri)` once the settings are known and `delay` has passed; a newer call for
+    the same document cancels the one still pending. A file's diagnostics and a notebook's
+    (server/notebooks.py) are published through here; a publication whose analysis a newer
+    edit replaced (ContentModified) is dropped: that edit's own publication follows."""
     pending = ls.state(Pending).tasks
     previous = pending.pop(uri, None)
     if previous is not None:
         previous.cancel()
-    task = asyncio.get_running_loop().create_task(_publish_after(ls, uri, delay))
+    task = asyncio.get_running_loop().create_task(_publish_after(ls, uri, delay, publish))
     pending[uri] = task
     task.add_done_callback(lambda done: _forget_task(pending, uri, done))
+
+
+def cancel_pending(ls: OomLanguageServer, uri: str) -> None:
+    """The document closed: its pending publication is not made."""
+    pending = ls.state(Pending).tasks.pop(uri, None)
+    if pending is not None:
+        pending.cancel()
 
 
 def _forget_task(pending: dict[str, asyncio.Task[None]], uri: str, task: asyncio.Task[None]) -> None:
@@ -132,17 +152,21 @@ def _forget_task(pending: dict[str, asyncio.Task[None]], uri: str, task: asyncio
         logger.error("Checking %s failed", uri, exc_info=(type(error), error, error.__traceback__))
 
 
-async def _publish_after(ls: OomLanguageServer, uri: str, delay: float) -> None:
+async def _publish_after(ls: OomLanguageServer, uri: str, delay: float, publish: Publish) -> None:
     await ls.settings_ready.wait()
     if delay:
         await asyncio.sleep(delay)
+    try:
+        await publish(ls, uri)
+    except ContentModified:
+        return  # replaced by a newer edit's analysis, which that edit's task publishes
+
+
+async def _publish(ls: OomLanguageServer, uri: str) -> None:
     document = ls.open_document(uri)
     if document is None:
         return
-    try:
-        analysis = await ls.analysis_of(document)
-    except ContentModified:
-        return  # replaced by a newer edit's analysis, which that edit's task publishes
+    analysis = await ls.analysis_of(document)
     if not ls.is_current(analysis):
         return  # a newer edit has its own task
     ls.text_document_publish_diagnostics(
@@ -186,9 +210,7 @@ def on_did_save(ls: OomLanguageServer, params: types.DidSaveTextDocumentParams) 
 
 def on_did_close(ls: OomLanguageServer, params: types.DidCloseTextDocumentParams) -> None:
     uri = params.text_document.uri
-    pending = ls.state(Pending).tasks.pop(uri, None)
-    if pending is not None:
-        pending.cancel()
+    cancel_pending(ls, uri)
     ls.forget_document(uri)
     if not ls.pull_diagnostics:
         ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=[]))

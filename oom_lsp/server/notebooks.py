@@ -11,6 +11,11 @@ diagnostics, code actions and hover per cell URI.
   server does): a pull names one cell, and an edit elsewhere changes its
   findings without a change to it. A pull for a cell answers an empty report,
   so nothing is shown twice.
+- The notebook's analysis goes through the server's analysis queue as a file's
+  does (`ls.queued_analysis`, server/scheduling.py), and its publication through
+  the same debounce (`diagnostics.debounce`): under sustained typing in a cell one
+  analysis waits per notebook, a request on a cell edited under it is answered
+  ContentModified, and a result for cells that changed since is not published.
 - `ls.analysis_of(cell)` answers with the cell's part of the notebook's
   analysis, so hover (and anything else that asks) sees the same findings.
 - Code actions on a cell: its quick fixes, "Ignore ... for this line",
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +66,6 @@ class _State:
     key: tuple | None = None  # (cell URIs and versions, settings) of `analysis`
     analysis: NotebookAnalysis | None = None
     incremental: IncrementalNotebook | None = None
-    task: asyncio.Task[None] | None = None
     published: dict[str, tuple[int, list[types.Diagnostic]]] | None = None  # cell URI -> (version, items)
 
 
@@ -125,9 +130,10 @@ def on_did_save(ls: OomLanguageServer, params: types.DidSaveNotebookDocumentPara
 
 
 def on_did_close(ls: OomLanguageServer, params: types.DidCloseNotebookDocumentParams) -> None:
-    state = _states(ls).pop(params.notebook_document.uri, None)
-    if state is not None and state.task is not None:
-        state.task.cancel()
+    uri = params.notebook_document.uri
+    _states(ls).pop(uri, None)
+    diagnostics.cancel_pending(ls, uri)
+    ls.scheduling.analyses.forget(uri)
     for cell in params.cell_text_documents:
         ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=cell.uri, diagnostics=[]))
 
@@ -140,30 +146,20 @@ def refresh(ls: OomLanguageServer) -> None:
 
 
 def _schedule(ls: OomLanguageServer, uri: str, delay: float) -> None:
-    state = _states(ls).setdefault(uri, _State())
-    if state.task is not None:
-        state.task.cancel()
-    state.task = asyncio.get_running_loop().create_task(_publish_after(ls, uri, delay))
-    state.task.add_done_callback(_log_failure)
+    """The notebook's diagnostics, debounced as a file's are (diagnostics.debounce): pushed
+    whether or not the client pulls (see the module docstring)."""
+    _states(ls).setdefault(uri, _State())
+    diagnostics.debounce(ls, uri, delay, _publish)
 
 
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        error = task.exception()
-        logger.error("Checking a notebook failed", exc_info=(type(error), error, error.__traceback__))
-
-
-async def _publish_after(ls: OomLanguageServer, uri: str, delay: float) -> None:
-    await ls.settings_ready.wait()
-    if delay:
-        await asyncio.sleep(delay)
+async def _publish(ls: OomLanguageServer, uri: str) -> None:
     notebook = ls.workspace.get_notebook_document(notebook_uri=uri)
     if notebook is None:
         return
     analysis, cells = await _analysis(ls, notebook)
-    if analysis is None or _cells_key(ls, notebook) != _states(ls)[uri].key:
-        return  # a newer change has its own task
-    state = _states(ls)[uri]
+    state = _states(ls).get(uri)
+    if analysis is None or state is None or _cells_key(ls, notebook) != state.key:
+        return  # a newer change has its own task (or the notebook closed)
     published = state.published or {}
     for cell in cells:
         document = ls.open_document(cell.key)
@@ -226,32 +222,46 @@ async def _analysis(
         state.incremental = IncrementalNotebook()
     incremental = state.incremental
     path = to_fs_path(notebook.uri) or notebook.uri
-    loop = asyncio.get_running_loop()
-    analysis = await loop.run_in_executor(
-        ls.analysis_executor, _analyze_on_worker, incremental, cells, settings, path
+    # Through the server's queue, as a file's analysis (server/scheduling.py): one waiting
+    # analysis per notebook, shared by the requests and the publication asking for the same
+    # cells, replaced (ContentModified to its callers) when a cell changes before it ran.
+    analysis = await ls.queued_analysis(
+        notebook.uri, key, lambda: _analyze_on_worker(notebook.uri, incremental, cells, settings, path)
     )
-    if _cells_key(ls, notebook) == key:
+    if _cells_key(ls, notebook) == key and _states(ls).get(notebook.uri) is state:
         state.key, state.analysis = key, analysis
     return analysis, cells
 
 
 def _analyze_on_worker(
-    incremental: IncrementalNotebook, cells: list[CellText], settings: LintSettings, path: str
+    uri: str, incremental: IncrementalNotebook, cells: list[CellText], settings: LintSettings, path: str
 ) -> NotebookAnalysis:
     collect_before_analysis()
-    return incremental.analyze(cells, settings, path)
+    started = time.perf_counter()
+    analysis = incremental.analyze(cells, settings, path)
+    # One line per analysis run, as a file's (tests/server/test_notebook_load.py counts them).
+    logger.debug(
+        "Analysed %s (%d cells): %d findings in %.0f ms",
+        uri,
+        len(cells),
+        sum(len(found) for found in analysis.findings.values()),
+        (time.perf_counter() - started) * 1000,
+    )
+    return analysis
 
 
 async def cell_analysis(ls: OomLanguageServer, document: TextDocument) -> Analysis:
-    """`ls.analysis_of` for a cell: its part of the notebook's findings."""
-    notebook = notebook_of(ls, document.uri)
+    """`ls.analysis_of` for a cell: its part of the notebook's findings, labelled with the
+    cell's version it was asked for (a request's handler compares it with the current one)."""
+    uri, version, source = document.uri, document.version, document.source
+    notebook = notebook_of(ls, uri)
     settings = _settings(ls, notebook) if notebook is not None else None
     findings: list[Finding] = []
     if notebook is not None and settings is not None:
         analysis, _ = await _analysis(ls, notebook)
         if analysis is not None:
-            findings = analysis.findings.get(document.uri, [])
-    return Analysis(document.uri, document.version, document.source, settings, findings)
+            findings = analysis.findings.get(uri, [])
+    return Analysis(uri, version, source, settings, findings)
 
 
 def _diagnostics(

@@ -16,6 +16,9 @@ every queued text.
   cancelled, as rust-analyzer does: the client asks again for the text it has now, and no
   request is left waiting for work on a text that no longer exists.
 
+A notebook is one document for the queue (its cells are analysed as one program, keyed by
+the notebook's URI); its cells are the documents of `StaleRequests`.
+
 Both are per server (`OomLanguageServer.scheduling`): nothing here is a module global.
 """
 

@@ -16,7 +16,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 State = TypeVar("State")
+Result = TypeVar("Result")
 
 CONFIGURATION_TIMEOUT_S = 5.0
 # ~100 KB of source: a few seconds of analysis and more (a 1 MiB file takes ~45 s on a
@@ -261,16 +262,12 @@ class OomLanguageServer(LanguageServer):
             executor = (
                 self.large_analysis_executor if len(source) > LARGE_SOURCE_CHARS else self.analysis_executor
             )
-            pending = self.scheduling.analyses.submit(
+            findings = await self.queued_analysis(
                 uri,
                 (version, source, settings),
-                executor,
                 lambda: self._analyze_on_worker(uri, version, source, settings, path),
+                executor,
             )
-            try:
-                findings = await asyncio.shield(pending)
-            except Superseded:
-                raise ContentModified(f"{uri} changed before its version {version} was analysed") from None
         analysis = Analysis(uri, version, source, settings, findings, skipped)
         if self.open_document(uri) is not None:
             if self.is_current(analysis):
@@ -278,6 +275,23 @@ class OomLanguageServer(LanguageServer):
         else:
             self._parsers.pop(uri, None)  # closed while it was analysed
         return analysis
+
+    async def queued_analysis(
+        self,
+        uri: str,
+        key: Hashable,
+        compute: Callable[[], Result],
+        executor: concurrent.futures.Executor | None = None,
+    ) -> Result:
+        """`compute()` (the analysis of the document `uri` as it is now, `key`) on the analysis
+        worker, through the server's queue (server/scheduling.py): one waiting analysis per
+        document, shared by the callers asking for the same `key`, replaced by a newer one, whose
+        callers then get ContentModified. A file's analysis and a notebook's go through here."""
+        pending = self.scheduling.analyses.submit(uri, key, executor or self.analysis_executor, compute)
+        try:
+            return await asyncio.shield(pending)
+        except Superseded:
+            raise ContentModified(f"{uri} changed before this version of it was analysed") from None
 
     def current_analysis(self, analysis: Analysis) -> Analysis:
         """`analysis` if the document has not changed since, else ContentModified (the

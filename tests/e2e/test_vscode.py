@@ -10,6 +10,9 @@ light bulb on a clean line of a training loop, OOM201's autocast fix from the
 light-bulb menu lowering the estimated peak ("Validate last fix"), and the
 notification when no server can start. The Problems panel, the hover and the
 light-bulb menu are written to docs/images/editor/, which the README shows.
+And VS Code's Restricted Mode (vscode-client/e2e/restricted.mjs): a folder opened
+untrusted still gets its diagnostics, but no lens or palette command that runs
+the script, until the user trusts it.
 Opt-in: the first install compiles native modules for several minutes (cached
 in $OOM_E2E_CACHE)."""
 
@@ -40,23 +43,39 @@ pytestmark = pytest.mark.skipif(
 
 def _expected_on_the_risky_fixtures() -> list[str]:
     """The codes the risky fixtures get with the workspace's settings at that step
-    (oomLsp.extendSelect OOM101, oomLsp.maxBatchSize 1024)."""
+    (oomLsp.extendSelect OOM101, oomLsp.maxBatchSize 1024, oomLsp.strict)."""
     base = default_settings()
-    settings = dataclasses.replace(base, enabled=base.enabled | {"OOM101"}, max_batch_size=1024)
+    settings = dataclasses.replace(base, enabled=base.enabled | {"OOM101"}, max_batch_size=1024, strict=True)
     scripts = sorted((REPO / "fixtures").glob("*_risky.py"))
     return [f.code for path in scripts for f in analyze(path.read_text(), settings, str(path))]
+
+
+def _run(artifacts: Path, runs: str) -> subprocess.CompletedProcess[str]:
+    """vscode-client/e2e/run.sh with the runs named ("trusted", "restricted"); it passed."""
+    environment = {
+        **os.environ,
+        "OOM_E2E_PYTHON": sys.executable,
+        "OOM_E2E_ARTIFACTS": str(artifacts),
+        "OOM_E2E_RUNS": runs,
+    }
+    result = subprocess.run(
+        [str(RUN)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_AND_RUN_TIMEOUT_S,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "PASS" in result.stdout
+    return result
 
 
 def test_vscode_ui_end_to_end(tmp_path: Path):
     artifacts = tmp_path / "vscode-e2e"
     started = time.time()
-    environment = {**os.environ, "OOM_E2E_PYTHON": sys.executable, "OOM_E2E_ARTIFACTS": str(artifacts)}
-    result = subprocess.run(
-        [str(RUN)], env=environment, capture_output=True, text=True, timeout=INSTALL_AND_RUN_TIMEOUT_S
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    assert "PASS" in result.stdout
+    result = _run(artifacts, "trusted")
     names = sorted(path.name for path in (artifacts / "screenshots").glob("*.png"))
     assert names == [
         "01-workbench.png",
@@ -75,11 +94,13 @@ def test_vscode_ui_end_to_end(tmp_path: Path):
         "14-explain-oom.png",
         "15-notebook-problems.png",
         "16-notebook-quick-fix-saved.png",
-        "17-fixture-messages.png",
-        "18-no-light-bulb-on-a-clean-line.png",
-        "19-light-bulb-menu.png",
-        "20-autocast-validated.png",
-        "21-no-server-notification.png",
+        "17-what-if-preview.png",
+        "18-what-if-light-bulb-menu.png",
+        "19-fixture-messages.png",
+        "20-no-light-bulb-on-a-clean-line.png",
+        "21-light-bulb-menu.png",
+        "22-autocast-validated.png",
+        "23-no-server-notification.png",
     ]
     # The hover is a short summary; every message of the risky fixtures (the ones the analysis
     # gives, with the workspace's settings) fits the panel; the autocast fix lowered the peak.
@@ -101,3 +122,37 @@ def test_vscode_ui_end_to_end(tmp_path: Path):
     for name in ("problems.png", "hover.png", "light-bulb-menu.png"):
         shot = README_SHOTS / name
         assert shot.exists() and shot.stat().st_mtime >= started, name
+
+
+def test_vscode_restricted_mode_offers_nothing_that_runs_the_script(tmp_path: Path):
+    """A folder opened untrusted (workspace trust on, no startup prompt): diagnostics show, no
+    lens and no palette command runs the script; trusted, the lenses and commands appear."""
+    artifacts = tmp_path / "vscode-e2e"
+    result = _run(artifacts, "restricted")
+    names = sorted(path.name for path in (artifacts / "screenshots").glob("restricted-*.png"))
+    assert names == [
+        "restricted-no-lenses.png",
+        "restricted-trust-editor.png",
+        "restricted-trusted-lenses.png",
+        "restricted-workbench.png",
+    ]
+    lines = dict(
+        line.split(": ", 1)
+        for line in result.stdout.splitlines()
+        if line.startswith(("restricted ", "trusted "))
+    )
+    assert "OOM304" in lines["restricted problems"], lines
+    untrusted_commands = lines["restricted palette"].split(", ")
+    assert "oom-lsp: Explain OOM from a log file..." in untrusted_commands, lines
+    runs_code = ("Estimate peak memory", "What if", "Profile memory", "Validate last fix")
+    assert not [title for title in untrusted_commands if title.endswith(runs_code) or "What if" in title], (
+        lines
+    )
+    assert lines["trusted lenses"].split(", ")[:3] == [
+        "Estimate peak memory",
+        "What if…",
+        "Profile memory",
+    ], lines
+    assert "oom-lsp: Estimate peak memory" in lines["trusted palette"].split(", "), lines
+    # Nothing ran while the folder was untrusted, nor after (no lens was clicked).
+    assert not (artifacts / "restricted" / "workspace" / ".oom_lsp").exists()

@@ -67,6 +67,11 @@ def analyses(server: StdioServer) -> list[str]:
 
 def cli_findings(folder: Path, name: str, text: str) -> list[tuple[str, int, int]]:
     (folder / name).write_text(text)
+    return sorted((f["code"], f["line"], f["column"]) for f in cli_json(folder, name))
+
+
+def cli_json(folder: Path, name: str) -> list[dict[str, Any]]:
+    """`oom-lsp --check --format json` on the file `name` in `folder`: its findings."""
     run = subprocess.run(
         [sys.executable, "-m", "oom_lsp", "--check", "--format", "json", "--no-cache", name],
         cwd=folder,
@@ -75,7 +80,7 @@ def cli_findings(folder: Path, name: str, text: str) -> list[tuple[str, int, int
         check=False,
         timeout=120,
     )
-    return sorted((f["code"], f["line"], f["column"]) for f in json.loads(run.stdout))
+    return json.loads(run.stdout)
 
 
 def lsp_findings(items: list[dict[str, Any]]) -> list[tuple[str, int, int]]:

@@ -15,11 +15,9 @@
 // folder on disk), OOM_E2E_SCREENSHOTS, OOM_E2E_README_SHOTS, OOM_E2E_PLAYWRIGHT
 // (playwright-core's folder), OOM_E2E_CHROMIUM (default /usr/bin/chromium).
 import { promises as fs, readdirSync, readFileSync } from "node:fs";
-import { createRequire } from "node:module";
 import * as path from "node:path";
 
-const require = createRequire(import.meta.url);
-const { chromium } = require(process.env.OOM_E2E_PLAYWRIGHT);
+import { editor, goToLine, launchBrowser, lineOf, openFile, runCommand, showProblems } from "./common.mjs";
 
 const url = process.env.OOM_E2E_URL;
 const workspace = process.env.OOM_E2E_WORKSPACE;
@@ -59,43 +57,6 @@ async function readmeShot(page, name, locators, margin = 32) {
   console.log(`readme screenshot: ${file}`);
 }
 
-async function runCommand(page, title) {
-  await page.keyboard.press("F1");
-  await page.keyboard.type(title);
-  await page.locator(".quick-input-widget .monaco-list-row", { hasText: title.replace(/^.*?: /, "") }).first().waitFor({ timeout: 10_000 });
-  await page.keyboard.press("Enter");
-}
-
-async function openFile(page, relative, marker) {
-  await page.keyboard.press("Control+P");
-  await page.keyboard.type(relative);
-  // Enter opens the selected row: wait until the list has caught up with what was typed.
-  await page
-    .locator(".quick-input-widget .monaco-list-row.focused", { hasText: path.basename(relative) })
-    .first()
-    .waitFor({ timeout: 15_000 });
-  await page.keyboard.press("Enter");
-  await page.locator(".tabs-container .tab.active", { hasText: path.basename(relative) }).waitFor({ timeout: 15_000 });
-  if (marker) {
-    await page.locator(".editor-group-container .view-line", { hasText: marker }).first().waitFor({ timeout: 15_000 });
-  }
-}
-
-// The Problems panel, shown (Ctrl+Shift+M hides it when it is already there).
-async function showProblems(page) {
-  const panel = page.locator(".part.panel .markers-panel").first();
-  if (!(await panel.isVisible())) {
-    await page.keyboard.press("Control+Shift+M");
-  }
-  await panel.waitFor({ state: "visible", timeout: 10_000 });
-}
-
-function lineOf(file, text) {
-  const index = readFileSync(file, "utf8").split("\n").findIndex((line) => line.trim() === text);
-  if (index < 0) throw new Error(`no line ${text} in ${file}`);
-  return index + 1;
-}
-
 // Visible light bulbs in the editor (the widget, or the glyph in the margin).
 async function lightBulbs(page) {
   const bulbs = page.locator(
@@ -121,11 +82,6 @@ async function waitForFile(predicate, what, timeoutMs = 20_000, file = trainPy) 
   throw new Error(`${what}: ${path.basename(file)} on disk is still\n${text}`);
 }
 
-function editor(page) {
-  // Scoped to the editor area: the panel and the chat input are Monaco editors too.
-  return page.locator(".editor-group-container .monaco-editor .view-lines").first();
-}
-
 // Ctrl+. on the cursor's line. On a busy machine the menu sometimes never opens (the
 // key press lands while the editor re-renders, or the request is superseded by the
 // light bulb's own): it is asked for again, up to three times.
@@ -146,26 +102,7 @@ async function openQuickFixes(page, rowText) {
   }
 }
 
-async function goToLine(page, position) {
-  await editor(page).click();
-  await page.keyboard.press("Control+G");
-  await page.keyboard.type(position);
-  await page.keyboard.press("Enter");
-}
-
-const browser = await chromium.launch({
-  executablePath: process.env.OOM_E2E_CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-  ],
-});
+const browser = await launchBrowser();
 let failed = false;
 const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
 try {
