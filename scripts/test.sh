@@ -25,8 +25,29 @@ else
     echo "scripts/test.sh: npm not found: skipping the VS Code extension's build and tests (needs Node 20)" >&2
 fi
 
-# pytest exits 5 when it collected no test: that is a failure for us too.
-"$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
+# Two passes. Most tests wait on subprocesses (servers, fake-tensor traces), so they run on
+# pytest-xdist workers, one per core (at most 4: each worker starts torch processes); a file's
+# tests stay on one worker (--dist loadfile), so its module-scoped servers start once. Tests
+# marked `serial` (signals on a running script, counts of the processes it left) are
+# timing-sensitive under load: they run afterwards, alone. OOM_LSP_TEST_WORKERS=0 runs the
+# first pass in this process, without workers.
+WORKERS="${OOM_LSP_TEST_WORKERS:-$(nproc 2>/dev/null || echo 2)}"
+if [ "$WORKERS" -gt 4 ]; then WORKERS=4; fi
+PARALLEL=(-n "$WORKERS" --dist loadfile)
+if [ "$WORKERS" -le 1 ]; then PARALLEL=(-p no:xdist); fi
+# pytest exits 5 when it collected no test: one pass may select none (a path with no serial
+# test), but not both.
+status=0
+"$VENV/bin/python" -m pytest -p no:cacheprovider "${PARALLEL[@]}" -m "not serial" "$@" || status=$?
+serial_status=0
+"$VENV/bin/python" -m pytest -p no:cacheprovider -m serial "$@" || serial_status=$?
+if [ "$status" -eq 5 ] && [ "$serial_status" -eq 5 ]; then
+    echo "scripts/test.sh: no test ran" >&2
+    exit 5
+fi
+for code in "$status" "$serial_status"; do
+    if [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then exit "$code"; fi
+done
 
 # The memory budget gate on one fixture script, as a project's CI runs it (README, "Memory
 # budget gate in CI"): fixtures/budget/pyproject.toml names the budget and the baseline; a

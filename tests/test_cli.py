@@ -772,6 +772,7 @@ def test_fix_diff_prints_what_fix_would_write_and_writes_nothing(tmp_path: Path)
 # --- bare `oom-lsp` in a terminal (the console script on a pseudo-terminal) ----------------------------
 
 
+@pytest.mark.serial  # a signal mid-run: the serial pass
 @pytest.mark.parametrize(("target", "presses"), [("group", 1), ("group", 2), ("process", 1)])
 def test_the_server_in_a_terminal_says_what_it_is_and_quits_on_ctrl_c(
     tmp_path: Path, target: str, presses: int

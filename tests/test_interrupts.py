@@ -13,6 +13,10 @@ import pytest
 
 from tests import console
 
+# Signals on a running console script, then a count of what it left: timing-sensitive,
+# so scripts/test.sh runs these in its serial pass, after the parallel one.
+pytestmark = pytest.mark.serial
+
 pytest.importorskip("torch")
 
 COMMANDS = {

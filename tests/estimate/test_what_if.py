@@ -292,6 +292,7 @@ for step in range(3):
 """
 
 
+@pytest.mark.serial  # a signal mid-run: the serial pass
 def test_ctrl_c_during_a_change_kills_the_script_and_leaves_no_copy(tmp_path):
     record = tmp_path / "pids"
     (tmp_path / "train.py").write_text(HANGS_IN_THE_COPY.format(pids=str(record)))

@@ -202,6 +202,7 @@ def _child_pid(output: list[str]) -> int | None:
     return None
 
 
+@pytest.mark.serial  # counts processes: the serial pass
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_timeout_kills_the_whole_process_group(tmp_path):
     from oom_lsp.profiling.runner import ProfileRun
@@ -229,6 +230,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
     assert "killed after 1 s" in report.notes[0]
 
 
+@pytest.mark.serial  # counts processes: the serial pass
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_cancel_kills_the_whole_process_group(tmp_path):
     from oom_lsp.profiling.runner import ProfileRun

@@ -159,6 +159,7 @@ async def _all_gone(pids: list[int]) -> None:
 
 
 @in_module_loop
+@pytest.mark.serial  # counts processes: the serial pass
 @pytest.mark.parametrize("how", ["cancel-request", "progress-cancel"])
 async def test_cancelling_an_estimate_leaves_no_process(client: LanguageClient, how: str):
     script, record = console.write_hanging_script(client.root, f"hangs_{how.replace('-', '_')}.py")
@@ -181,6 +182,7 @@ async def test_cancelling_an_estimate_leaves_no_process(client: LanguageClient, 
 
 
 @in_module_loop
+@pytest.mark.serial  # counts processes: the serial pass
 @pytest.mark.parametrize("before", ["estimate", "profile"])
 async def test_cancelling_a_validate_fix_leaves_no_process(client: LanguageClient, before: str):
     """oom-lsp.validateFix re-runs the measurement the fix is compared with (the server's

@@ -14,6 +14,10 @@ import pytest
 
 from tests.server.stdio_client import StdioServer, alive, descendants, wait_until
 
+# Reads /proc and kills the server: timing-sensitive, so scripts/test.sh runs these in its
+# serial pass, after the parallel one.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[2]
 HANGS = ROOT / "fixtures" / "profiling" / "hangs.py"
 JOBS = {

@@ -126,6 +126,7 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")  # a zombie has no process left, only its exit status
 
 
+@pytest.mark.serial  # counts processes: the serial pass
 async def test_cancel_request_kills_the_process_tree(client: LanguageClient):
     script = client.root / "hangs.py"
     since, known_tokens = len(client.log_messages), set(client.progress_reports)

@@ -400,6 +400,7 @@ def test_the_pre_commit_hooks_skip_the_gate(project):
 # --- Ctrl-C ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # a signal mid-run: the serial pass
 def test_ctrl_c_during_the_gate_kills_the_script_and_all_it_started(tmp_path):
     _needs_torch()
     _, record = console.write_hanging_script(tmp_path)
