@@ -44,7 +44,7 @@ import dataclasses
 import enum
 import re
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -929,12 +929,24 @@ class ScopeFlow:
         # Interpreted on the first `kind_of`: some rules only ask `callee`.
         # Keyed by id(): libcst nodes hash through a Python-level __hash__.
         self._kinds: dict[int, Kind] | None = None
+        self._loop_ends: dict[int, State] = {}
 
     def kind_of(self, node: cst.BaseExpression) -> Kind:
         if self._kinds is None:
-            self._kinds = {}
-            _Interpreter(self, self._kinds).run_block(self._body, {}, self._no_grad)
-        return self._kinds.get(id(node), Kind.UNKNOWN)
+            self._interpret()
+        return self._kinds.get(id(node), Kind.UNKNOWN)  # type: ignore[union-attr]
+
+    def kinds_at_loop_end(self, loop: cst.For | cst.While) -> Mapping[str, Kind]:
+        """What each path holds at the end of the loop's body, when the next
+        iteration starts (merged over the body's paths): a graph-attached
+        value there is alive while the next iteration computes its own."""
+        if self._kinds is None:
+            self._interpret()
+        return self._loop_ends.get(id(loop), {})
+
+    def _interpret(self) -> None:
+        self._kinds = {}
+        _Interpreter(self, self._kinds, self._loop_ends).run_block(self._body, {}, self._no_grad)
 
     def callee(self, func: cst.BaseExpression, call: cst.Call | None = None) -> Callee:
         """What calling `func` does in this scope. With `call`, the naming
@@ -1056,10 +1068,12 @@ class _Interpreter:
 
     MAX_LOOP_PASSES = 3
 
-    def __init__(self, flow: ScopeFlow, kinds: dict[int, Kind]) -> None:
+    def __init__(self, flow: ScopeFlow, kinds: dict[int, Kind], loop_ends: dict[int, State] | None = None) -> None:
         self.flow = flow
         self.context = flow.context
         self.kinds = kinds
+        # The state at the end of each loop's body, at its fixed point.
+        self.loop_ends: dict[int, State] = {} if loop_ends is None else loop_ends
         # Every path (`self.total`, `out['loss']`) bound so far: no state holds
         # any other, so unbinding `self` needs to look at these names only.
         self._dotted_names: set[str] = set()
@@ -1184,6 +1198,7 @@ class _Interpreter:
             else:
                 self.evaluate(loop.test, state, no_grad)
             end = self.run_block(_block(loop.body), state, no_grad)
+            self.loop_ends[id(loop)] = end
             after = _merge_states(before, end)
             # A pass from the same state would repeat this one, kinds and all:
             # the fixed point is reached.

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import enum
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext
-from oom_lsp.analysis.dataflow import Kind, Role, facts_for, value_path
+from oom_lsp.analysis.dataflow import Kind, Role, assigned_names, facts_for, iter_nodes, value_path
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.facts import flags, library
 from oom_lsp.analysis.facts.contexts import CallGraph, _assigned_from, _method_scope, call_graph
@@ -40,10 +40,15 @@ class EvalForward:
     whole_function: bool
     # Else the statement (a loop, or the call's statement) to wrap, with its indentation.
     wrap: tuple[cst.CSTNode, str] | None
+    # The path that still holds a graph of one batch when the next batch's
+    # forward pass runs (`loss`, `output`): the evaluation then holds two
+    # batches' activations, more than the training step it follows.
+    kept_into_next_batch: str | None = None
 
 
 _FORWARD_SUFFIXES = (".forward", ".__call__")
 _LOOP_STATEMENTS = (cst.For, cst.While)
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
 class EvaluationFacts:
@@ -64,9 +69,8 @@ class EvaluationFacts:
                 found = [forward for call in scope.calls if (forward := self._check(call)) is not None]
                 found += self._routed(scope, found)
                 if found and self._evaluates_only(scope, found):
-                    found = [
-                        EvalForward(f.call, f.model, f.message, whole_function=True, wrap=f.wrap) for f in found
-                    ]
+                    found = [replace(f, whole_function=True) for f in found]
+                found = [replace(f, kept_into_next_batch=self.graph_kept_into_next_batch(f.call)) for f in found]
                 self._found.extend(found)
         return self._found
 
@@ -105,6 +109,104 @@ class EvaluationFacts:
             whole_function=False,
             wrap=self._wrap_target(call),
         )
+
+    def graph_kept_into_next_batch(self, call: Call, depth: int = 0) -> str | None:
+        """The path that still holds a graph recorded in one iteration of the
+        loop around `call` when the next iteration runs it again: a value
+        derived from the call's result (`output = model(x)`, `loss =
+        criterion(output, y)`, `ypred = unpack(ypred)`), or a container it is
+        stored in (`preds.append(out)`), kept to the end of the loop's body.
+        Without a backward pass nothing frees that graph before the next
+        forward pass records its own, so two batches' activations are alive at
+        once, more than the training step needs (its `backward()` frees the
+        graph). A call in no loop, in a function that returns its result, is
+        looked at where its callers call that function in a loop
+        (`step = self.validation_step(batch)`). None when each iteration's
+        graph dies within it (`correct += (model(x).argmax(1) == y).sum().item()`,
+        `del loss`, `loss = loss.item()`)."""
+        if call.loops and type(call.loops[-1]) in _COMPREHENSIONS:
+            return self._kept_by_comprehension(call, call.loops[-1])
+        loops = [loop for loop in call.loops if isinstance(loop, _LOOP_STATEMENTS)]
+        if loops:
+            return self._kept_in_loop(call, loops[-1])
+        if depth >= 2 or call.scope.is_module or type(call.scope.node) is not cst.FunctionDef:
+            return None
+        body = call.scope.node.body
+        derived = _derived_from(call, iter_nodes(body))
+        returned = [node for node in iter_nodes(body) if type(node) is cst.Return and node.value is not None]
+        if not any(node.value is call.node or _mentions(node.value, derived) for node in returned):
+            return None
+        for caller in self.graph.callers(call.scope):
+            kept = self.graph_kept_into_next_batch(caller, depth + 1)
+            if kept is not None:
+                return kept
+        return None
+
+    def _kept_by_comprehension(self, call: Call, comprehension: cst.CSTNode) -> str | None:
+        """`[model(x) for x in batches]`: the comprehension gathers every
+        iteration's result, graphs and all."""
+        elements = [comprehension.key, comprehension.value] if type(comprehension) is cst.DictComp else [comprehension.elt]  # type: ignore[attr-defined]
+        scope = call.scope
+        flow = self.flow_facts.flow(None if scope.is_module else scope.node)  # type: ignore[arg-type]
+        if not any(
+            element is call.node or (_mentions(element, {call.node}) and flow.kind_of(element).attached)
+            for element in elements
+        ):
+            return None
+        statement = call.path[-1] if call.path else None
+        if type(statement) is cst.SimpleStatementLine:
+            for small in statement.body:
+                if type(small) is cst.Assign and small.value is comprehension and len(small.targets) == 1:
+                    name = dotted_name(small.targets[0].target)
+                    if name is not None:
+                        return name
+        return "the comprehension"
+
+    def _kept_in_loop(self, call: Call, loop: cst.For | cst.While) -> str | None:
+        if type(loop.body) is not cst.IndentedBlock:
+            return None
+        body = loop.body.body
+        position = next((i for i, statement in enumerate(body) if any(statement is node for node in call.path)), None)
+        if position is None:
+            return None
+        scope = call.scope
+        flow = self.flow_facts.flow(None if scope.is_module else scope.node)  # type: ignore[arg-type]
+        at_end = flow.kinds_at_loop_end(loop)
+        rebound_before = {
+            name for statement in body[:position] for node in iter_nodes(statement) for name, _ in assigned_names(node)
+        }
+        after = [node for statement in body[position:] for node in iter_nodes(statement)]
+        derived = _derived_from(call, after)
+        # The last thing done to each path in the rest of the body: bound from
+        # the call's result or from what derives from it, bound to something
+        # else, deleted, or given a derived value to hold.
+        last: dict[str, bool] = {}
+        stored_last: set[str] = set()
+        order: list[str] = []
+        for node in after:
+            whole = node.value if type(node) in (cst.Assign, cst.AugAssign, cst.AnnAssign) else None
+            for name, value in _bound_or_deleted(node):
+                value = whole if value is None else value  # `outputs, attns = model(src)`
+                keeps = value is not None and (value is call.node or _mentions(value, derived))
+                if type(node) is cst.AugAssign:
+                    keeps = keeps or last.get(name, False)
+                last[name] = keeps
+                stored_last.discard(name)
+                order.append(name)
+            stored = _stored_into(node)
+            if stored is not None and _mentions(stored[1], derived | {call.node}) and not flow.kind_of(stored[1]).free:
+                last[stored[0]] = True
+                stored_last.add(stored[0])
+                order.append(stored[0])
+        for name in dict.fromkeys(order):
+            if name in rebound_before:
+                continue
+            kind = at_end.get(name)
+            if kind is not None and kind.free and name not in stored_last:
+                continue  # `loss = loss.item()`: a number by the body's end
+            if last.get(name) or (kind is not None and kind.attached):
+                return name
+        return None
 
     def _losses_only_read_as_numbers(self, call: Call) -> bool:
         """A loop over batches whose losses are only ever read as numbers
@@ -348,8 +450,6 @@ class EvaluationFacts:
         return self._with_indent(statement, path)
 
     def _with_indent(self, statement: cst.CSTNode, path: tuple[cst.CSTNode, ...]) -> tuple[cst.CSTNode, str] | None:
-        from oom_lsp.analysis.dataflow import iter_nodes
-
         if any(type(inner) is cst.Await for inner in iter_nodes(statement)):
             return None  # grad mode is per thread: another coroutine would run under it at the await
         indent = indent_in_path(statement, path, self.context.module)
@@ -450,9 +550,64 @@ def _self_name(function: Function) -> str | None:
     return method.self_name if method is not None else None
 
 
-def _switches_mode(node: cst.CSTNode) -> bool:
-    from oom_lsp.analysis.dataflow import iter_nodes
+def _derived_from(call: Call, nodes: list[cst.CSTNode]) -> set[str]:
+    """The names bound, in `nodes` (in source order), to the call's result or
+    to a value computed from one of them."""
+    derived: set[str] = set()
+    for node in nodes:
+        if type(node) not in (cst.Assign, cst.AugAssign, cst.AnnAssign):
+            continue
+        value = node.value
+        if value is None or not (value is call.node or _mentions(value, derived)):
+            continue
+        targets = [target.target for target in node.targets] if type(node) is cst.Assign else [node.target]
+        for target in targets:
+            for inner in iter_nodes(target):
+                if type(inner) is cst.Name:
+                    derived.add(inner.value)
+    return derived
 
+
+def _mentions(expr: cst.CSTNode, names: set[str] | set[object]) -> bool:
+    """`expr` reads one of the names, or is (or holds) one of the nodes."""
+    return any((type(node) is cst.Name and node.value in names) or node in names for node in iter_nodes(expr))
+
+
+_STORING_METHODS = frozenset({"append", "extend", "insert", "add", "update", "setdefault", "put"})
+
+
+def _stored_into(node: cst.CSTNode) -> tuple[str, cst.CSTNode] | None:
+    """(container, value) for `container.append(value)` and `container[key] = value`."""
+    if type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _STORING_METHODS:
+        container = dotted_name(node.func.value)
+        if container is not None and node.args:
+            return container, node.args[0].value
+    if type(node) is cst.Assign and len(node.targets) == 1 and type(node.targets[0].target) is cst.Subscript:
+        container = dotted_name(node.targets[0].target.value)
+        if container is not None:
+            return container, node.value
+    return None
+
+
+def _bound_or_deleted(node: cst.CSTNode) -> list[tuple[str, cst.BaseExpression | None]]:
+    """The paths a node binds (with the value, when one expression), updates
+    (`total += loss`) or deletes (`del loss`, with no value)."""
+    node_type = type(node)
+    if node_type is cst.AugAssign:
+        name = dotted_name(node.target)
+        return [(name, node.value)] if name is not None else []
+    if node_type is cst.Del:
+        targets = (
+            [element.value for element in node.target.elements]
+            if type(node.target) in (cst.Tuple, cst.List)
+            else [node.target]
+        )
+        names = [dotted_name(target) for target in targets]
+        return [(name, None) for name in names if name is not None]
+    return list(reversed(assigned_names(node)))  # in source order: `outputs, attns = ...` names outputs first
+
+
+def _switches_mode(node: cst.CSTNode) -> bool:
     return any(
         type(inner) is cst.Call
         and type(inner.func) is cst.Attribute

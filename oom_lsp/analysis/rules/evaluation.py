@@ -40,6 +40,17 @@ class EvalWithoutNoGrad(Rule):
     (`.item()`, printed, logged), whatever the model's mode. A function's
     name (`evaluate`, `predict`) decides nothing.
 
+    By default it reports the evaluations that need more memory than the
+    training step they follow: those where a value computed from the
+    forward pass (`output`, `loss`, a list the outputs are appended to, a
+    comprehension of outputs, or what a caller's loop keeps of the
+    function's result) still holds its graph when the next batch's forward
+    pass runs. Nothing frees that graph without a backward pass, so two
+    batches' activations (or every batch's) are alive at once. One batch's
+    graph that dies within its iteration (`correct += (model(x).argmax(1)
+    == y).sum().item()`) costs what training already holds; `--strict`
+    shows those too.
+
     ## Why is this bad?
     `model.eval()` changes dropout and batch norm; it does not turn autograd
     off. Every forward pass still records its graph and keeps the activations
@@ -256,6 +267,7 @@ class EvalWithoutNoGrad(Rule):
         Valid("import torch\ndef evaluate(model, x):\n    model = lambda t: t\n    return model(x)\n"),
     ]
     INVALID = [
+        # One batch's graph at a time, freed within the iteration: strict only.
         Invalid(
             """
             import torch
@@ -267,6 +279,7 @@ class EvalWithoutNoGrad(Rule):
                 return correct
             """,
             line=7,
+            by_default=False,
             expected_fix="""
             import torch
             @torch.inference_mode()
@@ -323,6 +336,7 @@ class EvalWithoutNoGrad(Rule):
             print(model(sample))  # inference
             """,
             line=6,
+            by_default=False,
             expected_fix="""
             import torch
             model = torch.nn.Linear(4, 2)
@@ -351,6 +365,50 @@ class EvalWithoutNoGrad(Rule):
                     return total
             """,
             line=8,
+            by_default=False,
+        ),
+        # The loss holds this batch's graph while the next batch runs forward.
+        Invalid(
+            """
+            import torch
+            def validate(model, loader, criterion):
+                model.eval()
+                total = 0.0
+                for x, y in loader:
+                    output = model(x)
+                    loss = criterion(output, y)
+                    total += loss.item()
+                return total
+            """,
+            line=7,
+        ),
+        # Every batch's output, graph and all, gathered by a comprehension.
+        Invalid(
+            """
+            import torch
+            def predict_all(model, batches):
+                model.eval()
+                outputs = [model(x) for x in batches]
+                return torch.cat(outputs).argmax(-1)
+            """,
+            line=5,
+        ),
+        # The function's result is kept by its caller's loop into the next batch.
+        Invalid(
+            """
+            import torch
+            class Trainer:
+                def validation_step(self, x, y):
+                    self.model.eval()
+                    y_pred = self.model(x)
+                    return {"loss": self.criterion(y_pred, y), "y_pred": y_pred}
+
+                def fit(self, loader):
+                    for x, y in loader:
+                        step = self.validation_step(x, y)
+                        self.history.append(step["loss"].item())
+            """,
+            line=6,
         ),
     ]
 
@@ -380,14 +438,21 @@ class EvalWithoutNoGrad(Rule):
             target, indent = forward.wrap
             edits = inference_mode.wrap(target, indent, self.context.module, reference)
             fix = FixSpec("Wrap in `with torch.inference_mode():`", edits, Applicability.SAFE, imports)
+        message = forward.message
+        if forward.kept_into_next_batch is not None:
+            message += f"; {forward.kept_into_next_batch} holds its graph into the next batch"
         self.context.add_report(
             deferred_report(
                 self,
                 forward.call.node,
-                forward.message,
+                message,
                 fix,
                 forward.call.path,
-                # A forward pass on a known dataset of small samples keeps a few MB.
-                proven=not trains_on_small_inputs(self.context),
+                # By default only where the evaluation needs more than the training
+                # step around it: the graph of one batch still alive while the next
+                # runs (two batches' activations). One batch's graph, freed within
+                # the iteration or at return, is no more than training holds; and a
+                # known dataset of small samples keeps a few MB either way.
+                proven=forward.kept_into_next_batch is not None and not trains_on_small_inputs(self.context),
             )
         )
