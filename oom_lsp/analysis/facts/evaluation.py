@@ -27,6 +27,7 @@ from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.facts import flags, library
 from oom_lsp.analysis.facts.contexts import CallGraph, _assigned_from, _method_scope, call_graph
 from oom_lsp.analysis.facts.library import Grad, Mode
+from oom_lsp.analysis.facts.loops import FEW_ITERATIONS, iteration_bound
 from oom_lsp.analysis.facts.modes import ModeFacts
 from oom_lsp.analysis.facts.program import Call, Function, LocalGrad
 
@@ -54,6 +55,7 @@ _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 class EvaluationFacts:
     def __init__(self, context: FileContext) -> None:
         self.context: FileContext = weakref.proxy(context)
+        self._context_ref = weakref.ref(context)  # for the fact caches, keyed by the context itself
         self.graph: CallGraph = call_graph(context)
         self.modes = ModeFacts(self.graph)
         self.flow_facts = facts_for(context)
@@ -165,6 +167,11 @@ class EvaluationFacts:
     def _kept_in_loop(self, call: Call, loop: cst.For | cst.While) -> str | None:
         if type(loop.body) is not cst.IndentedBlock:
             return None
+        function = call.scope.node if type(call.scope.node) is cst.FunctionDef else None
+        context = self._context_ref()
+        bound = iteration_bound(context, loop, function) if context is not None else None  # type: ignore[arg-type]
+        if bound is not None and bound <= FEW_ITERATIONS:
+            return None  # a loop over a few models or heads, not over batches
         body = loop.body.body
         position = next((i for i, statement in enumerate(body) if any(statement is node for node in call.path)), None)
         if position is None:

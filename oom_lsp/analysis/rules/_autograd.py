@@ -21,6 +21,7 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.effects import Keep, bind_arguments, effects_for
 from oom_lsp.analysis.facts.contexts import FORWARD_METHODS, call_graph
+from oom_lsp.analysis.facts.loops import FEW_ITERATIONS, iteration_bound
 from oom_lsp.analysis.rule import Rule
 
 
@@ -71,6 +72,13 @@ class AutogradRule(Rule):
         facts = facts_for(self.context)
         owner = facts.class_of.get(function)
         return function if owner is not None and owner.name.value in facts.module_classes else None
+
+    def _few_iterations(self, loop: cst.CSTNode) -> bool:
+        """The loop runs a few times over a collection the code lists (a few
+        models, heads, losses): what it keeps grows to that many entries, not
+        with the steps of training."""
+        bound = iteration_bound(self.context, loop, self.context.tracker.current_function)
+        return bound is not None and bound <= FEW_ITERATIONS
 
     def _kept_on_purpose(self, holder: str, loop: cst.For | cst.While | cst.FunctionDef) -> bool:
         """The graph is wanted: the holder feeds a backward pass, or it is

@@ -30,6 +30,11 @@ class LossAccumulatedWithGraph(AutogradRule):
     accumulator that outlives the loop iteration: `total_loss += loss`,
     `total = total + loss`.
 
+    A loop over a collection the code lists (a few models, heads or
+    losses: `for net in (small, wide)`, `zip(nets, opts)` of lists of two,
+    `range(3)`) keeps at most that many entries, not one per step: it is
+    shown with `--strict` only.
+
     ## Why is this bad?
     `loss` carries its autograd graph, and `total_loss + loss` makes a new
     tensor whose graph contains it. The accumulator therefore keeps the graph
@@ -261,6 +266,23 @@ class LossAccumulatedWithGraph(AutogradRule):
         ),
     ]
     INVALID = [
+        # Three heads' losses summed in a loop over the heads the code lists:
+        # three losses, not one per step (strict only).
+        Invalid(
+            """
+            import torch.nn as nn
+            criterion = nn.CrossEntropyLoss()
+            def train_step(model, x, y):
+                total = 0.0
+                for head in (model.coarse, model.middle, model.fine):
+                    loss = criterion(head(x), y)
+                    loss.backward()
+                    total += loss
+                return float(total)
+            """,
+            line=9,
+            by_default=False,
+        ),
         Invalid(
             """
             import torch.nn as nn
@@ -508,6 +530,7 @@ class LossAccumulatedWithGraph(AutogradRule):
                     edits=detach_fix.call_method(argument, "detach", self._indent(), self.context.module),
                     applicability=Applicability.UNSAFE,
                 ),
+                proven=not self._few_iterations(loop),
             )
             return
 
@@ -553,6 +576,8 @@ class LossAccumulatedWithGraph(AutogradRule):
         else:
             message = f"{short_code(holder)} keeps every iteration's graph and activations alive"
             severity = None
+        # A loop over a few models or heads sums that many graphs, not one per step.
+        proven = proven and not self._few_iterations(iteration)
         self.report(
             node,
             message,

@@ -32,6 +32,11 @@ class TensorKeptAcrossIterations(AutogradRule):
     dict that outlives the loop iteration, without `.detach()` or `.item()`:
     `losses.append(loss)`, `preds.append(out.cpu())`, `history[k] = out`.
 
+    A loop over a collection the code lists (a few models, heads or
+    losses: `for net in (small, wide)`, `zip(nets, opts)` of lists of two,
+    `range(3)`) keeps at most that many entries, not one per step: it is
+    shown with `--strict` only.
+
     ## Why is this bad?
     A stored tensor keeps its autograd graph, and the graph keeps the
     activations its backward pass would need: every stored element pins a
@@ -215,6 +220,22 @@ class TensorKeptAcrossIterations(AutogradRule):
         ),
     ]
     INVALID = [
+        # A loop over the two models the code lists keeps two entries, not one
+        # per step: strict only.
+        Invalid(
+            """
+            import torch
+            nets = [small_net, wide_net]
+            for epoch in range(epochs):
+                activations = []
+                for net in nets:
+                    out = net(test_x)
+                    activations.append(out)
+                plot(activations)
+            """,
+            line=8,
+            by_default=False,
+        ),
         Invalid(
             """
             import torch
@@ -433,6 +454,7 @@ class TensorKeptAcrossIterations(AutogradRule):
                     edits=detach_fix.detach(argument, self._indent(), self.context.module),
                     applicability=Applicability.UNSAFE,
                 ),
+                proven=not self._few_iterations(loop),
             )
             return
 
@@ -564,6 +586,8 @@ class TensorKeptAcrossIterations(AutogradRule):
             proven = not trains_on_small_inputs(self.context)
         else:
             message = f"{short_code(holder)} keeps graph-attached tensors and their activations across iterations"
+        # A loop over a few models or heads keeps that many entries, not one per step.
+        proven = proven and not self._few_iterations(iteration)
         self.report(node, message, fix=fix, proven=proven)
 
     def _check_forward_store(self, node: cst.Call, holder: str, stored: cst.BaseExpression) -> None:

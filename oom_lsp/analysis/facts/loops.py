@@ -1,0 +1,90 @@
+"""How many times a loop runs, when the code states it.
+
+A loop over a collection the code lists (`for net, opt in zip(nets, opts)`
+with `nets = [net_a, net_b]`, `for head in (cls_head, box_head)`,
+`for i in range(3)`) runs a fixed, small number of times: what it keeps from
+one iteration to the next grows to that many entries and no further, unlike a
+loop over a data loader or over training steps. The leak rules use the bound
+to tell a per-step growth from a loop over a few models or heads.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from oom_lsp.analysis.context import FileContext, dotted_name
+from oom_lsp.analysis.facts.program import BindingKind, Function, program_of
+from oom_lsp.analysis.facts.sizes import int_value
+
+# At most this many iterations: a loop over a few models, heads or losses,
+# not over steps.
+FEW_ITERATIONS = 16
+
+_SAME_LENGTH = frozenset({"enumerate", "reversed", "list", "tuple", "sorted"})
+_GROWING_METHODS = frozenset({"append", "extend", "insert", "add", "update", "__setitem__"})
+
+
+def iteration_bound(context: FileContext, loop: cst.CSTNode, function: cst.FunctionDef | None) -> int | None:
+    """The number of iterations of a `for` loop, when the code states the
+    length of what it iterates; None otherwise (a loader, a dataset, a
+    `while`, a collection that grows)."""
+    if type(loop) is not cst.For:
+        return None
+    program = program_of(context)
+    scope = program.function(function) if function is not None else program.module
+    if scope is None:
+        return None
+    return _length(context, loop.iter, scope, function, 0)
+
+
+def _length(
+    context: FileContext, expr: cst.BaseExpression, scope: Function, function: cst.FunctionDef | None, depth: int
+) -> int | None:
+    expr_type = type(expr)
+    if expr_type in (cst.List, cst.Tuple, cst.Set):
+        if any(type(element) is cst.StarredElement for element in expr.elements):  # type: ignore[attr-defined]
+            return None
+        return len(expr.elements)  # type: ignore[attr-defined]
+    if expr_type is cst.Call:
+        name = dotted_name(expr.func)  # type: ignore[attr-defined]
+        args = [arg for arg in expr.args if arg.keyword is None and not arg.star]  # type: ignore[attr-defined]
+        if name == "zip" and args:
+            lengths = [_length(context, arg.value, scope, function, depth) for arg in args]
+            known = [length for length in lengths if length is not None]
+            return min(known) if known else None
+        if name in _SAME_LENGTH and len(args) >= 1:
+            return _length(context, args[0].value, scope, function, depth)
+        if name == "range" and len(args) in (1, 2):
+            bounds = [int_value(context, arg.value, function) for arg in args]
+            if any(bound is None for bound in bounds):
+                return None
+            values = [bound.value for bound in bounds]  # type: ignore[union-attr]
+            return max(0, values[-1] - (values[0] if len(values) == 2 else 0))
+        return None
+    if expr_type is cst.Name and depth < 3:
+        name = expr.value  # type: ignore[attr-defined]
+        bindings = program_of(context).lookup(name, scope)
+        if not bindings or any(b.kind is not BindingKind.ASSIGN or b.value is None for b in bindings):
+            return None
+        if _grows_anywhere(context, name):
+            return None
+        lengths = [_length(context, b.value, scope, function, depth + 1) for b in bindings]  # type: ignore[arg-type]
+        if any(length is None for length in lengths):
+            return None
+        return max(lengths)  # type: ignore[type-var]
+    return None
+
+
+def _grows_anywhere(context: FileContext, name: str) -> bool:
+    """`name.append(...)` (or extend, insert, ...) in some scope of the file."""
+    for scope in program_of(context).functions:
+        for call in scope.calls:
+            func = call.node.func
+            if (
+                type(func) is cst.Attribute
+                and func.attr.value in _GROWING_METHODS
+                and type(func.value) is cst.Name
+                and func.value.value == name
+            ):
+                return True
+    return False
