@@ -88,3 +88,52 @@ def _grows_anywhere(context: FileContext, name: str) -> bool:
             ):
                 return True
     return False
+
+
+def unrolls_a_recurrence(loop: cst.CSTNode) -> bool:
+    """The loop is one forward pass unrolled over positions: it counts
+    (`for t in range(target_length)`) and each iteration feeds a call the
+    state that call returned in the previous one (`out, hidden =
+    decoder(inp, hidden)`), with no backward pass inside. What it sums
+    over its iterations (a sequence's loss over decoder steps) is one
+    sequence's graph, the graph of a single forward pass, not one per step
+    of training."""
+    if type(loop) is not cst.For or type(loop.body) is not cst.IndentedBlock:
+        return False
+    if type(loop.iter) is not cst.Call or dotted_name(loop.iter.func) != "range":
+        return False
+    recurrent = False
+    for node in _statements(loop.body.body):
+        if type(node) is cst.Expr and _calls_backward(node.value):
+            return False
+        if type(node) is cst.Assign and len(node.targets) == 1 and type(node.value) is cst.Call:
+            bound = _names(node.targets[0].target)
+            fed = {name for arg in node.value.args for name in _names(arg.value)}
+            recurrent = recurrent or bool(bound & fed)
+    return recurrent
+
+
+def _statements(body: list[cst.BaseStatement] | tuple[cst.BaseStatement, ...]) -> list[cst.BaseSmallStatement]:
+    """The small statements of a block and of the blocks nested in it (not of nested functions)."""
+    found: list[cst.BaseSmallStatement] = []
+    for statement in body:
+        if type(statement) is cst.SimpleStatementLine:
+            found.extend(statement.body)
+        elif not isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            for block in (getattr(statement, "body", None), getattr(getattr(statement, "orelse", None), "body", None)):
+                if type(block) is cst.IndentedBlock:
+                    found.extend(_statements(block.body))
+    return found
+
+
+def _names(expr: cst.BaseExpression) -> set[str]:
+    """The plain names of a target or argument: `h`, `(out, h)`, `[h, c]`."""
+    if type(expr) is cst.Name:
+        return {expr.value}
+    if type(expr) in (cst.Tuple, cst.List):
+        return {name for element in expr.elements for name in _names(element.value)}  # type: ignore[attr-defined]
+    return set()
+
+
+def _calls_backward(expr: cst.BaseExpression) -> bool:
+    return type(expr) is cst.Call and type(expr.func) is cst.Attribute and expr.func.attr.value == "backward"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from oom_lsp.analysis.facts.loops import unrolls_a_recurrence
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.dataflow import (
     Kind,
@@ -33,7 +34,11 @@ class LossAccumulatedWithGraph(AutogradRule):
     A loop over a collection the code lists (a few models, heads or
     losses: `for net in (small, wide)`, `zip(nets, opts)` of lists of two,
     `range(3)`) keeps at most that many entries, not one per step: it is
-    shown with `--strict` only.
+    shown with `--strict` only. So is a sum over a sequence's positions
+    in a loop that feeds a call the state it returned the iteration before
+    (`out, hidden = decoder(inp, hidden)` over `range(target_length)`, with
+    no backward inside): that is one unrolled forward pass, whose graph is
+    the sequence's.
 
     ## Why is this bad?
     `loss` carries its autograd graph, and `total_loss + loss` makes a new
@@ -266,6 +271,34 @@ class LossAccumulatedWithGraph(AutogradRule):
         ),
     ]
     INVALID = [
+        # A sentence's loss summed over its decoder steps: the graph of one
+        # unrolled forward pass, not one per step of training (strict only).
+        Invalid(
+            """
+            import torch.nn as nn
+
+            class DecoderRNN(nn.Module):
+                def __init__(self, size):
+                    super().__init__()
+                    self.gru = nn.GRU(size, size)
+
+                def forward(self, inputs, hidden):
+                    return self.gru(inputs, hidden)
+
+            def eval_pair(inputs, target, decoder, criterion):
+                decoder.eval()
+                hidden = None
+                loss = 0
+                for di in range(target.size(0)):
+                    output, hidden = decoder(inputs, hidden)
+                    loss += criterion(output, target[di])
+                return loss.item() / target.size(0)
+
+            eval_pair(inputs, target, DecoderRNN(8), nn.NLLLoss())
+            """,
+            line=18,
+            by_default=False,
+        ),
         # Three heads' losses summed in a loop over the heads the code lists:
         # three losses, not one per step (strict only).
         Invalid(
@@ -576,8 +609,9 @@ class LossAccumulatedWithGraph(AutogradRule):
         else:
             message = f"{short_code(holder)} keeps every iteration's graph and activations alive"
             severity = None
-        # A loop over a few models or heads sums that many graphs, not one per step.
-        proven = proven and not self._few_iterations(iteration)
+        # A loop over a few models or heads sums that many graphs, not one per step;
+        # one over a sequence's positions sums the graph of a single forward pass.
+        proven = proven and not self._few_iterations(iteration) and not unrolls_a_recurrence(iteration)
         self.report(
             node,
             message,

@@ -10,7 +10,7 @@ import libcst as cst
 import pytest
 
 from oom_lsp.analysis.context import FileContext
-from oom_lsp.analysis.facts.loops import iteration_bound
+from oom_lsp.analysis.facts.loops import iteration_bound, unrolls_a_recurrence
 from oom_lsp.analysis.settings import default_settings
 
 
@@ -65,3 +65,44 @@ def test_a_listed_collection_bounds_the_loop(source: str, expected: int) -> None
 )
 def test_an_unstated_length_is_unknown(source: str) -> None:
     assert _bound(source) is None
+
+
+def _loop(source: str) -> cst.For:
+    module = cst.parse_module(textwrap.dedent(source))
+    found: list[cst.For] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_For(self, node: cst.For) -> None:
+            found.append(node)
+
+    module.visit(Finder())
+    return found[0]
+
+
+def test_a_decoder_unrolled_over_positions_is_one_forward_pass() -> None:
+    assert unrolls_a_recurrence(
+        _loop(
+            """
+            for di in range(target_length):
+                out, hidden, _ = decoder(inp, hidden, encoder_outputs)
+                loss += criterion(out, target[di])
+                if inp.item() == EOS:
+                    break
+            """
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # A loader: each iteration is a batch, the state is carried across batches.
+        "for x, y in loader:\n    out, hidden = model(x, hidden)\n    loss += crit(out, y)\n",
+        # A backward pass per iteration: steps of training (truncated BPTT).
+        "for t in range(steps):\n    out, h = rnn(x[t], h)\n    loss = crit(out, y[t])\n    loss.backward()\n",
+        # Nothing carried from one iteration to the next.
+        "for t in range(steps):\n    out = model(x[t])\n    loss += crit(out, y[t])\n",
+    ],
+)
+def test_other_loops_are_not(source: str) -> None:
+    assert not unrolls_a_recurrence(_loop(source))
