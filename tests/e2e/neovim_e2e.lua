@@ -199,10 +199,10 @@ local on_clean = actions_at(clean_line, AUTOMATIC)
 if #on_clean ~= 0 then
   fail("an automatic request on a clean line got actions: " .. table.concat(on_clean, ", "))
 end
-if not vim.tbl_contains(actions_at(header_line, AUTOMATIC), "oom-lsp: Insert memory monitoring") then
+if not vim.tbl_contains(actions_at(header_line, AUTOMATIC), "oom-lsp: Insert memory monitoring (needs oom-lsp where it trains)") then
   fail("the loop's header line did not offer Insert memory monitoring")
 end
-if not vim.tbl_contains(actions_at(clean_line, INVOKED), "oom-lsp: Insert memory monitoring") then
+if not vim.tbl_contains(actions_at(clean_line, INVOKED), "oom-lsp: Insert memory monitoring (needs oom-lsp where it trains)") then
   fail("asked for (triggerKind Invoked), the loop's body did not offer Insert memory monitoring")
 end
 step("light bulb: no action on a clean line of the loop as the cursor moves; its header offers the rewrite")
