@@ -9,6 +9,10 @@ and, when the step does not fit the target GPU, an Error diagnostic OOM100
 size to N (largest that fits)" and "Use gradient accumulation (N x k)". With
 a largest fitting batch, OOM101's threshold for the file becomes that batch.
 Any edit of the file drops the hint, OOM100 and the status (profiling.py).
+Every client sees the verdict: `window/showMessage` says the CLI's figures in one line
+(wording.estimate_message), unless the caller shows the command's `message` itself (VS Code's
+palette command, `showResult: false`), and the estimate lens's title says them until the next
+edit (lenses.py).
 The estimate of a text a what-if predicted is compared with it (server/what_if.py).
 """
 
@@ -28,13 +32,19 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import LintSettings, Severity
-from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
+from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.edits import Position, Range
 from oom_lsp.estimate.estimator import DEFAULT_MARGIN, EstimateError
 from oom_lsp.estimate.gpus import Gpu
 from oom_lsp.estimate.results import EstimateResult, Verdict, WhatIfCheck
-from oom_lsp.estimate.wording import comparison_words, hint_label, predicted_oom_message
+from oom_lsp.estimate.wording import (
+    comparison_words,
+    estimate_message,
+    hint_label,
+    lens_result,
+    predicted_oom_message,
+)
 from oom_lsp.notebooks import is_notebook_path
 from oom_lsp.server import code_actions
 from oom_lsp.server.diagnostics import SOURCE
@@ -89,6 +99,9 @@ class EstimateArgs:
     # A torchrun-style script traced as rank 0 of worldSize (the per-rank peak).
     world_size: int | None = attrs.field(default=None, alias="worldSize")
     nproc_per_node: int | None = attrs.field(default=None, alias="nprocPerNode")
+    # False: the caller shows the answer's `message` itself (VS Code's palette command, with its
+    # "Open report" button); else the server says it with window/showMessage (lenses, Neovim).
+    show_result: bool = attrs.field(default=True, alias="showResult")
 
 
 @dataclass(frozen=True)
@@ -297,12 +310,20 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     )
     if notebook is None:
         _show_estimate(ls, args.uri, script, result, str(report_path), version)
-    return estimate_answer(ls, result, str(report_path))
+    answer = estimate_answer(ls, result, str(report_path), script.name)
+    if args.show_result:
+        verdict = result.prediction.verdict
+        kind = types.MessageType.Info if verdict in (None, Verdict.FITS) else types.MessageType.Warning
+        ls.window_show_message(types.ShowMessageParams(type=kind, message=f"oom-lsp: {answer['message']}"))
+    return answer
 
 
-def estimate_answer(ls: OomLanguageServer, result: EstimateResult, report_path: str) -> dict[str, Any]:
+def estimate_answer(
+    ls: OomLanguageServer, result: EstimateResult, report_path: str, name: str
+) -> dict[str, Any]:
     """The command's result: the figures the CLI's JSON has, in the editor's words."""
     prediction = result.prediction
+    fitting = result.max_batch.max_batch if result.max_batch is not None else None
     answer: dict[str, Any] = {
         "reportPath": report_path,
         "peakBytes": prediction.peak_bytes,
@@ -313,6 +334,8 @@ def estimate_answer(ls: OomLanguageServer, result: EstimateResult, report_path: 
         "gpuMemoryBytes": prediction.gpu.memory if prediction.gpu else None,
         "verdict": prediction.verdict.short if prediction.verdict else None,
         "batchSize": prediction.batch_size,
+        # Which peak each figure is: peakBytes allocated, neededBytes the process total.
+        "message": estimate_message(prediction, fitting, name),
     }
     if prediction.gpu is not None:
         answer["gpuName"] = prediction.gpu.name
@@ -401,12 +424,18 @@ def _show_estimate(
             version=version,
             diagnostics=found,
             status=status,
-            details={"literal": literal_dict(literal) if literal else None, "label": hint_label(prediction)},
+            details={
+                "literal": literal_dict(literal) if literal else None,
+                "label": hint_label(prediction),
+                "lens": lens_result(prediction),
+            },
         ),
     )
     send_memory_status(ls, status)
     if ls.client_supports("workspace.inlay_hint.refresh_support"):
         ls.workspace_inlay_hint_refresh(None)
+    if ls.client_supports("workspace.code_lens.refresh_support"):
+        ls.workspace_code_lens_refresh(None)  # the estimate lens's title says the result
 
 
 def literal_dict(literal: BatchLiteral) -> dict[str, int]:

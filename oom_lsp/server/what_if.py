@@ -3,8 +3,10 @@ as it is, then once per quick fix of its findings and per knob), run from the "W
 next to "Estimate peak memory".
 
 The table is written as Markdown to `.oom_lsp/what-if/<script>.md` and shown with
-`window/showDocument` (the VS Code extension opens it as a Markdown preview; Neovim opens the
-buffer). Its record is saved where `oom-lsp estimate --what-if` saves it, so the next estimate,
+`window/showDocument` beside the file, without taking the focus (`takeFocus: false`): Neovim
+opens it in a new split and keeps the cursor in the file (a window already showing the table is
+reused), the VS Code extension opens it as a Markdown preview to the side. The user's buffer is
+never replaced. Its record is saved where `oom-lsp estimate --what-if` saves it, so the next estimate,
 in the editor or the terminal, compares itself with the prediction (server/estimate.py).
 
 While the table holds for the document's text (until its first edit, like an estimate's
@@ -121,8 +123,11 @@ async def what_if_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str
     return {
         "markdownPath": str(markdown_path),
         "shown": shown,
+        # neededBytes: the process total the verdict and the table hold; peakBytes: allocated.
         "neededBytes": table.baseline.needed_bytes,
         "peakBytes": table.baseline.peak_bytes,
+        "gpuName": table.gpu,
+        "gpuMemoryBytes": table.gpu_memory,
         "changes": [
             {
                 "key": row.key,
@@ -155,7 +160,8 @@ async def _show(ls: OomLanguageServer, markdown_path: Path) -> bool:
     """The table in the editor: window/showDocument where the client has it, else a message
     naming the file."""
     if ls.client_supports("window.show_document.support"):
-        params = types.ShowDocumentParams(uri=from_fs_path(str(markdown_path)), take_focus=True)
+        # takeFocus false: Neovim shows it in a new split instead of the file's window.
+        params = types.ShowDocumentParams(uri=from_fs_path(str(markdown_path)), take_focus=False)
         try:
             answer = await asyncio.wait_for(ls.window_show_document_async(params), SHOW_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -209,7 +215,10 @@ def table_markdown(table: WhatIfTable, name: str) -> str:
             "Each change traced alone on fake tensors (no GPU), with the estimate's settings."
         ),
         "",
-        f"**As it is: {format_bytes(base.needed_bytes)} peak**{allocated_words(base)}"
+        # Named as the estimate's hint names it: the process total (reserved + CUDA context) beside
+        # the allocated peak; on the CPU they are one, the peak.
+        f"**As it is: {format_bytes(base.needed_bytes)} "
+        f"{'process total' if base.needed_bytes != base.peak_bytes else 'peak'}**{allocated_words(base)}"
         + (f", {base.verdict.value}" if base.verdict else "")
         + ".",
     ]

@@ -80,6 +80,7 @@ async def client(
     # Sent after an estimate (oom-lsp.validateFix's "before"); nothing to check here.
     lsp_client.feature("oomLsp/memoryStatus")(lambda params: None)
     lsp_client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)(lambda params: None)
+    lsp_client.feature(types.WORKSPACE_CODE_LENS_REFRESH)(lambda params: None)
 
     @lsp_client.feature(types.WORKSPACE_APPLY_EDIT)
     def apply_edit(params: types.ApplyWorkspaceEditParams) -> types.ApplyWorkspaceEditResult:

@@ -382,6 +382,7 @@ async def test_set_batch_size_from_the_estimate_on_the_oom(client: LanguageClien
         pytest.skip("the action does not depend on the client; one estimate run is enough")
     client.feature("oomLsp/memoryStatus")(lambda params: None)
     client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)(lambda params: None)
+    client.feature(types.WORKSPACE_CODE_LENS_REFRESH)(lambda params: None)
     folder = client.root / "estimated"
     folder.mkdir()
     # The action is OOM101's fix at the estimate's limit: OOM101 (off by default) is selected,

@@ -81,6 +81,15 @@ test("profile arguments carry the profile's settings; the estimate's the file al
   assert.deepEqual(profileArguments(settingsOf({}), "file:///w/t.py", null), { uri: "file:///w/t.py", steps: 3 });
 });
 
+test("an estimate is told in the server's words when it sends them", () => {
+  const message =
+    "Estimated peak of mlp.py at batch 32: ≈ 91 MiB allocated, 506 MiB process total / 24 GiB RTX 3090: fits.";
+  assert.equal(
+    describeEstimate({ reportPath: "/r.json", peakBytes: 1, gpuMemoryBytes: null, verdict: "fits", message }),
+    message,
+  );
+});
+
 test("results are told in one sentence", () => {
   assert.equal(
     describeEstimate({

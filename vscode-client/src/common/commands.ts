@@ -63,6 +63,9 @@ export function profileArguments(settings: ExtensionSettings, uri: string, pytho
 export interface EstimateArguments {
   uri: string;
   python?: string;
+  /** false: the palette shows the answer's message itself (with "Open report"); the lens, which
+   * sends the file alone, gets the server's window/showMessage. */
+  showResult?: boolean;
 }
 
 /** The estimate's and the what-if's arguments: the file (and the project's interpreter). The
@@ -172,6 +175,8 @@ export interface EstimateResult {
   worldSize?: number;
   /** The estimate of a script a what-if predicted (a fix applied): how the two compare. */
   whatIfCheck?: WhatIfCheck;
+  /** The server's one line, the figures and verdict of `oom-lsp estimate`, the peaks named. */
+  message?: string;
 }
 
 export interface WhatIfCheck {
@@ -195,6 +200,10 @@ const VERDICT: Record<NonNullable<EstimateResult["verdict"]>, string> = {
 };
 
 export function describeEstimate(result: EstimateResult): string {
+  if (typeof result.message === "string") {
+    // The server's words, the same the lens and Neovim show; a what-if check within 5 % follows.
+    return result.message + (result.whatIfCheck?.agrees ? ` The ${result.whatIfCheck.message}.` : "");
+  }
   const batch = typeof result.batchSize === "number" ? ` at batch size ${result.batchSize}` : "";
   const gpu =
     typeof result.gpuMemoryBytes === "number"
