@@ -35,10 +35,22 @@ vim.lsp.config("oom_lsp", {
   cmd = { python, "-m", "oom_lsp" },
   filetypes = { "python" },
   root_markers = { "pyproject.toml", ".git" },
-  -- strict: the checkpoints of an unsized model are shown in strict mode only.
-  settings = { oomLsp = { severity = { OOM501 = "error" }, strict = true } },
+  -- strict: the checkpoints of an unsized model are shown in strict mode only. gpu: the target
+  -- of the lens's estimate, as docs/editors.md sets it.
+  settings = { oomLsp = { severity = { OOM501 = "error" }, strict = true, gpu = "RTX 3090" } },
 })
 vim.lsp.enable("oom_lsp")
+
+-- The rest of docs/editors.md's configuration: inlay hints on, code lenses refreshed, a border
+-- on floats, the progress in the status line.
+vim.lsp.inlay_hint.enable(true)
+vim.api.nvim_create_autocmd({ "LspAttach", "BufEnter", "InsertLeave", "BufWritePost" }, {
+  pattern = "*.py",
+  callback = function(args) vim.lsp.codelens.refresh({ bufnr = args.buf }) end,
+})
+vim.o.winborder = "rounded"
+vim.o.statusline = "%f %h%m%r%=%{v:lua.vim.lsp.status()}  %l,%c %P"
+vim.api.nvim_create_autocmd("LspProgress", { command = "redrawstatus" })
 
 vim.cmd.edit(file)
 local buf = vim.api.nvim_get_current_buf()
@@ -265,7 +277,74 @@ local function execute(command, arguments)
 end
 
 local trainer_uri = vim.uri_from_bufnr(trainer)
-local estimated = execute("oom-lsp.estimate", { uri = trainer_uri, gpu = "RTX 3090" })
+
+-- The estimate from its lens (drawn by the refresh autocmd), as vim.lsp.codelens.run() runs it.
+local function estimate_lens()
+  for _, lens in ipairs(vim.lsp.codelens.get(trainer)) do
+    if lens.command and lens.command.command == "oom-lsp.estimate" then
+      return lens
+    end
+  end
+end
+wait_for("the estimate lens", function() return estimate_lens() ~= nil end)
+local lens = estimate_lens()
+if lens.command.title ~= "Estimate peak memory (24 GiB RTX 3090)" then
+  fail("the lens does not name the oomLsp.gpu target: " .. lens.command.title)
+end
+-- :lua vim.lsp.codelens.run() on the lens's line, the estimate picked from the menu of its lenses.
+local estimated, estimate_failed
+local on_result = vim.lsp.handlers["workspace/executeCommand"]
+vim.lsp.handlers["workspace/executeCommand"] = function(err, result, ctx, config)
+  if ctx.params and ctx.params.command == "oom-lsp.estimate" then
+    estimated, estimate_failed = result, err
+  end
+  return on_result and on_result(err, result, ctx, config)
+end
+local pick = vim.ui.select
+vim.ui.select = function(options, opts, on_choice)
+  for _, option in ipairs(options) do
+    if opts.format_item(option) == lens.command.title then
+      return on_choice(option)
+    end
+  end
+  fail("the lens menu has no " .. lens.command.title)
+end
+vim.api.nvim_win_set_cursor(0, { lens.range.start.line + 1, 0 })
+vim.lsp.codelens.run()
+vim.ui.select = pick
+if not vim.wait(estimate_ms, function() return estimated ~= nil or estimate_failed ~= nil end, 100) then
+  fail("timed out waiting for the lens's estimate")
+end
+if estimate_failed then
+  fail("the lens's estimate: " .. vim.inspect(estimate_failed))
+end
+
+-- The verdict is visible: a message (in :messages), the inlay hint, the lens's new title.
+local said = "] oom-lsp: " .. estimated.message -- "LSP[oom_lsp][Info]", [Warning] when it does not fit
+if not vim.fn.execute("messages"):find(said, 1, true) then
+  fail("no message with the estimate's verdict; :messages has:\n" .. vim.fn.execute("messages"))
+end
+local target = estimated.message:match(" / 24 GiB RTX 3090: [%a ]+")
+if not target then
+  fail("the message names no target and verdict: " .. estimated.message)
+end
+local hint_label
+wait_for("the estimate's inlay hint", function()
+  for _, item in ipairs(vim.lsp.inlay_hint.get({ bufnr = trainer })) do
+    local label = item.inlay_hint.label
+    if type(label) == "string" and label:find(target, 1, true) then
+      hint_label = label
+      return true
+    end
+  end
+  return false
+end)
+wait_for("the estimate lens to say the result", function()
+  local now = estimate_lens()
+  return now ~= nil and vim.startswith(now.command.title, "Estimated ≈") and now.command.title:find(target, 1, true)
+end)
+step("estimate: " .. estimated.message)
+step("hint: " .. hint_label .. " | lens: " .. estimate_lens().command.title)
 local loop = oom_diagnostics("OOM201", trainer)[1]
 vim.api.nvim_win_set_cursor(0, { loop.lnum + 1, loop.col })
 vim.lsp.buf.code_action({

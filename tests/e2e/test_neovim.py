@@ -9,6 +9,7 @@ tensors on the CPU), fix all on save; the buffer is checked after each step."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -20,6 +21,9 @@ import pytest
 
 from oom_lsp.analysis import analyze
 from oom_lsp.config import ConfigResolver
+from oom_lsp.estimate.results import EstimateResult
+from oom_lsp.estimate.wording import estimate_message, hint_label, lens_result
+from tests import console
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -173,6 +177,22 @@ def test_neovim_applies_fixes(tmp_path: Path):
     assert int(reported[1]) == len(expected) and int(reported[2]) == len(scripts)
     assert reported[4].split(",") == sorted({f.code for f in expected})
     assert int(reported[3]) < 120
+    # The estimate run from its lens (the oomLsp.gpu target): its verdict shown as a message, the
+    # hint and the lens's title, with the figures `oom-lsp estimate --gpu ... --format json` gives.
+    original = tmp_path / "cli"
+    original.mkdir()
+    (original / "pyproject.toml").write_text('[project]\nname = "demo"\n')
+    (original / "classifier.py").write_text(CLASSIFIER)
+    done = console.run(
+        ["estimate", "classifier.py", "--gpu", "RTX 3090", "--find-max-batch", "--format", "json"],
+        cwd=original,
+        timeout=900,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    cli = EstimateResult.from_json(json.loads(done.stdout))
+    message = estimate_message(cli.prediction, cli.max_batch.max_batch if cli.max_batch else None, "classifier.py")
+    assert f"ok: estimate: {message}\n" in result.stdout, result.stdout
+    assert f"ok: hint: {hint_label(cli.prediction)} | lens: {lens_result(cli.prediction)}\n" in result.stdout
     peaks = re.search(r"ok: autocast: estimated peak (\d+) bytes before the fix, (\d+) after", result.stdout)
     assert peaks and int(peaks[2]) < int(peaks[1]), result.stdout
     assert FIXED_LOOP in classifier.read_text()
