@@ -28,8 +28,6 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.uris import to_fs_path
 
-from oom_lsp.estimate.results import GpuTarget
-from oom_lsp.estimate.wording import PEAKS_NAMED, gpu_words
 from oom_lsp.server.estimate import ESTIMATE_COMMAND, EstimateArgs, literal_range, target_gpu
 from oom_lsp.server.jobs import current_results
 from oom_lsp.server.positions import split_lines
@@ -92,6 +90,9 @@ def _estimate_title(ls: OomLanguageServer, uri: str) -> str:
     result = current_results(ls, uri).get("estimate")
     if result is not None and result.details.get("lens"):
         return str(result.details["lens"])
+    from oom_lsp.estimate.results import GpuTarget
+    from oom_lsp.estimate.wording import gpu_words
+
     title = LENS_TITLES[ESTIMATE_COMMAND]
     path = to_fs_path(uri)
     if path is None:
@@ -110,6 +111,8 @@ def on_inlay_hint(ls: OomLanguageServer, params: types.InlayHintParams) -> list[
     result = current_results(ls, document.uri).get("estimate")
     if result is None or not result.details.get("literal"):
         return []
+    from oom_lsp.estimate.wording import PEAKS_NAMED
+
     place = literal_range(ls, document.source, result.details["literal"])
     wanted = params.range
     if place.end.line < wanted.start.line or place.end.line > wanted.end.line:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
@@ -35,19 +35,6 @@ from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import Finding, default_settings
 from oom_lsp.checker import analyze_text
-from oom_lsp.estimate.estimator import EstimateError
-from oom_lsp.estimate.results import WhatIfTable
-from oom_lsp.estimate.whatif import fix_key
-from oom_lsp.estimate.whatif_record import source_digest
-from oom_lsp.estimate.wording import (
-    NEEDED_PEAK,
-    allocated_words,
-    delta_words,
-    fits_words,
-    growth_words,
-    percent_words,
-    saving_words,
-)
 from oom_lsp.server.estimate import EstimateArgs, check_trace_args, estimate_request, job_listener, target_gpu
 from oom_lsp.server.jobs import (
     FileResult,
@@ -62,8 +49,11 @@ from oom_lsp.server.jobs import (
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 from oom_lsp.units import format_bytes
-from oom_lsp.usecases.estimate import EstimateInputError
-from oom_lsp.usecases.what_if import UnreadableScript, read_script, run_what_if
+
+if TYPE_CHECKING:
+    from oom_lsp.estimate.results import WhatIfTable
+
+# The what-if's modules are imported by the functions that use them: not at the server's start.
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +65,10 @@ FIX_ALL_ROW = "fixes:safe"
 
 
 async def what_if_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+    from oom_lsp.estimate.estimator import EstimateError
+    from oom_lsp.usecases.estimate import EstimateInputError
+    from oom_lsp.usecases.what_if import UnreadableScript, read_script, run_what_if
+
     require_trusted_workspace(ls, "the what-if")
     check_trace_args(args)
     if args.find_max_batch:
@@ -183,6 +177,10 @@ def saving_note(ls: OomLanguageServer, document: TextDocument, finding: Finding 
     result = current_results(ls, document.uri).get(KIND)
     if result is None:
         return None
+    from oom_lsp.estimate.whatif import fix_key
+    from oom_lsp.estimate.whatif_record import source_digest
+    from oom_lsp.estimate.wording import saving_words
+
     table: WhatIfTable = result.details["table"]
     if table.source_digest != source_digest(document.source):
         return None  # measured on the file, which the open document no longer is
@@ -202,6 +200,15 @@ def _cell(text: str) -> str:
 def table_markdown(table: WhatIfTable, name: str) -> str:
     """The what-if as a Markdown page: the baseline, a row per change, what was not measured or
     does not apply, and how each change is made."""
+    from oom_lsp.estimate.wording import (
+        NEEDED_PEAK,
+        allocated_words,
+        delta_words,
+        fits_words,
+        growth_words,
+        percent_words,
+    )
+
     base = table.baseline
     batch = table.batch_size
     target = ""
