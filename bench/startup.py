@@ -9,8 +9,11 @@ editors start it (`oom-lsp` from this checkout's environment, `ruff server`), on
 in the same run, alternating between the two, this times from the process's start:
 
 - `initialize`: the answer to `initialize`;
-- `diagnostics`: the first `publishDiagnostics` for the file (the client does not pull, as
-  Neovim 0.7 and other push-only clients; both servers then push);
+- `diagnostics`: the file's first diagnostics: the first `publishDiagnostics` for it, for a
+  client that does not pull (`--client push`, as Neovim 0.7: both servers then push), or the
+  answer to the `textDocument/diagnostic` the client sends right after `didOpen`, with the
+  initialize parameters Neovim 0.11.4 and VS Code 1.139.1 send (`--client neovim`, `vscode`:
+  tests/server/client_capabilities/), whichever comes first;
 
 and, from `didOpen`, the diagnostics alone (the server already initialized).
 Goal: oom-lsp's first diagnostics within 1.5 s of the start on a quiet machine.
@@ -19,7 +22,7 @@ The file: fixtures/*_risky.py joined until it has about `--lines` lines (default
 training script of the size people write. Ruff: the `ruff` beside this interpreter (the bench
 extra: `pip install ruff`), else on PATH; `--no-ruff` skips it.
 
-    .venv/bin/python bench/startup.py [--runs 7] [--lines 1000] [--no-ruff]
+    .venv/bin/python bench/startup.py [--runs 7] [--lines 1000] [--client push|neovim|vscode] [--no-ruff]
 
 Then, with `--imports`, what the server imports before its first analysis
 (`python -X importtime`), the slowest first: where the start-up time goes.
@@ -107,7 +110,20 @@ CAPABILITIES = {
 }
 
 
-async def one_run(command: list[str], root: Path, path: Path, text: str) -> Run:
+CAPTURED = REPO / "tests" / "server" / "client_capabilities"
+CLIENTS = {
+    "neovim": CAPTURED / "neovim-0.11.4.initialize.json",
+    "vscode": CAPTURED / "code-server-4.139.1-vscode-1.139.1.initialize.json",
+}
+
+
+def client_capabilities(client: str) -> dict:
+    if client == "push":
+        return CAPABILITIES
+    return json.loads(CLIENTS[client].read_text(encoding="utf-8"))["capabilities"]
+
+
+async def one_run(command: list[str], root: Path, path: Path, text: str, client_name: str = "push") -> Run:
     started = time.perf_counter()
     process = await asyncio.create_subprocess_exec(
         *command,
@@ -125,7 +141,7 @@ async def one_run(command: list[str], root: Path, path: Path, text: str) -> Run:
                 "processId": os.getpid(),
                 "rootUri": root.as_uri(),
                 "workspaceFolders": [{"uri": root.as_uri(), "name": root.name}],
-                "capabilities": CAPABILITIES,
+                "capabilities": client_capabilities(client_name),
                 "initializationOptions": {},
             },
         )
@@ -147,9 +163,13 @@ async def one_run(command: list[str], root: Path, path: Path, text: str) -> Run:
                 "params": {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": text}},
             }
         )
+        pull = None
+        if client_name != "push":  # Neovim 0.11 and VS Code pull a file's diagnostics once it is open
+            pull = await client.request("textDocument/diagnostic", {"textDocument": {"uri": uri}})
         await asyncio.wait_for(
             until(
-                lambda m: m.get("method") == "textDocument/publishDiagnostics" and m["params"]["uri"] == uri
+                lambda m: (m.get("method") == "textDocument/publishDiagnostics" and m["params"]["uri"] == uri)
+                or (pull is not None and m.get("id") == pull and "method" not in m)
             ),
             TIMEOUT_S,
         )
@@ -239,6 +259,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--lines", type=int, default=1000)
+    parser.add_argument("--client", choices=["push", *CLIENTS], default="push")
     parser.add_argument("--no-ruff", action="store_true")
     parser.add_argument("--imports", action="store_true")
     args = parser.parse_args()
@@ -259,14 +280,14 @@ def main() -> int:
         runs: dict[str, list[Run]] = {name: [] for name in servers}
         # One run of each first, not timed: the page cache and .pyc files are warm for both.
         for command in servers.values():
-            asyncio.run(one_run(command, root, path, text))
+            asyncio.run(one_run(command, root, path, text, args.client))
         for _ in range(args.runs):
             for name, command in servers.items():  # alternating: both see the same machine
-                runs[name].append(asyncio.run(one_run(command, root, path, text)))
+                runs[name].append(asyncio.run(one_run(command, root, path, text, args.client)))
 
         print(
             f"First diagnostics of a {text.count(chr(10)):,}-line training script, {args.runs} runs each, "
-            f"alternating (ms, median and p95)"
+            f"alternating, client {args.client} (ms, median and p95)"
         )
         print(f"  {'server':<14} {'initialize':>15} {'diagnostics':>15} {'after didOpen':>15}  version")
         for name, command in servers.items():
