@@ -130,7 +130,7 @@ end
 
 -- The quick fix on the first torch.load.
 local fixed_lnum = first.lnum
-apply_action(first, '(OOM501): Pass `map_location="cpu"`')
+apply_action(first, '(OOM501): Pass map_location="cpu"')
 wait_for("the quick fix to change the buffer", function()
   return line(fixed_lnum):find('map_location="cpu"', 1, true) ~= nil
 end)

@@ -217,6 +217,6 @@ def test_neovim_what_if(tmp_path: Path):
     )
     title = re.search(r"ok: title: (.*)", result.stdout)
     assert title and re.fullmatch(
-        r"oom-lsp \(OOM304\): Drop `retain_graph=True`, −\d+\.\d % peak \(.+ → .+\)", title[1]
+        r"oom-lsp \(OOM304\): Drop retain_graph=True, −\d+\.\d % peak \(.+ → .+\)", title[1]
     ), result.stdout
     assert (project / ".oom_lsp" / "what-if" / "small_loop.md").is_file()

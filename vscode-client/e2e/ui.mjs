@@ -389,7 +389,7 @@ try {
   }
   await page.locator(".tabs-container .tab", { hasText: "risky_loop.py" }).first().click();
   await goToLine(page, `${lineOf(riskyLoopPy, "loss.backward(retain_graph=True)")}:9`);
-  const measuredFix = await openQuickFixes(page, "(OOM304): Drop `retain_graph=True`, −");
+  const measuredFix = await openQuickFixes(page, "(OOM304): Drop retain_graph=True, −");
   const measuredTitle = (await measuredFix.innerText()).replace(/\s+/g, " ");
   if (!/% peak \([\d.]+ [KMG]iB → [\d.]+ [KMG]iB\)/.test(measuredTitle)) {
     throw new Error(`no measured saving in the title: ${measuredTitle}`);
