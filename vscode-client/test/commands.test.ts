@@ -54,6 +54,13 @@ test("the status bar reads like the docs' example and warns when the GPU is too 
   assert.match(over?.tooltip ?? "", /^Profiled peak: 30 GiB on RTX 3090 \(more than the GPU has\)/);
   assert.equal(memoryStatusView({ ...status, peakBytes: null }), null);
   assert.equal(memoryStatusView({ uri: status.uri, peakBytes: 2 ** 30 })?.text, "OOM: 1 GiB");
+  // An estimate on CUDA: the process total the verdict holds, the allocated peak named beside it.
+  const cuda = memoryStatusView({ ...status, peakBytes: 9.5 * 2 ** 20, neededBytes: 448 * 2 ** 20 });
+  assert.equal(cuda?.text, "OOM: 448 MiB / 24 GiB");
+  assert.equal(
+    cuda?.tooltip,
+    "Estimated process total: 448 MiB (reserved + CUDA context), 9.5 MiB allocated on RTX 3090. Click to open the report.",
+  );
   // A small model is not "0 GiB".
   assert.equal(memoryStatusView({ ...status, peakBytes: 9.5 * 2 ** 20 })?.text, "OOM: 9.5 MiB / 24 GiB");
 });

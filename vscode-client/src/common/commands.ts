@@ -98,6 +98,8 @@ export function formatBytes(bytes: number): string {
 export interface MemoryStatus {
   uri: string;
   peakBytes: number | null;
+  /** An estimate's process total (reserved memory and the CUDA context): what its verdict holds. */
+  neededBytes?: number | null;
   gpuMemoryBytes?: number | null;
   gpuName?: string | null;
   source?: string;
@@ -116,7 +118,9 @@ export function memoryStatusView(status: MemoryStatus): StatusBarView | null {
   if (typeof status.peakBytes !== "number") {
     return null;
   }
-  const peak = status.peakBytes;
+  // An estimate's bar shows the process total, the figure its verdict holds against the GPU.
+  const allocated = status.peakBytes;
+  const peak = typeof status.neededBytes === "number" ? status.neededBytes : allocated;
   const capacity = typeof status.gpuMemoryBytes === "number" ? status.gpuMemoryBytes : null;
   let text: string;
   if (capacity === null) {
@@ -129,9 +133,13 @@ export function memoryStatusView(status: MemoryStatus): StatusBarView | null {
   const gpu = status.gpuName ? ` on ${status.gpuName}` : "";
   const origin = status.source === "profile" ? "Profiled" : "Estimated";
   const verdict = status.exceedsGpu ? " (more than the GPU has)" : "";
+  const named =
+    peak !== allocated
+      ? `${origin} process total: ${formatBytes(peak)} (reserved + CUDA context), ${formatBytes(allocated)} allocated`
+      : `${origin} peak: ${formatBytes(peak)}`;
   return {
     text,
-    tooltip: `${origin} peak: ${formatBytes(peak)}${gpu}${verdict}. Click to open the report.`,
+    tooltip: `${named}${gpu}${verdict}. Click to open the report.`,
     warning: status.exceedsGpu === true,
   };
 }
