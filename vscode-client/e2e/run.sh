@@ -63,6 +63,8 @@ json.dump({"oomLsp.interpreter": [python], "oomLsp.logFile": log_file, "oomLsp.t
            "oomLsp.gpu": "RTX 3090", "oomLsp.strict": True},
           open(settings_file, "w"), indent=2)
 EOF
+# As written, for the restricted run: the trusted run changes them (a missing interpreter, at its end).
+cp "$WORKSPACE/.vscode/settings.json" "$ARTIFACTS/workspace-settings.json"
 # Which server commands this checkout's server offers (some are newer than others).
 SERVER_COMMANDS="$("$PYTHON" -c "from oom_lsp.server.features import create_server; print(' '.join(sorted(create_server().protocol.fm.commands)))")"
 healthy() {  # port
@@ -132,7 +134,7 @@ RESTRICTED="$ARTIFACTS/restricted"
 if [[ " $RUNS " == *" restricted "* ]]; then
   mkdir -p "$RESTRICTED/workspace/.vscode"
   cp "$HERE/workspace/train.py" "$REPO/fixtures/estimate/whatif/risky_loop.py" "$RESTRICTED/workspace/"
-  cp "$WORKSPACE/.vscode/settings.json" "$RESTRICTED/workspace/.vscode/settings.json"
+  cp "$ARTIFACTS/workspace-settings.json" "$RESTRICTED/workspace/.vscode/settings.json"
   "$PYTHON" - "$HERE/user-settings.json" "$RESTRICTED/user-settings.json" "$PYTHON" "$RESTRICTED/server.log" <<'EOF'
 import json, sys
 source, target, python, log_file = sys.argv[1:]
