@@ -11,7 +11,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import * as path from "node:path";
 
-import { goToLine, launchBrowser, lineOf, openFile } from "./common.mjs";
+import { goToLine, launchBrowser, lineOf, openFile, openQuickFixes } from "./common.mjs";
 
 const url = process.env.OOM_E2E_URL;
 const workspace = process.env.OOM_E2E_WORKSPACE;
@@ -38,18 +38,7 @@ try {
   await page.locator(".editor-group-container :is(.squiggly-info, .squiggly-warning, .squiggly-error)").first().waitFor({ timeout: SLOW });
   const line = lineOf(trainPy, ACCUMULATED);
   await goToLine(page, `${line}:9`);
-  await page.waitForTimeout(1_000); // the light bulb's request for the new cursor position
-  const ask = page.locator(".action-widget .monaco-list-row", { hasText: "Ask AI to fix (OOM301)" }).first();
-  for (let attempt = 1; ; attempt += 1) {
-    await page.keyboard.press("Control+.");
-    try {
-      await ask.waitFor({ timeout: 7_000 });
-      break;
-    } catch (error) {
-      if (attempt === 3) throw error;
-      await page.keyboard.press("Escape");
-    }
-  }
+  const ask = await openQuickFixes(page, "Ask AI to fix (OOM301)");
   console.log(`ai action: ${(await ask.innerText()).replace(/\s+/g, " ").trim()}`);
   await shot(page, "light-bulb-menu");
   await ask.click();

@@ -17,7 +17,7 @@
 import { promises as fs, readdirSync, readFileSync } from "node:fs";
 import * as path from "node:path";
 
-import { editor, goToLine, launchBrowser, lineOf, openFile, runCommand, showProblems } from "./common.mjs";
+import { editor, goToLine, launchBrowser, lineOf, openFile, openQuickFixes, runCommand, showProblems } from "./common.mjs";
 
 const url = process.env.OOM_E2E_URL;
 const workspace = process.env.OOM_E2E_WORKSPACE;
@@ -80,26 +80,6 @@ async function waitForFile(predicate, what, timeoutMs = 20_000, file = trainPy) 
     await new Promise((resolve) => setTimeout(resolve, 250));
   }
   throw new Error(`${what}: ${path.basename(file)} on disk is still\n${text}`);
-}
-
-// Ctrl+. on the cursor's line. On a busy machine the menu sometimes never opens (the
-// key press lands while the editor re-renders, or the request is superseded by the
-// light bulb's own): it is asked for again, up to three times.
-async function openQuickFixes(page, rowText) {
-  await page.waitForTimeout(1_000); // the light bulb's request for the new cursor position
-  const row = page.locator(".action-widget .monaco-list-row", { hasText: rowText }).first();
-  for (let attempt = 1; ; attempt += 1) {
-    await page.keyboard.press("Control+.");
-    try {
-      await row.waitFor({ timeout: 7_000 });
-      return row;
-    } catch (error) {
-      if (attempt === 3) {
-        throw error;
-      }
-      await page.keyboard.press("Escape");
-    }
-  }
 }
 
 const browser = await launchBrowser();
