@@ -92,14 +92,23 @@ local summary_lines = #vim.split(summary, "\n")
 if summary_lines >= HOVER_LINES then
   fail("the hover has " .. summary_lines .. " lines:\n" .. summary)
 end
+-- Paragraphs come wrapped between words (the float would wrap a longer line at any character):
+-- read as one line each.
+local flowing = summary:gsub("%s+", " ")
 for _, expected in ipairs({
   first.message,
   'Quick fix: Pass `map_location="cpu"`',
   "the GPU they were saved from",
   "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md#torch-load-without-map-location-oom501",
+  "`oom-lsp rule OOM501`",
 }) do
-  if not summary:find(expected, 1, true) then
+  if not flowing:find(expected, 1, true) then
     fail("the hover lacks " .. expected .. ":\n" .. summary)
+  end
+end
+for _, text in ipairs(vim.split(summary, "\n")) do
+  if vim.fn.strdisplaywidth(text) > 78 and not text:find("](", 1, true) then
+    fail("a hover line longer than 78 columns, which the float would break mid-word: " .. text)
   end
 end
 if summary:find("## ", 1, true) or summary:find("```", 1, true) then
