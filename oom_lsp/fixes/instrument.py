@@ -20,9 +20,10 @@ The monitor counts optimizer steps, not micro-steps: under gradient accumulation
 (`if (i + 1) % accum == 0: optimizer.step()`) the loop body runs once per micro-batch, so
 `monitor.step()` goes right after the optimizer step, in its block. The optimizer step is the
 last `X.step(...)` statement directly in the step loop (not in a loop nested in it) whose `X`
-is an optimizer: something the file calls `.zero_grad()` on, builds with a `torch.optim`
-constructor, or hands to a gradient scaler's `.step(X)` (then that call is the step); or an
-engine whose `.backward(loss)` the file calls (DeepSpeed). A scheduler's `.step()` is none.
+is an optimizer: something the file calls `.zero_grad()` on or builds with a `torch.optim`
+constructor (not an `lr_scheduler`), or an engine whose `.backward(loss)` the file calls
+(DeepSpeed); `S.step(X)` of such an `X` is one too (a gradient scaler's). A scheduler's
+`.step()` or `.step(val_loss)` is none.
 
 Guard with oom_guard, for the training call at a line: the statement that calls a function of
 this file that trains (holds a step loop, or calls one that does), or, in a flat script, the
@@ -226,13 +227,10 @@ def _optimizers(facts: _Facts) -> set[str]:
             if engine is not None and node.args and node.args[0].keyword is None:
                 # `engine.backward(loss)`, not `loss.backward()` nor `loss.backward(retain_graph=True)`
                 optimizers.add(engine)
-            scaled = _receiver(node, "step")
-            stepped = _dotted(node.args[0].value) if scaled is not None and node.args else None
-            if stepped is not None:
-                optimizers.add(stepped)  # `scaler.step(optimizer)`
         elif isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
             constructor = _dotted(node.value.func) or ""
-            if "optim." in constructor:  # torch.optim.AdamW, optim.SGD, bnb.optim.Adam8bit
+            # torch.optim.AdamW, optim.SGD, bnb.optim.Adam8bit; not torch.optim.lr_scheduler.StepLR
+            if "optim." in constructor and "lr_scheduler" not in constructor:
                 for target in node.targets:
                     name = _dotted(target.target)
                     if name is not None:

@@ -160,6 +160,13 @@ def test_the_monitor_steps_with_the_optimizer_not_the_scheduler_nor_a_nested_loo
     deepspeed = "for x in loader:\n    loss = engine(x)\n    engine.backward(loss)\n    engine.step()\n    log(loss)\n"
     edited = apply_edits(deepspeed, insert_memory_monitoring(deepspeed, 1) or ())
     assert "    engine.step()\n    monitor.step()\n    log(loss)\n" in edited
+    schedulers = (
+        "opt = torch.optim.SGD(params)\nsched = torch.optim.lr_scheduler.StepLR(opt, 10)\n"
+        "plateau = ReduceLROnPlateau(opt)\nfor x in loader:\n    model(x).sum().backward()\n"
+        "    opt.step()\n    log(x)\n    sched.step()\n    plateau.step(val_loss)\n"
+    )
+    edited = apply_edits(schedulers, insert_memory_monitoring(schedulers, 4) or ())
+    assert "    opt.step()\n    monitor.step()\n    log(x)\n" in edited
     no_optimizer_step = "for x in loader:\n    model(x).sum().backward()\n    scheduler.step()\n    log(x)\n"
     edited = apply_edits(no_optimizer_step, insert_memory_monitoring(no_optimizer_step, 1) or ())
     assert edited.endswith("    log(x)\n    monitor.step()\n")
