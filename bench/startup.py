@@ -168,8 +168,10 @@ async def one_run(command: list[str], root: Path, path: Path, text: str, client_
             pull = await client.request("textDocument/diagnostic", {"textDocument": {"uri": uri}})
         await asyncio.wait_for(
             until(
-                lambda m: (m.get("method") == "textDocument/publishDiagnostics" and m["params"]["uri"] == uri)
-                or (pull is not None and m.get("id") == pull and "method" not in m)
+                lambda m: (
+                    (m.get("method") == "textDocument/publishDiagnostics" and m["params"]["uri"] == uri)
+                    or (pull is not None and m.get("id") == pull and "method" not in m)
+                )
             ),
             TIMEOUT_S,
         )
@@ -239,13 +241,17 @@ def imports_before_the_first_analysis(path: Path) -> None:
         "print('torch' in sys.modules)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-X", "importtime", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     rows = []
     for line in done.stderr.splitlines():
         if not line.startswith("import time:") or "self [us]" in line:
             continue
-        self_us, cumulative_us, name = line.split(":", 1)[1].split("|")
+        _self_us, cumulative_us, name = line.split(":", 1)[1].split("|")
         depth = (len(name) - len(name.lstrip())) // 2
         rows.append((int(cumulative_us), depth, name.strip()))
     top = sorted((row for row in rows if row[1] <= 1), reverse=True)[:20]
@@ -302,8 +308,10 @@ def main() -> int:
             theirs = statistics.median(r.diagnostics_s for r in runs["ruff server"])
             print(f"  oom-lsp / Ruff, first diagnostics from the start: {ours / theirs:.1f}x")
         ours = statistics.median(r.diagnostics_s for r in runs["oom-lsp"])
-        print(f"  goal: oom-lsp's first diagnostics <= 1500 ms: {'met' if ours <= 1.5 else 'not met'} ({ours * 1000:.0f} ms)")
-        print(f"  machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} (a busy machine reads slower)")
+        verdict = "met" if ours <= 1.5 else "not met"
+        print(f"  goal: oom-lsp's first diagnostics <= 1500 ms: {verdict} ({ours * 1000:.0f} ms)")
+        load = os.getloadavg()[0]
+        print(f"  machine: {os.cpu_count()} cores, load average {load:.2f} (a busy machine reads slower)")
         if args.imports:
             imports_before_the_first_analysis(path)
     return 0

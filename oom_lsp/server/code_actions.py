@@ -127,7 +127,9 @@ def finding_actions(
         if finding.fix is not None:
             actions.append(
                 types.CodeAction(
-                    title=_noted(ls, document, f"oom-lsp ({finding.code}): {plain_title(finding.fix.title)}", finding),
+                    title=_noted(
+                        ls, document, f"oom-lsp ({finding.code}): {plain_title(finding.fix.title)}", finding
+                    ),
                     kind=types.CodeActionKind.QuickFix,
                     diagnostics=[diagnostic],
                     is_preferred=finding.fix.is_safe,

@@ -9,13 +9,14 @@ hover `contentFormat`; plain text for a client that lists neither.
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 
 from lsprotocol import types
 
 from oom_lsp.analysis import Finding, registry
-from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.analysis.findings import Applicability
+from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.edits import Position, Range
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.server import OomLanguageServer
@@ -70,8 +71,6 @@ _BLOCK_START_RE = re.compile(r"([-+*>#=]+|\d+[.)])(\s|$)")
 def _wrap(text: str) -> str:
     """`text` on lines of at most MARKDOWN_WIDTH columns, broken between words only (a longer
     word, a URL, keeps its line)."""
-    import textwrap
-
     lines: list[str] = []
     for line in textwrap.wrap(text, MARKDOWN_WIDTH, break_long_words=False, break_on_hyphens=False):
         if lines and _BLOCK_START_RE.match(line):
