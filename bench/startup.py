@@ -23,6 +23,7 @@ training script of the size people write. Ruff: the `ruff` beside this interpret
 extra: `pip install ruff`), else on PATH; `--no-ruff` skips it.
 
     .venv/bin/python bench/startup.py [--runs 7] [--lines 1000] [--client push|neovim|vscode] [--no-ruff]
+        [--checkout DIR]   # also another checkout's server (before/after), e.g. a worktree of main
 
 Then, with `--imports`, what the server imports before its first analysis
 (`python -X importtime`), the slowest first: where the start-up time goes.
@@ -267,10 +268,21 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=1000)
     parser.add_argument("--client", choices=["push", *CLIENTS], default="push")
     parser.add_argument("--no-ruff", action="store_true")
+    parser.add_argument(
+        "--checkout",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also the server of another checkout (git worktree add DIR main), run as "
+        "`PYTHONPATH=DIR python -m oom_lsp` with this interpreter: before/after in one run",
+    )
     parser.add_argument("--imports", action="store_true")
     args = parser.parse_args()
 
     servers = {"oom-lsp": oom_lsp_command()}
+    for checkout in args.checkout:
+        folder = Path(checkout).resolve()
+        servers[f"oom-lsp@{folder.name}"] = ["env", f"PYTHONPATH={folder}", sys.executable, "-m", "oom_lsp"]
     ruff = None if args.no_ruff else ruff_command()
     if ruff is not None:
         servers["ruff server"] = ruff
@@ -295,11 +307,11 @@ def main() -> int:
             f"First diagnostics of a {text.count(chr(10)):,}-line training script, {args.runs} runs each, "
             f"alternating, client {args.client} (ms, median and p95)"
         )
-        print(f"  {'server':<14} {'initialize':>15} {'diagnostics':>15} {'after didOpen':>15}  version")
+        print(f"  {'server':<22} {'initialize':>15} {'diagnostics':>15} {'after didOpen':>15}  version")
         for name, command in servers.items():
             measured = runs[name]
             print(
-                f"  {name:<14} {milliseconds([r.initialize_s for r in measured])} "
+                f"  {name:<22} {milliseconds([r.initialize_s for r in measured])} "
                 f"{milliseconds([r.diagnostics_s for r in measured])} "
                 f"{milliseconds([r.after_open_s for r in measured])}  {version_of(command)}"
             )
