@@ -23,13 +23,11 @@ import dataclasses
 import hashlib
 import io
 import json
-import multiprocessing
 import os
 import re
 import tokenize
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -621,6 +619,10 @@ def _run_in_pool(
 ) -> tuple[list[JobResult], list[Job], int | None]:
     """The results of the jobs a pool of `count` workers finished, the jobs it did not (in
     their order) when a worker died, and a dead worker's exit status."""
+    # Here, not at the top: the language server imports this module for one file at a time and
+    # must not pay for the process pool (multiprocessing, tempfile, random) at its start.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     context = multiprocessing.get_context("spawn")

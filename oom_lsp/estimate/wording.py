@@ -30,18 +30,58 @@ def gpu_words(gpu: GpuTarget, short: bool = True) -> str:
     return f"{size} {name}" if gpu.named else size
 
 
-def hint_label(prediction: Prediction) -> str:
-    """The editor's inlay hint after the batch-size literal: both peaks, named, and the target:
-    "≈ 91 MiB allocated, 506 MiB process total at 64 / 24 GiB RTX 3090" (the process total is
-    what the verdict and the what-if hold: reserved memory and the CUDA context)."""
-    launch = prediction.distributed
-    label = f"≈ {short_bytes(prediction.peak_bytes)} allocated"
+# How the editor's hint and lens name the two peaks (their tooltip, the docs).
+PEAKS_NAMED = (
+    "allocated: the peak of live tensors, what torch.cuda.max_memory_allocated() would show; "
+    "process total: the caching allocator's reserved memory plus the CUDA context, what nvidia-smi "
+    "would show for the process and what the verdict holds against the GPU"
+)
+NO_TARGET = "no target GPU (set oomLsp.gpu, or gpu-memory in [tool.oom-lsp])"
+
+
+def peak_words(prediction: Prediction) -> str:
+    """Both peaks, named: "≈ 91 MiB allocated, 506 MiB process total" (one where they are one, on
+    the CPU), per rank of a distributed run."""
+    words = f"≈ {short_bytes(prediction.peak_bytes)} allocated"
     if prediction.needed_bytes != prediction.peak_bytes:
-        label += f", {short_bytes(prediction.needed_bytes)} process total"
-    if launch is not None:
-        label += f" per rank of {launch.world_size}"
-    label += f" at {prediction.batch_size}"
-    return label + (f" / {gpu_words(prediction.gpu)}" if prediction.gpu else "")
+        words += f", {short_bytes(prediction.needed_bytes)} process total"
+    launch = prediction.distributed
+    return words + (f" per rank of {launch.world_size}" if launch is not None else "")
+
+
+def target_words(prediction: Prediction) -> str:
+    """The target and the verdict against it, as the CLI judges: " / 24 GiB RTX 3090: fits"
+    ("tight", "will run out of memory"); nothing without a target."""
+    if prediction.gpu is None:
+        return ""
+    verdict = f": {prediction.verdict.value}" if prediction.verdict is not None else ""
+    return f" / {gpu_words(prediction.gpu)}{verdict}"
+
+
+def hint_label(prediction: Prediction) -> str:
+    """The editor's inlay hint after the batch-size literal: both peaks, named, the target and
+    the verdict: "≈ 91 MiB allocated, 506 MiB process total at 64 / 24 GiB RTX 3090: fits"."""
+    return f"{peak_words(prediction)} at {prediction.batch_size}{target_words(prediction)}"
+
+
+def lens_result(prediction: Prediction) -> str:
+    """The estimate lens's title while its result holds for the text:
+    "Estimated ≈ 91 MiB allocated, 506 MiB process total / 24 GiB RTX 3090: fits"."""
+    return f"Estimated {peak_words(prediction)}{target_words(prediction)}"
+
+
+def estimate_message(prediction: Prediction, max_batch: int | None, name: str) -> str:
+    """The one line every editor shows after an estimate (window/showMessage, the palette's
+    notification): "Estimated peak of mlp.py at batch 32: ≈ 91 MiB allocated, 506 MiB process
+    total / 24 GiB RTX 3090: fits. Largest batch that fits: 512." The figures and the verdict
+    are the CLI's (`oom-lsp estimate`), in the hint's words."""
+    batch = f" at batch {prediction.batch_size:,}" if prediction.batch_size else ""
+    message = f"Estimated peak of {name}{batch}: {peak_words(prediction)}{target_words(prediction)}"
+    if prediction.gpu is None:
+        message += f"; {NO_TARGET}"
+    if max_batch:
+        message += f". Largest batch that fits: {max_batch:,}"
+    return message + "."
 
 
 def predicted_oom_message(prediction: Prediction, fitting: int | None) -> str:

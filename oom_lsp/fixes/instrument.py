@@ -9,19 +9,29 @@ from a loop elsewhere in the file (`for epoch in ...: train_one_epoch(...)`), th
 Insert memory monitoring, for the loop at a line:
 
 * step loop inside an epoch loop (same function): `monitor = memory_monitor()` before the epoch
-  loop, `monitor.step()` at the end of the step loop's body, `monitor.epoch_end()` at the end of
-  the epoch loop's body;
+  loop, `monitor.step()` after the step loop's optimizer step (else at the end of its body),
+  `monitor.epoch_end()` at the end of the epoch loop's body;
 * epoch loop calling the step loop's function: the monitor and `monitor.epoch_end()` around the
   epoch loop only (the monitor measures windows, it does not need the steps);
 * a step loop with no epoch loop: `monitor = memory_monitor(every_n_steps=100)` before it and
-  `monitor.step()` at the end of its body.
+  `monitor.step()` after its optimizer step (else at the end of its body).
+
+The monitor counts optimizer steps, not micro-steps: under gradient accumulation
+(`if (i + 1) % accum == 0: optimizer.step()`) the loop body runs once per micro-batch, so
+`monitor.step()` goes right after the optimizer step, in its block. The optimizer step is the
+last `X.step(...)` statement directly in the step loop (not in a loop nested in it) whose `X`
+is an optimizer: something the file calls `.zero_grad()` on or builds with a `torch.optim`
+constructor (not an `lr_scheduler`), or an engine whose `.backward(loss)` the file calls
+(DeepSpeed); `S.step(X)` of such an `X` is one too (a gradient scaler's). A scheduler's
+`.step()` or `.step(val_loss)` is none.
 
 Guard with oom_guard, for the training call at a line: the statement that calls a function of
 this file that trains (holds a step loop, or calls one that does), or, in a flat script, the
 outermost module-level loop around a step loop, is wrapped in `with oom_guard():`.
 
-Both add `from oom_lsp.runtime import ...` after the file's leading imports when the name is not
-imported yet, and offer nothing where the code is already instrumented or cannot be edited by
+Both add `from oom_lsp.runtime import ...  # pip install oom-lsp` after the file's leading imports
+when the name is not imported yet (the training environment then needs oom-lsp installed; the
+actions' titles say so), and offer nothing where the code is already instrumented or cannot be edited by
 whole lines (a body on the header's line, a statement sharing its line).
 """
 
@@ -38,6 +48,8 @@ from oom_lsp.edits import Position, Range, TextEdit, line_starts, split_lines
 from oom_lsp.fixes.codegen import code_at_indent
 
 RUNTIME_MODULE = "oom_lsp.runtime"
+# What the inserted import needs where the script trains: said on the import line itself.
+RUNTIME_REQUIREMENT = "pip install oom-lsp"
 DEFAULT_EVERY_N_STEPS = 100
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _LOOPS = (cst.For, cst.While)
@@ -193,6 +205,79 @@ class _Facts:
 
 def _is_backward(func: cst.BaseExpression) -> bool:
     return isinstance(func, cst.Attribute) and func.attr.value == "backward"
+
+
+def _receiver(call: cst.Call, method: str) -> str | None:
+    """`X` (dotted) of a call `X.method(...)`."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == method:
+        return _dotted(func.value)
+    return None
+
+
+def _optimizers(facts: _Facts) -> set[str]:
+    """The dotted names the file uses as optimizers (module docstring: what makes one)."""
+    optimizers: set[str] = set()
+    for node in facts.parents:
+        if isinstance(node, cst.Call):
+            zeroed = _receiver(node, "zero_grad")
+            if zeroed is not None:
+                optimizers.add(zeroed)
+            engine = _receiver(node, "backward")
+            if engine is not None and node.args and node.args[0].keyword is None:
+                # `engine.backward(loss)`, not `loss.backward()` nor `loss.backward(retain_graph=True)`
+                optimizers.add(engine)
+        elif isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+            constructor = _dotted(node.value.func) or ""
+            # torch.optim.AdamW, optim.SGD, bnb.optim.Adam8bit; not torch.optim.lr_scheduler.StepLR
+            if "optim." in constructor and "lr_scheduler" not in constructor:
+                for target in node.targets:
+                    name = _dotted(target.target)
+                    if name is not None:
+                        optimizers.add(name)
+    # A model's `.zero_grad()` does not make it an optimizer, but a model has no `.step()`.
+    return optimizers
+
+
+def _optimizer_step(facts: _Facts, loop: cst.For | cst.While) -> cst.Call | None:
+    """The last optimizer step directly in `loop` (in its body's blocks, not in a nested loop
+    or function), None when it has none."""
+    optimizers = _optimizers(facts)
+    steps: list[cst.Call] = []
+    for node in facts.parents:
+        if not isinstance(node, cst.Call) or facts.enclosing_loop(node) is not loop:
+            continue
+        statement = facts.parents.get(node)
+        if not isinstance(statement, cst.Expr):
+            continue  # `ok = optimizer.step(closure)` is rare; `monitor.step()` follows statements
+        stepped = _receiver(node, "step")
+        if stepped is None:
+            continue
+        argument = _dotted(node.args[0].value) if node.args else None
+        if stepped in optimizers or argument in optimizers:
+            steps.append(node)
+    return max(steps, key=lambda step: _start(facts, step), default=None)
+
+
+def _start(facts: _Facts, node: cst.CSTNode) -> tuple[int, int]:
+    start = facts.positions[node].start
+    return start.line, start.column
+
+
+def _after_optimizer_step(facts: _Facts, loop: cst.For | cst.While, statement: str) -> TextEdit | None:
+    """`statement` right after the loop's optimizer step, in the same block; None without one."""
+    call = _optimizer_step(facts, loop)
+    if call is None:
+        return None
+    expression = facts.parents.get(call)
+    holder = facts.parents.get(expression) if expression is not None else None
+    if isinstance(holder, cst.SimpleStatementLine):
+        line = facts.end_line_of(holder)
+        return _insert_lines(facts, line + 1, [statement], facts.indent_of(facts.line_of(holder)))
+    # A one-line block (`if last: optimizer.step()`): the statement joins it on that line.
+    end = facts.positions[call].end
+    position = Position(end.line, end.column)
+    return TextEdit(Range(position, position), f"; {statement}")
 
 
 def _called_names(function: cst.FunctionDef) -> set[str]:
@@ -359,7 +444,9 @@ def _import_edit(facts: _Facts, name: str) -> TextEdit | None:
             anchor = facts.end_line_of(statement)
         else:
             leading = False
-    return _insert_lines(facts, anchor + 1, [f"from {RUNTIME_MODULE} import {name}"], "")
+    return _insert_lines(
+        facts, anchor + 1, [f"from {RUNTIME_MODULE} import {name}  # {RUNTIME_REQUIREMENT}"], ""
+    )
 
 
 def _dotted(node: cst.BaseExpression | None) -> str | None:
@@ -459,7 +546,10 @@ def insert_memory_monitoring(source: str, line: int) -> tuple[TextEdit, ...] | N
             )
         )
     if step_loop is not None:
-        step = _append_to_body(facts, step_loop, f"{name}.step()")
+        # Optimizer steps, not micro-steps: after the optimizer step when the loop has one.
+        step = _after_optimizer_step(facts, step_loop, f"{name}.step()") or _append_to_body(
+            facts, step_loop, f"{name}.step()"
+        )
         if step is None:
             return None
         edits.append(step)

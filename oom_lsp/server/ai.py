@@ -9,8 +9,12 @@ which applies the edit with `workspace/applyEdit`. Both report work-done
 progress and stop when the client cancels the request or the progress. The
 edit is a versioned `TextDocumentEdit` of the version the model was asked
 about, refused when the document changed meanwhile, and carries a change
-annotation that asks for confirmation where the client supports one. An
-applied fix is written to the project's fix log (docs/ai-fixes.md).
+annotation (the changelog line, the model and host) where the client supports
+one. The annotation does not ask for confirmation: VS Code opens such edits
+unticked in its refactor preview, so "Apply" applied nothing; choosing the
+action is the approval, the user can still preview it (Ctrl+Enter in the
+light-bulb menu) and undo it. An applied fix is written to the project's fix
+log (docs/ai-fixes.md).
 
 An OOM error diagnostic, whoever publishes it, carries the error as
 `data["error"]` (`OomError.to_dict()`); a finding's carries `data["finding"]`.
@@ -409,7 +413,8 @@ def _workspace_edit(
         change_annotations={
             ANNOTATION_ID: types.ChangeAnnotation(
                 label=proposal.changelog or "AI fix",
-                needs_confirmation=True,
+                # True would open VS Code's refactor preview with the change unticked.
+                needs_confirmation=False,
                 description=f"{proposal.model} via {host}",
             )
         }

@@ -40,6 +40,12 @@ _UNSUPPRESSIBLE = {"OOM000"}
 # codeAction/resolve), and answer for their own documents as `hooks.cell_owners` (notebook cells).
 
 
+def plain_title(title: str) -> str:
+    """A fix's title as a menu shows it: editors draw code-action titles as plain text, so the
+    Markdown backticks of the rule's title (`retain_graph=True`) would show literally."""
+    return title.replace("`", "")
+
+
 def _noted(ls: OomLanguageServer, document: TextDocument, title: str, finding: Finding | None) -> str:
     for note in ls.hooks.title_notes:
         words = note(ls, document, finding)
@@ -121,7 +127,9 @@ def finding_actions(
         if finding.fix is not None:
             actions.append(
                 types.CodeAction(
-                    title=_noted(ls, document, f"oom-lsp ({finding.code}): {finding.fix.title}", finding),
+                    title=_noted(
+                        ls, document, f"oom-lsp ({finding.code}): {plain_title(finding.fix.title)}", finding
+                    ),
                     kind=types.CodeActionKind.QuickFix,
                     diagnostics=[diagnostic],
                     is_preferred=finding.fix.is_safe,

@@ -9,6 +9,10 @@ and, when the step does not fit the target GPU, an Error diagnostic OOM100
 size to N (largest that fits)" and "Use gradient accumulation (N x k)". With
 a largest fitting batch, OOM101's threshold for the file becomes that batch.
 Any edit of the file drops the hint, OOM100 and the status (profiling.py).
+Every client sees the verdict: `window/showMessage` says the CLI's figures in one line
+(wording.estimate_message), unless the caller shows the command's `message` itself (VS Code's
+palette command, `showResult: false`), and the estimate lens's title says them until the next
+edit (lenses.py).
 The estimate of a text a what-if predicted is compared with it (server/what_if.py).
 """
 
@@ -19,7 +23,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from lsprotocol import types
@@ -28,13 +32,9 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import LintSettings, Severity
-from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.analysis.registry import PREDICTED_OUT_OF_MEMORY
+from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.edits import Position, Range
-from oom_lsp.estimate.estimator import DEFAULT_MARGIN, EstimateError
-from oom_lsp.estimate.gpus import Gpu
-from oom_lsp.estimate.results import EstimateResult, Verdict, WhatIfCheck
-from oom_lsp.estimate.wording import comparison_words, hint_label, predicted_oom_message
 from oom_lsp.notebooks import is_notebook_path
 from oom_lsp.server import code_actions
 from oom_lsp.server.diagnostics import SOURCE
@@ -54,13 +54,14 @@ from oom_lsp.server.jobs import (
 from oom_lsp.server.positions import PositionConverter, split_lines
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
-from oom_lsp.usecases.estimate import (
-    EstimateInputError,
-    EstimateRequest,
-    Listener,
-    resolve_target,
-    run_estimate,
-)
+
+if TYPE_CHECKING:
+    from oom_lsp.estimate.gpus import Gpu
+    from oom_lsp.estimate.results import EstimateResult, WhatIfCheck
+    from oom_lsp.usecases.estimate import EstimateRequest, Listener
+
+# The estimate's modules (oom_lsp.estimate, oom_lsp.usecases.estimate) are imported by the
+# functions that run it: the server's start-up, before the first diagnostics, does not pay them.
 
 ESTIMATE_COMMAND = "oom-lsp.estimate"
 OOM100 = "OOM100"
@@ -89,6 +90,9 @@ class EstimateArgs:
     # A torchrun-style script traced as rank 0 of worldSize (the per-rank peak).
     world_size: int | None = attrs.field(default=None, alias="worldSize")
     nproc_per_node: int | None = attrs.field(default=None, alias="nprocPerNode")
+    # False: the caller shows the answer's `message` itself (VS Code's palette command, with its
+    # "Open report" button); else the server says it with window/showMessage (lenses, Neovim).
+    show_result: bool = attrs.field(default=True, alias="showResult")
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,8 @@ def target_gpu(ls: OomLanguageServer, args: EstimateArgs, script: Path) -> Gpu |
     project (or the `oomLsp.gpuMemory` setting): the use case's resolve_target."""
     if args.gpu and args.gpu_memory:
         raise JsonRpcInvalidParams("give gpu or gpuMemory, not both")
+    from oom_lsp.usecases.estimate import EstimateInputError, resolve_target
+
     configured = command_setting(ls, "gpu")
     try:
         return resolve_target(
@@ -203,6 +209,9 @@ def estimate_request(
 ) -> EstimateRequest:
     """What to estimate: the command's arguments over the `oomLsp` settings (`profile.args`,
     `interpreter`, `worldSize`: not for a notebook, which runs in one process) and the project's."""
+    from oom_lsp.estimate.estimator import DEFAULT_MARGIN
+    from oom_lsp.usecases.estimate import EstimateRequest
+
     world_size, nproc_per_node = (None, None) if notebook else _world_size(ls, args)
     profile_settings = command_setting(ls, "profile")
     default_args = (
@@ -228,6 +237,8 @@ def estimate_request(
 
 def job_listener(job: Job, named: bool = False) -> Listener:
     """The work-done progress of an estimate: which trace and how many optimizer steps it reached."""
+    from oom_lsp.usecases.estimate import Listener
+
     traces = [0]
 
     def on_event(event: dict[str, Any]) -> None:
@@ -246,6 +257,10 @@ def job_listener(job: Job, named: bool = False) -> Listener:
 
 
 async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+    from oom_lsp.estimate.estimator import EstimateError
+    from oom_lsp.estimate.results import EstimateResult, Verdict
+    from oom_lsp.usecases.estimate import EstimateInputError, run_estimate
+
     require_trusted_workspace(ls, "an estimate")
     check_trace_args(args)
     _world_size(ls, args)
@@ -297,12 +312,22 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     )
     if notebook is None:
         _show_estimate(ls, args.uri, script, result, str(report_path), version)
-    return estimate_answer(ls, result, str(report_path))
+    answer = estimate_answer(ls, result, str(report_path), script.name)
+    if args.show_result:
+        verdict = result.prediction.verdict
+        kind = types.MessageType.Info if verdict in (None, Verdict.FITS) else types.MessageType.Warning
+        ls.window_show_message(types.ShowMessageParams(type=kind, message=f"oom-lsp: {answer['message']}"))
+    return answer
 
 
-def estimate_answer(ls: OomLanguageServer, result: EstimateResult, report_path: str) -> dict[str, Any]:
+def estimate_answer(
+    ls: OomLanguageServer, result: EstimateResult, report_path: str, name: str
+) -> dict[str, Any]:
     """The command's result: the figures the CLI's JSON has, in the editor's words."""
+    from oom_lsp.estimate.wording import estimate_message
+
     prediction = result.prediction
+    fitting = result.max_batch.max_batch if result.max_batch is not None else None
     answer: dict[str, Any] = {
         "reportPath": report_path,
         "peakBytes": prediction.peak_bytes,
@@ -313,6 +338,8 @@ def estimate_answer(ls: OomLanguageServer, result: EstimateResult, report_path: 
         "gpuMemoryBytes": prediction.gpu.memory if prediction.gpu else None,
         "verdict": prediction.verdict.short if prediction.verdict else None,
         "batchSize": prediction.batch_size,
+        # Which peak each figure is: peakBytes allocated, neededBytes the process total.
+        "message": estimate_message(prediction, fitting, name),
     }
     if prediction.gpu is not None:
         answer["gpuName"] = prediction.gpu.name
@@ -329,6 +356,8 @@ def estimate_answer(ls: OomLanguageServer, result: EstimateResult, report_path: 
 
 def report_comparison(ls: OomLanguageServer, check: WhatIfCheck) -> dict[str, Any]:
     """Within 5 %: a line in the log (and the result); beyond: a warning, it is oom-lsp's bug."""
+    from oom_lsp.estimate.wording import comparison_words
+
     words = comparison_words(check)
     if check.agrees:
         ls.window_log_message(
@@ -365,6 +394,9 @@ def _show_estimate(
 ) -> None:
     """The hint on the batch-size literal, OOM100 when it does not fit, the memory status; OOM101's
     threshold becomes the largest batch that fits."""
+    from oom_lsp.estimate.results import Verdict
+    from oom_lsp.estimate.wording import hint_label, lens_result
+
     prediction = result.prediction
     document: TextDocument = ls.workspace.get_text_document(uri)
     knobs = {
@@ -401,12 +433,18 @@ def _show_estimate(
             version=version,
             diagnostics=found,
             status=status,
-            details={"literal": literal_dict(literal) if literal else None, "label": hint_label(prediction)},
+            details={
+                "literal": literal_dict(literal) if literal else None,
+                "label": hint_label(prediction),
+                "lens": lens_result(prediction),
+            },
         ),
     )
     send_memory_status(ls, status)
     if ls.client_supports("workspace.inlay_hint.refresh_support"):
         ls.workspace_inlay_hint_refresh(None)
+    if ls.client_supports("workspace.code_lens.refresh_support"):
+        ls.workspace_code_lens_refresh(None)  # the estimate lens's title says the result
 
 
 def literal_dict(literal: BatchLiteral) -> dict[str, int]:
@@ -432,6 +470,8 @@ def _oom100(
     result: EstimateResult,
     settings: LintSettings,
 ) -> types.Diagnostic:
+    from oom_lsp.estimate.wording import predicted_oom_message
+
     search = result.max_batch
     fitting = search.max_batch if search is not None else None
     accumulation = search.gradient_accumulation if search is not None else None

@@ -9,13 +9,14 @@ hover `contentFormat`; plain text for a client that lists neither.
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 
 from lsprotocol import types
 
 from oom_lsp.analysis import Finding, registry
-from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.analysis.findings import Applicability
+from oom_lsp.analysis.rule_links import rule_url
 from oom_lsp.edits import Position, Range
 from oom_lsp.server.positions import PositionConverter
 from oom_lsp.server.server import OomLanguageServer
@@ -53,11 +54,30 @@ class Summary:
         else:
             fix_line = f"Fix: {_escape(self.fix) if markdown else self.fix}"
         if markdown:
-            # Two trailing spaces: a line break inside the paragraph.
-            link = f"[{self.name} ({self.code})]({url}) · `oom-lsp rule {self.code}`"
-            return f"**{self.code}** {_escape(self.headline)}\n\n{_escape(self.why)}\n\n{fix_line}  \n{link}"
+            # Two trailing spaces: a line break inside the paragraph. The paragraphs are wrapped
+            # at word boundaries (a soft line break renders as a space in VS Code): Neovim shows
+            # the Markdown's own lines in its float, and wraps a longer one at any character.
+            link = f"[{self.name} ({self.code})]({url})  \n`oom-lsp rule {self.code}`"
+            headline = _wrap(f"**{self.code}** {_escape(self.headline)}")
+            return f"{headline}\n\n{_wrap(_escape(self.why))}\n\n{_wrap(fix_line)}  \n{link}"
         link = f"{self.name}: {url} (or: oom-lsp rule {self.code})"
         return f"{self.code} {self.headline}\n\n{self.why}\n\n{fix_line}\n{link}"
+
+
+MARKDOWN_WIDTH = 78  # columns: a hover float beside an 80-column window's text
+_BLOCK_START_RE = re.compile(r"([-+*>#=]+|\d+[.)])(\s|$)")
+
+
+def _wrap(text: str) -> str:
+    """`text` on lines of at most MARKDOWN_WIDTH columns, broken between words only (a longer
+    word, a URL, keeps its line)."""
+    lines: list[str] = []
+    for line in textwrap.wrap(text, MARKDOWN_WIDTH, break_long_words=False, break_on_hyphens=False):
+        if lines and _BLOCK_START_RE.match(line):
+            lines[-1] += " " + line  # not broken there: the line would start a list, quote or heading
+        else:
+            lines.append(line)
+    return "\n".join(lines) or text
 
 
 def _escape(text: str) -> str:

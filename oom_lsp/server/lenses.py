@@ -6,9 +6,14 @@ that call `.backward()`, and the epoch loops around them:
 `oom_lsp.fixes.instrument.find_training_loops`); each runs the server
 command of that name on the file.
 
+The estimate lens names the target it will judge by, "Estimate peak memory (24 GiB RTX 3090)"
+(the `oomLsp.gpu` setting, else the project's `gpu-memory`: the command's own resolution), and
+while an estimate holds for the text its title is the result, "Estimated ≈ 91 MiB allocated,
+506 MiB process total / 24 GiB RTX 3090: fits"; running it again re-estimates.
+
 The inlay hint is the last estimate's, after the batch-size literal it
-varied: "≈ 14.2 GiB peak at 64 / 24 GiB RTX 3090". It goes with the first
-edit of the file (profiling.current_results). A profile's per-line figures
+varied: "≈ 91 MiB allocated, 506 MiB process total at 64 / 24 GiB RTX 3090: fits". It goes with
+the first edit of the file (profiling.current_results). A profile's per-line figures
 are Information diagnostics, not hints (they carry the allocation count and
 stay readable in the Problems panel).
 """
@@ -17,10 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+from pathlib import Path
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.uris import to_fs_path
 
-from oom_lsp.server.estimate import ESTIMATE_COMMAND, literal_range
+from oom_lsp.server.estimate import ESTIMATE_COMMAND, EstimateArgs, literal_range, target_gpu
 from oom_lsp.server.jobs import current_results
 from oom_lsp.server.positions import split_lines
 from oom_lsp.server.profiling import PROFILE_COMMAND
@@ -59,12 +67,15 @@ async def on_code_lens(ls: OomLanguageServer, params: types.CodeLensParams) -> l
         return []  # every lens runs the workspace's code (profiling.require_trusted_workspace)
     source = document.source
     lines = await asyncio.get_running_loop().run_in_executor(ls.analysis_executor, lens_lines, source)
+    if not lines:
+        return []
+    titles = {**LENS_TITLES, ESTIMATE_COMMAND: _estimate_title(ls, document.uri)}
     lenses = []
     for line in lines:
         place = types.Range(
             start=types.Position(line=line, character=0), end=types.Position(line=line, character=0)
         )
-        for command, title in LENS_TITLES.items():
+        for command, title in titles.items():
             lenses.append(
                 types.CodeLens(
                     range=place,
@@ -74,6 +85,25 @@ async def on_code_lens(ls: OomLanguageServer, params: types.CodeLensParams) -> l
     return lenses
 
 
+def _estimate_title(ls: OomLanguageServer, uri: str) -> str:
+    """The last estimate's result while it holds, else the target the lens's estimate will use."""
+    result = current_results(ls, uri).get("estimate")
+    if result is not None and result.details.get("lens"):
+        return str(result.details["lens"])
+    from oom_lsp.estimate.results import GpuTarget
+    from oom_lsp.estimate.wording import gpu_words
+
+    title = LENS_TITLES[ESTIMATE_COMMAND]
+    path = to_fs_path(uri)
+    if path is None:
+        return title
+    try:
+        gpu = target_gpu(ls, EstimateArgs(uri=uri), Path(path))
+    except JsonRpcInvalidParams as error:  # an unknown GPU in the settings: the command says more
+        return f"{title} ({str(error).split(' (')[0].split(', did you mean')[0]})"
+    return f"{title} ({gpu_words(GpuTarget(gpu.name, gpu.memory)) if gpu is not None else 'no target GPU'})"
+
+
 def on_inlay_hint(ls: OomLanguageServer, params: types.InlayHintParams) -> list[types.InlayHint] | None:
     document = ls.open_document(params.text_document.uri)
     if document is None:
@@ -81,6 +111,8 @@ def on_inlay_hint(ls: OomLanguageServer, params: types.InlayHintParams) -> list[
     result = current_results(ls, document.uri).get("estimate")
     if result is None or not result.details.get("literal"):
         return []
+    from oom_lsp.estimate.wording import PEAKS_NAMED
+
     place = literal_range(ls, document.source, result.details["literal"])
     wanted = params.range
     if place.end.line < wanted.start.line or place.end.line > wanted.end.line:
@@ -91,7 +123,7 @@ def on_inlay_hint(ls: OomLanguageServer, params: types.InlayHintParams) -> list[
             label=result.details["label"],
             kind=types.InlayHintKind.Type,
             padding_left=True,
-            tooltip=f"oom-lsp estimate; report: {result.report_path}",
+            tooltip=f"oom-lsp estimate ({PEAKS_NAMED}); report: {result.report_path}",
         )
     ]
 

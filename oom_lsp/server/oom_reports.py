@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 REPORT_GLOB = "**/.oom_lsp/last_oom/report.json"
 OPEN_REPORT_COMMAND = "oom-lsp.openOomReport"
 REPORT_KIND = "oom-report"
-MONITOR_TITLE = "oom-lsp: Insert memory monitoring"
-GUARD_TITLE = "oom-lsp: Guard with oom_guard"
+# The edit imports oom_lsp.runtime: the environment that runs the script needs oom-lsp.
+MONITOR_TITLE = "oom-lsp: Insert memory monitoring (needs oom-lsp where it trains)"
+GUARD_TITLE = "oom-lsp: Guard with oom_guard (needs oom-lsp where it trains)"
 BATCH_RULE = "OOM101"
 # An explicit `only` naming these asks for the rewrites (VS Code's Refactor... menu).
 _REWRITE_KINDS = (types.CodeActionKind.Refactor, types.CodeActionKind.RefactorRewrite)

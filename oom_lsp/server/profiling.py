@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from lsprotocol import types
@@ -27,7 +27,6 @@ from pygls.uris import from_fs_path, to_fs_path
 from oom_lsp.config import ConfigError
 from oom_lsp.edits import Position, Range
 from oom_lsp.profiling.oom_messages import OomError
-from oom_lsp.profiling.report import Report
 from oom_lsp.server.diagnostics import SOURCE
 from oom_lsp.server.jobs import (
     FileResult,
@@ -47,8 +46,13 @@ from oom_lsp.server.positions import PositionConverter, split_lines
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 from oom_lsp.units import format_bytes
-from oom_lsp.usecases.explain import MAX_LOG_CHARS, explain, read_log
-from oom_lsp.usecases.profile import ProfileError, ProfileOutcome, ProfileRequest, run_profile
+
+if TYPE_CHECKING:
+    from oom_lsp.profiling.report import Report
+    from oom_lsp.usecases.profile import ProfileOutcome
+
+# The profile's and the explanation's use cases are imported when their command runs: the
+# server's start-up, before the first diagnostics, does not pay them.
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +183,8 @@ def _profile_settings(ls: OomLanguageServer) -> dict[str, Any]:
 
 
 async def profile_command(ls: OomLanguageServer, args: ProfileArgs) -> dict[str, Any]:
+    from oom_lsp.usecases.profile import ProfileError, ProfileRequest, run_profile
+
     require_trusted_workspace(ls, "a profile")
     if args.device not in ("auto", "cpu", "cuda"):
         raise JsonRpcInvalidParams(f"device must be auto, cpu or cuda, not {args.device!r}")
@@ -354,6 +360,8 @@ def explain_dict(oom: OomError) -> dict[str, Any]:
 
 
 async def explain_command(ls: OomLanguageServer, args: ExplainArgs) -> dict[str, Any]:
+    from oom_lsp.usecases.explain import MAX_LOG_CHARS, explain, read_log
+
     if (args.text is None) == (args.path is None):
         raise JsonRpcInvalidParams("give one of text or path")
     base = Path(ls.workspace.root_path) if ls.workspace.root_path else None

@@ -3,8 +3,10 @@ as it is, then once per quick fix of its findings and per knob), run from the "W
 next to "Estimate peak memory".
 
 The table is written as Markdown to `.oom_lsp/what-if/<script>.md` and shown with
-`window/showDocument` (the VS Code extension opens it as a Markdown preview; Neovim opens the
-buffer). Its record is saved where `oom-lsp estimate --what-if` saves it, so the next estimate,
+`window/showDocument` beside the file, without taking the focus (`takeFocus: false`): Neovim
+opens it in a new split and keeps the cursor in the file (a window already showing the table is
+reused), the VS Code extension opens it as a Markdown preview to the side. The user's buffer is
+never replaced. Its record is saved where `oom-lsp estimate --what-if` saves it, so the next estimate,
 in the editor or the terminal, compares itself with the prediction (server/estimate.py).
 
 While the table holds for the document's text (until its first edit, like an estimate's
@@ -24,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
@@ -33,19 +35,6 @@ from pygls.workspace import TextDocument
 
 from oom_lsp.analysis import Finding, default_settings
 from oom_lsp.checker import analyze_text
-from oom_lsp.estimate.estimator import EstimateError
-from oom_lsp.estimate.results import WhatIfTable
-from oom_lsp.estimate.whatif import fix_key
-from oom_lsp.estimate.whatif_record import source_digest
-from oom_lsp.estimate.wording import (
-    NEEDED_PEAK,
-    allocated_words,
-    delta_words,
-    fits_words,
-    growth_words,
-    percent_words,
-    saving_words,
-)
 from oom_lsp.server.estimate import EstimateArgs, check_trace_args, estimate_request, job_listener, target_gpu
 from oom_lsp.server.jobs import (
     FileResult,
@@ -60,8 +49,11 @@ from oom_lsp.server.jobs import (
 from oom_lsp.server.protocol import RequestFailed
 from oom_lsp.server.server import OomLanguageServer
 from oom_lsp.units import format_bytes
-from oom_lsp.usecases.estimate import EstimateInputError
-from oom_lsp.usecases.what_if import UnreadableScript, read_script, run_what_if
+
+if TYPE_CHECKING:
+    from oom_lsp.estimate.results import WhatIfTable
+
+# The what-if's modules are imported by the functions that use them: not at the server's start.
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +65,10 @@ FIX_ALL_ROW = "fixes:safe"
 
 
 async def what_if_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str, Any]:
+    from oom_lsp.estimate.estimator import EstimateError
+    from oom_lsp.usecases.estimate import EstimateInputError
+    from oom_lsp.usecases.what_if import UnreadableScript, read_script, run_what_if
+
     require_trusted_workspace(ls, "the what-if")
     check_trace_args(args)
     if args.find_max_batch:
@@ -121,8 +117,11 @@ async def what_if_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[str
     return {
         "markdownPath": str(markdown_path),
         "shown": shown,
+        # neededBytes: the process total the verdict and the table hold; peakBytes: allocated.
         "neededBytes": table.baseline.needed_bytes,
         "peakBytes": table.baseline.peak_bytes,
+        "gpuName": table.gpu,
+        "gpuMemoryBytes": table.gpu_memory,
         "changes": [
             {
                 "key": row.key,
@@ -155,7 +154,8 @@ async def _show(ls: OomLanguageServer, markdown_path: Path) -> bool:
     """The table in the editor: window/showDocument where the client has it, else a message
     naming the file."""
     if ls.client_supports("window.show_document.support"):
-        params = types.ShowDocumentParams(uri=from_fs_path(str(markdown_path)), take_focus=True)
+        # takeFocus false: Neovim shows it in a new split instead of the file's window.
+        params = types.ShowDocumentParams(uri=from_fs_path(str(markdown_path)), take_focus=False)
         try:
             answer = await asyncio.wait_for(ls.window_show_document_async(params), SHOW_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -177,6 +177,10 @@ def saving_note(ls: OomLanguageServer, document: TextDocument, finding: Finding 
     result = current_results(ls, document.uri).get(KIND)
     if result is None:
         return None
+    from oom_lsp.estimate.whatif import fix_key
+    from oom_lsp.estimate.whatif_record import source_digest
+    from oom_lsp.estimate.wording import saving_words
+
     table: WhatIfTable = result.details["table"]
     if table.source_digest != source_digest(document.source):
         return None  # measured on the file, which the open document no longer is
@@ -196,6 +200,15 @@ def _cell(text: str) -> str:
 def table_markdown(table: WhatIfTable, name: str) -> str:
     """The what-if as a Markdown page: the baseline, a row per change, what was not measured or
     does not apply, and how each change is made."""
+    from oom_lsp.estimate.wording import (
+        NEEDED_PEAK,
+        allocated_words,
+        delta_words,
+        fits_words,
+        growth_words,
+        percent_words,
+    )
+
     base = table.baseline
     batch = table.batch_size
     target = ""
@@ -209,7 +222,10 @@ def table_markdown(table: WhatIfTable, name: str) -> str:
             "Each change traced alone on fake tensors (no GPU), with the estimate's settings."
         ),
         "",
-        f"**As it is: {format_bytes(base.needed_bytes)} peak**{allocated_words(base)}"
+        # Named as the estimate's hint names it: the process total (reserved + CUDA context) beside
+        # the allocated peak; on the CPU they are one, the peak.
+        f"**As it is: {format_bytes(base.needed_bytes)} "
+        f"{'process total' if base.needed_bytes != base.peak_bytes else 'peak'}**{allocated_words(base)}"
         + (f", {base.verdict.value}" if base.verdict else "")
         + ".",
     ]

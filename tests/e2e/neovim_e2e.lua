@@ -35,10 +35,34 @@ vim.lsp.config("oom_lsp", {
   cmd = { python, "-m", "oom_lsp" },
   filetypes = { "python" },
   root_markers = { "pyproject.toml", ".git" },
-  -- strict: the checkpoints of an unsized model are shown in strict mode only.
-  settings = { oomLsp = { severity = { OOM501 = "error" }, strict = true } },
+  -- strict: the checkpoints of an unsized model are shown in strict mode only. gpu: the target
+  -- of the lens's estimate, as docs/editors.md sets it.
+  settings = { oomLsp = { severity = { OOM501 = "error" }, strict = true, gpu = "RTX 3090" } },
 })
 vim.lsp.enable("oom_lsp")
+
+-- The rest of docs/editors.md's configuration: inlay hints on, code lenses refreshed, a border
+-- on floats, the progress in the status line.
+vim.lsp.inlay_hint.enable(true)
+vim.api.nvim_create_autocmd({ "LspAttach", "BufEnter", "InsertLeave", "BufWritePost" }, {
+  pattern = "*.py",
+  callback = function(args) vim.lsp.codelens.refresh({ bufnr = args.buf }) end,
+})
+vim.o.winborder = "rounded"
+vim.o.statusline = "%f %h%m%r%=%{v:lua.vim.lsp.status()}  %l,%c %P"
+vim.api.nvim_create_autocmd("LspProgress", { command = "redrawstatus" })
+-- What the status line is given: the titles of the progress that began, and those that ended.
+local progress = { begun = {}, ended = 0 }
+vim.api.nvim_create_autocmd("LspProgress", {
+  callback = function(ev)
+    local value = ev.data.params.value
+    if value.kind == "begin" then
+      table.insert(progress.begun, value.title)
+    elseif value.kind == "end" then
+      progress.ended = progress.ended + 1
+    end
+  end,
+})
 
 vim.cmd.edit(file)
 local buf = vim.api.nvim_get_current_buf()
@@ -80,14 +104,23 @@ local summary_lines = #vim.split(summary, "\n")
 if summary_lines >= HOVER_LINES then
   fail("the hover has " .. summary_lines .. " lines:\n" .. summary)
 end
+-- Paragraphs come wrapped between words (the float would wrap a longer line at any character):
+-- read as one line each.
+local flowing = summary:gsub("%s+", " ")
 for _, expected in ipairs({
   first.message,
   'Quick fix: Pass `map_location="cpu"`',
   "the GPU they were saved from",
   "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md#torch-load-without-map-location-oom501",
+  "`oom-lsp rule OOM501`",
 }) do
-  if not summary:find(expected, 1, true) then
+  if not flowing:find(expected, 1, true) then
     fail("the hover lacks " .. expected .. ":\n" .. summary)
+  end
+end
+for _, text in ipairs(vim.split(summary, "\n")) do
+  if vim.fn.strdisplaywidth(text) > 78 and not text:find("](", 1, true) then
+    fail("a hover line longer than 78 columns, which the float would break mid-word: " .. text)
   end
 end
 if summary:find("## ", 1, true) or summary:find("```", 1, true) then
@@ -118,7 +151,7 @@ end
 
 -- The quick fix on the first torch.load.
 local fixed_lnum = first.lnum
-apply_action(first, '(OOM501): Pass `map_location="cpu"`')
+apply_action(first, '(OOM501): Pass map_location="cpu"')
 wait_for("the quick fix to change the buffer", function()
   return line(fixed_lnum):find('map_location="cpu"', 1, true) ~= nil
 end)
@@ -199,10 +232,10 @@ local on_clean = actions_at(clean_line, AUTOMATIC)
 if #on_clean ~= 0 then
   fail("an automatic request on a clean line got actions: " .. table.concat(on_clean, ", "))
 end
-if not vim.tbl_contains(actions_at(header_line, AUTOMATIC), "oom-lsp: Insert memory monitoring") then
+if not vim.tbl_contains(actions_at(header_line, AUTOMATIC), "oom-lsp: Insert memory monitoring (needs oom-lsp where it trains)") then
   fail("the loop's header line did not offer Insert memory monitoring")
 end
-if not vim.tbl_contains(actions_at(clean_line, INVOKED), "oom-lsp: Insert memory monitoring") then
+if not vim.tbl_contains(actions_at(clean_line, INVOKED), "oom-lsp: Insert memory monitoring (needs oom-lsp where it trains)") then
   fail("asked for (triggerKind Invoked), the loop's body did not offer Insert memory monitoring")
 end
 step("light bulb: no action on a clean line of the loop as the cursor moves; its header offers the rewrite")
@@ -265,7 +298,79 @@ local function execute(command, arguments)
 end
 
 local trainer_uri = vim.uri_from_bufnr(trainer)
-local estimated = execute("oom-lsp.estimate", { uri = trainer_uri, gpu = "RTX 3090" })
+
+-- The estimate from its lens (drawn by the refresh autocmd), as vim.lsp.codelens.run() runs it.
+local function estimate_lens()
+  for _, lens in ipairs(vim.lsp.codelens.get(trainer)) do
+    if lens.command and lens.command.command == "oom-lsp.estimate" then
+      return lens
+    end
+  end
+end
+wait_for("the estimate lens", function() return estimate_lens() ~= nil end)
+local lens = estimate_lens()
+if lens.command.title ~= "Estimate peak memory (24 GiB RTX 3090)" then
+  fail("the lens does not name the oomLsp.gpu target: " .. lens.command.title)
+end
+-- :lua vim.lsp.codelens.run() on the lens's line, the estimate picked from the menu of its lenses.
+local estimated, estimate_failed
+local on_result = vim.lsp.handlers["workspace/executeCommand"]
+vim.lsp.handlers["workspace/executeCommand"] = function(err, result, ctx, config)
+  if ctx.params and ctx.params.command == "oom-lsp.estimate" then
+    estimated, estimate_failed = result, err
+  end
+  return on_result and on_result(err, result, ctx, config)
+end
+local pick = vim.ui.select
+vim.ui.select = function(options, opts, on_choice)
+  for _, option in ipairs(options) do
+    if opts.format_item(option) == lens.command.title then
+      return on_choice(option)
+    end
+  end
+  fail("the lens menu has no " .. lens.command.title)
+end
+vim.api.nvim_win_set_cursor(0, { lens.range.start.line + 1, 0 })
+vim.lsp.codelens.run()
+vim.ui.select = pick
+if not vim.wait(estimate_ms, function() return estimated ~= nil or estimate_failed ~= nil end, 100) then
+  fail("timed out waiting for the lens's estimate")
+end
+if estimate_failed then
+  fail("the lens's estimate: " .. vim.inspect(estimate_failed))
+end
+
+-- The verdict is visible: a message (in :messages), the inlay hint, the lens's new title.
+local said = "] oom-lsp: " .. estimated.message -- "LSP[oom_lsp][Info]", [Warning] when it does not fit
+if not vim.fn.execute("messages"):find(said, 1, true) then
+  fail("no message with the estimate's verdict; :messages has:\n" .. vim.fn.execute("messages"))
+end
+local target = estimated.message:match(" / 24 GiB RTX 3090: [%a ]+")
+if not target then
+  fail("the message names no target and verdict: " .. estimated.message)
+end
+local hint_label
+wait_for("the estimate's inlay hint", function()
+  for _, item in ipairs(vim.lsp.inlay_hint.get({ bufnr = trainer })) do
+    local label = item.inlay_hint.label
+    if type(label) == "string" and label:find(target, 1, true) then
+      hint_label = label
+      return true
+    end
+  end
+  return false
+end)
+wait_for("the estimate lens to say the result", function()
+  local now = estimate_lens()
+  return now ~= nil and vim.startswith(now.command.title, "Estimated ≈") and now.command.title:find(target, 1, true)
+end)
+local estimating = vim.tbl_filter(function(title) return vim.startswith(title, "Estimating ") end, progress.begun)
+if #estimating == 0 or progress.ended == 0 then
+  fail("no work-done progress for the estimate: began " .. vim.inspect(progress.begun))
+end
+step("estimate: " .. estimated.message)
+step("progress: " .. estimating[1])
+step("hint: " .. hint_label .. " | lens: " .. estimate_lens().command.title)
 local loop = oom_diagnostics("OOM201", trainer)[1]
 vim.api.nvim_win_set_cursor(0, { loop.lnum + 1, loop.col })
 vim.lsp.buf.code_action({

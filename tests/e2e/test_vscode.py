@@ -13,6 +13,8 @@ light-bulb menu are written to docs/images/editor/, which the README shows.
 And VS Code's Restricted Mode (vscode-client/e2e/restricted.mjs): a folder opened
 untrusted still gets its diagnostics, but no lens or palette command that runs
 the script, until the user trusts it.
+And the AI fix (vscode-client/e2e/ai.mjs), through tests/llm's loopback model: applied
+on the first choice in the light-bulb menu, saved, and logged.
 Opt-in: the first install compiles native modules for several minutes (cached
 in $OOM_E2E_CACHE)."""
 
@@ -148,11 +150,24 @@ def test_vscode_restricted_mode_offers_nothing_that_runs_the_script(tmp_path: Pa
     assert not [title for title in untrusted_commands if title.endswith(runs_code) or "What if" in title], (
         lines
     )
+    # The estimate lens names the workspace's oomLsp.gpu, the target its estimate will judge by.
     assert lines["trusted lenses"].split(", ")[:3] == [
-        "Estimate peak memory",
+        "Estimate peak memory (24 GiB RTX 3090)",
         "What if…",
         "Profile memory",
     ], lines
     assert "oom-lsp: Estimate peak memory" in lines["trusted palette"].split(", "), lines
     # Nothing ran while the folder was untrusted, nor after (no lens was clicked).
     assert not (artifacts / "restricted" / "workspace" / ".oom_lsp").exists()
+
+
+def test_vscode_ai_fix_applies_on_the_first_choice(tmp_path: Path):
+    """The AI fix through tests/llm's loopback model (vscode-client/e2e/ai.mjs): chosen in the
+    light-bulb menu, its change is in the editor at once (no refactor preview with the change
+    unticked), saved, and logged in OOM_FIXES.md."""
+    artifacts = tmp_path / "vscode-e2e"
+    result = _run(artifacts, "ai")
+    assert re.search(r"^ai action: Ask AI to fix \(OOM301\) via 127\.0\.0\.1:\d+", result.stdout, re.MULTILINE)
+    assert "ai fix: applied on the first choice, saved: total_loss += loss.item()" in result.stdout
+    saved = (artifacts / "ai" / "workspace" / "train_ai.py").read_text(encoding="utf-8")
+    assert "        total_loss += loss.item()\n" in saved

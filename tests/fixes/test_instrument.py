@@ -31,6 +31,10 @@ CASES = {
     "instrument_monitor_single_loop": (insert_memory_monitoring, "loss.backward()"),
     # The step is a function called from the loop; both loops end on the same line.
     "instrument_monitor_step_function": (insert_memory_monitoring, "for batch in loader:"),
+    # Gradient accumulation: the monitor steps with the optimizer (scaler.step), not per micro-batch.
+    "instrument_monitor_gradient_accumulation": (insert_memory_monitoring, "for micro_step, batch in"),
+    # The optimizer step is a one-line block: the monitor's step joins it on that line.
+    "instrument_monitor_one_line_step": (insert_memory_monitoring, "for i, x in enumerate(loader):"),
     "instrument_guard_main_call": (guard_with_oom_guard, "fit(model, loader, optimizer, args.epochs)"),
     "instrument_guard_flat_script": (guard_with_oom_guard, "for epoch in range(5):"),
 }
@@ -115,13 +119,14 @@ def test_a_file_without_a_final_newline_and_a_taken_name() -> None:
     source = "import torch\nmonitor = 1\nfor x in loader:\n    model(x).sum().backward()"
     edited = apply_edits(source, insert_memory_monitoring(source, 4) or ())
     assert edited == (
-        "import torch\nfrom oom_lsp.runtime import memory_monitor\nmonitor = 1\n"
+        "import torch\nfrom oom_lsp.runtime import memory_monitor  # pip install oom-lsp\nmonitor = 1\n"
         "monitor_2 = memory_monitor(every_n_steps=100)\nfor x in loader:\n"
         "    model(x).sum().backward()\n    monitor_2.step()\n"
     )
     guarded = apply_edits(source, guard_with_oom_guard(source, 3) or ())
     assert guarded == (
-        "import torch\nfrom oom_lsp.runtime import oom_guard\nmonitor = 1\nwith oom_guard():\n"
+        "import torch\nfrom oom_lsp.runtime import oom_guard  # pip install oom-lsp\nmonitor = 1\n"
+        "with oom_guard():\n"
         "    for x in loader:\n        model(x).sum().backward()"
     )
 
@@ -137,10 +142,41 @@ def test_a_critic_loop_inside_the_batch_loop_keeps_the_epoch_loop() -> None:
         (3, "steps"),
     ]
     assert apply_edits(gan, insert_memory_monitoring(gan, 2) or ()) == (
-        "from oom_lsp.runtime import memory_monitor\nmonitor = memory_monitor()\nfor epoch in range(3):\n"
-        "    for x in loader:\n        for _ in range(5):\n            critic(x).mean().backward()\n"
+        "from oom_lsp.runtime import memory_monitor  # pip install oom-lsp\nmonitor = memory_monitor()\n"
+        "for epoch in range(3):\n    for x in loader:\n        for _ in range(5):\n            critic(x).mean().backward()\n"
         "        generator(x).mean().backward()\n        monitor.step()\n    monitor.epoch_end()\n"
     )
+
+
+def test_the_monitor_steps_with_the_optimizer_not_the_scheduler_nor_a_nested_loop() -> None:
+    """Only an optimizer's step counts: a scheduler's `.step()` does not, nor one in a loop nested
+    inside the step loop; without an optimizer step the monitor steps at the end of the body."""
+    scheduler_last = (
+        "for x in loader:\n    model(x).sum().backward()\n    optimizer.step()\n"
+        "    optimizer.zero_grad()\n    scheduler.step()\n"
+    )
+    edited = apply_edits(scheduler_last, insert_memory_monitoring(scheduler_last, 1) or ())
+    assert "    optimizer.step()\n    monitor.step()\n    optimizer.zero_grad()\n" in edited
+    deepspeed = "for x in loader:\n    loss = engine(x)\n    engine.backward(loss)\n    engine.step()\n    log(loss)\n"
+    edited = apply_edits(deepspeed, insert_memory_monitoring(deepspeed, 1) or ())
+    assert "    engine.step()\n    monitor.step()\n    log(loss)\n" in edited
+    schedulers = (
+        "opt = torch.optim.SGD(params)\nsched = torch.optim.lr_scheduler.StepLR(opt, 10)\n"
+        "plateau = ReduceLROnPlateau(opt)\nfor x in loader:\n    model(x).sum().backward()\n"
+        "    opt.step()\n    log(x)\n    sched.step()\n    plateau.step(val_loss)\n"
+    )
+    edited = apply_edits(schedulers, insert_memory_monitoring(schedulers, 4) or ())
+    assert "    opt.step()\n    monitor.step()\n    log(x)\n" in edited
+    no_optimizer_step = "for x in loader:\n    model(x).sum().backward()\n    scheduler.step()\n    log(x)\n"
+    edited = apply_edits(no_optimizer_step, insert_memory_monitoring(no_optimizer_step, 1) or ())
+    assert edited.endswith("    log(x)\n    monitor.step()\n")
+    inner_only = (
+        "for x in loader:\n    for part in x.split(2):\n        model(part).sum().backward()\n"
+        "        optimizer.step()\n        optimizer.zero_grad()\n    log(x)\n"
+    )
+    edited = apply_edits(inner_only, insert_memory_monitoring(inner_only, 2) or ())
+    assert edited.count("monitor.step()") == 1
+    assert "        optimizer.step()\n        monitor.step()\n" in edited  # the inner loop is the step loop
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

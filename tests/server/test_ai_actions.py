@@ -80,6 +80,7 @@ async def client(
     # Sent after an estimate (oom-lsp.validateFix's "before"); nothing to check here.
     lsp_client.feature("oomLsp/memoryStatus")(lambda params: None)
     lsp_client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)(lambda params: None)
+    lsp_client.feature(types.WORKSPACE_CODE_LENS_REFRESH)(lambda params: None)
 
     @lsp_client.feature(types.WORKSPACE_APPLY_EDIT)
     def apply_edit(params: types.ApplyWorkspaceEditParams) -> types.ApplyWorkspaceEditResult:
@@ -197,7 +198,8 @@ async def test_ask_ai_applies_the_fix_and_logs_it(client: LanguageClient, fake: 
         assert change.text_document.version == 1  # stale edits are refused by the client
         if client.client_name == "vscode-1.139.1":
             annotation = resolved.edit.change_annotations["oom-lsp.ai-fix"]
-            assert annotation.needs_confirmation
+            # needsConfirmation would open VS Code's preview with the change unticked: Apply applied nothing.
+            assert annotation.needs_confirmation is False
             assert (
                 annotation.label == "Accumulate the training loss with .item() so each step's graph is freed"
             )

@@ -51,6 +51,8 @@ async def client(request: pytest.FixtureRequest, lsp_client: LanguageClient, tmp
     def refresh_hints(params: None) -> None:
         lsp_client.hint_refreshes += 1
 
+    lsp_client.feature(types.WORKSPACE_CODE_LENS_REFRESH)(lambda params: None)
+
     lsp_client.init_result = await start_session(
         lsp_client,
         request.param,
@@ -86,11 +88,21 @@ async def test_estimate_over_the_gpu(client: LanguageClient):
     before = {str(d.code) for d in await diagnostics_for(client, uri, 1)}
     assert "OOM100" not in before and "OOM101" in before  # 64 > the default limit of 32
 
+    shown_before = len(client.messages)
     result = await execute(
         client, "oom-lsp.estimate", {"uri": uri, "gpuMemory": GPU_MEMORY, "device": "cpu", "margin": 0}
     )
 
     assert result["verdict"] == "oom" and result["maxBatch"] == 49
+    # Every client sees the verdict as a message (Neovim shows no hint by default), in the
+    # words of the command's result.
+    (said,) = client.messages[shown_before:]
+    assert said.type == types.MessageType.Warning
+    assert said.message == "oom-lsp: " + result["message"]
+    assert result["message"] == (
+        "Estimated peak of train.py at batch 64: ≈ 9.6 MiB allocated / 9.5 MiB: will run out of memory. "
+        "Largest batch that fits: 49."
+    )
     assert result["peakBytes"] == 10_054_232 and result["gpuMemoryBytes"] == 9700 * 1024
     assert Path(result["reportPath"]) == client.root / ".oom_lsp" / "estimate" / "train.json"
     assert (
@@ -117,7 +129,14 @@ async def test_estimate_over_the_gpu(client: LanguageClient):
     (hint,) = await hints(client, uri)
     assert hint.position == oom100.range.end
     # On the CPU the allocated peak is the one the verdict holds: no process total beside it.
-    assert hint.label == "≈ 9.6 MiB allocated at 64 / 9.5 MiB"
+    assert hint.label == "≈ 9.6 MiB allocated at 64 / 9.5 MiB: will run out of memory"
+    # The estimate lens says the result until the next edit.
+    lenses = await client.text_document_code_lens_async(
+        types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    )
+    assert {lens.command.title for lens in lenses if lens.command.command == "oom-lsp.estimate"} == {
+        "Estimated ≈ 9.6 MiB allocated / 9.5 MiB: will run out of memory"
+    }
 
     actions = await client.text_document_code_action_async(
         types.CodeActionParams(

@@ -60,11 +60,16 @@ async def test_hover_on_a_diagnostic_summarises_the_rule(client: LanguageClient,
     lines = text.splitlines()
     assert len(lines) < MAX_HOVER_LINES, text
     # The message, one or two lines of why, the quick fix by its title, a link to the full page.
+    headline = text.split("\n\n")[0]
     assert (
-        lines[0]
+        " ".join(headline.splitlines())
         == "**OOM501** torch.load without map_location puts ≈ 25.1 GiB of weights (6.7 B parameters) back on "
         "the GPU it was saved from"
     )
+    # Lines broken between words (Neovim's float wraps a longer line at any character), the
+    # link's URL the only line longer; the CLI's command on a line of its own.
+    assert [line for line in lines if len(line) > 78 and "](" not in line] == [], text
+    assert "\n`oom-lsp rule OOM501`" in text
     assert "the GPU they were saved from" in text
     assert 'Quick fix: Pass `map_location="cpu"` (safe)' in text
     assert f"[torch-load-without-map-location (OOM501)]({URL})" in text

@@ -61,11 +61,12 @@ async def test_lenses_above_the_main_guard_and_the_training_loop(client: Languag
     )
     placed = sorted((lens.range.start.line, lens.command.title, lens.command.command) for lens in lenses)
     epoch_loop, main_guard = 4, 16  # the epoch loop holds the step loop: one pair for both
+    # No oomLsp.gpu, no gpu-memory: the lens says the estimate will have no target to judge by.
     assert placed == [
-        (epoch_loop, "Estimate peak memory", "oom-lsp.estimate"),
+        (epoch_loop, "Estimate peak memory (no target GPU)", "oom-lsp.estimate"),
         (epoch_loop, "Profile memory", "oom-lsp.profile"),
         (epoch_loop, "What if…", "oom-lsp.whatIf"),
-        (main_guard, "Estimate peak memory", "oom-lsp.estimate"),
+        (main_guard, "Estimate peak memory (no target GPU)", "oom-lsp.estimate"),
         (main_guard, "Profile memory", "oom-lsp.profile"),
         (main_guard, "What if…", "oom-lsp.whatIf"),
     ]
@@ -78,6 +79,24 @@ async def test_lenses_above_the_main_guard_and_the_training_loop(client: Languag
         "oom-lsp.explainOom",
         "oom-lsp.showReport",
     } <= set(commands)
+
+
+@in_module_loop
+async def test_the_estimate_lens_names_the_target_the_command_will_use(client: LanguageClient):
+    """The project's gpu-memory, as the CLI reads it (the oomLsp.gpu setting: test_faces_agree)."""
+    for config, expected in (('gpu-memory = "24GiB"', "Estimate peak memory (24 GiB)"),):
+        project = client.root / f"project{len(config)}"
+        project.mkdir()
+        (project / "pyproject.toml").write_text(f"[project]\nname = 'p'\n\n[tool.oom-lsp]\n{config}\n")
+        script = project / "train.py"
+        script.write_text(SCRIPT)
+        open_document(client, script.as_uri(), SCRIPT)
+        lenses = await client.text_document_code_lens_async(
+            types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=script.as_uri()))
+        )
+        assert {lens.command.title for lens in lenses if lens.command.command == "oom-lsp.estimate"} == {
+            expected
+        }
 
 
 @in_module_loop

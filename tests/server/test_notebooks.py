@@ -125,6 +125,9 @@ async def test_diagnostics_are_published_per_cell_with_cell_lines(client: Langua
     accumulated = next(d for d in client.diagnostics[cells[2]] if d.code == "OOM301")
     # Line 4 of the cell (0-based 3), not of the joined program; the magic is no syntax error.
     assert accumulated.range.start.line == 3 and accumulated.range.start.character == 4
+    # The Problems panel lists the rows under the notebook: each names its cell, as the CLI does.
+    assert accumulated.message.endswith(" (cell 3)"), accumulated.message
+    assert all(d.message.endswith(" (cell 4)") for d in client.diagnostics[cells[3]])
     # A pull for a cell answers nothing: cells are pushed, never shown twice.
     report = await client.text_document_diagnostic_async(
         types.DocumentDiagnosticParams(text_document=types.TextDocumentIdentifier(uri=cells[2]))
@@ -194,7 +197,7 @@ async def test_quick_fix_and_ignore_in_a_cell(client: LanguageClient) -> None:
         )
     )
     titles = [action.title for action in actions]
-    assert any(title.startswith("oom-lsp (OOM501): Pass `map_location") for title in titles)
+    assert any(title.startswith("oom-lsp (OOM501): Pass map_location") for title in titles)
     assert "oom-lsp (OOM501): Ignore OOM501 for this line" in titles
     quick = next(action for action in actions if action.is_preferred)
     change = quick.edit.document_changes[0]

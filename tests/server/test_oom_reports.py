@@ -276,8 +276,8 @@ async def test_instrument_actions_apply(client: LanguageClient):
     await diagnostics_for(client, uri, 1, since)
 
     for line, title, expected in (
-        (LOOP_LINE, "oom-lsp: Insert memory monitoring", "memory_monitor"),
-        (CALL_LINE, "oom-lsp: Guard with oom_guard", "with oom_guard("),
+        (LOOP_LINE, "oom-lsp: Insert memory monitoring (needs oom-lsp where it trains)", "memory_monitor"),
+        (CALL_LINE, "oom-lsp: Guard with oom_guard (needs oom-lsp where it trains)", "with oom_guard("),
     ):
         actions = [a for a in await _actions(client, uri, _line(line), []) if a.title == title]
         assert len(actions) == 1, title
@@ -314,20 +314,22 @@ async def test_instrument_actions_wait_to_be_asked_off_the_header_line(client: L
     assert await _actions(client, uri, _line(body_line), [], automatic) == []
     assert await _actions(client, uri, _line(CALL_LINE - 1), [], automatic) == []
     assert titles(await _actions(client, uri, _line(LOOP_LINE), [], automatic)) == [
-        "oom-lsp: Insert memory monitoring"
+        "oom-lsp: Insert memory monitoring (needs oom-lsp where it trains)"
     ]
     assert titles(await _actions(client, uri, _line(CALL_LINE), [], automatic)) == [
-        "oom-lsp: Guard with oom_guard"
+        "oom-lsp: Guard with oom_guard (needs oom-lsp where it trains)"
     ]
     assert titles(await _actions(client, uri, _line(body_line), [], invoked)) == [
-        "oom-lsp: Insert memory monitoring"
+        "oom-lsp: Insert memory monitoring (needs oom-lsp where it trains)"
     ]
     # VS Code's Refactor... menu names the kind: an explicit request, whatever the trigger.
     for only in (["refactor"], ["refactor.rewrite"]):
         asked = await _actions(client, uri, _line(body_line), [], automatic, only=only)
-        assert titles(asked) == ["oom-lsp: Insert memory monitoring"], only
+        assert titles(asked) == ["oom-lsp: Insert memory monitoring (needs oom-lsp where it trains)"], only
     # A client older than LSP 3.17 sends no triggerKind: it asks when the user does (Neovim 0.7).
-    assert titles(await _actions(client, uri, _line(body_line), [])) == ["oom-lsp: Insert memory monitoring"]
+    assert titles(await _actions(client, uri, _line(body_line), [])) == [
+        "oom-lsp: Insert memory monitoring (needs oom-lsp where it trains)"
+    ]
 
 
 async def _until(condition) -> None:
@@ -380,6 +382,7 @@ async def test_set_batch_size_from_the_estimate_on_the_oom(client: LanguageClien
         pytest.skip("the action does not depend on the client; one estimate run is enough")
     client.feature("oomLsp/memoryStatus")(lambda params: None)
     client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)(lambda params: None)
+    client.feature(types.WORKSPACE_CODE_LENS_REFRESH)(lambda params: None)
     folder = client.root / "estimated"
     folder.mkdir()
     # The action is OOM101's fix at the estimate's limit: OOM101 (off by default) is selected,

@@ -23,7 +23,7 @@ from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
 from oom_lsp.estimate.results import EstimateResult, WhatIfTable
-from oom_lsp.estimate.wording import hint_label
+from oom_lsp.estimate.wording import estimate_message, gpu_words, hint_label, lens_result
 from tests import console
 from tests.conftest import write_user_config
 from tests.llm.conftest import GOOD_ANSWER, TRAIN
@@ -66,6 +66,7 @@ async def client(
     lsp_client.root = root
     lsp_client.feature("oomLsp/memoryStatus")(lambda params: None)
     lsp_client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)(lambda params: None)
+    lsp_client.feature(types.WORKSPACE_CODE_LENS_REFRESH)(lambda params: None)
     llm = {"enabled": True, "baseUrl": fake.base_url, "model": "test-model", "timeout": 30}
     settings = {"debounceMs": 0, "gpu": GPU, "llm": llm}
     await start_session(
@@ -102,6 +103,8 @@ async def test_the_estimate_of_the_lens_is_the_clis(client: LanguageClient):
     script = script_in(client, "estimated.py", TRAINING_SCRIPT)
     uri = script.as_uri()
     open_document(client, uri, TRAINING_SCRIPT)
+    lens_before = await estimate_lens_titles(client, uri)
+    said_before = len(client.messages)
 
     editor = await execute(client, "oom-lsp.estimate", {"uri": uri})
     terminal = json.loads(
@@ -136,6 +139,22 @@ async def test_the_estimate_of_the_lens_is_the_clis(client: LanguageClient):
     )
     assert [item.label for item in hint or []] == [hint_label(prediction)]
     assert "allocated" in hint[0].label and "process total" in hint[0].label
+    assert hint[0].label.endswith(f" / {gpu_words(prediction.gpu)}: {prediction.verdict.value}")
+    # Every client is told the verdict (a Neovim user sees no hint by default), in the CLI's figures.
+    message = estimate_message(prediction, result.max_batch.max_batch, script.name)
+    assert [said.message for said in client.messages[said_before:]] == [f"oom-lsp: {message}"]
+    assert editor["message"] == message
+    assert f"/ {gpu_words(prediction.gpu)}: fits" in message and "process total" in message
+    # The lens named the setting's GPU before, and says the result after.
+    assert lens_before == {f"Estimate peak memory ({gpu_words(prediction.gpu)})"}
+    assert await estimate_lens_titles(client, uri) == {lens_result(prediction)}
+
+
+async def estimate_lens_titles(client: LanguageClient, uri: str) -> set[str]:
+    lenses = await client.text_document_code_lens_async(
+        types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    )
+    return {lens.command.title for lens in lenses or [] if lens.command.command == "oom-lsp.estimate"}
 
 
 async def test_the_what_if_of_the_editor_is_the_clis(client: LanguageClient):
@@ -162,6 +181,8 @@ async def test_the_what_if_of_the_editor_is_the_clis(client: LanguageClient):
 
     assert editor["neededBytes"] == table.baseline.needed_bytes
     assert editor["peakBytes"] == table.baseline.peak_bytes
+    # The lens's what-if judges by the setting's GPU, as the CLI's by --gpu.
+    assert table.gpu_memory is not None and editor["gpuMemoryBytes"] == table.gpu_memory
     rows = {row.key: (row.needed_bytes, row.saving_percent, row.error) for row in table.changes}
     assert {
         row["key"]: (row["neededBytes"], row["savingPercent"], row["error"]) for row in editor["changes"]

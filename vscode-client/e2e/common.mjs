@@ -75,3 +75,23 @@ export async function goToLine(page, position) {
   await page.keyboard.type(position);
   await page.keyboard.press("Enter");
 }
+
+// The light-bulb menu (Ctrl+.) on the cursor's line, once it lists a row with `rowText`. On a
+// busy machine the menu sometimes never opens (the key press lands while the editor re-renders,
+// or the request is superseded by the light bulb's own): it is asked for again, up to three times.
+export async function openQuickFixes(page, rowText) {
+  await page.waitForTimeout(1_000); // the light bulb's request for the new cursor position
+  const row = page.locator(".action-widget .monaco-list-row", { hasText: rowText }).first();
+  for (let attempt = 1; ; attempt += 1) {
+    await page.keyboard.press("Control+.");
+    try {
+      await row.waitFor({ timeout: 7_000 });
+      return row;
+    } catch (error) {
+      if (attempt === 3) {
+        throw error;
+      }
+      await page.keyboard.press("Escape");
+    }
+  }
+}

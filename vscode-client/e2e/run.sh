@@ -11,7 +11,7 @@
 #   OOM_E2E_README_SHOTS  where the README's screenshots are written (default docs/images/editor)
 #   OOM_E2E_PYTHON     the Python with oom-lsp installed (default .venv/bin/python)
 #   OOM_E2E_PORT       code-server's port on 127.0.0.1 (default 18080; Restricted Mode's: the next one)
-#   OOM_E2E_RUNS       which runs (default "trusted restricted")
+#   OOM_E2E_RUNS       which runs (default "trusted restricted ai")
 # Exit status 0 when every check passed.
 set -euo pipefail
 
@@ -23,7 +23,7 @@ ARTIFACTS="${OOM_E2E_ARTIFACTS:-$HERE/.work}"
 PYTHON="${OOM_E2E_PYTHON:-$REPO/.venv/bin/python}"
 PORT="${OOM_E2E_PORT:-18080}"
 README_SHOTS="${OOM_E2E_README_SHOTS:-$REPO/docs/images/editor}"
-RUNS="${OOM_E2E_RUNS:-trusted restricted}"
+RUNS="${OOM_E2E_RUNS:-trusted restricted ai}"
 
 "$HERE/install.sh"
 NODE24="$OOM_E2E_CACHE/node24/node_modules/node/bin/node"
@@ -63,12 +63,14 @@ json.dump({"oomLsp.interpreter": [python], "oomLsp.logFile": log_file, "oomLsp.t
            "oomLsp.gpu": "RTX 3090", "oomLsp.strict": True},
           open(settings_file, "w"), indent=2)
 EOF
+# As written, for the restricted run: the trusted run changes them (a missing interpreter, at its end).
+cp "$WORKSPACE/.vscode/settings.json" "$ARTIFACTS/workspace-settings.json"
 # Which server commands this checkout's server offers (some are newer than others).
 SERVER_COMMANDS="$("$PYTHON" -c "from oom_lsp.server.features import create_server; print(' '.join(sorted(create_server().protocol.fm.commands)))")"
 healthy() {  # port
   "$NODE24" -e "fetch('http://127.0.0.1:$1/healthz').then(r => process.exit(r.ok ? 0 : 1), () => process.exit(1))"
 }
-for port in "$PORT" "$((PORT + 1))"; do
+for port in "$PORT" "$((PORT + 1))" "$((PORT + 2))"; do
   if healthy "$port"; then
     echo "e2e: something already serves 127.0.0.1:$port; stop it or set OOM_E2E_PORT" >&2
     exit 1
@@ -132,7 +134,7 @@ RESTRICTED="$ARTIFACTS/restricted"
 if [[ " $RUNS " == *" restricted "* ]]; then
   mkdir -p "$RESTRICTED/workspace/.vscode"
   cp "$HERE/workspace/train.py" "$REPO/fixtures/estimate/whatif/risky_loop.py" "$RESTRICTED/workspace/"
-  cp "$WORKSPACE/.vscode/settings.json" "$RESTRICTED/workspace/.vscode/settings.json"
+  cp "$ARTIFACTS/workspace-settings.json" "$RESTRICTED/workspace/.vscode/settings.json"
   "$PYTHON" - "$HERE/user-settings.json" "$RESTRICTED/user-settings.json" "$PYTHON" "$RESTRICTED/server.log" <<'EOF'
 import json, sys
 source, target, python, log_file = sys.argv[1:]
@@ -150,8 +152,46 @@ EOF
   stop_code_server
 fi
 
+# The AI fix (ai.mjs): the loopback model of tests/llm (fake_model.py), enabled in the workspace.
+AI="$ARTIFACTS/ai"
+MODEL_PID=
+stop_model() {
+  if [[ -n "$MODEL_PID" ]]; then
+    kill "$MODEL_PID" 2>/dev/null || true
+    wait "$MODEL_PID" 2>/dev/null || true
+    MODEL_PID=
+  fi
+}
+trap 'stop_code_server; stop_model' EXIT
+if [[ " $RUNS " == *" ai "* ]]; then
+  mkdir -p "$AI/workspace/.vscode"
+  "$PYTHON" -c "import sys; sys.path.insert(0, sys.argv[2]); from tests.llm.conftest import TRAIN; open(sys.argv[1], 'w').write(TRAIN)" \
+    "$AI/workspace/train_ai.py" "$REPO"
+  printf '[project]\nname = "ai"\n' > "$AI/workspace/pyproject.toml"
+  "$PYTHON" "$HERE/fake_model.py" "$AI/model-url" > "$AI/model.log" 2>&1 &
+  MODEL_PID=$!
+  for _ in $(seq 60); do [[ -s "$AI/model-url" ]] && break; sleep 0.5; done
+  [[ -s "$AI/model-url" ]] || { echo "e2e: the loopback model did not start" >&2; cat "$AI/model.log" >&2; exit 1; }
+  "$PYTHON" - "$HERE/user-settings.json" "$AI/user-settings.json" "$PYTHON" "$AI/server.log" "$(cat "$AI/model-url")" <<'EOF'
+import json, sys
+source, target, python, log_file, base_url = sys.argv[1:]
+settings = json.load(open(source))
+settings.update({"oomLsp.interpreter": [python], "oomLsp.logFile": log_file, "oomLsp.llm.enabled": True,
+                 "oomLsp.llm.baseUrl": base_url, "oomLsp.llm.model": "test-model"})
+json.dump(settings, open(target, "w"), indent=2)
+EOF
+  start_code_server "$AI/state" "$AI/user-settings.json" "$((PORT + 2))" "$AI/workspace" --disable-workspace-trust
+  OOM_E2E_URL="http://127.0.0.1:$((PORT + 2))/?folder=$AI/workspace" \
+  OOM_E2E_WORKSPACE="$AI/workspace" \
+  OOM_E2E_SCREENSHOTS="$SCREENSHOTS" \
+  OOM_E2E_PLAYWRIGHT="$OOM_E2E_CACHE/playwright/node_modules/playwright-core" \
+    "$NODE24" "$HERE/ai.mjs" || status=$?
+  stop_code_server
+  stop_model
+fi
+
 # The server logged no error while the UI drove it.
-for log in "$ARTIFACTS/server.log" "$RESTRICTED/server.log"; do
+for log in "$ARTIFACTS/server.log" "$RESTRICTED/server.log" "$AI/server.log"; do
   if [[ -f "$log" ]] && grep -E "^[0-9-]+ [0-9:,]+ ERROR " "$log"; then
     echo "e2e: the server logged errors ($log)" >&2
     status=1

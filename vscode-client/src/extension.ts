@@ -261,12 +261,13 @@ class OomLspExtension implements vscode.Disposable {
       revealOutputChannelOn: RevealOutputChannelOn.Never,
       middleware: {
         window: {
-          // The what-if's table (from the lens or the palette) opens as a Markdown preview.
+          // The what-if's table (from the lens or the palette) opens as a Markdown preview beside
+          // the file, which stays in its editor.
           showDocument: async (params, token, next) => {
             if (!isWhatIfTable(params.uri)) {
               return next(params, token);
             }
-            await vscode.commands.executeCommand("markdown.showPreview", vscode.Uri.parse(params.uri));
+            await vscode.commands.executeCommand("markdown.showPreviewToSide", vscode.Uri.parse(params.uri));
             return { success: true };
           },
         },
@@ -490,7 +491,8 @@ class OomLspExtension implements vscode.Disposable {
     if (document === undefined) {
       return;
     }
-    const argument = estimateArguments(document.uri.toString(), this.server?.python ?? null);
+    // The notification below says the server's message, with "Open report": not twice.
+    const argument = { ...estimateArguments(document.uri.toString(), this.server?.python ?? null), showResult: false };
     const result = await this.runServerCommand<EstimateResult>(
       SERVER_COMMANDS.estimate,
       `Estimating the peak memory of ${path.basename(document.uri.fsPath)}`,
@@ -514,7 +516,7 @@ class OomLspExtension implements vscode.Disposable {
       argument,
     );
     if (result && !result.shown) {
-      await vscode.commands.executeCommand("markdown.showPreview", vscode.Uri.file(result.markdownPath));
+      await vscode.commands.executeCommand("markdown.showPreviewToSide", vscode.Uri.file(result.markdownPath));
     }
   }
 

@@ -54,6 +54,13 @@ test("the status bar reads like the docs' example and warns when the GPU is too 
   assert.match(over?.tooltip ?? "", /^Profiled peak: 30 GiB on RTX 3090 \(more than the GPU has\)/);
   assert.equal(memoryStatusView({ ...status, peakBytes: null }), null);
   assert.equal(memoryStatusView({ uri: status.uri, peakBytes: 2 ** 30 })?.text, "OOM: 1 GiB");
+  // An estimate on CUDA: the process total the verdict holds, the allocated peak named beside it.
+  const cuda = memoryStatusView({ ...status, peakBytes: 9.5 * 2 ** 20, neededBytes: 448 * 2 ** 20 });
+  assert.equal(cuda?.text, "OOM: 448 MiB / 24 GiB");
+  assert.equal(
+    cuda?.tooltip,
+    "Estimated process total: 448 MiB (reserved + CUDA context), 9.5 MiB allocated on RTX 3090. Click to open the report.",
+  );
   // A small model is not "0 GiB".
   assert.equal(memoryStatusView({ ...status, peakBytes: 9.5 * 2 ** 20 })?.text, "OOM: 9.5 MiB / 24 GiB");
 });
@@ -79,6 +86,15 @@ test("profile arguments carry the profile's settings; the estimate's the file al
     python: "/w/.venv/bin/python",
   });
   assert.deepEqual(profileArguments(settingsOf({}), "file:///w/t.py", null), { uri: "file:///w/t.py", steps: 3 });
+});
+
+test("an estimate is told in the server's words when it sends them", () => {
+  const message =
+    "Estimated peak of mlp.py at batch 32: ≈ 91 MiB allocated, 506 MiB process total / 24 GiB RTX 3090: fits.";
+  assert.equal(
+    describeEstimate({ reportPath: "/r.json", peakBytes: 1, gpuMemoryBytes: null, verdict: "fits", message }),
+    message,
+  );
 });
 
 test("results are told in one sentence", () => {

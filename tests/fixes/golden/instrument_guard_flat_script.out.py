@@ -1,5 +1,5 @@
 import torch
-from oom_lsp.runtime import oom_guard
+from oom_lsp.runtime import oom_guard  # pip install oom-lsp
 
 model = torch.nn.Linear(16, 4).cuda()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -1,7 +1,7 @@
 import argparse
 
 import torch
-from oom_lsp.runtime import oom_guard
+from oom_lsp.runtime import oom_guard  # pip install oom-lsp
 
 
 def fit(model, loader, optimizer, epochs):

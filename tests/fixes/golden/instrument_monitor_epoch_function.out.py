@@ -1,6 +1,6 @@
 import torch
 from torch.utils.data import DataLoader
-from oom_lsp.runtime import memory_monitor
+from oom_lsp.runtime import memory_monitor  # pip install oom-lsp
 
 
 def train_one_epoch(model, loader, optimizer):

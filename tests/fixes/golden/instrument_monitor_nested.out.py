@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from oom_lsp.runtime import memory_monitor
+from oom_lsp.runtime import memory_monitor  # pip install oom-lsp
 
 
 def train(model, loader, optimizer, epochs: int = 10) -> None:
@@ -18,11 +18,11 @@ def train(model, loader, optimizer, epochs: int = 10) -> None:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            monitor.step()
             if step % 100 == 0:
                 # progress
                 print(f"step {step}: {loss.item():.3f}")
             running += loss.item()
-            monitor.step()
         # end of epoch
         print(f"epoch {epoch}: {running / len(loader):.3f}")
         monitor.epoch_end()

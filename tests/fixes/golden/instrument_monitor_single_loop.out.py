@@ -1,5 +1,5 @@
 import torch
-from oom_lsp.runtime import memory_monitor
+from oom_lsp.runtime import memory_monitor  # pip install oom-lsp
 
 model = torch.nn.Linear(16, 4)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -10,6 +10,6 @@ while step < 10_000:
     loss = model(x).pow(2).mean()
     loss.backward()
     optimizer.step()
+    monitor.step()
     optimizer.zero_grad()
     step += 1
-    monitor.step()

@@ -1,5 +1,5 @@
 import torch
-from oom_lsp.runtime import memory_monitor
+from oom_lsp.runtime import memory_monitor  # pip install oom-lsp
 
 
 def train_step(model, optimizer, batch):

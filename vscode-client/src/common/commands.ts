@@ -63,6 +63,9 @@ export function profileArguments(settings: ExtensionSettings, uri: string, pytho
 export interface EstimateArguments {
   uri: string;
   python?: string;
+  /** false: the palette shows the answer's message itself (with "Open report"); the lens, which
+   * sends the file alone, gets the server's window/showMessage. */
+  showResult?: boolean;
 }
 
 /** The estimate's and the what-if's arguments: the file (and the project's interpreter). The
@@ -95,6 +98,8 @@ export function formatBytes(bytes: number): string {
 export interface MemoryStatus {
   uri: string;
   peakBytes: number | null;
+  /** An estimate's process total (reserved memory and the CUDA context): what its verdict holds. */
+  neededBytes?: number | null;
   gpuMemoryBytes?: number | null;
   gpuName?: string | null;
   source?: string;
@@ -113,7 +118,9 @@ export function memoryStatusView(status: MemoryStatus): StatusBarView | null {
   if (typeof status.peakBytes !== "number") {
     return null;
   }
-  const peak = status.peakBytes;
+  // An estimate's bar shows the process total, the figure its verdict holds against the GPU.
+  const allocated = status.peakBytes;
+  const peak = typeof status.neededBytes === "number" ? status.neededBytes : allocated;
   const capacity = typeof status.gpuMemoryBytes === "number" ? status.gpuMemoryBytes : null;
   let text: string;
   if (capacity === null) {
@@ -126,9 +133,13 @@ export function memoryStatusView(status: MemoryStatus): StatusBarView | null {
   const gpu = status.gpuName ? ` on ${status.gpuName}` : "";
   const origin = status.source === "profile" ? "Profiled" : "Estimated";
   const verdict = status.exceedsGpu ? " (more than the GPU has)" : "";
+  const named =
+    peak !== allocated
+      ? `${origin} process total: ${formatBytes(peak)} (reserved + CUDA context), ${formatBytes(allocated)} allocated`
+      : `${origin} peak: ${formatBytes(peak)}`;
   return {
     text,
-    tooltip: `${origin} peak: ${formatBytes(peak)}${gpu}${verdict}. Click to open the report.`,
+    tooltip: `${named}${gpu}${verdict}. Click to open the report.`,
     warning: status.exceedsGpu === true,
   };
 }
@@ -172,6 +183,8 @@ export interface EstimateResult {
   worldSize?: number;
   /** The estimate of a script a what-if predicted (a fix applied): how the two compare. */
   whatIfCheck?: WhatIfCheck;
+  /** The server's one line, the figures and verdict of `oom-lsp estimate`, the peaks named. */
+  message?: string;
 }
 
 export interface WhatIfCheck {
@@ -195,6 +208,10 @@ const VERDICT: Record<NonNullable<EstimateResult["verdict"]>, string> = {
 };
 
 export function describeEstimate(result: EstimateResult): string {
+  if (typeof result.message === "string") {
+    // The server's words, the same the lens and Neovim show; a what-if check within 5 % follows.
+    return result.message + (result.whatIfCheck?.agrees ? ` The ${result.whatIfCheck.message}.` : "");
+  }
   const batch = typeof result.batchSize === "number" ? ` at batch size ${result.batchSize}` : "";
   const gpu =
     typeof result.gpuMemoryBytes === "number"
