@@ -92,6 +92,21 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     )
     parser.add_argument("--format", choices=("text", "json"), default=default("text"))
     parser.add_argument(
+        "--snapshot",
+        type=Path,
+        metavar="FILE.pickle",
+        default=default(None),
+        help="write the traced step in PyTorch's memory-snapshot format (open it with "
+        "`python -m torch.cuda._memory_viz trace_plot FILE.pickle -o out.html` or pytorch.org/memory_viz)",
+    )
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE.html",
+        default=default(None),
+        help="write the memory timeline of the traced step as one self-contained page (opens offline)",
+    )
+    parser.add_argument(
         "--find-max-batch",
         action="store_true",
         default=default(False),
@@ -169,6 +184,12 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     if args.what_if and args.find_max_batch:
         err.write("oom-lsp estimate: give --what-if or --find-max-batch, not both\n")
         return EXIT_ERROR
+    if (args.snapshot or args.html) and (args.find_max_batch or (args.world_size and "," in args.world_size)):
+        err.write("oom-lsp estimate: --snapshot and --html draw one trace: not with --find-max-batch or a list of world sizes\n")
+        return EXIT_ERROR
+    if args.snapshot and args.what_if:
+        err.write("oom-lsp estimate: --snapshot exports the script's own trace: give it without --what-if\n")
+        return EXIT_ERROR
     if args.what_if and args.world_size is not None and "," in args.world_size:
         err.write("oom-lsp estimate: --what-if traces one world size: give --world-size N, not a list\n")
         return EXIT_ERROR
@@ -242,6 +263,7 @@ def _request(args: argparse.Namespace, gpu: Any, root: Path) -> Any:
         find_max_batch=args.find_max_batch,
         root=root,
         display=str(args.script),
+        timeline=bool(args.snapshot or args.html),
     )
 
 
@@ -257,6 +279,8 @@ def _estimate(args: argparse.Namespace, request: Any, out: TextIO, err: TextIO) 
     outcome, code = _attempt(args, display, lambda: run_estimate(request, listener), out, err)
     if outcome is None:
         return code
+    if not isinstance(outcome, Sweep) and not _write_pictures(args, outcome, None, err):
+        return EXIT_ERROR
     if args.format == "json":
         out.write(json.dumps(outcome.to_json(), indent=2) + "\n")
     elif isinstance(outcome, Sweep):
@@ -272,6 +296,38 @@ def _estimate(args: argparse.Namespace, request: Any, out: TextIO, err: TextIO) 
     if outcome.prediction.verdict is Verdict.OOM or outcome.fits_nothing:
         return EXIT_OOM
     return EXIT_FITS
+
+
+def _write_pictures(args: argparse.Namespace, result: Any, what_if: Any, err: TextIO) -> bool:
+    """--snapshot and --html: writes each file asked for and says where on stderr; False (said
+    why) when the estimate has no trace to draw (real CPU steps) or a file cannot be written."""
+    if not (args.snapshot or args.html):
+        return True
+    timeline = result.prediction.timeline
+    if timeline is None:
+        err.write(
+            "oom-lsp estimate: no memory timeline: the script could not be traced on fake tensors "
+            "(the estimate measured real CPU steps)\n"
+        )
+        return False
+    from oom_lsp.estimate.timeline import write_snapshot
+
+    try:
+        if args.snapshot:
+            write_snapshot(timeline, args.snapshot)
+            err.write(
+                f"oom-lsp estimate: wrote {args.snapshot} (PyTorch memory snapshot: "
+                f"python -m torch.cuda._memory_viz trace_plot {args.snapshot} -o trace.html)\n"
+            )
+        if args.html:
+            from oom_lsp.estimate.page import write_page
+
+            write_page(result, what_if, args.html)
+            err.write(f"oom-lsp estimate: wrote {args.html}\n")
+    except OSError as error:
+        err.write(f"oom-lsp estimate: cannot write {error.filename}: {error.strerror}\n")
+        return False
+    return True
 
 
 def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO, err: TextIO) -> int:
