@@ -185,7 +185,10 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         err.write("oom-lsp estimate: give --what-if or --find-max-batch, not both\n")
         return EXIT_ERROR
     if (args.snapshot or args.html) and (args.find_max_batch or (args.world_size and "," in args.world_size)):
-        err.write("oom-lsp estimate: --snapshot and --html draw one trace: not with --find-max-batch or a list of world sizes\n")
+        err.write(
+            "oom-lsp estimate: --snapshot and --html draw one trace: "
+            "not with --find-max-batch or a list of world sizes\n"
+        )
         return EXIT_ERROR
     if args.snapshot and args.what_if:
         err.write("oom-lsp estimate: --snapshot exports the script's own trace: give it without --what-if\n")
@@ -354,6 +357,15 @@ def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO
     table, code = _attempt(args, display, work, out, err)
     if table is None:
         return code
+    if args.html:
+        # The page draws the script's own step (one more trace) with the what-if rows beside it.
+        from oom_lsp.usecases.estimate import run_estimate as estimate_script
+
+        result, code = _attempt(args, display, lambda: estimate_script(request, listener), out, err)
+        if result is None:
+            return code
+        if not _write_pictures(args, result, table, err):
+            return EXIT_ERROR
     if args.format == "json":
         out.write(json.dumps(table.to_json(), indent=2) + "\n")
     else:

@@ -1149,7 +1149,8 @@ class Trace:
     torch_cuda: str | None = None
     cuda_module_loading: str | None = None
     # With --snapshot/--html: [serial, size, category, op, phase, "file:line", module] per
-    # allocation, [serial, -size] per free, in order (harness/tracker.py; estimate/timeline.py).
+    # allocation, [serial, -size] per free, [serial, 0, category] per recategorisation, in order
+    # (harness/tracker.py; estimate/timeline.py).
     timeline: list[list[Any]] | None = None
 
     @property

@@ -38,6 +38,16 @@ class Free:
     size: int
 
 
+@dataclass(frozen=True)
+class Recategorise:
+    """A live storage is found to be held as `category` (the first step's optimizer state is
+    made as temporaries and known as state once the optimizer keeps it)."""
+
+    serial: int
+    category: str
+    size: int = 0
+
+
 @dataclass
 class Timeline:
     """The allocations of the traced steps. `workspace_bytes`: what the prediction adds to the
@@ -51,25 +61,32 @@ class Timeline:
     @classmethod
     def from_trace(cls, trace: Trace, prediction: Prediction) -> Timeline:
         return cls(
-            list(trace.timeline or []), max(0, prediction.peak_bytes - trace.peak_bytes), prediction.peak_bytes
+            list(trace.timeline or []),
+            max(0, prediction.peak_bytes - trace.peak_bytes),
+            prediction.peak_bytes,
         )
 
-    def __iter__(self) -> Iterator[Alloc | Free]:
+    def __iter__(self) -> Iterator[Alloc | Free | Recategorise]:
         if self.workspace_bytes:
             yield Alloc(WORKSPACE_SERIAL, self.workspace_bytes, "workspaces", "cublas workspace", "", "", "")
         for event in self.events:
             if len(event) == 2:
                 yield Free(event[0], -event[1])
+            elif len(event) == 3:
+                yield Recategorise(event[0], event[2])
             else:
                 yield Alloc(*event)
 
     def peak(self) -> tuple[int, int]:
-        """(the highest running sum of allocated bytes, the index of the event that reached it first)."""
+        """(the highest running sum of allocated bytes, the index of the last event that reached it)."""
         current = peak = 0
         where = -1
         for index, event in enumerate(self):
-            current += event.size if isinstance(event, Alloc) else -event.size
-            if current > peak:
+            if isinstance(event, Alloc):
+                current += event.size
+            elif isinstance(event, Free):
+                current -= event.size
+            if current >= peak and current:  # the last time it is reached, as the estimate reports it
                 peak, where = current, index
         return peak, where
 
@@ -80,7 +97,9 @@ def _frames(event: Alloc) -> list[dict[str, Any]]:
     frames = [{"filename": "<aten>", "line": 0, "name": event.op or "?"}]
     if event.place:
         file, _, line = event.place.rpartition(":")
-        frames.append({"filename": file, "line": int(line) if line.isdigit() else 0, "name": event.module or "<module>"})
+        frames.append(
+            {"filename": file, "line": int(line) if line.isdigit() else 0, "name": event.module or "<module>"}
+        )
     return frames
 
 
@@ -112,7 +131,10 @@ def to_snapshot(timeline: Timeline) -> dict[str, Any]:
             }
             live[event.serial] = record
             trace.append(record)
-        else:
+        elif isinstance(event, Recategorise):
+            if event.serial in live:
+                live[event.serial]["category"] = event.category
+        elif isinstance(event, Free):
             record = live.pop(event.serial, None)
             if record is None:
                 continue
@@ -153,7 +175,12 @@ def to_snapshot(timeline: Timeline) -> dict[str, Any]:
         }
         for record in sorted(live.values(), key=lambda record: record["addr"])
     ]
-    return {"segments": segments, "device_traces": [trace], "allocator_settings": {}, "external_annotations": []}
+    return {
+        "segments": segments,
+        "device_traces": [trace],
+        "allocator_settings": {},
+        "external_annotations": [],
+    }
 
 
 def write_snapshot(timeline: Timeline, path: Path) -> None:

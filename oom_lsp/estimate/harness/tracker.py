@@ -58,7 +58,8 @@ class StorageTracker(TorchDispatchMode):
         self.events: list[list[int]] = []  # [serial, signed size] of counted allocations, in order
         # With --snapshot/--html (request "timeline"): each counted allocation and free, in order,
         # with what the picture needs: [serial, size, category, op, phase, "file:line", module] for
-        # an allocation, [serial, -size] for a free (estimate/timeline.py reads it).
+        # an allocation, [serial, -size] for a free, [serial, 0, category] when what holds a live
+        # storage becomes known (the first step's optimizer state) (estimate/timeline.py reads it).
         self.timeline: list[list] | None = None
         self.registered = 0
         self.paused = 0
@@ -195,6 +196,8 @@ class StorageTracker(TorchDispatchMode):
         if record.counted:
             self.by_category[record.category] -= record.nbytes
             self.by_category[category] += record.nbytes
+            if self.timeline is not None and category != record.category:
+                self.timeline.append([record.serial, 0, category])  # held from now on as `category`
         record.category = category
 
     def storage_resized(self, tensor: torch.Tensor, op: str, category: str | None = None) -> None:
