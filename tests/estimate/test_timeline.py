@@ -144,3 +144,18 @@ def test_the_page_written_by_the_console_script_has_the_estimate_s_peak(tmp_path
     assert _page_peak(page) == estimate["peak_bytes"]
     assert f"{estimate['peak_at']['file']}:{estimate['peak_at']['line']}" in page
     assert "<svg" in page and "<polygon" in page
+
+
+def test_explain_on_the_export_names_the_estimate_s_top_lines(tmp_path):
+    pytest.importorskip("torch")
+    shutil.copy(FIXTURES / "mlp.py", tmp_path)
+    result = console.run(["estimate", "mlp.py", "--format", "json", "--snapshot", "step.pickle"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    estimate = json.loads(result.stdout)
+    explained = console.run(["explain", "step.pickle", "--format", "json"], tmp_path)
+    assert explained.returncode == 0, explained.stderr
+    data = json.loads(explained.stdout)
+    assert data["peak_allocated_bytes"] == estimate["peak_bytes"]
+    lines = {f"{line['file']}:{line['line']}": line["bytes"] for line in data["top_lines"]}
+    for place, size in estimate["top_lines"]:
+        assert abs(lines[place] - size) <= size / 100, (place, size, lines.get(place))
