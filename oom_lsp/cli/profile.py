@@ -44,11 +44,14 @@ def add_parsers(subparsers: Any) -> None:
 
     explain = subparsers.add_parser(
         "explain",
-        help="find out-of-memory errors in a log or traceback and print their facts",
+        help="find out-of-memory errors in a log or traceback, or explain a memory snapshot's peak",
         description="Read LOG ('-' for stdin) and print, for each OOM error, the allocation that failed, "
-        "the device's memory state, the allocator hint and the user-code line that failed.",
+        "the device's memory state, the allocator hint and the user-code line that failed. Given a memory "
+        "snapshot (a pickle from torch.cuda.memory._dump_snapshot or `oom-lsp estimate --snapshot`), print "
+        "the bytes live at its peak by the lines of your code that allocated them; the pickle is read as "
+        "plain data (no class or function in it is loaded).",
     )
-    explain.add_argument("log", nargs="?", help="a log file, or - for stdin")
+    explain.add_argument("log", nargs="?", help="a log file, - for stdin, or a memory snapshot (.pickle)")
     explain.add_argument(
         "--last", action="store_true",
         help="the last OOM recorded by oom_guard in this project (.oom_lsp/last_oom/report.json)",
@@ -349,7 +352,7 @@ def _explain_snapshot(path: Path, output: str) -> int:
         return EXIT_OK
     print(f"{path}: a PyTorch memory snapshot, {SNAPSHOT_TRUST}")
     print(f"  peak allocated: {format_bytes(report.peak_allocated)} ({report.peak_allocated:,} bytes)")
-    if report.peak_reserved:
+    if report.peak_reserved >= report.peak_allocated:  # an estimate export records no reserved memory
         print(f"  peak reserved:  {format_bytes(report.peak_reserved)} (the segments the snapshot records)")
     if not report.top_lines:
         print("  no frame of the live blocks is in your code: record with "
