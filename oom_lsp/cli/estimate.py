@@ -193,6 +193,11 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     if args.snapshot and args.what_if:
         err.write("oom-lsp estimate: --snapshot exports the script's own trace: give it without --what-if\n")
         return EXIT_ERROR
+    for flag, path in (("--snapshot", args.snapshot), ("--html", args.html)):
+        if path is not None and not path.resolve().parent.is_dir():
+            # Said before a trace that can take minutes, not after it.
+            err.write(f"oom-lsp estimate: {flag} {path}: no such folder {path.parent}\n")
+            return EXIT_ERROR
     if args.what_if and args.world_size is not None and "," in args.world_size:
         err.write("oom-lsp estimate: --what-if traces one world size: give --world-size N, not a list\n")
         return EXIT_ERROR
@@ -282,8 +287,6 @@ def _estimate(args: argparse.Namespace, request: Any, out: TextIO, err: TextIO) 
     outcome, code = _attempt(args, display, lambda: run_estimate(request, listener), out, err)
     if outcome is None:
         return code
-    if not isinstance(outcome, Sweep) and not _write_pictures(args, outcome, None, err):
-        return EXIT_ERROR
     if args.format == "json":
         out.write(json.dumps(outcome.to_json(), indent=2) + "\n")
     elif isinstance(outcome, Sweep):
@@ -294,6 +297,9 @@ def _estimate(args: argparse.Namespace, request: Any, out: TextIO, err: TextIO) 
             from oom_lsp.estimate.wording import comparison_words
 
             out.write(f"  {comparison_words(outcome.what_if_check)}\n")
+    # After the estimate is printed: a file that cannot be written loses nothing else.
+    if not isinstance(outcome, Sweep) and not _write_pictures(args, outcome, None, err):
+        return EXIT_ERROR
     if isinstance(outcome, Sweep):
         return EXIT_OOM if outcome.all_run_out else EXIT_FITS
     if outcome.prediction.verdict is Verdict.OOM or outcome.fits_nothing:
@@ -357,6 +363,10 @@ def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO
     table, code = _attempt(args, display, work, out, err)
     if table is None:
         return code
+    if args.format == "json":
+        out.write(json.dumps(table.to_json(), indent=2) + "\n")
+    else:
+        write_table(table, out)
     if args.html:
         # The page draws the script's own step (one more trace) with the what-if rows beside it.
         from oom_lsp.usecases.estimate import run_estimate as estimate_script
@@ -366,10 +376,6 @@ def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO
             return code
         if not _write_pictures(args, result, table, err):
             return EXIT_ERROR
-    if args.format == "json":
-        out.write(json.dumps(table.to_json(), indent=2) + "\n")
-    else:
-        write_table(table, out)
     return EXIT_OOM if table.baseline.verdict is Verdict.OOM else EXIT_FITS
 
 

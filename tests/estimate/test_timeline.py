@@ -159,3 +159,52 @@ def test_explain_on_the_export_names_the_estimate_s_top_lines(tmp_path):
     lines = {f"{line['file']}:{line['line']}": line["bytes"] for line in data["top_lines"]}
     for place, size in estimate["top_lines"]:
         assert abs(lines[place] - size) <= size / 100, (place, size, lines.get(place))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--snapshot", "s.pickle", "--find-max-batch"], "--snapshot and --html draw one trace"),
+        (["--html", "p.html", "--world-size", "1,2"], "--snapshot and --html draw one trace"),
+        (["--snapshot", "s.pickle", "--what-if"], "--snapshot exports the script's own trace"),
+    ],
+)
+def test_flags_that_draw_no_single_trace_are_refused_in_one_line(tmp_path, flags, message):
+    shutil.copy(FIXTURES / "mlp.py", tmp_path)
+    result = console.run(["estimate", "mlp.py", *flags], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"oom-lsp estimate: {message}")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("s.pickle")) and not list(tmp_path.glob("p.html"))
+
+
+def test_a_page_into_a_missing_folder_is_refused_before_the_trace(tmp_path):
+    shutil.copy(FIXTURES / "mlp.py", tmp_path)
+    result = console.run(["estimate", "mlp.py", "--html", "no/such/folder/p.html"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == "oom-lsp estimate: --html no/such/folder/p.html: no such folder no/such/folder\n"
+
+
+def test_a_snapshot_that_cannot_be_written_keeps_the_printed_estimate(tmp_path):
+    pytest.importorskip("torch")
+    shutil.copy(FIXTURES / "mlp.py", tmp_path)
+    (tmp_path / "taken").mkdir()  # a folder where the file should go
+    result = console.run(["estimate", "mlp.py", "--format", "json", "--snapshot", "taken"], tmp_path)
+    assert result.returncode == 2
+    assert json.loads(result.stdout)["peak_bytes"] > 0  # the estimate, still printed
+    assert result.stderr.strip().splitlines()[-1] == "oom-lsp estimate: cannot write taken: Is a directory"
+
+
+def test_with_what_if_the_page_has_the_table_s_rows(tmp_path):
+    pytest.importorskip("torch")
+    shutil.copy(FIXTURES / "mlp.py", tmp_path)
+    result = console.run(
+        ["estimate", "mlp.py", "--what-if", "--format", "json", "--html", "p.html"], tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    table = json.loads(result.stdout)
+    page = (tmp_path / "p.html").read_text()
+    assert _page_peak(page) == table["baseline"]["peak_bytes"]
+    section = page.split("<h2>What if</h2>")[1]
+    for row in table["changes"]:
+        assert f"<td>{row['title']}</td>" in section
