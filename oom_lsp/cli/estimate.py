@@ -226,6 +226,10 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     except (ConfigError, EstimateInputError) as error:
         err.write(f"oom-lsp estimate: {error}\n")
         return EXIT_ERROR
+    if (args.snapshot or args.html) and is_notebook_path(str(args.script)):
+        # Its lines would name the notebook's generated script, not cells: not mapped yet.
+        err.write(f"oom-lsp estimate: {args.script}: --snapshot and --html take a .py script, not a notebook (yet)\n")
+        return EXIT_ERROR
     if args.what_if and is_notebook_path(str(args.script)):
         err.write(f"oom-lsp estimate: {args.script}: --what-if takes a .py script, not a notebook\n")
         return EXIT_ERROR

@@ -178,6 +178,15 @@ def test_flags_that_draw_no_single_trace_are_refused_in_one_line(tmp_path, flags
     assert not list(tmp_path.glob("s.pickle")) and not list(tmp_path.glob("p.html"))
 
 
+def test_a_notebook_is_refused_in_one_line(tmp_path):
+    (tmp_path / "train.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    result = console.run(["estimate", "train.ipynb", "--html", "p.html"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "oom-lsp estimate: train.ipynb: --snapshot and --html take a .py script, not a notebook (yet)\n"
+    )
+
+
 def test_a_page_into_a_missing_folder_is_refused_before_the_trace(tmp_path):
     shutil.copy(FIXTURES / "mlp.py", tmp_path)
     result = console.run(["estimate", "mlp.py", "--html", "no/such/folder/p.html"], tmp_path)
