@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from oom_lsp.estimate.timeline import active_peak
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = [
     "mlp.py",
@@ -40,17 +42,6 @@ def _run(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], 
     started = time.perf_counter()
     result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=900, check=False)
     return result, time.perf_counter() - started
-
-
-def _replayed_peak(snapshot: dict) -> int:
-    current = peak = 0
-    for event in snapshot["device_traces"][0]:
-        if event["action"] == "alloc":
-            current += event["size"]
-        elif event["action"] == "free_completed":
-            current -= event["size"]
-        peak = max(peak, current)
-    return peak
 
 
 def check(script: Path) -> dict:
@@ -75,7 +66,7 @@ def check(script: Path) -> dict:
             if viz.returncode == 0
             else None
         )
-        viz_peak = _replayed_peak(pickle.loads(base64.b64decode(embedded.group(1)))) if embedded else None
+        viz_peak = active_peak(pickle.loads(base64.b64decode(embedded.group(1)))) if embedded else None
         explained, _ = _run([*OOM_LSP, "explain", "s.pickle", "--format", "json"], folder)
         lines = {f"{u['file']}:{u['line']}": u["bytes"] for u in json.loads(explained.stdout)["top_lines"]}
         worst = max(

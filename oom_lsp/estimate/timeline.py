@@ -183,5 +183,19 @@ def to_snapshot(timeline: Timeline) -> dict[str, Any]:
     }
 
 
+def active_peak(snapshot: dict[str, Any], device: int = 0) -> int:
+    """The highest active memory of a snapshot's device trace, as PyTorch's viewer draws it: each
+    alloc adds its size and each free_completed takes it off (memory allocated before recording
+    started, which only the segments show, is not counted)."""
+    current = peak = 0
+    for event in snapshot["device_traces"][device]:
+        if event["action"] == "alloc":
+            current += event["size"]
+        elif event["action"] == "free_completed":
+            current -= event["size"]
+        peak = max(peak, current)
+    return peak
+
+
 def write_snapshot(timeline: Timeline, path: Path) -> None:
     path.write_bytes(pickle.dumps(to_snapshot(timeline), protocol=4))

@@ -21,7 +21,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "estimate"
 
 
 def _replayed_peak(snapshot: dict) -> int:
-    """The active-memory peak the viewer draws: allocs add, completed frees subtract."""
+    """The active-memory peak the viewer draws: allocs add, completed frees subtract (replayed here,
+    not with timeline.active_peak: the test must not trust the code it checks)."""
     current = peak = 0
     for event in snapshot["device_traces"][0]:
         if event["action"] == "alloc":
@@ -30,6 +31,12 @@ def _replayed_peak(snapshot: dict) -> int:
             current -= event["size"]
         peak = max(peak, current)
     return peak
+
+
+def _memory_viz(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """PyTorch's own snapshot tool, as a user runs it."""
+    command = [sys.executable, "-m", "torch.cuda._memory_viz", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_a_freed_block_s_address_is_reused_and_live_blocks_are_the_segments():
@@ -72,28 +79,14 @@ def test_memory_viz_renders_the_export_and_its_peak_is_the_estimate_s(tmp_path, 
     estimate = json.loads(result.stdout)
     assert "oom-lsp estimate: wrote step.pickle" in result.stderr
     # PyTorch's own tool renders it: the page embeds the pickle the web viewer then reads.
-    viz = subprocess.run(
-        [sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", "step.pickle", "-o", "out.html"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    viz = _memory_viz(["trace_plot", "step.pickle", "-o", "out.html"], tmp_path)
     assert viz.returncode == 0, viz.stderr
     embedded = re.search(r'"base64": "([^"]+)"', (tmp_path / "out.html").read_text()).group(1)
     snapshot = pickle.loads(base64.b64decode(embedded))
     assert snapshot["device_traces"][0], "an empty trace"
     assert _replayed_peak(snapshot) == estimate["peak_bytes"]
     # ... and its text trace reads every event.
-    text = subprocess.run(
-        [sys.executable, "-m", "torch.cuda._memory_viz", "trace", "step.pickle"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    text = _memory_viz(["trace", "step.pickle"], tmp_path)
     assert text.returncode == 0, text.stderr
     assert f"{len(snapshot['device_traces'][0])} entries" in text.stdout
 
