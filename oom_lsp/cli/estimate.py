@@ -14,6 +14,7 @@ No torch import here: the script runs under --python in a child process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -362,7 +363,9 @@ def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO
     listener = display.listener()
 
     def work() -> Any:
-        return what_if.run_what_if(request, text, encoding, findings, settings, listener)
+        # The changes' traces record no timeline: the page draws the script's own step only.
+        untimed = dataclasses.replace(request, timeline=False)
+        return what_if.run_what_if(untimed, text, encoding, findings, settings, listener)
 
     table, code = _attempt(args, display, work, out, err)
     if table is None:

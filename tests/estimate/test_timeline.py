@@ -210,3 +210,16 @@ def test_with_what_if_the_page_has_the_table_s_rows(tmp_path):
     section = page.split("<h2>What if</h2>")[1]
     for row in table["changes"]:
         assert f"<td>{row['title']}</td>" in section
+
+
+def test_an_fsdp2_rank_s_page_and_snapshot_have_its_peak(tmp_path):
+    # FSDP2 frees and regathers its unsharded parameters by resizing storages: each resize is a
+    # free and an allocation in the timeline.
+    pytest.importorskip("torch")
+    shutil.copy(FIXTURES / "distributed" / "fsdp2_mlp.py", tmp_path)
+    args = ["estimate", "fsdp2_mlp.py", "--world-size", "4", "--format", "json"]
+    result = console.run([*args, "--snapshot", "s.pickle", "--html", "p.html"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    peak = json.loads(result.stdout)["peak_bytes"]
+    assert _page_peak((tmp_path / "p.html").read_text()) == peak
+    assert _replayed_peak(pickle.loads((tmp_path / "s.pickle").read_bytes())) == peak
