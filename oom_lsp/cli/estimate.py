@@ -14,6 +14,7 @@ No torch import here: the script runs under --python in a child process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -92,6 +93,21 @@ def _add_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     )
     parser.add_argument("--format", choices=("text", "json"), default=default("text"))
     parser.add_argument(
+        "--snapshot",
+        type=Path,
+        metavar="FILE.pickle",
+        default=default(None),
+        help="write the traced step in PyTorch's memory-snapshot format (open it with "
+        "`python -m torch.cuda._memory_viz trace_plot FILE.pickle -o out.html` or pytorch.org/memory_viz)",
+    )
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE.html",
+        default=default(None),
+        help="write the memory timeline of the traced step as one self-contained page (opens offline)",
+    )
+    parser.add_argument(
         "--find-max-batch",
         action="store_true",
         default=default(False),
@@ -169,6 +185,20 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     if args.what_if and args.find_max_batch:
         err.write("oom-lsp estimate: give --what-if or --find-max-batch, not both\n")
         return EXIT_ERROR
+    if (args.snapshot or args.html) and (args.find_max_batch or (args.world_size and "," in args.world_size)):
+        err.write(
+            "oom-lsp estimate: --snapshot and --html draw one trace: "
+            "not with --find-max-batch or a list of world sizes\n"
+        )
+        return EXIT_ERROR
+    if args.snapshot and args.what_if:
+        err.write("oom-lsp estimate: --snapshot exports the script's own trace: give it without --what-if\n")
+        return EXIT_ERROR
+    for flag, path in (("--snapshot", args.snapshot), ("--html", args.html)):
+        if path is not None and not path.resolve().parent.is_dir():
+            # Said before a trace that can take minutes, not after it.
+            err.write(f"oom-lsp estimate: {flag} {path}: no such folder {path.parent}\n")
+            return EXIT_ERROR
     if args.what_if and args.world_size is not None and "," in args.world_size:
         err.write("oom-lsp estimate: --what-if traces one world size: give --world-size N, not a list\n")
         return EXIT_ERROR
@@ -196,6 +226,10 @@ def run_estimate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         gpu = resolve_target(config, args.gpu, args.gpu_memory)
     except (ConfigError, EstimateInputError) as error:
         err.write(f"oom-lsp estimate: {error}\n")
+        return EXIT_ERROR
+    if (args.snapshot or args.html) and is_notebook_path(str(args.script)):
+        # Its lines would name the notebook's generated script, not cells: not mapped yet.
+        err.write(f"oom-lsp estimate: {args.script}: --snapshot and --html take a .py script, not a notebook (yet)\n")
         return EXIT_ERROR
     if args.what_if and is_notebook_path(str(args.script)):
         err.write(f"oom-lsp estimate: {args.script}: --what-if takes a .py script, not a notebook\n")
@@ -242,6 +276,7 @@ def _request(args: argparse.Namespace, gpu: Any, root: Path) -> Any:
         find_max_batch=args.find_max_batch,
         root=root,
         display=str(args.script),
+        timeline=bool(args.snapshot or args.html),
     )
 
 
@@ -267,11 +302,46 @@ def _estimate(args: argparse.Namespace, request: Any, out: TextIO, err: TextIO) 
             from oom_lsp.estimate.wording import comparison_words
 
             out.write(f"  {comparison_words(outcome.what_if_check)}\n")
+    # After the estimate is printed: a file that cannot be written loses nothing else.
+    if not isinstance(outcome, Sweep) and not _write_pictures(args, outcome, None, err):
+        return EXIT_ERROR
     if isinstance(outcome, Sweep):
         return EXIT_OOM if outcome.all_run_out else EXIT_FITS
     if outcome.prediction.verdict is Verdict.OOM or outcome.fits_nothing:
         return EXIT_OOM
     return EXIT_FITS
+
+
+def _write_pictures(args: argparse.Namespace, result: Any, what_if: Any, err: TextIO) -> bool:
+    """--snapshot and --html: writes each file asked for and says where on stderr; False (said
+    why) when the estimate has no trace to draw (real CPU steps) or a file cannot be written."""
+    if not (args.snapshot or args.html):
+        return True
+    timeline = result.prediction.timeline
+    if timeline is None:
+        err.write(
+            "oom-lsp estimate: no memory timeline: the script could not be traced on fake tensors "
+            "(the estimate measured real CPU steps)\n"
+        )
+        return False
+    from oom_lsp.estimate.timeline import write_snapshot
+
+    try:
+        if args.snapshot:
+            write_snapshot(timeline, args.snapshot)
+            err.write(
+                f"oom-lsp estimate: wrote {args.snapshot} (PyTorch memory snapshot: "
+                f"python -m torch.cuda._memory_viz trace_plot {args.snapshot} -o trace.html)\n"
+            )
+        if args.html:
+            from oom_lsp.estimate.page import write_page
+
+            write_page(result, what_if, args.html)
+            err.write(f"oom-lsp estimate: wrote {args.html}\n")
+    except OSError as error:
+        err.write(f"oom-lsp estimate: cannot write {error.filename}: {error.strerror}\n")
+        return False
+    return True
 
 
 def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO, err: TextIO) -> int:
@@ -293,7 +363,9 @@ def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO
     listener = display.listener()
 
     def work() -> Any:
-        return what_if.run_what_if(request, text, encoding, findings, settings, listener)
+        # The changes' traces record no timeline: the page draws the script's own step only.
+        untimed = dataclasses.replace(request, timeline=False)
+        return what_if.run_what_if(untimed, text, encoding, findings, settings, listener)
 
     table, code = _attempt(args, display, work, out, err)
     if table is None:
@@ -302,6 +374,15 @@ def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO
         out.write(json.dumps(table.to_json(), indent=2) + "\n")
     else:
         write_table(table, out)
+    if args.html:
+        # The page draws the script's own step (one more trace) with the what-if rows beside it.
+        from oom_lsp.usecases.estimate import run_estimate as estimate_script
+
+        result, code = _attempt(args, display, lambda: estimate_script(request, listener), out, err)
+        if result is None:
+            return code
+        if not _write_pictures(args, result, table, err):
+            return EXIT_ERROR
     return EXIT_OOM if table.baseline.verdict is Verdict.OOM else EXIT_FITS
 
 

@@ -44,11 +44,14 @@ def add_parsers(subparsers: Any) -> None:
 
     explain = subparsers.add_parser(
         "explain",
-        help="find out-of-memory errors in a log or traceback and print their facts",
+        help="find out-of-memory errors in a log or traceback, or explain a memory snapshot's peak",
         description="Read LOG ('-' for stdin) and print, for each OOM error, the allocation that failed, "
-        "the device's memory state, the allocator hint and the user-code line that failed.",
+        "the device's memory state, the allocator hint and the user-code line that failed. Given a memory "
+        "snapshot (a pickle from torch.cuda.memory._dump_snapshot or `oom-lsp estimate --snapshot`), print "
+        "the bytes live at its peak by the lines of your code that allocated them; the pickle is read as "
+        "plain data (no class or function in it is loaded).",
     )
-    explain.add_argument("log", nargs="?", help="a log file, or - for stdin")
+    explain.add_argument("log", nargs="?", help="a log file, - for stdin, or a memory snapshot (.pickle)")
     explain.add_argument(
         "--last", action="store_true",
         help="the last OOM recorded by oom_guard in this project (.oom_lsp/last_oom/report.json)",
@@ -273,6 +276,8 @@ def run_explain(args: argparse.Namespace) -> int:
         return _error("explain needs a LOG (or - for stdin), or --last")
     from oom_lsp.usecases.explain import explain, next_steps, read_log
 
+    if args.log != "-" and _is_pickle(Path(args.log)):
+        return _explain_snapshot(Path(args.log), args.format)
     if args.log == "-":
         text = sys.stdin.read()
     else:
@@ -300,6 +305,76 @@ def run_explain(args: argparse.Namespace) -> int:
             for line in lines:
                 print(f"  next: {line}")
     return EXIT_OK if ooms else EXIT_FAILED
+
+
+def _is_pickle(path: Path) -> bool:
+    """A pickle (protocol 2+), or a gzipped one: a memory snapshot rather than a log."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(2)
+    except OSError:
+        return False  # said by the log reader, as for any log
+    return head[:1] == b"\x80" or (head == b"\x1f\x8b" and path.suffix in (".gz", ".pickle", ".pkl"))
+
+
+SNAPSHOT_TRUST = (
+    "read as plain data: a restricted unpickler loads only dicts, lists, strings and numbers and refuses "
+    "any class or function, so a snapshot from elsewhere cannot run code"
+)
+
+
+def _explain_snapshot(path: Path, output: str) -> int:
+    """`oom-lsp explain snapshot.pickle`: the bytes live at the snapshot's peak, by the user line
+    that allocated them (the innermost frame of the user's code; profiling/importers.py)."""
+    from oom_lsp.profiling.importers import ImportFormatError, import_profile
+
+    try:
+        report = import_profile(path)
+    except ImportFormatError as error:
+        return _error(str(error))
+    except OSError as exc:
+        return _error(f"{path}: {exc.strerror or exc}")
+    attributed = sum(usage.bytes for usage in report.top_lines)
+    if output == "json":
+        print(
+            json.dumps(
+                {
+                    "snapshot": str(path),
+                    "trust": SNAPSHOT_TRUST,
+                    "peak_allocated_bytes": report.peak_allocated,
+                    "peak_reserved_bytes": report.peak_reserved,
+                    "top_lines": [usage.to_dict() for usage in report.top_lines],
+                    "notes": report.notes,
+                },
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    print(f"{path}: a PyTorch memory snapshot, {SNAPSHOT_TRUST}")
+    print(f"  peak allocated: {format_bytes(report.peak_allocated)} ({report.peak_allocated:,} bytes)")
+    if report.peak_reserved >= report.peak_allocated:  # an estimate export records no reserved memory
+        print(f"  peak reserved:  {format_bytes(report.peak_reserved)} (the segments the snapshot records)")
+    if not report.top_lines:
+        print("  no frame of the live blocks is in your code: record with "
+              "torch.cuda.memory._record_memory_history(stacks=\"python\")")
+    else:
+        print("  top lines at the peak (bytes still live there, by the line of your code that allocated them):")
+        for usage in report.top_lines[:TABLE_LINES]:
+            blocks = f"{usage.allocations} block{'s' if usage.allocations != 1 else ''}"
+            print(f"    {format_bytes(usage.bytes):>11}  {_rel(usage.file)}:{usage.line}  ({blocks})")
+        rest = report.peak_allocated - attributed
+        if rest > 0:
+            print(f"    {format_bytes(rest):>11}  outside your code, or below the top {len(report.top_lines)}")
+    for note in report.notes:
+        print(f"  note: {note}")
+    return EXIT_OK
+
+
+def _rel(file: str) -> str:
+    try:
+        return str(Path(file).relative_to(Path.cwd()))
+    except ValueError:
+        return file
 
 
 # --- compare -------------------------------------------------------------------------------

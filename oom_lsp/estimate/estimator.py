@@ -75,6 +75,8 @@ class EstimateOptions:
     # Progress: {"event": "starting"} before each child interpreter, then the harness's own
     # events from a reader thread: "ready", "run-start", "step", "run" (harness/progress.py).
     on_event: Callable[[dict[str, Any]], None] | None = None
+    # --snapshot/--html: the harness records each allocation with its op, phase, line and module.
+    timeline: bool = False
 
 
 class _HarnessRun(ProfileRun):
@@ -146,6 +148,7 @@ def run_harness(
             "profile_replay": profile_replay,
             "threads": options.threads,
             "autocast_dtype": options.autocast_dtype,
+            "timeline": options.timeline,
             "gpu_name": options.gpu.name if options.gpu else None,
             "gpu_memory": options.gpu.memory if options.gpu else None,
             "gpu_capability": list(options.gpu.arch) if options.gpu and options.gpu.arch else None,
@@ -287,7 +290,12 @@ Progress = Callable[[str], None]
 def estimate(options: EstimateOptions, progress: Progress | None = None) -> Prediction:
     """One prediction; falls back to real CPU steps when the script cannot be faked."""
     (trace,) = traces(options, [{"batch_size": options.batch_size, "draws": DATA_DRAWS, "worst_case": True}])
-    return prediction_from(trace, options, progress)
+    prediction = prediction_from(trace, options, progress)
+    if options.timeline and not trace.failed and trace.timeline is not None:
+        from .timeline import Timeline
+
+        prediction.timeline = Timeline.from_trace(trace, prediction)
+    return prediction
 
 
 def prediction_from(trace: Trace, options: EstimateOptions, progress: Progress | None = None) -> Prediction:

@@ -457,6 +457,9 @@ class Prediction:
     breakdown_batch_size: int | None = None  # real CPU steps: the batch the breakdown was measured at
     fallback: Fallback | None = None
     verdict_basis: VerdictBasis | None = None  # with a target: the figure the verdict judged by
+    # With --snapshot/--html: the traced step's allocations in order (estimate/timeline.py); not
+    # in the JSON (it can hold a million events): the snapshot and the page are its outputs.
+    timeline: Any = None
 
     @property
     def needed_bytes(self) -> int:
@@ -1145,6 +1148,10 @@ class Trace:
     # script saw it: the CUDA context's size depends on them (cuda_terms.py).
     torch_cuda: str | None = None
     cuda_module_loading: str | None = None
+    # With --snapshot/--html: [serial, size, category, op, phase, "file:line", module] per
+    # allocation, [serial, -size] per free, [serial, 0, category] per recategorisation, in order
+    # (harness/tracker.py; estimate/timeline.py).
+    timeline: list[list[Any]] | None = None
 
     @property
     def reached_two_steps(self) -> bool:
@@ -1214,4 +1221,5 @@ class Trace:
             output_tail=data.get("output_tail", ""),
             torch_cuda=data.get("torch_cuda"),
             cuda_module_loading=data.get("cuda_module_loading"),
+            timeline=data.get("timeline"),
         )

@@ -62,6 +62,7 @@ class EstimateRequest:
     compare_with_what_if: bool = True
     root: Path | None = None  # the project's root (the what-if's record); None: found from the script
     display: str | None = None  # how messages name the script (a notebook: as the user gave it)
+    timeline: bool = False  # record the step's allocations in order (--snapshot, --html)
 
     @property
     def shown(self) -> str:
@@ -129,6 +130,7 @@ def options_for(request: EstimateRequest, script: Path, listener: Listener) -> E
         launcher_environment=launcher,
         cuda_version=request.cuda_version,
         on_event=listener.on_event,
+        timeline=request.timeline,
     )
 
 

@@ -93,6 +93,8 @@ def run(request: dict) -> dict:
         models["matmul_copies"] = make_cublas_copies(matmul_notes) if cuda else make_matmul_copies(matmul_notes, add=True)
         models["loss_buffers"] = make_loss_buffers(loss_notes, add=not cuda)
     tracker = StorageTracker(context, count_all=not cuda, round_cuda=cuda, kernel_models=models)
+    if request.get("timeline") and not request.get("worst_batches"):
+        tracker.timeline = []  # the main run's picture only, not its worst-case rerun's
     state: dict = {"seed": int(request.get("seed", 0))}
     shims = Shims()
     result: dict = {"mode": mode, "device": "cuda" if cuda else "cpu", "torch": torch.__version__}
@@ -225,6 +227,7 @@ def run(request: dict) -> dict:
         top_modules=_top(peak.get("by_module", {})),
         top_lines=_top(peak.get("by_line", {})),
         events=tracker.events,
+        timeline=tracker.timeline,
         matmuls=sum(
             tracker.op_counts[name] for name in ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul")
         ),

@@ -56,6 +56,11 @@ class StorageTracker(TorchDispatchMode):
         self.by_module = collections.Counter()
         self.by_line = collections.Counter()
         self.events: list[list[int]] = []  # [serial, signed size] of counted allocations, in order
+        # With --snapshot/--html (request "timeline"): each counted allocation and free, in order,
+        # with what the picture needs: [serial, size, category, op, phase, "file:line", module] for
+        # an allocation, [serial, -size] for a free, [serial, 0, category] when what holds a live
+        # storage becomes known (the first step's optimizer state) (estimate/timeline.py reads it).
+        self.timeline: list[list] | None = None
         self.registered = 0
         self.paused = 0
         self.device_scope = 0
@@ -94,7 +99,12 @@ class StorageTracker(TorchDispatchMode):
         self.by_module[record.module] += record.nbytes
         self.by_line[record.line] += record.nbytes
         self.events.append([record.serial, record.nbytes])
+        if self.timeline is not None:
+            self._timeline_alloc(record.serial, record.nbytes, record.category, op, record.line, record.module)
         self._count_peak(op)
+
+    def _timeline_alloc(self, serial: int, nbytes: int, category: str, op: str, line: str, module: str) -> None:
+        self.timeline.append([serial, nbytes, category, op, self.context.phase(), line, module])
 
     def _count_peak(self, op: str) -> None:
         # ">=": a later step that reaches the same peak has its optimizer
@@ -118,6 +128,8 @@ class StorageTracker(TorchDispatchMode):
         self.by_module[record.module] -= record.nbytes
         self.by_line[record.line] -= record.nbytes
         self.events.append([record.serial, -record.nbytes])
+        if self.timeline is not None:
+            self.timeline.append([record.serial, -record.nbytes])
 
     def _finalize(self, key: int) -> None:
         record = self.live.pop(key, None)
@@ -184,6 +196,8 @@ class StorageTracker(TorchDispatchMode):
         if record.counted:
             self.by_category[record.category] -= record.nbytes
             self.by_category[category] += record.nbytes
+            if self.timeline is not None and category != record.category:
+                self.timeline.append([record.serial, 0, category])  # held from now on as `category`
         record.category = category
 
     def storage_resized(self, tensor: torch.Tensor, op: str, category: str | None = None) -> None:
@@ -299,6 +313,13 @@ class StorageTracker(TorchDispatchMode):
         self.by_category["temporaries"] += size
         self.by_module[self.context.module()] += size
         self.current += size
+        if self.timeline is not None:
+            # Serials below 0: no storage holds a kernel's scratch; it is freed before the op returns.
+            serial = -1 - len(self.timeline)
+            line = self.context.user_line()
+            place = f"{line[0]}:{line[1]}" if line else ""
+            self._timeline_alloc(serial, size, "temporaries", op, place, self.context.module())
+            self.timeline.append([serial, -size])
         self._count_peak(op)
         self.current -= size
         self.by_category["temporaries"] -= size

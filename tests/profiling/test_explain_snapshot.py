@@ -1,0 +1,88 @@
+"""`oom-lsp explain snapshot.pickle`: a memory snapshot's peak by the user lines that allocated
+what is live there, read with a restricted unpickler (a hostile pickle runs nothing)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+
+from tests import console
+
+
+def _snapshot(tmp_path):
+    user = str(tmp_path / "train.py")
+
+    def alloc(addr, size, line):
+        frames = [
+            {"filename": "/usr/lib/python3/site-packages/torch/nn/functional.py", "line": 9, "name": "linear"}
+        ]
+        frames.append({"filename": user, "line": line, "name": "<module>"})
+        return {"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": frames}
+
+    def free(addr, size):
+        return {"action": "free_completed", "addr": addr, "size": size, "stream": 0, "frames": []}
+
+    trace = [
+        alloc(0, 4096, 5),
+        alloc(4096, 1024, 7),
+        alloc(8192, 2048, 7),
+        free(8192, 2048),
+        alloc(8192, 512, 9),
+    ]
+    segments = [
+        {
+            "device": 0,
+            "address": 0,
+            "total_size": 2 << 20,
+            "blocks": [
+                {"address": 0, "size": 4096, "state": "active_allocated"},
+                {"address": 4096, "size": 1024, "state": "active_allocated"},
+                {"address": 8192, "size": 512, "state": "active_allocated"},
+            ],
+        }
+    ]
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps({"segments": segments, "device_traces": [trace]}))
+    return path
+
+
+def test_the_peak_is_attributed_to_the_user_lines_that_allocated_it(tmp_path):
+    path = _snapshot(tmp_path)
+    result = console.run(["explain", str(path), "--format", "json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["peak_allocated_bytes"] == 4096 + 1024 + 2048
+    assert [(line["line"], line["bytes"]) for line in data["top_lines"]] == [(5, 4096), (7, 3072)]
+    assert "restricted unpickler" in data["trust"]
+    text = console.run(["explain", str(path)], tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "restricted unpickler" in text.stdout.splitlines()[0]
+    assert "4.00 KiB  train.py:5  (1 block)" in text.stdout
+    assert "3.00 KiB  train.py:7  (2 blocks)" in text.stdout
+
+
+class _Hostile:
+    def __reduce__(self):
+        return (subprocess.call, ([sys.executable, "-c", "open('pwned', 'w').write('ran')"],))
+
+
+def test_a_hostile_pickle_runs_nothing_and_is_refused_in_one_line(tmp_path):
+    evil = tmp_path / "snapshot.pickle"
+    evil.write_bytes(pickle.dumps({"segments": [], "device_traces": [[_Hostile()]]}))
+    result = console.run(["explain", str(evil)], tmp_path)
+    assert result.returncode == 2
+    assert not (tmp_path / "pwned").exists()
+    assert result.stderr.strip().splitlines() == [
+        "oom-lsp: a memory snapshot holds only plain data; this pickle wants subprocess.call"
+    ]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_pickle_that_is_not_a_snapshot_says_so(tmp_path):
+    path = tmp_path / "weights.pkl"
+    path.write_bytes(pickle.dumps([1, 2, 3]))
+    result = console.run(["explain", str(path)], tmp_path)
+    assert result.returncode == 2
+    assert "not a CUDA memory snapshot" in result.stderr
