@@ -14,12 +14,14 @@ it). The tools:
   "Training using Adam" = the largest of its terms) on the script's model: it needs the Hub for a
   model name, so the model object is handed to its functions (no activations in it);
 * `vram-check inspect case:build_model --batch-size N --dtype fp32 --optimizer adamw --json` (`pip install
-  vram-check==0.1.1`; the row says so when it is missing): its total (it takes no input shape: its activations are a guess from the layers).
+  vram-check==0.1.1`; the row says so when it is missing): its total (it takes no input shape: its
+  activations are a guess from the layers).
 
     .venv/bin/python bench/estimate_peers.py [--cases mlp,gpt] [--json out.json]
 
 `gpt_typical` is the GPT written as training scripts usually are (a device, a DataLoader, the loss
-printed with `.item()`). Each case writes `case.py` (`build_model`, `batch`, `loss`; what accelerate and vram-check need) and
+printed with `.item()`). Each case writes `case.py` (`build_model`, `batch`, `loss`; what accelerate and
+vram-check need) and
 `train.py` (the training loop every other tool runs) into a temporary folder.
 """
 
@@ -118,7 +120,8 @@ V, E, T = 5000, 256, 64
 class LM(nn.Module):
     def __init__(self):
         super().__init__()
-        self.emb, self.rnn, self.out = nn.Embedding(V, E), nn.LSTM(E, 512, num_layers=2, batch_first=True), nn.Linear(512, V)
+        self.emb, self.out = nn.Embedding(V, E), nn.Linear(512, V)
+        self.rnn = nn.LSTM(E, 512, num_layers=2, batch_first=True)
     def forward(self, idx):
         return self.out(self.rnn(self.emb(idx))[0])
 def build_model():
@@ -193,7 +196,8 @@ try:
         total = max(by_kind.get("Total", 0) for by_kind in peak.values())
     print(json.dumps({{"bytes": total}}))
 except Exception as error:
-    print(json.dumps({{"error": f"{{type(error).__name__}}: {{str(error).splitlines()[0][:160] if str(error) else ''}}"}}))
+    first_line = str(error).splitlines()[0][:160] if str(error) else ""
+    print(json.dumps({{"error": f"{{type(error).__name__}}: {{first_line}}"}}))
 """
 
 ACCELERATE = """
