@@ -45,3 +45,31 @@ def test_litgpt_script_scaled_down_is_estimated(tmp_path):
     parameters = 2 * (256 * 64 * 2 + 2 * (64 * 192 + 64 * 64 + 3 * 64 * 128 + 16 * 64 + 128 * 8 + 2 * 64) + 64)
     assert result["peak_bytes"] > parameters
     assert result["verdict"] == "fits"
+
+
+def test_torchtune_packed_row_scaled_down_is_estimated_with_flex_attention(tmp_path):
+    """torchtune's packed row takes FlexAttention with a document mask on the A100 it is told of; the
+    trace runs it as the CUDA kernels allocate (the CPU has no FlexAttention backward) and gives a number."""
+    bench = _bench()
+    (row,) = [row for row in bench.rows() if row["name"].startswith("torchtune_")]
+    assert row["metric"] == "peak active" and row["published_bytes"] == int(60.0 * 2**30)
+    script_text = (
+        row["script"]
+        .replace("128256, 3072, 28, 24, 8, 8192", "512, 64, 2, 4, 2, 128")
+        .replace("batch_size, max_seq_len = 2, 4096", "batch_size, max_seq_len = 2, 256")
+        .replace("[1500, 1200, 900, 496]", "[100, 80, 76]")
+    )
+    assert script_text.count("512, 64, 2, 4, 2, 128") == 1 and "[100, 80, 76]" in script_text
+    script = tmp_path / "train.py"
+    script.write_text(script_text, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "oom_lsp", "estimate", str(script), "--gpu", row["gpu"], "--format", "json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert "flex-attention-cuda" in {correction["name"] for correction in result["corrections"]}
+    # bf16 weights, gradients and two AdamW states at least, and fp32 logits of 2 x 256 tokens
+    parameters = 512 * 64 + 2 * (2 * 64 + 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128) + 64
+    assert result["peak_bytes"] > 4 * 2 * parameters + 2 * 256 * 512 * 4
+    assert result["verdict"] == "fits"
