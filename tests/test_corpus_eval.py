@@ -181,6 +181,17 @@ def test_the_committed_dev_verdicts_judge_only_dev_repositories_with_a_reason() 
         assert missed["repo"] in dev and missed["rule"].startswith("OOM") and missed["reason"].strip()
 
 
+def assert_verdicts_judge_only(path: Path, repos: set[str]) -> None:
+    """A split's verdict file judges only that split's repositories, each verdict with its reason."""
+    data = json.loads(path.read_text())
+    assert data["verdicts"]
+    for row in data["verdicts"]:
+        assert row["repo"] in repos, row["repo"]
+        assert row["verdict"] in ("worth", "harmless", "wrong") and row["reason"].strip()
+    for missed in data["missed"]:
+        assert missed["repo"] in repos and missed["rule"].startswith("OOM") and missed["reason"].strip()
+
+
 def test_the_fresh_split_shares_no_repository_with_the_tuned_corpora_and_its_verdicts_are_its_own() -> None:
     entries = [e for name in ("static.toml", "notebooks.toml") for e in tomllib.loads((CORPORA / name).read_text())["repo"]]
     fresh = {e["name"] for e in entries if e["split"] == "fresh"}
@@ -191,14 +202,7 @@ def test_the_fresh_split_shares_no_repository_with_the_tuned_corpora_and_its_ver
     for e in entries:
         if e["split"] == "fresh":
             assert len(e["commit"]) == 40 and e["reason"].strip(), e["name"]
-    path = CORPORA / "verdicts-fresh.json"
-    data = json.loads(path.read_text())
-    assert data["verdicts"]
-    for row in data["verdicts"]:
-        assert row["repo"] in fresh, row["repo"]
-        assert row["verdict"] in ("worth", "harmless", "wrong") and row["reason"].strip()
-    for missed in data["missed"]:
-        assert missed["repo"] in fresh and missed["rule"].startswith("OOM") and missed["reason"].strip()
+    assert_verdicts_judge_only(CORPORA / "verdicts-fresh.json", fresh)
 
 
 def test_the_fresh_split_is_read_from_its_own_folder_and_verdict_file(tmp_path: Path) -> None:
@@ -226,13 +230,7 @@ def test_the_second_fresh_split_is_new_code_of_the_size_issue_27_asks_for_with_i
     for e in [*static, *notebooks]:
         if e["split"] == "fresh2":
             assert len(e["commit"]) == 40 and e["reason"].strip(), e["name"]
-    data = json.loads((CORPORA / "verdicts-fresh2.json").read_text())
-    assert data["verdicts"]
-    for row in data["verdicts"]:
-        assert row["repo"] in fresh2, row["repo"]
-        assert row["verdict"] in ("worth", "harmless", "wrong") and row["reason"].strip()
-    for missed in data["missed"]:
-        assert missed["repo"] in fresh2 and missed["rule"].startswith("OOM") and missed["reason"].strip()
+    assert_verdicts_judge_only(CORPORA / "verdicts-fresh2.json", fresh2)
 
 
 def test_the_second_fresh_split_is_read_from_its_own_folder_and_verdict_file(tmp_path: Path) -> None:
