@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Score `oom-lsp --check` on issue 27's judged corpora: code nobody on this project tuned on.
 
-    python bench/corpus_eval.py [--split dev|heldout|all|fresh] [--oom-lsp PATH] [--corpus-root DIR]
+    python bench/corpus_eval.py [--split dev|heldout|all|fresh|fresh2] [--oom-lsp PATH] [--corpus-root DIR]
                                 [--verdicts FILE ...] [--corpora static,notebooks,bugs] [--repos A,B]
                                 [--template OUT] [--format text|json]
 
 The corpora are described by the manifests beside this script (`bench/corpora/static.toml`,
 `notebooks.toml`, `bugs.json`); their files live outside the repository, under the corpus root
 (default /work/corpus: `static/<owner>+<name>/`, `notebooks/<owner>+<name>/`, and the bugs'
-`before`/`after` paths; the fresh split's repositories under `fresh/static/<owner>+<name>/` and
-`fresh/notebooks/<owner>+<name>/`). Each repository is checked as a folder with the rules at their defaults:
+`before`/`after` paths; a fresh split's repositories under `<split>/static/<owner>+<name>/` and
+`<split>/notebooks/<owner>+<name>/`, e.g. `fresh2/static/...`). Each repository is checked as a folder with the rules at their defaults:
 `--config` points at an empty configuration, which replaces discovery, so a repository's own
 `[tool.oom-lsp]` (or a parent folder's) cannot change the measurement.
 
@@ -21,7 +21,8 @@ stake is negligible) or `wrong` (the claim is false). Verdict files (JSON: {"ver
 "missed": [...]}) default to bench/corpora/verdicts-dev.json for the dev half and
 <corpus root>/heldout/verdicts-heldout.json for the held-out half. `--split fresh` scores the fresh
 held-out split (repositories chosen after the analyzer's rework and judged blind, never tuned on), verdicts in
-bench/corpora/verdicts-fresh.json; `--split all` stays dev + heldout.
+bench/corpora/verdicts-fresh.json; `--split fresh2` the second one (chosen once the first had been read),
+verdicts in bench/corpora/verdicts-fresh2.json; `--split all` stays dev + heldout.
 
 Printed: per corpus and code, worth / harmless / wrong / unjudged; precision =
 (worth + harmless) / judged; worth share = worth / judged; wrong findings per 10k lines (code lines
@@ -106,8 +107,10 @@ def load_manifests(corpora_dir: Path) -> dict:
     return {"static": static, "notebooks": notebooks, "bugs": bugs}
 
 
-# Splits that `--split all` covers; `fresh` is scored on its own so that the earlier figures keep their meaning.
+# Splits that `--split all` covers; the fresh splits are scored on their own so that the earlier figures keep
+# their meaning. Each fresh split keeps its files in a folder of its own name under the corpus root.
 TUNED_SPLITS = ("dev", "heldout")
+FRESH_SPLITS = ("fresh", "fresh2")
 
 
 def in_split(entry_split: str, wanted: str) -> bool:
@@ -115,8 +118,8 @@ def in_split(entry_split: str, wanted: str) -> bool:
 
 
 def corpus_folder(root: Path, corpus: str, entry: dict) -> Path:
-    """Where a manifest entry's files are: the fresh split keeps its own folder under the corpus root."""
-    base = root / "fresh" if entry["split"] == "fresh" else root
+    """Where a manifest entry's files are: a fresh split keeps its own folder under the corpus root."""
+    base = root / entry["split"] if entry["split"] in FRESH_SPLITS else root
     return base / corpus / repo_folder(entry["name"])
 
 
@@ -307,8 +310,8 @@ def default_verdict_files(split: str, root: Path) -> list[Path]:
     if split in ("heldout", "all"):
         files.append(root / "heldout" / "verdicts-heldout.json")
         files.append(CORPORA_DIR / "verdicts-heldout.json")  # where the lead commits it at the end
-    if split == "fresh":
-        files.append(CORPORA_DIR / "verdicts-fresh.json")
+    if split in FRESH_SPLITS:
+        files.append(CORPORA_DIR / f"verdicts-{split}.json")
     return files
 
 
@@ -339,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--oom-lsp", default=shutil.which("oom-lsp") or "oom-lsp", help="the console script to measure")
     ap.add_argument("--corpus-root", type=Path, default=DEFAULT_ROOT)
     ap.add_argument("--corpora-dir", type=Path, default=CORPORA_DIR, help="where the manifests are")
-    ap.add_argument("--split", choices=("dev", "heldout", "all", "fresh"), default="dev")
+    ap.add_argument("--split", choices=("dev", "heldout", "all", *FRESH_SPLITS), default="dev")
     ap.add_argument("--corpora", default="static,notebooks,bugs", help="comma-separated subset")
     ap.add_argument("--repos", help="comma-separated subset of repositories (owner/name), for a quick run")
     ap.add_argument("--verdicts", type=Path, action="append", help="verdict files (default: by split)")

@@ -152,8 +152,8 @@ def test_the_committed_manifests_keep_the_split_rule_and_the_sizes_issue_27_asks
     moved = header.split("Moved by the tiebreak this time: ")[1].split(".\n")[0].split(", ")
     splits: dict[str, str] = {}
     for entry in [*static, *notebooks]:
-        if entry["split"] == "fresh":
-            continue  # the fresh split has its own test below
+        if entry["split"] in corpus_eval.FRESH_SPLITS:
+            continue  # the fresh splits have their own tests below
         parity = "dev" if int(hashlib.sha256(entry["name"].encode()).hexdigest(), 16) % 2 == 0 else "heldout"
         assert entry["split"] == parity or entry["name"] in moved, entry["name"]
         assert splits.setdefault(entry["name"], entry["split"]) == entry["split"], entry["name"]
@@ -181,6 +181,17 @@ def test_the_committed_dev_verdicts_judge_only_dev_repositories_with_a_reason() 
         assert missed["repo"] in dev and missed["rule"].startswith("OOM") and missed["reason"].strip()
 
 
+def assert_verdicts_judge_only(path: Path, repos: set[str]) -> None:
+    """A split's verdict file judges only that split's repositories, each verdict with its reason."""
+    data = json.loads(path.read_text())
+    assert data["verdicts"]
+    for row in data["verdicts"]:
+        assert row["repo"] in repos, row["repo"]
+        assert row["verdict"] in ("worth", "harmless", "wrong") and row["reason"].strip()
+    for missed in data["missed"]:
+        assert missed["repo"] in repos and missed["rule"].startswith("OOM") and missed["reason"].strip()
+
+
 def test_the_fresh_split_shares_no_repository_with_the_tuned_corpora_and_its_verdicts_are_its_own() -> None:
     entries = [e for name in ("static.toml", "notebooks.toml") for e in tomllib.loads((CORPORA / name).read_text())["repo"]]
     fresh = {e["name"] for e in entries if e["split"] == "fresh"}
@@ -191,14 +202,7 @@ def test_the_fresh_split_shares_no_repository_with_the_tuned_corpora_and_its_ver
     for e in entries:
         if e["split"] == "fresh":
             assert len(e["commit"]) == 40 and e["reason"].strip(), e["name"]
-    path = CORPORA / "verdicts-fresh.json"
-    data = json.loads(path.read_text())
-    assert data["verdicts"]
-    for row in data["verdicts"]:
-        assert row["repo"] in fresh, row["repo"]
-        assert row["verdict"] in ("worth", "harmless", "wrong") and row["reason"].strip()
-    for missed in data["missed"]:
-        assert missed["repo"] in fresh and missed["rule"].startswith("OOM") and missed["reason"].strip()
+    assert_verdicts_judge_only(CORPORA / "verdicts-fresh.json", fresh)
 
 
 def test_the_fresh_split_is_read_from_its_own_folder_and_verdict_file(tmp_path: Path) -> None:
@@ -207,3 +211,31 @@ def test_the_fresh_split_is_read_from_its_own_folder_and_verdict_file(tmp_path: 
     assert corpus_eval.corpus_folder(tmp_path, "static", {**entry, "split": "dev"}) == tmp_path / "static" / "acme+trainer"
     assert corpus_eval.default_verdict_files("fresh", tmp_path) == [CORPORA / "verdicts-fresh.json"]
     assert not corpus_eval.in_split("fresh", "all") and corpus_eval.in_split("fresh", "fresh")
+
+
+def test_the_second_fresh_split_is_new_code_of_the_size_issue_27_asks_for_with_its_own_verdicts() -> None:
+    static = tomllib.loads((CORPORA / "static.toml").read_text())["repo"]
+    notebooks = tomllib.loads((CORPORA / "notebooks.toml").read_text())["repo"]
+    fresh2 = {e["name"] for e in [*static, *notebooks] if e["split"] == "fresh2"}
+    earlier = {e["name"] for e in [*static, *notebooks] if e["split"] != "fresh2"}
+    runnable = {e["repo"] for e in tomllib.loads((CORPORA / "runnable.toml").read_text())["case"]}
+    bugs = {b["repo"] for b in json.loads((CORPORA / "bugs.json").read_text())}
+    realcode = {"karpathy/nanoGPT", "pytorch/examples", "huggingface/diffusers", "huggingface/peft",
+                "ultralytics/yolov5", "facebookresearch/detectron2", "facebookresearch/dino", "facebookresearch/mae",
+                "lucidrains/vit-pytorch", "yunjey/pytorch-tutorial", "huggingface/transformers",
+                "huggingface/pytorch-image-models", "Lightning-AI/pytorch-lightning", "huggingface/accelerate"}
+    assert fresh2 and not fresh2 & (earlier | runnable | bugs | realcode)
+    assert sum(e["lines"] for e in static if e["split"] == "fresh2") >= 150_000
+    assert sum(len(e["notebooks"]) for e in notebooks if e["split"] == "fresh2") >= 40
+    for e in [*static, *notebooks]:
+        if e["split"] == "fresh2":
+            assert len(e["commit"]) == 40 and e["reason"].strip(), e["name"]
+    assert_verdicts_judge_only(CORPORA / "verdicts-fresh2.json", fresh2)
+
+
+def test_the_second_fresh_split_is_read_from_its_own_folder_and_verdict_file(tmp_path: Path) -> None:
+    entry = {"name": "acme/trainer", "split": "fresh2"}
+    assert corpus_eval.corpus_folder(tmp_path, "notebooks", entry) == tmp_path / "fresh2" / "notebooks" / "acme+trainer"
+    assert corpus_eval.default_verdict_files("fresh2", tmp_path) == [CORPORA / "verdicts-fresh2.json"]
+    assert not corpus_eval.in_split("fresh2", "all") and not corpus_eval.in_split("fresh2", "fresh")
+    assert corpus_eval.in_split("fresh2", "fresh2")
