@@ -30,6 +30,9 @@ def test_peers_are_measured_on_the_same_unchanged_script(tmp_path, monkeypatch):
     assert abs(row["MemTracker, reset per step"]["bytes"] - row["real"]) <= 1024
     assert "multiple iterative calls" in row["MemTracker"]["error"]
     parameters = (64 * 256 + 256 + 256 * 10 + 10) * 4
-    assert row["accelerate"]["bytes"] == 4 * parameters
+    if importlib.util.find_spec("accelerate") is not None:  # the bench extra; CI installs only the tests'
+        assert row["accelerate"]["bytes"] == 4 * parameters
+    else:
+        assert "accelerate" in row["accelerate"]["error"]
     assert "bytes" in row["vram-check"] or "not installed" in row["vram-check"]["error"]
     assert bench.cell(row, "oom-lsp").endswith("0.0 %)")

@@ -9,7 +9,9 @@ import json
 SETUP = "%matplotlib inline\n!pip install -q torchvision\nimport torch\nimport torch.nn as nn\ndevice = 'cuda'"
 MODEL = (
     "model = nn.Linear(10, 2).to(device)\ncriterion = nn.CrossEntropyLoss()\n"
-    "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nloader = [(torch.randn(4, 10), torch.zeros(4, dtype=torch.long))]"
+    "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    # A loader, not a listed batch: a loop over a few listed items keeps no per-step growth.
+    "loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 10), torch.zeros(8, dtype=torch.long)), batch_size=4)"
 )
 TRAIN = (
     "%%time\ntotal_loss = 0\nfor x, y in loader:\n    x, y = x.to(device), y.to(device)\n"

@@ -1,10 +1,11 @@
 """How many times a loop runs, when the code states it.
 
 A loop over a collection the code lists (`for net, opt in zip(nets, opts)`
-with `nets = [net_a, net_b]`, `for head in (cls_head, box_head)`,
-`for i in range(3)`) runs a fixed, small number of times: what it keeps from
+with `nets = [net_a, net_b]`, `for head in (cls_head, box_head)`) runs
+once per item, a fixed, small number of times: what it keeps from
 one iteration to the next grows to that many entries and no further, unlike a
-loop over a data loader or over training steps. The leak rules use the bound
+loop over a data loader or over training steps. `range(n)` counts
+repetitions (steps, epochs), not items, and bounds nothing here. The leak rules use the bound
 to tell a per-step growth from a loop over a few models or heads.
 """
 
@@ -14,7 +15,6 @@ import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.facts.program import BindingKind, Function, program_of
-from oom_lsp.analysis.facts.sizes import int_value
 
 # At most this many iterations: a loop over a few models, heads or losses,
 # not over steps.
@@ -26,8 +26,8 @@ _GROWING_METHODS = frozenset({"append", "extend", "insert", "add", "update", "__
 
 def iteration_bound(context: FileContext, loop: cst.CSTNode, function: cst.FunctionDef | None) -> int | None:
     """The number of iterations of a `for` loop, when the code states the
-    length of what it iterates; None otherwise (a loader, a dataset, a
-    `while`, a collection that grows)."""
+    length of the listed collection it iterates; None otherwise (a loader,
+    a dataset, `range(n)`, a `while`, a collection that grows)."""
     if type(loop) is not cst.For:
         return None
     program = program_of(context)
@@ -54,12 +54,6 @@ def _length(
             return min(known) if known else None
         if name in _SAME_LENGTH and len(args) >= 1:
             return _length(context, args[0].value, scope, function, depth)
-        if name == "range" and len(args) in (1, 2):
-            bounds = [int_value(context, arg.value, function) for arg in args]
-            if any(bound is None for bound in bounds):
-                return None
-            values = [bound.value for bound in bounds]  # type: ignore[union-attr]
-            return max(0, values[-1] - (values[0] if len(values) == 2 else 0))
         return None
     if expr_type is cst.Name and depth < 3:
         name = expr.value  # type: ignore[attr-defined]

@@ -32,8 +32,8 @@ class LossAccumulatedWithGraph(AutogradRule):
     `total = total + loss`.
 
     A loop over a collection the code lists (a few models, heads or
-    losses: `for net in (small, wide)`, `zip(nets, opts)` of lists of two,
-    `range(3)`) keeps at most that many entries, not one per step: it is
+    losses: `for net in (small, wide)`, `zip(nets, opts)` of lists of two)
+    keeps at most that many entries, not one per step: it is
     shown with `--strict` only. So is a sum over a sequence's positions
     in a loop that feeds a call the state it returned the iteration before
     (`out, hidden = decoder(inp, hidden)` over `range(target_length)`, with

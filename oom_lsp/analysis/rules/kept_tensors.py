@@ -33,8 +33,8 @@ class TensorKeptAcrossIterations(AutogradRule):
     `losses.append(loss)`, `preds.append(out.cpu())`, `history[k] = out`.
 
     A loop over a collection the code lists (a few models, heads or
-    losses: `for net in (small, wide)`, `zip(nets, opts)` of lists of two,
-    `range(3)`) keeps at most that many entries, not one per step: it is
+    losses: `for net in (small, wide)`, `zip(nets, opts)` of lists of two)
+    keeps at most that many entries, not one per step: it is
     shown with `--strict` only.
 
     ## Why is this bad?
