@@ -27,7 +27,7 @@ from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.facts import flags, library
 from oom_lsp.analysis.facts.contexts import CallGraph, _assigned_from, _method_scope, call_graph
 from oom_lsp.analysis.facts.library import Grad, Mode
-from oom_lsp.analysis.facts.loops import FEW_ITERATIONS, iteration_bound, unrolls_a_recurrence
+from oom_lsp.analysis.facts.loops import runs_a_few_times, unrolls_a_recurrence
 from oom_lsp.analysis.facts.modes import ModeFacts
 from oom_lsp.analysis.facts.program import Call, Function, LocalGrad
 
@@ -169,8 +169,7 @@ class EvaluationFacts:
             return None
         function = call.scope.node if type(call.scope.node) is cst.FunctionDef else None
         context = self._context_ref()
-        bound = iteration_bound(context, loop, function) if context is not None else None  # type: ignore[arg-type]
-        if (bound is not None and bound <= FEW_ITERATIONS) or unrolls_a_recurrence(loop):
+        if (context is not None and runs_a_few_times(context, loop, function)) or unrolls_a_recurrence(loop):  # type: ignore[arg-type]
             return None  # a loop over a few models or heads, or over one sequence's positions: not over batches
         body = loop.body.body
         position = next((i for i, statement in enumerate(body) if any(statement is node for node in call.path)), None)

@@ -2,11 +2,12 @@
 
 A loop over a collection the code lists (`for net, opt in zip(nets, opts)`
 with `nets = [net_a, net_b]`, `for head in (cls_head, box_head)`) runs
-once per item, a fixed, small number of times: what it keeps from
-one iteration to the next grows to that many entries and no further, unlike a
+once per item, a fixed, small number of times: what it keeps from one
+iteration to the next grows to that many entries and no further, unlike a
 loop over a data loader or over training steps. `range(n)` counts
-repetitions (steps, epochs), not items, and bounds nothing here. The leak rules use the bound
-to tell a per-step growth from a loop over a few models or heads.
+repetitions (steps, epochs), not items, and bounds nothing here. The leak
+rules use the bound to tell a per-step growth from a loop over a few models
+or heads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ FEW_ITERATIONS = 16
 
 _SAME_LENGTH = frozenset({"enumerate", "reversed", "list", "tuple", "sorted"})
 _GROWING_METHODS = frozenset({"append", "extend", "insert", "add", "update", "__setitem__"})
+
+
+def runs_a_few_times(context: FileContext, loop: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
+    """The loop runs once per item of a short collection the code lists (a few
+    models, heads or losses), not once per step."""
+    bound = iteration_bound(context, loop, function)
+    return bound is not None and bound <= FEW_ITERATIONS
 
 
 def iteration_bound(context: FileContext, loop: cst.CSTNode, function: cst.FunctionDef | None) -> int | None:

@@ -21,7 +21,7 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.effects import Keep, bind_arguments, effects_for
 from oom_lsp.analysis.facts.contexts import FORWARD_METHODS, call_graph
-from oom_lsp.analysis.facts.loops import FEW_ITERATIONS, iteration_bound
+from oom_lsp.analysis.facts.loops import runs_a_few_times
 from oom_lsp.analysis.rule import Rule
 
 
@@ -77,8 +77,7 @@ class AutogradRule(Rule):
         """The loop runs a few times over a collection the code lists (a few
         models, heads, losses): what it keeps grows to that many entries, not
         with the steps of training."""
-        bound = iteration_bound(self.context, loop, self.context.tracker.current_function)
-        return bound is not None and bound <= FEW_ITERATIONS
+        return runs_a_few_times(self.context, loop, self.context.tracker.current_function)
 
     def _kept_on_purpose(self, holder: str, loop: cst.For | cst.While | cst.FunctionDef) -> bool:
         """The graph is wanted: the holder feeds a backward pass, or it is
