@@ -26,6 +26,7 @@ from oom_lsp.analysis.dataflow import Kind, Role, assigned_names, facts_for, ite
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.facts import flags, library
 from oom_lsp.analysis.facts.contexts import CallGraph, _assigned_from, _method_scope, call_graph
+from oom_lsp.analysis.facts.frozen import frozen_at
 from oom_lsp.analysis.facts.library import Grad, Mode
 from oom_lsp.analysis.facts.loops import runs_a_few_times, unrolls_a_recurrence
 from oom_lsp.analysis.facts.modes import ModeFacts
@@ -79,7 +80,8 @@ class EvaluationFacts:
     # --- the decision ---------------------------------------------------------
     def _check(self, call: Call) -> EvalForward | None:
         model = self.forward_model(call)
-        if model is None:
+        if model is None or frozen_at(call, model):
+            # A frozen model called on data records no graph: nothing to save.
             return None
         verdict = _judge(self.modes.contexts_at(call, model))
         if verdict is not _Verdict.REPORT or self._gradients_used(call):

@@ -352,6 +352,23 @@ class NaiveAttention(Rule):
                 return (1 - self.gate) * scores + self.gate * positional
             """
         ),
+        # A function of the file that returns a new tensor (pooled scores),
+        # not the matrix it was given.
+        Valid(
+            """\
+            import torch
+
+            def pooled(attn, size):
+                out = attn.mean(-1, keepdim=True).expand(-1, -1, -1, size)
+                return out
+
+            def attend(q, k, v):
+                attn = q @ k.transpose(-2, -1)
+                attn = pooled(attn, v.size(-2))
+                attn = attn.softmax(dim=-1)
+                return attn @ v
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -517,6 +534,25 @@ class NaiveAttention(Rule):
             """,
             line=9,
         ),
+        # A function of the file adds a relative-position bias and hands the
+        # same matrix back: still the scores (MViTv2's attention).
+        Invalid(
+            """\
+            import torch
+
+            def add_rel_pos(attn, q, rel_pos):
+                attn[:, :, 1:, 1:] += q[:, :, 1:] @ rel_pos
+                return attn
+
+            def attend(q, k, v, rel_pos, use_rel_pos):
+                attn = (q * 0.125) @ k.transpose(-2, -1)
+                if use_rel_pos:
+                    attn = add_rel_pos(attn, q, rel_pos)
+                attn = attn.softmax(dim=-1)
+                return attn @ v
+            """,
+            line=11,
+        ),
         # A score matrix built and never used.
         Invalid(
             """\
@@ -639,6 +675,39 @@ class NaiveAttention(Rule):
         if called is not None and called[1] in _SCORE_PRESERVING_METHODS:
             if self.context.qualified_name(called[0]) is None:
                 return self._score_operands(called[0])
+        if isinstance(expr, cst.Call):
+            passed = self._returned_argument(expr)
+            if passed is not None:
+                return self._score_operands(passed)
+        return None
+
+    def _returned_argument(self, call: cst.Call) -> cst.BaseExpression | None:
+        """The argument a function of this file (or a method of the enclosing
+        class) returns as its result: every `return` of its body returns that
+        parameter, changed at most in place. `attn = add_rel_pos(attn, q, ...)`
+        adds a positional bias to the scores and hands the same matrix back."""
+        if has_splat(call):
+            return None
+        stack = self.context.tracker.statements
+        owner = stack[0] if stack and isinstance(stack[0], cst.ClassDef) else None
+        function = self._local_callee(call, owner)
+        if function is None:
+            return None
+        returned = _returned_parameter(function)
+        if returned is None:
+            return None
+        params = [param.name.value for param in function.params.params]
+        if params and params[0] == "self" and isinstance(call.func, cst.Attribute):
+            params = params[1:]
+        position = 0
+        for arg in call.args:
+            if arg.keyword is not None:
+                if arg.keyword.value == returned:
+                    return arg.value
+                continue
+            if position < len(params) and params[position] == returned:
+                return arg.value
+            position += 1
         return None
 
     def _softmax_input(self, call: cst.Call) -> _Softmax | None:
@@ -1205,6 +1274,34 @@ class NaiveAttention(Rule):
         if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
             return self._is_float(expr.expression)
         return False
+
+
+def _returned_parameter(function: cst.FunctionDef) -> str | None:
+    """The parameter every `return` of the function returns (not counting
+    nested functions), or None: several, none, or anything else returned."""
+    params = {param.name.value for param in function.params.params}
+    returned: set[str] = set()
+    pending: list[cst.CSTNode] = [function.body]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            continue
+        if isinstance(node, cst.Return):
+            if not isinstance(node.value, cst.Name) or node.value.value not in params:
+                return None
+            returned.add(node.value.value)
+            continue
+        pending.extend(node.children)
+    if len(returned) != 1:
+        return None
+    (name,) = returned
+    # Rebound in the body: what it returns is no longer the argument.
+    for node in descendants(function.body):
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            if any(isinstance(target, cst.Name) and target.value == name for target in targets):
+                return None
+    return name
 
 
 def _output_expression(statement: cst.CSTNode) -> cst.BaseExpression | None:

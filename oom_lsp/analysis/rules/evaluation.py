@@ -32,6 +32,10 @@ class EvalWithoutNoGrad(Rule):
     - whether a backward pass uses the output: one in the same loop
       iteration (an adversarial example, a frozen backbone trained through),
       or in a caller that receives the function's result.
+    - whether the model records a graph at all: one whose parameters are
+      all frozen (`model.requires_grad_(False)`, or every parameter's
+      `requires_grad` set off in a loop) and that runs on data records
+      nothing, so it is not reported.
 
     It reports a forward pass in eval mode with autograd on (on some path of
     callers), a function that trains and evaluates by a flag
@@ -265,6 +269,35 @@ class EvalWithoutNoGrad(Rule):
         # pytest tests of a model are not evaluation code.
         Valid("import torch\ndef test_forward_shape():\n    assert model(x).shape == (2, 3)\n", settings={}),
         Valid("import torch\ndef evaluate(model, x):\n    model = lambda t: t\n    return model(x)\n"),
+        # Frozen parameters on data record no graph: no_grad would save nothing.
+        Valid(
+            """
+            import torch
+            def compute_metric(sampler, batches):
+                sampler.eval().requires_grad_(False)
+                scores = []
+                for batch in batches:
+                    x = sampler(batch)
+                    scores.append(x)
+                return scores
+            """
+        ),
+        Valid(
+            """
+            import torch
+            class Scorer:
+                def __init__(self, net):
+                    self.net = net.eval()
+                    for p in self.net.parameters():
+                        p.requires_grad = False
+
+                def score(self, loader):
+                    outs = []
+                    for x in loader:
+                        outs.append(self.net(x))
+                    return outs
+            """
+        ),
     ]
     INVALID = [
         # One batch's graph at a time, freed within the iteration: strict only.
@@ -409,6 +442,23 @@ class EvalWithoutNoGrad(Rule):
                         self.history.append(step["loss"].item())
             """,
             line=6,
+        ),
+        # Only some parameters frozen (under an `if`): the rest still record a graph.
+        Invalid(
+            """
+            import torch
+            def evaluate(model, loader):
+                model.eval()
+                for name, p in model.named_parameters():
+                    if "bias" in name:
+                        p.requires_grad = False
+                outs = []
+                for x in loader:
+                    out = model(x)
+                    outs.append(out)
+                return outs
+            """,
+            line=10,
         ),
     ]
 
