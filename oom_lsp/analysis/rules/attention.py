@@ -81,15 +81,20 @@ class _Softmax(NamedTuple):
     input_and_dim_only: bool
 
 
-def _is_query_key_equation(equation: str) -> bool:
+def _is_query_key_equation(equation: str, any_layout: bool = False) -> bool:
     """`bhid,bhjd->bhij` (or `...id,...jd->...ij`): q @ k^T over the last two
-    dimensions, the leading ones shared."""
+    dimensions, the leading ones shared. With `any_layout`, any equation that
+    is a score product: one letter contracted (the features), one kept from
+    each side (queries i, keys j), the rest shared by both inputs and the
+    output, and the output ending in i, j (`bct,bcs->bts`, channels first)."""
     spec = equation.replace(" ", "")
     inputs, arrow, output = spec.partition("->")
     operands = inputs.split(",")
     if not arrow or len(operands) != 2:
         return False
     query, key = operands
+    if any_layout and _is_score_product(query, key, output):
+        return True
     if not (len(query) == len(key) == len(output) >= 2):
         return False
     prefix = query[:-2]
@@ -102,6 +107,28 @@ def _is_query_key_equation(equation: str) -> bool:
         and all(letter.isalpha() for letter in letters)
         and not set(letters) & set(prefix)
     )
+
+
+def _is_score_product(query: str, key: str, output: str) -> bool:
+    # Every axis named: leading `...` in another layout is how block-local
+    # attention is written (LongT5's `...qhd,...khd->...hqk` over blocks),
+    # scores linear in the sequence.
+    operands = (query, key, output)
+    if not all(side.isalpha() and len(set(side)) == len(side) for side in operands):
+        return False
+    shared = set(query) & set(key) & set(output)
+    contracted = (set(query) & set(key)) - set(output)
+    only_query = set(query) - set(key)
+    only_key = set(key) - set(query)
+    if len(contracted) != 1 or len(only_query) != 1 or len(only_key) != 1:
+        return False
+    (i,), (j,) = only_query, only_key
+    # Queries and keys in one layout (each a projection of the tokens): they
+    # differ only where one has its tokens i and the other its tokens j. The
+    # weights times the values (`bhij,bhjd->bhid`) contract j at different
+    # places and are no score product.
+    same_layout = len(query) == len(key) and [a == b for a, b in zip(query, key)].count(False) == 1
+    return same_layout and query.index(i) == key.index(j) and set(output) == shared | {i, j} and output.endswith(i + j)
 
 
 def _is_number(expr: cst.BaseExpression) -> bool:
@@ -369,6 +396,18 @@ class NaiveAttention(Rule):
                 return attn @ v
             """
         ),
+        # Five dimensions: `transpose(2, 3)` swaps heads and tokens, not the
+        # last two, so `q @ k` here is no score matrix.
+        Valid(
+            """\
+            import torch
+
+            def mix(q, k, b, t, g, h, d):
+                k = k.view(b, t, g, h, d)
+                w = torch.softmax(q @ k.transpose(2, 3), dim=-1)
+                return w @ k
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -553,6 +592,54 @@ class NaiveAttention(Rule):
             """,
             line=11,
         ),
+        # Heads split by `view`, so `transpose(2, 3)` is the key's last two
+        # dimensions (LLMs-from-scratch's MultiHeadAttention).
+        Invalid(
+            """\
+            import torch
+
+            def attend(x, wq, wk, wv, b, t, h, d):
+                keys = wk(x).view(b, t, h, d).transpose(1, 2)
+                queries = wq(x).view(b, t, h, d).transpose(1, 2)
+                values = wv(x).view(b, t, h, d).transpose(1, 2)
+                scores = queries @ keys.transpose(2, 3)
+                weights = torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
+                return weights @ values
+            """,
+            line=8,
+        ),
+        # Channels first: `einsum("bct,bcs->bts")` is q^T k, scores all the
+        # same (the QKVAttention of guided-diffusion UNets); no fix (not the
+        # kernel's layout).
+        Invalid(
+            """\
+            import torch
+
+            def qkv_attention(q, k, v, scale):
+                weight = torch.einsum("bct,bcs->bts", q * scale, k * scale)
+                weight = torch.softmax(weight.float(), dim=-1).type(weight.dtype)
+                return torch.einsum("bts,bcs->bct", weight, v)
+            """,
+            line=5,
+        ),
+        # A helper that rebinds the matrix to itself plus a bias, reshaped
+        # (segment-anything's decomposed relative positions).
+        Invalid(
+            """\
+            import torch
+
+            def add_rel_pos(attn, rel_h, rel_w, b, h, w):
+                attn = (attn.view(b, h, w, h, w) + rel_h + rel_w).view(b, h * w, h * w)
+                return attn
+
+            def attend(q, k, v, rel_h, rel_w, b, h, w):
+                attn = (q * 0.125) @ k.transpose(-2, -1)
+                attn = add_rel_pos(attn, rel_h, rel_w, b, h, w)
+                attn = attn.softmax(dim=-1)
+                return attn @ v
+            """,
+            line=10,
+        ),
         # A score matrix built and never used.
         Invalid(
             """\
@@ -571,6 +658,8 @@ class NaiveAttention(Rule):
         # Per function: the local names currently holding a score matrix, with
         # the (q, k) of its product.
         self._scores: list[dict[str, _QueryKey]] = [{}]
+        # Per function: the local names whose number of dimensions the code states.
+        self._ranks: list[dict[str, int]] = [{}]
         # Names and attributes bound to `nn.Softmax(dim=-1)` (False once bound
         # to anything else).
         self._softmax_modules: dict[str, bool] = {}
@@ -581,9 +670,11 @@ class NaiveAttention(Rule):
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._scores.append({})
+        self._ranks.append({})
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._scores.pop()
+        self._ranks.pop()
 
     def leave_Assign(self, original_node: cst.Assign) -> None:
         self._rebind([target.target for target in original_node.targets], original_node.value)
@@ -605,16 +696,22 @@ class NaiveAttention(Rule):
 
     def _rebind(self, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
         names = self._scores[-1]
+        ranks = self._ranks[-1]
         product = self._score_operands(value)
+        rank = self._rank(value)
         for target in targets:
             if isinstance(target, cst.Name):
                 names.pop(target.value, None)
+                ranks.pop(target.value, None)
                 if product is not None:
                     names[target.value] = product
+                if rank is not None:
+                    ranks[target.value] = rank
                 continue
             for node in descendants(target):
                 if isinstance(node, cst.Name):
                     names.pop(node.value, None)
+                    ranks.pop(node.value, None)
 
     # --- recognising the score matrix --------------------------------------
     def _key_of_transposed(self, expr: cst.BaseExpression) -> cst.BaseExpression | None:
@@ -631,18 +728,51 @@ class NaiveAttention(Rule):
             return args[0] if _swaps_last_two(args[1], args[2]) else None
         called = method_call(expr)
         if called is not None and called[1] in ("transpose", "swapaxes", "swapdims") and len(args) == 2:
-            if self.context.qualified_name(called[0]) is None and _swaps_last_two(args[0], args[1]):
+            if self.context.qualified_name(called[0]) is None and (
+                _swaps_last_two(args[0], args[1]) or self._swaps_last_two_of_rank(called[0], args[0], args[1])
+            ):
                 return called[0]
         return None
 
-    def _product(self, expr: cst.BaseExpression) -> _QueryKey | None:
+    def _swaps_last_two_of_rank(self, tensor: cst.BaseExpression, first: cst.BaseExpression, second: cst.BaseExpression) -> bool:
+        """`keys.transpose(2, 3)` where `keys` has 4 dimensions (known from
+        the `view`/`reshape`/`permute` that made it): its last two."""
+        rank = self._rank(tensor)
+        if rank is None or not (isinstance(first, cst.Integer) and isinstance(second, cst.Integer)):
+            return False
+        return {int(first.value), int(second.value)} == {rank - 2, rank - 1}
+
+    def _rank(self, expr: cst.BaseExpression) -> int | None:
+        """The number of dimensions of a tensor, when the code states it: the
+        arguments of the `view`/`reshape`/`permute` that made it, through
+        `transpose`, `contiguous` and local names."""
+        if isinstance(expr, cst.Name):
+            return self._ranks[-1].get(expr.value)
+        called = method_call(expr)
+        if called is None or not isinstance(expr, cst.Call) or has_splat(expr):
+            return None
+        receiver, method = called
+        if method in ("view", "reshape", "permute"):
+            args = [arg.value for arg in expr.args if arg.keyword is None]
+            if len(args) == 1 and isinstance(args[0], (cst.Tuple, cst.List)):
+                if any(isinstance(element, cst.StarredElement) for element in args[0].elements):
+                    return None
+                return len(args[0].elements)
+            if len(args) == 1:
+                return None  # a dtype or a shape variable
+            return len(args) if len(args) == len(expr.args) else None
+        if method in ("transpose", "swapaxes", "swapdims", "contiguous", "float", "half", "to", "type_as"):
+            return self._rank(receiver)
+        return None
+
+    def _product(self, expr: cst.BaseExpression, any_layout: bool = False) -> _QueryKey | None:
         """(q, k) for `q @ k^T`, `torch.matmul(q, k^T)`,
         `torch.einsum("bhid,bhjd->bhij", q, k)`."""
         if isinstance(expr, cst.Call) and self.context.call_name(expr) == "torch.einsum":
             if has_splat(expr) or len(expr.args) != 3 or any(arg.keyword for arg in expr.args):
                 return None
             equation = string_value(expr.args[0].value)
-            if equation is None or not _is_query_key_equation(equation):
+            if equation is None or not _is_query_key_equation(equation, any_layout):
                 return None
             return expr.args[1].value, expr.args[2].value
         if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.MatrixMultiply):
@@ -661,7 +791,7 @@ class NaiveAttention(Rule):
         biased, directly or through a local name."""
         if isinstance(expr, cst.Name):
             return self._scores[-1].get(expr.value)
-        product = self._product(expr)
+        product = self._product(expr, any_layout=True)
         if product is not None:
             return product
         if isinstance(expr, cst.BinaryOperation):
@@ -1295,13 +1425,35 @@ def _returned_parameter(function: cst.FunctionDef) -> str | None:
     if len(returned) != 1:
         return None
     (name,) = returned
-    # Rebound in the body: what it returns is no longer the argument.
+    # Rebound in the body to anything but the same matrix changed elementwise
+    # or reshaped: what it returns is no longer the argument.
     for node in descendants(function.body):
         if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
             targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-            if any(isinstance(target, cst.Name) and target.value == name for target in targets):
+            if not any(isinstance(target, cst.Name) and target.value == name for target in targets):
+                continue
+            if isinstance(node, cst.AugAssign):
+                continue  # `attn += bias`
+            if node.value is None or not _elementwise_of(node.value, name):
                 return None
     return name
+
+
+_ELEMENTWISE_OPERATORS = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide)
+_RESHAPING_METHODS = frozenset({"view", "reshape", "masked_fill", "float", "to", "type_as", "contiguous"})
+
+
+def _elementwise_of(value: cst.BaseExpression, name: str) -> bool:
+    """`(attn.view(B, h, w, h, w) + rel_h + rel_w).view(B, h * w, h * w)`: the
+    value `name` holds, changed elementwise and reshaped."""
+    if isinstance(value, cst.Name):
+        return value.value == name
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, _ELEMENTWISE_OPERATORS):
+        return _elementwise_of(value.left, name) or (
+            not isinstance(value.operator, cst.Divide) and _elementwise_of(value.right, name)
+        )
+    called = method_call(value)
+    return called is not None and called[1] in _RESHAPING_METHODS and _elementwise_of(called[0], name)
 
 
 def _output_expression(statement: cst.CSTNode) -> cst.BaseExpression | None:
