@@ -39,6 +39,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -280,11 +281,41 @@ def map_lines(before: list[str], after: list[str], lines: list[int]) -> list[int
     return out
 
 
+def rule_codes_by_name(exe: str) -> dict[str, str]:
+    """The code of each rule by its name (`backward-create-graph` -> OOM307), from `oom-lsp rule --all`."""
+    try:
+        listing = subprocess.run([exe, "rule", "--all"], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {name: code for name, code in re.findall(r"^# ([a-z0-9-]+) \((OOM\d{3})\)$", listing, re.M)}
+
+
+def expected_codes(bug: dict, codes_by_name: dict[str, str]) -> set[str]:
+    """A bug's expected codes; `NEW:<name>` (a cause named before any rule had it) is the code of the
+    rule that now has that name, when one does."""
+    return {codes_by_name.get(code[4:], code) if code.startswith("NEW:") else code for code in bug["expected_codes"]}
+
+
+# A noted risk is found when a finding of its code is in its file within this many lines (the judge
+# names the statement that starts the form; the rule reports the softmax or call a few lines on).
+NOTED_RISK_TOLERANCE = 8
+
+
+def noted_risk_found(risk: dict, findings: list) -> bool:
+    line = risk.get("line")
+    return line is not None and any(
+        f.repo == risk.get("repo") and f.path == risk.get("path") and f.code == risk.get("rule")
+        and abs(f.line - line) <= NOTED_RISK_TOLERANCE
+        for f in findings
+    )
+
+
 def score_bugs(bugs: list[dict], root: Path, exe: str, config: Path) -> dict:
     rows = []
+    codes_by_name = rule_codes_by_name(exe)
     for bug in bugs:
         before, after = root / bug["before"], root / bug["after"] if bug.get("after") else None
-        want = set(bug["expected_codes"])
+        want = expected_codes(bug, codes_by_name)
         found_before, _, _ = run_check(exe, before.parent, [before.name], config)
         near = [f for f in found_before if f["code"] in want
                 and any(abs(f["line"] - line) <= BUG_TOLERANCE for line in bug["lines"])]
@@ -387,7 +418,9 @@ def main(argv: list[str] | None = None) -> int:
             result["bugs"] = score_bugs(bugs, a.corpus_root, a.oom_lsp, config)
     result["lines_per_cpu_s"] = round(lines / cpu) if cpu else None
     result["findings"] = [{**f.__dict__, "line_sha1": f.line_sha1} for f in all_findings]
-    result["missed"] = [m for m in missed if repos is None or m.get("repo") in repos]
+    result["missed"] = [
+        {**m, "found_now": noted_risk_found(m, all_findings)} for m in missed if repos is None or m.get("repo") in repos
+    ]
     result["warnings"] = warnings
     if a.template:
         write_template(all_findings, a.template)
@@ -410,9 +443,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {'caught' if r['caught'] else 'MISSED'} {r['id']} ({r['repo']}): want {'/'.join(r['expected'])}, "
                   f"got {'/'.join(r['got_before']) or 'nothing'}{silent}")
     if result["missed"]:
-        print(f"\nrisks the analyzer misses, noted by the judges ({len(result['missed'])}):")
+        found = sum(m["found_now"] for m in result["missed"])
+        print(f"\nrisks the judges noted as missed ({len(result['missed'])}, {found} found now):")
         for m in result["missed"]:
-            print(f"  {m['repo']}/{m['path']}:{m.get('line', '?')} [{m.get('rule', '?')}] {m.get('reason', '')[:120]}")
+            state = "found now" if m["found_now"] else "MISSED"
+            print(f"  {state} {m['repo']}/{m['path']}:{m.get('line', '?')} [{m.get('rule', '?')}] {m.get('reason', '')[:110]}")
     unjudged = [f for f in all_findings if f.verdict == "unjudged"]
     if unjudged:
         print(f"\nfindings nobody has judged yet ({len(unjudged)}): read each and decide")

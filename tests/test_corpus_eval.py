@@ -239,3 +239,22 @@ def test_the_second_fresh_split_is_read_from_its_own_folder_and_verdict_file(tmp
     assert corpus_eval.default_verdict_files("fresh2", tmp_path) == [CORPORA / "verdicts-fresh2.json"]
     assert not corpus_eval.in_split("fresh2", "all") and not corpus_eval.in_split("fresh2", "fresh")
     assert corpus_eval.in_split("fresh2", "fresh2")
+
+
+def test_a_bug_named_before_its_rule_existed_expects_the_rule_now_named_so() -> None:
+    codes_by_name = corpus_eval.rule_codes_by_name(OOM_LSP)
+    assert codes_by_name["backward-create-graph"] == "OOM307"
+    bug = {"expected_codes": ["OOM302", "NEW:backward-create-graph", "NEW:no-such-rule-yet"]}
+    assert corpus_eval.expected_codes(bug, codes_by_name) == {"OOM302", "OOM307", "NEW:no-such-rule-yet"}
+
+
+def test_a_risk_the_judges_noted_as_missed_is_found_by_a_finding_of_its_code_a_few_lines_on() -> None:
+    def finding(line: int, code: str = "OOM402", path: str = "m.py") -> corpus_eval.Finding:
+        return corpus_eval.Finding(corpus="static", repo="o/r", path=path, line=line, column=1, cell=None, code=code,
+                                   message="", source="")
+
+    risk = {"repo": "o/r", "path": "m.py", "line": 100, "rule": "OOM402"}
+    assert corpus_eval.noted_risk_found(risk, [finding(100 + corpus_eval.NOTED_RISK_TOLERANCE)])
+    assert not corpus_eval.noted_risk_found(risk, [finding(100 + corpus_eval.NOTED_RISK_TOLERANCE + 1)])
+    assert not corpus_eval.noted_risk_found(risk, [finding(100, code="OOM303"), finding(100, path="n.py")])
+    assert not corpus_eval.noted_risk_found({**risk, "line": None}, [finding(100)])
