@@ -246,6 +246,8 @@ def test_a_bug_named_before_its_rule_existed_expects_the_rule_now_named_so() -> 
     assert codes_by_name["backward-create-graph"] == "OOM307"
     bug = {"expected_codes": ["OOM302", "NEW:backward-create-graph", "NEW:no-such-rule-yet"]}
     assert corpus_eval.expected_codes(bug, codes_by_name) == {"OOM302", "OOM307", "NEW:no-such-rule-yet"}
+    # the rule built for a cause under another name
+    assert corpus_eval.expected_codes({"expected_codes": ["NEW:detached-gpu-accumulation"]}, codes_by_name) == {"OOM306"}
 
 
 def test_a_risk_the_judges_noted_as_missed_is_found_by_a_finding_of_its_code_a_few_lines_on() -> None:
