@@ -36,6 +36,7 @@ from oom_lsp.analysis.rules._scan import (
     scope_of,
     single_assignment,
 )
+from oom_lsp.analysis.rules._tensor_ranks import Lookup, TensorRanks
 from oom_lsp.fixes.attention import fused_attention
 
 _CONCATENATE = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
@@ -140,7 +141,10 @@ class NaiveAttention(Rule):
     ## What it does
     Flags attention computed by hand: a softmax over the last dimension of
     `q @ k.transpose(-2, -1)` (or `k.mT`, `torch.matmul`, an einsum such as
-    `"bhid,bhjd->bhij"`), scaled, masked or
+    `"bhid,bhjd->bhij"`, or `k.transpose(2, 3)` of a key whose four
+    dimensions the code states: its `view`, a shape unpacked from it, kept
+    through a rotary-embedding helper, a norm layer or `repeat_interleave`),
+    scaled, masked or
     not, directly or through a variable (`scores = q @ k.mT / d ** 0.5`, then
     `scores.softmax(-1)`), with `torch.softmax`, `F.softmax`, `.softmax()` or
     an `nn.Softmax(dim=-1)` module, whose result is multiplied with another
@@ -408,6 +412,22 @@ class NaiveAttention(Rule):
                 return w @ k
             """
         ),
+        # A helper of the file that splits the keys into windows: five
+        # dimensions after it, so `transpose(2, 3)` is not their last two.
+        Valid(
+            """\
+            import torch
+
+            def split_windows(x, size):
+                b, h, t, d = x.shape
+                return x.view(b, h, t // size, size, d)
+
+            def attend(q, k, v, b, t, h, d):
+                k = split_windows(k.view(b, t, h, d).transpose(1, 2), 8)
+                w = torch.softmax(q @ k.transpose(2, 3), dim=-1)
+                return w @ v
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -640,6 +660,56 @@ class NaiveAttention(Rule):
             """,
             line=10,
         ),
+        # Grouped-query attention: the keys' four dimensions stated by their
+        # `view`, kept through a norm layer of the file, a rotary-embedding
+        # helper and `repeat_interleave` (LLMs-from-scratch's Llama 3, Qwen3).
+        Invalid(
+            """\
+            import torch
+            import torch.nn as nn
+
+            class RMSNorm(nn.Module):
+                def __init__(self, dim):
+                    super().__init__()
+                    self.scale = nn.Parameter(torch.ones(dim))
+
+                def forward(self, x):
+                    variance = x.pow(2).mean(dim=-1, keepdim=True)
+                    if self.training:
+                        x = x.float()
+                    return (x * torch.rsqrt(variance + 1e-6) * self.scale).type_as(x)
+
+            def rotate(x, cos, sin):
+                b, h, t, d = x.shape
+                first, second = x[..., : d // 2], x[..., d // 2 :]
+                turned = torch.cat((-second, first), dim=-1)
+                return (x * cos[:t]) + (turned * sin[:t])
+
+            class GroupedAttention(nn.Module):
+                def __init__(self, dim, heads, groups, qk_norm):
+                    super().__init__()
+                    self.heads, self.groups, self.head_dim = heads, groups, dim // heads
+                    self.wq = nn.Linear(dim, dim)
+                    self.wkv = nn.Linear(dim, 2 * groups * self.head_dim)
+                    self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
+
+                def forward(self, x, cos, sin):
+                    b, t, _ = x.shape
+                    queries = self.wq(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+                    keys, values = self.wkv(x).view(b, t, 2 * self.groups, self.head_dim).transpose(1, 2).chunk(2, dim=1)
+                    keys = keys.view(b, self.groups, t, self.head_dim)
+                    if self.k_norm is not None:
+                        keys = self.k_norm(keys)
+                    queries = rotate(queries, cos, sin)
+                    keys = rotate(keys, cos, sin)
+                    keys = keys.repeat_interleave(self.heads // self.groups, dim=1)
+                    values = values.repeat_interleave(self.heads // self.groups, dim=1)
+                    scores = queries @ keys.transpose(2, 3)
+                    weights = torch.softmax(scores / self.head_dim ** 0.5, dim=-1)
+                    return weights @ values
+            """,
+            line=41,
+        ),
         # A score matrix built and never used.
         Invalid(
             """\
@@ -659,7 +729,7 @@ class NaiveAttention(Rule):
         # the (q, k) of its product.
         self._scores: list[dict[str, _QueryKey]] = [{}]
         # Per function: the local names whose number of dimensions the code states.
-        self._ranks: list[dict[str, int]] = [{}]
+        self._ranks = TensorRanks(context.call_name)
         # Names and attributes bound to `nn.Softmax(dim=-1)` (False once bound
         # to anything else).
         self._softmax_modules: dict[str, bool] = {}
@@ -670,11 +740,11 @@ class NaiveAttention(Rule):
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._scores.append({})
-        self._ranks.append({})
+        self._ranks.enter()
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._scores.pop()
-        self._ranks.pop()
+        self._ranks.leave()
 
     def leave_Assign(self, original_node: cst.Assign) -> None:
         self._rebind([target.target for target in original_node.targets], original_node.value)
@@ -696,22 +766,21 @@ class NaiveAttention(Rule):
 
     def _rebind(self, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
         names = self._scores[-1]
-        ranks = self._ranks[-1]
         product = self._score_operands(value)
-        rank = self._rank(value)
         for target in targets:
             if isinstance(target, cst.Name):
                 names.pop(target.value, None)
-                ranks.pop(target.value, None)
                 if product is not None:
                     names[target.value] = product
-                if rank is not None:
-                    ranks[target.value] = rank
                 continue
             for node in descendants(target):
                 if isinstance(node, cst.Name):
                     names.pop(node.value, None)
-                    ranks.pop(node.value, None)
+        self._ranks.rebind(targets, value, self._lookup())
+
+    def _owner(self) -> cst.ClassDef | None:
+        stack = self.context.tracker.statements
+        return stack[0] if stack and isinstance(stack[0], cst.ClassDef) else None
 
     # --- recognising the score matrix --------------------------------------
     def _key_of_transposed(self, expr: cst.BaseExpression) -> cst.BaseExpression | None:
@@ -735,35 +804,21 @@ class NaiveAttention(Rule):
         return None
 
     def _swaps_last_two_of_rank(self, tensor: cst.BaseExpression, first: cst.BaseExpression, second: cst.BaseExpression) -> bool:
-        """`keys.transpose(2, 3)` where `keys` has 4 dimensions (known from
-        the `view`/`reshape`/`permute` that made it): its last two."""
+        """`keys.transpose(2, 3)` where `keys` has 4 dimensions (what the code
+        states, rules/_tensor_ranks.py): its last two."""
         rank = self._rank(tensor)
         if rank is None or not (isinstance(first, cst.Integer) and isinstance(second, cst.Integer)):
             return False
         return {int(first.value), int(second.value)} == {rank - 2, rank - 1}
 
     def _rank(self, expr: cst.BaseExpression) -> int | None:
-        """The number of dimensions of a tensor, when the code states it: the
-        arguments of the `view`/`reshape`/`permute` that made it, through
-        `transpose`, `contiguous` and local names."""
-        if isinstance(expr, cst.Name):
-            return self._ranks[-1].get(expr.value)
-        called = method_call(expr)
-        if called is None or not isinstance(expr, cst.Call) or has_splat(expr):
-            return None
-        receiver, method = called
-        if method in ("view", "reshape", "permute"):
-            args = [arg.value for arg in expr.args if arg.keyword is None]
-            if len(args) == 1 and isinstance(args[0], (cst.Tuple, cst.List)):
-                if any(isinstance(element, cst.StarredElement) for element in args[0].elements):
-                    return None
-                return len(args[0].elements)
-            if len(args) == 1:
-                return None  # a dtype or a shape variable
-            return len(args) if len(args) == len(expr.args) else None
-        if method in ("transpose", "swapaxes", "swapdims", "contiguous", "float", "half", "to", "type_as"):
-            return self._rank(receiver)
-        return None
+        return self._ranks.rank(expr, self._lookup())
+
+    def _lookup(self) -> Lookup:
+        owner = self._owner()
+        return Lookup(
+            lambda call: self._local_callee(call, owner), owner, lambda: {c.name.value: c for c in self._index().classes}
+        )
 
     def _product(self, expr: cst.BaseExpression, any_layout: bool = False) -> _QueryKey | None:
         """(q, k) for `q @ k^T`, `torch.matmul(q, k^T)`,
@@ -818,9 +873,7 @@ class NaiveAttention(Rule):
         adds a positional bias to the scores and hands the same matrix back."""
         if has_splat(call):
             return None
-        stack = self.context.tracker.statements
-        owner = stack[0] if stack and isinstance(stack[0], cst.ClassDef) else None
-        function = self._local_callee(call, owner)
+        function = self._local_callee(call, self._owner())
         if function is None:
             return None
         returned = _returned_parameter(function)
