@@ -137,6 +137,24 @@ class DeviceFacts:
             return Device.GPU if self.uses_cuda else Device.UNKNOWN
         return Device.UNKNOWN
 
+    def target_device(self, target: cst.BaseExpression) -> Device:
+        """Where `.to(target)`, `device=target` or `map_location=target` puts a
+        tensor; a device variable the file ever sets to the CPU is not known
+        to be the GPU (`device = torch.device("cpu")` in a file that has CUDA
+        elsewhere)."""
+        found = self._target(target)
+        name = dotted_name(target)
+        context = self._context()
+        if found is Device.GPU and name is not None and context is not None:
+            pending: list[cst.CSTNode] = [context.module]
+            while pending:
+                node = pending.pop()
+                if type(node) is cst.Assign and any(dotted_name(t.target) == name for t in node.targets):
+                    if self._target(node.value) is Device.HOST:
+                        return Device.UNKNOWN
+                pending.extend(node.children)
+        return found
+
     def _target(self, target: cst.BaseExpression) -> Device:
         """Where `.to(target)` / `device=target` puts a tensor."""
         text = string_value(target)

@@ -1,4 +1,5 @@
-"""OOM501: `torch.load` of a CUDA model's checkpoint without `map_location`."""
+"""OOM501: `torch.load` of a CUDA model's checkpoint onto the GPU: without
+`map_location`, or with one that names the GPU."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg, is_true, method_call, string_value
+from oom_lsp.analysis.cst_helpers import get_arg, has_splat, is_true, method_call, string_value
+from oom_lsp.analysis.facts.devices import Device, device_facts
 from oom_lsp.analysis.facts.program import program_of
 from oom_lsp.analysis.facts.sizes import model_size
 from oom_lsp.analysis.facts.workload import MATTERS, Stake, format_bytes, parameter_count
@@ -18,7 +20,7 @@ from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.analysis.rules._devices import file_uses_cuda
 from oom_lsp.analysis.rules._scan import SCOPES, descendants, names_read, scope_of
-from oom_lsp.fixes.map_location import add_map_location
+from oom_lsp.fixes.map_location import add_map_location, map_location_to_cpu
 
 
 class TorchLoadWithoutMapLocation(Rule):
@@ -28,7 +30,11 @@ class TorchLoadWithoutMapLocation(Rule):
     model's or an optimizer's state in a file that uses CUDA: the result
     goes to `load_state_dict` (`model.load_state_dict(torch.load(path))`,
     or through a checkpoint dict: `ckpt["model"]`), or the same file saves a
-    `state_dict()` to that path.
+    `state_dict()` to that path. Also `torch.load(..., map_location=device)`
+    where `device` is the GPU (`"cuda"`, `torch.device("cuda:0")`, the
+    file's `device` when it uses CUDA) and the result goes to
+    `load_state_dict`: the checkpoint is built on the GPU beside the model
+    it is then copied into.
 
     It stays silent on a file with no CUDA use (CPU-only code, an XLA/TPU
     strategy), on checkpoints the file shows are on the CPU (saved with
@@ -73,8 +79,8 @@ class TorchLoadWithoutMapLocation(Rule):
     code = "OOM501"
     advisory = True
     name = "torch-load-without-map-location"
-    summary = "`torch.load` without `map_location` restores a GPU checkpoint onto the GPU next to the model."
-    why = "The checkpoint's tensors come back onto the GPU they were saved from, next to the model's own copy."
+    summary = "`torch.load` restores a checkpoint onto the GPU next to the model it is loaded into."
+    why = "The checkpoint's tensors come back onto the GPU (the one they were saved from, or the one map_location names), next to the model's own copy."
     remedy = 'Pass map_location="cpu" and move what you need.'
     fix_applicability = Applicability.SAFE
 
@@ -158,6 +164,37 @@ class TorchLoadWithoutMapLocation(Rule):
             meta = torch.load(path / META_FILE)
             """
         ),
+        # Tensors loaded onto the GPU to be used there, not copied into a
+        # model: no second copy of anything.
+        Valid(
+            """\
+            import torch
+            device = torch.device("cuda")
+            features = torch.load(path, map_location=device)
+            scores = features @ queries.T
+            """
+        ),
+        # A device variable the file sets to the CPU where it loads.
+        Valid(
+            """\
+            import torch
+
+            def export(model, path):
+                device = torch.device("cpu")
+                model.load_state_dict(torch.load(path, map_location=device))
+
+            def train(model):
+                model.cuda()
+            """
+        ),
+        # A map_location that decides per tensor: not known to be the GPU.
+        Valid(
+            """\
+            import torch
+            model.cuda()
+            model.load_state_dict(torch.load(path, map_location=lambda storage, loc: storage))
+            """
+        ),
         # A whole pickled model, moved where it belongs: no second copy.
         Valid(
             """\
@@ -236,6 +273,49 @@ class TorchLoadWithoutMapLocation(Rule):
                 net.load_state_dict(state)
             """,
         ),
+        # map_location names the GPU, and the state is copied into a model
+        # already there: two copies at once (loading onto the CPU gives the
+        # same model, load_state_dict copies onto each parameter's device).
+        Invalid(
+            """\
+            import torch
+
+            class Runner:
+                def __init__(self, model):
+                    self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+                    self.model = model.to(self.device)
+
+                def resume(self, path):
+                    state = torch.load(path, map_location=self.device)
+                    self.model.load_state_dict(state)
+            """,
+            line=9,
+            expected_fix="""\
+            import torch
+
+            class Runner:
+                def __init__(self, model):
+                    self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+                    self.model = model.to(self.device)
+
+                def resume(self, path):
+                    state = torch.load(path, map_location="cpu")
+                    self.model.load_state_dict(state)
+            """,
+        ),
+        # A checkpoint dict onto the GPU: reported, but the loaded dict may
+        # hold tensors used on the GPU as they are (no certain fix).
+        Invalid(
+            """\
+            import torch
+            model = Net().cuda()
+            checkpoint = torch.load(args.resume, map_location="cuda:0")
+            model.load_state_dict(checkpoint["model"])
+            anchors = checkpoint["anchors"]
+            """,
+            line=3,
+            expected_fix=None,
+        ),
         # The result is unused, but the file saved a GPU model's state there.
         Invalid(
             """\
@@ -286,10 +366,12 @@ class TorchLoadWithoutMapLocation(Rule):
                         holds_state=_holds_state(saved.value),
                     )
                 )
-        elif qualified == "torch.load" and get_arg(node, "map_location", 1) is None:
-            # (present, or UNKNOWN via a splat: not a candidate)
+        elif qualified == "torch.load":
+            location = get_arg(node, "map_location", 1)
+            if location is not None and (not isinstance(location, cst.Arg) or has_splat(node)):
+                return  # UNKNOWN via a splat: not a candidate
             tracker = self.context.tracker
-            self._loads.append(_Load(node, tracker.current_function, tuple(tracker.statements)))
+            self._loads.append(_Load(node, tracker.current_function, tuple(tracker.statements), location))
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self._loads:
@@ -301,6 +383,9 @@ class TorchLoadWithoutMapLocation(Rule):
             self._decide(load)
 
     def _decide(self, load: _Load) -> None:
+        if load.location is not None:
+            self._decide_gpu_location(load, load.location)
+            return
         node = load.call
         saved = [save for save in self._saves if _path_keys(get_arg(node, "f", 0)) & save.keys]
         if saved and all(save.on_cpu for save in saved):
@@ -332,6 +417,35 @@ class TorchLoadWithoutMapLocation(Rule):
             )
         )
 
+    def _decide_gpu_location(self, load: _Load, location: cst.Arg) -> None:
+        """`map_location` names the GPU and the state goes into a model or an
+        optimizer already there (their tensors are what `load_state_dict`
+        copies into): the checkpoint is a second copy on the GPU."""
+        context = self.context
+        if device_facts(context, True).target_device(location.value) is not Device.GPU:
+            return
+        scope = scope_of(load.function, context.module)
+        statement = load.path[-1] if load.path else None
+        sinks = _state_sinks(_scope_index(context, scope), load.call, statement)
+        if sinks is None:
+            return
+        where = context.code_for(location.value)
+        stake = self._stake(load)
+        held = stake.text if stake is not None else "the checkpoint"
+        # Onto the CPU instead: the same model (load_state_dict copies onto each
+        # parameter's device), certain only when everything loaded goes there.
+        fix = FixSpec(
+            title='Load onto the CPU: `map_location="cpu"`',
+            edits=map_location_to_cpu(location),
+            applicability=Applicability.SAFE,
+        ) if sinks.whole_only else None
+        context.add_report(
+            deferred_report(
+                self, load.call, f"torch.load(map_location={where}) builds {held} on the GPU beside the model it is loaded into",
+                fix, load.path, proven=stake is not None and stake.bytes >= 4 * MATTERS,
+            )
+        )
+
     def _stake(self, load: _Load) -> Stake | None:
         """The checkpoint's size, from the model that loads it (`model.load_state_dict(...)`
         in the same function): a copy of its weights on the GPU beside the model."""
@@ -359,6 +473,8 @@ class _Load:
     call: cst.Call
     function: cst.FunctionDef | None
     path: tuple[cst.CSTNode, ...]
+    # The `map_location` argument, when the call passes one.
+    location: cst.Arg | None = None
 
 
 # `.load_state_dict` of these holds Python numbers or CPU state, not a model's tensors.

@@ -150,3 +150,38 @@ def test_weights_only_fix_loads_the_same_state_dict(tmp_path) -> None:
     exec(compile(fixed, "<after>", "exec"), after)
     for name, value in before["net"].state_dict().items():
         assert torch.equal(value, after["net"].state_dict()[name])
+
+
+@pytest.mark.parametrize(
+    "location",
+    ['"cuda"', '"cuda:1"', 'torch.device("cuda", 0)', "device", "self.device", "args.device"],
+)
+def test_a_map_location_naming_the_gpu_is_a_second_copy_beside_the_model(location: str) -> None:
+    source = _CUDA + f"model.load_state_dict(torch.load(path, map_location={location}))\n"
+    (finding,) = _findings(source, "OOM501")
+    assert finding.line == 3 and f"map_location={location}" in finding.message
+    assert "on the GPU beside the model" in finding.message
+    assert _fixed(source, "OOM501") == _CUDA + 'model.load_state_dict(torch.load(path, map_location="cpu"))\n'
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # the CPU, or a device the file sets to the CPU
+        _CUDA + 'model.load_state_dict(torch.load(path, map_location="cpu"))\n',
+        _CUDA + 'device = "cpu"\nmodel.load_state_dict(torch.load(path, map_location=device))\n',
+        # not copied into a model: the GPU is where the tensors are used
+        _CUDA + 'embeddings = torch.load(path, map_location="cuda")\nscores = embeddings @ q\n',
+        # no CUDA in the file: `device` is not known to be a GPU
+        'import torch\nmodel.load_state_dict(torch.load(path, map_location=device))\n',
+    ],
+)
+def test_a_map_location_not_known_to_be_the_gpu_or_a_load_not_copied_into_a_model_is_silent(source: str) -> None:
+    assert _findings(source, "OOM501") == []
+
+
+def test_a_checkpoint_dict_loaded_onto_the_gpu_is_reported_without_a_fix() -> None:
+    source = _CUDA + 'ckpt = torch.load(path, map_location="cuda")\nmodel.load_state_dict(ckpt["model"])\nanchors = ckpt["anchors"]\n'
+    (finding,) = _findings(source, "OOM501")
+    assert finding.fix is None
+    assert _fixed(source, "OOM501") == source
