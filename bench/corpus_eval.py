@@ -290,9 +290,14 @@ def rule_codes_by_name(exe: str) -> dict[str, str]:
     return {name: code for name, code in re.findall(r"^# ([a-z0-9-]+) \((OOM\d{3})\)$", listing, re.M)}
 
 
-# Causes that bugs.json named before a rule covered them, where the rule built for that cause took
-# another name (OOM306 was written for the detached GPU accumulation the bug reports describe).
-RULE_OF_CAUSE = {"detached-gpu-accumulation": "device-tensors-kept-across-iterations"}
+# Causes that bugs.json named before a rule covered them, where the rule that now covers the cause
+# has another name: OOM306 was written for the detached GPU accumulation the bug reports describe;
+# OOM501 covers a checkpoint loaded onto the GPU by a map_location that names it (same second copy
+# beside the model as no map_location at all).
+RULE_OF_CAUSE = {
+    "detached-gpu-accumulation": "device-tensors-kept-across-iterations",
+    "checkpoint-loaded-onto-gpu": "torch-load-without-map-location",
+}
 
 
 def expected_codes(bug: dict, codes_by_name: dict[str, str]) -> set[str]:

@@ -248,6 +248,7 @@ def test_a_bug_named_before_its_rule_existed_expects_the_rule_now_named_so() -> 
     assert corpus_eval.expected_codes(bug, codes_by_name) == {"OOM302", "OOM307", "NEW:no-such-rule-yet"}
     # the rule built for a cause under another name
     assert corpus_eval.expected_codes({"expected_codes": ["NEW:detached-gpu-accumulation"]}, codes_by_name) == {"OOM306"}
+    assert corpus_eval.expected_codes({"expected_codes": ["NEW:checkpoint-loaded-onto-gpu"]}, codes_by_name) == {"OOM501"}
 
 
 def test_a_risk_the_judges_noted_as_missed_is_found_by_a_finding_of_its_code_a_few_lines_on() -> None:
