@@ -36,7 +36,7 @@ from oom_lsp.analysis.rules._scan import (
     scope_of,
     single_assignment,
 )
-from oom_lsp.analysis.rules._tensor_ranks import Lookup, TensorRanks
+from oom_lsp.analysis.rules._tensor_shapes import Lookup, TensorShapes
 from oom_lsp.fixes.attention import fused_attention
 
 _CONCATENATE = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
@@ -428,6 +428,21 @@ class NaiveAttention(Rule):
                 return w @ v
             """
         ),
+        # Channel attention on a feature map: `bmm` of `(b, c, h*w)` by
+        # `(b, h*w, c)` is channels by channels (DANet's CAM).
+        Valid(
+            """\
+            import torch
+
+            def channel_attention(self, x):
+                b, c, h, w = x.shape
+                query = x.view(b, c, -1)
+                key = x.view(b, c, -1).permute(0, 2, 1)
+                energy = torch.bmm(query, key)
+                attention = torch.softmax(energy, dim=-1)
+                return torch.bmm(attention, x.view(b, c, -1)).view(b, c, h, w)
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -710,6 +725,53 @@ class NaiveAttention(Rule):
             """,
             line=41,
         ),
+        # Attention over the positions of a feature map, channels first:
+        # `bmm` of `(b, h*w, c)` by `(b, c, h*w)` is positions by positions
+        # (the AttnBlock of latent-diffusion and taming-transformers).
+        Invalid(
+            """\
+            import torch
+
+            def attend(q, k, v):
+                b, c, h, w = q.shape
+                q = q.reshape(b, c, h * w)
+                q = q.permute(0, 2, 1)
+                k = k.reshape(b, c, h * w)
+                w_ = torch.bmm(q, k)
+                w_ = w_ * (int(c) ** (-0.5))
+                w_ = torch.nn.functional.softmax(w_, dim=2)
+                v = v.reshape(b, c, h * w)
+                w_ = w_.permute(0, 2, 1)
+                return torch.bmm(v, w_).reshape(b, c, h, w)
+            """,
+            line=10,
+        ),
+        # The same with a softmax module and `-1` for the flattened positions
+        # (SAGAN's self-attention; DANet's position attention).
+        Invalid(
+            """\
+            import torch
+            import torch.nn as nn
+
+            class SelfAttention(nn.Module):
+                def __init__(self, dim):
+                    super().__init__()
+                    self.query = nn.Conv2d(dim, dim // 8, 1)
+                    self.key = nn.Conv2d(dim, dim // 8, 1)
+                    self.value = nn.Conv2d(dim, dim, 1)
+                    self.softmax = nn.Softmax(dim=-1)
+
+                def forward(self, x):
+                    batch, channels, width, height = x.size()
+                    query = self.query(x).view(batch, -1, width * height).permute(0, 2, 1)
+                    key = self.key(x).view(batch, -1, width * height)
+                    attention = self.softmax(torch.bmm(query, key))
+                    value = self.value(x).view(batch, -1, width * height)
+                    out = torch.bmm(value, attention.permute(0, 2, 1))
+                    return out.view(batch, channels, width, height)
+            """,
+            line=16,
+        ),
         # A score matrix built and never used.
         Invalid(
             """\
@@ -728,8 +790,8 @@ class NaiveAttention(Rule):
         # Per function: the local names currently holding a score matrix, with
         # the (q, k) of its product.
         self._scores: list[dict[str, _QueryKey]] = [{}]
-        # Per function: the local names whose number of dimensions the code states.
-        self._ranks = TensorRanks(context.call_name)
+        # Per function: the local names whose shape the code states.
+        self._shapes = TensorShapes(context.call_name)
         # Names and attributes bound to `nn.Softmax(dim=-1)` (False once bound
         # to anything else).
         self._softmax_modules: dict[str, bool] = {}
@@ -740,11 +802,11 @@ class NaiveAttention(Rule):
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._scores.append({})
-        self._ranks.enter()
+        self._shapes.enter()
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._scores.pop()
-        self._ranks.leave()
+        self._shapes.leave()
 
     def leave_Assign(self, original_node: cst.Assign) -> None:
         self._rebind([target.target for target in original_node.targets], original_node.value)
@@ -776,7 +838,7 @@ class NaiveAttention(Rule):
             for node in descendants(target):
                 if isinstance(node, cst.Name):
                     names.pop(node.value, None)
-        self._ranks.rebind(targets, value, self._lookup())
+        self._shapes.rebind(targets, value, self._lookup())
 
     def _owner(self) -> cst.ClassDef | None:
         stack = self.context.tracker.statements
@@ -805,14 +867,14 @@ class NaiveAttention(Rule):
 
     def _swaps_last_two_of_rank(self, tensor: cst.BaseExpression, first: cst.BaseExpression, second: cst.BaseExpression) -> bool:
         """`keys.transpose(2, 3)` where `keys` has 4 dimensions (what the code
-        states, rules/_tensor_ranks.py): its last two."""
+        states, rules/_tensor_shapes.py): its last two."""
         rank = self._rank(tensor)
         if rank is None or not (isinstance(first, cst.Integer) and isinstance(second, cst.Integer)):
             return False
         return {int(first.value), int(second.value)} == {rank - 2, rank - 1}
 
     def _rank(self, expr: cst.BaseExpression) -> int | None:
-        return self._ranks.rank(expr, self._lookup())
+        return self._shapes.rank(expr, self._lookup())
 
     def _lookup(self) -> Lookup:
         owner = self._owner()
@@ -839,7 +901,12 @@ class NaiveAttention(Rule):
         else:
             return None
         key = self._key_of_transposed(right)
-        return (left, key) if key is not None else None
+        if key is not None:
+            return left, key
+        if any_layout and self._shapes.positions_by_positions(left, right, self._lookup()):
+            # `torch.bmm(q, k)` of `(b, h*w, c)` by `(b, c, h*w)`: channels first.
+            return left, right
+        return None
 
     def _score_operands(self, expr: cst.BaseExpression) -> _QueryKey | None:
         """(q, k) when `expr` is a score matrix `q @ k^T`, scaled, masked or
@@ -901,7 +968,7 @@ class NaiveAttention(Rule):
         if self.context.call_name(call) in _SOFTMAX:
             source, dim = get_arg(call, "input", 0), get_arg(call, "dim", 1)
             if isinstance(source, cst.Arg) and isinstance(dim, cst.Arg):
-                return _Softmax(source.value, _is_minus(dim.value, 1), len(call.args) == 2)
+                return _Softmax(source.value, self._is_last_dim(dim.value, source.value), len(call.args) == 2)
             return None
         module = dotted_name(call.func)
         if module is not None and self._softmax_modules.get(module):
@@ -915,7 +982,13 @@ class NaiveAttention(Rule):
         dim = get_arg(call, "dim", 0)
         if not isinstance(dim, cst.Arg):
             return None
-        return _Softmax(called[0], _is_minus(dim.value, 1), len(call.args) == 1)
+        return _Softmax(called[0], self._is_last_dim(dim.value, called[0]), len(call.args) == 1)
+
+    def _is_last_dim(self, dim: cst.BaseExpression, tensor: cst.BaseExpression) -> bool:
+        """`-1`, or `2` of a tensor whose three dimensions the code states."""
+        if _is_minus(dim, 1):
+            return True
+        return isinstance(dim, cst.Integer) and self._rank(tensor) == int(dim.value) + 1
 
     def visit_Call(self, node: cst.Call) -> None:
         softmax = self._softmax_input(node)

@@ -113,3 +113,37 @@ FILE_NORM = """\
 def test_a_submodule_keeps_the_rank_only_when_every_layer_assigned_to_it_keeps_the_shape(built: str, kept: bool) -> None:
     source = "import torch\nimport torch.nn as nn\n" + textwrap.dedent(FILE_NORM) + textwrap.dedent(LAYER).format(built=built)
     assert _reported(source) is kept
+
+
+CHANNELS_FIRST = """\
+    import torch
+
+    def attend(x, q, k, v):
+        {unpack}
+        q = q.reshape({q_shape}).permute(0, 2, 1)
+        k = k.reshape({k_shape})
+        w_ = torch.softmax(torch.bmm(q, k), dim={dim})
+        return torch.bmm(v.reshape({k_shape}), w_.permute(0, 2, 1))
+"""
+
+
+@pytest.mark.parametrize(
+    ("unpack", "q_shape", "k_shape", "dim", "reported"),
+    [
+        # positions of a feature map (NCHW), in either order of the factors
+        ("b, c, h, w = x.shape", "b, c, h * w", "b, c, w * h", "2", True),
+        ("b, c, h, w = x.size()", "b, -1, h * w", "b, -1, h * w", "-1", True),
+        ("b, c, t, h, w = x.shape", "b, c, t * h * w", "b, c, t * h * w", "-1", True),
+        # channels by channels, or no spatial dimension the code names
+        ("b, c, h, w = x.shape", "b, h * w, c", "b, h * w, c", "-1", False),
+        ("b, n, d = x.shape", "b, d, n", "b, d, n", "-1", False),
+        ("b, c, h, w = x.shape", "b, c, -1", "b, c, -1", "-1", False),
+        # softmax over another dimension than the last
+        ("b, c, h, w = x.shape", "b, c, h * w", "b, c, h * w", "1", False),
+    ],
+)
+def test_bmm_is_a_score_matrix_when_both_its_last_dimensions_are_the_flattened_positions(
+    unpack: str, q_shape: str, k_shape: str, dim: str, reported: bool
+) -> None:
+    source = textwrap.dedent(CHANNELS_FIRST).format(unpack=unpack, q_shape=q_shape, k_shape=k_shape, dim=dim)
+    assert _reported(source) is reported
