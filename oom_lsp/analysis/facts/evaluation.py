@@ -671,3 +671,44 @@ def evaluation_facts(context: FileContext) -> EvaluationFacts:
     if facts is None:
         facts = _FACTS[context] = EvaluationFacts(context)
     return facts
+
+
+# Calls that make a program train: a backward pass, a gradient, an optimizer or
+# scheduler step, a framework's fit/train loop (`model.train()` too: a script
+# that switches a model to training mode trains it).
+_TRAINING_METHODS = frozenset({"backward", "manual_backward", "step", "fit", "train", "train_model", "grad"})
+
+
+def is_inference_script(module: cst.Module) -> bool:
+    """A script (it has an `if __name__ == "__main__":` block) in which
+    nothing trains: no backward pass, gradient, optimizer step or training
+    loop is called anywhere in the file. There an evaluation forward's graph
+    is not something training holds anyway: it is the activations inference
+    would free, kept for nothing (the peak of a demo on a full-resolution
+    input is a training step's, not an inference's)."""
+    has_main = False
+    pending: list[cst.CSTNode] = [module]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, cst.If) and _is_main_guard(node.test):
+            has_main = True
+        elif isinstance(node, cst.Call):
+            func = node.func
+            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
+            if name in _TRAINING_METHODS:
+                return False
+        pending.extend(node.children)
+    return has_main
+
+
+def _is_main_guard(test: cst.BaseExpression) -> bool:
+    return (
+        isinstance(test, cst.Comparison)
+        and isinstance(test.left, cst.Name)
+        and test.left.value == "__name__"
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal)
+        and isinstance(test.comparisons[0].comparator, cst.SimpleString)
+        and test.comparisons[0].comparator.evaluated_value == "__main__"
+    )
+

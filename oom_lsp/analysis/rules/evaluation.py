@@ -7,7 +7,7 @@ import re
 import libcst as cst
 
 from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
-from oom_lsp.analysis.facts.evaluation import EvalForward, evaluation_facts
+from oom_lsp.analysis.facts.evaluation import EvalForward, evaluation_facts, is_inference_script
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.fixes import inference_mode
@@ -53,7 +53,11 @@ class EvalWithoutNoGrad(Rule):
     batches' activations (or every batch's) are alive at once. One batch's
     graph that dies within its iteration (`correct += (model(x).argmax(1)
     == y).sum().item()`) costs what training already holds; `--strict`
-    shows those too.
+    shows those too. In a script that never trains (it has an
+    `if __name__ == "__main__":` block and no backward pass, optimizer step
+    or training loop anywhere) there is no training step to compare with:
+    a demo or inference script's forward pass with autograd on keeps the
+    activations inference would free, and it is reported by default.
 
     ## Why is this bad?
     `model.eval()` changes dropout and batch norm; it does not turn autograd
@@ -379,6 +383,43 @@ class EvalWithoutNoGrad(Rule):
                 print(model(sample))  # inference
             """,
         ),
+        # An inference script: nothing in it trains, so the graph of its one
+        # forward pass is all the activations inference would have freed
+        # (the demo of a model on a full-resolution image).
+        Invalid(
+            """
+            import torch
+
+            def main(args):
+                model = Restorer().cuda()
+                model.load_state_dict(torch.load(args.weights, map_location="cpu"))
+                model.eval()
+                image = load_image(args.input).cuda()
+                restored = model(image)
+                save_image(restored.detach().cpu(), args.output)
+
+            if __name__ == "__main__":
+                main(parse_args())
+            """,
+            line=9,
+            by_default=True,
+        ),
+        # The same function in a module, not a script: a training program may
+        # call it, where its graph is no more than the training step holds
+        # (only in strict mode).
+        Invalid(
+            """
+            import torch
+
+            def restore(model, path, out):
+                model.eval()
+                image = load_image(path).cuda()
+                restored = model(image)
+                save_image(restored.detach().cpu(), out)
+            """,
+            line=7,
+            by_default=False,
+        ),
         # A forward pass routed through a method of the class after `.eval()`.
         Invalid(
             """
@@ -466,10 +507,12 @@ class EvalWithoutNoGrad(Rule):
         if _TEST_FILE_RE.search(self.context.path) is not None:
             return  # tests run models for their outputs, not to serve predictions
         evaluation = evaluation_facts(self.context)
-        for forward in evaluation.forwards_without_grad_use():
-            self._report(forward)
+        forwards = evaluation.forwards_without_grad_use()
+        inference_only = bool(forwards) and is_inference_script(self.context.module)
+        for forward in forwards:
+            self._report(forward, inference_only)
 
-    def _report(self, forward: EvalForward) -> None:
+    def _report(self, forward: EvalForward, inference_only: bool) -> None:
         reference = self.context.imports.reference_to("torch.inference_mode")
         imports: tuple[str, ...] = ()
         if reference is None:
@@ -491,6 +534,8 @@ class EvalWithoutNoGrad(Rule):
         message = forward.message
         if forward.kept_into_next_batch is not None:
             message += f"; {forward.kept_into_next_batch} holds its graph into the next batch"
+        elif inference_only:
+            message += "; this script never trains: the activations are kept for nothing"
         self.context.add_report(
             deferred_report(
                 self,
@@ -502,7 +547,10 @@ class EvalWithoutNoGrad(Rule):
                 # step around it: the graph of one batch still alive while the next
                 # runs (two batches' activations). One batch's graph, freed within
                 # the iteration or at return, is no more than training holds; and a
-                # known dataset of small samples keeps a few MB either way.
-                proven=forward.kept_into_next_batch is not None and not trains_on_small_inputs(self.context),
+                # known dataset of small samples keeps a few MB either way. In a
+                # script that never trains there is no training step to compare
+                # with: the graph is what makes inference cost training's memory.
+                proven=(forward.kept_into_next_batch is not None or inference_only)
+                and not trains_on_small_inputs(self.context),
             )
         )
