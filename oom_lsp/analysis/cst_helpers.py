@@ -41,6 +41,25 @@ def get_arg(call: cst.Call, name: str, position: int | None = None) -> cst.Arg |
     return None
 
 
+def bound_arguments(call: cst.Call, params: list[str]) -> dict[str, cst.BaseExpression]:
+    """The argument `call` passes for each parameter of the callee (`params` its
+    parameter names in order, `self` left out for a method call): positional
+    ones by position, keyword ones by name. A splat binds nothing certain:
+    {} then."""
+    if has_splat(call):
+        return {}
+    bound: dict[str, cst.BaseExpression] = {}
+    position = 0
+    for arg in call.args:
+        if arg.keyword is not None:
+            bound[arg.keyword.value] = arg.value
+            continue
+        if position < len(params):
+            bound[params[position]] = arg.value
+        position += 1
+    return bound
+
+
 def int_value(expr: cst.BaseExpression | None) -> int | None:
     """The value of an integer literal (`256`, `1_024`, `2**10` is not one)."""
     if isinstance(expr, cst.Integer):

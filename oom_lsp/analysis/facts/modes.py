@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg
+from oom_lsp.analysis.cst_helpers import bound_arguments, get_arg
 from oom_lsp.analysis.facts.contexts import _LOCAL_TO_GRAD, CallGraph, _method_scope
 from oom_lsp.analysis.facts.library import Grad, Mode
 from oom_lsp.analysis.facts.program import Call, Function
@@ -251,18 +251,7 @@ def _argument_for(call: cst.Call, function: Function, param: str) -> cst.BaseExp
     bound_self = function.self_name is not None and type(call.func) is cst.Attribute
     if bound_self and params:
         params = params[1:]
-    if any(arg.star for arg in call.args):
-        return None
-    position = 0
-    for arg in call.args:
-        if arg.keyword is not None:
-            if arg.keyword.value == param:
-                return arg.value
-            continue
-        if position < len(params) and params[position] == param:
-            return arg.value
-        position += 1
-    return None
+    return bound_arguments(call, params).get(param)
 
 
 def _switch(call: Call) -> tuple[Call, str, Mode] | None:

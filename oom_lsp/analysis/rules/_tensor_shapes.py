@@ -40,7 +40,7 @@ from typing import NamedTuple
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
-from oom_lsp.analysis.cst_helpers import has_splat, method_call
+from oom_lsp.analysis.cst_helpers import bound_arguments, has_splat, method_call
 from oom_lsp.analysis.rules._attention_evidence import method_named, statements_of
 from oom_lsp.analysis.rules._scan import descendants
 
@@ -188,8 +188,7 @@ class TensorShapes:
 
     def _result_shape(self, call: cst.Call, env: dict[str, Shape], lookup: Lookup) -> Shape | None:
         """The shape a call of the file's own code returns, given its arguments."""
-        arg_shapes = [self._shape(arg.value, env, lookup) for arg in call.args]
-        if all(found is None for found in arg_shapes):
+        if all(self._shape(arg.value, env, lookup) is None for arg in call.args):
             return None  # nothing to follow (most calls): no need to find the code
         function = lookup.callee(call)
         skip_self = isinstance(call.func, cst.Attribute)
@@ -203,15 +202,11 @@ class TensorShapes:
         params = [param.name.value for param in function.params.params]
         if skip_self and params and params[0] == "self":
             params = params[1:]
-        bound: dict[str, Shape] = {}
-        positional = 0
-        for arg, arg_shape in zip(call.args, arg_shapes):
-            name = arg.keyword.value if arg.keyword is not None else (
-                params[positional] if positional < len(params) else None)
-            if arg.keyword is None:
-                positional += 1
-            if name is not None and arg_shape is not None:
-                bound[name] = arg_shape
+        bound = {
+            name: found
+            for name, value in bound_arguments(call, params).items()
+            if (found := self._shape(value, env, lookup)) is not None
+        }
         self._evaluating.add(id(function))
         try:
             return self._body_result(function, bound, lookup)

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call, string_value
+from oom_lsp.analysis.cst_helpers import bound_arguments, get_arg, has_splat, method_call, string_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid
 from oom_lsp.analysis.rules._attention_evidence import (
@@ -949,16 +949,7 @@ class NaiveAttention(Rule):
         params = [param.name.value for param in function.params.params]
         if params and params[0] == "self" and isinstance(call.func, cst.Attribute):
             params = params[1:]
-        position = 0
-        for arg in call.args:
-            if arg.keyword is not None:
-                if arg.keyword.value == returned:
-                    return arg.value
-                continue
-            if position < len(params) and params[position] == returned:
-                return arg.value
-            position += 1
-        return None
+        return bound_arguments(call, params).get(returned)
 
     def _softmax_input(self, call: cst.Call) -> _Softmax | None:
         """The input of a softmax call, whether it runs over the last dimension,
