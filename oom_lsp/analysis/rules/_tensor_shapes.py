@@ -51,7 +51,7 @@ _SAME_SHAPE_METHODS = frozenset({
     "sub",
 })
 # Methods whose result has the receiver's number of dimensions, some of other sizes.
-_SAME_RANK_METHODS = frozenset({"repeat_interleave", "expand", "repeat", "roll", "flip"})
+_SAME_RANK_METHODS = frozenset({"repeat_interleave", "roll", "flip"})  # not expand/repeat: they may add dimensions
 _SAME_SHAPE_FUNCTIONS = frozenset({"torch.exp", "torch.tanh", "torch.sigmoid", "torch.neg"})
 _SAME_RANK_FUNCTIONS = frozenset({"torch.repeat_interleave", "torch.cat", "torch.concat", "torch.concatenate"})
 _MATMUL = frozenset({"torch.bmm", "torch.matmul"})

@@ -147,3 +147,8 @@ def test_bmm_is_a_score_matrix_when_both_its_last_dimensions_are_the_flattened_p
 ) -> None:
     source = textwrap.dedent(CHANNELS_FIRST).format(unpack=unpack, q_shape=q_shape, k_shape=k_shape, dim=dim)
     assert _reported(source) is reported
+
+
+@pytest.mark.parametrize("grown", ["x.view(b, t, h, d).expand(2, b, t, h, d)", "x.view(b, t, h, d).repeat(2, 1, 1, 1, 1)"])
+def test_expand_and_repeat_may_add_dimensions(grown: str) -> None:
+    assert not _reported(_attention("", f"keys = {grown}\n"))
