@@ -430,6 +430,7 @@ class TorchLoadWithoutMapLocation(Rule):
         if sinks is None:
             return
         where = context.code_for(location.value)
+        call = f"torch.load(map_location={where})" if len(where) <= 40 and "\n" not in where else "torch.load"
         stake = self._stake(load)
         held = stake.text if stake is not None else "the checkpoint"
         # Onto the CPU instead: the same model (load_state_dict copies onto each
@@ -441,7 +442,7 @@ class TorchLoadWithoutMapLocation(Rule):
         ) if sinks.whole_only else None
         context.add_report(
             deferred_report(
-                self, load.call, f"torch.load(map_location={where}) builds {held} on the GPU beside the model it is loaded into",
+                self, load.call, f"{call} builds {held} on the GPU beside the model it is loaded into",
                 fix, load.path, proven=stake is not None and stake.bytes >= 4 * MATTERS,
             )
         )

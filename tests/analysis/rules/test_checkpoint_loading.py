@@ -185,3 +185,9 @@ def test_a_checkpoint_dict_loaded_onto_the_gpu_is_reported_without_a_fix() -> No
     (finding,) = _findings(source, "OOM501")
     assert finding.fix is None
     assert _fixed(source, "OOM501") == source
+
+
+def test_a_long_gpu_map_location_is_not_copied_into_the_message() -> None:
+    source = _CUDA + 'model.load_state_dict(torch.load(path, map_location=torch.device(\n    "cuda", args.local_rank_of_this_process)))\n'
+    (finding,) = _findings(source, "OOM501")
+    assert finding.message.startswith("torch.load builds the checkpoint on the GPU") and "\n" not in finding.message
