@@ -426,8 +426,9 @@ class TorchLoadWithoutMapLocation(Rule):
             return
         scope = scope_of(load.function, context.module)
         statement = load.path[-1] if load.path else None
-        sinks = _state_sinks(_scope_index(context, scope), load.call, statement)
-        if sinks is None:
+        index = _scope_index(context, scope)
+        sinks = _state_sinks(index, load.call, statement)
+        if sinks is None or not _reaches_sink_by_access(index, load.call, statement):
             return
         where = context.code_for(location.value)
         call = f"torch.load(map_location={where})" if len(where) <= 40 and "\n" not in where else "torch.load"
@@ -599,6 +600,56 @@ def _state_sinks(index: _ScopeIndex, load: cst.Call, statement: cst.CSTNode | No
         return _Sinks(whole_only=False)
     reads = sum(index.reads()[name] for name in assigned) - len(assigned)
     return _Sinks(whole_only=whole_uses == reads)
+
+
+def _reaches_sink_by_access(index: _ScopeIndex, load: cst.Call, statement: cst.CSTNode | None) -> bool:
+    """Whether what `load` returns is itself what a state sink copies: passed
+    to it, or reached from it by indexing, attributes, methods and key
+    renaming (`ckpt["model"].float().state_dict()`, `{k: v for k, v in
+    state.items()}`), not by being handed to some other call (`Logger(...,
+    torch.load(p).get("run_id"))`, whose result only depends on it)."""
+    if statement is None:
+        return False
+    for node in descendants(statement, skip=SCOPES):
+        if isinstance(node, cst.Call) and _is_state_sink(node):
+            if any(_accessed_from(arg.value, lambda e: e is load) for arg in node.args):
+                return True
+    names = set(_assigned_from(statement, load))
+    if not names:
+        return False
+    scope_statements = [n for n in descendants(index.scope, skip=SCOPES) if isinstance(n, cst.Assign)]
+    changed = True
+    while changed:
+        changed = False
+        for assign in scope_statements:
+            if _accessed_from(assign.value, lambda e: isinstance(e, cst.Name) and e.value in names):
+                for target in assign.targets:
+                    if isinstance(target.target, cst.Name) and target.target.value not in names:
+                        names.add(target.target.value)
+                        changed = True
+    return any(
+        _accessed_from(arg.value, lambda e: isinstance(e, cst.Name) and e.value in names)
+        for sink in index.sinks
+        for arg in sink.args
+    )
+
+
+def _accessed_from(expr: cst.BaseExpression, is_root) -> bool:  # type: ignore[no-untyped-def]
+    """`expr` is a root value, or reached from one by subscripts, attributes,
+    method calls on it, or a comprehension over such a value."""
+    while True:
+        if is_root(expr):
+            return True
+        if isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.Attribute):
+            expr = expr.value
+        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+            expr = expr.func.value
+        elif isinstance(expr, (cst.DictComp, cst.ListComp, cst.GeneratorExp)):
+            expr = expr.for_in.iter
+        else:
+            return False
 
 
 def _assigned_from(statement: cst.CSTNode, load: cst.Call) -> set[str]:

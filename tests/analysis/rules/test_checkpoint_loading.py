@@ -191,3 +191,18 @@ def test_a_long_gpu_map_location_is_not_copied_into_the_message() -> None:
     source = _CUDA + 'model.load_state_dict(torch.load(path, map_location=torch.device(\n    "cuda", args.local_rank_of_this_process)))\n'
     (finding,) = _findings(source, "OOM501")
     assert finding.message.startswith("torch.load builds the checkpoint on the GPU") and "\n" not in finding.message
+
+
+@pytest.mark.parametrize(
+    ("source", "reported"),
+    [
+        # read for one field, then only handed to other calls: not copied into a model
+        (_CUDA + 'run_id = torch.load(w, map_location=device).get("run")\nlog = Logger(run_id)\nnc = log.classes\n'
+         'net = Model(nc).to(device)\nstate = intersect(pretrained, net.state_dict())\nnet.load_state_dict(state)\n', False),
+        # a method chain and a key renaming from the checkpoint into load_state_dict
+        (_CUDA + 'ckpt = torch.load(w, map_location=device)\nstate = ckpt["model"].float().state_dict()\n'
+         'state = {k.removeprefix("module."): v for k, v in state.items()}\nmodel.load_state_dict(state)\n', True),
+    ],
+)
+def test_a_gpu_map_location_counts_only_a_checkpoint_that_is_itself_copied_into_a_model(source: str, reported: bool) -> None:
+    assert bool(_findings(source, "OOM501")) is reported
