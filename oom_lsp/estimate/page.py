@@ -165,7 +165,13 @@ def render_page(result: EstimateResult, what_if: WhatIfTable | None = None) -> s
     timeline = prediction.timeline
     samples = Samples(timeline)
     at = prediction.peak_at
-    where = f"{at.file}:{at.line}" if at.file else "no line of the script"
+    folder = str(Path(prediction.script).resolve().parent) + "/"
+
+    def short(place: str) -> str:
+        """A line of the script's folder named from there (the page may be opened anywhere)."""
+        return place[len(folder) :] if place.startswith(folder) else place
+
+    where = short(f"{at.file}:{at.line}") if at.file else "no line of the script"
     event = samples.peak_event
     op = at.op or (event.op if event else "?")
     peak_label = f"peak {format_bytes(samples.peak_bytes)}: {op}"
@@ -239,14 +245,14 @@ table{{border-collapse:collapse;margin:4px 0 14px}}td,th{{padding:2px 10px 2px 0
 <p class=peak id=peak data-peak-bytes="{samples.peak_bytes}">Allocated peak {html.escape(format_bytes(samples.peak_bytes))}
 ({samples.peak_bytes:,} bytes) at {html.escape(op)} in {html.escape(at.module or "(outside modules)")},
 {html.escape(where)}, during {html.escape(at.phase or "the step")}.</p>
-<p><small>{html.escape(prediction.method)}; device {html.escape(prediction.device)}; target {html.escape(target)}
-{html.escape(verdict)}. Allocated memory as torch.cuda.memory_allocated() would count it (without the
+<p><small>{html.escape(prediction.method)}; device {html.escape(prediction.device)}; target {html.escape(target)}{
+html.escape(", " + verdict) if verdict else ""}. Allocated memory as torch.cuda.memory_allocated() would count it (without the
 allocator's cache and the CUDA context; see docs/estimate.md).</small></p>
 <div>{legend}</div>
 <div class=row><div>{_svg(samples, peak_label)}</div>
 <div><h2>At the peak</h2><table>{_rows(breakdown)}</table>
 <h2>Top modules</h2><table>{_rows([(name or "(outside modules)", format_bytes(size)) for name, size in prediction.top_modules])}</table>
-<h2>Top lines</h2><table>{_rows([(place or "(no line of the script)", format_bytes(size)) for place, size in prediction.top_lines])}</table>
+<h2>Top lines</h2><table>{_rows([(short(place) if place else "(no line of the script)", format_bytes(size)) for place, size in prediction.top_lines])}</table>
 </div></div>
 {what_if_html}
 <script type="application/json" id="summary">{summary_json}</script>
