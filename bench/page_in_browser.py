@@ -77,7 +77,7 @@ def probe_page(page: Path, chromium: str) -> dict:
         copy = Path(tmp) / "probed.html"
         copy.write_text(page.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
         result = _chromium(chromium, "--dump-dom", copy.as_uri())
-    found = re.search(r'<pre id="probe">(.*?)</pre>', result.stdout, re.S)
+    found = re.search(r'<pre id="probe">(.*?)</pre>', result.stdout, re.DOTALL)
     if not found:
         raise RuntimeError(f"Chromium printed no probe (exit {result.returncode}): {result.stderr.strip()[-300:]}")
     return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from oom_lsp.estimate.timeline import Alloc, Timeline, to_snapshot
+from oom_lsp.profiling.importers import CATEGORIES
 from tests import console
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "estimate"
@@ -155,6 +156,10 @@ def test_explain_on_the_export_names_the_estimate_s_top_lines(tmp_path):
     lines = {f"{line['file']}:{line['line']}": line["bytes"] for line in data["top_lines"]}
     for place, size in estimate["top_lines"]:
         assert abs(lines[place] - size) <= size / 100, (place, size, lines.get(place))
+    # What holds the peak's bytes: the export's categories, to the byte of the estimate's breakdown.
+    held = {group["holder"]: group["bytes"] for group in data["held_by"]}
+    assert held == {CATEGORIES.get(name, name): size for name, size in estimate["breakdown"].items() if size}
+    assert held["the optimizer (its state)"] == estimate["breakdown"]["optimizer_state"] > 0
 
 
 @pytest.mark.parametrize(
