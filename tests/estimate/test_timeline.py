@@ -218,6 +218,11 @@ def test_with_what_if_the_page_has_the_table_s_rows(tmp_path):
     section = page.split("<h2>What if</h2>")[1]
     for row in table["changes"]:
         assert f"<td>{row['title']}</td>" in section
+    # Each change's own traced step, drawn against the script's: its chart's peak is its row's.
+    charts = re.findall(r'<figure class=change data-peak-bytes="(\d+)"><figcaption>([^<]*?): allocated', section)
+    measured = {row["title"]: row["peak_bytes"] for row in table["changes"] if row.get("peak_bytes")}
+    assert measured and {title: int(peak) for peak, title in charts} == measured
+    assert section.count("<polyline") == 2 * len(charts)  # the change's line and the script's
 
 
 def test_an_fsdp2_rank_s_page_and_snapshot_have_its_peak(tmp_path):
