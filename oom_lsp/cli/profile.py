@@ -308,13 +308,9 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def _is_pickle(path: Path) -> bool:
-    """A pickle (protocol 2+), or a gzipped one: a memory snapshot rather than a log."""
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(2)
-    except OSError:
-        return False  # said by the log reader, as for any log
-    return head[:1] == b"\x80" or (head == b"\x1f\x8b" and path.suffix in (".gz", ".pickle", ".pkl"))
+    from oom_lsp.usecases.explain import is_snapshot
+
+    return is_snapshot(path)
 
 
 SNAPSHOT_TRUST = (

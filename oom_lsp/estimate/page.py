@@ -239,7 +239,7 @@ def render_page(result: EstimateResult, what_if: WhatIfTable | None = None) -> s
 
     def short(place: str) -> str:
         """A line of the script's folder named from there (the page may be opened anywhere)."""
-        return place[len(folder) :] if place.startswith(folder) else place
+        return place.removeprefix(folder)
 
     where = short(f"{at.file}:{at.line}") if at.file else "no line of the script"
     event = samples.peak_event

@@ -6,7 +6,6 @@ and refined where the line does not hold, by fake runs.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from dataclasses import dataclass, field
 

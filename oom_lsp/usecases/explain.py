@@ -30,6 +30,16 @@ class Explanation:
         return {"ooms": [oom.to_dict() for oom in self.ooms]}
 
 
+def is_snapshot(path: Path) -> bool:
+    """A pickle (protocol 2+), or a gzipped one: a memory snapshot rather than a log."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(2)
+    except OSError:
+        return False  # said by the log reader, as for any log
+    return head[:1] == b"\x80" or (head == b"\x1f\x8b" and path.suffix in (".gz", ".pickle", ".pkl"))
+
+
 def explain_snapshot(path: Path) -> tuple[Report, list[HeldBy]]:
     """A memory snapshot's peak: the report (top_lines: the bytes live there by the user line that
     allocated them) and the same bytes grouped by what holds them. Raises ImportFormatError
