@@ -143,10 +143,21 @@ def test_the_page_written_by_the_console_script_has_the_estimate_s_peak(tmp_path
     assert "<svg" in page and "<polygon" in page
 
 
-def test_explain_on_the_export_names_the_estimate_s_top_lines(tmp_path):
+@pytest.mark.parametrize(
+    ("script", "options"),
+    [
+        ("mlp.py", []),
+        # On the CPU a convolution's oneDNN scratch (measured on the real kernel) is counted at its
+        # line, in the estimate's top lines as in the export.
+        ("cnn.py", ["--device", "cpu"]),
+    ],
+)
+def test_explain_on_the_export_names_the_estimate_s_top_lines(tmp_path, script, options):
     pytest.importorskip("torch")
-    shutil.copy(FIXTURES / "mlp.py", tmp_path)
-    result = console.run(["estimate", "mlp.py", "--format", "json", "--snapshot", "step.pickle"], tmp_path)
+    shutil.copy(FIXTURES / script, tmp_path)
+    result = console.run(
+        ["estimate", script, "--format", "json", "--snapshot", "step.pickle", *options], tmp_path
+    )
     assert result.returncode == 0, result.stderr
     estimate = json.loads(result.stdout)
     explained = console.run(["explain", "step.pickle", "--format", "json"], tmp_path)
@@ -156,10 +167,18 @@ def test_explain_on_the_export_names_the_estimate_s_top_lines(tmp_path):
     lines = {f"{line['file']}:{line['line']}": line["bytes"] for line in data["top_lines"]}
     for place, size in estimate["top_lines"]:
         assert abs(lines[place] - size) <= size / 100, (place, size, lines.get(place))
-    # What holds the peak's bytes: the export's categories, to the byte of the estimate's breakdown.
+    # What holds the peak's bytes: the export's categories, the estimate's breakdown at the peak. A
+    # block keeps the role it ends with (cnn.py on the CPU: 2 KiB made as a temporary and known as a
+    # gradient after the peak); mlp.py's are equal to the byte.
     held = {group["holder"]: group["bytes"] for group in data["held_by"]}
-    assert held == {CATEGORIES.get(name, name): size for name, size in estimate["breakdown"].items() if size}
-    assert held["the optimizer (its state)"] == estimate["breakdown"]["optimizer_state"] > 0
+    breakdown = {CATEGORIES.get(name, name): size for name, size in estimate["breakdown"].items() if size}
+    assert sum(held.values()) == estimate["peak_bytes"]
+    assert set(held) == set(breakdown)
+    for holder, size in breakdown.items():
+        assert abs(held[holder] - size) <= estimate["peak_bytes"] / 1000, (holder, held[holder], size)
+    if script == "mlp.py":
+        assert held == breakdown
+        assert held["the optimizer (its state)"] == estimate["breakdown"]["optimizer_state"] > 0
 
 
 @pytest.mark.parametrize(
