@@ -103,7 +103,8 @@ def _svg(samples: Samples, peak_label: str) -> str:
     parts = [
         (
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-            f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="memory timeline">'
+            f'viewBox="0 0 {WIDTH} {HEIGHT}" style="max-width:100%;height:auto" role="img" '
+            'aria-label="memory timeline">'
         )
     ]
     # Phases: runs of the same phase, shaded behind the areas.
