@@ -363,9 +363,10 @@ def run_what_if(args: argparse.Namespace, request: Any, config: Any, out: TextIO
     listener = display.listener()
 
     def work() -> Any:
-        # The changes' traces record no timeline: the page draws the script's own step only.
-        untimed = dataclasses.replace(request, timeline=False)
-        return what_if.run_what_if(untimed, text, encoding, findings, settings, listener)
+        # With --html the changes' traces record their timelines: the page draws each against the
+        # script's own step.
+        timed = dataclasses.replace(request, timeline=bool(args.html))
+        return what_if.run_what_if(timed, text, encoding, findings, settings, listener)
 
     table, code = _attempt(args, display, work, out, err)
     if table is None:

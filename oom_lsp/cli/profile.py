@@ -308,13 +308,9 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def _is_pickle(path: Path) -> bool:
-    """A pickle (protocol 2+), or a gzipped one: a memory snapshot rather than a log."""
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(2)
-    except OSError:
-        return False  # said by the log reader, as for any log
-    return head[:1] == b"\x80" or (head == b"\x1f\x8b" and path.suffix in (".gz", ".pickle", ".pkl"))
+    from oom_lsp.usecases.explain import is_snapshot
+
+    return is_snapshot(path)
 
 
 SNAPSHOT_TRUST = (
@@ -326,10 +322,11 @@ SNAPSHOT_TRUST = (
 def _explain_snapshot(path: Path, output: str) -> int:
     """`oom-lsp explain snapshot.pickle`: the bytes live at the snapshot's peak, by the user line
     that allocated them (the innermost frame of the user's code; profiling/importers.py)."""
-    from oom_lsp.profiling.importers import ImportFormatError, import_profile
+    from oom_lsp.profiling.importers import ImportFormatError
+    from oom_lsp.usecases.explain import explain_snapshot
 
     try:
-        report = import_profile(path)
+        report, held_by = explain_snapshot(path)
     except ImportFormatError as error:
         return _error(str(error))
     except OSError as exc:
@@ -344,6 +341,7 @@ def _explain_snapshot(path: Path, output: str) -> int:
                     "peak_allocated_bytes": report.peak_allocated,
                     "peak_reserved_bytes": report.peak_reserved,
                     "top_lines": [usage.to_dict() for usage in report.top_lines],
+                    "held_by": [group.to_dict() for group in held_by],
                     "notes": report.notes,
                 },
                 indent=2,
@@ -365,6 +363,11 @@ def _explain_snapshot(path: Path, output: str) -> int:
         rest = report.peak_allocated - attributed
         if rest > 0:
             print(f"    {format_bytes(rest):>11}  outside your code, or below the top {len(report.top_lines)}")
+    if held_by:
+        print("  held at the peak by (where the snapshot says: its frames, its backward passes):")
+        for group in held_by:
+            blocks = f"{group.blocks} block{'s' if group.blocks != 1 else ''}" if group.blocks else "no frames"
+            print(f"    {format_bytes(group.bytes):>11}  {group.holder}  ({blocks})")
     for note in report.notes:
         print(f"  note: {note}")
     return EXIT_OK

@@ -103,7 +103,8 @@ def _svg(samples: Samples, peak_label: str) -> str:
     parts = [
         (
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-            f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="memory timeline">'
+            f'viewBox="0 0 {WIDTH} {HEIGHT}" style="max-width:100%;height:auto" role="img" '
+            'aria-label="memory timeline">'
         )
     ]
     # Phases: runs of the same phase, shaded behind the areas.
@@ -156,6 +157,76 @@ def _svg(samples: Samples, peak_label: str) -> str:
     return "".join(parts)
 
 
+COMPARE_W, COMPARE_H, COMPARE_POINTS = 460, 130, 400
+
+
+def _totals(timeline: Timeline) -> list[int]:
+    """The allocated bytes after each event (what a change's chart draws: its total, not its stack)."""
+    total, totals = 0, []
+    for event in timeline:
+        if isinstance(event, Alloc):
+            total += event.size
+        elif isinstance(event, Free):
+            total -= event.size
+        totals.append(total)
+    return totals
+
+
+def _polyline(totals: list[int], top: float, colour: str, width: float) -> str:
+    """The totals over the chart's width (each trace spread over it: their event counts differ),
+    at most COMPARE_POINTS points, each the highest of its stretch, so each peak is drawn."""
+    step = max(1, -(-len(totals) // COMPARE_POINTS))
+    last = max(len(totals) - 1, 1)
+    points = []
+    for start in range(0, len(totals), step):
+        index = max(range(start, min(start + step, len(totals))), key=totals.__getitem__)
+        x = LEFT + (COMPARE_W - LEFT - 10) * index / last
+        y = 8 + (COMPARE_H - 28) * (1 - totals[index] / top)
+        points.append(f"{x:.1f},{y:.1f}")
+    return f'<polyline points="{" ".join(points)}" fill="none" stroke="{colour}" stroke-width="{width}"/>'
+
+
+def _compare_svg(base: list[int], change: list[int], title: str) -> str:
+    """One what-if change's allocated memory (blue) over the script's own (grey), one scale."""
+    top = max(max(base, default=0), max(change, default=0), 1) * 1.08
+    ticks, taken = [], []
+    for size in (0, max(base, default=0), max(change, default=0)):
+        y = 8 + (COMPARE_H - 28) * (1 - size / top)
+        if all(abs(y - other) > 11 for other in taken):  # no label over another
+            taken.append(y)
+            ticks.append(
+                f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="10">'
+                f"{format_bytes(size, short=True)}</text>"
+            )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{COMPARE_W}" height="{COMPARE_H}" '
+        f'viewBox="0 0 {COMPARE_W} {COMPARE_H}" role="img" aria-label="{html.escape(title)} against the script">'
+        f"{''.join(ticks)}{_polyline(base, top, '#999', 1.2)}{_polyline(change, top, '#4e79a7', 1.6)}"
+        f'<text x="{LEFT}" y="{COMPARE_H - 6}" font-size="10">each trace'
+        f"'s events in order, spread over the width ({len(base):,} and {len(change):,})</text></svg>"
+    )
+
+
+def _what_if_timelines(samples_totals: list[int], what_if: WhatIfTable) -> str:
+    charts = [
+        f'<figure class=change data-peak-bytes="{max(totals, default=0)}"><figcaption>{html.escape(row.title)}: '
+        f"allocated peak {html.escape(format_bytes(max(totals, default=0)))}</figcaption>"
+        f"{_compare_svg(samples_totals, totals, row.title)}</figure>"
+        for row in what_if.changes
+        if row.timeline is not None
+        for totals in [_totals(row.timeline)]
+    ]
+    if not charts:
+        return ""
+    return (
+        "<h2>Each change's step against the script's</h2><p><small>Allocated memory of the change's "
+        'traced steps (<span style="color:#4e79a7">blue</span>) over the script as it is '
+        '(<span style="color:#999">grey</span>), on one scale.</small></p><div class=row>'
+        + "".join(charts)
+        + "</div>"
+    )
+
+
 def _rows(rows: list[tuple[str, str]]) -> str:
     return "".join(f"<tr><td>{html.escape(a)}</td><td class=n>{html.escape(b)}</td></tr>" for a, b in rows)
 
@@ -165,7 +236,13 @@ def render_page(result: EstimateResult, what_if: WhatIfTable | None = None) -> s
     timeline = prediction.timeline
     samples = Samples(timeline)
     at = prediction.peak_at
-    where = f"{at.file}:{at.line}" if at.file else "no line of the script"
+    folder = str(Path(prediction.script).resolve().parent) + "/"
+
+    def short(place: str) -> str:
+        """A line of the script's folder named from there (the page may be opened anywhere)."""
+        return place.removeprefix(folder)
+
+    where = short(f"{at.file}:{at.line}") if at.file else "no line of the script"
     event = samples.peak_event
     op = at.op or (event.op if event else "?")
     peak_label = f"peak {format_bytes(samples.peak_bytes)}: {op}"
@@ -215,6 +292,7 @@ def render_page(result: EstimateResult, what_if: WhatIfTable | None = None) -> s
             "<table><tr><th>change</th><th>needed</th><th>allocated</th><th>saves</th><th>verdict</th></tr>"
             + rows
             + "</table>"
+            + _what_if_timelines(_totals(timeline), what_if)
         )
     summary = {
         "peak_bytes": samples.peak_bytes,
@@ -233,20 +311,20 @@ body{{font:14px/1.45 system-ui,sans-serif;margin:20px;color:#222}}
 table{{border-collapse:collapse;margin:4px 0 14px}}td,th{{padding:2px 10px 2px 0;text-align:left}}
 .n{{text-align:right;font-variant-numeric:tabular-nums}}h2{{font-size:15px;margin:10px 0 2px}}
 .key{{margin-right:12px;white-space:nowrap}}.key i{{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px}}
-.peak{{font-weight:bold}}small{{color:#666}}
+.peak{{font-weight:bold}}small{{color:#666}}figure{{margin:4px 0}}figcaption{{font-size:13px}}
 </style></head><body>
 <h1 style="font-size:18px">{html.escape(title)}</h1>
 <p class=peak id=peak data-peak-bytes="{samples.peak_bytes}">Allocated peak {html.escape(format_bytes(samples.peak_bytes))}
 ({samples.peak_bytes:,} bytes) at {html.escape(op)} in {html.escape(at.module or "(outside modules)")},
 {html.escape(where)}, during {html.escape(at.phase or "the step")}.</p>
-<p><small>{html.escape(prediction.method)}; device {html.escape(prediction.device)}; target {html.escape(target)}
-{html.escape(verdict)}. Allocated memory as torch.cuda.memory_allocated() would count it (without the
+<p><small>{html.escape(prediction.method)}; device {html.escape(prediction.device)}; target {html.escape(target)}{
+html.escape(", " + verdict) if verdict else ""}. Allocated memory as torch.cuda.memory_allocated() would count it (without the
 allocator's cache and the CUDA context; see docs/estimate.md).</small></p>
 <div>{legend}</div>
 <div class=row><div>{_svg(samples, peak_label)}</div>
 <div><h2>At the peak</h2><table>{_rows(breakdown)}</table>
 <h2>Top modules</h2><table>{_rows([(name or "(outside modules)", format_bytes(size)) for name, size in prediction.top_modules])}</table>
-<h2>Top lines</h2><table>{_rows([(place or "(no line of the script)", format_bytes(size)) for place, size in prediction.top_lines])}</table>
+<h2>Top lines</h2><table>{_rows([(short(place) if place else "(no line of the script)", format_bytes(size)) for place, size in prediction.top_lines])}</table>
 </div></div>
 {what_if_html}
 <script type="application/json" id="summary">{summary_json}</script>

@@ -866,6 +866,9 @@ class WhatIfRow:
     saving_percent: float | None = None
     verdict: Verdict | None = None
     fits: bool | None = None
+    # With --html: the change's traced step in order (estimate/timeline.py), drawn against the
+    # script's own; not in the JSON.
+    timeline: Any = field(default=None, repr=False, compare=False)
 
     @property
     def measured(self) -> bool:

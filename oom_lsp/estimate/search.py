@@ -5,6 +5,7 @@ and refined where the line does not hold, by fake runs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -248,6 +249,11 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
         raise EstimateError("the second trace (at twice the batch size) could not change the batch size")
     _require_two_steps(found[1], found[1].batch_size)
     first, second = predict(found[0], options), predict(found[1], options)
+    if options.timeline and not base.failed and base.timeline is not None:
+        # The editor's page: the script's own batch, as a plain estimate draws it.
+        from .timeline import Timeline
+
+        first.timeline = Timeline.from_trace(base, first)
     batches = [found[0].batch_size, found[1].batch_size]
     slope = (second.peak_bytes - first.peak_bytes) / (batches[1] - batches[0])
     intercept = first.peak_bytes - slope * batches[0]
@@ -273,7 +279,7 @@ def find_max_batch(options: EstimateOptions, progress: Progress | None = None) -
         return EstimateResult(first, result)
     result.search_limit = MAX_SEARCHED_BATCH
     search = _search_largest_fitting(
-        options, first, batches[0], min(line_answer, MAX_SEARCHED_BATCH), budget, progress
+        dataclasses.replace(options, timeline=False), first, batches[0], min(line_answer, MAX_SEARCHED_BATCH), budget, progress
     )
     if search.fitting is None:
         reason = f"no batch size checked by a fake run keeps {result.limit}"

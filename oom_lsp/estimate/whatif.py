@@ -392,6 +392,10 @@ def _row(
     row.growth_per_step = growth
     row.stops_growth = bool(base_growth and growth is not None and growth <= base_growth // 2)
     row.fallback = prediction.fallback is not None
+    if options.timeline and not trace.failed and trace.timeline is not None:  # --html asked for it
+        from .timeline import Timeline
+
+        row.timeline = Timeline.from_trace(trace, prediction)
     row.needed_bytes = needed
     row.peak_bytes = prediction.peak_bytes
     row.saving_bytes = base_needed - needed

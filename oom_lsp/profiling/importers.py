@@ -28,6 +28,7 @@ import gzip
 import json
 import pickle
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -42,6 +43,14 @@ TOP_LINES = 20
 
 class ImportFormatError(ValueError):
     """The file is not a profile this importer can read; the message says why."""
+
+
+def read_snapshot_file(path: Path) -> tuple[Report, list[HeldBy]]:
+    """A memory snapshot pickle (gzipped too): its report and the peak's bytes by holder."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return read_snapshot(_load_pickle(raw, path), path)
 
 
 def import_profile(path: Path) -> Report:
@@ -237,7 +246,61 @@ def _user_functions(events: list[dict[str, Any]]) -> _UserFunctions:
     return result
 
 
+@dataclass(frozen=True)
+class HeldBy:
+    """Bytes live at a snapshot's peak, grouped by what holds them (see `_holder`)."""
+
+    holder: str
+    bytes: int
+    blocks: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"holder": self.holder, "bytes": self.bytes, "blocks": self.blocks}
+
+
+# What holds a live block, where the snapshot says it. The estimate's export records each block's
+# category; a real snapshot only its frames and its order: the optimizer's frames
+# (torch/optim/), the backward's (torch/autograd/, the autograd engine), and the backward passes
+# that count the steps (a block allocated in an earlier step than the peak's, and after the first
+# backward, is kept across iterations; one of the peak's own step, outside the optimizer and the
+# backward, is held by the autograd graph or is a temporary of that step).
+OPTIMIZER = "the optimizer (its state)"
+BACKWARD = "gradients (made by the backward)"
+KEPT = "kept across iterations (allocated in an earlier step, still live)"
+THIS_STEP = "this step's forward (the autograd graph, temporaries)"
+BEFORE = "before the first backward (model, inputs, the first forward)"
+NO_FRAMES = "unknown (no frames recorded)"
+NO_STEPS = "your code (no backward frames recorded to tell the steps apart)"
+CATEGORIES = {  # the estimate's export (`oom-lsp estimate --snapshot`)
+    "parameters": "parameters",
+    "unsharded_parameters": "parameters (unsharded)",
+    "gradients": "gradients",
+    "ddp_buckets": "DDP gradient buckets",
+    "optimizer_state": OPTIMIZER,
+    "activations": "the autograd graph (activations saved for backward)",
+    "temporaries": "temporaries",
+    "inputs": "inputs",
+    "workspaces": "workspaces (cuBLAS)",
+}
+
+
+def _role(frames: Any) -> str | None:
+    """"optimizer" or "backward" when a frame says so; None otherwise."""
+    for frame in frames or ():
+        filename, name = frame.get("filename", ""), frame.get("name", "")
+        if "/torch/optim/" in filename:
+            return "optimizer"
+        if "/torch/autograd/" in filename or "autograd::engine" in name or "torch::autograd" in name:
+            return "backward"
+    return None
+
+
 def import_snapshot(data: Any, path: Path) -> Report:
+    return read_snapshot(data, path)[0]
+
+
+def read_snapshot(data: Any, path: Path) -> tuple[Report, list[HeldBy]]:
+    """The snapshot's report, and the bytes live at its peak grouped by what holds them."""
     if not isinstance(data, dict) or "device_traces" not in data or "segments" not in data:
         raise ImportFormatError(f"{path}: a pickle, but not a CUDA memory snapshot (no segments/device_traces)")
     traces = data["device_traces"]
@@ -267,11 +330,24 @@ def import_snapshot(data: Any, path: Path) -> Report:
 
     ops = []
     oom_events = 0
+    backwards = 0  # backward passes started so far (a run of backward allocations)
+    in_backward = False
+    steps_at: list[int] = []  # per op: its step, 0-based (the backward passes before its step's own)
     for event in trace:
         action = event.get("action")
         if action == "alloc":
-            ops.append((event["addr"], event["size"], _innermost_user_frame(event.get("frames", ()))))
+            frames = event.get("frames", ())
+            role = _role(frames)
+            if role == "backward" and not in_backward:
+                backwards += 1
+            in_backward = role == "backward" or (in_backward and role is None and not frames)
+            steps_at.append(backwards - in_backward)
+            holder = CATEGORIES.get(event.get("category", ""), event.get("category")) or role or (
+                None if frames else NO_FRAMES
+            )
+            ops.append((event["addr"], event["size"], (_innermost_user_frame(frames), holder, len(ops))))
         elif action == free_action:
+            steps_at.append(backwards - in_backward)
             ops.append((event["addr"], -1, None))
         elif action == "segment_alloc":
             reserved += event["size"]
@@ -281,13 +357,33 @@ def import_snapshot(data: Any, path: Path) -> Report:
         elif action == "oom":
             oom_events += 1
 
-    _, peak, at_peak = _replay(ops, baseline)
+    totals, peak, live = _replay(ops, baseline)
+    peak_index = totals.index(peak) if live else -1  # the first time it is reached, as _replay takes it
+    peak_step = steps_at[peak_index] if peak_index >= 0 else 0
+    held: dict[str, list[int]] = {}
+    for size, (_, holder, index) in live:
+        if holder == "optimizer":
+            holder = OPTIMIZER
+        elif holder == "backward":
+            holder = BACKWARD
+        elif holder is None and not backwards:
+            holder = NO_STEPS
+        elif holder is None:
+            step = steps_at[index]
+            holder = KEPT if 0 < step < peak_step else THIS_STEP if step == peak_step and step else BEFORE
+        group = held.setdefault(holder, [0, 0])
+        group[0] += size
+        group[1] += 1
+    if baseline:
+        held["allocated before recording started"] = [baseline, 0]
+    held_by = sorted((HeldBy(name, size, blocks) for name, (size, blocks) in held.items()), key=lambda h: -h.bytes)
+    at_peak = [(size, where) for size, (where, _, _) in live]
     notes = ["imported from a CUDA memory snapshot: the whole recording is one step"]
     if baseline:
         notes.append(f"{baseline} bytes were allocated before recording started (no frames for them)")
     if oom_events:
         notes.append(f"the allocator recorded {oom_events} out-of-memory event(s)")
-    return Report(
+    report = Report(
         script=None,
         status="imported",
         device=DeviceInfo("cuda", index=busiest),
@@ -299,6 +395,7 @@ def import_snapshot(data: Any, path: Path) -> Report:
         artifacts=Artifacts(snapshot=str(path), source=str(path)),
         notes=notes,
     )
+    return report, held_by
 
 
 def _innermost_user_frame(frames: Iterable[dict[str, Any]]) -> tuple[str, int, str] | None:

@@ -283,7 +283,9 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     if search and gpu is None:
         raise JsonRpcInvalidParams("findMaxBatch needs a target: gpu, gpuMemory, or oomLsp.gpu / gpu-memory")
     request = dataclasses.replace(
-        estimate_request(ls, args, script, gpu, notebook=notebook is not None), find_max_batch=search
+        estimate_request(ls, args, script, gpu, notebook=notebook is not None),
+        find_max_batch=search,
+        timeline=notebook is None,  # the page (`oom-lsp estimate --html`'s) beside the report
     )
     version = document_version(ls, args.uri)
     job = Job(ls, f"Estimating {script.name}", "estimate", script)
@@ -310,13 +312,23 @@ async def estimate_command(ls: OomLanguageServer, args: EstimateArgs) -> dict[st
     report_path = write_result(
         ls, script, "estimate", f"{script.stem}.json", json.dumps(result.to_json(), indent=2) + "\n"
     )
+    page_path = None
+    if result.prediction.timeline is not None:
+        from oom_lsp.estimate.page import render_page
+
+        page_path = write_result(ls, script, "estimate", f"{script.stem}.html", render_page(result))
     if notebook is None:
         _show_estimate(ls, args.uri, script, result, str(report_path), version)
     answer = estimate_answer(ls, result, str(report_path), script.name)
+    if page_path is not None:
+        # VS Code opens it in a webview (the extension's executeCommand middleware); other clients
+        # get its path in the message.
+        answer["pagePath"] = str(page_path)
     if args.show_result:
         verdict = result.prediction.verdict
         kind = types.MessageType.Info if verdict in (None, Verdict.FITS) else types.MessageType.Warning
-        ls.window_show_message(types.ShowMessageParams(type=kind, message=f"oom-lsp: {answer['message']}"))
+        page = f" Memory timeline: {page_path}" if page_path is not None else ""
+        ls.window_show_message(types.ShowMessageParams(type=kind, message=f"oom-lsp: {answer['message']}{page}"))
     return answer
 
 

@@ -360,11 +360,13 @@ def explain_dict(oom: OomError) -> dict[str, Any]:
 
 
 async def explain_command(ls: OomLanguageServer, args: ExplainArgs) -> dict[str, Any]:
-    from oom_lsp.usecases.explain import MAX_LOG_CHARS, explain, read_log
+    from oom_lsp.usecases.explain import MAX_LOG_CHARS, explain, is_snapshot, read_log
 
     if (args.text is None) == (args.path is None):
         raise JsonRpcInvalidParams("give one of text or path")
     base = Path(ls.workspace.root_path) if ls.workspace.root_path else None
+    if args.path is not None and await asyncio.to_thread(is_snapshot, Path(args.path)):
+        return await _explain_snapshot(ls, Path(args.path), base)
     if args.path is not None:
         log = Path(args.path)
         try:
@@ -392,6 +394,52 @@ async def explain_command(ls: OomLanguageServer, args: ExplainArgs) -> dict[str,
             ),
         )
     return {"errors": [explain_dict(oom) for oom in ooms]}
+
+
+async def _explain_snapshot(ls: OomLanguageServer, path: Path, base: Path | None) -> dict[str, Any]:
+    """A memory snapshot (`oom-lsp explain FILE.pickle`): Information diagnostics on the lines
+    that hold the bytes live at its peak, as a profile's; read as plain data (nothing in it runs)."""
+    from oom_lsp.profiling.importers import ImportFormatError
+    from oom_lsp.usecases.explain import explain_snapshot
+
+    try:
+        report, held_by = await asyncio.to_thread(explain_snapshot, path)
+    except ImportFormatError as error:
+        raise JsonRpcInvalidParams(str(error)) from None
+    except OSError as error:
+        raise JsonRpcInvalidParams(f"{path}: {error.strerror or error}") from None
+    base = path.parent if base is None else base
+    noticeable = max(1, (report.peak_allocated or 0) // 100)  # under 1 % of the peak: noise
+    by_uri: dict[str, list[types.Diagnostic]] = {}
+    for usage in report.top_lines:
+        target = uri_of_file(ls, usage.file, base)
+        if target is None or usage.bytes < noticeable or len(by_uri.get(target, [])) >= TOP_LINES_SHOWN:
+            continue
+        by_uri.setdefault(target, []).append(
+            types.Diagnostic(
+                range=line_range(ls, target, usage.line),
+                severity=types.DiagnosticSeverity.Information,
+                source=SOURCE,
+                message=f"{format_bytes(usage.bytes)} live at the snapshot's peak of "
+                f"{format_bytes(report.peak_allocated or 0)} ({usage.allocations} block(s) allocated here; "
+                f"{path.name})",
+                data={"kind": "snapshot", "snapshot": str(path)},
+            )
+        )
+    for target, found in by_uri.items():
+        store_result(
+            ls,
+            target,
+            FileResult(kind="oom", report_path=None, version=document_version(ls, target), diagnostics=found),
+        )
+    return {
+        "errors": [],
+        "snapshot": {
+            "peakAllocatedBytes": report.peak_allocated,
+            "topLines": [usage.to_dict() for usage in report.top_lines],
+            "heldBy": [group.to_dict() for group in held_by],
+        },
+    }
 
 
 def _in_workspace(ls: OomLanguageServer, path: Path) -> bool:

@@ -13,7 +13,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from oom_lsp.profiling.importers import HeldBy, read_snapshot_file
 from oom_lsp.profiling.oom_messages import OomError, find_ooms
+from oom_lsp.profiling.report import Report
 
 MAX_LOG_CHARS = 4 * 2**20  # of a log: its end, where the error is
 
@@ -26,6 +28,23 @@ class Explanation:
 
     def to_json(self) -> dict[str, object]:
         return {"ooms": [oom.to_dict() for oom in self.ooms]}
+
+
+def is_snapshot(path: Path) -> bool:
+    """A pickle (protocol 2+), or a gzipped one: a memory snapshot rather than a log."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(2)
+    except OSError:
+        return False  # said by the log reader, as for any log
+    return head[:1] == b"\x80" or (head == b"\x1f\x8b" and path.suffix in (".gz", ".pickle", ".pkl"))
+
+
+def explain_snapshot(path: Path) -> tuple[Report, list[HeldBy]]:
+    """A memory snapshot's peak: the report (top_lines: the bytes live there by the user line that
+    allocated them) and the same bytes grouped by what holds them. Raises ImportFormatError
+    (not a snapshot, a pickle that asks for code) or OSError, each with a one-line message."""
+    return read_snapshot_file(path)
 
 
 def read_log(log: Path, limit: int | None = MAX_LOG_CHARS) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from oom_lsp.estimate.timeline import Alloc, Timeline, to_snapshot
+from oom_lsp.profiling.importers import CATEGORIES
 from tests import console
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "estimate"
@@ -135,14 +136,28 @@ def test_the_page_written_by_the_console_script_has_the_estimate_s_peak(tmp_path
     assert "oom-lsp estimate: wrote step.html" in result.stderr
     page = (tmp_path / "step.html").read_text()
     assert _page_peak(page) == estimate["peak_bytes"]
-    assert f"{estimate['peak_at']['file']}:{estimate['peak_at']['line']}" in page
+    # The peak's line, named from the script's folder (the page may be opened anywhere).
+    shown = Path(estimate["peak_at"]["file"]).relative_to(tmp_path.resolve())
+    assert f"{shown}:{estimate['peak_at']['line']}, during" in page
+    assert str(tmp_path.resolve()) not in page
     assert "<svg" in page and "<polygon" in page
 
 
-def test_explain_on_the_export_names_the_estimate_s_top_lines(tmp_path):
+@pytest.mark.parametrize(
+    ("script", "options"),
+    [
+        ("mlp.py", []),
+        # On the CPU a convolution's oneDNN scratch (measured on the real kernel) is counted at its
+        # line, in the estimate's top lines as in the export.
+        ("cnn.py", ["--device", "cpu"]),
+    ],
+)
+def test_explain_on_the_export_names_the_estimate_s_top_lines(tmp_path, script, options):
     pytest.importorskip("torch")
-    shutil.copy(FIXTURES / "mlp.py", tmp_path)
-    result = console.run(["estimate", "mlp.py", "--format", "json", "--snapshot", "step.pickle"], tmp_path)
+    shutil.copy(FIXTURES / script, tmp_path)
+    result = console.run(
+        ["estimate", script, "--format", "json", "--snapshot", "step.pickle", *options], tmp_path
+    )
     assert result.returncode == 0, result.stderr
     estimate = json.loads(result.stdout)
     explained = console.run(["explain", "step.pickle", "--format", "json"], tmp_path)
@@ -152,6 +167,18 @@ def test_explain_on_the_export_names_the_estimate_s_top_lines(tmp_path):
     lines = {f"{line['file']}:{line['line']}": line["bytes"] for line in data["top_lines"]}
     for place, size in estimate["top_lines"]:
         assert abs(lines[place] - size) <= size / 100, (place, size, lines.get(place))
+    # What holds the peak's bytes: the export's categories, the estimate's breakdown at the peak. A
+    # block keeps the role it ends with (cnn.py on the CPU: 2 KiB made as a temporary and known as a
+    # gradient after the peak); mlp.py's are equal to the byte.
+    held = {group["holder"]: group["bytes"] for group in data["held_by"]}
+    breakdown = {CATEGORIES.get(name, name): size for name, size in estimate["breakdown"].items() if size}
+    assert sum(held.values()) == estimate["peak_bytes"]
+    assert set(held) == set(breakdown)
+    for holder, size in breakdown.items():
+        assert abs(held[holder] - size) <= estimate["peak_bytes"] / 1000, (holder, held[holder], size)
+    if script == "mlp.py":
+        assert held == breakdown
+        assert held["the optimizer (its state)"] == estimate["breakdown"]["optimizer_state"] > 0
 
 
 @pytest.mark.parametrize(
@@ -210,6 +237,11 @@ def test_with_what_if_the_page_has_the_table_s_rows(tmp_path):
     section = page.split("<h2>What if</h2>")[1]
     for row in table["changes"]:
         assert f"<td>{row['title']}</td>" in section
+    # Each change's own traced step, drawn against the script's: its chart's peak is its row's.
+    charts = re.findall(r'<figure class=change data-peak-bytes="(\d+)"><figcaption>([^<]*?): allocated', section)
+    measured = {row["title"]: row["peak_bytes"] for row in table["changes"] if row.get("peak_bytes")}
+    assert measured and {title: int(peak) for peak, title in charts} == measured
+    assert section.count("<polyline") == 2 * len(charts)  # the change's line and the script's
 
 
 def test_an_fsdp2_rank_s_page_and_snapshot_have_its_peak(tmp_path):

@@ -86,3 +86,55 @@ def test_a_pickle_that_is_not_a_snapshot_says_so(tmp_path):
     result = console.run(["explain", str(path)], tmp_path)
     assert result.returncode == 2
     assert "not a CUDA memory snapshot" in result.stderr
+
+
+def _training_snapshot(tmp_path):
+    """Three steps of a loop as a real recording (stacks="python") has them: the model before the
+    loop, each step's forward in train.py, its backward in torch/autograd/, Adam's state in
+    torch/optim/, and `losses.append(loss)` (line 14) keeping each step's loss and its graph."""
+    user = str(tmp_path / "train.py")
+    autograd = "/usr/lib/python3/site-packages/torch/autograd/graph.py"
+    optim = "/usr/lib/python3/site-packages/torch/optim/adam.py"
+    trace, address = [], [0]
+
+    def alloc(size, filename, line):
+        address[0] += 1 << 20
+        trace.append({"action": "alloc", "addr": address[0], "size": size, "stream": 0,
+                      "frames": [{"filename": filename, "line": line, "name": "f"}]})
+        return address[0], size
+
+    def free(block):
+        trace.append({"action": "free_completed", "addr": block[0], "size": block[1], "stream": 0, "frames": []})
+
+    alloc(4000, user, 5)  # the model's parameters
+    for step in range(3):
+        activation = alloc(300, user, 12)
+        alloc(20, user, 14)  # the loss, kept in a list with its graph
+        gradient = alloc(50, autograd, 744)
+        if step == 2:
+            alloc(700, autograd, 744)  # the last backward's temporaries: the peak
+            return trace
+        free(activation)
+        free(gradient)
+        if step == 0:
+            alloc(8000, optim, 90)  # exp_avg and exp_avg_sq, made at the first step
+    return trace
+
+
+def test_the_peak_s_bytes_are_grouped_by_what_holds_them(tmp_path):
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [_training_snapshot(tmp_path)]}))
+    result = console.run(["explain", str(path), "--format", "json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["peak_allocated_bytes"] == 4000 + 3 * 20 + 8000 + 300 + 50 + 700
+    held = {group["holder"]: (group["bytes"], group["blocks"]) for group in data["held_by"]}
+    assert held == {
+        "the optimizer (its state)": (8000, 1),
+        "before the first backward (model, inputs, the first forward)": (4000 + 20, 2),
+        "kept across iterations (allocated in an earlier step, still live)": (20, 1),
+        "this step's forward (the autograd graph, temporaries)": (300 + 20, 2),
+        "gradients (made by the backward)": (50 + 700, 2),
+    }
+    text = console.run(["explain", str(path)], tmp_path).stdout
+    assert "held at the peak by" in text and "kept across iterations" in text

@@ -98,7 +98,12 @@ async def test_estimate_over_the_gpu(client: LanguageClient):
     # words of the command's result.
     (said,) = client.messages[shown_before:]
     assert said.type == types.MessageType.Warning
-    assert said.message == "oom-lsp: " + result["message"]
+    # The memory timeline page (`oom-lsp estimate --html`'s) is written beside the report, its
+    # path in the message (VS Code opens it in a webview), its peak the estimate's.
+    page = client.root / ".oom_lsp" / "estimate" / "train.html"
+    assert Path(result["pagePath"]) == page
+    assert said.message == "oom-lsp: " + result["message"] + f" Memory timeline: {page}"
+    assert f'data-peak-bytes="{result["peakBytes"]}"' in page.read_text()
     assert result["message"] == (
         "Estimated peak of train.py at batch 64: ≈ 9.6 MiB allocated / 9.5 MiB: will run out of memory. "
         "Largest batch that fits: 49."

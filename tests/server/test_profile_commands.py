@@ -5,6 +5,7 @@ server: real CPU profiles of small fixture scripts, progress, cancellation
 from __future__ import annotations
 
 import asyncio
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -241,6 +242,34 @@ async def test_explain_oom_puts_an_error_on_the_failing_line(client: LanguageCli
     assert [(d.severity, d.range.start.line) for d in found if d.source == "oom-lsp" and d.code is None] == [
         (types.DiagnosticSeverity.Error, 4)
     ]
+
+
+async def test_explaining_a_snapshot_puts_its_top_lines_on_the_source(client: LanguageClient):
+    """`oom-lsp explain FILE.pickle` in the editor: the lines that hold the bytes live at the
+    snapshot's peak get Information diagnostics (a line under 1 % of the peak gets none)."""
+    script = client.root / "snap_train.py"
+    script.write_text("import torch\n\nx = torch.ones(1)\ny = torch.ones(2)\nz = torch.ones(3)\n")
+    user = str(script)
+
+    def alloc(addr, size, line):
+        frames = [{"filename": user, "line": line, "name": "<module>"}]
+        return {"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": frames}
+
+    trace = [alloc(0, 3 << 20, 3), alloc(1 << 22, 1 << 20, 4), alloc(1 << 23, 512, 5)]
+    snapshot = client.root / "snap.pickle"
+    snapshot.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}))
+    open_document(client, script.as_uri(), script.read_text())
+    result = await execute(client, "oom-lsp.explainOom", {"path": str(snapshot)})
+    assert result["errors"] == [] and result["snapshot"]["peakAllocatedBytes"] == (4 << 20) + 512
+    assert [(line["line"], line["bytes"]) for line in result["snapshot"]["topLines"]] == [
+        (3, 3 << 20), (4, 1 << 20), (5, 512)
+    ]
+    found = await diagnostics_for(client, script.as_uri(), 1)
+    mine = [d for d in found if d.source == "oom-lsp" and d.code is None]
+    assert [(d.severity, d.range.start.line) for d in mine] == [
+        (types.DiagnosticSeverity.Information, 2), (types.DiagnosticSeverity.Information, 3)
+    ]
+    assert mine[0].message.startswith("3.00 MiB live at the snapshot's peak of 4.00 MiB")
 
 
 async def test_explain_oom_without_text_or_path_is_invalid(client: LanguageClient):

@@ -142,7 +142,9 @@ async def test_the_estimate_of_the_lens_is_the_clis(client: LanguageClient):
     assert hint[0].label.endswith(f" / {gpu_words(prediction.gpu)}: {prediction.verdict.value}")
     # Every client is told the verdict (a Neovim user sees no hint by default), in the CLI's figures.
     message = estimate_message(prediction, result.max_batch.max_batch, script.name)
-    assert [said.message for said in client.messages[said_before:]] == [f"oom-lsp: {message}"]
+    # The message then names the memory timeline page, the CLI's `--html` page of the same result.
+    page = f" Memory timeline: {editor['pagePath']}"
+    assert [said.message for said in client.messages[said_before:]] == [f"oom-lsp: {message}{page}"]
     assert editor["message"] == message
     assert f"/ {gpu_words(prediction.gpu)}: fits" in message and "process total" in message
     # The lens named the setting's GPU before, and says the result after.

@@ -129,7 +129,7 @@ try {
   const summaryLines = summaryText.split("\n").filter((line) => line.trim()).length;
   for (const expected of [
     "torch.load without map_location restores tensors onto the device they were saved from",
-    "the GPU they were saved from",
+    "come back onto the GPU",
     'Quick fix: Pass map_location="cpu"',
     "torch-load-without-map-location (OOM501)",
   ]) {
@@ -242,6 +242,22 @@ try {
   if (!/Estimated peak of mlp\.py at batch 32: ≈ [\d.]+ MiB allocated, [\d.]+ MiB process total \/ 24 GiB RTX 3090: fits\./.test(estimateText)) {
     throw new Error(`unexpected estimate: ${estimateText}`);
   }
+  // The memory timeline page (issue 32): "Open Timeline" shows it in a webview beside the file,
+  // the peak's headline and the chart drawn there.
+  await estimated.locator(".monaco-button", { hasText: "Open Timeline" }).click({ timeout: 10_000 });
+  const timelineTab = page.locator(".tabs-container .tab", { hasText: "Memory timeline: mlp" });
+  await timelineTab.waitFor({ timeout: 20_000 });
+  const webview = page.frameLocator("iframe.webview.ready").frameLocator("#active-frame");
+  const headline = (await webview.locator("#peak").innerText({ timeout: 20_000 })).replace(/\s+/g, " ");
+  if (!/^Allocated peak [\d.]+ MiB \([\d,]+ bytes\) at aten\./.test(headline)) {
+    throw new Error(`unexpected timeline headline: ${headline}`);
+  }
+  await webview.locator("svg polygon").first().waitFor({ timeout: 10_000 });
+  console.log(`timeline webview: ${headline}`);
+  await shot(page, "estimate-timeline");
+  if (readmeShots) await readmeShot(page, "estimate-timeline-webview", [page.locator(".part.editor")], 0);
+  await timelineTab.click({ button: "middle" });
+  await timelineTab.waitFor({ state: "detached", timeout: 10_000 });
   const status = page.locator(".statusbar-item", { hasText: "OOM:" });
   await status.waitFor({ timeout: 15_000 });
   const statusText = (await status.innerText()).trim();

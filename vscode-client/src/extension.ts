@@ -41,6 +41,7 @@ import {
   describeProfile,
   describeValidation,
   estimateArguments,
+  estimatePage,
   explainMarkdown,
   isWhatIfTable,
   memoryStatusView,
@@ -78,6 +79,8 @@ class OomLspExtension implements vscode.Disposable {
   private readonly outputChannel = vscode.window.createOutputChannel(CLIENT_NAME, { log: true });
   private readonly statusBar = vscode.window.createStatusBarItem("oomLsp.memory", vscode.StatusBarAlignment.Right, 100);
   private readonly memoryStatuses = new Map<string, MemoryStatus>();
+  // The estimate's memory timeline, reused by the next estimate.
+  private timelinePanel: vscode.WebviewPanel | undefined;
   private readonly disposables: vscode.Disposable[] = [this.outputChannel, this.statusBar];
   // Starts and restarts run one after the other: settings can change mid-start.
   private lifecycle: Promise<void> = Promise.resolve();
@@ -260,6 +263,16 @@ class OomLspExtension implements vscode.Disposable {
       outputChannel: this.outputChannel,
       revealOutputChannelOn: RevealOutputChannelOn.Never,
       middleware: {
+        // The estimate lens runs the server's command through here: its memory timeline page
+        // opens in a webview beside the file (the palette's command offers it with its message).
+        executeCommand: async (command, args, next) => {
+          const result = await next(command, args);
+          const page = command === SERVER_COMMANDS.estimate ? estimatePage(result) : undefined;
+          if (page !== undefined) {
+            this.showTimeline(page);
+          }
+          return result;
+        },
         window: {
           // The what-if's table (from the lens or the palette) opens as a Markdown preview beside
           // the file, which stays in its editor.
@@ -457,6 +470,32 @@ class OomLspExtension implements vscode.Disposable {
     }
   }
 
+  /** The estimate's memory timeline page in a webview beside the file: the page is one
+   *  self-contained HTML file (inline SVG; its one script is JSON data), shown with scripts off. */
+  private showTimeline(page: string): void {
+    let html: string;
+    try {
+      html = fs.readFileSync(page, "utf-8");
+    } catch (error) {
+      void vscode.window.showWarningMessage(`oom-lsp: cannot read the memory timeline ${page}: ${String(error)}`);
+      return;
+    }
+    const title = `Memory timeline: ${path.basename(page, ".html")}`;
+    if (this.timelinePanel === undefined) {
+      this.timelinePanel = vscode.window.createWebviewPanel(
+        "oomLsp.timeline",
+        title,
+        { viewColumn: vscode.ViewColumn.Beside, preserveFocus: true },
+        { enableScripts: false, localResourceRoots: [] },
+      );
+      this.timelinePanel.onDidDispose(() => (this.timelinePanel = undefined), null, this.disposables);
+    } else {
+      this.timelinePanel.reveal(vscode.ViewColumn.Beside, true);
+    }
+    this.timelinePanel.title = title;
+    this.timelinePanel.webview.html = html;
+  }
+
   private async openFile(file: string): Promise<void> {
     await vscode.window.showTextDocument(vscode.Uri.file(file), { preview: true });
   }
@@ -499,7 +538,18 @@ class OomLspExtension implements vscode.Disposable {
       argument,
     );
     if (result) {
-      await this.openReportOffer(`oom-lsp: ${describeEstimate(result)}`, result.reportPath);
+      const page = estimatePage(result);
+      const message = `oom-lsp: ${describeEstimate(result)}`;
+      if (page === undefined) {
+        await this.openReportOffer(message, result.reportPath);
+        return;
+      }
+      const choice = await vscode.window.showInformationMessage(message, "Open Timeline", "Open Report");
+      if (choice === "Open Timeline") {
+        this.showTimeline(page);
+      } else if (choice === "Open Report") {
+        await this.openFile(result.reportPath);
+      }
     }
   }
 

@@ -8,6 +8,7 @@ import {
   describeProfile,
   describeValidation,
   estimateArguments,
+  estimatePage,
   explainMarkdown,
   formatBytes,
   formatGiB,
@@ -223,6 +224,14 @@ test("only the what-if's table opens as a Markdown preview", () => {
   assert.equal(isWhatIfTable("file:///home/me/project/notes.md"), false);
   assert.equal(isWhatIfTable("file:///home/me/project/.oom_lsp/what-if/train.json"), false);
   assert.equal(isWhatIfTable("file:///home/me/project/train.py"), false);
+});
+
+test("the estimate's answer names the memory timeline page the lens opens in a webview", () => {
+  const answer = { reportPath: "/p/.oom_lsp/estimate/train.json", pagePath: "/p/.oom_lsp/estimate/train.html" };
+  assert.equal(estimatePage(answer), "/p/.oom_lsp/estimate/train.html");
+  assert.equal(estimatePage({ reportPath: "/p/.oom_lsp/estimate/train.json" }), undefined); // a notebook: no page
+  assert.equal(estimatePage({ pagePath: "/p/train.json" }), undefined);
+  assert.equal(estimatePage(null), undefined);
 });
 
 test("Restricted Mode: the commands that run the workspace's code are the palette entries hidden until trust", () => {

@@ -310,20 +310,24 @@ class StorageTracker(TorchDispatchMode):
         """Memory a kernel allocates and frees inside itself: a peak candidate only."""
         if size <= 0 or self.current + size < self.peak:
             return
+        line = self.context.user_line()
+        place = f"{line[0]}:{line[1]}" if line else ""
+        # At its line too, as in the breakdown, the modules and the timeline (the page and
+        # `explain` on the export name the same top lines as the estimate).
         self.by_category["temporaries"] += size
         self.by_module[self.context.module()] += size
+        self.by_line[place] += size
         self.current += size
         if self.timeline is not None:
             # Serials below 0: no storage holds a kernel's scratch; it is freed before the op returns.
             serial = -1 - len(self.timeline)
-            line = self.context.user_line()
-            place = f"{line[0]}:{line[1]}" if line else ""
             self._timeline_alloc(serial, size, "temporaries", op, place, self.context.module())
             self.timeline.append([serial, -size])
         self._count_peak(op)
         self.current -= size
         self.by_category["temporaries"] -= size
         self.by_module[self.context.module()] -= size
+        self.by_line[place] -= size
 
     def _replay_draw(self, func, args, kwargs) -> None:
         """A fake op draws no random numbers; a real run's does, and what it draws next depends on

@@ -185,6 +185,8 @@ export interface EstimateResult {
   whatIfCheck?: WhatIfCheck;
   /** The server's one line, the figures and verdict of `oom-lsp estimate`, the peaks named. */
   message?: string;
+  /** The memory timeline page (`oom-lsp estimate --html`'s), written beside the report. */
+  pagePath?: string;
 }
 
 export interface WhatIfCheck {
@@ -227,6 +229,12 @@ export function describeEstimate(result: EstimateResult): string {
 
 /** The server shows a what-if's table with window/showDocument: a Markdown file under the
  * results folder, which VS Code shows best as a preview, not as its source. */
+/** The estimate command's answer, where it wrote a memory timeline page (a self-contained .html). */
+export function estimatePage(result: unknown): string | undefined {
+  const page = (result as { pagePath?: unknown } | null | undefined)?.pagePath;
+  return typeof page === "string" && page.endsWith(".html") ? page : undefined;
+}
+
 export function isWhatIfTable(uri: string): boolean {
   return /^file:.*\/\.oom_lsp\/what-if\/[^/]+\.md$/.test(uri);
 }
