@@ -42,6 +42,12 @@ class Fix:
     def is_safe(self) -> bool:
         return self.applicability is Applicability.SAFE
 
+    @property
+    def help(self) -> str:
+        """Ruff's `help:` line, the fix's title: under the frame in `--output-format full`, and
+        after a blank line in the editor's diagnostic message (as Ruff's server does)."""
+        return f"help: {self.title}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "title": self.title,

@@ -58,7 +58,7 @@ def _block(file: CheckedFile, finding: Finding, options: RenderOptions, source: 
         out.extend(_frame(lines, finding))
     if finding.fix is not None:
         qualifier = "" if finding.fix.is_safe else " (unsafe: review it; applied only with --unsafe-fixes)"
-        out.append(f"help: {finding.fix.title}{qualifier}")
+        out.append(f"{finding.fix.help}{qualifier}")
     # The file's own characters (a comment can hold an escape sequence) never reach the terminal.
     return "\n".join(printable(line) for line in out) + "\n"
 

@@ -13,9 +13,7 @@ def render(files: Sequence[CheckedFile], options: RenderOptions) -> str:
     for file, finding in located(files):
         fix = applicable_fix(finding, options)
         marker = " [*]" if fix is not None else ""
-        lines.append(
-            f"{file.display}:{location(finding)}: {finding.code}{marker} {finding.message}"
-        )
+        lines.append(f"{file.display}:{location(finding)}: {finding.code}{marker} {finding.message}")
         if options.show_fix_titles and finding.fix is not None:
-            lines.append(f"    help: {finding.fix.title} ({finding.fix.applicability.value} fix)")
+            lines.append(f"    {finding.fix.help} ({finding.fix.applicability.value} fix)")
     return "".join(printable(line) + "\n" for line in lines)

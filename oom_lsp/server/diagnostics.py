@@ -52,7 +52,18 @@ def extra_diagnostics(ls: OomLanguageServer, uri: str) -> list[types.Diagnostic]
     return ls.hooks.extra(ls, uri)
 
 
-def to_diagnostic(finding: Finding, analysis: Analysis, converter: PositionConverter) -> types.Diagnostic:
+def diagnostic_message(finding: Finding, cell: int | None = None) -> str:
+    """The finding's message, "(cell N)" in a notebook (the Problems panel lists a notebook's rows
+    under the notebook, with lines counted in each cell), then, where a quick fix is known, its
+    title as Ruff's server gives it: "help: ..." after a blank line. The message line stays what
+    the CLI prints; the help is the `help:` line of `oom-lsp check --output-format full`."""
+    message = finding.message if cell is None else f"{finding.message} (cell {cell})"
+    return message if finding.fix is None else f"{message}\n\n{finding.fix.help}"
+
+
+def to_diagnostic(
+    finding: Finding, analysis: Analysis, converter: PositionConverter, cell: int | None = None
+) -> types.Diagnostic:
     return types.Diagnostic(
         range=converter.range_to_lsp(finding.range),
         severity=_SEVERITIES[finding.severity],
@@ -60,7 +71,7 @@ def to_diagnostic(finding: Finding, analysis: Analysis, converter: PositionConve
         # The same link as the CLI's output (docs/rules.md, `oom-lsp rule --all`).
         code_description=types.CodeDescription(href=rule_url(finding.code, finding.name)),
         source=SOURCE,
-        message=finding.message,
+        message=diagnostic_message(finding, cell),
         tags=[types.DiagnosticTag.Unnecessary] if finding.code in _UNNECESSARY else None,
         # Code actions read the finding (with its fix) back from here.
         data={"finding": finding.to_dict(), "version": analysis.version},

@@ -269,14 +269,10 @@ def _diagnostics(
 ) -> list[types.Diagnostic]:
     analysis = Analysis(document.uri, document.version, document.source, None, findings)
     converter = PositionConverter(document.source, ls.position_encoding)
-    found = [diagnostics.to_diagnostic(finding, analysis, converter) for finding in findings]
     # The Problems panel lists a notebook's rows under the notebook, with lines counted in each
     # cell: the row names its cell as the CLI does ("cell 4", markdown cells counted).
     number = _cell_number(ls, document.uri)
-    if number is not None:
-        for diagnostic in found:
-            diagnostic.message = f"{diagnostic.message} (cell {number})"
-    return found
+    return [diagnostics.to_diagnostic(finding, analysis, converter, number) for finding in findings]
 
 
 def _cell_number(ls: OomLanguageServer, uri: str) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from pathlib import Path
 
 import pytest
 from lsprotocol import types
@@ -14,6 +15,7 @@ from pytest_lsp import LanguageClient
 
 from oom_lsp import checker
 from oom_lsp.config import ConfigResolver
+from tests import console
 from tests.samples import LLAMA_ON_GPU
 from tests.server.lsp_session import (
     TIMEOUT_S,
@@ -67,13 +69,48 @@ async def test_risky_file_gets_a_complete_diagnostic(client: LanguageClient):
     assert diagnostic.code_description.href == (
         "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md#torch-load-without-map-location-oom501"
     )
-    assert "map_location" in diagnostic.message
+    # The message line, then the quick fix's title as Ruff's server gives it ("help: ..." after a
+    # blank line), the same two lines as `oom-lsp check --output-format full`.
+    assert diagnostic.message == (
+        "torch.load without map_location puts ≈ 25.1 GiB of weights (6.7 B parameters) back on the "
+        'GPU it was saved from\n\nhelp: Pass `map_location="cpu"`'
+    )
     finding = diagnostic.data["finding"]
     assert finding["code"] == "OOM501" and finding["fix"]["applicability"] == "safe"
     assert diagnostic.data["version"] == 1
     if pulls(client):
         await asyncio.sleep(0.2)
         assert uri not in client.diagnostics, "a pulling client must not be pushed to"
+
+
+async def test_the_message_has_the_help_line_of_the_clis_full_output(
+    client: LanguageClient, tmp_path_factory: pytest.TempPathFactory
+):
+    """The message line is the CLI's; "help: <the fix's title>" follows where a fix is known, as
+    under the code frame of `oom-lsp check --output-format full`; a finding without a fix has none."""
+    # OOM602 (DataParallel) has no quick fix.
+    text = (Path(__file__).resolve().parents[2] / "fixtures" / "resnet_dataparallel_risky.py").read_text()
+    folder = tmp_path_factory.mktemp("help")
+    (folder / "pyproject.toml").write_text("[project]\nname = 'help'\n")
+    (folder / "train.py").write_text(LOAD)
+    full = console.run(["check", "--output-format", "full", "train.py"], cwd=folder, timeout=TIMEOUT_S)
+    cli_lines = full.stdout.splitlines()
+    uri = new_uri(client)
+    since = len(client.published)
+    open_document(client, uri, LOAD)
+    (diagnostic,) = await diagnostics_for(client, uri, 1, since)
+    message, blank, help_line = diagnostic.message.split("\n")
+    assert (message, blank) == (cli_lines[0].replace("OOM501 [*] ", ""), "")
+    assert help_line.startswith("help: ") and help_line in cli_lines
+    unfixable = [d for d in await _diagnostics_of(client, text) if d.data["finding"]["fix"] is None]
+    assert unfixable and all("\n" not in d.message and "help:" not in d.message for d in unfixable)
+
+
+async def _diagnostics_of(client: LanguageClient, text: str) -> list[types.Diagnostic]:
+    uri = new_uri(client)
+    since = len(client.published)
+    open_document(client, uri, text)
+    return await diagnostics_for(client, uri, 1, since)
 
 
 async def test_positions_use_the_negotiated_encoding(client: LanguageClient):

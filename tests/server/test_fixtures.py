@@ -60,11 +60,18 @@ async def test_fixture_diagnostics_and_fix_all(client: LanguageClient, fixture: 
     diagnostics = await diagnostics_for(client, uri, 1, since)
     converter = PositionConverter(text, encoding)
     findings = analyze(text, default_settings(), str(fixture))
+    # The message line is the finding's; a fix's title follows as Ruff's "help: ..." line.
     assert [(str(d.code), d.range, d.message) for d in diagnostics] == [
-        (finding.code, converter.range_to_lsp(finding.range), finding.message) for finding in findings
+        (
+            finding.code,
+            converter.range_to_lsp(finding.range),
+            finding.message + (f"\n\nhelp: {finding.fix.title}" if finding.fix else ""),
+        )
+        for finding in findings
     ]
-    # What the Problems panel and Neovim's virtual text show whole (tests/analysis/test_messages.py).
-    assert [d.message for d in diagnostics if len(d.message) >= MESSAGE_LIMIT] == []
+    # What the Problems panel and Neovim's float show whole, line by line (tests/analysis/test_messages.py).
+    lines = [line for d in diagnostics for line in d.message.split("\n")]
+    assert [line for line in lines if len(line) >= MESSAGE_LIMIT] == []
     actions = await client.text_document_code_action_async(
         types.CodeActionParams(
             text_document=types.TextDocumentIdentifier(uri=uri),

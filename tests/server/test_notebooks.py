@@ -126,8 +126,13 @@ async def test_diagnostics_are_published_per_cell_with_cell_lines(client: Langua
     # Line 4 of the cell (0-based 3), not of the joined program; the magic is no syntax error.
     assert accumulated.range.start.line == 3 and accumulated.range.start.character == 4
     # The Problems panel lists the rows under the notebook: each names its cell, as the CLI does.
-    assert accumulated.message.endswith(" (cell 3)"), accumulated.message
-    assert all(d.message.endswith(" (cell 4)") for d in client.diagnostics[cells[3]])
+    # The cell is named on the message line, before a quick fix's "help: ..." line.
+    assert accumulated.message.split("\n")[0].endswith(" (cell 3)"), accumulated.message
+    assert all(d.message.split("\n")[0].endswith(" (cell 4)") for d in client.diagnostics[cells[3]])
+    restored = next(d for d in client.diagnostics[cells[3]] if d.code == "OOM501")
+    assert restored.message.endswith(
+        ' (cell 4)\n\nhelp: Pass `map_location="cpu"` and `weights_only=True`'
+    ), restored.message
     # A pull for a cell answers nothing: cells are pushed, never shown twice.
     report = await client.text_document_diagnostic_async(
         types.DocumentDiagnosticParams(text_document=types.TextDocumentIdentifier(uri=cells[2]))
