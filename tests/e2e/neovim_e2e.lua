@@ -31,13 +31,17 @@ local function wait_for(what, predicate)
   end
 end
 
+-- AI fixes through tests/llm's loopback model (OOM_LLM_URL), on OOM_AI_FILE.
+local llm_url, ai_file = os.getenv("OOM_LLM_URL"), os.getenv("OOM_AI_FILE")
+local llm = llm_url and { enabled = true, baseUrl = llm_url, model = "test-model", timeout = 30 } or nil
+
 vim.lsp.config("oom_lsp", {
   cmd = { python, "-m", "oom_lsp" },
   filetypes = { "python" },
   root_markers = { "pyproject.toml", ".git" },
   -- strict: the checkpoints of an unsized model are shown in strict mode only. gpu: the target
   -- of the lens's estimate, as docs/editors.md sets it.
-  settings = { oomLsp = { severity = { OOM501 = "error" }, strict = true, gpu = "RTX 3090" } },
+  settings = { oomLsp = { severity = { OOM501 = "error" }, strict = true, gpu = "RTX 3090", llm = llm } },
 })
 vim.lsp.enable("oom_lsp")
 
@@ -107,10 +111,15 @@ end
 -- Paragraphs come wrapped between words (the float would wrap a longer line at any character):
 -- read as one line each.
 local flowing = summary:gsub("%s+", " ")
+-- The message's first line; the quick fix's "help: ..." line follows it in the diagnostic.
+local message_line = vim.split(first.message, "\n")[1]
+if first.message ~= message_line .. '\n\nhelp: Pass `map_location="cpu"`' then
+  fail("the diagnostic's message has no help line with the fix's title: " .. first.message)
+end
 for _, expected in ipairs({
-  first.message,
+  message_line,
   'Quick fix: Pass `map_location="cpu"`',
-  "the GPU they were saved from",
+  "the one they were saved from",
   "https://github.com/oom-lsp/oom-lsp/blob/main/docs/rules.md#torch-load-without-map-location-oom501",
   "`oom-lsp rule OOM501`",
 }) do
@@ -128,8 +137,12 @@ if summary:find("## ", 1, true) or summary:find("```", 1, true) then
 end
 step("hover: " .. summary_lines .. " lines, the message, why, the quick fix and the rule's page")
 
+local function text_at(bufnr, lnum)
+  return vim.api.nvim_buf_get_lines(bufnr, lnum, lnum + 1, true)[1]
+end
+
 local function line(lnum)
-  return vim.api.nvim_buf_get_lines(buf, lnum, lnum + 1, true)[1]
+  return text_at(buf, lnum)
 end
 
 -- A filter matching several actions would open a selection prompt, which a
@@ -262,11 +275,14 @@ for _, path in ipairs(files) do
   for _, item in ipairs(pulled[uri]) do
     messages = messages + 1
     codes[item.code] = true
-    if #item.message > #longest then
-      longest = item.message
-    end
-    if #item.message >= MESSAGE_LIMIT then
-      fail(path .. ": " .. #item.message .. " characters: " .. item.message)
+    -- Each line: the message, and the quick fix's "help: ..." line where there is one.
+    for _, text in ipairs(vim.split(item.message, "\n", { trimempty = true })) do
+      if #text > #longest then
+        longest = text
+      end
+      if #text >= MESSAGE_LIMIT then
+        fail(path .. ": " .. #text .. " characters: " .. text)
+      end
     end
   end
 end
@@ -429,6 +445,35 @@ if line(last) ~= 'model.load_state_dict(torch.load("best.pt", map_location="cpu"
   fail("fix all on save did not fix the new line: " .. line(last))
 end
 step("fix all on save: " .. line(last))
+
+-- The AI fix, chosen once in vim.lsp.buf.code_action(): its change is in the buffer (the
+-- server's workspace/applyEdit, no confirmation), then written.
+if ai_file then
+  vim.cmd.edit(ai_file)
+  local ai_buf = vim.api.nvim_get_current_buf()
+  wait_for("OOM301 in " .. ai_file, function()
+    return #oom_diagnostics("OOM301", ai_buf) == 1
+  end)
+  local accumulated = oom_diagnostics("OOM301", ai_buf)[1]
+  vim.api.nvim_win_set_cursor(0, { accumulated.lnum + 1, accumulated.col })
+  local offered
+  vim.lsp.buf.code_action({
+    apply = true,
+    context = { only = { "quickfix" } },
+    filter = function(action)
+      if action.title:find("Ask AI to fix (OOM301)", 1, true) then
+        offered = action.title
+        return true
+      end
+      return false
+    end,
+  })
+  wait_for("the AI fix in the buffer", function()
+    return vim.trim(text_at(ai_buf, accumulated.lnum)) == "total_loss += loss.item()"
+  end)
+  vim.cmd.write()
+  step("ai fix: " .. offered .. ": applied on the first choice: " .. vim.trim(text_at(ai_buf, accumulated.lnum)))
+end
 
 client:stop()
 wait_for("the server to stop", function()

@@ -6,7 +6,9 @@ fixtures/, the estimate run from its lens (`vim.lsp.codelens.run()`, the `oomLsp
 its verdict as a message, the inlay hint and the lens's title, equal to `oom-lsp estimate
 --format json`'s figures, its progress; OOM201's autocast fix with the estimated peak before
 and after (`oom-lsp.validateFix` on the saved file, fake tensors on the CPU), fix all on save;
-the buffer is checked after each step. The what-if opens its table beside the file."""
+the buffer is checked after each step; the AI fix (tests/llm's loopback model) applied on the
+first choice in `vim.lsp.buf.code_action`, on the file code-server's AI run uses
+(vscode-client/e2e/ai.mjs). The what-if opens its table beside the file."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from oom_lsp.config import ConfigResolver
 from oom_lsp.estimate.results import EstimateResult
 from oom_lsp.estimate.wording import estimate_message, hint_label, lens_result
 from tests import console
+from tests.llm.conftest import GOOD_ANSWER, TRAIN
+from tests.llm.fake_server import FakeModelServer
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -151,12 +155,28 @@ def test_neovim_applies_fixes(tmp_path: Path):
     classifier = project / "classifier.py"
     classifier.write_text(CLASSIFIER)
     shutil.copytree(FIXTURES, project / "fixtures", ignore=shutil.ignore_patterns("expected", "*.txt"))
-    env = {
-        "OOM_FILE": str(train),
-        "OOM_FIXTURES": str(project / "fixtures"),
-        "OOM_CLASSIFIER": str(classifier),
-    }
-    result = _run_neovim("neovim_e2e.lua", tmp_path, project, env)
+    ai_file = project / "train_ai.py"
+    ai_file.write_text(TRAIN)
+    with FakeModelServer() as model:
+        model.script({"content": GOOD_ANSWER})
+        env = {
+            "OOM_FILE": str(train),
+            "OOM_FIXTURES": str(project / "fixtures"),
+            "OOM_CLASSIFIER": str(classifier),
+            "OOM_LLM_URL": model.base_url,
+            "OOM_AI_FILE": str(ai_file),
+        }
+        result = _run_neovim("neovim_e2e.lua", tmp_path, project, env)
+        asked = len(model.requests)
+    # The AI fix: one choice, one request to the model, the change in the buffer and written.
+    assert re.search(
+        r"^ok: ai fix: Ask AI to fix \(OOM301\) via 127\.0\.0\.1:\d+.*: applied on the "
+        r"first choice: total_loss \+= loss\.item\(\)$",
+        result.stdout,
+        re.MULTILINE,
+    ), result.stdout
+    assert asked == 1
+    assert "        total_loss += loss.item()\n" in ai_file.read_text()
     assert "ok: hover: " in result.stdout
     assert "ok: light bulb: no action on a clean line" in result.stdout
     # Every code the fixtures get reached Neovim, each message under 120 characters.
@@ -173,7 +193,9 @@ def test_neovim_applies_fixes(tmp_path: Path):
         f
         for path in scripts
         for f in analyze(
-            path.read_text(), dataclasses.replace(resolver.resolve(path).settings_for(path), strict=True), str(path)
+            path.read_text(),
+            dataclasses.replace(resolver.resolve(path).settings_for(path), strict=True),
+            str(path),
         )
     ]
     assert int(reported[1]) == len(expected) and int(reported[2]) == len(scripts)
@@ -192,7 +214,9 @@ def test_neovim_applies_fixes(tmp_path: Path):
     )
     assert done.returncode in (0, 1), done.stderr
     cli = EstimateResult.from_json(json.loads(done.stdout))
-    message = estimate_message(cli.prediction, cli.max_batch.max_batch if cli.max_batch else None, "classifier.py")
+    message = estimate_message(
+        cli.prediction, cli.max_batch.max_batch if cli.max_batch else None, "classifier.py"
+    )
     assert f"ok: estimate: {message}\n" in result.stdout, result.stdout
     assert f"ok: hint: {hint_label(cli.prediction)} | lens: {lens_result(cli.prediction)}\n" in result.stdout
     assert "ok: progress: Estimating classifier.py\n" in result.stdout  # LspProgress, for the status line
