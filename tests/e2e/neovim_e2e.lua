@@ -137,6 +137,43 @@ if summary:find("## ", 1, true) or summary:find("```", 1, true) then
 end
 step("hover: " .. summary_lines .. " lines, the message, why, the quick fix and the rule's page")
 
+-- The float K opens (vim.lsp.buf.hover()), as the user sees it: a border (winborder), and the
+-- `oom-lsp rule OOM501` line whole on one screen row (the float wraps at its width).
+local function hover_float()
+  for _, win in ipairs(vim.api.nvim_list_wins()) do
+    local config = vim.api.nvim_win_get_config(win)
+    if config.relative ~= "" then
+      return win, config
+    end
+  end
+end
+vim.api.nvim_win_set_cursor(0, { first.lnum + 1, first.col })
+vim.lsp.buf.hover()
+wait_for("the hover float", function()
+  return hover_float() ~= nil
+end)
+local float, float_config = hover_float()
+local border = float_config.border
+if border == nil or border == "none" or (type(border) == "table" and (#border == 0 or border[1] == "")) then
+  fail("the hover float has no border: " .. vim.inspect(border))
+end
+local float_width = vim.api.nvim_win_get_width(float)
+local command_row
+for _, text in ipairs(vim.api.nvim_buf_get_lines(vim.api.nvim_win_get_buf(float), 0, -1, false)) do
+  if text:find("oom-lsp rule OOM501", 1, true) then
+    command_row = text
+  end
+end
+if command_row == nil then
+  fail("the hover float lacks `oom-lsp rule OOM501` on one line")
+end
+if vim.fn.strdisplaywidth(command_row) > float_width then
+  fail("the float (" .. float_width .. " columns) wraps `" .. command_row .. "`")
+end
+vim.api.nvim_win_close(float, true)
+step("hover float: a " .. (type(border) == "table" and "custom" or border) .. " border, " .. float_width
+  .. " columns, `oom-lsp rule OOM501` on one row")
+
 local function text_at(bufnr, lnum)
   return vim.api.nvim_buf_get_lines(bufnr, lnum, lnum + 1, true)[1]
 end

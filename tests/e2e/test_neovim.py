@@ -178,6 +178,12 @@ def test_neovim_applies_fixes(tmp_path: Path):
     assert asked == 1
     assert "        total_loss += loss.item()\n" in ai_file.read_text()
     assert "ok: hover: " in result.stdout
+    # The float K opens: a border (docs/editors.md's winborder), the rule's command on one row.
+    assert re.search(
+        r"^ok: hover float: a \S+ border, \d+ columns, `oom-lsp rule OOM501` on one row$",
+        result.stdout,
+        re.MULTILINE,
+    )
     assert "ok: light bulb: no action on a clean line" in result.stdout
     # Every code the fixtures get reached Neovim, each message under 120 characters.
     reported = re.search(
