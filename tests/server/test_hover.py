@@ -70,7 +70,7 @@ async def test_hover_on_a_diagnostic_summarises_the_rule(client: LanguageClient,
     # link's URL the only line longer; the CLI's command on a line of its own.
     assert [line for line in lines if len(line) > 78 and "](" not in line] == [], text
     assert "\n`oom-lsp rule OOM501`" in text
-    assert "the GPU they were saved from" in text
+    assert "the one they were saved from" in text
     assert 'Quick fix: Pass `map_location="cpu"` (safe)' in text
     assert f"[torch-load-without-map-location (OOM501)]({URL})" in text
     assert "`oom-lsp rule OOM501`" in text

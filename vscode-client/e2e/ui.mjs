@@ -265,6 +265,21 @@ try {
     throw new Error(`unexpected status bar text: ${statusText}`);
   }
   console.log(`estimate: ${estimateText} | status bar: ${statusText}`);
+  // The same figures as an inlay hint after the batch size (VS Code shows inlay hints by default
+  // and cuts a label past editor.inlayHints.maximumLength, 43 characters, with "…"): printed as
+  // drawn in the editor's line, for the test to compare with the CLI's.
+  const hinted = page.locator(".editor-group-container .view-line", { hasText: "MiB allocated" }).first();
+  await hinted.waitFor({ timeout: 30_000 });
+  const hintLine = (await hinted.innerText()).replace(/\s+/g, " ");
+  const hint = /batch_size=32 ?(≈ .*?) ?, shuffle=True\)/.exec(hintLine);
+  if (!hint) {
+    throw new Error(`no estimate hint after the batch size: ${hintLine}`);
+  }
+  console.log(`hint: ${hint[1]}`);
+  if (readmeShots) {
+    // The verdict where the user looks: the notification, the hint after the batch size, the lens.
+    await readmeShot(page, "estimate", [estimated, hinted, page.locator(".editor-group-container .view-line", { hasText: "for x, y in loader" }).first()]);
+  }
   await shot(page, "estimate-status-bar");
   await status.click();
   await page.locator(".tabs-container .tab", { hasText: "mlp.json" }).waitFor({ timeout: 15_000 });
@@ -380,6 +395,18 @@ try {
   await page.locator(".tabs-container .tab", { hasText: "Preview risky_loop.md" }).waitFor({ timeout: ESTIMATE });
   await page.waitForTimeout(1_000); // the preview renders
   await shot(page, "what-if-preview");
+  // Beside the file, never in its place: two editor groups, risky_loop.py still open in the first.
+  const groups = page.locator(".editor-group-container");
+  if ((await groups.count()) < 2) {
+    throw new Error("the what-if's table did not open beside the file");
+  }
+  if ((await groups.first().locator(".tabs-container .tab", { hasText: "risky_loop.py" }).count()) !== 1) {
+    throw new Error("the what-if's table replaced risky_loop.py in its editor group");
+  }
+  console.log("what-if: the table beside risky_loop.py, the file still open in its group");
+  if (readmeShots) {
+    await readmeShot(page, "what-if", [page.locator(".part.editor").first()], 0);
+  }
   if (!readFileSync(path.join(workspace, ".oom_lsp", "what-if", "risky_loop.md"), "utf8").includes("| change | peak |")) {
     throw new Error("the what-if's Markdown has no table");
   }
@@ -415,14 +442,33 @@ try {
       }
       await page.waitForTimeout(250);
     }
-    const rows = (await page.locator('.markers-panel .monaco-list-row[aria-level="2"]').allInnerTexts())
-      .map((row) => row.replace(/\s+/g, " ").trim());
+    // The panel draws the rows in view only (a message with its "help: ..." line takes two
+    // lines): scrolled until every row its file's count names was read, each once (by position).
+    const total = Number.parseInt(await files.first().locator(".monaco-count-badge").innerText(), 10);
+    const seen = new Map();
+    for (let scrolls = 0; ; scrolls += 1) {
+      for (const row of await page.locator('.markers-panel .monaco-list-row[aria-level="2"]').all()) {
+        seen.set(await row.getAttribute("aria-posinset"), (await row.innerText()).replace(/\s+/g, " ").trim());
+      }
+      if (seen.size >= total || scrolls === 10) break;
+      await page.locator(".markers-panel .monaco-list").first().hover();
+      await page.mouse.wheel(0, 300);
+      await page.waitForTimeout(250);
+    }
+    if (seen.size !== total) {
+      throw new Error(`${name}: ${seen.size} rows read of the ${total} its count names`);
+    }
+    const rows = [...seen.values()];
     for (const row of rows) {
-      const parsed = /^(.*) oom-lsp\s*\(?(OOM\d{3})\)? \[Ln \d+, Col \d+\]$/.exec(row);
+      // The message, the source and code, the position, then the quick fix's "help: ..." line
+      // where there is one (the diagnostic's message after a blank line, as Ruff's server does).
+      const parsed = /^(.*) oom-lsp\s*\(?(OOM\d{3})\)? \[Ln \d+, Col \d+\](?: (help: .*))?$/.exec(row);
       if (!parsed) throw new Error(`a Problems row of ${name} reads oddly: ${row}`);
-      const [, message, code] = parsed;
-      if (message.length >= MESSAGE_LIMIT) {
-        throw new Error(`${name}: ${message.length} characters: ${message}`);
+      const [, message, code, help] = parsed;
+      for (const text of help ? [message, help] : [message]) {
+        if (text.length >= MESSAGE_LIMIT) {
+          throw new Error(`${name}: ${text.length} characters: ${text}`);
+        }
       }
       messages += 1;
       codes.add(code);
