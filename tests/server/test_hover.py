@@ -88,9 +88,7 @@ async def test_hover_on_codes_inside_suppression_comments(client: LanguageClient
     assert by_name is not None and "(OOM501)" in by_name.contents.value
     assert len(by_name.contents.value.splitlines()) < MAX_HOVER_LINES
     # No finding there: the rule's summary and its remedy.
-    assert by_name.contents.value.startswith(
-        "**OOM501** torch.load without map_location restores a GPU checkpoint"
-    )
+    assert by_name.contents.value.startswith("**OOM501** torch.load restores a checkpoint onto the GPU")
     assert 'Fix: Pass map_location="cpu" and move what you need.' in by_name.contents.value
     by_code = await _hover(client, document, 4, TEXT.splitlines()[4].index("OOM501") + 2)
     assert by_code is not None and "(OOM501)" in by_code.contents.value
