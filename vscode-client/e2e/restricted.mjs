@@ -67,6 +67,8 @@ try {
   // Diagnostics still come: the lint reads the text, it runs nothing.
   await openFile(page, "risky_loop.py", "class Classifier");
   await showProblems(page);
+  // The panel draws the rows in view only (each with its "help: ..." line): filtered to the code.
+  await page.locator(".part.panel .viewpane-filter input").first().fill("OOM304");
   const retained = page.locator(".markers-panel .monaco-tl-contents", { hasText: "OOM304" }).first();
   await retained.waitFor({ timeout: SLOW });
   console.log(`restricted problems: ${(await retained.innerText()).replace(/\s+/g, " ")}`);
