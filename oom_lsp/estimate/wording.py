@@ -59,9 +59,14 @@ def target_words(prediction: Prediction) -> str:
 
 
 def hint_label(prediction: Prediction) -> str:
-    """The editor's inlay hint after the batch-size literal: both peaks, named, the target and
-    the verdict: "≈ 91 MiB allocated, 506 MiB process total at 64 / 24 GiB RTX 3090: fits"."""
-    return f"{peak_words(prediction)} at {prediction.batch_size}{target_words(prediction)}"
+    """The editor's inlay hint after the batch-size literal: the verdict first (VS Code cuts a
+    hint past 43 characters), then the target and both peaks, named: "fits on 24 GiB RTX 3090:
+    ≈ 91 MiB allocated, 506 MiB process total at 64"; without a target, the peaks alone."""
+    peaks = f"{peak_words(prediction)} at {prediction.batch_size}"
+    if prediction.gpu is None:
+        return peaks
+    verdict = f"{prediction.verdict.value} " if prediction.verdict is not None else ""
+    return f"{verdict}on {gpu_words(prediction.gpu)}: {peaks}"
 
 
 def lens_result(prediction: Prediction) -> str:

@@ -134,7 +134,7 @@ async def test_estimate_over_the_gpu(client: LanguageClient):
     (hint,) = await hints(client, uri)
     assert hint.position == oom100.range.end
     # On the CPU the allocated peak is the one the verdict holds: no process total beside it.
-    assert hint.label == "≈ 9.6 MiB allocated at 64 / 9.5 MiB: will run out of memory"
+    assert hint.label == "will run out of memory on 9.5 MiB: ≈ 9.6 MiB allocated at 64"
     # The estimate lens says the result until the next edit.
     lenses = await client.text_document_code_lens_async(
         types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=uri))

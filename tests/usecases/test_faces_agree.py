@@ -139,7 +139,7 @@ async def test_the_estimate_of_the_lens_is_the_clis(client: LanguageClient):
     )
     assert [item.label for item in hint or []] == [hint_label(prediction)]
     assert "allocated" in hint[0].label and "process total" in hint[0].label
-    assert hint[0].label.endswith(f" / {gpu_words(prediction.gpu)}: {prediction.verdict.value}")
+    assert hint[0].label.startswith(f"{prediction.verdict.value} on {gpu_words(prediction.gpu)}: ")
     # Every client is told the verdict (a Neovim user sees no hint by default), in the CLI's figures.
     message = estimate_message(prediction, result.max_batch.max_batch, script.name)
     # The message then names the memory timeline page, the CLI's `--html` page of the same result.
