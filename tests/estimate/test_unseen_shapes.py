@@ -155,6 +155,71 @@ for i in range(2):
     loss = model(torch.randn(32, 256)).square().mean()
     loss.backward(); opt.step(); opt.zero_grad()
 """,
+    # A sparse adjacency (a GNN's): sparse tensors have no storage of their own ("Cannot access
+    # storage of SparseTensorImpl"); fake `_coalesce` answered 0 entries; BLAS copies were charged
+    # for the sparse operand of mm's backward.
+    "sparse_spmm": """
+import torch
+n = 500
+flat = torch.randperm(n * n)[:4000]
+idx = torch.stack([flat // n, flat % n])
+adj = torch.sparse_coo_tensor(idx, torch.ones(4000), (n, n)).coalesce()
+x = torch.randn(n, 64)
+lin = torch.nn.Linear(64, 64)
+opt = torch.optim.AdamW(lin.parameters())
+for step in range(2):
+    h = torch.sparse.mm(adj, lin(x))
+    h2 = adj @ h
+    loss = h2.square().mean(); loss.backward(); opt.step(); opt.zero_grad()
+""",
+    # torch.tensor(list) before the step (lift_fresh says it aliases: it was left out, -94 %).
+    "tensor_from_list": """
+import torch
+table = torch.tensor([[float(i * j) for j in range(256)] for i in range(1024)])
+labels = torch.tensor(list(range(1024)))
+model = torch.nn.Linear(256, 10)
+opt = torch.optim.AdamW(model.parameters())
+for step in range(2):
+    x = table[step * 64:(step + 1) * 64]
+    loss = torch.nn.functional.cross_entropy(model(x), labels[step*64:(step+1)*64] % 10)
+    loss.backward(); opt.step(); opt.zero_grad()
+""",
+    # `.numpy()` on a dataset's items outside the step (statistics before training).
+    "numpy_outside_step": """
+import torch, numpy as np
+class DS(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x = torch.randn(256, 64)
+    def __len__(self): return 256
+    def __getitem__(self, i):
+        return torch.from_numpy(self.x[i].numpy() * 2.0)
+ds = DS()
+stats = np.stack([ds[i].numpy() for i in range(8)]).mean(0)
+loader = torch.utils.data.DataLoader(ds, batch_size=32)
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.AdamW(model.parameters())
+for step, x in enumerate(loader):
+    loss = model(x).square().mean(); loss.backward(); opt.step(); opt.zero_grad()
+    if step == 1: break
+""",
+    # torch.distributions' argument validation and sampling on values made before the step.
+    "distributions": """
+import torch
+from torch import distributions as D
+w = torch.rand(1000) * 5
+prior = D.Categorical(probs=w / w.sum())
+picks = prior.sample((512,))
+beta = D.Beta(torch.rand(8) + 0.5, torch.rand(8) + 0.5)
+mix = beta.sample((64,))
+dir_ = D.Dirichlet(torch.rand(16) + 0.1).sample((32,))
+emb = torch.nn.Embedding(1000, 64)
+opt = torch.optim.AdamW(emb.parameters())
+for step in range(2):
+    out = emb(picks[step * 64:(step + 1) * 64])
+    d = D.Normal(out, out.exp())
+    loss = -d.log_prob(torch.randn(64, 64)).mean() + mix.sum() + dir_.sum()
+    loss.backward(); opt.step(); opt.zero_grad()
+""",
 }
 
 

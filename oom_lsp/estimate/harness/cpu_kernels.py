@@ -166,6 +166,8 @@ def make_matmul_copies(notes: dict, add: bool):
                 return 0
         size = 0
         for operand in operands:
+            if operand.layout != torch.strided:
+                continue  # a sparse operand goes to the sparse kernels, not to BLAS
             matrix_size, matrix_stride = tuple(operand.shape[-2:]), operand.stride()[-2:]
             if operand.numel() and not _blas_readable(matrix_size, matrix_stride):
                 size += matrix_size[0] * matrix_size[1] * operand.element_size()
@@ -191,6 +193,8 @@ def make_cublas_copies(notes: dict):
             return 0
         size = 0
         for operand in operands:
+            if operand.layout != torch.strided:
+                continue  # a sparse operand goes to cuSPARSE, not through these copies
             if operand.numel() and not _blas_readable(tuple(operand.shape[-2:]), operand.stride()[-2:]):
                 size += operand.numel() * operand.element_size()
         if size:

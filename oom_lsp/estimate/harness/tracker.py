@@ -142,7 +142,14 @@ class StorageTracker(TorchDispatchMode):
         """Registers `tensor`'s storage if new; returns its record."""
         if self.unwrap is not None:
             tensor = self.unwrap(tensor)
-        if tensor.is_nested or tensor.layout != torch.strided:
+        if tensor.layout != torch.strided and not tensor.is_nested:
+            # A sparse tensor holds no storage of its own: its indices and values do (the
+            # tensors it was built from, or new ones, as `coalesce` makes).
+            for part in sparse_parts(tensor):
+                self.register(part, device, op, category, extra)
+                extra = 0
+            return None
+        if tensor.is_nested:
             return None
         # A fake tensor's own device (`.device` answers meta inside fake mode's kernels).
         device_type = (tensor.fake_device if type(tensor) is self.fake_tensor_type else tensor.device).type
@@ -223,12 +230,16 @@ class StorageTracker(TorchDispatchMode):
         """What the tracker counts for `tensor`'s storage (0 when it does not count it)."""
         if self.unwrap is not None:
             tensor = self.unwrap(tensor)
+        if tensor.layout != torch.strided and not tensor.is_nested:
+            return sum(self.record_bytes(part) for part in sparse_parts(tensor))
         record = self.live.get(id(tensor.untyped_storage()))
         return record.nbytes if record is not None and record.counted else 0
 
     def is_device(self, tensor: torch.Tensor) -> bool:
         if self.unwrap is not None:
             tensor = self.unwrap(tensor)
+        if tensor.layout != torch.strided and not tensor.is_nested:
+            return any(self.is_device(part) for part in sparse_parts(tensor))
         record = self.live.get(id(tensor.untyped_storage()))
         return record is not None and record.device
 
@@ -268,6 +279,8 @@ class StorageTracker(TorchDispatchMode):
             out = self.fake_memo.call(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
+        if func is aten._coalesce.default and type(args[0]) is self.fake_tensor_type:
+            out = _coalesced_bound(args[0], out)
         self.op_counts[traits.packet] += 1
         outputs = op_tensors((out,), [])
         if not outputs:
@@ -448,6 +461,33 @@ class StorageTracker(TorchDispatchMode):
             return int(value)
 
 
+def _coalesced_bound(source: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Fake mode's `_coalesce` answers 0 entries (their number depends on the indices' values);
+    the real result keeps one entry per distinct index, at most the input's: that bound, as new
+    indices and values (exact when the indices hold no duplicates, as a graph's edges do)."""
+    if out._nnz() >= source._nnz():
+        return out
+    return torch.sparse_coo_tensor(
+        source._indices().clone(), source._values().clone(), source.shape, is_coalesced=True
+    )
+
+
+def sparse_parts(tensor: torch.Tensor) -> list:
+    """The strided tensors that hold a sparse tensor's memory (COO: indices and values;
+    compressed layouts: the compressed and plain indices and the values)."""
+    layout = tensor.layout
+    if layout == torch.sparse_coo:
+        return [tensor._indices(), tensor._values()]
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [tensor.crow_indices(), tensor.col_indices(), tensor.values()]
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [tensor.ccol_indices(), tensor.row_indices(), tensor.values()]
+    return []  # mkldnn and other opaque layouts: not traced
+
+
+_NEW_DESPITE_SCHEMA = frozenset({aten.lift_fresh.default, aten.coalesce.default})
+
+
 class OpTraits:
     """What the tracker reads of an operator on each call, worked out once."""
 
@@ -456,7 +496,14 @@ class OpTraits:
     def __init__(self, func):
         self.name = f"aten.{func.__name__ if hasattr(func, '__name__') else func}"
         self.packet = func.overloadpacket.__name__
-        self.aliases = any(ret.alias_info is not None for ret in func._schema.returns)
+        # Ops whose schema says they alias their input but that return new storage: lift_fresh
+        # (its input is the real tensor `torch.tensor(data)` just made outside the mode: missed
+        # before, `torch.tensor(list)` outside the step was left out under --device cpu) and
+        # coalesce (self when already coalesced, else new indices and values). `register` counts
+        # a storage once, so the aliasing case adds nothing.
+        self.aliases = func not in _NEW_DESPITE_SCHEMA and any(
+            ret.alias_info is not None for ret in func._schema.returns
+        )
         self.seeded = torch.Tag.nondeterministic_seeded in func.tags
 
 
