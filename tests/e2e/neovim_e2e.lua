@@ -402,11 +402,17 @@ local target = estimated.message:match(" / 24 GiB RTX 3090: [%a ]+")
 if not target then
   fail("the message names no target and verdict: " .. estimated.message)
 end
+-- The hint leads with the verdict and the target: "fits on 24 GiB RTX 3090: ≈ ...".
+local gpu, verdict = estimated.message:match(" / (24 GiB RTX 3090): ([%a ]-)[.;]")
+local hint_start = verdict and (verdict .. " on " .. gpu .. ": ")
+if not hint_start then
+  fail("the message names no target and verdict: " .. estimated.message)
+end
 local hint_label
 wait_for("the estimate's inlay hint", function()
   for _, item in ipairs(vim.lsp.inlay_hint.get({ bufnr = trainer })) do
     local label = item.inlay_hint.label
-    if type(label) == "string" and label:find(target, 1, true) then
+    if type(label) == "string" and vim.startswith(label, hint_start) then
       hint_label = label
       return true
     end
