@@ -265,13 +265,13 @@ try {
     throw new Error(`unexpected status bar text: ${statusText}`);
   }
   console.log(`estimate: ${estimateText} | status bar: ${statusText}`);
-  // The same figures as an inlay hint after the batch size (VS Code shows inlay hints by default
-  // and cuts a label past editor.inlayHints.maximumLength, 43 characters, with "…"): printed as
-  // drawn in the editor's line, for the test to compare with the CLI's.
-  const hinted = page.locator(".editor-group-container .view-line", { hasText: "MiB allocated" }).first();
+  // The verdict and figures as an inlay hint after the batch size, verdict first (VS Code shows
+  // inlay hints by default and cuts a label past editor.inlayHints.maximumLength, 43 characters,
+  // with "…"): printed as drawn in the editor's line, for the test to compare with the CLI's.
+  const hinted = page.locator(".editor-group-container .view-line", { hasText: "on 24 GiB RTX 3090: ≈" }).first();
   await hinted.waitFor({ timeout: 30_000 });
   const hintLine = (await hinted.innerText()).replace(/\s+/g, " ");
-  const hint = /batch_size=32 ?(≈ .*?) ?, shuffle=True\)/.exec(hintLine);
+  const hint = /batch_size=32 ?((?:fits|tight|will run out of memory) on .*?) ?, shuffle=True\)/.exec(hintLine);
   if (!hint) {
     throw new Error(`no estimate hint after the batch size: ${hintLine}`);
   }
