@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -251,31 +252,43 @@ async def profile_command(ls: OomLanguageServer, args: ProfileArgs) -> dict[str,
     return result
 
 
-def _show_profile(
-    ls: OomLanguageServer, uri: str, script: Path, report: Report, report_path: str, version: int | None
-) -> None:
-    """Information diagnostics on the top lines, an Error on the failing line
-    of an OOM, and the memory status of the profiled file."""
-    by_uri: dict[str, list[types.Diagnostic]] = {uri: []}
-    base = script.parent
-    shown: dict[str, int] = {}
-    # Lines holding under 1% of the peak are noise on the source.
+def _top_line_diagnostics(
+    ls: OomLanguageServer, report: Report, base: Path, message: Callable[[Any], str], data: dict[str, str]
+) -> dict[str, list[types.Diagnostic]]:
+    """Information diagnostics on a report's top lines, by file: at most TOP_LINES_SHOWN a file,
+    none for a line holding under 1 % of the peak (noise on the source)."""
     noticeable = max(1, (report.peak_allocated or 0) // 100)
+    by_uri: dict[str, list[types.Diagnostic]] = {}
     for usage in report.top_lines:
         target = uri_of_file(ls, usage.file, base)
-        if target is None or shown.get(target, 0) >= TOP_LINES_SHOWN or usage.bytes < noticeable:
+        if target is None or usage.bytes < noticeable or len(by_uri.get(target, [])) >= TOP_LINES_SHOWN:
             continue
-        shown[target] = shown.get(target, 0) + 1
         by_uri.setdefault(target, []).append(
             types.Diagnostic(
                 range=line_range(ls, target, usage.line),
                 severity=types.DiagnosticSeverity.Information,
                 source=SOURCE,
-                message=f"{format_bytes(usage.bytes)} live at peak (profile: {report.device.type}, "
-                f"{usage.allocations} allocation(s) still held at the run's peak)",
-                data={"kind": "profile", "reportPath": report_path},
+                message=message(usage),
+                data=data,
             )
         )
+    return by_uri
+
+
+def _show_profile(
+    ls: OomLanguageServer, uri: str, script: Path, report: Report, report_path: str, version: int | None
+) -> None:
+    """Information diagnostics on the top lines, an Error on the failing line
+    of an OOM, and the memory status of the profiled file."""
+    base = script.parent
+    by_uri = {uri: []} | _top_line_diagnostics(
+        ls,
+        report,
+        base,
+        lambda usage: f"{format_bytes(usage.bytes)} live at peak (profile: {report.device.type}, "
+        f"{usage.allocations} allocation(s) still held at the run's peak)",
+        {"kind": "profile", "reportPath": report_path},
+    )
     if report.oom is not None and report.oom.error.failing_frame is not None:
         frame = report.oom.error.failing_frame
         target = uri_of_file(ls, frame.file, base)
@@ -409,23 +422,15 @@ async def _explain_snapshot(ls: OomLanguageServer, path: Path, base: Path | None
     except OSError as error:
         raise JsonRpcInvalidParams(f"{path}: {error.strerror or error}") from None
     base = path.parent if base is None else base
-    noticeable = max(1, (report.peak_allocated or 0) // 100)  # under 1 % of the peak: noise
-    by_uri: dict[str, list[types.Diagnostic]] = {}
-    for usage in report.top_lines:
-        target = uri_of_file(ls, usage.file, base)
-        if target is None or usage.bytes < noticeable or len(by_uri.get(target, [])) >= TOP_LINES_SHOWN:
-            continue
-        by_uri.setdefault(target, []).append(
-            types.Diagnostic(
-                range=line_range(ls, target, usage.line),
-                severity=types.DiagnosticSeverity.Information,
-                source=SOURCE,
-                message=f"{format_bytes(usage.bytes)} live at the snapshot's peak of "
-                f"{format_bytes(report.peak_allocated or 0)} ({usage.allocations} block(s) allocated here; "
-                f"{path.name})",
-                data={"kind": "snapshot", "snapshot": str(path)},
-            )
-        )
+    by_uri = _top_line_diagnostics(
+        ls,
+        report,
+        base,
+        lambda usage: f"{format_bytes(usage.bytes)} live at the snapshot's peak of "
+        f"{format_bytes(report.peak_allocated or 0)} ({usage.allocations} block(s) allocated here; "
+        f"{path.name})",
+        {"kind": "snapshot", "snapshot": str(path)},
+    )
     for target, found in by_uri.items():
         store_result(
             ls,
