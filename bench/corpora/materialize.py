@@ -44,7 +44,7 @@ from pathlib import Path, PurePosixPath
 import tomllib
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's oom_lsp
-from oom_lsp.config import DEFAULT_EXCLUDE  # noqa: E402
+from oom_lsp.config import DEFAULT_EXCLUDE
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_MIRROR = Path("/work/.mirror")
