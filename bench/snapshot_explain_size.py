@@ -1,92 +1,345 @@
 """How `oom-lsp explain` scales with a snapshot's size (issue 32 asks a 2 GB snapshot in under
-30 s and 1 GB of RSS): generates a snapshot of about --mb megabytes (allocations with five-frame
-stacks, half freed), runs `oom-lsp explain FILE --format json` on it, and prints the seconds and the
-child's peak RSS (from wait4), and the RSS per megabyte of pickle.
+30 s and 1 GB of RSS): writes a snapshot of about --mb megabytes as `torch.cuda.memory.
+_dump_snapshot` would, runs `oom-lsp explain FILE --format json` on it, and prints the seconds and
+the child's peak RSS (from wait4), next to Python's own unpickler (`pickle.load`, which every
+other reader of these files starts with: PyTorch's `_memory_viz` and the web viewer) on the same
+file, when its projected RSS fits this machine.
 
-    .venv/bin/python bench/snapshot_explain_size.py --mb 100
+    .venv/bin/python bench/snapshot_explain_size.py --mb 2048
+
+What the file holds, and why: a training loop recorded with `_record_memory_history()` (its
+defaults: stacks="all", context="all"). Each allocation has its own traceback, Python frames and
+C++ frames (--depth, 48 by default: about 12 Python frames and 36 C++ frames from the training
+loop down to the CUDA caching allocator); PyTorch symbolizes each distinct frame once and each
+traceback is a list of references to those frames (`py_symbolize`), so the same call site gives
+lists with the same references. A free records its own traceback (free_requested), and its
+free_completed entry shares that list; a segment_alloc shares the allocation's list. The
+segments at the end hold the blocks still live (active_allocated), with their tracebacks.
+The bytes are written as CPython's pickler writes them (protocol 4: memoized strings, dicts and
+lists, batches of 1000, 64 KiB frames) but streamed, since pickling a 2 GB object graph needs
+~25 GB here; `tests/profiling/test_snapshot_pickle.py` checks the writer against `pickle.loads`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import pickle
+import random
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO, Any
+
+FRAME_TARGET = 64 * 1024
 
 
-def generate(path: Path, megabytes: int) -> int:
-    trace = []
-    size = 0
-    address = 0
-    index = 0
-    while True:
-        frames = [
-            {
-                "filename": "/usr/lib/python3/site-packages/torch/nn/functional.py",
-                "line": 2000 + index % 7,
-                "name": "linear",
-            },
-            {
-                "filename": "/usr/lib/python3/site-packages/torch/nn/modules/linear.py",
-                "line": 125,
-                "name": "forward",
-            },
-            {
-                "filename": f"/home/user/project/model_{index % 13}.py",
-                "line": 10 + index % 97,
-                "name": "forward",
-            },
-            {"filename": "/home/user/project/train.py", "line": 40 + index % 5, "name": "step"},
-            {"filename": "/home/user/project/train.py", "line": 90, "name": "<module>"},
+class StreamingPickler:
+    """Protocol 4 bytes for dicts, lists, strings and ints, as CPython's pickler writes them (each
+    new str, dict and list memoized, repeats as BINGET/LONG_BINGET), without holding the object
+    graph: the caller writes containers piece by piece."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.frame = bytearray()
+        self.memo: dict[int, int] = {}  # id(obj) -> memo index, for objects the caller keeps alive
+        self.shareable: set[int] = set()  # ids of containers a later value may refer to
+        self.count = 0
+        self.out.write(b"\x80\x04")
+
+    def commit(self, force: bool = False) -> None:
+        if self.frame and (force or len(self.frame) >= FRAME_TARGET):
+            self.out.write(b"\x95" + struct.pack("<Q", len(self.frame)) + self.frame)
+            self.frame = bytearray()
+
+    def memoize(self, obj: Any = None) -> None:
+        """A memo slot for obj; remembered by id only for strings and containers the caller
+        shares (and keeps alive while shared): a dead object's id may be reused."""
+        self.frame += b"\x94"
+        if obj is not None and (isinstance(obj, str) or id(obj) in self.shareable):
+            self.memo[id(obj)] = self.count
+        self.count += 1
+
+    def share(self, obj: Any) -> None:
+        self.shareable.add(id(obj))
+
+    def forget(self, obj: Any) -> None:
+        self.shareable.discard(id(obj))
+        self.memo.pop(id(obj), None)
+
+    def ref(self, obj: Any) -> bool:
+        index = self.memo.get(id(obj))
+        if index is None:
+            return False
+        self.frame += b"h" + bytes([index]) if index < 256 else b"j" + struct.pack("<I", index)
+        return True
+
+    def string(self, text: str) -> None:
+        if self.ref(text):
+            return
+        raw = text.encode()
+        assert len(raw) < 256
+        self.frame += b"\x8c" + bytes([len(raw)]) + raw
+        self.memoize(text)
+
+    def integer(self, value: int) -> None:
+        if 0 <= value < 256:
+            self.frame += b"K" + bytes([value])
+        elif 0 <= value < 65536:
+            self.frame += b"M" + struct.pack("<H", value)
+        elif -(2**31) <= value < 2**31:
+            self.frame += b"J" + struct.pack("<i", value)
+        else:
+            raw = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+            self.frame += b"\x8a" + bytes([len(raw)]) + raw
+
+    def value(self, value: Any) -> None:
+        if isinstance(value, str):
+            self.string(value)
+        elif isinstance(value, bool) or value is None:
+            self.frame += {None: b"N", True: b"\x88", False: b"\x89"}[value]
+        elif isinstance(value, int):
+            self.integer(value)
+        elif isinstance(value, dict):
+            self.dict(value)
+        elif isinstance(value, (list, tuple)):
+            self.list(value)
+        else:
+            raise TypeError(type(value))
+
+    def dict(self, value: dict[str, Any]) -> None:
+        if self.ref(value):
+            return
+        self.frame += b"}"
+        self.memoize(value)
+        items = list(value.items())
+        if len(items) == 1:
+            self.value(items[0][0])
+            self.value(items[0][1])
+            self.frame += b"s"
+        elif items:
+            for start in range(0, len(items), 1000):
+                self.frame += b"("
+                for key, item in items[start:start + 1000]:
+                    self.value(key)
+                    self.value(item)
+                    self.commit()
+                self.frame += b"u"
+
+    def list(self, value: list[Any] | tuple[Any, ...]) -> None:
+        if self.ref(value):
+            return
+        self.frame += b"]"
+        self.memoize(value)
+        if len(value) == 1:
+            self.value(value[0])
+            self.frame += b"a"
+        elif value:
+            for start in range(0, len(value), 1000):
+                self.frame += b"("
+                for item in value[start:start + 1000]:
+                    self.value(item)
+                self.frame += b"e"
+                self.commit()
+
+
+class TrainingRecording:
+    """A recorded training loop: call sites (distinct Python stacks over a shared C++ tail), each
+    allocation a new traceback of its site, frees with their own traceback."""
+
+    def __init__(self, depth: int, seed: int = 0) -> None:
+        self.random = random.Random(seed)
+        python_depth = max(2, depth // 4)
+        cpp_depth = max(1, depth - python_depth)
+        cpp = [
+            {"name": f"c10::cuda::CUDACachingAllocator::Native::malloc#{i}", "filename": "??", "line": 0}
+            for i in range(cpp_depth)
         ]
-        nbytes = 512 * (1 + index % 4096)
-        trace.append({"action": "alloc", "addr": address, "size": nbytes, "stream": 0, "frames": frames})
-        if index % 2:
-            for action in ("free_requested", "free_completed"):
-                trace.append(
-                    {"action": action, "addr": address, "size": nbytes, "stream": 0, "frames": frames}
-                )
-        address += nbytes
-        index += 1
-        if index % 20000 == 0:
-            size = len(pickle.dumps(trace[-20000:], protocol=4)) * (index // 20000)
-            if size >= megabytes * 2**20:
-                break
-    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4))
-    return index
+        loop = {"filename": "/home/user/project/train.py", "line": 212, "name": "<module>"}
+        self.sites: list[list[dict[str, Any]]] = []
+        for site in range(240):
+            role = "optim" if site % 12 == 0 else "autograd" if site % 3 == 0 else "model"
+            python = [
+                {"filename": f"/usr/lib/python3/site-packages/torch/{role}/f{site % 7}.py", "line": 100 + i, "name": "op"}
+                for i in range(python_depth - 2)
+            ]
+            python.append({"filename": f"/home/user/project/model_{site % 17}.py", "line": 30 + site, "name": "forward"})
+            python.append(loop)
+            self.sites.append(cpp + python)  # innermost first, as PyTorch records them
+        self.frames = [frame for site in self.sites for frame in site]
+
+    def traceback(self, site: int) -> list[dict[str, Any]]:
+        return list(self.sites[site])  # a new list per allocation (its own CapturedTraceback)
+
+    def events(self, allocations: int):
+        """(action, addr, size, traceback) in order, and the blocks live at the end. Each call site
+        allocates its own tensor size, step after step, and the caching allocator hands a freed
+        block's address to the next request of its size, as a training loop's trace shows."""
+        live: dict[int, tuple[int, list[dict[str, Any]]]] = {}
+        cached: dict[int, list[int]] = {}  # size -> addresses of freed blocks
+        sizes = [512 * self.random.randrange(1, 8192) for _ in self.sites]
+        address = 0x7F0000000000
+        for index in range(allocations):
+            site = self.random.randrange(len(self.sites))
+            size = sizes[site]
+            frames = self.traceback(site)
+            pool = cached.get(size)
+            if pool:
+                block = pool.pop()
+            else:
+                block = address
+                address += size
+                yield ("segment_alloc", block, size, frames)
+            yield ("alloc", block, size, frames)
+            live[block] = (size, frames)
+            while len(live) > 400 or (live and self.random.random() < 0.45):
+                freed = next(iter(live))
+                freed_size, _ = live.pop(freed)
+                free_frames = self.traceback(self.random.randrange(len(self.sites)))
+                yield ("free_requested", freed, freed_size, free_frames)
+                yield ("free_completed", freed, freed_size, free_frames)
+                cached.setdefault(freed_size, []).append(freed)
+        self.live_at_end = live
+
+
+def write_snapshot(path: Path, megabytes: float, depth: int = 48, seed: int = 0) -> tuple[int, int]:
+    """A snapshot of about `megabytes`; returns (allocations, trace entries)."""
+    probe = TrainingRecording(depth, seed)
+    per_allocation = _bytes_per_allocation(probe)
+    allocations = max(1, int(megabytes * 2**20 / per_allocation))
+    recording = TrainingRecording(depth, seed)
+    # First pass: the blocks live at the end (the segments come first in the file).
+    for _ in recording.events(allocations):
+        pass
+    live_at_end = recording.live_at_end
+    recording = TrainingRecording(depth, seed)
+    keys = ("action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata")
+    with open(path, "wb") as out:
+        pickler = StreamingPickler(out)
+        for frame in recording.frames:  # symbolized once, shared by every traceback
+            pickler.share(frame)
+        pickler.frame += b"}"
+        pickler.memoize()
+        pickler.frame += b"("
+        pickler.string("segments")
+        pickler.frame += b"]"
+        pickler.memoize()
+        segments = [
+            {
+                "device": 0, "address": addr, "total_size": size, "allocated_size": size, "active_size": size,
+                "requested_size": size, "stream": 0, "segment_type": "large", "segment_pool_id": [0, 0],
+                "is_expandable": False, "frames": [],
+                "blocks": [{"address": addr, "size": size, "requested_size": size, "state": "active_allocated", "frames": []}],
+            }
+            for addr, (size, _) in live_at_end.items()
+        ]
+        _write_items(pickler, segments)
+        pickler.string("device_traces")
+        pickler.frame += b"]"
+        pickler.memoize()
+        pickler.frame += b"]"
+        pickler.memoize()
+        entries = 0
+        batch = 0
+        for action, addr, size, frames in recording.events(allocations):
+            if batch == 0:
+                pickler.frame += b"("
+            if action in ("segment_alloc", "free_requested"):
+                pickler.share(frames)  # the alloc / free_completed right after refers to the same list
+            pickler.dict(dict(zip(keys, (action, addr, size, 0, entries, frames, "", ""))))
+            pickler.commit()
+            if action in ("alloc", "free_completed"):
+                pickler.forget(frames)
+            entries += 1
+            batch += 1
+            if batch == 1000:
+                pickler.frame += b"e"
+                batch = 0
+        if batch:
+            pickler.frame += b"e"
+        pickler.frame += b"a"  # the one device's trace into device_traces
+        pickler.string("allocator_settings")
+        pickler.dict({"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1})
+        pickler.string("external_annotations")
+        pickler.frame += b"]"
+        pickler.memoize()
+        pickler.frame += b"u."
+        pickler.commit(force=True)
+    return allocations, entries
+
+
+def _write_items(pickler: StreamingPickler, items: list[Any]) -> None:
+    if len(items) == 1:
+        pickler.value(items[0])
+        pickler.frame += b"a"
+    elif items:
+        for start in range(0, len(items), 1000):
+            pickler.frame += b"("
+            for item in items[start:start + 1000]:
+                pickler.value(item)
+                pickler.commit()
+            pickler.frame += b"e"
+
+
+def _bytes_per_allocation(recording: TrainingRecording) -> float:
+    import io
+
+    sample = io.BytesIO()
+    pickler = StreamingPickler(sample)
+    for frame in recording.frames:
+        pickler.share(frame)
+    pickler.frame += b"]"
+    pickler.memoize()
+    count = 0
+    keys = ("action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata")
+    for action, addr, size, frames in recording.events(20000):
+        pickler.dict(dict(zip(keys, (action, addr, size, 0, count, frames, "", ""))))
+        count += 1
+    start = sample.tell() + len(pickler.frame)
+    for action, addr, size, frames in recording.events(20000):
+        pickler.dict(dict(zip(keys, (action, addr, size, 0, count, frames, "", ""))))
+        pickler.commit()
+        count += 1
+    return (sample.tell() + len(pickler.frame) - start) / 20000
+
+
+def _measure(command: list[str]) -> tuple[float, float, int]:
+    started = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
+    return time.perf_counter() - started, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mb", type=int, default=100)
+    parser.add_argument("--mb", type=float, default=100)
+    parser.add_argument("--depth", type=int, default=48, help="frames per traceback (Python and C++)")
+    parser.add_argument("--keep", type=Path, help="write the snapshot here and keep it")
+    parser.add_argument("--no-peer", action="store_true", help="skip pickle.load")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="oom-lsp-snapshot-size-") as tmp:
-        path = Path(tmp) / "big.pickle"
-        allocations = generate(path, args.mb)
-        megabytes = path.stat().st_size / 2**20
+        path = args.keep or Path(tmp) / "big.pickle"
         started = time.perf_counter()
-        child = subprocess.Popen(
-            [sys.executable, "-m", "oom_lsp", "explain", str(path), "--format", "json"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        _, status, usage = os.wait4(child.pid, 0)
-        seconds = time.perf_counter() - started
-        rss_mb = usage.ru_maxrss / 1024
+        allocations, entries = write_snapshot(path, args.mb, args.depth)
+        megabytes = path.stat().st_size / 2**20
         print(
-            f"snapshot: {megabytes:.0f} MiB, {allocations:,} allocations; exit {os.waitstatus_to_exitcode(status)}"
+            f"snapshot: {megabytes:,.0f} MiB, {allocations:,} allocations, {entries:,} trace entries, "
+            f"{args.depth} frames per traceback (written in {time.perf_counter() - started:.0f} s)"
         )
-        print(
-            f"explain: {seconds:.1f} s, peak RSS {rss_mb:.0f} MiB ({rss_mb / megabytes:.1f} MiB per MiB of pickle)"
-        )
-        print(
-            f"at this rate a 2 GiB snapshot: about {seconds * 2048 / megabytes:.0f} s and "
-            f"{rss_mb * 2048 / megabytes / 1024:.1f} GiB (the goal: 30 s, 1 GB; explain reads the file whole)"
-        )
+        seconds, rss_mb, code = _measure([sys.executable, "-m", "oom_lsp", "explain", str(path), "--format", "json"])
+        print(f"oom-lsp explain: {seconds:.1f} s, peak RSS {rss_mb:,.0f} MiB, exit {code}")
+        print(f"  {megabytes / seconds:.0f} MiB/s; goal at 2 GB: 30 s and 1 GB of RSS")
+        loader = "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))"
+        if args.no_peer:
+            return 0
+        projected_gb = megabytes * 14 / 1024
+        if projected_gb > 12:
+            print(f"pickle.load: not run (about {projected_gb:.0f} GB of RSS at this size: 14 bytes per byte of pickle)")
+            return 0
+        seconds, rss_mb, code = _measure([sys.executable, "-c", loader, str(path)])
+        print(f"pickle.load (the object graph only, no analysis): {seconds:.1f} s, peak RSS {rss_mb:,.0f} MiB, exit {code}")
     return 0
 
 

@@ -26,14 +26,15 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
-import pickle
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from oom_lsp.profiling.oom_messages import is_user_file
 from oom_lsp.profiling.report import Artifacts, DeviceInfo, LineUsage, Report, StepStats
+from oom_lsp.profiling.snapshot_pickle import SnapshotReadError, stream_snapshot
 
 STEP_MARKER = re.compile(r"^oom_lsp\.step_end\.(\d+)$")
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -46,19 +47,24 @@ class ImportFormatError(ValueError):
 
 
 def read_snapshot_file(path: Path) -> tuple[Report, list[HeldBy]]:
-    """A memory snapshot pickle (gzipped too): its report and the peak's bytes by holder."""
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    return read_snapshot(_load_pickle(raw, path), path)
+    """A memory snapshot pickle (gzipped too): its report and the peak's bytes by holder. The file
+    is streamed (snapshot_pickle): memory follows the blocks live at a time, not the file's size."""
+    replay = SnapshotReplay()
+    try:
+        stream_snapshot(path, replay.on_segment, replay.on_trace)
+    except SnapshotReadError as exc:
+        raise ImportFormatError(str(exc)) from exc
+    return replay.result(path)
 
 
 def import_profile(path: Path) -> Report:
+    with open(path, "rb") as handle:
+        head = handle.read(2)
+    if head[:1] == b"\x80" or (head == b"\x1f\x8b" and _gunzip_head(path) == b"\x80"):
+        return read_snapshot_file(path)[0]
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
-    if raw[:1] == b"\x80":
-        return import_snapshot(_load_pickle(raw, path), path)
     if raw[:6] == b"SQLite":
         raise ImportFormatError(_NSYS_REFUSAL)
     try:
@@ -90,20 +96,12 @@ def _json_lines(raw: bytes) -> Any:
         raise ImportFormatError(f"not JSON, JSON lines nor a pickle: {exc}") from exc
 
 
-class _SnapshotUnpickler(pickle.Unpickler):
-    """Snapshots are plain dicts and lists: refuse every class, so a hostile pickle runs nothing."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise ImportFormatError(f"a memory snapshot holds only plain data; this pickle wants {module}.{name}")
-
-
-def _load_pickle(raw: bytes, path: Path) -> Any:
-    import io
-
+def _gunzip_head(path: Path) -> bytes:
     try:
-        return _SnapshotUnpickler(io.BytesIO(raw)).load()
-    except (pickle.UnpicklingError, EOFError) as exc:
-        raise ImportFormatError(f"{path}: unreadable pickle: {exc}") from exc
+        with gzip.open(path, "rb") as handle:
+            return handle.read(1)
+    except (OSError, EOFError):
+        return b""
 
 
 def _replay(ops: list[tuple[int, int, Any]], baseline: int = 0) -> tuple[list[int], int, list[tuple[int, Any]]]:
@@ -287,7 +285,9 @@ CATEGORIES = {  # the estimate's export (`oom-lsp estimate --snapshot`)
 def _role(frames: Any) -> str | None:
     """"optimizer" or "backward" when a frame says so; None otherwise."""
     for frame in frames or ():
-        filename, name = frame.get("filename", ""), frame.get("name", "")
+        if not isinstance(frame, dict):
+            continue
+        filename, name = str(frame.get("filename", "")), str(frame.get("name", ""))
         if "/torch/optim/" in filename:
             return "optimizer"
         if "/torch/autograd/" in filename or "autograd::engine" in name or "torch::autograd" in name:
@@ -300,108 +300,183 @@ def import_snapshot(data: Any, path: Path) -> Report:
 
 
 def read_snapshot(data: Any, path: Path) -> tuple[Report, list[HeldBy]]:
-    """The snapshot's report, and the bytes live at its peak grouped by what holds them."""
+    """The report and holders of a snapshot already in memory (the same replay as a file's)."""
     if not isinstance(data, dict) or "device_traces" not in data or "segments" not in data:
         raise ImportFormatError(f"{path}: a pickle, but not a CUDA memory snapshot (no segments/device_traces)")
-    traces = data["device_traces"]
-    busiest = max(range(len(traces)), key=lambda i: len(traces[i]), default=None)
-    if busiest is None or not traces[busiest]:
-        raise ImportFormatError(
-            f"{path}: the snapshot has no trace events: record with torch.cuda.memory._record_memory_history() "
-            "before the step"
-        )
-    trace = traces[busiest]
-    segments = [s for s in data["segments"] if s.get("device") == busiest]
-    free_action = "free_completed" if any(e.get("action") == "free_completed" for e in trace) else "free_requested"
+    replay = SnapshotReplay()
+    for segment in data["segments"]:
+        replay.on_segment(segment)
+    for device, trace in enumerate(data["device_traces"]):
+        feed = replay.on_trace(device)
+        for event in trace:
+            feed(event.get("action"), event.get("addr"), event.get("size"), event.get("frames"), event.get("category"))
+    return replay.result(path)
 
-    traced_alloc = sum(e["size"] for e in trace if e.get("action") == "alloc")
-    traced_free = sum(e["size"] for e in trace if e.get("action") == free_action)
-    active_at_end = sum(
-        b["size"] for s in segments for b in s.get("blocks", []) if b.get("state") == "active_allocated"
-    )
-    baseline = max(0, active_at_end - (traced_alloc - traced_free))
-    reserved_at_end = sum(s.get("total_size", 0) for s in segments)
-    traced_segments = sum(
-        e["size"] if e.get("action") == "segment_alloc" else -e["size"]
-        for e in trace if e.get("action") in ("segment_alloc", "segment_free")
-    )
-    reserved = max(0, reserved_at_end - traced_segments)
-    peak_reserved = reserved
 
-    ops = []
-    oom_events = 0
-    backwards = 0  # backward passes started so far (a run of backward allocations)
-    in_backward = False
-    steps_at: list[int] = []  # per op: its step, 0-based (the backward passes before its step's own)
-    for event in trace:
-        action = event.get("action")
+class _DeviceReplay:
+    """One device's trace, replayed an entry at a time: live bytes, the first time their peak is
+    reached, and the blocks live there. What was live at the peak is the live set now, less the
+    blocks allocated since, plus those freed since (kept aside): no copy of the live set per new
+    peak and no list of every event, so memory follows the live blocks, not the trace's length."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.live: dict[int, tuple[int, Any, Any, int]] = {}  # address -> (size, line, holder, step)
+        self.total = self.peak = 0
+        self.peak_step = 0
+        self.allocated_since_peak: set[int] = set()
+        self.freed_since_peak: dict[int, tuple[int, Any, Any, int]] = {}
+        self.traced_alloc = 0
+        self.traced_free = {"free_requested": 0, "free_completed": 0}
+        # Frees count when completed (after the streams that used the block are done), or when
+        # requested in a trace that records no completions (until the first completion is seen).
+        self.completions_seen = False
+        self.reserved = self.peak_reserved = 0  # relative to the reserved bytes when recording started
+        self.backwards = 0  # backward passes started so far (a run of backward allocations)
+        self.in_backward = False
+        self.oom_events = 0
+        self.attributions: dict[int, tuple[Any, str | None]] = {}  # id(frames) -> (line, role)
+
+    def feed(self, action: Any, address: Any, size: Any, frames: Any, category: Any) -> None:
+        self.events += 1
         if action == "alloc":
-            frames = event.get("frames", ())
-            role = _role(frames)
-            if role == "backward" and not in_backward:
-                backwards += 1
-            in_backward = role == "backward" or (in_backward and role is None and not frames)
-            steps_at.append(backwards - in_backward)
-            holder = CATEGORIES.get(event.get("category", ""), event.get("category")) or role or (
-                None if frames else NO_FRAMES
-            )
-            ops.append((event["addr"], event["size"], (_innermost_user_frame(frames), holder, len(ops))))
-        elif action == free_action:
-            steps_at.append(backwards - in_backward)
-            ops.append((event["addr"], -1, None))
-        elif action == "segment_alloc":
-            reserved += event["size"]
-            peak_reserved = max(peak_reserved, reserved)
-        elif action == "segment_free":
-            reserved -= event["size"]
+            frames = frames or ()
+            attribution = self.attributions.get(id(frames))
+            if attribution is None:
+                attribution = self.attributions[id(frames)] = (_innermost_user_frame(frames), _role(frames))
+            where, role = attribution
+            if role == "backward" and not self.in_backward:
+                self.backwards += 1
+            self.in_backward = role == "backward" or (self.in_backward and role is None and not frames)
+            step = self.backwards - self.in_backward
+            holder = CATEGORIES.get(category or "", category) or role or (None if frames else NO_FRAMES)
+            if type(size) is not int or type(address) is not int:
+                raise ImportFormatError(f"trace entry {self.events}: an alloc without an integer addr and size")
+            self.traced_alloc += size
+            self.live[address] = (size, where, holder, step)
+            self.total += size
+            if self.total > self.peak:
+                self.peak, self.peak_step = self.total, step
+                self.allocated_since_peak.clear()
+                self.freed_since_peak.clear()
+            else:
+                self.allocated_since_peak.add(address)
+        elif action == "free_completed" or action == "free_requested":
+            if type(size) is not int:
+                raise ImportFormatError(f"trace entry {self.events}: a {action} without an integer size")
+            self.traced_free[action] += size
+            if action == "free_completed":
+                self.completions_seen = True
+            elif self.completions_seen:
+                return
+            record = self.live.pop(address, None)
+            if record is None:  # a block allocated before recording started, or freed on request
+                return
+            self.total -= record[0]
+            if address in self.allocated_since_peak:
+                self.allocated_since_peak.discard(address)
+            else:
+                self.freed_since_peak[address] = record
+        elif action == "segment_alloc" and type(size) is int:
+            self.reserved += size
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+        elif action == "segment_free" and type(size) is int:
+            self.reserved -= size
         elif action == "oom":
-            oom_events += 1
+            self.oom_events += 1
 
-    totals, peak, live = _replay(ops, baseline)
-    peak_index = totals.index(peak) if live else -1  # the first time it is reached, as _replay takes it
-    peak_step = steps_at[peak_index] if peak_index >= 0 else 0
-    held: dict[str, list[int]] = {}
-    for size, (_, holder, index) in live:
-        if holder == "optimizer":
-            holder = OPTIMIZER
-        elif holder == "backward":
-            holder = BACKWARD
-        elif holder is None and not backwards:
-            holder = NO_STEPS
-        elif holder is None:
-            step = steps_at[index]
-            holder = KEPT if 0 < step < peak_step else THIS_STEP if step == peak_step and step else BEFORE
-        group = held.setdefault(holder, [0, 0])
-        group[0] += size
-        group[1] += 1
-    if baseline:
-        held["allocated before recording started"] = [baseline, 0]
-    held_by = sorted((HeldBy(name, size, blocks) for name, (size, blocks) in held.items()), key=lambda h: -h.bytes)
-    at_peak = [(size, where) for size, (where, _, _) in live]
-    notes = ["imported from a CUDA memory snapshot: the whole recording is one step"]
-    if baseline:
-        notes.append(f"{baseline} bytes were allocated before recording started (no frames for them)")
-    if oom_events:
-        notes.append(f"the allocator recorded {oom_events} out-of-memory event(s)")
-    report = Report(
-        script=None,
-        status="imported",
-        device=DeviceInfo("cuda", index=busiest),
-        measured_with="memory-snapshot",
-        steps=[StepStats(1, peak, peak_reserved)],
-        peak_allocated=peak,
-        peak_reserved=peak_reserved,
-        top_lines=_top_lines(at_peak),
-        artifacts=Artifacts(snapshot=str(path), source=str(path)),
-        notes=notes,
-    )
-    return report, held_by
+    def live_at_peak(self) -> list[tuple[int, Any, Any, int]]:
+        if not self.peak:
+            return []
+        since = self.allocated_since_peak
+        at_peak = [record for address, record in self.live.items() if address not in since]
+        return at_peak + list(self.freed_since_peak.values())
+
+
+class SnapshotReplay:
+    """A snapshot's segments and trace entries, fed in the file's order (`on_segment`, and the
+    handler of `on_trace` per device), and the report of its busiest device (`result`)."""
+
+    def __init__(self) -> None:
+        self.segments: dict[Any, list[int]] = {}  # device -> [active bytes, reserved bytes] at the end
+        self.devices: dict[int, _DeviceReplay] = {}
+
+    def on_segment(self, segment: dict[str, Any]) -> None:
+        totals = self.segments.setdefault(segment.get("device"), [0, 0])
+        blocks = segment.get("blocks") or ()
+        totals[0] += sum(
+            b["size"] for b in blocks
+            if isinstance(b, dict) and b.get("state") == "active_allocated" and type(b.get("size")) is int
+        )
+        total_size = segment.get("total_size", 0)
+        totals[1] += total_size if type(total_size) is int else 0
+
+    def on_trace(self, device: int) -> Callable[[Any, Any, Any, Any, Any], None]:
+        """Where the entries of a device's trace go (action, addr, size, frames, category)."""
+        replay = self.devices.get(device)
+        if replay is None:
+            replay = self.devices[device] = _DeviceReplay()
+        return replay.feed
+
+    def result(self, path: Path) -> tuple[Report, list[HeldBy]]:
+        busiest = max(self.devices, key=lambda d: (self.devices[d].events, -d), default=None)
+        if busiest is None or not self.devices[busiest].events:
+            raise ImportFormatError(
+                f"{path}: the snapshot has no trace events: record with torch.cuda.memory._record_memory_history() "
+                "before the step"
+            )
+        replay = self.devices[busiest]
+        active_at_end, reserved_at_end = self.segments.get(busiest, (0, 0))
+        free_action = "free_completed" if replay.completions_seen else "free_requested"
+        baseline = max(0, active_at_end - (replay.traced_alloc - replay.traced_free[free_action]))
+        reserved_start = max(0, reserved_at_end - replay.reserved)
+        peak = baseline + replay.peak
+        peak_reserved = reserved_start + replay.peak_reserved
+        live = replay.live_at_peak()
+        held: dict[str, list[int]] = {}
+        for size, _, holder, step in live:
+            if holder == "optimizer":
+                holder = OPTIMIZER
+            elif holder == "backward":
+                holder = BACKWARD
+            elif holder is None and not replay.backwards:
+                holder = NO_STEPS
+            elif holder is None:
+                peak_step = replay.peak_step
+                holder = KEPT if 0 < step < peak_step else THIS_STEP if step == peak_step and step else BEFORE
+            group = held.setdefault(holder, [0, 0])
+            group[0] += size
+            group[1] += 1
+        if baseline:
+            held["allocated before recording started"] = [baseline, 0]
+        held_by = sorted((HeldBy(name, size, blocks) for name, (size, blocks) in held.items()), key=lambda h: -h.bytes)
+        notes = ["imported from a CUDA memory snapshot: the whole recording is one step"]
+        if baseline:
+            notes.append(f"{baseline} bytes were allocated before recording started (no frames for them)")
+        if replay.oom_events:
+            notes.append(f"the allocator recorded {replay.oom_events} out-of-memory event(s)")
+        report = Report(
+            script=None,
+            status="imported",
+            device=DeviceInfo("cuda", index=busiest),
+            measured_with="memory-snapshot",
+            steps=[StepStats(1, peak, peak_reserved)],
+            peak_allocated=peak,
+            peak_reserved=peak_reserved,
+            top_lines=_top_lines((size, where) for size, where, _, _ in live),
+            artifacts=Artifacts(snapshot=str(path), source=str(path)),
+            notes=notes,
+        )
+        return report, held_by
 
 
 def _innermost_user_frame(frames: Iterable[dict[str, Any]]) -> tuple[str, int, str] | None:
     # Snapshot frames are innermost first (memory_viz reverses them to draw flame graphs).
     for frame in frames:
+        if not isinstance(frame, dict):
+            continue
         filename = frame.get("filename", "")
-        if filename.endswith(".py") and is_user_file(filename):  # C++ frames have no .py file
-            return filename, int(frame.get("line", 0)), frame.get("name", "")
+        if isinstance(filename, str) and filename.endswith(".py") and is_user_file(filename):  # C++ frames have no .py file
+            line = frame.get("line", 0)
+            return filename, line if isinstance(line, int) else 0, str(frame.get("name", ""))
     return None
