@@ -1,9 +1,10 @@
 """How `oom-lsp explain` scales with a snapshot's size (issue 32 asks a 2 GB snapshot in under
 30 s and 1 GB of RSS): writes a snapshot of about --mb megabytes as `torch.cuda.memory.
 _dump_snapshot` would, runs `oom-lsp explain FILE --format json` on it, and prints the seconds and
-the child's peak RSS (from wait4), next to Python's own unpickler (`pickle.load`, which every
-other reader of these files starts with: PyTorch's `_memory_viz` and the web viewer) on the same
-file, when its projected RSS fits this machine.
+the child's peak RSS (from wait4), next to the readers a user has instead, on the same file when
+their projected RSS fits this machine: Python's own unpickler (`pickle.load`, where every other
+reader starts) and PyTorch's `python -m torch.cuda._memory_viz trace_plot` (the page of
+pytorch.org/memory_viz, whose JavaScript then parses the whole file again in the browser).
 
     .venv/bin/python bench/snapshot_explain_size.py --mb 2048
 
@@ -205,10 +206,25 @@ class TrainingRecording:
 
 
 def write_snapshot(path: Path, megabytes: float, depth: int = 48, seed: int = 0) -> tuple[int, int]:
-    """A snapshot of about `megabytes`; returns (allocations, trace entries)."""
-    probe = TrainingRecording(depth, seed)
-    per_allocation = _bytes_per_allocation(probe)
-    allocations = max(1, int(megabytes * 2**20 / per_allocation))
+    """A snapshot of about `megabytes`; returns (allocations, trace entries). The number of
+    allocations comes from the bytes the 20,000 allocations after the first 20,000 add."""
+    import io
+
+    sizes = []
+    for count in (20000, 40000):
+        probe = io.BytesIO()
+        write_allocations(probe, count, depth, seed)
+        sizes.append(probe.tell())
+    per_allocation = (sizes[1] - sizes[0]) / 20000
+    allocations = max(1, int((megabytes * 2**20 - sizes[0]) / per_allocation) + 20000)
+    if megabytes * 2**20 < sizes[0]:
+        allocations = max(1, int(megabytes * 2**20 / (sizes[0] / 20000)))
+    with open(path, "wb") as out:
+        return allocations, write_allocations(out, allocations, depth, seed)
+
+
+def write_allocations(out: IO[bytes], allocations: int, depth: int, seed: int) -> int:
+    """The snapshot of `allocations` allocations into out; returns the number of trace entries."""
     recording = TrainingRecording(depth, seed)
     # First pass: the blocks live at the end (the segments come first in the file).
     for _ in recording.events(allocations):
@@ -216,58 +232,57 @@ def write_snapshot(path: Path, megabytes: float, depth: int = 48, seed: int = 0)
     live_at_end = recording.live_at_end
     recording = TrainingRecording(depth, seed)
     keys = ("action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata")
-    with open(path, "wb") as out:
-        pickler = StreamingPickler(out)
-        for frame in recording.frames:  # symbolized once, shared by every traceback
-            pickler.share(frame)
-        pickler.frame += b"}"
-        pickler.memoize()
-        pickler.frame += b"("
-        pickler.string("segments")
-        pickler.frame += b"]"
-        pickler.memoize()
-        segments = [
-            {
-                "device": 0, "address": addr, "total_size": size, "allocated_size": size, "active_size": size,
-                "requested_size": size, "stream": 0, "segment_type": "large", "segment_pool_id": [0, 0],
-                "is_expandable": False, "frames": [],
-                "blocks": [{"address": addr, "size": size, "requested_size": size, "state": "active_allocated", "frames": []}],
-            }
-            for addr, (size, _) in live_at_end.items()
-        ]
-        _write_items(pickler, segments)
-        pickler.string("device_traces")
-        pickler.frame += b"]"
-        pickler.memoize()
-        pickler.frame += b"]"
-        pickler.memoize()
-        entries = 0
-        batch = 0
-        for action, addr, size, frames in recording.events(allocations):
-            if batch == 0:
-                pickler.frame += b"("
-            if action in ("segment_alloc", "free_requested"):
-                pickler.share(frames)  # the alloc / free_completed right after refers to the same list
-            pickler.dict(dict(zip(keys, (action, addr, size, 0, entries, frames, "", ""))))
-            pickler.commit()
-            if action in ("alloc", "free_completed"):
-                pickler.forget(frames)
-            entries += 1
-            batch += 1
-            if batch == 1000:
-                pickler.frame += b"e"
-                batch = 0
-        if batch:
+    pickler = StreamingPickler(out)
+    for frame in recording.frames:  # symbolized once, shared by every traceback
+        pickler.share(frame)
+    pickler.frame += b"}"
+    pickler.memoize()
+    pickler.frame += b"("
+    pickler.string("segments")
+    pickler.frame += b"]"
+    pickler.memoize()
+    segments = [
+        {
+            "device": 0, "address": addr, "total_size": size, "allocated_size": size, "active_size": size,
+            "requested_size": size, "stream": 0, "segment_type": "large", "segment_pool_id": [0, 0],
+            "is_expandable": False, "frames": [],
+            "blocks": [{"address": addr, "size": size, "requested_size": size, "state": "active_allocated", "frames": []}],
+        }
+        for addr, (size, _) in live_at_end.items()
+    ]
+    _write_items(pickler, segments)
+    pickler.string("device_traces")
+    pickler.frame += b"]"
+    pickler.memoize()
+    pickler.frame += b"]"
+    pickler.memoize()
+    entries = 0
+    batch = 0
+    for action, addr, size, frames in recording.events(allocations):
+        if batch == 0:
+            pickler.frame += b"("
+        if action in ("segment_alloc", "free_requested"):
+            pickler.share(frames)  # the alloc / free_completed right after refers to the same list
+        pickler.dict(dict(zip(keys, (action, addr, size, 0, entries, frames, "", ""))))
+        pickler.commit()
+        if action in ("alloc", "free_completed"):
+            pickler.forget(frames)
+        entries += 1
+        batch += 1
+        if batch == 1000:
             pickler.frame += b"e"
-        pickler.frame += b"a"  # the one device's trace into device_traces
-        pickler.string("allocator_settings")
-        pickler.dict({"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1})
-        pickler.string("external_annotations")
-        pickler.frame += b"]"
-        pickler.memoize()
-        pickler.frame += b"u."
-        pickler.commit(force=True)
-    return allocations, entries
+            batch = 0
+    if batch:
+        pickler.frame += b"e"
+    pickler.frame += b"a"  # the one device's trace into device_traces
+    pickler.string("allocator_settings")
+    pickler.dict({"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1})
+    pickler.string("external_annotations")
+    pickler.frame += b"]"
+    pickler.memoize()
+    pickler.frame += b"u."
+    pickler.commit(force=True)
+    return entries
 
 
 def _write_items(pickler: StreamingPickler, items: list[Any]) -> None:
@@ -281,28 +296,6 @@ def _write_items(pickler: StreamingPickler, items: list[Any]) -> None:
                 pickler.value(item)
                 pickler.commit()
             pickler.frame += b"e"
-
-
-def _bytes_per_allocation(recording: TrainingRecording) -> float:
-    import io
-
-    sample = io.BytesIO()
-    pickler = StreamingPickler(sample)
-    for frame in recording.frames:
-        pickler.share(frame)
-    pickler.frame += b"]"
-    pickler.memoize()
-    count = 0
-    keys = ("action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata")
-    for action, addr, size, frames in recording.events(20000):
-        pickler.dict(dict(zip(keys, (action, addr, size, 0, count, frames, "", ""))))
-        count += 1
-    start = sample.tell() + len(pickler.frame)
-    for action, addr, size, frames in recording.events(20000):
-        pickler.dict(dict(zip(keys, (action, addr, size, 0, count, frames, "", ""))))
-        pickler.commit()
-        count += 1
-    return (sample.tell() + len(pickler.frame) - start) / 20000
 
 
 def _measure(command: list[str]) -> tuple[float, float, int]:
@@ -340,6 +333,11 @@ def main() -> int:
             return 0
         seconds, rss_mb, code = _measure([sys.executable, "-c", loader, str(path)])
         print(f"pickle.load (the object graph only, no analysis): {seconds:.1f} s, peak RSS {rss_mb:,.0f} MiB, exit {code}")
+        page = Path(tmp) / "trace_plot.html"
+        seconds, rss_mb, code = _measure(
+            [sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", str(path), "-o", str(page)]
+        )
+        print(f"PyTorch's _memory_viz trace_plot: {seconds:.1f} s, peak RSS {rss_mb:,.0f} MiB, exit {code}")
     return 0
 
 

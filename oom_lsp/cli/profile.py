@@ -314,8 +314,8 @@ def _is_pickle(path: Path) -> bool:
 
 
 SNAPSHOT_TRUST = (
-    "read as plain data: a restricted unpickler loads only dicts, lists, strings and numbers and refuses "
-    "any class or function, so a snapshot from elsewhere cannot run code"
+    "read as plain data: oom-lsp's own pickle reader takes only dicts, lists, strings and numbers and "
+    "refuses any class or function, so a snapshot from elsewhere cannot run code"
 )
 
 
@@ -326,11 +326,12 @@ def _explain_snapshot(path: Path, output: str) -> int:
     from oom_lsp.usecases.explain import explain_snapshot
 
     try:
-        report, held_by = explain_snapshot(path)
+        explanation = explain_snapshot(path)
     except ImportFormatError as error:
         return _error(str(error))
     except OSError as exc:
         return _error(f"{path}: {exc.strerror or exc}")
+    report, held_by, failed = explanation.report, explanation.held_by, explanation.failed
     attributed = sum(usage.bytes for usage in report.top_lines)
     if output == "json":
         print(
@@ -342,6 +343,7 @@ def _explain_snapshot(path: Path, output: str) -> int:
                     "peak_reserved_bytes": report.peak_reserved,
                     "top_lines": [usage.to_dict() for usage in report.top_lines],
                     "held_by": [group.to_dict() for group in held_by],
+                    "failed_allocation": failed.to_dict() if failed else None,
                     "notes": report.notes,
                 },
                 indent=2,
@@ -368,6 +370,15 @@ def _explain_snapshot(path: Path, output: str) -> int:
         for group in held_by:
             blocks = f"{group.blocks} block{'s' if group.blocks != 1 else ''}" if group.blocks else "no frames"
             print(f"    {format_bytes(group.bytes):>11}  {group.holder}  ({blocks})")
+    if failed:
+        free = f", {format_bytes(failed.device_free)} free on the device" if failed.device_free is not None else ""
+        print(
+            f"  the allocation that failed: {format_bytes(failed.requested)} requested{free}; "
+            f"{format_bytes(failed.live)} live then, by the line that allocated it:"
+        )
+        for usage in failed.top_lines[:TABLE_LINES]:
+            blocks = f"{usage.allocations} block{'s' if usage.allocations != 1 else ''}"
+            print(f"    {format_bytes(usage.bytes):>11}  {_rel(usage.file)}:{usage.line}  ({blocks})")
     for note in report.notes:
         print(f"  note: {note}")
     return EXIT_OK

@@ -46,7 +46,7 @@ class ImportFormatError(ValueError):
     """The file is not a profile this importer can read; the message says why."""
 
 
-def read_snapshot_file(path: Path) -> tuple[Report, list[HeldBy]]:
+def read_snapshot_file(path: Path) -> SnapshotExplanation:
     """A memory snapshot pickle (gzipped too): its report and the peak's bytes by holder. The file
     is streamed (snapshot_pickle): memory follows the blocks live at a time, not the file's size."""
     replay = SnapshotReplay()
@@ -61,7 +61,7 @@ def import_profile(path: Path) -> Report:
     with open(path, "rb") as handle:
         head = handle.read(2)
     if head[:1] == b"\x80" or (head == b"\x1f\x8b" and _gunzip_head(path) == b"\x80"):
-        return read_snapshot_file(path)[0]
+        return read_snapshot_file(path).report
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
@@ -256,6 +256,35 @@ class HeldBy:
         return {"holder": self.holder, "bytes": self.bytes, "blocks": self.blocks}
 
 
+@dataclass(frozen=True)
+class FailedAllocation:
+    """An allocation the allocator could not serve (an "oom" entry of the trace): what it asked
+    for, what the device had free, and the bytes live at that moment by the user line holding them."""
+
+    requested: int
+    device_free: int | None
+    live: int
+    top_lines: list[LineUsage]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requested_bytes": self.requested,
+            "device_free_bytes": self.device_free,
+            "live_bytes": self.live,
+            "top_lines": [usage.to_dict() for usage in self.top_lines],
+        }
+
+
+@dataclass(frozen=True)
+class SnapshotExplanation:
+    """A snapshot's report (its peak, top lines), the peak's bytes by holder, and the last
+    allocation that failed when the recording holds one."""
+
+    report: Report
+    held_by: list[HeldBy]
+    failed: FailedAllocation | None = None
+
+
 # What holds a live block, where the snapshot says it. The estimate's export records each block's
 # category; a real snapshot only its frames and its order: the optimizer's frames
 # (torch/optim/), the backward's (torch/autograd/, the autograd engine), and the backward passes
@@ -296,10 +325,10 @@ def _role(frames: Any) -> str | None:
 
 
 def import_snapshot(data: Any, path: Path) -> Report:
-    return read_snapshot(data, path)[0]
+    return read_snapshot(data, path).report
 
 
-def read_snapshot(data: Any, path: Path) -> tuple[Report, list[HeldBy]]:
+def read_snapshot(data: Any, path: Path) -> SnapshotExplanation:
     """The report and holders of a snapshot already in memory (the same replay as a file's)."""
     if not isinstance(data, dict) or "device_traces" not in data or "segments" not in data:
         raise ImportFormatError(f"{path}: a pickle, but not a CUDA memory snapshot (no segments/device_traces)")
@@ -335,6 +364,7 @@ class _DeviceReplay:
         self.backwards = 0  # backward passes started so far (a run of backward allocations)
         self.in_backward = False
         self.oom_events = 0
+        self.failed: tuple[int, Any, int, list[tuple[int, Any, Any, int]]] | None = None
         self.attributions: dict[int, tuple[Any, str | None]] = {}  # id(frames) -> (line, role)
 
     def feed(self, action: Any, address: Any, size: Any, frames: Any, category: Any) -> None:
@@ -383,7 +413,10 @@ class _DeviceReplay:
         elif action == "segment_free" and type(size) is int:
             self.reserved -= size
         elif action == "oom":
+            # PyTorch's "oom" entry: addr is the device's free bytes, size the request. The live set
+            # is copied here only (the allocations that failed are few), the last one kept.
             self.oom_events += 1
+            self.failed = (size, address, self.total, list(self.live.values()))
 
     def live_at_peak(self) -> list[tuple[int, Any, Any, int]]:
         if not self.peak:
@@ -418,7 +451,7 @@ class SnapshotReplay:
             replay = self.devices[device] = _DeviceReplay()
         return replay.feed
 
-    def result(self, path: Path) -> tuple[Report, list[HeldBy]]:
+    def result(self, path: Path) -> SnapshotExplanation:
         busiest = max(self.devices, key=lambda d: (self.devices[d].events, -d), default=None)
         if busiest is None or not self.devices[busiest].events:
             raise ImportFormatError(
@@ -467,7 +500,16 @@ class SnapshotReplay:
             artifacts=Artifacts(snapshot=str(path), source=str(path)),
             notes=notes,
         )
-        return report, held_by
+        failed = None
+        if replay.failed is not None:
+            requested, device_free, live_then, blocks = replay.failed
+            failed = FailedAllocation(
+                requested if type(requested) is int else 0,
+                device_free if type(device_free) is int else None,
+                baseline + live_then,
+                _top_lines((size, where) for size, where, _, _ in blocks),
+            )
+        return SnapshotExplanation(report, held_by, failed)
 
 
 def _innermost_user_frame(frames: Iterable[dict[str, Any]]) -> tuple[str, int, str] | None:

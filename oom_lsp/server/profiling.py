@@ -416,11 +416,12 @@ async def _explain_snapshot(ls: OomLanguageServer, path: Path, base: Path | None
     from oom_lsp.usecases.explain import explain_snapshot
 
     try:
-        report, held_by = await asyncio.to_thread(explain_snapshot, path)
+        explanation = await asyncio.to_thread(explain_snapshot, path)
     except ImportFormatError as error:
         raise JsonRpcInvalidParams(str(error)) from None
     except OSError as error:
         raise JsonRpcInvalidParams(f"{path}: {error.strerror or error}") from None
+    report = explanation.report
     base = path.parent if base is None else base
     by_uri = _top_line_diagnostics(
         ls,
@@ -442,7 +443,8 @@ async def _explain_snapshot(ls: OomLanguageServer, path: Path, base: Path | None
         "snapshot": {
             "peakAllocatedBytes": report.peak_allocated,
             "topLines": [usage.to_dict() for usage in report.top_lines],
-            "heldBy": [group.to_dict() for group in held_by],
+            "heldBy": [group.to_dict() for group in explanation.held_by],
+            "failedAllocation": explanation.failed.to_dict() if explanation.failed else None,
         },
     }
 

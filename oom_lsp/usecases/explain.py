@@ -13,9 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from oom_lsp.profiling.importers import HeldBy, read_snapshot_file
+from oom_lsp.profiling.importers import SnapshotExplanation, read_snapshot_file
 from oom_lsp.profiling.oom_messages import OomError, find_ooms
-from oom_lsp.profiling.report import Report
 
 MAX_LOG_CHARS = 4 * 2**20  # of a log: its end, where the error is
 
@@ -40,10 +39,11 @@ def is_snapshot(path: Path) -> bool:
     return head[:1] == b"\x80" or (head == b"\x1f\x8b" and path.suffix in (".gz", ".pickle", ".pkl"))
 
 
-def explain_snapshot(path: Path) -> tuple[Report, list[HeldBy]]:
+def explain_snapshot(path: Path) -> SnapshotExplanation:
     """A memory snapshot's peak: the report (top_lines: the bytes live there by the user line that
-    allocated them) and the same bytes grouped by what holds them. Raises ImportFormatError
-    (not a snapshot, a pickle that asks for code) or OSError, each with a one-line message."""
+    allocated them), the same bytes grouped by what holds them, and the last allocation that failed
+    (what was live then, by line). Raises ImportFormatError (not a snapshot, a pickle that asks
+    for code) or OSError, each with a one-line message."""
     return read_snapshot_file(path)
 
 

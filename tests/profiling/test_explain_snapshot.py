@@ -1,5 +1,5 @@
 """`oom-lsp explain snapshot.pickle`: a memory snapshot's peak by the user lines that allocated
-what is live there, read with a restricted unpickler (a hostile pickle runs nothing)."""
+what is live there, read as plain data by oom-lsp's own pickle reader (a hostile pickle runs nothing)."""
 
 from __future__ import annotations
 
@@ -55,10 +55,10 @@ def test_the_peak_is_attributed_to_the_user_lines_that_allocated_it(tmp_path):
     data = json.loads(result.stdout)
     assert data["peak_allocated_bytes"] == 4096 + 1024 + 2048
     assert [(line["line"], line["bytes"]) for line in data["top_lines"]] == [(5, 4096), (7, 3072)]
-    assert "restricted unpickler" in data["trust"]
+    assert "own pickle reader" in data["trust"]
     text = console.run(["explain", str(path)], tmp_path)
     assert text.returncode == 0, text.stderr
-    assert "restricted unpickler" in text.stdout.splitlines()[0]
+    assert "own pickle reader" in text.stdout.splitlines()[0]
     assert "4.00 KiB  train.py:5  (1 block)" in text.stdout
     assert "3.00 KiB  train.py:7  (2 blocks)" in text.stdout
 
@@ -138,3 +138,17 @@ def test_the_peak_s_bytes_are_grouped_by_what_holds_them(tmp_path):
     }
     text = console.run(["explain", str(path)], tmp_path).stdout
     assert "held at the peak by" in text and "kept across iterations" in text
+
+
+def test_the_failed_allocation_is_shown_with_what_was_live_then(tmp_path):
+    path = _snapshot(tmp_path)
+    data = pickle.loads(path.read_bytes())
+    data["device_traces"][0].append({"action": "oom", "addr": 1 << 20, "size": 3 << 30, "stream": 0, "frames": []})
+    path.write_bytes(pickle.dumps(data))
+    text = console.run(["explain", str(path)], tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "the allocation that failed: 3.00 GiB requested, 1.00 MiB free on the device; 5.50 KiB live then" in text.stdout
+    assert "4.00 KiB  train.py:5  (1 block)" in text.stdout.split("the allocation that failed")[1]
+    result = console.run(["explain", str(path), "--format", "json"], tmp_path)
+    failed = json.loads(result.stdout)["failed_allocation"]
+    assert (failed["requested_bytes"], failed["live_bytes"]) == (3 << 30, 4096 + 1024 + 512)

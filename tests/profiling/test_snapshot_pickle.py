@@ -145,10 +145,11 @@ def test_the_benchmarks_writer_is_a_pickle_of_pytorchs_layout(tmp_path):
     cut entries in the middle there)."""
     bench = _bench()
     path = tmp_path / "big.pickle"
-    allocations, count = bench.write_snapshot(path, 0.5, depth=12)
+    with open(path, "wb") as out:
+        count = bench.write_allocations(out, 1500, depth=12, seed=0)
     data = pickle.loads(path.read_bytes())
     trace = data["device_traces"][0]
-    assert len(trace) == count and allocations > 100
+    assert len(trace) == count > 3000
     frees = [e for e in trace if e["action"] == "free_requested"]
     assert frees and all(len(e["frames"]) == 12 for e in trace)
     first = [e for e in trace if e["action"] == "alloc"][:2]
@@ -202,12 +203,13 @@ def test_the_one_pass_replay_equals_the_two_pass_one(tmp_path, frees):
         data = _training_snapshot(seed=seed, entries=2400, frees=frees)
         path = tmp_path / f"s{seed}.pickle"
         path.write_bytes(pickle.dumps(data, protocol=4))
-        report, held_by = read_snapshot_file(path)
+        explained = read_snapshot_file(path)
+        report, held_by = explained.report, explained.held_by
         peak, lines = _reference(data)
         assert report.peak_allocated == peak
         assert [((u.file, u.line), u.bytes) for u in report.top_lines] == lines
         assert sum(h.bytes for h in held_by) == peak
-        assert read_snapshot(data, path)[0].to_dict() == report.to_dict()
+        assert read_snapshot(data, path).report.to_dict() == report.to_dict()
 
 
 def test_holders_follow_the_frames_and_the_exports_categories(tmp_path):
@@ -217,8 +219,8 @@ def test_holders_follow_the_frames_and_the_exports_categories(tmp_path):
             entry["category"] = "optimizer_state"
     path = tmp_path / "snapshot.pickle"
     path.write_bytes(pickle.dumps(data, protocol=4))
-    _, held_by = read_snapshot_file(path)
-    assert read_snapshot(data, path)[1] == held_by
+    held_by = read_snapshot_file(path).held_by
+    assert read_snapshot(data, path).held_by == held_by
     names = {h.holder for h in held_by}
     assert CATEGORIES["optimizer_state"] in names
     assert NO_FRAMES not in names
@@ -230,7 +232,7 @@ def test_gzipped_snapshots_stream_too(tmp_path):
     plain, packed = tmp_path / "s.pickle", tmp_path / "s.pickle.gz"
     plain.write_bytes(pickle.dumps(data, protocol=4))
     packed.write_bytes(gzip.compress(plain.read_bytes()))
-    assert read_snapshot_file(packed)[0].to_dict()["peak_allocated"] == read_snapshot_file(plain)[0].peak_allocated
+    assert read_snapshot_file(packed).report.to_dict()["peak_allocated"] == read_snapshot_file(plain).report.peak_allocated
 
 
 class _Payload:
@@ -282,3 +284,25 @@ def test_a_pickle_that_is_not_a_snapshot(tmp_path):
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}, protocol=4))
     with pytest.raises(ImportFormatError, match="no trace events"):
         read_snapshot_file(path)
+
+
+def test_the_allocation_that_failed_is_explained_by_what_was_live_then(tmp_path):
+    """PyTorch's "oom" entry (addr: the device's free bytes, size: the request): what was live at
+    that moment, by line, beside the peak (which may have come earlier)."""
+    line = lambda n: [{"filename": "/home/u/train.py", "line": n, "name": "step"}]  # noqa: E731
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 5000, "frames": line(10)},
+        {"action": "alloc", "addr": 2, "size": 200, "frames": line(11)},
+        {"action": "free_requested", "addr": 1, "size": 5000, "frames": []},
+        {"action": "free_completed", "addr": 1, "size": 5000, "frames": []},
+        {"action": "alloc", "addr": 3, "size": 300, "frames": line(12)},
+        {"action": "oom", "addr": 64, "size": 10**9, "frames": line(13)},
+    ]
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4))
+    explained = read_snapshot_file(path)
+    assert explained.report.peak_allocated == 5200
+    failed = explained.failed
+    assert (failed.requested, failed.device_free, failed.live) == (10**9, 64, 500)
+    assert [(u.line, u.bytes) for u in failed.top_lines] == [(12, 300), (11, 200)]
+    assert read_snapshot({"segments": [], "device_traces": [trace[:3]]}, path).failed is None
