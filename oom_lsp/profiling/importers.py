@@ -311,6 +311,13 @@ CATEGORIES = {  # the estimate's export (`oom-lsp estimate --snapshot`)
 }
 
 
+def _requested(block: dict[str, Any]) -> int:
+    size = block.get("requested_size")
+    if type(size) is not int:
+        size = block.get("size")
+    return size if type(size) is int else 0
+
+
 def _role(frames: Any) -> str | None:
     """"optimizer" or "backward" when a frame says so; None otherwise."""
     for frame in frames or ():
@@ -319,7 +326,10 @@ def _role(frames: Any) -> str | None:
         filename, name = str(frame.get("filename", "")), str(frame.get("name", ""))
         if "/torch/optim/" in filename:
             return "optimizer"
-        if "/torch/autograd/" in filename or "autograd::engine" in name or "torch::autograd" in name:
+        # The backward runs in the autograd engine (torch::autograd::Engine::evaluate_function on
+        # CUDA's engine thread); torch::autograd::VariableType and THPVariable_* frames are every
+        # forward op's dispatch, not the backward.
+        if "/torch/autograd/" in filename or "autograd::engine" in name.lower():
             return "backward"
     return None
 
@@ -437,9 +447,11 @@ class SnapshotReplay:
     def on_segment(self, segment: dict[str, Any]) -> None:
         totals = self.segments.setdefault(segment.get("device"), [0, 0])
         blocks = segment.get("blocks") or ()
+        # The trace records the bytes asked for (torch >= 2.1; a block's "size" is the allocator's
+        # rounding of them, 26 MiB for 25), so the blocks count by theirs too: the bytes live before
+        # recording started are then in the trace's unit.
         totals[0] += sum(
-            b["size"] for b in blocks
-            if isinstance(b, dict) and b.get("state") == "active_allocated" and type(b.get("size")) is int
+            _requested(b) for b in blocks if isinstance(b, dict) and b.get("state") == "active_allocated"
         )
         total_size = segment.get("total_size", 0)
         totals[1] += total_size if type(total_size) is int else 0
