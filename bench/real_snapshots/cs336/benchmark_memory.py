@@ -17,17 +17,16 @@ import argparse
 from contextlib import nullcontext
 
 import torch
-
 from cs336_basics.optimizers import AdamW
 from cs336_basics.training import cross_entropy_loss
 from cs336_basics.transformer import TransformerLM
 
 SIZES = {
-    "small": dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
-    "medium": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
-    "large": dict(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
-    "xl": dict(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
-    "2.7b": dict(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+    "small": {"d_model": 768, "d_ff": 3072, "num_layers": 12, "num_heads": 12},
+    "medium": {"d_model": 1024, "d_ff": 4096, "num_layers": 24, "num_heads": 16},
+    "large": {"d_model": 1280, "d_ff": 5120, "num_layers": 36, "num_heads": 20},
+    "xl": {"d_model": 1600, "d_ff": 6400, "num_layers": 48, "num_heads": 25},
+    "2.7b": {"d_model": 2560, "d_ff": 10240, "num_layers": 32, "num_heads": 32},
 }
 
 
@@ -50,9 +49,17 @@ def main() -> None:
         torch.set_float32_matmul_precision("high")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-    model = TransformerLM(d_model=config["d_model"], d_ff=config["d_ff"], vocab_size=args.vocab_size,
-                          context_length=args.context_length, num_heads=config["num_heads"],
-                          num_layers=config["num_layers"], theta=10000, device=device, dtype=dtype)
+    model = TransformerLM(
+        d_model=config["d_model"],
+        d_ff=config["d_ff"],
+        vocab_size=args.vocab_size,
+        context_length=args.context_length,
+        num_heads=config["num_heads"],
+        num_layers=config["num_layers"],
+        theta=10000,
+        device=device,
+        dtype=dtype,
+    )
     model.to(device)
     optimizer = AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-8, betas=(0.9, 0.95))
     loss_fn = cross_entropy_loss
