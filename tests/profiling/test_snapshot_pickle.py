@@ -306,3 +306,34 @@ def test_the_allocation_that_failed_is_explained_by_what_was_live_then(tmp_path)
     assert (failed.requested, failed.device_free, failed.live) == (10**9, 64, 500)
     assert [(u.line, u.bytes) for u in failed.top_lines] == [(12, 300), (11, 200)]
     assert read_snapshot({"segments": [], "device_traces": [trace[:3]]}, path).failed is None
+
+
+def test_bytes_live_before_recording_count_in_the_traces_unit(tmp_path):
+    """The trace records the bytes asked for; a segment's block has the allocator's rounding as
+    "size" and the request as "requested_size": what was live before recording started is
+    counted by the request, or every peak carries the rounding of the older blocks."""
+    user = [{"filename": "/home/u/train.py", "line": 3, "name": "step"}]
+    block = {"address": 0, "size": 26 << 20, "requested_size": 25 << 20, "state": "active_allocated"}
+    traced = {"address": 1 << 30, "size": 1024, "requested_size": 1000, "state": "active_allocated"}
+    snapshot = {  # the segments at the end hold every live block, the traced one too
+        "segments": [{"device": 0, "total_size": 40 << 20, "blocks": [block, traced]}],
+        "device_traces": [[{"action": "alloc", "addr": 1 << 30, "size": 1000, "frames": user}]],
+    }
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(snapshot, protocol=4))
+    assert read_snapshot_file(path).report.peak_allocated == (25 << 20) + 1000
+    del block["requested_size"], traced["requested_size"]  # older snapshots: the size is all there is
+    path.write_bytes(pickle.dumps(snapshot, protocol=4))
+    assert read_snapshot_file(path).report.peak_allocated == (26 << 20) + 1024
+
+
+def test_a_forward_ops_autograd_dispatch_frame_is_not_the_backward():
+    """With stacks="all" every op's C++ stack passes through torch::autograd::VariableType; only
+    the autograd engine (the backward's thread) marks an allocation as the backward's."""
+    forward = [
+        {"filename": "??", "line": 0, "name": "torch::autograd::VariableType::(anonymous namespace)::mm(...)"},
+        {"filename": "/home/u/model.py", "line": 12, "name": "forward"},
+    ]
+    backward = [{"filename": "??", "line": 0, "name": "torch::autograd::Engine::evaluate_function(...)"}]
+    assert _role(forward) is None
+    assert _role(backward) == "backward"

@@ -1,16 +1,14 @@
-"""The memory profile of kkaitlyn111/cs336-a2-systems, cs336_systems/benchmark.py
-(`run_memory_foward_fullstep` called by `profile_memory_forward_fullstep`, commit c1c174d, which
-committed the snapshots in memory_files/), as a runnable fixture for oom-lsp's benchmarks.
+"""The step of the GPU memory snapshots kkaitlyn111/cs336-a2-systems published (memory_files/,
+commit c1c174d), as a runnable fixture for oom-lsp's benchmarks, written from its
+cs336_systems/benchmark.py configuration (see PROVENANCE.md).
 
-Kept from the original: the model (TransformerLM of kkaitlyn111/cs336-assignment1, "2.7b" size:
+The configuration recorded: the model (TransformerLM of kkaitlyn111/cs336-assignment1, "2.7b" size:
 d_model 2560, d_ff 10240, 32 layers, 32 heads), vocab 10,000, batch 4, theta 10,000, its AdamW
 (lr 1e-4, weight decay 0.01, eps 1e-8, betas (0.9, 0.95)), its cross_entropy_loss, a random batch
 used as inputs and targets, float32 with TF32 matmuls (`--mixed-precision`: the dtype bfloat16 and
 `torch.autocast("cuda", bfloat16)`), and the step: zero_grad, forward, loss, backward, step (or the
-forward alone). Adapted: the configuration comes from the command line instead of the loops of
-`profile_memory_forward_fullstep`; the memory recording, timing, logging and pandas table are left
-out; and the full step runs `--steps` times (default 2: `oom-lsp estimate` traces two optimizer
-steps; the published snapshots recorded the first step only).
+forward alone), configured from the command line; the full step runs `--steps` times (default 2:
+`oom-lsp estimate` traces two optimizer steps; the published snapshots recorded the first step only).
 """
 
 import argparse
