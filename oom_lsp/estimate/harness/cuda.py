@@ -366,6 +366,14 @@ _CUDA_AUTOCAST_FP32 = (
     "upsample_linear1d", "upsample_trilinear3d", "upsample_bicubic2d",
 )
 _CUDA_AUTOCAST_FP32_DTYPE = ("softmax.int", "log_softmax.int", "sum", "sum.dim_IntList", "cumsum", "cumprod", "prod")
+# And these in the low precision (autocast_mode.cpp's lower_precision_fp list for CUDA) where CPU's
+# autocast has no kernel, so the trace ran them in float32: an elementwise `einsum` (an RMSNorm's
+# weight times x, which decomposes to no matmul) keeps fp32 tensors for backward where the GPU keeps
+# bf16 ones; `mv`, `addmv`, `addr`, the RNN cells.
+_CUDA_AUTOCAST_LOW = (
+    "einsum", "mv", "addmv", "addr", "chain_matmul", "linalg_multi_dot", "lstm_cell", "gru_cell",
+    "rnn_tanh_cell", "rnn_relu_cell", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell",
+)
 _LOW = (torch.float16, torch.bfloat16)
 
 
@@ -376,14 +384,50 @@ def _install_cuda_autocast_policy(shims, state: dict) -> None:
     library = torch.library.Library("aten", "IMPL")
     autocast_cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
+    # CUDA autocast casts a leaf that requires grad (a weight) once per autocast region and reuses
+    # the copy (cached_cast); so does this, until autocast's exit clears its own cache.
+    casts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    clear_autocast_cache = torch.clear_autocast_cache
+
+    def clear_both() -> None:
+        casts.clear()
+        clear_autocast_cache()
+
+    shims.patch(torch, "clear_autocast_cache", clear_both)
+
+    def to_low(value, dtype):
+        if isinstance(value, (list, tuple)):
+            return type(value)(to_low(item, dtype) for item in value)
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            return value
+        if value.dtype in (dtype, torch.float64):
+            return value
+        if value.is_leaf and value.requires_grad and torch.is_autocast_cache_enabled():
+            cached = casts.get(id(value))
+            if cached is not None and cached[0] is value:
+                return cached[1]
+            cast = value.to(dtype)
+            casts[id(value)] = (value, cast)
+            return cast
+        return value.to(dtype)
+
+    def register_low(name: str) -> None:
+        op = _autocast_op(name)
+        if op is None:
+            return
+
+        def kernel(*args, **kwargs):
+            dtype = torch.get_autocast_dtype("cpu")
+            with torch._C._ExcludeDispatchKeyGuard(autocast_cpu):
+                state["cuda_autocast_low"] = state.get("cuda_autocast_low", 0) + 1
+                return op(*to_low(args, dtype), **{key: to_low(value, dtype) for key, value in kwargs.items()})
+
+        library.impl(name, kernel, "AutocastCPU")
+
     def register(name: str, set_dtype: bool) -> None:
-        qualified = "aten::" + name
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "AutocastCUDA"):
+        op = _autocast_op(name)
+        if op is None:
             return
-        if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "AutocastCPU"):
-            return
-        packet, _, overload = name.partition(".")
-        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
 
         def kernel(*args, **kwargs):
             low = any(isinstance(a, torch.Tensor) and a.dtype in _LOW for a in args)
@@ -407,4 +451,17 @@ def _install_cuda_autocast_policy(shims, state: dict) -> None:
         register(name, set_dtype=False)
     for name in _CUDA_AUTOCAST_FP32_DTYPE:
         register(name, set_dtype=True)
+    for name in _CUDA_AUTOCAST_LOW:
+        register_low(name)
     shims.at_undo(library._destroy)
+
+
+def _autocast_op(name: str):
+    """The aten op `name` when CUDA's autocast has a kernel for it and CPU's has none; else None."""
+    qualified = "aten::" + name
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "AutocastCUDA"):
+        return None
+    if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "AutocastCPU"):
+        return None
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload or "default")
