@@ -353,8 +353,9 @@ def read_snapshot(data: Any, path: Path) -> SnapshotExplanation:
 
 
 class _DeviceReplay:
-    """One device's trace, replayed an entry at a time: live bytes, the first time their peak is
-    reached, and the blocks live there. What was live at the peak is the live set now, less the
+    """One device's trace, replayed an entry at a time: live bytes, the last time their peak is
+    reached (as the estimate takes it: a later step that reaches the same peak is the steady
+    state, its optimizer state made), and the blocks live there. What was live at the peak is the live set now, less the
     blocks allocated since, plus those freed since (kept aside): no copy of the live set per new
     peak and no list of every event, so memory follows the live blocks, not the trace's length."""
 
@@ -395,7 +396,7 @@ class _DeviceReplay:
             self.traced_alloc += size
             self.live[address] = (size, where, holder, step)
             self.total += size
-            if self.total > self.peak:
+            if self.total >= self.peak:
                 self.peak, self.peak_step = self.total, step
                 self.allocated_since_peak.clear()
                 self.freed_since_peak.clear()

@@ -159,7 +159,8 @@ def test_the_benchmarks_writer_is_a_pickle_of_pytorchs_layout(tmp_path):
 
 
 def _reference(data):
-    """The replay oom-lsp had before it streamed (two passes over a list of every operation)."""
+    """The replay oom-lsp had before it streamed (two passes over a list of every operation), taking
+    the last time the peak is reached, as the estimate does."""
     trace = max(data["device_traces"], key=len)
     device = data["device_traces"].index(trace)
     segments = [s for s in data["segments"] if s.get("device") == device]
@@ -182,7 +183,7 @@ def _reference(data):
             total += size
         elif address in live:
             total -= live.pop(address)
-        if total > peak:
+        if total >= peak and size >= 0:  # the last time the peak is reached
             peak, peak_index = total, index
     at_peak = {}
     for address, size, where in ops[: peak_index + 1]:
