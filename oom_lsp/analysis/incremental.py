@@ -127,15 +127,17 @@ class _StatementChunks:
     previous version's chunks (see the module's docstring)."""
 
     def __init__(self) -> None:
-        self._source: str | None = None
-        # Per chunk of the previous version: (offset, text, its top-level statements).
-        self._chunks: list[tuple[int, str, list[ast.stmt]]] = []
+        # The previous version, and per chunk of it: (offset, text, its top-level statements).
+        # One tuple, replaced whole: the two always belong together.
+        self._kept: tuple[str, list[tuple[int, str, list[ast.stmt]]]] | None = None
 
     def parse(self, source: str) -> ast.Module:
         """`python_ast.parse(source)`: the same tree, or the same error."""
-        previous = self._source
-        chunks = self._chunks
-        if previous is None or not chunks or "\r" in source or "\r" in previous:
+        kept = self._kept
+        if kept is None:
+            return python_ast.parse(source)
+        previous, chunks = kept
+        if not chunks or "\r" in source or "\r" in previous:
             return python_ast.parse(source)
         # The chunks before the edit: the same text at the same offset. The last one is
         # only kept as a chunk after the edit: the text's end is no boundary between
@@ -177,11 +179,13 @@ class _StatementChunks:
         """Remember `tree`, the stdlib tree of `source`, with its chunks' `boundaries`
         (`_boundaries`), for the next version."""
         offsets = [(0, 0), *boundaries, (len(source), len(tree.body))]
-        self._source = source
-        self._chunks = [
-            (start, source[start:end], tree.body[first:last])
-            for (start, first), (end, last) in zip(offsets, offsets[1:])
-        ]
+        self._kept = (
+            source,
+            [
+                (start, source[start:end], tree.body[first:last])
+                for (start, first), (end, last) in zip(offsets, offsets[1:])
+            ],
+        )
 
 
 def _plain_gap(source: str, line_starts: list[int], first: int, end: int) -> bool:
