@@ -4,6 +4,7 @@ the chunks an edit touched."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import random
 from pathlib import Path
 
@@ -332,3 +333,28 @@ def test_an_edit_in_place_gives_only_its_chunk_to_ast(monkeypatch: pytest.Monkey
     monkeypatch.undo()
     assert len(given) == 1 and given[0].lstrip("\n").startswith("def evaluate(")
     assert ast.dump(statements, include_attributes=True) == ast.dump(ast.parse(edited), include_attributes=True)
+
+
+def test_an_edit_in_place_that_changes_a_finding_changes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Edits that move no line keep the statements of the chunks around them: the findings
+    still follow the edited text, whether the edit is in the statement that has the
+    finding or in a chunk before it that the finding depends on (where the tensors go)."""
+    lint = dataclasses.replace(default_settings(), strict=True)
+    parser = IncrementalParser()
+    fixed = FILE.replace("        total_loss += loss\n", "        total_loss += loss.item()\n", 1)
+    on_cpu = FILE.replace('device = torch.device("cuda" if torch.cuda.is_available() else "cpu")\n', 'device = "cpu"\n', 1)
+    assert fixed != FILE and on_cpu != FILE
+    given: list[str] = []
+    parse = incremental.python_ast.parse
+    monkeypatch.setattr(incremental.python_ast, "parse", lambda source, *rest: given.append(source) or parse(source, *rest))
+    seen = []
+    for number, version in enumerate((FILE, fixed, FILE, on_cpu, FILE)):
+        given.clear()
+        findings = analyze(version, lint, "x.py", parse=parser.parse)
+        if number:  # ast was given a part of the text only
+            assert given and all(len(text.lstrip("\n")) < len(version) / 2 for text in given)
+        assert findings == analyze(version, lint, "x.py")
+        seen.append(sorted(finding.code for finding in findings))
+    monkeypatch.undo()
+    assert "OOM301" in seen[0] and "OOM301" not in seen[1] and seen[2] == seen[0] and seen[4] == seen[0]
+    assert "OOM501" in seen[0] and "OOM501" not in seen[3]  # torch.load's map_location matters on a GPU only
