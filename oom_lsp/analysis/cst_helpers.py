@@ -72,8 +72,12 @@ def int_value(expr: cst.BaseExpression | None) -> int | None:
 
 def method_call(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, str] | None:
     """(receiver, method) for `receiver.method(...)`."""
-    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
-        return expr.func.value, expr.func.attr.value
+    # Exact type tests (libcst has no subclasses of Call and Attribute): every rule asks
+    # this of every call, and isinstance() on libcst's classes goes through ABCMeta.
+    if type(expr) is cst.Call:
+        func = expr.func
+        if type(func) is cst.Attribute:
+            return func.value, func.attr.value
     return None
 
 

@@ -72,15 +72,24 @@ def is_node(value: object) -> bool:
     return known
 
 
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def child_fields(node_class: type) -> tuple[str, ...]:
-    """The fields of a node class that can hold nodes a rule inspects, in source order."""
-    if node_class in _ORDER:
-        return _ORDER[node_class]
-    return tuple(
-        field.name
-        for field in dataclasses.fields(node_class)
-        if field.name not in _SKIPPED_FIELDS and not field.name.startswith("whitespace")
-    )
+    """The fields of a node class that can hold nodes a rule inspects, in source order
+    (computed once per class: the program index asks it for every expression)."""
+    fields = _CHILD_FIELDS.get(node_class)
+    if fields is None:
+        if node_class in _ORDER:
+            fields = _ORDER[node_class]
+        else:
+            fields = tuple(
+                field.name
+                for field in dataclasses.fields(node_class)
+                if field.name not in _SKIPPED_FIELDS and not field.name.startswith("whitespace")
+            )
+        _CHILD_FIELDS[node_class] = fields
+    return fields
 
 
 _HOOK_NAMES: dict[type, tuple[str, ...]] = {}

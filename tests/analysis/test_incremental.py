@@ -3,6 +3,8 @@ the chunks an edit touched."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import random
 from pathlib import Path
 
@@ -182,7 +184,12 @@ def test_any_sequence_of_versions_gives_the_whole_parse_tree(versions: list[list
             with pytest.raises(cst.ParserSyntaxError):
                 parser.parse(source)
             continue
-        module = parser.parse(source).module
+        parsed = parser.parse(source)
+        module = parsed.module
+        if parsed.statements is not None:  # the stdlib tree kept from the versions before
+            assert ast.dump(parsed.statements, include_attributes=True) == ast.dump(
+                ast.parse(source), include_attributes=True
+            )
         # Not `== source`: libcst itself drops a blank line before a trailing
         # over-indented comment.
         assert module.code == whole.code
@@ -257,3 +264,97 @@ def test_an_edit_generates_positions_only_in_the_statements_it_changed(
     assert [finding.range.start.line for finding in moved] == [
         finding.range.start.line + 1 for finding in first
     ]
+
+
+def _assert_stdlib_tree_of_whole_parse(parser: IncrementalParser, source: str) -> None:
+    statements = parser.parse(source).statements
+    assert statements is not None
+    assert ast.dump(statements, include_attributes=True) == ast.dump(ast.parse(source), include_attributes=True)
+
+
+@pytest.mark.parametrize("path", RISKY, ids=lambda path: path.name)
+def test_the_stdlib_tree_of_each_version_is_that_of_a_whole_parse(path: Path) -> None:
+    """The statements kept from the previous version's chunks carry the line
+    numbers of this version: edits that move lines, and edits that do not."""
+    text = path.read_text(encoding="utf-8")
+    for seed in range(3):
+        parser = IncrementalParser()
+        versions = [text, *_edits_of(text, seed)]
+        chooser = random.Random(seed)
+        lines = text.splitlines(keepends=True)
+        for _ in range(6):  # a line changed in place: the chunks after it are kept
+            at = chooser.randrange(len(lines))
+            if lines[at].strip():
+                lines[at] = lines[at].rstrip("\n") + "  # typing\n"
+                versions.append("".join(lines))
+        versions += [text, text]
+        for version in versions:
+            _assert_stdlib_tree_of_whole_parse(parser, version)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("x = 1", "x = 12\n"),  # the end of a text without a newline is no boundary
+        ("if a:\n    pass\n\n\ny = 1\n", "if a:\n    pass\n\n\nelse:\n    y = 1\n"),  # joins the statement before
+        ("def f():\n    pass\n\n\ny = 1\n", "def f():\n    pass\n\n\n    y = 1\n"),  # into the block before
+        ("import a\n\n\nx = 1\n\n\nz = 3\n", "import a\n\n\nx = (1 +\n\n\nz) = 3\n"),  # a bracket left open
+        ("import a\n\n\nx = 1\n\n\nz = 3\n", "import a\n\n\nx = '''1\n\n\nz = 3'''\n"),  # a string
+        ("import a\n\n\nx = 1\n\n\nz = 3\n", "import a\n\n\nx = 1 + \\\n2\n\n\nz = 3\n"),  # a continued line
+        ("import a\n\n\nx = 1\n\n\nz = 3\n", "import a\n\n\nx = 1\n\n\nz = 3\n\n\nw = 4\n"),
+        ("import a\n\n\nx = 1\n\n\nz = 3\n", "x = 1\n\n\nz = 3\n"),
+        ("import a\n\n\nx = 1\n\n\nz = 3\n", "import a\n\n\nz = 3\n"),
+        ("import a\n\n\nx = 1\n\n\nz = 3\n", "import a\n\n\nx = 1\n\n\nz = 3\n"),
+        ("import a\n\n\nx = 1\n\n\nz = 3\n", "import a\n\n\nx = 2\n\n\nz = 3\n"),
+        ("import a\n\n\nx = 1\n\n\nz = 3\n", "import a\r\n\n\nx = 1\n\n\nz = 3\n"),
+    ],
+)
+def test_an_edit_at_a_chunks_edge_gives_the_stdlib_tree_of_a_whole_parse(first: str, second: str) -> None:
+    parser = IncrementalParser()
+    _assert_stdlib_tree_of_whole_parse(parser, first)
+    try:
+        ast.parse(second)
+    except SyntaxError:
+        with pytest.raises(cst.ParserSyntaxError):
+            parser.parse(second)
+        return
+    _assert_stdlib_tree_of_whole_parse(parser, second)
+
+
+def test_an_edit_in_place_gives_only_its_chunk_to_ast(monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = IncrementalParser()
+    parser.parse(FILE)
+    given: list[str] = []
+    parse = incremental.python_ast.parse
+    monkeypatch.setattr(incremental.python_ast, "parse", lambda source, *rest: given.append(source) or parse(source, *rest))
+    edited = FILE.replace("def evaluate(model, loader):\n", "def evaluate(model, loader, x):\n", 1)
+    assert edited != FILE
+    statements = parser.parse(edited).statements
+    monkeypatch.undo()
+    assert len(given) == 1 and given[0].lstrip("\n").startswith("def evaluate(")
+    assert ast.dump(statements, include_attributes=True) == ast.dump(ast.parse(edited), include_attributes=True)
+
+
+def test_an_edit_in_place_that_changes_a_finding_changes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Edits that move no line keep the statements of the chunks around them: the findings
+    still follow the edited text, whether the edit is in the statement that has the
+    finding or in a chunk before it that the finding depends on (where the tensors go)."""
+    lint = dataclasses.replace(default_settings(), strict=True)
+    parser = IncrementalParser()
+    fixed = FILE.replace("        total_loss += loss\n", "        total_loss += loss.item()\n", 1)
+    on_cpu = FILE.replace('device = torch.device("cuda" if torch.cuda.is_available() else "cpu")\n', 'device = "cpu"\n', 1)
+    assert fixed != FILE and on_cpu != FILE
+    given: list[str] = []
+    parse = incremental.python_ast.parse
+    monkeypatch.setattr(incremental.python_ast, "parse", lambda source, *rest: given.append(source) or parse(source, *rest))
+    seen = []
+    for number, version in enumerate((FILE, fixed, FILE, on_cpu, FILE)):
+        given.clear()
+        findings = analyze(version, lint, "x.py", parse=parser.parse)
+        if number:  # ast was given a part of the text only
+            assert given and all(len(text.lstrip("\n")) < len(version) / 2 for text in given)
+        assert findings == analyze(version, lint, "x.py")
+        seen.append(sorted(finding.code for finding in findings))
+    monkeypatch.undo()
+    assert "OOM301" in seen[0] and "OOM301" not in seen[1] and seen[2] == seen[0] and seen[4] == seen[0]
+    assert "OOM501" in seen[0] and "OOM501" not in seen[3]  # torch.load's map_location matters on a GPU only

@@ -31,6 +31,10 @@ from oom_lsp.analysis.facts.library import Grad, Mode
 from oom_lsp.analysis.facts.loops import runs_a_few_times, unrolls_a_recurrence
 from oom_lsp.analysis.facts.modes import ModeFacts
 from oom_lsp.analysis.facts.program import Call, Function, LocalGrad
+from oom_lsp.analysis.walker import child_fields, is_node
+
+
+_UNASKED = object()
 
 
 @dataclass(frozen=True, repr=False)
@@ -61,6 +65,8 @@ class EvaluationFacts:
         self.modes = ModeFacts(self.graph)
         self.flow_facts = facts_for(context)
         self._found: list[EvalForward] | None = None
+        # forward_model's answers by Call (compared by identity, and kept alive here).
+        self._forward_models: dict[Call, str | None] = {}
         self._switched: frozenset[str] | None = None
 
     def forwards_without_grad_use(self) -> list[EvalForward]:
@@ -359,7 +365,15 @@ class EvaluationFacts:
 
     def forward_model(self, call: Call) -> str | None:
         """The model a call runs forward, as a path in its scope (`model`,
-        `self.encoder`); None when the call is no forward pass."""
+        `self.encoder`); None when the call is no forward pass. Answered once per
+        call: the facts it reads are the file's, and `_routed` asks it of every call
+        of every callee, once per call site."""
+        known = self._forward_models.get(call, _UNASKED)
+        if known is _UNASKED:
+            known = self._forward_models[call] = self._forward_model(call)
+        return known  # type: ignore[return-value]
+
+    def _forward_model(self, call: Call) -> str | None:
         func = call.node.func
         if type(func) is cst.Attribute and func.attr.value in library.GRAPHLESS_METHODS:
             return None
@@ -690,14 +704,23 @@ def is_inference_script(module: cst.Module) -> bool:
     pending: list[cst.CSTNode] = [module]
     while pending:
         node = pending.pop()
-        if isinstance(node, cst.If) and _is_main_guard(node.test):
+        node_type = type(node)
+        if node_type is cst.If and _is_main_guard(node.test):
             has_main = True
-        elif isinstance(node, cst.Call):
+        elif node_type is cst.Call:
             func = node.func
-            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
+            func_type = type(func)
+            name = func.attr.value if func_type is cst.Attribute else func.value if func_type is cst.Name else None
             if name in _TRAINING_METHODS:
                 return False
-        pending.extend(node.children)
+        # The fields that can hold an `if` or a call (libcst's `children` builds every
+        # whitespace node too, and cost most of this scan), in the same order.
+        for field_name in child_fields(node_type):
+            value = getattr(node, field_name)
+            if type(value) is tuple or type(value) is list:
+                pending.extend(child for child in value if is_node(child))
+            elif is_node(value):
+                pending.append(value)
     return has_main
 
 
