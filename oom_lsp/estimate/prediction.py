@@ -343,6 +343,17 @@ def cuda_terms(trace: Trace, options: EstimateOptions) -> CudaTerms:
     return CudaTerms(notes, workspace_bytes, reserved, context)
 
 
+def _with_workspace(trace: Trace, workspace: int) -> list[tuple[str, int]]:
+    """The trace's top lines, the cuBLAS workspace counted at the line of the first matrix product,
+    where CUDA allocates it (a real snapshot shows it there)."""
+    lines = list(trace.top_lines)
+    if not workspace or not trace.first_matmul_line:
+        return lines
+    by_place = dict(lines)
+    by_place[trace.first_matmul_line] = by_place.get(trace.first_matmul_line, 0) + workspace
+    return sorted(by_place.items(), key=lambda item: -item[1])[: max(len(lines), 1)]
+
+
 def _assemble(
     trace: Trace,
     options: EstimateOptions,
@@ -371,7 +382,7 @@ def _assemble(
             line=line[1] if line else None,
         ),
         top_modules=list(trace.top_modules),
-        top_lines=list(trace.top_lines),
+        top_lines=_with_workspace(trace, breakdown[Category.WORKSPACES]),
         gpu=GpuTarget(options.gpu.name, options.gpu.memory) if options.gpu else None,
         verdict=None,
         corrections=corrections,

@@ -1115,6 +1115,7 @@ class Trace:
     batch_knobs: list[BatchKnob]
     loaders: list[Loader]
     matmuls: int = 0
+    first_matmul_line: str = ""  # "file:line" of the first matrix product: where cuBLAS's workspace is made
     convolutions: int = 0
     sdpa: dict[str, int] = field(default_factory=dict)  # sdpa_flash, sdpa_mem_efficient, sdpa_math_kept
     rnn_workspace: KernelMemory = field(default_factory=KernelMemory)
@@ -1190,6 +1191,7 @@ class Trace:
             batch_knobs=[BatchKnob.from_json(knob) for knob in data.get("batch_knobs") or []],
             loaders=[Loader.from_json(loader) for loader in data.get("loaders") or []],
             matmuls=int(data.get("matmuls") or 0),
+            first_matmul_line=str(data.get("first_matmul_line") or ""),
             convolutions=int(data.get("convolutions") or 0),
             sdpa=dict(data.get("sdpa") or {}),
             rnn_workspace=KernelMemory.from_json(data.get("rnn_workspace")),

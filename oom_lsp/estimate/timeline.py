@@ -57,6 +57,7 @@ class Timeline:
     events: list[list[Any]]
     workspace_bytes: int
     peak_bytes: int  # the prediction's allocated peak
+    workspace_line: str = ""  # "file:line" of the first matrix product, where CUDA makes the workspace
 
     @classmethod
     def from_trace(cls, trace: Trace, prediction: Prediction) -> Timeline:
@@ -64,11 +65,14 @@ class Timeline:
             list(trace.timeline or []),
             max(0, prediction.peak_bytes - trace.peak_bytes),
             prediction.peak_bytes,
+            trace.first_matmul_line,
         )
 
     def __iter__(self) -> Iterator[Alloc | Free | Recategorise]:
         if self.workspace_bytes:
-            yield Alloc(WORKSPACE_SERIAL, self.workspace_bytes, "workspaces", "cublas workspace", "", "", "")
+            yield Alloc(
+                WORKSPACE_SERIAL, self.workspace_bytes, "workspaces", "cublas workspace", "", self.workspace_line, ""
+            )
         for event in self.events:
             if len(event) == 2:
                 yield Free(event[0], -event[1])

@@ -69,7 +69,7 @@ from .memo import FakeDispatchMemo
 from .pretrained import missing_download
 from .seeding import seed_everything
 from .shims import Shims, install_shims
-from .tracker import StorageTracker
+from .tracker import MATMUL_PACKETS, StorageTracker
 
 
 def run(request: dict) -> dict:
@@ -228,9 +228,8 @@ def run(request: dict) -> dict:
         top_lines=_top(peak.get("by_line", {})),
         events=tracker.events,
         timeline=tracker.timeline,
-        matmuls=sum(
-            tracker.op_counts[name] for name in ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul")
-        ),
+        matmuls=sum(tracker.op_counts[name] for name in MATMUL_PACKETS),
+        first_matmul_line=tracker.first_matmul_line,
         convolutions=sum(
             tracker.op_counts[name] for name in ("convolution", "mkldnn_convolution", "_convolution")
         ),

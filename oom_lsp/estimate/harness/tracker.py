@@ -24,6 +24,10 @@ SHADOW_NUMEL_LIMIT = 50_000_000
 DRAW_REPLAY_LIMIT = 2**27
 
 
+
+# The products cuBLAS runs (the runner counts them: no workspace without one).
+MATMUL_PACKETS = ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul")
+
 class Record:
     __slots__ = ("category", "counted", "device", "line", "module", "nbytes", "serial")
 
@@ -78,6 +82,9 @@ class StorageTracker(TorchDispatchMode):
         # A wrapper tensor's storage is its inner tensor's (distributed.py: a DTensor's local shard).
         self.unwrap = None
         self.op_counts = collections.Counter()
+        # Where the first matrix product ran: CUDA allocates its cuBLAS workspace there (through the
+        # caching allocator, with that call's frames: a real snapshot shows it at that line).
+        self.first_matmul_line = ""
         # data.BatchTrace under fake mode: which of the loaders' batches the script read last.
         self.batch_trace = None
         # Under fake mode: the elements of the random draws replayed for real, and skipped.
@@ -282,6 +289,9 @@ class StorageTracker(TorchDispatchMode):
         if func is aten._coalesce.default and type(args[0]) is self.fake_tensor_type:
             out = _coalesced_bound(args[0], out)
         self.op_counts[traits.packet] += 1
+        if not self.first_matmul_line and traits.packet in MATMUL_PACKETS:
+            line = self.context.user_line()
+            self.first_matmul_line = f"{line[0]}:{line[1]}" if line else ""
         outputs = op_tensors((out,), [])
         if not outputs:
             return out  # a metadata query: nothing allocated
