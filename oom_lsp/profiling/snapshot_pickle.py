@@ -1,6 +1,7 @@
 """Read a CUDA memory snapshot pickle as a stream: its segments and its trace events are handed
 to the caller one at a time and never held together, so a 2 GB snapshot is read in bounded
-memory (Python's unpickler builds the whole object graph: ~13 bytes of RSS per byte of pickle).
+memory (Python's unpickler builds the whole object graph: 3 to 14 bytes of RSS per byte of pickle,
+by how often its frames repeat).
 
 The reader is a small pickle machine for plain data (protocols 2-5: dicts, lists, tuples, sets,
 strings, bytes, numbers, None, booleans); any opcode that would import or call something is
