@@ -134,16 +134,21 @@ class StreamingPickler:
             return
         self.frame += b"]"
         self.memoize(value)
-        if len(value) == 1:
-            self.value(value[0])
+        self.items(value)
+
+    def items(self, values: list[Any] | tuple[Any, ...]) -> None:
+        """The items of the list just opened: one APPEND, or batches of 1000 between MARK and
+        APPENDS (a frame may end after any item, as CPython's does)."""
+        if len(values) == 1:
+            self.value(values[0])
             self.frame += b"a"
-        elif value:
-            for start in range(0, len(value), 1000):
+        elif values:
+            for start in range(0, len(values), 1000):
                 self.frame += b"("
-                for item in value[start:start + 1000]:
+                for item in values[start:start + 1000]:
                     self.value(item)
+                    self.commit()
                 self.frame += b"e"
-                self.commit()
 
 
 class TrainingRecording:
@@ -250,7 +255,7 @@ def write_allocations(out: IO[bytes], allocations: int, depth: int, seed: int) -
         }
         for addr, (size, _) in live_at_end.items()
     ]
-    _write_items(pickler, segments)
+    pickler.items(segments)
     pickler.string("device_traces")
     pickler.frame += b"]"
     pickler.memoize()
@@ -283,19 +288,6 @@ def write_allocations(out: IO[bytes], allocations: int, depth: int, seed: int) -
     pickler.frame += b"u."
     pickler.commit(force=True)
     return entries
-
-
-def _write_items(pickler: StreamingPickler, items: list[Any]) -> None:
-    if len(items) == 1:
-        pickler.value(items[0])
-        pickler.frame += b"a"
-    elif items:
-        for start in range(0, len(items), 1000):
-            pickler.frame += b"("
-            for item in items[start:start + 1000]:
-                pickler.value(item)
-                pickler.commit()
-            pickler.frame += b"e"
 
 
 def _measure(command: list[str]) -> tuple[float, float, int]:

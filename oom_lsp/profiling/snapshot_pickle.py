@@ -501,6 +501,7 @@ class SnapshotStream:
                     frames = values_get(frames, dropped)
                     if frames is dropped:
                         frames = self._value(match.group(fields[3]))
+                # Inlined, not a loop over the fields: this runs once per trace entry.
                 action = values_get(action, dropped)
                 if action is dropped:
                     action = self._value(match.group(fields[0]))
