@@ -35,6 +35,7 @@ from typing import Any
 from oom_lsp.profiling.oom_messages import is_user_file
 from oom_lsp.profiling.report import Artifacts, DeviceInfo, LineUsage, Report, StepStats
 from oom_lsp.profiling.snapshot_pickle import SnapshotReadError, stream_snapshot
+from oom_lsp.units import format_bytes
 
 STEP_MARKER = re.compile(r"^oom_lsp\.step_end\.(\d+)$")
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -498,7 +499,10 @@ class SnapshotReplay:
         held_by = sorted((HeldBy(name, size, blocks) for name, (size, blocks) in held.items()), key=lambda h: -h.bytes)
         notes = ["imported from a CUDA memory snapshot: the whole recording is one step"]
         if baseline:
-            notes.append(f"{baseline} bytes were allocated before recording started (no frames for them)")
+            notes.append(
+                f"{format_bytes(baseline)} ({baseline:,} bytes) were allocated before recording started "
+                "(no frames for them)"
+            )
         if replay.oom_events:
             notes.append(f"the allocator recorded {replay.oom_events} out-of-memory event(s)")
         report = Report(
