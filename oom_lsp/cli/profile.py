@@ -359,9 +359,7 @@ def _explain_snapshot(path: Path, output: str) -> int:
               "torch.cuda.memory._record_memory_history(stacks=\"python\")")
     else:
         print("  top lines at the peak (bytes still live there, by the line of your code that allocated them):")
-        for usage in report.top_lines[:TABLE_LINES]:
-            blocks = f"{usage.allocations} block{'s' if usage.allocations != 1 else ''}"
-            print(f"    {format_bytes(usage.bytes):>11}  {_rel(usage.file)}:{usage.line}  ({blocks})")
+        _print_lines(report.top_lines)
         rest = report.peak_allocated - attributed
         if rest > 0:
             print(f"    {format_bytes(rest):>11}  outside your code, or below the top {len(report.top_lines)}")
@@ -376,12 +374,16 @@ def _explain_snapshot(path: Path, output: str) -> int:
             f"  the allocation that failed: {format_bytes(failed.requested)} requested{free}; "
             f"{format_bytes(failed.live)} live then, by the line that allocated it:"
         )
-        for usage in failed.top_lines[:TABLE_LINES]:
-            blocks = f"{usage.allocations} block{'s' if usage.allocations != 1 else ''}"
-            print(f"    {format_bytes(usage.bytes):>11}  {_rel(usage.file)}:{usage.line}  ({blocks})")
+        _print_lines(failed.top_lines)
     for note in report.notes:
         print(f"  note: {note}")
     return EXIT_OK
+
+
+def _print_lines(top_lines: list) -> None:
+    for usage in top_lines[:TABLE_LINES]:
+        blocks = f"{usage.allocations} block{'s' if usage.allocations != 1 else ''}"
+        print(f"    {format_bytes(usage.bytes):>11}  {_rel(usage.file)}:{usage.line}  ({blocks})")
 
 
 def _rel(file: str) -> str:

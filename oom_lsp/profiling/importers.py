@@ -335,10 +335,6 @@ def _role(frames: Any) -> str | None:
     return None
 
 
-def import_snapshot(data: Any, path: Path) -> Report:
-    return read_snapshot(data, path).report
-
-
 def read_snapshot(data: Any, path: Path) -> SnapshotExplanation:
     """The report and holders of a snapshot already in memory (the same replay as a file's)."""
     if not isinstance(data, dict) or "device_traces" not in data or "segments" not in data:

@@ -229,7 +229,7 @@ def run(request: dict) -> dict:
         events=tracker.events,
         timeline=tracker.timeline,
         matmuls=sum(tracker.op_counts[name] for name in MATMUL_PACKETS),
-        first_matmul_line=tracker.first_matmul_line,
+        first_matmul_line=tracker.first_matmul_line or "",
         convolutions=sum(
             tracker.op_counts[name] for name in ("convolution", "mkldnn_convolution", "_convolution")
         ),

@@ -23,10 +23,9 @@ SHADOW_NUMEL_LIMIT = 50_000_000
 # would cost the estimate seconds and gigabytes; its draws are then skipped, and the run says so.
 DRAW_REPLAY_LIMIT = 2**27
 
-
-
 # The products cuBLAS runs (the runner counts them: no workspace without one).
 MATMUL_PACKETS = ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul")
+
 
 class Record:
     __slots__ = ("category", "counted", "device", "line", "module", "nbytes", "serial")
@@ -83,8 +82,9 @@ class StorageTracker(TorchDispatchMode):
         self.unwrap = None
         self.op_counts = collections.Counter()
         # Where the first matrix product ran: CUDA allocates its cuBLAS workspace there (through the
-        # caching allocator, with that call's frames: a real snapshot shows it at that line).
-        self.first_matmul_line = ""
+        # caching allocator, with that call's frames: a real snapshot shows it at that line). None
+        # until one ran; "" when it ran outside the user's code.
+        self.first_matmul_line: str | None = None
         # data.BatchTrace under fake mode: which of the loaders' batches the script read last.
         self.batch_trace = None
         # Under fake mode: the elements of the random draws replayed for real, and skipped.
@@ -289,7 +289,7 @@ class StorageTracker(TorchDispatchMode):
         if func is aten._coalesce.default and type(args[0]) is self.fake_tensor_type:
             out = _coalesced_bound(args[0], out)
         self.op_counts[traits.packet] += 1
-        if not self.first_matmul_line and traits.packet in MATMUL_PACKETS:
+        if traits.matmul and self.first_matmul_line is None:
             line = self.context.user_line()
             self.first_matmul_line = f"{line[0]}:{line[1]}" if line else ""
         outputs = op_tensors((out,), [])
@@ -501,11 +501,12 @@ _NEW_DESPITE_SCHEMA = frozenset({aten.lift_fresh.default, aten.coalesce.default}
 class OpTraits:
     """What the tracker reads of an operator on each call, worked out once."""
 
-    __slots__ = ("aliases", "name", "packet", "seeded")
+    __slots__ = ("aliases", "matmul", "name", "packet", "seeded")
 
     def __init__(self, func):
         self.name = f"aten.{func.__name__ if hasattr(func, '__name__') else func}"
         self.packet = func.overloadpacket.__name__
+        self.matmul = self.packet in MATMUL_PACKETS
         # Ops whose schema says they alias their input but that return new storage: lift_fresh
         # (its input is the real tensor `torch.tensor(data)` just made outside the mode: missed
         # before, `torch.tensor(list)` outside the step was left out under --device cpu) and
