@@ -27,6 +27,9 @@ CONFIRMED when the fix saves less; UNMEASURABLE when there is no fix to measure 
 Results (and failures) are cached per (case text, arguments, oom-lsp fingerprint) in bench/.work/oracle/cache/:
 a rerun of an unchanged case with the same oom-lsp code costs nothing. The fingerprint is the
 hash of the installed `oom_lsp` package's files, so `--oom-lsp` of another branch gets its own.
+The expensive stages are cached apart (cache/stages/) by the code they depend on, every file but
+the analyzer's: after a change of the rules only `check` runs again, and the what-if only for a
+case whose findings (with their fixes) changed. A case without findings skips the what-if.
 The held-out split's findings are not listed unless --list-heldout is given: the rules are tuned
 on dev, and the held-out figures mean something only while nobody reads its findings.
 """
@@ -176,6 +179,9 @@ class OomLsp:
     python: str
     version: str
     fingerprint: str
+    # The code the measurements depend on: everything but the analyzer (oom_lsp/analysis). A change
+    # of the rules alone keeps a case's real run, estimate and (for the same findings) what-if.
+    measure_fingerprint: str = ""
 
     @classmethod
     def at(cls, script: Path) -> OomLsp:
@@ -192,11 +198,14 @@ class OomLsp:
         ).stdout.strip()
         version = subprocess.run([str(script), "--version"], capture_output=True, text=True).stdout.strip()
         digest = hashlib.sha256(version.encode())
+        measured = hashlib.sha256(version.encode())
         for path in sorted(Path(where).rglob("*")):
             if path.is_file() and path.suffix in {".py", ".json", ".toml", ".md"} and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(where)).encode())
-                digest.update(path.read_bytes())
-        return cls(script, python, version, digest.hexdigest()[:16])
+                relative = path.relative_to(where)
+                for hashed in (digest, measured) if relative.parts[0] != "analysis" else (digest,):
+                    hashed.update(str(relative).encode())
+                    hashed.update(path.read_bytes())
+        return cls(script, python, version, digest.hexdigest()[:16], measured.hexdigest()[:16])
 
     def __call__(self, arguments: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         return run([str(self.script), *arguments], cwd, timeout, env=CASE_ENV)
@@ -337,16 +346,44 @@ def missing_modules(case: Case, python: str) -> list[str]:
     return done.stdout.split()
 
 
-def run_case(oom: OomLsp, case: Case, corpus: Path, work: Path, timeout: float) -> dict:
+class StageCache:
+    """The expensive stages of a case kept apart from the analyzer's version: the real run and the
+    plain estimate by (case text, measuring code), the what-if also by the findings it fixes. A
+    failure is kept too: the same text and code fail the same way."""
+
+    def __init__(self, folder: Path | None, key: str) -> None:
+        self.folder, self.key = folder, key
+
+    def get(self, stage: str, compute, *extra: str):
+        if self.folder is None:
+            return compute()
+        path = self.folder / f"{self.key}-{stage}-{hashlib.sha256(''.join(extra).encode()).hexdigest()[:12]}.json"
+        if path.exists():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            if "failure" in saved:
+                raise CaseError(saved["failure"])
+            return saved["value"]
+        try:
+            value = compute()
+        except CaseError as error:
+            path.write_text(json.dumps({"failure": str(error)}), encoding="utf-8")
+            raise
+        path.write_text(json.dumps({"value": value}), encoding="utf-8")
+        return value
+
+
+def run_case(oom: OomLsp, case: Case, corpus: Path, work: Path, timeout: float,
+             stages: Path | None = None) -> dict:
     source = corpus / case.name
     if not source.is_dir():
         raise CaseError(f"no folder {source}")
     folder = fresh_copy(source, work / case.name, oom.python, case)
+    cache = StageCache(stages, f"{case.name}-{case_digest(case, source)}-{oom.measure_fingerprint}")
     started = time.perf_counter()
     result: dict = {"case": case.name, "split": case.split, "kind": case.kind, "repo": case.repo}
     # The truth first: a case that does not run, or whose estimate fails, is never checked.
-    real = real_peak(case, folder, oom.python, timeout)
-    plain = estimate(oom, case, folder, timeout)
+    real = cache.get("real", lambda: real_peak(case, folder, oom.python, timeout))
+    plain = cache.get("estimate", lambda: estimate(oom, case, folder, timeout))
     findings = check(oom, folder, timeout)
     error = (plain["peak_bytes"] - real) / real
     result.update(real_bytes=real, estimate_bytes=plain["peak_bytes"], estimate_error=error)
@@ -357,7 +394,11 @@ def run_case(oom: OomLsp, case: Case, corpus: Path, work: Path, timeout: float) 
         result["findings"] = [_bare(f, folder) for f in findings]
         result["seconds"] = time.perf_counter() - started
         return result
-    table = estimate(oom, case, folder, timeout, what_if=True)
+    if not findings:  # nothing to judge: the what-if's rows would join no finding
+        result.update(findings=[], seconds=time.perf_counter() - started)
+        return result
+    fixed = json.dumps([[_bare(f, folder), f.get("fix")] for f in findings], sort_keys=True)
+    table = cache.get("whatif", lambda: estimate(oom, case, folder, timeout, what_if=True), fixed)
     base = table["baseline"]
     rows = {row["key"]: row for row in table["changes"]}
     result.update(
@@ -561,7 +602,7 @@ def main() -> int:
     splits = ["dev", "heldout"] if options.split == "all" else [options.split]
     report = {"oom_lsp": {"script": str(oom.script), "version": oom.version, "fingerprint": oom.fingerprint},
               "splits": {}}
-    options.cache.mkdir(parents=True, exist_ok=True)
+    (options.cache / "stages").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="oom-lsp-oracle-") as tmp:
         work = options.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -587,7 +628,8 @@ def main() -> int:
                     continue
                 print(f"{name}...", file=sys.stderr, flush=True)
                 try:
-                    result = run_case(oom, case, options.corpus, work, options.timeout)
+                    result = run_case(oom, case, options.corpus, work, options.timeout,
+                                      None if options.no_cache else options.cache / "stages")
                 except CaseError as error:
                     # A failure is a result too (the same text and oom-lsp fail the same way).
                     failures[name] = str(error)

@@ -118,3 +118,26 @@ def test_one_case_of_our_own_through_the_whole_oracle(tmp_path: Path) -> None:
     assert kept["stops_growth"] and kept["saving_share"] > 0.1
     assert part["tally"]["OOM304"][oracle.CONFIRMED] == 1
     assert part["tally"]["total"]["findings"] == len(result["findings"])
+
+
+def test_the_stage_cache_keeps_values_and_failures_by_their_extra_key(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def measure(value):
+        def compute():
+            calls.append(value)
+            if value == "broken":
+                raise oracle.CaseError("the real run failed")
+            return {"peak": value}
+        return compute
+
+    cache = oracle.StageCache(tmp_path, "case-abc-123")
+    assert cache.get("whatif", measure("a"), "findings-1") == {"peak": "a"}
+    assert cache.get("whatif", measure("b"), "findings-1") == {"peak": "a"}  # same findings: kept
+    assert cache.get("whatif", measure("c"), "findings-2") == {"peak": "c"}  # other findings: measured
+    with pytest.raises(oracle.CaseError):
+        cache.get("real", measure("broken"))
+    with pytest.raises(oracle.CaseError, match="the real run failed"):
+        cache.get("real", measure("never"))  # the failure is kept, not run again
+    assert calls == ["a", "c", "broken"]
+    assert oracle.StageCache(None, "k").get("real", measure("d")) == {"peak": "d"}  # --no-cache
