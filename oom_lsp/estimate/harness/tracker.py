@@ -272,6 +272,11 @@ class StorageTracker(TorchDispatchMode):
             return args[0].fake_device
         kwargs = kwargs or {}
         if self.paused:
+            if func is aten._local_scalar_dense.default and type(args[0]) is self.fake_tensor_type:
+                # A value of the script's fake tensors read while the harness fetches a batch
+                # outside fake mode (a Dataset's `int(self.targets[i])`): the script's read,
+                # answered as in the run (its real twin, or a neutral value), not a crash.
+                return self._local_scalar(func, args, kwargs)
             return func(*args, **kwargs)
         if self.batch_trace is not None and self.batch_trace.by_tensor:
             self.batch_trace.note(args)

@@ -1,10 +1,13 @@
 """The training step as the tracker sees it: its phases (forward, backward,
 optimizer step), what is a parameter, a gradient, optimizer state; CUDA's
 foreach optimizers; the stop after the last traced step; `torch.compile`
-traced eagerly and `torch.save` skipped."""
+traced eagerly and `torch.save` to a path skipped (into a file object: made whole, or the run
+fails to real CPU steps rather than hand the script broken bytes to write)."""
 
 from __future__ import annotations
 
+import io
+import os
 import sys
 import time
 
@@ -16,7 +19,26 @@ from .progress import emit
 
 
 def install(shims, request: dict, tracker, context, state: dict) -> None:
-    shims.patch(torch, "save", lambda *a, **k: None)
+    original_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, bytes, os.PathLike)):
+            return None  # a checkpoint file: the fake run writes none
+        # A file object: the script writes its bytes somewhere itself (PyG's processed data set,
+        # `torch.save` into a BytesIO and then to disk). Bytes without the tensors' values would
+        # leave a broken file behind, so they are made only when they can be, whole.
+        scratch = io.BytesIO()
+        try:
+            original_save(obj, scratch, *args, **kwargs)
+        except Exception as error:
+            raise RuntimeError(
+                "torch.save into a file object needs the values of fake tensors, which a fake run "
+                "has not (its bytes would be written as a broken file)"
+            ) from error
+        f.write(scratch.getvalue())
+        return None
+
+    shims.patch(torch, "save", save)
 
     # torch.compile: traced eagerly (fake tensors through dynamo are out of
     # scope); fused kernels keep fewer intermediates, so this over-estimates.

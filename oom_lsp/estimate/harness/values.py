@@ -23,9 +23,12 @@ same shapes from there on); its result comes back through `torch.as_tensor` as a
 
 `torch.tensor(values)` reads each element's value in C++, which a fake tensor has not: a list of
 fake 0-dim tensors (torchtune's Llama 3 RoPE scaling builds its frequencies one by one in Python)
-is stacked instead, with the dtype torch would infer and the device asked for."""
+is stacked instead, with the dtype torch would infer and the device asked for; `torch.as_tensor` of
+such a list (torchvision's `Normalize` of a mean and std computed from the data set) the same way."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -82,6 +85,118 @@ def install(shims, tracker) -> None:
         return original_tensor(data, *args, **kwargs)
 
     shims.patch(torch, "tensor", tensor)
+
+    original_as_tensor = torch.as_tensor
+
+    def as_tensor(data, *args, **kwargs):
+        # A list of fake scalars (torchvision's `Normalize(mean, std)` of statistics the script
+        # computed from its data set) is copied element by element, as torch.tensor does; a
+        # tensor itself keeps as_tensor's no-copy meaning.
+        if not args and isinstance(data, (list, tuple)) and _holds_fake(data, FakeTensor):
+            return _stacked(data, dtype=kwargs.get("dtype"), device=kwargs.get("device"))
+        return original_as_tensor(data, *args, **kwargs)
+
+    shims.patch(torch, "as_tensor", as_tensor)
+
+    original_load = torch.load
+
+    def load(f, map_location=None, *args, **kwargs):
+        size = _file_size(f)
+        if (
+            tracker.paused
+            or size is None
+            or size > REAL_LOAD_LIMIT
+            or not _onto_cpu(map_location)
+        ):
+            return original_load(f, map_location, *args, **kwargs)
+        # A small file holding integer tensors (a processed data set: labels, an edge index,
+        # masks): its real values, as a real run reads them, so that what the script reads of them (`int(y.max()) + 1`
+        # classes, an edge index) is what a real run reads. Each storage restored is counted as
+        # the load's allocation; the tensors are real (fake mode takes them as inputs, and the
+        # values read of them and of what is computed from them are exact).
+        restored = []
+
+        def keep(storage, location):
+            restored.append(storage)
+            return storage
+
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        start = None if isinstance(f, (str, os.PathLike)) else f.tell()
+        result = None
+        tracker.paused += 1
+        try:
+            with unset_fake_temporarily():
+                result = original_load(f, keep, *args, **kwargs)
+                carriers = [torch.empty(0, dtype=torch.uint8).set_(storage) for storage in restored]
+        except Exception:
+            carriers = None
+        finally:
+            tracker.paused -= 1
+        if carriers is None or not _holds_exact_values(result):
+            # Not readable for real here (a checkpoint saved from a GPU this machine has not), or
+            # nothing in it whose values a script reads (a model's weights: floating point):
+            # loaded as before, onto storages without data.
+            carriers = result = None  # the real storages go now, not after the load below
+            restored.clear()
+            if start is not None:
+                f.seek(start)
+            return original_load(f, map_location, *args, **kwargs)
+        for carrier in carriers:
+            tracker.register(carrier, False, "torch.load")
+        return result
+
+    shims.patch(torch, "load", load)
+
+
+def _holds_exact_values(value, depth: int = 0) -> bool:
+    """Whether a loaded object holds an integer or boolean tensor (labels, an edge index, masks:
+    values scripts read), looking through containers and objects' attributes a few levels deep."""
+    if isinstance(value, torch.Tensor):
+        return not (value.dtype.is_floating_point or value.dtype.is_complex)
+    if depth >= 6:
+        return False
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        items = vars(value).values()
+    else:
+        return False
+    return any(_holds_exact_values(item, depth + 1) for item in items)
+
+
+# A file up to this size is read for real by a fake run's `torch.load` (a checkpoint above it is
+# loaded onto meta storages, its data unread).
+REAL_LOAD_LIMIT = 256 << 20
+
+
+def _file_size(f) -> int | None:
+    """The size of a path or a seekable file object; None when it cannot be known."""
+    if isinstance(f, (str, os.PathLike)):
+        try:
+            return os.path.getsize(f)
+        except OSError:
+            return None
+    try:
+        here = f.tell()
+        end = f.seek(0, 2)
+        f.seek(here)
+        return end - here
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _onto_cpu(map_location) -> bool:
+    """A load that restores onto the CPU, or where each tensor was saved (CPU files)."""
+    if map_location is None:
+        return True
+    if isinstance(map_location, str):
+        return map_location == "cpu"
+    if isinstance(map_location, torch.device):
+        return map_location.type == "cpu"
+    return False
 
 
 def _with_known_values(tracker, tensor, read):
