@@ -153,12 +153,22 @@ def _kernel_notes(trace: Trace, cuda: bool) -> list[Correction]:
             notes.append(
                 Correction(
                     "onednn-rnn-workspace",
-                    f"oneDNN LSTM workspace measured on the real kernel at sequence lengths 1 and 2 and "
-                    f"extrapolated ({format_bytes(rnn.bytes)} for the largest layer call); the meta kernel "
-                    "reports 0 bytes",
+                    f"oneDNN LSTM workspace measured on the real kernel (at the sequence length, or at 16 "
+                    f"and 32 steps and extrapolated; {format_bytes(rnn.bytes)} for the largest layer call); "
+                    "the meta kernel reports 0 bytes",
                     rnn.bytes,
                 )
             )
+    backward = trace.rnn_backward_scratch
+    if backward.calls and not cuda:
+        notes.append(
+            Correction(
+                "onednn-rnn-backward-scratch",
+                f"oneDNN LSTM backward scratch (allocated inside the kernel, invisible to the trace) measured "
+                f"on the real kernel the same way (up to {format_bytes(backward.bytes)} at once)",
+                backward.bytes,
+            )
+        )
     conv = trace.conv_scratch
     if conv.calls:
         notes.append(

@@ -1119,6 +1119,7 @@ class Trace:
     convolutions: int = 0
     sdpa: dict[str, int] = field(default_factory=dict)  # sdpa_flash, sdpa_mem_efficient, sdpa_math_kept
     rnn_workspace: KernelMemory = field(default_factory=KernelMemory)
+    rnn_backward_scratch: KernelMemory = field(default_factory=KernelMemory)
     conv_scratch: KernelMemory = field(default_factory=KernelMemory)  # `calls`: the distinct probes
     matmul_copies: KernelMemory = field(default_factory=KernelMemory)
     loss_buffers: KernelMemory = field(default_factory=KernelMemory)
@@ -1195,6 +1196,7 @@ class Trace:
             convolutions=int(data.get("convolutions") or 0),
             sdpa=dict(data.get("sdpa") or {}),
             rnn_workspace=KernelMemory.from_json(data.get("rnn_workspace")),
+            rnn_backward_scratch=KernelMemory.from_json(data.get("rnn_backward_scratch")),
             conv_scratch=KernelMemory.from_json(data.get("conv_scratch"), count="probes"),
             matmul_copies=KernelMemory.from_json(data.get("matmul_copies")),
             loss_buffers=KernelMemory.from_json(data.get("loss_buffers")),

@@ -494,3 +494,39 @@ def test_bytes_of_fake_tensors_are_never_written_for_the_script(tmp_path):
     prediction = estimate(EstimateOptions(script=script, device="cpu", timeout=300, cwd=tmp_path))
     assert "real CPU step" in prediction.method, prediction.method
     assert torch.load(tmp_path / "processed.pt")["x"].shape == (256, 32)
+
+
+LSTM_TRAINING = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+emb = nn.Embedding(500, 64)
+lstm = nn.LSTM(64, 128, 2, dropout=0.5, batch_first=True)
+fc = nn.Linear(128, 1)
+params = list(emb.parameters()) + list(lstm.parameters()) + list(fc.parameters())
+opt = torch.optim.Adam(params, lr=1e-3)
+h = (torch.zeros(2, 16, 128), torch.zeros(2, 16, 128))
+for step in range(3):
+    x = torch.randint(0, 500, (16, 60))
+    h = tuple(t.data for t in h)
+    out, h = lstm(emb(x), h)
+    loss = torch.sigmoid(fc(out[:, -1, :])).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_the_lstm_backward_scratch_is_measured_on_the_real_kernel(tmp_path):
+    """oneDNN's LSTM backward allocates its gates' gradients inside the kernel: the udacity
+    sentiment RNN's estimate was 10.8 % under the real run without them. One tensor of the
+    layer's output size is still missing (-2 % here, -1.7 % on the notebook)."""
+    script = tmp_path / "lstm.py"
+    script.write_text(LSTM_TRAINING)
+    prediction = estimate(EstimateOptions(script=script, device="cpu", timeout=300, cwd=tmp_path))
+    out = tmp_path / "real.json"
+    subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "real_steps.py"), "--profile", "--out", str(out), "--", str(script)],
+        cwd=tmp_path, check=True, capture_output=True, timeout=300,
+    )
+    truth = json.loads(out.read_text())["peak_bytes"]
+    assert abs(prediction.peak_bytes - truth) <= 0.025 * truth, (prediction.peak_bytes, truth)
+    assert any(note.name == "onednn-rnn-backward-scratch" and note.bytes > 0 for note in prediction.corrections)

@@ -49,6 +49,7 @@ from .cpu_kernels import (
     make_cublas_copies,
     make_loss_buffers,
     make_matmul_copies,
+    make_onednn_rnn_backward_scratch,
     make_onednn_rnn_workspace,
     profile_replay_peak,
 )
@@ -81,6 +82,7 @@ def run(request: dict) -> dict:
     context = Context(script_dir)
     sdpa_notes: dict = {}
     rnn_notes: dict = {}
+    rnn_backward_notes: dict = {}
     models: dict = {}
     conv_notes: dict = {}
     matmul_notes: dict = {}
@@ -90,6 +92,7 @@ def run(request: dict) -> dict:
         models["rnn_workspace"] = (make_cudnn_rnn_reserve if cuda else make_onednn_rnn_workspace)(rnn_notes)
         if not cuda:
             models["conv_scratch"] = make_conv_scratch(conv_notes)
+            models["rnn_backward_scratch"] = make_onednn_rnn_backward_scratch(rnn_backward_notes)
         models["matmul_copies"] = make_cublas_copies(matmul_notes) if cuda else make_matmul_copies(matmul_notes, add=True)
         models["loss_buffers"] = make_loss_buffers(loss_notes, add=not cuda)
     tracker = StorageTracker(context, count_all=not cuda, round_cuda=cuda, kernel_models=models)
@@ -244,6 +247,7 @@ def run(request: dict) -> dict:
         fake_memo_hits=tracker.fake_memo.hits if tracker.fake_memo is not None else None,
         sdpa=sdpa_notes,
         rnn_workspace=rnn_notes,
+        rnn_backward_scratch=rnn_backward_notes,
         conv_scratch=conv_notes,
         matmul_copies=matmul_notes,
         loss_buffers=loss_notes,

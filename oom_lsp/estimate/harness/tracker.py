@@ -330,6 +330,8 @@ class StorageTracker(TorchDispatchMode):
             self.register(tensor, device, op)
         if func in CONVOLUTIONS and "conv_scratch" in self.kernel_models:
             self._transient(self.kernel_models["conv_scratch"](self, func, args), op)
+        elif func is aten.mkldnn_rnn_layer_backward.default and "rnn_backward_scratch" in self.kernel_models:
+            self._transient(self.kernel_models["rnn_backward_scratch"](self, args), op)
         elif func in MATMULS and "matmul_copies" in self.kernel_models:
             self._transient(self.kernel_models["matmul_copies"](func, args), op)
         return out
