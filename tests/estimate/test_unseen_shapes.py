@@ -149,6 +149,47 @@ for x, y in torch.utils.data.DataLoader(train, batch_size=16):
     loss = nn.functional.cross_entropy(model(x), y % 4)
     opt.zero_grad(); loss.backward(); opt.step()
 """,
+    # A GNN's step: self-loops removed from a known edge index (`edge_index[:, mask]`, a shape
+    # only the values decide), then a loss over the training nodes (`out[train_mask]`). Fake
+    # mode cannot shape either; the indices' values are known, so the trace can (PyG's GAT
+    # tutorial went to the real-step fallback, 24 % under).
+    "known_indices_shape_the_step": """
+import torch
+from torch import nn
+g = torch.Generator().manual_seed(0)
+edge_index = torch.randint(0, 500, (2, 4000), generator=g)
+train_mask = torch.randint(0, 10, (500,), generator=g) < 3
+y = torch.randint(0, 7, (500,), generator=g)
+x = torch.randn(500, 64)
+lin = nn.Linear(64, 7)
+opt = torch.optim.Adam(lin.parameters())
+for step in range(2):
+    keep = edge_index[0] != edge_index[1]
+    edges = torch.cat([edge_index[:, keep], torch.arange(500).repeat(2, 1)], dim=1)
+    h = lin(x)
+    messages = h[edges[0]] * torch.sigmoid(h[edges[1]])
+    out = torch.zeros(500, 7).index_add(0, edges[1], messages)
+    loss = nn.functional.cross_entropy(out[train_mask], y[train_mask])
+    opt.zero_grad(); loss.backward(); opt.step()
+""",
+    # A map-style data set whose samples are tensors of their own (torchvision's ToTensor): the
+    # collate stacks them while the loop still holds the previous batch, so the samples, the new
+    # batch and the old one are alive at once (mrd's FashionMNIST notebook, 21 % under).
+    "samples_alive_while_collated": """
+import torch
+from torch import nn
+class Images(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        return torch.rand(1, 28, 28), i % 10
+loader = torch.utils.data.DataLoader(Images(), batch_size=32)
+model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+""",
     # torchtune's Llama 3.x RoPE scaling: frequencies scaled one by one in Python, then
     # torch.tensor(list of 0-dim tensors) ("data is not allocated yet").
     "llama3_rope_scaling": """

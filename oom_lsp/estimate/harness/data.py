@@ -215,10 +215,24 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
         ]
 
     def real_batches(loader):
-        """The batches the loader yields, each fetched outside fake mode, with their twins."""
+        """The batches the loader yields, each fetched outside fake mode, with their twins; and
+        what its collate function was handed in this process (see `collated`)."""
+        collate = loader.collate_fn
+
+        def measured_collate(samples):
+            collated["bytes"] = samples_bytes(samples)
+            return collate(samples)
+
         with Outside():
-            iterator = original_iter(loader)
+            # The iterator takes the collate function when it is made. Worker processes collate
+            # in their own memory: there `collated` stays 0, as the main process holds nothing.
+            loader.collate_fn = measured_collate
+            try:
+                iterator = original_iter(loader)
+            finally:
+                loader.collate_fn = collate
         while True:
+            collated["bytes"] = 0
             with Outside():
                 try:
                     batch = next(iterator)
@@ -242,6 +256,11 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
                 if shapes_of(other) != seen:
                     return True
         return False
+
+    # The samples the last batch was collated from, in bytes: tensors each sample made for
+    # itself (`ToTensor()` of an image), alive with the batch stacked from them until the collate
+    # returns, while the loop still holds the previous batch.
+    collated = {"bytes": 0}
 
     probed_loaders: weakref.WeakSet = weakref.WeakSet()
     scanned_loaders: weakref.WeakSet = weakref.WeakSet()
@@ -389,6 +408,9 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
                 tracker.register(fake, False, "DataLoader", "inputs")
                 if twin is not None and fake.shape == twin.shape:
                     tracker.shadows[fake] = twin
+            if collated["bytes"] and not rows:
+                tracker.transient(collated["bytes"], "DataLoader")
+                collated["bytes"] = 0
             traced = trace.add(record, index, batch)
             traced["worst"] = worst is not None
             shapes = {path: shape[1:] for path, shape in traced["shapes"].items()}
@@ -406,6 +428,24 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
             yield batch
 
     shims.patch(DataLoader, "__iter__", loader_iter)
+
+
+def samples_bytes(samples) -> int:
+    """The bytes of the tensors among `samples` that own their storage whole (a view of a data
+    set's tensor, `data[i]`, allocates nothing); NumPy arrays and numbers are not torch's."""
+    total = 0
+    pending = [samples]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, torch.Tensor):
+            size = value.numel() * value.element_size()
+            if value.layout == torch.strided and value.untyped_storage().nbytes() == size:
+                total += size
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+    return total
 
 
 def record_loader(state: dict, context, loader) -> dict:

@@ -112,6 +112,7 @@ def run(request: dict) -> dict:
         tracker.shadows = WeakIdKeyDictionary()
         tracker.draws = {"elements": 0, "skipped": 0}
         tracker.fake_tensor_type = FakeTensor
+        tracker.fake_mode = fake_mode
         # How fake dispatches are cached: "memo" (FakeDispatchMemo), "fake-tensor-mode"
         # (FakeTensorMode's own cache) or "none"; the last two for comparisons.
         fake_cache = request.get("fake_cache", "memo")

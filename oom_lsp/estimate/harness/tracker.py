@@ -9,6 +9,7 @@ import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
 from .branches import passing_outcome
 from .common import CUDA_BLOCK, aten, has_exact_values, op_tensors
@@ -77,6 +78,7 @@ class StorageTracker(TorchDispatchMode):
         # `data[i : i + block]` reads real indices instead of a stubbed 0.
         self.shadows = None
         self.fake_tensor_type = None  # FakeTensor, under fake mode
+        self.fake_mode = None  # the run's FakeTensorMode, under fake mode
         self.fake_memo: FakeDispatchMemo | None = None  # under fake mode
         # A wrapper tensor's storage is its inner tensor's (distributed.py: a DTensor's local shard).
         self.unwrap = None
@@ -287,10 +289,17 @@ class StorageTracker(TorchDispatchMode):
         traits = _OP_TRAITS.get(func) or _op_traits(func)
         if traits.seeded and self.draws is not None and not self.context.in_step:
             self._replay_draw(func, args, kwargs)
-        if self.fake_memo is not None:
-            out = self.fake_memo.call(func, args, kwargs)
-        else:
-            out = func(*args, **kwargs)
+        try:
+            if self.fake_memo is not None:
+                out = self.fake_memo.call(func, args, kwargs)
+            else:
+                out = func(*args, **kwargs)
+        except DynamicOutputShapeException:
+            # A shape only values decide (`edge_index[:, mask]`, nonzero, unique): known when every
+            # input's values are (integer tensors the script loaded or computed from them).
+            out = self._shaped_by_known_values(func, args, kwargs)
+            if out is None:
+                raise
         if func is aten._coalesce.default and type(args[0]) is self.fake_tensor_type:
             out = _coalesced_bound(args[0], out)
         self.op_counts[traits.packet] += 1
@@ -301,7 +310,12 @@ class StorageTracker(TorchDispatchMode):
         if not outputs:
             return out  # a metadata query: nothing allocated
         inputs = None
-        if self.shadows is not None and not self.context.in_step:
+        if self.shadows is not None and (
+            not self.context.in_step
+            # In the step, integer results of known values only (a GNN's edge index filtered
+            # and extended at every forward): float ones are never kept.
+            or all(has_exact_values(t) for t in outputs)
+        ):
             inputs = op_tensors(kwargs.values(), op_tensors(args, []))
             self._shadow(func, args, kwargs, inputs, outputs)
         if traits.aliases:
@@ -335,6 +349,11 @@ class StorageTracker(TorchDispatchMode):
         elif func in MATMULS and "matmul_copies" in self.kernel_models:
             self._transient(self.kernel_models["matmul_copies"](func, args), op)
         return out
+
+    def transient(self, size: int, op: str) -> None:
+        """Memory alive for a moment outside any op the tracker sees (a batch's samples while the
+        collate stacks them): a peak candidate only."""
+        self._transient(size, op)
 
     def _transient(self, size: int, op: str) -> None:
         """Memory a kernel allocates and frees inside itself: a peak candidate only."""
@@ -443,6 +462,81 @@ class StorageTracker(TorchDispatchMode):
                 self.paused -= 1
         for fake, twin in zip(outputs, op_tensors((real_out,), [])):
             self.shadows[fake] = twin
+
+    def _shaped_by_known_values(self, func, args, kwargs):
+        """The op run for real on its inputs' values (their twins; real tensors as they are), and
+        its outputs made fake tensors of the real shapes, each with its values as twin; None when
+        some input's values are unknown."""
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        if self.shadows is None:
+            return None
+        if func is aten.index.Tensor and not kwargs and type(args[0]) is FakeTensor and args[0] not in self.shadows:
+            return self._indexed_by_known_masks(func, args)
+        fake_mode = self.fake_mode
+        known: dict[int, torch.Tensor] = {}
+        for tensor in op_tensors(kwargs.values(), op_tensors(args, [])):
+            twin = self.shadows.get(tensor) if isinstance(tensor, FakeTensor) else tensor
+            if twin is None:
+                return None
+            known[id(tensor)] = twin
+        if fake_mode is None:
+            return None
+
+        def to_real(value):
+            if isinstance(value, torch.Tensor):
+                return known[id(value)]
+            if type(value) is list or type(value) is tuple:
+                return type(value)(to_real(item) for item in value)
+            return value
+
+        self.paused += 1
+        try:
+            with unset_fake_temporarily():
+                real_out = func(*map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()})
+            with fake_mode:
+                def to_fake(value):
+                    if isinstance(value, torch.Tensor):
+                        fake = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype)
+                        if has_exact_values(value):
+                            self.shadows[fake] = value
+                        return fake
+                    if type(value) is list or type(value) is tuple:
+                        return type(value)(to_fake(item) for item in value)
+                    return value
+
+                out = to_fake(real_out)
+        finally:
+            self.paused -= 1
+        return out
+
+    def _indexed_by_known_masks(self, func, args):
+        """`x[mask]` of a float tensor: its shape needs the mask's values only. Each boolean
+        index whose values are known becomes the integer indices of its true entries (fake
+        tensors with those values as twins), and fake mode indexes with them as it can."""
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        source, indices = args[0], list(args[1])
+        replaced = []
+        for index in indices:
+            if index is None or not (index.dtype == torch.bool or index.dtype == torch.uint8):
+                replaced.append(index)
+                continue
+            twin = self.shadows.get(index) if isinstance(index, FakeTensor) else index
+            if twin is None:
+                return None
+            self.paused += 1
+            try:
+                with unset_fake_temporarily():
+                    positions = twin.nonzero().unbind(1)
+                with source.fake_mode:
+                    for position in positions:
+                        fake = torch.empty_strided(position.shape, position.stride(), dtype=position.dtype)
+                        self.shadows[fake] = position
+                        replaced.append(fake)
+            finally:
+                self.paused -= 1
+        return func(source, replaced)
 
     def _local_scalar(self, func, args, kwargs):
         from torch._subclasses.fake_tensor import DataDependentOutputException
