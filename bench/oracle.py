@@ -19,7 +19,10 @@ table (the default rules, no project configuration):
 
 A finding is CONFIRMED when its fix saves at least 1 % of the peak (the baseline's needed bytes)
 or stops a per-step growth (what a third step keeps on top of the second, halved at least); NOT
-CONFIRMED when the fix saves less; UNMEASURABLE when there is no fix to measure or its row failed.
+CONFIRMED when the fix saves less; UNMEASURABLE when there is no fix to measure or its row failed,
+or when none of the finding's lines ran before the second optimizer step (an evaluation after the
+epoch, a resume path: the real run and the trace stop there, so its fix cannot show; the real run
+lists the lines that ran, `real_steps.py --lines`).
 
     .venv/bin/python bench/oracle.py [--split dev|heldout|all] [--oom-lsp PATH] [--cases a,b]
         [--format text|json] [--timeout S] [--list-heldout] [--no-cache] [--split-check]
@@ -275,11 +278,12 @@ def check(oom: OomLsp, folder: Path, timeout: float) -> list[dict]:
     return _json(done, "check")
 
 
-def real_peak(case: Case, folder: Path, python: str, timeout: float) -> int:
+def real_run(case: Case, folder: Path, python: str, timeout: float) -> dict:
+    """The real run's peak and the lines of the case's files that ran before it stopped."""
     with tempfile.TemporaryDirectory(prefix="oom-lsp-oracle-") as tmp:
         out = Path(tmp) / "real.json"
         done = run(
-            [python, str(REAL_STEPS), "--profile", "--out", str(out), "--", case.script, *case.args],
+            [python, str(REAL_STEPS), "--profile", "--lines", "--out", str(out), "--", case.script, *case.args],
             folder,
             timeout,
             env=CASE_ENV,
@@ -291,7 +295,13 @@ def real_peak(case: Case, folder: Path, python: str, timeout: float) -> int:
         raise CaseError(
             f"the real run {result['status']} after {result['steps']} step(s): {_tail(result['error'] or '')}"
         )
-    return result["peak_bytes"]
+    return {"peak_bytes": result["peak_bytes"], "lines": result["lines"]}
+
+
+def reached(finding: dict, lines: set[str]) -> bool:
+    """Whether any line of the finding's code ran in the real run (up to its second step)."""
+    file = os.path.normpath(finding["file"])
+    return any(f"{file}:{line}" in lines for line in range(finding["line"], finding.get("end_line", finding["line"]) + 1))
 
 
 def estimate(oom: OomLsp, case: Case, folder: Path, timeout: float, what_if: bool = False) -> dict:
@@ -382,7 +392,8 @@ def run_case(oom: OomLsp, case: Case, corpus: Path, work: Path, timeout: float,
     started = time.perf_counter()
     result: dict = {"case": case.name, "split": case.split, "kind": case.kind, "repo": case.repo}
     # The truth first: a case that does not run, or whose estimate fails, is never checked.
-    real = cache.get("real", lambda: real_peak(case, folder, oom.python, timeout))
+    truth = cache.get("real-lines", lambda: real_run(case, folder, oom.python, timeout))
+    real, ran = truth["peak_bytes"], set(truth["lines"])
     plain = cache.get("estimate", lambda: estimate(oom, case, folder, timeout))
     findings = check(oom, folder, timeout)
     error = (plain["peak_bytes"] - real) / real
@@ -434,6 +445,12 @@ def run_case(oom: OomLsp, case: Case, corpus: Path, work: Path, timeout: float,
             entry.update(how=None, why="no quick fix and no hand-written fix")
         saving = entry.get("saving_bytes")
         entry["verdict"] = verdict_of(saving, entry.get("stops_growth", False), base["needed_bytes"])
+        entry["reached"] = reached(entry, ran)
+        if entry["verdict"] == NOT_CONFIRMED and not entry["reached"]:
+            # Its code runs later (an evaluation after the epoch, a resume path): the two steps
+            # the real run and the trace take cannot show what its fix does.
+            entry["verdict"] = UNMEASURABLE
+            entry["why"] = "its code did not run before the second optimizer step, where the run and the trace stop"
         if saving is not None:
             entry["saving_share"] = saving / base["needed_bytes"]
         joined.append(entry)
@@ -448,6 +465,7 @@ def _bare(finding: dict, folder: Path) -> dict:
     return {
         "file": file,
         "line": finding["line"],
+        "end_line": finding.get("end_line", finding["line"]),
         "column": finding["column"],
         "code": finding["code"],
         "message": finding["message"],

@@ -12,12 +12,13 @@ memory events: the peak of their running sum in time order is the peak of live C
 tensor bytes (every c10 CPU allocation, kernel scratch included), from the script's first
 line to the end of the last step.
 
-    python bench/real_steps.py [--steps 2] [--profile] [--threads 1] [--seed 0] --out result.json -- SCRIPT ARGS...
+    python bench/real_steps.py [--steps 2] [--profile] [--lines] [--threads 1] [--seed 0] --out result.json -- SCRIPT ARGS...
 
 Runs in the current directory (scripts read their data relative to it). The result is
 one JSON object: status ("stopped" after the steps, "ended" when the script finished or
 exited first, "failed"), steps, seconds (script start to the last step's end, or to the
-end), peak_bytes (with --profile), error (the last lines of the traceback).
+end), peak_bytes (with --profile), lines (with --lines: "path:line" of every line of the files
+under the current folder that ran), error (the last lines of the traceback).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import os
 import runpy
 import sys
+import threading
 import time
 import traceback
 
@@ -63,7 +65,28 @@ def seed_everything(seed: int) -> None:
     numpy.random.seed(seed)
 
 
-def run(script: str, args: list[str], steps: int, profile: bool, threads: int, seed: int) -> dict:
+def line_tracer(root: str):
+    """The lines of the files under `root` that run (sys.settrace: what the oracle asks of a
+    finding's code, whether it ran before the run stopped); (executed, the global tracer)."""
+    executed: set[tuple[str, int]] = set()
+    root = os.path.abspath(root) + os.sep
+
+    def local(frame, event, arg):
+        if event == "line":
+            executed.add((frame.f_code.co_filename, frame.f_lineno))
+        return local
+
+    def enter(frame, event, arg):
+        if frame.f_code.co_filename.startswith(root):
+            executed.add((frame.f_code.co_filename, frame.f_lineno))
+            return local
+        return None
+
+    return executed, enter
+
+
+def run(script: str, args: list[str], steps: int, profile: bool, threads: int, seed: int,
+        lines: bool = False) -> dict:
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -88,12 +111,19 @@ def run(script: str, args: list[str], steps: int, profile: bool, threads: int, s
     sys.path.insert(0, os.path.dirname(script))
     result: dict = {"status": "ended", "error": None}
     started = time.perf_counter()
+    executed, tracer = line_tracer(os.getcwd()) if lines else (None, None)
     try:
         if prof is not None:
             prof.start()
+        if tracer is not None:
+            threading.settrace(tracer)
+            sys.settrace(tracer)
         try:
             runpy.run_path(script, run_name="__main__")
         finally:
+            if tracer is not None:
+                sys.settrace(None)
+                threading.settrace(None)
             if prof is not None:
                 prof.stop()
     except StopAfterSteps:
@@ -111,6 +141,9 @@ def run(script: str, args: list[str], steps: int, profile: bool, threads: int, s
     result["seconds"] = (done["last_step_end"] if result["status"] == "stopped" else ended) - started
     if prof is not None:
         result["peak_bytes"] = profile_peak(prof)
+    if executed is not None:
+        here = os.getcwd()
+        result["lines"] = sorted(f"{os.path.relpath(name, here)}:{line}" for name, line in executed)
     return result
 
 
@@ -123,6 +156,9 @@ def main() -> int:
         "--seed", type=int, default=0, help="seed of torch's, Python's and NumPy's generators"
     )
     parser.add_argument("--out", required=True, help="write the result here (JSON)")
+    parser.add_argument(
+        "--lines", action="store_true", help="also list the lines of the files under the current folder that ran"
+    )
     argv = sys.argv[1:]
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         parser.error("give the script after --: ... -- SCRIPT ARGS...")
@@ -130,7 +166,7 @@ def main() -> int:
     options = parser.parse_args(argv[:split])
     script, *args = argv[split + 1 :]
     out = os.path.abspath(options.out)
-    result = run(script, args, options.steps, options.profile, options.threads, options.seed)
+    result = run(script, args, options.steps, options.profile, options.threads, options.seed, options.lines)
     with open(out, "w", encoding="utf-8") as handle:
         json.dump(result, handle)
     return 0

@@ -141,3 +141,10 @@ def test_the_stage_cache_keeps_values_and_failures_by_their_extra_key(tmp_path: 
         cache.get("real", measure("never"))  # the failure is kept, not run again
     assert calls == ["a", "c", "broken"]
     assert oracle.StageCache(None, "k").get("real", measure("d")) == {"peak": "d"}  # --no-cache
+
+
+def test_a_finding_whose_code_never_ran_is_unmeasurable_not_unconfirmed() -> None:
+    ran = {"train.py:10", "train.py:11", "pkg/model.py:40"}
+    assert oracle.reached({"file": "train.py", "line": 9, "end_line": 10}, ran)
+    assert oracle.reached({"file": "./pkg/model.py", "line": 40}, ran)
+    assert not oracle.reached({"file": "train.py", "line": 30, "end_line": 31}, ran)  # the evaluation
