@@ -190,6 +190,30 @@ for x, y in loader:
     loss = nn.functional.cross_entropy(model(x), y)
     opt.zero_grad(); loss.backward(); opt.step()
 """,
+    # A policy's actions drawn with Categorical(...).sample().item() decide how long an episode
+    # runs, so how large the update's batch is (minimalRL): the draw is replayed for real and its
+    # values read, not a stubbed 0 (always the same action: minimalRL's PPO batch was half the
+    # real one, -40 %). A policy of zero weights is uniform, as the replay's ones are.
+    "sampled_actions_decide_the_batch": """
+import torch
+from torch import nn
+from torch.distributions import Categorical
+policy = nn.Linear(4, 2)
+nn.init.zeros_(policy.weight); nn.init.zeros_(policy.bias)
+value = nn.Sequential(nn.Linear(4, 256), nn.ReLU(), nn.Linear(256, 1))
+opt = torch.optim.Adam(list(policy.parameters()) + list(value.parameters()))
+for update in range(2):
+    states = []
+    for t in range(400):
+        state = [0.1 * t, 0.0, 1.0, -1.0]
+        states.append(state)
+        action = Categorical(torch.softmax(policy(torch.tensor(state)), -1)).sample().item()
+        if action == 1 and t > 3:
+            break
+    batch = torch.tensor(states * 64)
+    loss = value(batch).square().mean() + policy(batch).logsumexp(-1).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+""",
     # torchtune's Llama 3.x RoPE scaling: frequencies scaled one by one in Python, then
     # torch.tensor(list of 0-dim tensors) ("data is not allocated yet").
     "llama3_rope_scaling": """

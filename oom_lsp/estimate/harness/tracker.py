@@ -432,6 +432,15 @@ class StorageTracker(TorchDispatchMode):
             return
         if sum(t.numel() for t in outputs) > SHADOW_NUMEL_LIMIT:
             return
+        if self.last_draw is not None and self.last_draw[0] is func:
+            # A draw replayed for real (`_replay_draw`) from arguments whose values are unknown
+            # (a policy's action from `Categorical(probs).sample()`): drawn on ones, as a uniform
+            # policy would; the script reads those values, not a stubbed 0 (an RL episode of
+            # always the same action ends early: minimalRL's PPO batch was half the real one).
+            for fake, twin in zip(outputs, op_tensors((self.last_draw[1],), [])):
+                self.shadows[fake] = twin
+            self.last_draw = None
+            return
         real = {}
         for tensor in inputs:
             twin = self.shadows.get(tensor) if isinstance(tensor, FakeTensor) else tensor
