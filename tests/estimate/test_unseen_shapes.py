@@ -630,3 +630,34 @@ def test_the_convolution_scratch_is_measured_at_the_scripts_own_batch():
     notes: dict = {}
     measured = make_conv_scratch(notes)(Tracker(), aten.convolution_backward.default, fake)
     assert measured == truth, (measured, truth)
+
+
+COLLATED_ON_THE_HOST = """
+import torch
+from torch import nn
+class Images(torch.utils.data.Dataset):
+    def __init__(self):
+        self.data = torch.rand(64, 3, 64, 64)
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return {sample}, i % 10
+loader = torch.utils.data.DataLoader(Images(), batch_size=16)
+model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 64 * 64, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = nn.functional.cross_entropy(model(x.cuda()), y.cuda())
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_samples_collated_on_the_host_are_not_gpu_memory(tmp_path):
+    """The samples a batch is stacked from are host memory: counted in a CPU estimate (see
+    `samples_alive_while_collated`), never in a GPU one, where per-sample tensors and views of
+    one data set tensor give the same peak."""
+    peaks = []
+    for name, sample in (("owned", "torch.rand(3, 64, 64)"), ("views", "self.data[i]")):
+        script = tmp_path / f"{name}.py"
+        script.write_text(COLLATED_ON_THE_HOST.replace("{sample}", sample))
+        peaks.append(estimate(EstimateOptions(script=script, timeout=300, cwd=tmp_path)).peak_bytes)
+    assert peaks[0] == peaks[1], peaks

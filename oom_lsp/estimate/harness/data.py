@@ -408,9 +408,10 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
                 tracker.register(fake, False, "DataLoader", "inputs")
                 if twin is not None and fake.shape == twin.shape:
                     tracker.shadows[fake] = twin
-            if collated["bytes"] and not rows:
+            if collated["bytes"] and not rows and tracker.count_all:
+                # Host memory: counted where the estimate is of the CPU's (--device cpu) only.
                 tracker.transient(collated["bytes"], "DataLoader")
-                collated["bytes"] = 0
+            collated["bytes"] = 0
             traced = trace.add(record, index, batch)
             traced["worst"] = worst is not None
             shapes = {path: shape[1:] for path, shape in traced["shapes"].items()}
