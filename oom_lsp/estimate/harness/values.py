@@ -115,9 +115,14 @@ def install(shims, tracker) -> None:
         # the load's allocation; the tensors are real (fake mode takes them as inputs, and the
         # values read of them and of what is computed from them are exact).
         restored = []
+        elsewhere = []
 
         def keep(storage, location):
+            # Read onto the CPU in any case; kept only when the file's tensors were saved there
+            # (a GPU's would be device memory in a real run: loaded as before then).
             restored.append(storage)
+            if location != "cpu":
+                elsewhere.append(location)
             return storage
 
         from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -133,9 +138,9 @@ def install(shims, tracker) -> None:
             carriers = None
         finally:
             tracker.paused -= 1
-        if carriers is None or not _holds_exact_values(result):
-            # Not readable for real here (a checkpoint saved from a GPU this machine has not), or
-            # nothing in it whose values a script reads (a model's weights: floating point):
+        if carriers is None or elsewhere or not _holds_exact_values(result):
+            # Not readable for real here, saved from a GPU, or nothing in it whose values a
+            # script reads (a model's weights: floating point):
             # loaded as before, onto storages without data.
             carriers = result = None  # the real storages go now, not after the load below
             restored.clear()
