@@ -111,6 +111,16 @@ def _probe_bytes(args, batch: int, batch_positions: tuple[int, ...]) -> int:
     return total
 
 
+def _along_the_sequence(probe, args, seq_dim: int, seq: int) -> int:
+    """A probe of an LSTM kernel at the real sequence length up to 32 steps, else at 16 and 32
+    steps and extrapolated (its memory grows by a page-rounded size per step, so shorter probes
+    under-estimate the slope)."""
+    if seq <= 32:
+        return probe(args, seq_dim, seq)
+    at_16, at_32 = probe(args, seq_dim, 16), probe(args, seq_dim, 32)
+    return max(0, at_32 + (at_32 - at_16) * (seq - 32) // 16)
+
+
 def make_onednn_rnn_workspace(notes: dict):
     """oneDNN's LSTM workspace, which the meta kernel reports as 0 bytes: the
     real oneDNN LSTM layer is run on zeros, at the real sequence length up to
@@ -148,11 +158,7 @@ def make_onednn_rnn_workspace(notes: dict):
             try:
                 # The workspace exists only when autograd will need it.
                 with unset_fake_temporarily(), torch.enable_grad():
-                    if seq <= 32:
-                        cache[key] = probe(args, seq_dim, seq)
-                    else:
-                        at_16, at_32 = probe(args, seq_dim, 16), probe(args, seq_dim, 32)
-                        cache[key] = at_32 + (at_32 - at_16) * (seq - 32) // 16
+                    cache[key] = _along_the_sequence(probe, args, seq_dim, seq)
             finally:
                 tracker.paused -= 1
         notes["bytes"] = max(notes.get("bytes", 0), cache[key])
@@ -212,11 +218,7 @@ def make_onednn_rnn_backward_scratch(notes: dict):
             tracker.paused += 1  # the probe's real tensors are not the script's
             try:
                 with unset_fake_temporarily(), torch.enable_grad():
-                    if seq <= 32:
-                        cache[key] = probe(args, seq_dim, seq)
-                    else:
-                        at_16, at_32 = probe(args, seq_dim, 16), probe(args, seq_dim, 32)
-                        cache[key] = max(0, at_32 + (at_32 - at_16) * (seq - 32) // 16)
+                    cache[key] = _along_the_sequence(probe, args, seq_dim, seq)
             finally:
                 tracker.paused -= 1
         notes["bytes"] = max(notes.get("bytes", 0), cache[key])

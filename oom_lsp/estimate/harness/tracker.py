@@ -426,73 +426,44 @@ class StorageTracker(TorchDispatchMode):
         self.last_draw = (func, drawn)
 
     def _shadow(self, func, args, kwargs, inputs, outputs):
-        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-
         if not outputs or not all(has_exact_values(t) for t in outputs):
             return
         if sum(t.numel() for t in outputs) > SHADOW_NUMEL_LIMIT:
             return
         if self.last_draw is not None and self.last_draw[0] is func:
-            # A draw replayed for real (`_replay_draw`) from arguments whose values are unknown
-            # (a policy's action from `Categorical(probs).sample()`): drawn on ones, as a uniform
-            # policy would; the script reads those values, not a stubbed 0 (an RL episode of
-            # always the same action ends early: minimalRL's PPO batch was half the real one).
-            for fake, twin in zip(outputs, op_tensors((self.last_draw[1],), [])):
-                self.shadows[fake] = twin
-            self.last_draw = None
-            return
-        real = {}
-        for tensor in inputs:
-            twin = self.shadows.get(tensor) if isinstance(tensor, FakeTensor) else tensor
-            if twin is None:
-                return
-            real[id(tensor)] = twin
-
-        def to_real(value):
-            # An aten op's arguments: tensors, and lists and tuples of them (as _op_tensors walks them).
-            if isinstance(value, torch.Tensor):
-                return real[id(value)]
-            if type(value) is list or type(value) is tuple:
-                return type(value)(to_real(item) for item in value)
-            return value
-
-        if self.last_draw is not None and self.last_draw[0] is func:
-            # A random op, drawn for real already (`_replay_draw`): drawing again would take the
-            # numbers after those, and leave torch's generator one draw further than a real run.
+            # A random op drawn for real already (`_replay_draw`), also from arguments whose
+            # values are unknown (a policy's action from `Categorical(probs).sample()`: drawn on
+            # ones, as a uniform policy would): the script reads those values, not a stubbed 0
+            # (an RL episode of always the same action ends early: minimalRL's PPO batch was half
+            # the real one); drawing again would leave torch's generator one draw further.
             real_out, self.last_draw = self.last_draw[1], None
         else:
-            self.paused += 1
-            try:
-                with unset_fake_temporarily():
-                    real_out = func(
-                        *map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()}
-                    )
-            finally:
-                self.paused -= 1
+            known = self._known_values(inputs)
+            if known is None:
+                return
+            real_out = self._run_on(func, args, kwargs, known)
         for fake, twin in zip(outputs, op_tensors((real_out,), [])):
             self.shadows[fake] = twin
 
-    def _shaped_by_known_values(self, func, args, kwargs):
-        """The op run for real on its inputs' values (their twins; real tensors as they are), and
-        its outputs made fake tensors of the real shapes, each with its values as twin; None when
-        some input's values are unknown."""
-        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    def _known_values(self, inputs) -> dict[int, torch.Tensor] | None:
+        """Each input's real values by id (its twin; a real tensor itself), or None when one's
+        values are unknown."""
+        from torch._subclasses.fake_tensor import FakeTensor
 
-        if self.shadows is None:
-            return None
-        if func is aten.index.Tensor and not kwargs and type(args[0]) is FakeTensor and args[0] not in self.shadows:
-            return self._indexed_by_known_masks(func, args)
-        fake_mode = self.fake_mode
-        known: dict[int, torch.Tensor] = {}
-        for tensor in op_tensors(kwargs.values(), op_tensors(args, [])):
+        known = {}
+        for tensor in inputs:
             twin = self.shadows.get(tensor) if isinstance(tensor, FakeTensor) else tensor
             if twin is None:
                 return None
             known[id(tensor)] = twin
-        if fake_mode is None:
-            return None
+        return known
+
+    def _run_on(self, func, args, kwargs, known: dict[int, torch.Tensor]):
+        """`func` run for real, outside fake mode and uncounted, on the known values of its tensors."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         def to_real(value):
+            # An aten op's arguments: tensors, and lists and tuples of them (as _op_tensors walks them).
             if isinstance(value, torch.Tensor):
                 return known[id(value)]
             if type(value) is list or type(value) is tuple:
@@ -502,22 +473,41 @@ class StorageTracker(TorchDispatchMode):
         self.paused += 1
         try:
             with unset_fake_temporarily():
-                real_out = func(*map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()})
-            with fake_mode:
-                def to_fake(value):
-                    if isinstance(value, torch.Tensor):
-                        fake = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype)
-                        if has_exact_values(value):
-                            self.shadows[fake] = value
-                        return fake
-                    if type(value) is list or type(value) is tuple:
-                        return type(value)(to_fake(item) for item in value)
-                    return value
-
-                out = to_fake(real_out)
+                return func(*map(to_real, args), **{name: to_real(value) for name, value in kwargs.items()})
         finally:
             self.paused -= 1
-        return out
+
+    def _shaped_by_known_values(self, func, args, kwargs):
+        """The op run for real on its inputs' values (their twins; real tensors as they are), and
+        its outputs made fake tensors of the real shapes, each with its values as twin; None when
+        some input's values are unknown."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if self.shadows is None or self.fake_mode is None:
+            return None
+        if func is aten.index.Tensor and not kwargs and type(args[0]) is FakeTensor and args[0] not in self.shadows:
+            return self._indexed_by_known_masks(func, args)
+        known = self._known_values(op_tensors(kwargs.values(), op_tensors(args, [])))
+        if known is None:
+            return None
+        real_out = self._run_on(func, args, kwargs, known)
+
+        def to_fake(value):
+            if isinstance(value, torch.Tensor):
+                fake = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype)
+                if has_exact_values(value):
+                    self.shadows[fake] = value
+                return fake
+            if type(value) is list or type(value) is tuple:
+                return type(value)(to_fake(item) for item in value)
+            return value
+
+        self.paused += 1
+        try:
+            with self.fake_mode:
+                return to_fake(real_out)
+        finally:
+            self.paused -= 1
 
     def _indexed_by_known_masks(self, func, args):
         """`x[mask]` of a float tensor: its shape needs the mask's values only. Each boolean
