@@ -519,12 +519,7 @@ def test_a_small_file_is_loaded_with_its_values_as_a_real_run_reads_them(tmp_pat
     script = tmp_path / "loads.py"
     script.write_text(LOADS_ITS_DATA)
     prediction = estimate(EstimateOptions(script=script, device="cpu", timeout=300, cwd=tmp_path))
-    out = tmp_path / "real.json"
-    subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "real_steps.py"), "--profile", "--out", str(out), "--", str(script)],
-        cwd=tmp_path, check=True, capture_output=True, timeout=300,
-    )
-    truth = json.loads(out.read_text())
+    truth = real_run(script, tmp_path)
     assert prediction.method.startswith("fake-tensor trace"), prediction.method
     assert abs(prediction.peak_bytes - truth["peak_bytes"]) <= 256, (prediction.peak_bytes, truth["peak_bytes"])
 
@@ -587,12 +582,7 @@ def test_the_lstm_backward_scratch_is_measured_on_the_real_kernel(tmp_path):
     script = tmp_path / "lstm.py"
     script.write_text(LSTM_TRAINING)
     prediction = estimate(EstimateOptions(script=script, device="cpu", timeout=300, cwd=tmp_path))
-    out = tmp_path / "real.json"
-    subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "real_steps.py"), "--profile", "--out", str(out), "--", str(script)],
-        cwd=tmp_path, check=True, capture_output=True, timeout=300,
-    )
-    truth = json.loads(out.read_text())["peak_bytes"]
+    truth = real_run(script, tmp_path)["peak_bytes"]
     assert abs(prediction.peak_bytes - truth) <= 0.025 * truth, (prediction.peak_bytes, truth)
     assert any(note.name == "onednn-rnn-backward-scratch" and note.bytes > 0 for note in prediction.corrections)
 
@@ -661,3 +651,13 @@ def test_samples_collated_on_the_host_are_not_gpu_memory(tmp_path):
         script.write_text(COLLATED_ON_THE_HOST.replace("{sample}", sample))
         peaks.append(estimate(EstimateOptions(script=script, timeout=300, cwd=tmp_path)).peak_bytes)
     assert peaks[0] == peaks[1], peaks
+
+
+def real_run(script: Path, cwd: Path) -> dict:
+    """`script` run for real until its second optimizer step, under the profiler (bench/real_steps.py)."""
+    out = cwd / "real.json"
+    subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "real_steps.py"), "--profile", "--out", str(out), "--", str(script)],
+        cwd=cwd, check=True, capture_output=True, timeout=300,
+    )
+    return json.loads(out.read_text())

@@ -111,14 +111,28 @@ def _probe_bytes(args, batch: int, batch_positions: tuple[int, ...]) -> int:
     return total
 
 
-def _along_the_sequence(probe, args, seq_dim: int, seq: int) -> int:
-    """A probe of an LSTM kernel at the real sequence length up to 32 steps, else at 16 and 32
-    steps and extrapolated (its memory grows by a page-rounded size per step, so shorter probes
-    under-estimate the slope)."""
-    if seq <= 32:
-        return probe(args, seq_dim, seq)
-    at_16, at_32 = probe(args, seq_dim, 16), probe(args, seq_dim, 32)
-    return max(0, at_32 + (at_32 - at_16) * (seq - 32) // 16)
+def _probed_along_the_sequence(tracker, cache: dict, key: tuple, notes: dict, probe, args, seq_dim: int,
+                               seq: int) -> int:
+    """An LSTM kernel's memory, probed once per configuration on real zeros (with autograd on:
+    the workspace exists only when it will be needed) at the real sequence length up to 32
+    steps, else at 16 and 32 steps and extrapolated (it grows by a page-rounded size per step,
+    so shorter probes under-estimate the slope); noted as the largest and the calls."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if key not in cache:
+        tracker.paused += 1  # the probe's real tensors are not the script's
+        try:
+            with unset_fake_temporarily(), torch.enable_grad():
+                if seq <= 32:
+                    cache[key] = probe(args, seq_dim, seq)
+                else:
+                    at_16, at_32 = probe(args, seq_dim, 16), probe(args, seq_dim, 32)
+                    cache[key] = max(0, at_32 + (at_32 - at_16) * (seq - 32) // 16)
+        finally:
+            tracker.paused -= 1
+    notes["bytes"] = max(notes.get("bytes", 0), cache[key])
+    notes["calls"] = notes.get("calls", 0) + 1
+    return cache[key]
 
 
 def make_onednn_rnn_workspace(notes: dict):
@@ -142,8 +156,6 @@ def make_onednn_rnn_workspace(notes: dict):
         return aten.mkldnn_rnn_layer.default(*real_args)[3].untyped_storage().nbytes()
 
     def onednn(tracker, args, outputs):
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         seq_dim = 1 if args[14] else 0  # batch_first
         seq = args[0].shape[seq_dim]
         key = (
@@ -153,17 +165,7 @@ def make_onednn_rnn_workspace(notes: dict):
             tuple(str(a) for a in args[7:]),
             torch.get_num_threads(),
         )
-        if key not in cache:
-            tracker.paused += 1  # the probe's real tensors are not the script's
-            try:
-                # The workspace exists only when autograd will need it.
-                with unset_fake_temporarily(), torch.enable_grad():
-                    cache[key] = _along_the_sequence(probe, args, seq_dim, seq)
-            finally:
-                tracker.paused -= 1
-        notes["bytes"] = max(notes.get("bytes", 0), cache[key])
-        notes["calls"] = notes.get("calls", 0) + 1
-        return cache[key]
+        return _probed_along_the_sequence(tracker, cache, key, notes, probe, args, seq_dim, seq)
 
     return onednn
 
@@ -202,8 +204,6 @@ def make_onednn_rnn_backward_scratch(notes: dict):
         return max(0, peak - kept)
 
     def scratch(tracker, args):
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         seq_dim = 1 if args[21] else 0  # batch_first
         seq = args[0].shape[seq_dim]
         key = (
@@ -214,16 +214,7 @@ def make_onednn_rnn_backward_scratch(notes: dict):
             tuple(str(a) for a in args[13:22]),
             torch.get_num_threads(),
         )
-        if key not in cache:
-            tracker.paused += 1  # the probe's real tensors are not the script's
-            try:
-                with unset_fake_temporarily(), torch.enable_grad():
-                    cache[key] = _along_the_sequence(probe, args, seq_dim, seq)
-            finally:
-                tracker.paused -= 1
-        notes["bytes"] = max(notes.get("bytes", 0), cache[key])
-        notes["calls"] = notes.get("calls", 0) + 1
-        return cache[key]
+        return _probed_along_the_sequence(tracker, cache, key, notes, probe, args, seq_dim, seq)
 
     return scratch
 
