@@ -220,6 +220,52 @@ class TensorKeptAcrossIterations(AutogradRule):
         ),
     ]
     INVALID = [
+        # A transition stored through a method of the class: the tuple has no
+        # `.detach()`; its graph-attached element is detached (minimalRL's
+        # `put_data((s, a, r, prob))`).
+        Invalid(
+            """
+            import torch
+
+            class Agent(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.data = []
+                    self.fc = torch.nn.Linear(4, 2)
+
+                def forward(self, x):
+                    return self.fc(x)
+
+                def put_data(self, transition):
+                    self.data.append(transition)
+
+            agent = Agent()
+            for step in range(1000):
+                prob = agent(torch.randn(4)).softmax(0)
+                agent.put_data((step, prob, 1.0))
+            """,
+            line=19,
+            expected_fix="""
+            import torch
+
+            class Agent(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.data = []
+                    self.fc = torch.nn.Linear(4, 2)
+
+                def forward(self, x):
+                    return self.fc(x)
+
+                def put_data(self, transition):
+                    self.data.append(transition)
+
+            agent = Agent()
+            for step in range(1000):
+                prob = agent(torch.randn(4)).softmax(0)
+                agent.put_data((step, prob.detach(), 1.0))
+            """,
+        ),
         # A loop over the two models the code lists keeps two entries, not one
         # per step: strict only.
         Invalid(
@@ -445,15 +491,22 @@ class TensorKeptAcrossIterations(AutogradRule):
             if not holds:
                 continue
             callee = dotted_name(node.func) or "the function"
+            # A tuple, list or dict display has no `.detach()`: its graph-attached elements do.
+            flow = self._flow()
+            parts = _attached_parts(argument, flow) if type(argument) in (cst.Tuple, cst.List, cst.Dict) else [argument]
+            fix = None
+            if parts and all(flow.kind_of(part) is not Kind.GRAPH_CONTAINER for part in parts):
+                indent = self._indent()
+                fix = FixSpec(
+                    title="Pass a `.detach()`ed value",
+                    edits=tuple(edit for part in parts for edit in detach_fix.detach(part, indent, self.context.module)),
+                    applicability=Applicability.UNSAFE,
+                )
             self.report(
                 node,
                 f"{short_code(callee)}() keeps the graph-attached "
                 f"{short_code(self.context.code_for(argument), 24)} across iterations in {short_code(holder)}",
-                fix=FixSpec(
-                    title="Pass a `.detach()`ed value",
-                    edits=detach_fix.detach(argument, self._indent(), self.context.module),
-                    applicability=Applicability.UNSAFE,
-                ),
+                fix=fix,
                 proven=not self._few_iterations(loop),
             )
             return
