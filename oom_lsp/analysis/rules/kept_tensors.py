@@ -220,52 +220,6 @@ class TensorKeptAcrossIterations(AutogradRule):
         ),
     ]
     INVALID = [
-        # A transition stored through a method of the class: the tuple has no
-        # `.detach()`; its graph-attached element is detached (minimalRL's
-        # `put_data((s, a, r, prob))`).
-        Invalid(
-            """
-            import torch
-
-            class Agent(torch.nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.data = []
-                    self.fc = torch.nn.Linear(4, 2)
-
-                def forward(self, x):
-                    return self.fc(x)
-
-                def put_data(self, transition):
-                    self.data.append(transition)
-
-            agent = Agent()
-            for step in range(1000):
-                prob = agent(torch.randn(4)).softmax(0)
-                agent.put_data((step, prob, 1.0))
-            """,
-            line=19,
-            expected_fix="""
-            import torch
-
-            class Agent(torch.nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.data = []
-                    self.fc = torch.nn.Linear(4, 2)
-
-                def forward(self, x):
-                    return self.fc(x)
-
-                def put_data(self, transition):
-                    self.data.append(transition)
-
-            agent = Agent()
-            for step in range(1000):
-                prob = agent(torch.randn(4)).softmax(0)
-                agent.put_data((step, prob.detach(), 1.0))
-            """,
-        ),
         # A loop over the two models the code lists keeps two entries, not one
         # per step: strict only.
         Invalid(
@@ -460,6 +414,52 @@ class TensorKeptAcrossIterations(AutogradRule):
                     return y
             """,
             line=11,
+        ),
+        # A transition stored through a method of the class: the tuple has no
+        # `.detach()`; its graph-attached element is detached (minimalRL's
+        # `put_data((s, a, r, prob))`).
+        Invalid(
+            """
+            import torch
+
+            class Agent(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.data = []
+                    self.fc = torch.nn.Linear(4, 2)
+
+                def forward(self, x):
+                    return self.fc(x)
+
+                def put_data(self, transition):
+                    self.data.append(transition)
+
+            agent = Agent()
+            for step in range(1000):
+                prob = agent(torch.randn(4)).softmax(0)
+                agent.put_data((step, prob, 1.0))
+            """,
+            line=19,
+            expected_fix="""
+            import torch
+
+            class Agent(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.data = []
+                    self.fc = torch.nn.Linear(4, 2)
+
+                def forward(self, x):
+                    return self.fc(x)
+
+                def put_data(self, transition):
+                    self.data.append(transition)
+
+            agent = Agent()
+            for step in range(1000):
+                prob = agent(torch.randn(4)).softmax(0)
+                agent.put_data((step, prob.detach(), 1.0))
+            """,
         ),
     ]
 
