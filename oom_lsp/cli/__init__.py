@@ -27,6 +27,7 @@ import difflib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import signal
 import sys
@@ -770,13 +771,19 @@ def run_server(args: argparse.Namespace) -> int:
     if args.tcp is None and sys.stdin.isatty():
         print(TERMINAL_NOTICE, file=sys.stderr, flush=True)
     try:
-        return int(start_server(args.tcp, args.log_file))
+        code = int(start_server(args.tcp, args.log_file))
     except KeyboardInterrupt:
-        # The server's reader thread is blocked in stdin: a normal interpreter shutdown would
-        # wait for that stream's lock and abort ("Fatal Python error: _enter_buffered_busy").
+        code = 130
+    if code == 130:
+        # Ctrl-C. The server's reader thread is blocked in stdin, and a worker thread may still be
+        # analysing: a normal interpreter shutdown would wait for that stream's lock and abort
+        # ("Fatal Python error: _enter_buffered_busy"), or join the worker first (a CI run saw
+        # the server still alive 30 s after the signal). What is written is flushed; then out.
+        logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
+    return code
 
 
 TERMINAL_NOTICE = (
