@@ -4,6 +4,8 @@ profiler) and added to the fake trace."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .common import aten
@@ -13,7 +15,7 @@ CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
 # Probes of real kernels, kept for the interpreter's life: a kernel's scratch
 # or workspace depends on its configuration (and thread count), not on the run,
 # and a batch-size search traces the same script several times.
-_CONV_SCRATCH_PROBES: dict[tuple, tuple[int, int]] = {}
+_CONV_SCRATCH_PROBES: dict[tuple, tuple[int, ...]] = {}  # (at 2, at 4), or (at the real batch,)
 _RNN_WORKSPACE_PROBES: dict[tuple, int] = {}
 _RNN_BACKWARD_PROBES: dict[tuple, int] = {}
 
@@ -31,7 +33,7 @@ def make_conv_scratch(notes: dict):
 
     def zeros_like_args(args, batch, batch_positions):
         return [
-            torch.zeros((batch, *a.shape[1:]) if index in batch_positions else a.shape, dtype=a.dtype)
+            torch.zeros(_probe_shape(a, index, batch, batch_positions), dtype=a.dtype)
             if isinstance(a, torch.Tensor)
             else a
             for index, a in enumerate(args)
@@ -47,9 +49,19 @@ def make_conv_scratch(notes: dict):
         peak, current = replay_allocations(prof)
         return peak - max(current, 0)
 
-    def scratch(tracker, func, args):
+    def probe(tracker, func, args, batches, batch_positions) -> tuple[int, ...]:
+        """The scratch at each of `batches`, after a warm-up call at the first."""
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+        tracker.paused += 1
+        try:
+            with unset_fake_temporarily(), torch.no_grad():
+                func(*zeros_like_args(args, batches[0], batch_positions))
+                return tuple(measure(func, args, batch, batch_positions) for batch in batches)
+        finally:
+            tracker.paused -= 1
+
+    def scratch(tracker, func, args):
         batch_positions = (0,) if func is aten.convolution.default else (0, 1)
         batch = args[0].shape[0]
         key = (
@@ -59,33 +71,19 @@ def make_conv_scratch(notes: dict):
             args[0].dtype,
             torch.get_num_threads(),
         )
-        if key not in cache:
-            tracker.paused += 1
-            try:
-                with unset_fake_temporarily(), torch.no_grad():
-                    func(*zeros_like_args(args, 2, batch_positions))
-                    cache[key] = (
-                        measure(func, args, 2, batch_positions),
-                        measure(func, args, 4, batch_positions),
-                    )
-            finally:
-                tracker.paused -= 1
-        at_2, at_4 = cache[key]
-        size = max(0, int(at_2 + (at_4 - at_2) / 2 * (batch - 2)))
         if batch > 4 and _probe_bytes(args, batch, batch_positions) <= REAL_BATCH_PROBE_LIMIT:
             # oneDNN picks its algorithm by the batch too (a 512->256 7x7 convolution's backward
             # keeps 24.5 MiB of scratch at batch 2 to 8 and 36.75 MiB at 16): at the real batch
             # when the probe is small enough, the extrapolation only above that.
             exact = (*key, batch)
             if exact not in cache:
-                tracker.paused += 1
-                try:
-                    with unset_fake_temporarily(), torch.no_grad():
-                        func(*zeros_like_args(args, batch, batch_positions))
-                        cache[exact] = (measure(func, args, batch, batch_positions), 0)
-                finally:
-                    tracker.paused -= 1
-            size = cache[exact][0]
+                cache[exact] = probe(tracker, func, args, (batch,), batch_positions)
+            (size,) = cache[exact]
+        else:
+            if key not in cache:
+                cache[key] = probe(tracker, func, args, (2, 4), batch_positions)
+            at_2, at_4 = cache[key]
+            size = max(0, int(at_2 + (at_4 - at_2) / 2 * (batch - 2)))
         used.add(key)
         notes["probes"] = len(used)
         notes["bytes"] = max(notes.get("bytes", 0), size)
@@ -99,16 +97,18 @@ def make_conv_scratch(notes: dict):
 REAL_BATCH_PROBE_LIMIT = 128 << 20
 
 
+def _probe_shape(tensor: torch.Tensor, index: int, batch: int, batch_positions: tuple[int, ...]) -> tuple:
+    """A convolution argument's shape in a probe at `batch` (the batch dimension of the input
+    and, for the backward, of the output gradient)."""
+    return (batch, *tensor.shape[1:]) if index in batch_positions else tuple(tensor.shape)
+
+
 def _probe_bytes(args, batch: int, batch_positions: tuple[int, ...]) -> int:
-    total = 0
-    for index, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            shape = (batch, *a.shape[1:]) if index in batch_positions else tuple(a.shape)
-            count = 1
-            for dim in shape:
-                count *= dim
-            total += count * a.element_size()
-    return total
+    return sum(
+        math.prod(_probe_shape(a, index, batch, batch_positions)) * a.element_size()
+        for index, a in enumerate(args)
+        if isinstance(a, torch.Tensor)
+    )
 
 
 def _probed_along_the_sequence(tracker, cache: dict, key: tuple, notes: dict, probe, args, seq_dim: int,

@@ -8,8 +8,8 @@ import math
 import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .branches import passing_outcome
 from .common import CUDA_BLOCK, aten, has_exact_values, op_tensors
@@ -490,7 +490,11 @@ class StorageTracker(TorchDispatchMode):
         known = self._known_values(op_tensors(kwargs.values(), op_tensors(args, [])))
         if known is None:
             return None
-        real_out = self._run_on(func, args, kwargs, known)
+        return self._fakes_of(self._run_on(func, args, kwargs, known))
+
+    def _fakes_of(self, value):
+        """Real tensors (in lists and tuples) as fake tensors of the same shapes, made uncounted in
+        the run's fake mode, each integer one with its values as twin."""
 
         def to_fake(value):
             if isinstance(value, torch.Tensor):
@@ -505,7 +509,7 @@ class StorageTracker(TorchDispatchMode):
         self.paused += 1
         try:
             with self.fake_mode:
-                return to_fake(real_out)
+                return to_fake(value)
         finally:
             self.paused -= 1
 
@@ -528,13 +532,9 @@ class StorageTracker(TorchDispatchMode):
             try:
                 with unset_fake_temporarily():
                     positions = twin.nonzero().unbind(1)
-                with source.fake_mode:
-                    for position in positions:
-                        fake = torch.empty_strided(position.shape, position.stride(), dtype=position.dtype)
-                        self.shadows[fake] = position
-                        replaced.append(fake)
             finally:
                 self.paused -= 1
+            replaced.extend(self._fakes_of(positions))
         return func(source, replaced)
 
     def _local_scalar(self, func, args, kwargs):

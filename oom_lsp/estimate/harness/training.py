@@ -23,7 +23,7 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
 
     def save(obj, f, *args, **kwargs):
         if isinstance(f, (str, bytes, os.PathLike)):
-            return None  # a checkpoint file: the fake run writes none
+            return  # a checkpoint file: the fake run writes none
         # A file object: the script writes its bytes somewhere itself (PyG's processed data set,
         # `torch.save` into a BytesIO and then to disk). Bytes without the tensors' values would
         # leave a broken file behind, so they are made only when they can be, whole.
@@ -36,7 +36,6 @@ def install(shims, request: dict, tracker, context, state: dict) -> None:
                 "has not (its bytes would be written as a broken file)"
             ) from error
         f.write(scratch.getvalue())
-        return None
 
     shims.patch(torch, "save", save)
 
