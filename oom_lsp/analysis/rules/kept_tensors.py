@@ -22,6 +22,7 @@ from oom_lsp.analysis.rules._autograd import (
     AutogradRule,
     is_container_value,
 )
+from oom_lsp.edits import NodeEdit
 from oom_lsp.fixes import detach as detach_fix
 
 
@@ -492,16 +493,9 @@ class TensorKeptAcrossIterations(AutogradRule):
                 continue
             callee = dotted_name(node.func) or "the function"
             # A tuple, list or dict display has no `.detach()`: its graph-attached elements do.
-            flow = self._flow()
-            parts = _attached_parts(argument, flow) if type(argument) in (cst.Tuple, cst.List, cst.Dict) else [argument]
-            fix = None
-            if parts and all(flow.kind_of(part) is not Kind.GRAPH_CONTAINER for part in parts):
-                indent = self._indent()
-                fix = FixSpec(
-                    title="Pass a `.detach()`ed value",
-                    edits=tuple(edit for part in parts for edit in detach_fix.detach(part, indent, self.context.module)),
-                    applicability=Applicability.UNSAFE,
-                )
+            displayed = type(argument) in (cst.Tuple, cst.List, cst.Dict)
+            edits = self._detached(_attached_parts(argument, self._flow()) if displayed else [argument])
+            fix = FixSpec("Pass a `.detach()`ed value", edits, Applicability.UNSAFE) if edits else None
             self.report(
                 node,
                 f"{short_code(callee)}() keeps the graph-attached "
@@ -510,6 +504,15 @@ class TensorKeptAcrossIterations(AutogradRule):
                 proven=not self._few_iterations(loop),
             )
             return
+
+    def _detached(self, parts: list[cst.BaseExpression]) -> tuple[NodeEdit, ...] | None:
+        """The edits that `.detach()` each part, or None when there is none or one is a dict or
+        model output holding a graph-attached tensor (it has no `.detach()`)."""
+        flow = self._flow()
+        if not parts or any(flow.kind_of(part) is Kind.GRAPH_CONTAINER for part in parts):
+            return None
+        indent = self._indent()
+        return tuple(edit for part in parts for edit in detach_fix.detach(part, indent, self.context.module))
 
     def _class_container(self, method: cst.FunctionDef, attribute: str) -> bool:
         """`self.x` is only ever bound to a list or dict in the methods of `method`'s class."""
@@ -623,15 +626,8 @@ class TensorKeptAcrossIterations(AutogradRule):
             return
         if self._kept_on_purpose(holder, iteration) or self._lives_one_call(holder, iteration):
             return
-        flow = self._flow()
-        fix = None
-        # A dict or model output holding a graph-attached tensor has no `.detach()`.
-        if all(flow.kind_of(part) is not Kind.GRAPH_CONTAINER for part in attached):
-            indent = self._indent()
-            edits = tuple(
-                edit for part in attached for edit in detach_fix.detach(part, indent, self.context.module)
-            )
-            fix = FixSpec(title="Detach before storing", edits=edits, applicability=Applicability.SAFE)
+        edits = self._detached(attached)
+        fix = FixSpec("Detach before storing", edits, Applicability.SAFE) if edits else None
         proven = True
         if self._graph_freed_each_step(iteration):
             message = f"{short_code(holder)} keeps each step's tensors and their autograd graphs"
