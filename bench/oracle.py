@@ -32,7 +32,8 @@ a rerun of an unchanged case with the same oom-lsp code costs nothing. The finge
 hash of the installed `oom_lsp` package's files, so `--oom-lsp` of another branch gets its own.
 The expensive stages are cached apart (cache/stages/) by the code they depend on, every file but
 the analyzer's: after a change of the rules only `check` runs again, and the what-if only for a
-case whose findings (with their fixes) changed. A case without findings skips the what-if.
+case whose findings (with their fixes) changed; a hand-written fix's what-if is kept too. A case
+without findings skips the what-if.
 The held-out split's findings are not listed unless --list-heldout is given: the rules are tuned
 on dev, and the held-out figures mean something only while nobody reads its findings.
 """
@@ -431,7 +432,11 @@ def run_case(oom: OomLsp, case: Case, corpus: Path, work: Path, timeout: float,
             entry.update(how="quick fix", saving_bytes=row["saving_bytes"], stops_growth=bool(row.get("stops_growth")))
         elif patch.is_file():
             try:
-                measured = hand_fix(oom, case, source, patch, work, base, timeout)
+                # Like the other stages, by the case's files (the patch among them) and the
+                # measuring code: a change of the rules does not measure it again.
+                measured = cache.get(
+                    f"hand-{patch.stem}", lambda: hand_fix(oom, case, source, patch, work, base, timeout)
+                )
                 entry.update(how=f"hand-written fix {patch.name}", **measured)
             except CaseError as problem:
                 entry.update(how=f"hand-written fix {patch.name}", why=f"not measured: {problem}")
