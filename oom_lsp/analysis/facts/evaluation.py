@@ -86,7 +86,18 @@ class EvaluationFacts:
     # --- the decision ---------------------------------------------------------
     def _check(self, call: Call) -> EvalForward | None:
         model = self.forward_model(call)
-        if model is None or frozen_at(call, model):
+        if model is None:
+            producer = self._graph_producer(call)
+            if producer is not None and self._an_evaluation_path_by_flag(call, producer):
+                return EvalForward(
+                    call=call,
+                    model=producer,
+                    message=f"{producer}() runs with autograd on when it evaluates",
+                    whole_function=False,
+                    wrap=None,
+                )
+            return None
+        if frozen_at(call, model):
             # A frozen model called on data records no graph: nothing to save.
             return None
         verdict = _judge(self.modes.contexts_at(call, model))
@@ -119,6 +130,42 @@ class EvaluationFacts:
             whole_function=False,
             wrap=self._wrap_target(call),
         )
+
+    def _graph_producer(self, call: Call) -> str | None:
+        """The name of a function the file does not define (`forward_model`
+        imported from the project's utils) whose result a backward pass in the
+        same loop uses (`outs = forward_model(...)`, `outs["loss"].backward()`):
+        it records the graph, whatever it calls inside. None when the loop runs
+        a model the facts know (its forward is the one to judge) or the call is
+        something else."""
+        loops = [loop for loop in call.loops if isinstance(loop, _LOOP_STATEMENTS)]
+        if not loops or self.graph.callees(call) or self.graph.call_runs_backward(call):
+            return None
+        name = dotted_name(call.node.func)
+        if name is None or self.context.qualified_name(call.node.func) is not None and name.startswith("torch"):
+            return None
+        scope = call.scope
+        loop = loops[-1]
+        in_loop = [other for other in scope.calls if any(enclosing is loop for enclosing in other.loops)]
+        produced = _assigned_from(call)
+        # What is backpropagated is the result itself or a part of it
+        # (`outs["loss"]`, `loss = outs.loss`), not a value computed from it
+        # by another call: `inp = inp.cuda()` feeds the forward, not the loss.
+        for node in iter_nodes(loop.body):
+            if type(node) in (cst.Assign, cst.AnnAssign) and node.value is not None:
+                root = _part_of(node.value)
+                if root in produced:
+                    produced = produced | {name for name, _ in assigned_names(node)}
+        backpropagated = {
+            _part_of(receiver)
+            for other in in_loop
+            if self.graph.call_runs_backward(other) and (receiver := _backward_receiver(other.node)) is not None
+        }
+        if not produced & backpropagated:
+            return None
+        if any(other is not call and self.forward_model(other) is not None for other in in_loop):
+            return None
+        return name
 
     def graph_kept_into_next_batch(self, call: Call, depth: int = 0) -> str | None:
         """The path that still holds a graph recorded in one iteration of the
@@ -291,11 +338,30 @@ class EvaluationFacts:
         if len(names) != 1:
             return False
         [flag] = names
+        root = flag.partition(".")[0]
+        if loops and any(name.partition(".")[0] == root for node in iter_nodes(loops[-1].body) for name, _ in assigned_names(node)):
+            # A value each batch computes (`if loss.requires_grad:`, `if not
+            # torch.isfinite(loss)`) is no choice between a training and an
+            # evaluation pass over the data.
+            return False
         all_guards = [guard for _, guards in guarded for guard in guards] + list(forward_guards)
         values = flags.values_of(flag, all_guards) if all_guards else [True, False]
         if grad_flag is not None or switch_flags:
             values = [value for value in values if type(value) is bool] or [True, False]
         entry = self.graph.entry_grad(scope)
+        trains_for = [
+            value for value in values
+            if any(
+                flags.runs(next(guards for item, guards in guarded if item is backward), flag, value)
+                for backward in backwards
+            )
+        ]
+        if entry is Grad.UNKNOWN and trains_for and _bound_inside(scope, flag):
+            # No caller in the file, but the flag is the function's own (`for
+            # phase in ("train", "val")`): a caller cannot give its values
+            # different grad modes, and its training path's backward needs
+            # autograd on, so the function runs with autograd on.
+            entry = Grad.ON
         for value in values:
             if flags.runs(forward_guards, flag, value) is not True:
                 continue
@@ -307,7 +373,11 @@ class EvaluationFacts:
                         mode = Mode.TRAIN if flags.truthy(value) else Mode.EVAL
                     else:
                         mode = switch_mode
-            if mode is not Mode.EVAL:
+            # The model's mode decides nothing about the graph; without a
+            # `.eval()` the path is still an evaluation when the same flag
+            # chooses the training path's backward and this value runs none.
+            if mode is Mode.TRAIN or (mode is not Mode.EVAL and (not trains_for or Grad.OFF in entry)):
+                # (A caller that runs it under no_grad is then the evaluation's.)
                 continue
             if grad_flag is not None:
                 grad_on = flags.truthy(value)
@@ -556,6 +626,43 @@ def _grad_flag(call: Call) -> str | None:
             ):
                 return dotted_name(expr.args[0].value)
     return None
+
+
+def _part_of(expr: cst.BaseExpression) -> str | None:
+    """The name `expr` is a part of: `outs` for `outs["loss"]`, `outs.loss`,
+    `outs.loss.mean()`; None for anything computed by a call of another value."""
+    while True:
+        if type(expr) is cst.Name:
+            return expr.value
+        if type(expr) in (cst.Subscript, cst.Attribute):
+            expr = expr.value  # type: ignore[attr-defined]
+        elif type(expr) is cst.Call and type(expr.func) is cst.Attribute:
+            expr = expr.func.value
+        else:
+            return None
+
+
+def _backward_receiver(node: cst.Call) -> cst.BaseExpression | None:
+    """`loss` of `loss.backward()`, of `accelerator.backward(loss)` and of
+    `torch.autograd.grad(loss, ...)`."""
+    func = node.func
+    if type(func) is cst.Attribute and func.attr.value == "backward" and not node.args:
+        return func.value
+    return node.args[0].value if node.args else None
+
+
+def _bound_inside(scope: Function, flag: str) -> bool:
+    """`flag` is a local name the function binds itself (a loop variable,
+    an assignment), not a parameter: its callers do not choose its value."""
+    node = scope.node
+    if scope.is_module or type(node) is not cst.FunctionDef or not flag.isidentifier():
+        return False
+    params = node.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    every += [star for star in (params.star_arg, params.star_kwarg) if isinstance(star, cst.Param)]
+    if any(param.name.value == flag for param in every):
+        return False
+    return any(name == flag for body_node in iter_nodes(node.body) for name, _ in assigned_names(body_node))
 
 
 def _train_flag(switch: Call) -> str | None:

@@ -459,6 +459,18 @@ class _Builder:
         self.klass = saved
 
     # --- bindings --------------------------------------------------------------
+    def _named_grad_effect(self, name: str) -> LocalGrad | None:
+        """`with ctx:` where this scope bound `ctx = torch.no_grad() if
+        evaluating else nullcontext()` before: the effect of what it may hold."""
+        effects = {
+            grad_effect(binding.value, self.imports, self.program.local_grad_off)
+            for binding in self.scope.bindings.get(name, ())
+            if binding.kind is BindingKind.ASSIGN and binding.value is not None
+        }
+        if not effects - {None}:
+            return None
+        return effects.pop() if len(effects) == 1 else LocalGrad.MAYBE
+
     def _bind(self, name: str, kind: BindingKind, value: cst.BaseExpression | None, node: cst.CSTNode) -> None:
         binding = Binding(name, kind, value, node, self.scope.statements, self.scope)
         if self.klass is not None:
@@ -546,6 +558,8 @@ class _Builder:
             for item in statement.items:
                 self._expression(item.item)
                 item_effect = grad_effect(item.item, self.imports, self.program.local_grad_off)
+                if item_effect is None and type(item.item) is cst.Name:
+                    item_effect = self._named_grad_effect(item.item.value)
                 if item_effect is not None:
                     effect = item_effect
                 if is_autocast(item.item, self.imports):

@@ -302,6 +302,62 @@ class EvalWithoutNoGrad(Rule):
                     return outs
             """
         ),
+        # The phase decides the grad mode too.
+        Valid(
+            """
+            import torch
+            def train_model(model, loaders, criterion, optimizer):
+                for phase in ["train", "val"]:
+                    for inputs, labels in loaders[phase]:
+                        with torch.set_grad_enabled(phase == "train"):
+                            outputs = model(inputs)
+                            loss = criterion(outputs, labels)
+                            if phase == "train":
+                                loss.backward()
+            """
+        ),
+        # A grad context chosen by the phase, held in a variable.
+        Valid(
+            """
+            import contextlib
+            import torch
+            def train_model(model, loaders, criterion):
+                for phase in ["train", "val"]:
+                    context = torch.no_grad() if phase == "val" else contextlib.nullcontext()
+                    for inputs, labels in loaders[phase]:
+                        with context:
+                            loss = criterion(model(inputs), labels)
+                        if phase == "train":
+                            loss.backward()
+            """
+        ),
+        # What each batch computes is no phase: the backward is skipped for a
+        # bad batch, not for a pass over the data.
+        Valid(
+            """
+            import torch
+            def train_model(model, loaders, criterion, optimizer):
+                for phase in ["train", "val"]:
+                    for inputs, labels in loaders[phase]:
+                        loss = criterion(model(inputs), labels)
+                        finite = torch.isfinite(loss)
+                        if finite:
+                            loss.backward()
+                            optimizer.step()
+            """
+        ),
+        # The flag is a parameter: a caller may run the evaluation under no_grad.
+        Valid(
+            """
+            import torch
+            def run_epoch(model, loader, optimizer, train):
+                for x in loader:
+                    loss = model(x).mean()
+                    if train:
+                        loss.backward()
+                        optimizer.step()
+            """
+        ),
     ]
     INVALID = [
         # One batch's graph at a time, freed within the iteration: strict only.
@@ -500,6 +556,40 @@ class EvalWithoutNoGrad(Rule):
                 return outs
             """,
             line=10,
+        ),
+        # One loop trains and validates by the phase it binds itself; only the
+        # training phase runs a backward pass, so the validation phase records
+        # a graph that `outputs` holds into the next batch.
+        Invalid(
+            """
+            import torch
+            def train_model(model, loaders, criterion, optimizer):
+                for phase in ["train", "val"]:
+                    for inputs, labels in loaders[phase]:
+                        optimizer.zero_grad()
+                        outputs = model(inputs)
+                        loss = criterion(outputs, labels)
+                        if phase == "train":
+                            loss.backward()
+                            optimizer.step()
+            """,
+            line=7,
+        ),
+        # A function of another module computes the outputs; the script's
+        # backward pass runs only when it trains.
+        Invalid(
+            """
+            import sys
+            import torch
+            from utils import forward_model
+            to_do = sys.argv[1]
+            for batch in batches:
+                outs = forward_model(model, batch.cuda())
+                if to_do == "train":
+                    outs["loss"].backward()
+                    optimizer.step()
+            """,
+            line=7,
         ),
     ]
 

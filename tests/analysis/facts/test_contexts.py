@@ -10,6 +10,7 @@ from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.facts.contexts import call_graph
 from oom_lsp.analysis.facts.library import Grad, Mode
 from oom_lsp.analysis.facts.modes import ModeFacts
+from oom_lsp.analysis.facts.program import LocalGrad
 from oom_lsp.analysis.settings import default_settings
 
 
@@ -233,3 +234,34 @@ def test_a_model_method_resolves_to_the_class_forward() -> None:
     assert calls["self.encoder"] == ["Encoder.forward"]
     assert calls["net"] == ["Net.forward"]
     assert calls["Net"] == ["Net.__init__"]
+
+
+def _local_grad_of(source: str, callee_text: str) -> list[LocalGrad | None]:
+    context = _context(source)
+    graph = call_graph(context)
+    return [
+        call.local_grad
+        for function in graph.program.functions
+        for call in function.calls
+        if context.module.code_for_node(call.node.func) == callee_text
+    ]
+
+
+def test_a_grad_context_held_in_a_variable_is_the_context_it_holds() -> None:
+    source = """
+        import contextlib
+        import torch
+        def run(model, x, phase):
+            maybe = torch.no_grad() if phase == "val" else contextlib.nullcontext()
+            off = torch.no_grad()
+            other = open("log.txt")
+            with maybe:
+                model(x)
+            with off:
+                model.encoder(x)
+            with other:
+                model.decoder(x)
+    """
+    assert _local_grad_of(source, "model") == [LocalGrad.MAYBE]
+    assert _local_grad_of(source, "model.encoder") == [LocalGrad.OFF]
+    assert _local_grad_of(source, "model.decoder") == [None]
