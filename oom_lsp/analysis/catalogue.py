@@ -29,6 +29,7 @@ CATALOGUE: tuple[tuple[str, str, bool], ...] = (
     ("OOM305", "hidden-state-carried-across-batches", True),
     ("OOM306", "device-tensors-kept-across-iterations", True),
     ("OOM307", "backward-create-graph", True),
+    ("OOM308", "metric-never-reset", True),
     ("OOM401", "cat-in-loop", True),
     ("OOM402", "naive-attention", True),
     ("OOM501", "torch-load-without-map-location", True),

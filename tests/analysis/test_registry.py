@@ -16,7 +16,7 @@ from oom_lsp.analysis.registry import (
 RULES_MD_CODES = [
     "OOM101", "OOM102", "OOM201", "OOM202", "OOM301", "OOM302", "OOM303", "OOM304", "OOM305",
     # Issue 27: GPU tensors (no graph) collected across a data loader; backward(create_graph=True).
-    "OOM306", "OOM307",
+    "OOM306", "OOM307", "OOM308",
     "OOM401", "OOM402", "OOM501", "OOM502", "OOM503", "OOM601", "OOM602", "OOM603",
     # The notebook family (issue 19): new codes, added after the catalogue's last.
     "OOM701", "OOM702", "OOM703",
@@ -47,7 +47,7 @@ def test_names_are_unique() -> None:
 
 
 def test_prefix_selection() -> None:
-    assert expand_selector("OOM3") == {"OOM301", "OOM302", "OOM303", "OOM304", "OOM305", "OOM306", "OOM307"}
+    assert expand_selector("OOM3") == {"OOM301", "OOM302", "OOM303", "OOM304", "OOM305", "OOM306", "OOM307", "OOM308"}
     assert expand_selector("torch-load-without-map-location") == {"OOM501"}
     assert "OOM900" in expand_selector("ALL")
     assert "OOM900" not in default_codes()

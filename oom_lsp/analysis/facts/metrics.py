@@ -1,0 +1,206 @@
+"""Stateful metrics whose states grow with every update and are never reset.
+
+A torchmetrics metric of the curve, ranking, retrieval or clustering family
+(`AUROC`, `AveragePrecision`, `SpearmanCorrCoef`, `RetrievalMAP`, ...) keeps
+the inputs of every `update()` in list states until `reset()`: what it needs
+at `compute()` time. Which classes do is measured from torchmetrics itself
+(`metric_states_table.py`, with the constructor arguments that bound them:
+`thresholds=` bins the curve family). The fact this module derives: such a
+metric is updated once per batch, outlives the pass over the data (an
+attribute of a LightningModule, which lives for the whole fit; a local made
+before an epoch loop that encloses the batch loop), and nothing resets it:
+no `.reset()` on it, no new metric bound to it, and it is never handed to
+other code (Lightning's `self.log(name, metric)` resets a logged metric at
+the epoch's end; a collection, a callback or a helper may reset it too, so
+any such use leaves the fact unproven). Its memory then grows by one batch
+of inputs per step for the whole run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from oom_lsp.analysis.context import FileContext, dotted_name
+from oom_lsp.analysis.cst_helpers import get_arg
+from oom_lsp.analysis.dataflow import iter_nodes
+from oom_lsp.analysis.facts.contexts import CallGraph, call_graph
+from oom_lsp.analysis.facts.library import LIGHTNING_BASES
+from oom_lsp.analysis.facts.metric_states_table import GROWING
+from oom_lsp.analysis.facts.program import Call, Function, program_of
+
+_PER_BATCH_HOOK_SUFFIXES = ("_step", "_batch_end")
+_LOOPS = (cst.For, cst.While)
+
+
+@dataclass(frozen=True, eq=False)
+class GrowingMetric:
+    # The path the metric is bound to (`self.val_auroc`, `auroc`) and its class.
+    path: str
+    metric_class: str
+    construction: cst.Call
+    # The first update once per batch (where the growth happens).
+    update: Call
+
+
+def _is_per_batch_hook(function: Function) -> bool:
+    name = function.name
+    return function.is_method and name.endswith(_PER_BATCH_HOOK_SUFFIXES)
+
+
+def _runs_per_batch(graph: CallGraph, function: Function, depth: int = 0) -> bool:
+    """A per-batch hook of the framework, or a method one of them calls
+    (`self._update_metrics(preds, y)` from `validation_step`)."""
+    if _is_per_batch_hook(function):
+        return True
+    return depth < 2 and any(_runs_per_batch(graph, caller.scope, depth + 1) for caller in graph.callers(function))
+
+
+def _bounded(construction: cst.Call, metric_class: str) -> bool:
+    """Built with an argument that bounds its states (`thresholds=100`), or
+    `compute_on_cpu=True` (the states move off the GPU after each update)."""
+    for argument in (*GROWING[metric_class], "compute_on_cpu"):
+        arg = get_arg(construction, argument)
+        if arg is None:
+            continue
+        value = arg.value
+        if not (type(value) is cst.Name and value.value in ("None", "False")):
+            return True
+    return any(arg.star for arg in construction.args)  # `**kwargs`: whatever it holds
+
+
+def _uses(bodies: list[cst.CSTNode], path: str) -> tuple[list[cst.Call], bool, bool]:
+    """The update calls of `path` in `bodies`, whether it is reset (or bound
+    again), and whether it escapes (used as a value: passed, returned, stored)."""
+    updates: list[cst.Call] = []
+    reset = escapes = False
+    occurrences = 0
+    accounted: set[int] = set()
+    for body in bodies:
+        for node in iter_nodes(body):
+            node_type = type(node)
+            if node_type in (cst.Name, cst.Attribute) and dotted_name(node) == path:  # type: ignore[arg-type]
+                occurrences += 1
+            if node_type is cst.Attribute and dotted_name(node.value) == path:  # type: ignore[attr-defined]
+                accounted.add(id(node.value))  # type: ignore[attr-defined]
+            elif node_type is cst.Call:
+                func = node.func  # type: ignore[attr-defined]
+                if dotted_name(func) == path:
+                    accounted.add(id(func))
+                    updates.append(node)  # type: ignore[arg-type]
+                elif type(func) is cst.Attribute and dotted_name(func.value) == path:
+                    if func.attr.value in ("update", "forward"):
+                        updates.append(node)  # type: ignore[arg-type]
+                    elif func.attr.value in ("reset", "_reset_states", "__init__"):
+                        reset = True
+            elif node_type in (cst.Assign, cst.AnnAssign, cst.AugAssign):
+                targets = node.targets if node_type is cst.Assign else [node]  # type: ignore[attr-defined]
+                for target in targets:
+                    if dotted_name(target.target) == path:
+                        accounted.add(id(target.target))
+                        reset = True  # counted below: a second binding is a new metric
+            elif node_type is cst.Del and any(
+                type(node) in (cst.Name, cst.Attribute) and dotted_name(node) == path  # type: ignore[arg-type]
+                for node in iter_nodes(node.target)  # type: ignore[attr-defined]
+            ):
+                reset = True
+    escapes = occurrences > len(accounted)
+    return updates, reset, escapes
+
+
+def growing_metrics(context: FileContext) -> list[GrowingMetric]:
+    if "torchmetrics" not in context.source:
+        return []
+    program = program_of(context)
+    found: list[GrowingMetric] = []
+    for scope in program.functions:
+        for call in scope.calls:
+            qualified = context.qualified_name(call.node.func)
+            if qualified is None or not qualified.startswith("torchmetrics."):
+                continue
+            metric_class = qualified.rpartition(".")[2]
+            if metric_class not in GROWING or _bounded(call.node, metric_class):
+                continue
+            statement = call.statement
+            if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
+                continue
+            assign = statement.body[0]
+            if type(assign) is not cst.Assign or assign.value is not call.node or len(assign.targets) != 1:
+                continue
+            path = dotted_name(assign.targets[0].target)
+            if path is None:
+                continue
+            metric = _attribute_metric(context, scope, path, metric_class, call.node) or _local_metric(
+                scope, path, metric_class, call
+            )
+            if metric is not None:
+                found.append(metric)
+    return found
+
+
+def _attribute_metric(
+    context: FileContext, scope: Function, path: str, metric_class: str, construction: cst.Call
+) -> GrowingMetric | None:
+    """`self.auroc = AUROC(...)` in a LightningModule: it lives for the whole
+    fit, and its per-batch hooks update it."""
+    self_name = scope.self_name
+    klass = scope.owner
+    if self_name is None or klass is None or not path.startswith(self_name + ".") or path.count(".") != 1:
+        return None
+    if not any(context.qualified_name(base) in LIGHTNING_BASES for base in klass.bases):
+        return None
+    attribute = path.partition(".")[2]
+    methods = [method for overloads in klass.methods.values() for method in overloads]
+    updates: list[Call] = []
+    for method in methods:
+        name = method.self_name
+        if name is None:
+            continue
+        updated, reset, escapes = _uses([method.node], f"{name}.{attribute}")
+        if escapes or (reset and method is not scope):
+            return None
+        if updated and _runs_per_batch(call_graph(context), method):
+            program_calls = {id(call.node): call for call in method.calls}
+            updates += [program_calls[id(node)] for node in updated if id(node) in program_calls]
+    # The constructing method binds it once (a second `.reset()` there also counts).
+    _, reset_in_scope, _ = _uses([scope.node], path)
+    if not updates or (reset_in_scope and _binds_more_than_once(scope.node, path)):
+        return None
+    return GrowingMetric(path, metric_class, construction, updates[0])
+
+
+def _binds_more_than_once(body: cst.CSTNode, path: str) -> bool:
+    count = 0
+    for node in iter_nodes(body):
+        if type(node) is cst.Call and type(node.func) is cst.Attribute and dotted_name(node.func.value) == path:
+            if node.func.attr.value in ("reset", "_reset_states"):
+                return True
+        if type(node) is cst.Assign and any(dotted_name(target.target) == path for target in node.targets):
+            count += 1
+    return count > 1
+
+
+def _local_metric(scope: Function, path: str, metric_class: str, construction: Call) -> GrowingMetric | None:
+    """`auroc = AUROC()` before `for epoch ...: for batch ...: auroc.update(...)`:
+    one metric for every pass, never reset."""
+    if "." in path or path in scope.outer_names:
+        return None
+    updated, reset, escapes = _uses([scope.node], path)
+    if escapes or _binds_more_than_once(scope.node, path) or not updated:
+        return None
+    calls = {id(call.node): call for call in scope.calls}
+    outside = {id(loop) for loop in construction.loops}
+    for node in updated:
+        call = calls.get(id(node))
+        if call is None:
+            continue
+        # The loops around the update that the construction is not in: a batch
+        # loop inside an epoch loop is two passes over the data or more.
+        passes = [loop for loop in call.loops if isinstance(loop, _LOOPS) and id(loop) not in outside]
+        if len(passes) >= 2:
+            return GrowingMetric(path, metric_class, construction.node, call)
+    return None
+
+
+__all__ = ["GrowingMetric", "growing_metrics"]

@@ -1,0 +1,215 @@
+"""OOM308: a stateful metric that keeps every update's inputs and is never reset."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from oom_lsp.analysis.facts.metrics import growing_metrics
+from oom_lsp.analysis.rule import Invalid, Rule, Valid, deferred_report
+
+
+class MetricNeverReset(Rule):
+    """
+    ## What it does
+    Flags a torchmetrics metric that keeps the inputs of every update
+    (`AUROC`, `AveragePrecision`, `ROC`, `PrecisionRecallCurve`,
+    `SpearmanCorrCoef`, the retrieval and clustering metrics: the classes
+    whose states are lists, measured from torchmetrics 1.9) when it is
+    updated once per batch, lives across passes over the data and nothing
+    resets it:
+
+    - an attribute of a LightningModule updated in a `*_step` or
+      `on_*_batch_end` hook, with no `.reset()` anywhere in the class;
+    - a local metric made before an epoch loop and updated in the batch loop
+      inside it, never reset.
+
+    It stays silent when the metric is bounded (`thresholds=` of the curve
+    family keeps fixed bins; `compute_on_cpu=True` moves the states off the
+    GPU), bound again, reset, or handed to other code: Lightning's
+    `self.log(name, metric)` resets a logged metric object at the end of the
+    epoch, and a `MetricCollection`, a callback or a helper may reset it.
+
+    ## Why is this bad?
+    These metrics need every prediction at `compute()` time, so each
+    `update()` appends the batch's predictions and targets to the metric's
+    states, on the device they are on. Logging `metric.compute()` does not
+    reset it: without `reset()` the states hold every batch of the whole run,
+    and GPU memory grows by one batch of predictions per step until it runs
+    out, epochs into training.
+
+    ## Example
+    ```python
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.val_auroc.update(self(x), y)
+
+    def on_validation_epoch_end(self):
+        self.log("val_auroc", self.val_auroc.compute())
+    ```
+
+    ## Use instead
+    ```python
+    def on_validation_epoch_end(self):
+        self.log("val_auroc", self.val_auroc.compute())
+        self.val_auroc.reset()
+    ```
+    (or `self.log("val_auroc", self.val_auroc)` in the step: Lightning
+    computes and resets it at the epoch's end.)
+    """
+
+    code = "OOM308"
+    name = "metric-never-reset"
+    summary = "A metric that keeps every update's inputs is never reset: it grows for the whole run."
+    why = (
+        "Curve, ranking and retrieval metrics append each update's predictions and targets to their "
+        "states until reset(); compute() does not reset them."
+    )
+    remedy = "Call metric.reset() after compute() at the end of each epoch, or log the metric object in Lightning."
+
+    VALID = [
+        # Reset after compute at the epoch's end.
+        Valid(
+            """
+            import lightning as L
+            from torchmetrics.classification import BinaryAUROC
+
+            class Classifier(L.LightningModule):
+                def __init__(self):
+                    super().__init__()
+                    self.val_auroc = BinaryAUROC()
+
+                def validation_step(self, batch, batch_idx):
+                    x, y = batch
+                    self.val_auroc.update(self(x), y)
+
+                def on_validation_epoch_end(self):
+                    self.log("val_auroc", self.val_auroc.compute())
+                    self.val_auroc.reset()
+            """
+        ),
+        # The metric object logged: Lightning computes and resets it.
+        Valid(
+            """
+            import lightning as L
+            import torchmetrics
+
+            class Classifier(L.LightningModule):
+                def __init__(self):
+                    super().__init__()
+                    self.val_auroc = torchmetrics.AUROC(task="binary")
+
+                def validation_step(self, batch, batch_idx):
+                    x, y = batch
+                    self.val_auroc(self(x), y)
+                    self.log("val_auroc", self.val_auroc, on_epoch=True)
+            """
+        ),
+        # Binned: fixed-size states.
+        Valid(
+            """
+            import lightning as L
+            from torchmetrics.classification import BinaryAUROC
+
+            class Classifier(L.LightningModule):
+                def __init__(self):
+                    super().__init__()
+                    self.val_auroc = BinaryAUROC(thresholds=200)
+
+                def validation_step(self, batch, batch_idx):
+                    x, y = batch
+                    self.val_auroc.update(self(x), y)
+            """
+        ),
+        # A counter-state metric keeps a fixed size whatever the number of updates.
+        Valid(
+            """
+            import lightning as L
+            from torchmetrics.classification import BinaryAccuracy
+
+            class Classifier(L.LightningModule):
+                def __init__(self):
+                    super().__init__()
+                    self.val_accuracy = BinaryAccuracy()
+
+                def validation_step(self, batch, batch_idx):
+                    x, y = batch
+                    self.val_accuracy.update(self(x), y)
+            """
+        ),
+        # One metric per pass: made inside the epoch loop.
+        Valid(
+            """
+            from torchmetrics import AveragePrecision
+
+            def fit(model, loader, epochs):
+                for epoch in range(epochs):
+                    metric = AveragePrecision(task="binary")
+                    for x, y in loader:
+                        metric.update(model(x), y)
+                    print(metric.compute())
+            """
+        ),
+        # Handed to a helper, which may reset it.
+        Valid(
+            """
+            from torchmetrics import AveragePrecision
+
+            def fit(model, loader, epochs):
+                metric = AveragePrecision(task="binary")
+                for epoch in range(epochs):
+                    for x, y in loader:
+                        metric.update(model(x), y)
+                    report(metric)
+            """
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import lightning as L
+            from torchmetrics.classification import BinaryAUROC
+
+            class Classifier(L.LightningModule):
+                def __init__(self):
+                    super().__init__()
+                    self.val_auroc = BinaryAUROC()
+
+                def validation_step(self, batch, batch_idx):
+                    x, y = batch
+                    self.val_auroc.update(self(x), y)
+
+                def on_validation_epoch_end(self):
+                    self.log("val_auroc", self.val_auroc.compute())
+            """,
+            line=12,
+        ),
+        Invalid(
+            """
+            from torchmetrics import SpearmanCorrCoef
+
+            def fit(model, loader, optimizer, epochs):
+                spearman = SpearmanCorrCoef()
+                for epoch in range(epochs):
+                    for x, y in loader:
+                        out = model(x)
+                        out.pow(2).mean().backward()
+                        optimizer.step()
+                        spearman(out.detach().squeeze(), y)
+                    print(spearman.compute())
+            """,
+            line=11,
+        ),
+    ]
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for metric in growing_metrics(self.context):
+            self.context.add_report(
+                deferred_report(
+                    self,
+                    metric.update.node,
+                    f"{metric.path} ({metric.metric_class}) keeps every update's inputs, never reset: "
+                    "it grows by a batch of inputs each step",
+                    None,
+                    metric.update.path,
+                )
+            )
