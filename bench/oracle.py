@@ -17,12 +17,18 @@ table (the default rules, no project configuration):
    `<corpus>/<case>/fixes/<CODE>_<LINE>.patch` (a unified diff against the case's folder, `patch
    -p1`): the patch applied to another copy and that copy's what-if baseline compared.
 
-A finding is CONFIRMED when its fix saves at least 1 % of the peak (the baseline's needed bytes)
-or stops a per-step growth (what a third step keeps on top of the second, halved at least); NOT
-CONFIRMED when the fix saves less; UNMEASURABLE when there is no fix to measure or its row failed,
-or when none of the finding's lines ran before the second optimizer step (an evaluation after the
-epoch, a resume path: the real run and the trace stop there, so its fix cannot show; the real run
-lists the lines that ran, `real_steps.py --lines`).
+5. a finding none of whose lines ran before the second optimizer step (an evaluation after the
+   epoch: the real run lists the lines that ran, `real_steps.py --lines`), whose fix the trace
+   therefore cannot show: the script run for real to its end (at most 100,000 steps, four times
+   the time limit), and again with the fix applied (its quick fix's edits, or the hand-written
+   patch); the two real peaks compared. A script that fails late (a missing plotting package)
+   counts up to where it failed, when the fixed run fails at the same place.
+
+A finding is CONFIRMED when its fix saves at least 1 % of the peak (the baseline's needed bytes,
+or the whole run's real peak in 5.) or stops a per-step growth (what a third step keeps on top of
+the second, halved at least); NOT CONFIRMED when the fix saves less; UNMEASURABLE when there is
+no fix to measure or its row failed, or when its lines never ran even in the whole run (a resume
+path) or the whole runs could not be compared.
 
     .venv/bin/python bench/oracle.py [--split dev|heldout|all] [--oom-lsp PATH] [--cases a,b]
         [--format text|json] [--timeout S] [--list-heldout] [--no-cache] [--split-check]
@@ -299,6 +305,86 @@ def real_run(case: Case, folder: Path, python: str, timeout: float) -> dict:
     return {"peak_bytes": result["peak_bytes"], "lines": result["lines"]}
 
 
+# A case's whole run, for a finding whose code runs after the second step: at most this many
+# optimizer steps (the cases are adapted to a bounded number; a script that loops for ever stops).
+FULL_RUN_STEPS = 100_000
+
+
+def full_run(case: Case, folder: Path, python: str, timeout: float) -> dict:
+    """The real run to the script's end: its peak and the lines that ran."""
+    with tempfile.TemporaryDirectory(prefix="oom-lsp-oracle-") as tmp:
+        out = Path(tmp) / "full.json"
+        done = run(
+            [python, str(REAL_STEPS), "--profile", "--lines", "--steps", str(FULL_RUN_STEPS), "--out", str(out),
+             "--", case.script, *case.args],
+            folder,
+            timeout,
+            env=CASE_ENV,
+        )
+        if not out.exists():
+            raise CaseError(f"the whole run exited with {done.returncode}: {_tail(done.stderr)}")
+        result = json.loads(out.read_text(encoding="utf-8"))
+    # A script that fails late (an import for its plotting at the end) still measured everything
+    # before: kept, with where it stopped, and the fixed run must stop at the same place.
+    failed = _tail(result["error"] or "", 1) if result["status"] == "failed" else None
+    return {"peak_bytes": result["peak_bytes"], "lines": result["lines"], "steps": result["steps"], "failed": failed}
+
+
+def apply_edits(text: str, edits: list[dict]) -> str:
+    """A quick fix's edits (1-based rows and columns, as `check --format json` gives them) applied,
+    the last first so that the earlier positions stay right."""
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(position: dict) -> int:
+        return starts[position["row"] - 1] + position["column"] - 1
+
+    for edit in sorted(edits, key=lambda e: offset(e["location"]), reverse=True):
+        text = text[: offset(edit["location"])] + edit["content"] + text[offset(edit["end_location"]) :]
+    return text
+
+
+def whole_run_saving(
+    oom: OomLsp, case: Case, source: Path, work: Path, finding: dict, checked: dict, timeout: float, cache
+) -> dict | None:
+    """What a finding's fix saves over the script's whole run, both runs real: for a finding whose
+    code runs only after the second step (an evaluation after the epoch). None when its code does
+    not run even then. The fix is its quick fix (`checked`, the finding as `check` gave it) or the
+    hand-written patch."""
+    whole = cache.get("full-lines", lambda: full_run(case, work / case.name, oom.python, timeout * 4))
+    if not reached(finding, set(whole["lines"])):
+        return None
+    patch = source / "fixes" / f"{finding['code']}_{finding['line']}.patch"
+
+    def measure() -> dict:
+        folder = fresh_copy(source, work / f"{case.name}.whole-fix", oom.python, case)
+        try:
+            fix = checked.get("fix")
+            if fix and fix.get("edits"):
+                target = folder / finding["file"]
+                target.write_text(apply_edits(target.read_text(encoding="utf-8"), fix["edits"]), encoding="utf-8")
+            elif patch.is_file():
+                done = run(["patch", "-p1", "--batch", "--forward", "-i", str(patch)], folder, 60)
+                if done.returncode != 0:
+                    raise CaseError(f"{patch.name} does not apply: {_tail(done.stdout + done.stderr)}")
+            else:
+                raise CaseError("no fix to apply")
+            return full_run(case, folder, oom.python, timeout * 4)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    fixed = cache.get(f"full-fix-{finding['code']}-{finding['line']}", measure, json.dumps(checked.get("fix"), sort_keys=True))
+    if (fixed["steps"], fixed["failed"]) != (whole["steps"], whole["failed"]):
+        raise CaseError(
+            f"the fixed whole run took another path ({fixed['steps']} steps, {fixed['failed'] or 'ended'}) "
+            f"than the script's ({whole['steps']} steps, {whole['failed'] or 'ended'})"
+        )
+    return {"whole_run_bytes": whole["peak_bytes"], "whole_run_fixed_bytes": fixed["peak_bytes"],
+            "saving_bytes": whole["peak_bytes"] - fixed["peak_bytes"], "steps": whole["steps"]}
+
+
 def reached(finding: dict, lines: set[str]) -> bool:
     """Whether any line of the finding's code ran in the real run (up to its second step)."""
     file = os.path.normpath(finding["file"])
@@ -453,9 +539,22 @@ def run_case(oom: OomLsp, case: Case, corpus: Path, work: Path, timeout: float,
         entry["reached"] = reached(entry, ran)
         if entry["verdict"] == NOT_CONFIRMED and not entry["reached"]:
             # Its code runs later (an evaluation after the epoch, a resume path): the two steps
-            # the real run and the trace take cannot show what its fix does.
+            # the real run and the trace take cannot show what its fix does. The script's whole
+            # run can, measured for real with and without the fix.
             entry["verdict"] = UNMEASURABLE
             entry["why"] = "its code did not run before the second optimizer step, where the run and the trace stop"
+            try:
+                whole = whole_run_saving(oom, case, source, work, entry, finding, timeout, cache)
+            except CaseError as problem:
+                entry["why"] += f"; the whole run: {problem}"
+                whole = None
+            if whole is not None:
+                entry.update(how=f"{entry['how']}, whole real runs", **whole)
+                entry["verdict"] = verdict_of(whole["saving_bytes"], False, whole["whole_run_bytes"])
+                entry.pop("why", None)
+                entry["saving_share"] = whole["saving_bytes"] / whole["whole_run_bytes"]
+                joined.append(entry)
+                continue
         if saving is not None:
             entry["saving_share"] = saving / base["needed_bytes"]
         joined.append(entry)

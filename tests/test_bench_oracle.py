@@ -148,3 +148,65 @@ def test_a_finding_whose_code_never_ran_is_unmeasurable_not_unconfirmed() -> Non
     assert oracle.reached({"file": "train.py", "line": 9, "end_line": 10}, ran)
     assert oracle.reached({"file": "./pkg/model.py", "line": 40}, ran)
     assert not oracle.reached({"file": "train.py", "line": 30, "end_line": 31}, ran)  # the evaluation
+
+
+def test_a_quick_fix_s_edits_are_applied_last_first_at_their_one_based_positions() -> None:
+    text = "a = 1\nloss_sum += loss\nprint(a)\n"
+    edits = [
+        {"content": ".detach()", "location": {"row": 2, "column": 17}, "end_location": {"row": 2, "column": 17}},
+        {"content": "b", "location": {"row": 1, "column": 1}, "end_location": {"row": 1, "column": 2}},
+    ]
+    assert oracle.apply_edits(text, edits) == "b = 1\nloss_sum += loss.detach()\nprint(a)\n"
+
+
+EVALUATED_AFTER_TRAINING = '''import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(256, 4096), nn.ReLU(), nn.Linear(4096, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+train = torch.utils.data.TensorDataset(torch.randn(256, 256), torch.randint(0, 10, (256,)))
+valid = torch.utils.data.TensorDataset(torch.randn(2048, 256), torch.randint(0, 10, (2048,)))
+for x, y in torch.utils.data.DataLoader(train, batch_size=64):
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+model.eval()
+total = 0.0
+for x, y in torch.utils.data.DataLoader(valid, batch_size=1024):
+    output = model(x)
+    loss = nn.functional.cross_entropy(output, y)
+    total += loss.item()
+print(total)
+'''
+
+
+def test_a_finding_that_runs_after_the_traced_steps_is_measured_by_whole_real_runs(tmp_path: Path) -> None:
+    """The evaluation after training runs with autograd on, and `output` keeps one batch's graph
+    (16 MiB of activations at batch 1024) while the next batch runs: OOM303. Its code never runs in
+    the two steps the trace covers; the script's whole run, for real, with and without the quick
+    fix (`torch.inference_mode()` around the loop) measures the saving: confirmed."""
+    corpus = tmp_path / "corpus"
+    (corpus / "late").mkdir(parents=True)
+    (corpus / "late" / "train.py").write_text(EVALUATED_AFTER_TRAINING, encoding="utf-8")
+    split = oracle.split_of(["late"])["late"]
+    manifest = tmp_path / "runnable.toml"
+    manifest.write_text(
+        f'[[case]]\nname = "late"\nrepo = "oom-lsp/tests"\ncommit = "{"0" * 40}"\npath = "train.py"\n'
+        f'kind = "script"\nscript = "train.py"\nargs = []\nsplit = "{split}"\nadaptation = "ours"\n',
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "oracle.py"), "--manifest", str(manifest), "--corpus", str(corpus),
+         "--oom-lsp", str(Path(sys.executable).parent / "oom-lsp"), "--no-cache", "--format", "json",
+         "--list-heldout", "--timeout", "120", "--cache", str(tmp_path / "cache")],
+        capture_output=True, text=True, timeout=900, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    part = json.loads(done.stdout)["splits"][split]
+    assert not part["failures"], part["failures"]
+    (result,) = part["results"]
+    evaluation = next(f for f in result["findings"] if f["code"] == "OOM303")
+    assert evaluation["reached"] is False
+    assert evaluation["verdict"] == oracle.CONFIRMED, evaluation
+    assert evaluation["how"] == "quick fix, whole real runs"
+    assert evaluation["whole_run_bytes"] - evaluation["whole_run_fixed_bytes"] > 16 * 2**20
