@@ -23,6 +23,28 @@ from oom_lsp.fixes.zero_grad import set_to_none
 _EMPTY_CACHE = {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"}
 
 
+def _builds_and_deletes_its_model(loop: cst.CSTNode) -> bool:
+    """Each iteration builds what it runs and deletes it (`model = GPTModel(config)`, `model(x)`,
+    `del model`): a trial per iteration (a batch-size or model-size search), not a training loop.
+    The deleted model's blocks are cached in sizes the next trial's model may not reuse, and
+    emptying the cache returns them."""
+    built: set[str] = set()
+    called: set[str] = set()
+    deleted: set[str] = set()
+    for node in descendants(loop, skip=SCOPES):
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+            built.update(target.target.value for target in node.targets if isinstance(target.target, cst.Name))
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+            called.add(node.func.value)
+        elif isinstance(node, cst.Del):
+            targets = node.target.elements if isinstance(node.target, cst.Tuple) else [node.target]
+            for target in targets:
+                value = target.value if isinstance(target, cst.Element) else target
+                if isinstance(value, cst.Name):
+                    deleted.add(value.value)
+    return bool(built & called & deleted)
+
+
 def _is_training_step(node: cst.CSTNode, context: FileContext) -> bool:
     """`loss.backward()`, `accelerator.backward(loss)`, `torch.autograd.backward(...)`,
     `optimizer.step()`."""
@@ -91,6 +113,20 @@ class EmptyCacheInLoop(Rule):
     fix_applicability = Applicability.SAFE
 
     VALID = [
+        # A search: each iteration builds a model of another size, runs it, deletes it.
+        Valid(
+            """\
+            import torch
+            for batch_size in (64, 32, 16):
+                model = Net().cuda()
+                try:
+                    model(torch.randn(batch_size, 3, 224, 224, device="cuda")).sum().backward()
+                except torch.OutOfMemoryError:
+                    pass
+                del model
+                torch.cuda.empty_cache()
+            """
+        ),
         # Once per epoch, outside the loop that steps.
         Valid(
             """\
@@ -214,6 +250,8 @@ class EmptyCacheInLoop(Rule):
             return
         steps = descendants(loop.body, skip=(*SCOPES, cst.For, cst.While))
         if not any(_is_training_step(candidate, self.context) for candidate in steps):
+            return
+        if _builds_and_deletes_its_model(loop):
             return
         self.report(
             node,
