@@ -15,6 +15,7 @@ from oom_lsp.analysis.dataflow import (
 )
 from oom_lsp.analysis.effects import STORING_METHODS, effects_for
 from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
+from oom_lsp.analysis.facts.program import BindingKind, program_of
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
 from oom_lsp.analysis.rules._autograd import (
@@ -511,8 +512,40 @@ class TensorKeptAcrossIterations(AutogradRule):
         flow = self._flow()
         if not parts or any(flow.kind_of(part) is Kind.GRAPH_CONTAINER for part in parts):
             return None
+        if any(self._structure_of(part) == "display" for part in parts):
+            return None
         indent = self._indent()
         return tuple(edit for part in parts for edit in detach_fix.detach(part, indent, self.context.module))
+
+    def _structure_of(self, part: cst.BaseExpression, depth: int = 0) -> str | None:
+        """What may make `part` no tensor, whose `.detach()` would then fail: "display" when a
+        binding gives it a tuple or list display (`h_out = (h0, c0)`, an LSTM's state), "unpacked"
+        when it is an element of what a call returned (`prob, h_out = model.pi(x, h_in)`: its own
+        structure nothing shows); through plain aliases (`h_in = h_out`). None: neither."""
+        if type(part) is not cst.Name or depth > 3:
+            return None
+        program = program_of(self.context)
+        function = self.context.tracker.current_function
+        scope = program.function(function) if function is not None else program.functions[0]
+        if scope is None:
+            return None
+        found: str | None = None
+        for binding in program.lookup(part.value, scope):
+            statement = binding.node
+            if binding.kind is BindingKind.ASSIGN and type(binding.value) in (cst.Tuple, cst.List):
+                return "display"
+            if binding.kind is BindingKind.ASSIGN and type(binding.value) is cst.Name:
+                inner = self._structure_of(binding.value, depth + 1)
+                if inner == "display":
+                    return inner
+                found = found or inner
+            elif binding.kind is BindingKind.OTHER and type(statement) is cst.SimpleStatementLine:
+                for small in statement.body:
+                    if type(small) is cst.Assign and type(small.value) is cst.Call and any(
+                        type(target.target) in (cst.Tuple, cst.List) for target in small.targets
+                    ):
+                        found = "unpacked"
+        return found
 
     def _class_container(self, method: cst.FunctionDef, attribute: str) -> bool:
         """`self.x` is only ever bound to a list or dict in the methods of `method`'s class."""
@@ -627,7 +660,10 @@ class TensorKeptAcrossIterations(AutogradRule):
         if self._kept_on_purpose(holder, iteration) or self._lives_one_call(holder, iteration):
             return
         edits = self._detached(attached)
-        fix = FixSpec("Detach before storing", edits, Applicability.SAFE) if edits else None
+        # An element of what a call returned may be a tuple (an RNN's state): then unsafe.
+        unpacked = any(self._structure_of(part) == "unpacked" for part in attached)
+        applicability = Applicability.UNSAFE if unpacked else Applicability.SAFE
+        fix = FixSpec("Detach before storing", edits, applicability) if edits else None
         proven = True
         if self._graph_freed_each_step(iteration):
             message = f"{short_code(holder)} keeps each step's tensors and their autograd graphs"

@@ -101,3 +101,45 @@ def test_self_containers_need_a_container_binding_in_the_class() -> None:
 )
 def test_storing_not_reported(source: str) -> None:
     assert _findings(source, "OOM302") == []
+
+
+RECURRENT_STATE_STORED = """
+    import torch
+    from torch import nn
+
+    class Policy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(64, 32)
+            self.head = nn.Linear(32, 2)
+
+        def pi(self, x, hidden):
+            x, hidden = self.lstm(x, hidden)
+            return self.head(x).softmax(-1), hidden
+
+    model = Policy()
+    optimizer = torch.optim.Adam(model.parameters())
+    memory = []
+    h_out = (torch.zeros(1, 1, 32), torch.zeros(1, 1, 32))
+    for step in range(1000):
+        h_in = h_out
+        prob, h_out = model.pi(torch.randn(1, 1, 64), h_in)
+        memory.append((prob, h_in, h_out))
+        if step % 20 == 19:
+            loss = prob.log().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+"""
+
+
+def test_a_stored_recurrent_state_that_is_a_tuple_gets_no_detach_fix() -> None:
+    # `h_out` starts as an (h, c) tuple: `h_out.detach()` would raise AttributeError.
+    (finding,) = _findings(RECURRENT_STATE_STORED, "OOM302")
+    assert finding.fix is None
+
+
+def test_an_element_of_what_a_call_returned_is_detached_only_as_an_unsafe_fix() -> None:
+    source = RECURRENT_STATE_STORED.replace("h_out = (torch.zeros(1, 1, 32), torch.zeros(1, 1, 32))", "h_out = None")
+    (finding,) = _findings(source, "OOM302")
+    assert finding.fix is not None and finding.fix.applicability.value == "unsafe"
