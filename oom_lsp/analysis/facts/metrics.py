@@ -31,6 +31,7 @@ from oom_lsp.analysis.facts.metric_states_table import GROWING
 from oom_lsp.analysis.facts.program import Call, Function, program_of
 
 _PER_BATCH_HOOK_SUFFIXES = ("_step", "_batch_end")
+_ONE_PASS_HOOK_PREFIXES = ("test", "predict", "on_test", "on_predict")
 _LOOPS = (cst.For, cst.While)
 
 
@@ -45,8 +46,15 @@ class GrowingMetric:
 
 
 def _is_per_batch_hook(function: Function) -> bool:
+    """A hook `fit` runs on every batch of every epoch (`training_step`, `validation_step`,
+    `on_train_batch_end`). `test_step` and `predict_step` run over one pass per `trainer.test()` /
+    `predict()` call: a metric they fill holds that pass, what it needs to compute."""
     name = function.name
-    return function.is_method and name.endswith(_PER_BATCH_HOOK_SUFFIXES)
+    return (
+        function.is_method
+        and name.endswith(_PER_BATCH_HOOK_SUFFIXES)
+        and not name.startswith(_ONE_PASS_HOOK_PREFIXES)
+    )
 
 
 def _runs_per_batch(graph: CallGraph, function: Function, depth: int = 0) -> bool:
@@ -132,7 +140,7 @@ def growing_metrics(context: FileContext) -> list[GrowingMetric]:
             if path is None:
                 continue
             metric = _attribute_metric(context, scope, path, metric_class, call.node) or _local_metric(
-                scope, path, metric_class, call
+                call_graph(context), scope, path, metric_class, call
             )
             if metric is not None:
                 found.append(metric)
@@ -181,9 +189,14 @@ def _binds_more_than_once(body: cst.CSTNode, path: str) -> bool:
     return count > 1
 
 
-def _local_metric(scope: Function, path: str, metric_class: str, construction: Call) -> GrowingMetric | None:
-    """`auroc = AUROC()` before `for epoch ...: for batch ...: auroc.update(...)`:
-    one metric for every pass, never reset."""
+def _local_metric(
+    graph: CallGraph, scope: Function, path: str, metric_class: str, construction: Call
+) -> GrowingMetric | None:
+    """`auroc = AUROC()` before `for epoch ...: train...; for batch in val_loader:
+    auroc.update(...)`: one metric for every epoch of training, never reset. The
+    loop that repeats the passes trains (a backward pass or an optimizer step in
+    it, outside the loop that updates): nested loops alone are no epochs (an
+    evaluation that scores every query against every batch is one pass)."""
     if "." in path or path in scope.outer_names:
         return None
     updated, reset, escapes = _uses([scope.node], path)
@@ -191,14 +204,17 @@ def _local_metric(scope: Function, path: str, metric_class: str, construction: C
         return None
     calls = {id(call.node): call for call in scope.calls}
     outside = {id(loop) for loop in construction.loops}
+    training = [call for call in scope.calls if graph.call_runs_backward(call)]
     for node in updated:
         call = calls.get(id(node))
         if call is None:
             continue
-        # The loops around the update that the construction is not in: a batch
-        # loop inside an epoch loop is two passes over the data or more.
+        # The loops around the update that the construction is not in, outermost first.
         passes = [loop for loop in call.loops if isinstance(loop, _LOOPS) and id(loop) not in outside]
-        if len(passes) >= 2:
+        if len(passes) < 2:
+            continue
+        # An outer one of them trains: it repeats the passes over the data between updates.
+        if any(any(loop is outer for loop in step.loops) for outer in passes[:-1] for step in training):
             return GrowingMetric(path, metric_class, construction.node, call)
     return None
 

@@ -18,10 +18,13 @@ class MetricNeverReset(Rule):
     updated once per batch, lives across passes over the data and nothing
     resets it:
 
-    - an attribute of a LightningModule updated in a `*_step` or
-      `on_*_batch_end` hook, with no `.reset()` anywhere in the class;
-    - a local metric made before an epoch loop and updated in the batch loop
-      inside it, never reset.
+    - an attribute of a LightningModule updated in a hook that `fit` runs
+      on every batch of every epoch (`training_step`, `validation_step`,
+      `on_train_batch_end`, or a method they call), with no `.reset()` of it
+      anywhere in the class (`test_step` and `predict_step` run one pass per
+      call: what they fill is what the metric needs);
+    - a local metric made before a loop that trains (a backward pass in it)
+      and updated in a loop inside it, never reset: every epoch adds to it.
 
     It stays silent when the metric is bounded (`thresholds=` of the curve
     family keeps fixed bins; `compute_on_cpu=True` moves the states off the
@@ -207,8 +210,8 @@ class MetricNeverReset(Rule):
                 deferred_report(
                     self,
                     metric.update.node,
-                    f"{metric.path} ({metric.metric_class}) keeps every update's inputs, never reset: "
-                    "it grows by a batch of inputs each step",
+                    f"{metric.path} ({metric.metric_class}) keeps every update's inputs and is never reset: "
+                    "it grows with each update",
                     None,
                     metric.update.path,
                 )

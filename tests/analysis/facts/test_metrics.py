@@ -105,10 +105,12 @@ def test_a_local_metric_made_before_the_epoch_loop_grows_over_every_epoch() -> N
             metric = RetrievalMAP()
             for epoch in range(epochs):
                 for x, y, index in loader:
-                    metric.update(model(x), y, indexes=index)
+                    scores = model(x)
+                    scores.mean().backward()
+                    metric.update(scores.detach(), y, indexes=index)
                 print(metric.compute())
     """
-    assert _growing(source) == [("metric", "RetrievalMAP", 8)]
+    assert _growing(source) == [("metric", "RetrievalMAP", 10)]
 
 
 def test_a_local_metric_of_one_pass_is_what_it_needs() -> None:
@@ -176,3 +178,26 @@ def test_a_method_a_step_calls_runs_once_per_batch_too() -> None:
                 self._update_metrics(self(x), y)
     """
     assert _growing(source) == [("self.val_ap", "MulticlassAveragePrecision", 11)]
+
+
+def test_a_test_step_runs_one_pass_per_call_so_its_metric_holds_what_it_needs() -> None:
+    source = _lightning().replace("def validation_step", "def test_step")
+    assert _growing(source) == []
+
+
+def test_nested_loops_of_one_evaluation_are_no_epochs() -> None:
+    # Every query scored against every batch: one pass, the inputs the metric needs.
+    source = """
+        import torch
+        from torchmetrics import RetrievalMAP
+
+        @torch.no_grad()
+        def validate(model, loader, queries):
+            metric = RetrievalMAP()
+            for x, y in loader:
+                embedding = model(x)
+                for query, target, index in queries:
+                    metric(embedding @ query, target == y, index)
+            return metric.compute()
+    """
+    assert _growing(source) == []
