@@ -208,3 +208,64 @@ def test_unsafe_paths_are_refused(tmp_path: Path) -> None:
         materialize.safe_target(tmp_path, "../escape.py")
     with pytest.raises(ValueError):
         materialize.safe_target(tmp_path, "/etc/passwd")
+
+
+def test_notebook_script_form() -> None:
+    notebook = dict(
+        NOTEBOOK,
+        cells=[
+            *NOTEBOOK["cells"],
+            {"cell_type": "code", "source": ["!pip install x\n", "  %matplotlib inline"]},
+        ],
+    )
+    assert materialize.notebook_script(json.dumps(notebook).encode()).decode() == (
+        "# %%\nimport torch\nloss.backward()\n\n# %%\nx = 1\ny = 2\n\n# %%\n# !pip install x\n#   %matplotlib inline\n"
+    )
+
+
+def test_runnable_case_round_trip(
+    mirror: tuple[Path, str, str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """An adapted case saved as a patch (its prepare.py's data left out) is rebuilt whole from the
+    snapshot and the patch; a case without a patch is `missing`."""
+    snapshots, first, _second = mirror
+    manifests, root, patches = tmp_path / "manifests", tmp_path / "corpus", tmp_path / "patches"
+    manifests.mkdir()
+
+    def case(name: str, path: str, kind: str, script: str) -> str:
+        return (
+            f'[[case]]\nname = "{name}"\nrepo = "acme/demo"\ncommit = "{first}"\npath = "{path}"\n'
+            f'kind = "{kind}"\nscript = "{script}"\nargs = []\nsplit = "dev"\nadaptation = "random data"\n'
+        )
+
+    (manifests / "runnable.toml").write_text(
+        case("loop", "loop.py", "script", "loop.py")
+        + "\n"
+        + case("nb", "nb/train.ipynb", "notebook", "train.py")
+    )
+    common = ["--mirror", str(snapshots), "--corpus-root", str(root), "--corpora-dir", str(manifests)]
+    common += ["--patches", str(patches), "--only", "runnable"]
+    assert materialize.main(common) == 1
+    assert "missing: no adaptation in the repository" in capsys.readouterr().out
+    assert (root / "runnable" / "_base" / "nb" / "train.py").read_text().startswith("# %%\nimport torch\n")
+    # the hand adaptation: a header, a new helper module, a prepare.py writing binary data
+    adapted = root / "runnable" / "loop"
+    adapted.mkdir()
+    (adapted / "loop.py").write_text(
+        "# from acme/demo loop.py, random data\n" + (root / "runnable/_base/loop/loop.py").read_text()
+    )
+    (adapted / "helper.py").write_text("H = 1\n")
+    (adapted / "prepare.py").write_text(
+        "import pathlib\npathlib.Path('data').mkdir()\npathlib.Path('data/x.bin').write_bytes(bytes(4))\n"
+    )
+    (adapted / "PREPARED").write_text("data/*\n")
+    subprocess.run([sys.executable, "prepare.py"], cwd=adapted, check=True)
+    assert materialize.main(common + ["--save-adaptations", "--repos", "loop"]) == 0
+    patch = (patches / "loop.patch").read_text()
+    assert "+# from acme/demo loop.py" in patch and "+++ b/helper.py" in patch and "b/data/x.bin" not in patch
+    shutil.rmtree(root / "runnable" / "loop")
+    materialize.main(common + ["--repos", "loop"])
+    assert "runnable  dev     loop" in capsys.readouterr().out.replace("  ok", " ok")
+    assert (adapted / "loop.py").read_text().startswith("# from acme/demo loop.py, random data\nfor i")
+    assert (adapted / "helper.py").read_text() == "H = 1\n"
+    assert (adapted / "data" / "x.bin").read_bytes() == bytes(4)  # prepare.py ran

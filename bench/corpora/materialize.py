@@ -15,10 +15,13 @@ the snapshot lacks it, at the snapshot's newest commit (HEAD), and the line says
 - notebooks: `<root>/notebooks/<owner>+<name>/` (fresh splits likewise), the notebooks listed by
   path, verified against each one's `code_lines`.
 - bugs: `<root>/<before>` = `path` at the parent of `fix_commit`, `<root>/<after>` = at `fix_commit`.
-- runnable: the oracle's cases are adapted by hand (random data, bounded steps; each file's header
-  lists the changes), which no snapshot holds; the original file (and a notebook) is written under
-  `<root>/runnable/_originals/<case>/<path>` for whoever redoes the adaptation, and the case counts
-  as `missing` until its adapted folder `<root>/runnable/<case>/` exists.
+- runnable: the original file goes to `<root>/runnable/_originals/<case>/<path>`, the base (the
+  script, or a notebook's script form: code cells after `# %%`, `!`/`%` lines commented out) to
+  `<root>/runnable/_base/<case>/<script>`, and the case's hand adaptation (random data, bounded
+  steps; its header lists the changes), kept in this repository as `runnable/<case>.patch`, is
+  applied to a copy of the base in `<root>/runnable/<case>/`; its `prepare.py`, if any, then writes
+  the random data. `--save-adaptations` writes the patches from adapted folders (text files only;
+  what prepare.py makes is named by globs in the case's PREPARED file and left out).
 
 Printed: one line per entry, `ok`, `count mismatch` (with the figures), `newest commit` (the
 manifest's commit was not in the snapshot) or `missing` (no snapshot, no commit, no file), and a
@@ -350,7 +353,125 @@ def build_bug(bug: dict, mirror: Path, root: Path) -> Outcome:
     return out
 
 
-def build_runnable(case: dict, mirror: Path, root: Path) -> Outcome:
+ADAPTATIONS = HERE / "runnable"  # <case>.patch: each case's hand adaptation, kept in the repository
+# Never part of an adaptation: what the case's prepare.py writes (random data) or a run leaves.
+ADAPTATION_IGNORED = ("__pycache__", ".ipynb_checkpoints", ".oom-lsp-cache")
+ADAPTATION_MAX_BYTES = 512 * 1024
+
+
+def notebook_script(data: bytes) -> bytes:
+    """A notebook's script form, the base its case's patch applies to: code cells in order, each
+    after a `# %%` line; IPython's `!shell` and `%magic` lines commented out (they are not Python)."""
+    cells = json.loads(data.decode("utf-8")).get("cells", [])
+    parts = []
+    for cell in cells:
+        if cell.get("cell_type") != "code":
+            continue
+        source = cell.get("source", "")
+        text = "".join(source) if isinstance(source, list) else source
+        lines = ["# " + line if line.lstrip().startswith(("!", "%")) else line for line in text.splitlines()]
+        parts.append("# %%\n" + "\n".join(lines).rstrip() + "\n")
+    return "\n".join(parts).encode("utf-8")
+
+
+def adaptation_files(case_dir: Path) -> list[str]:
+    """The files of an adapted case that its patch carries: text files the adaptation wrote, not the
+    data its prepare.py makes (the globs in its PREPARED file), nor binaries or large files."""
+    prepared_file = case_dir / "PREPARED"
+    prepared = prepared_file.read_text().split() if prepared_file.is_file() else []
+    kept = []
+    for path in sorted(case_dir.rglob("*")):
+        relative = path.relative_to(case_dir)
+        if not path.is_file() or path.is_symlink() or any(p in ADAPTATION_IGNORED for p in relative.parts):
+            continue
+        if any(
+            relative.match(glob) or str(relative).startswith(glob.rstrip("*").rstrip("/") + "/")
+            for glob in prepared
+        ):
+            continue
+        data = path.read_bytes()
+        if len(data) > ADAPTATION_MAX_BYTES or b"\0" in data:
+            continue
+        kept.append(relative.as_posix())
+    return kept
+
+
+def save_adaptation(case: dict, root: Path, patches: Path) -> str:
+    """Write `<patches>/<case>.patch`: the adapted folder against the base (the script as published)."""
+    base = root / "runnable" / "_base" / case["name"]
+    adapted = root / "runnable" / case["name"]
+    if not (adapted / case["script"]).is_file() or not (base / case["script"]).is_file():
+        return "missing"
+    chunks = []
+    for relative in adaptation_files(adapted):
+        before = base / relative
+        result = subprocess.run(
+            [
+                "diff",
+                "-u",
+                "--label",
+                f"a/{relative}",
+                "--label",
+                f"b/{relative}",
+                str(before) if before.is_file() else "/dev/null",
+                str(adapted / relative),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode > 1:
+            raise RuntimeError(result.stderr)
+        if result.returncode == 1 and not before.is_file():
+            # a new file: diff names /dev/null as the old side, patch(1) needs it so
+            result.stdout = result.stdout.replace(f"--- a/{relative}", "--- /dev/null", 1)
+        chunks.append(result.stdout)
+    patches.mkdir(parents=True, exist_ok=True)
+    (patches / f"{case['name']}.patch").write_text("".join(chunks))
+    return "saved"
+
+
+def apply_adaptation(case: dict, root: Path, patches: Path, python: str) -> str | None:
+    """Rebuild `<root>/runnable/<case>/` from the base and the case's patch, then run its prepare.py
+    (our own code, in the patch: it writes the random data) there. None when it worked, else why."""
+    patch_file = patches / f"{case['name']}.patch"
+    if not patch_file.is_file():
+        return "no adaptation in the repository (bench/corpora/runnable/<case>.patch)"
+    base = root / "runnable" / "_base" / case["name"]
+    adapted = root / "runnable" / case["name"]
+    if adapted.exists():
+        shutil.rmtree(adapted)
+    shutil.copytree(base, adapted)
+    applied = subprocess.run(
+        [
+            "patch",
+            "-p1",
+            "--batch",
+            "--forward",
+            "--no-backup-if-mismatch",
+            "-d",
+            str(adapted),
+            "-i",
+            str(patch_file),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if applied.returncode != 0:
+        return f"patch failed: {(applied.stdout + applied.stderr).strip().splitlines()[-1:]}"
+    if (adapted / "prepare.py").is_file():
+        prepared = subprocess.run(
+            [python, "prepare.py"], cwd=adapted, capture_output=True, text=True, check=False, timeout=600
+        )
+        if prepared.returncode != 0:
+            return f"prepare.py failed: {prepared.stderr.strip().splitlines()[-1:]}"
+    return None
+
+
+def build_runnable(
+    case: dict, mirror: Path, root: Path, patches: Path = ADAPTATIONS, python: str = sys.executable
+) -> Outcome:
     out = Outcome("runnable", case["split"], case["name"], "missing")
     snap = Snapshot.find(mirror, case["repo"])
     if snap is None:
@@ -362,11 +483,13 @@ def build_runnable(case: dict, mirror: Path, root: Path) -> Outcome:
         out.detail = f"{case['path']} absent"
         return out
     write_tree(root / "runnable" / "_originals" / case["name"], {case["path"]: data})
-    adapted = root / "runnable" / case["name"] / case["script"]
-    if adapted.is_file():
+    script = notebook_script(data) if case["kind"] == "notebook" else data
+    write_tree(root / "runnable" / "_base" / case["name"], {case["script"]: script})
+    failure = apply_adaptation(case, root, patches, python)
+    if failure is None:
         out.status = "ok"
     else:
-        out.detail = "original written to _originals/; the hand adaptation (random data, bounded steps) is not in any snapshot"
+        out.detail = failure
     return out
 
 
@@ -377,6 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpora-dir", type=Path, default=HERE, help="where the manifests are")
     parser.add_argument("--only", default="static,notebooks,bugs,runnable", help="which manifests")
     parser.add_argument("--repos", default="", help="comma-separated names (owner/name, bug id or case)")
+    parser.add_argument("--patches", type=Path, default=ADAPTATIONS, help="the runnable cases' adaptations")
+    parser.add_argument(
+        "--save-adaptations",
+        action="store_true",
+        help="write each adapted runnable case (<root>/runnable/<case>/) as <patches>/<case>.patch and stop",
+    )
     options = parser.parse_args(argv)
     if not options.mirror.is_dir():
         parser.error(f"no mirror folder {options.mirror}")
@@ -386,6 +515,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown manifest(s): {', '.join(sorted(unknown))}")
     folder = options.corpora_dir
+    if options.save_adaptations:
+        for case in tomllib.loads((folder / "runnable.toml").read_text())["case"]:
+            if not wanted or case["name"] in wanted or case["repo"] in wanted:
+                print(
+                    f"runnable {case['name']}: {save_adaptation(case, options.corpus_root, options.patches)}"
+                )
+        return 0
     jobs = []
     if "static" in chosen:
         jobs += [(build_static, e) for e in tomllib.loads((folder / "static.toml").read_text())["repo"]]
@@ -400,7 +536,11 @@ def main(argv: list[str] | None = None) -> int:
         key = entry.get("name") or entry.get("id")
         if wanted and key not in wanted and entry.get("repo") not in wanted:
             continue
-        outcome = build(entry, options.mirror, options.corpus_root)
+        outcome = (
+            build(entry, options.mirror, options.corpus_root, options.patches)
+            if build is build_runnable
+            else build(entry, options.mirror, options.corpus_root)
+        )
         print(outcome.line(), flush=True)
         totals[(outcome.manifest, outcome.split)][outcome.status] += 1
         if outcome.newest:
