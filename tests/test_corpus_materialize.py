@@ -255,6 +255,9 @@ def test_runnable_case_round_trip(
         "# from acme/demo loop.py, random data\n" + (root / "runnable/_base/loop/loop.py").read_text()
     )
     (adapted / "helper.py").write_text("H = 1\n")
+    # a file with CRLF line ends (a patch against a published CRLF file must keep them, or patch(1)
+    # refuses it)
+    (adapted / "crlf.py").write_bytes(b"a = 1\r\nb = 3\r\n")
     (adapted / "prepare.py").write_text(
         "import pathlib\npathlib.Path('data').mkdir()\npathlib.Path('data/x.bin').write_bytes(bytes(4))\n"
     )
@@ -268,4 +271,5 @@ def test_runnable_case_round_trip(
     assert "runnable  dev     loop" in capsys.readouterr().out.replace("  ok", " ok")
     assert (adapted / "loop.py").read_text().startswith("# from acme/demo loop.py, random data\nfor i")
     assert (adapted / "helper.py").read_text() == "H = 1\n"
+    assert (adapted / "crlf.py").read_bytes() == b"a = 1\r\nb = 3\r\n"
     assert (adapted / "data" / "x.bin").read_bytes() == bytes(4)  # prepare.py ran

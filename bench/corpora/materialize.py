@@ -417,17 +417,19 @@ def save_adaptation(case: dict, root: Path, patches: Path) -> str:
                 str(adapted / relative),
             ],
             capture_output=True,
-            text=True,
             check=False,
         )
         if result.returncode > 1:
-            raise RuntimeError(result.stderr)
+            raise RuntimeError(result.stderr.decode(errors="replace"))
+        # Bytes throughout: a published file with CRLF line ends keeps them in the patch, or patch(1)
+        # refuses it ("different line endings").
+        chunk = result.stdout
         if result.returncode == 1 and not before.is_file():
             # a new file: diff names /dev/null as the old side, patch(1) needs it so
-            result.stdout = result.stdout.replace(f"--- a/{relative}", "--- /dev/null", 1)
-        chunks.append(result.stdout)
+            chunk = chunk.replace(f"--- a/{relative}".encode(), b"--- /dev/null", 1)
+        chunks.append(chunk)
     patches.mkdir(parents=True, exist_ok=True)
-    (patches / f"{case['name']}.patch").write_text("".join(chunks))
+    (patches / f"{case['name']}.patch").write_bytes(b"".join(chunks))
     return "saved"
 
 
