@@ -268,10 +268,12 @@ def fresh_copy(source: Path, target: Path, python: str, case: Case) -> Path:
 
 
 def python_files(folder: Path) -> list[str]:
+    """The case's Python files `check` reads: the published code, not the top-level prepare.py
+    (written for the set: it makes the random data)."""
     return [
         str(path.relative_to(folder))
         for path in case_files(folder)
-        if path.suffix == ".py" and path.name != "pyproject.toml"
+        if path.suffix == ".py" and path.relative_to(folder) != Path("prepare.py")
     ]
 
 

@@ -210,3 +210,14 @@ def test_a_finding_that_runs_after_the_traced_steps_is_measured_by_whole_real_ru
     assert evaluation["verdict"] == oracle.CONFIRMED, evaluation
     assert evaluation["how"] == "quick fix, whole real runs"
     assert evaluation["whole_run_bytes"] - evaluation["whole_run_fixed_bytes"] > 16 * 2**20
+
+
+def test_check_reads_the_published_code_not_the_data_writer(tmp_path: Path) -> None:
+    """A case's top-level prepare.py writes its random data (it is ours, not the published code):
+    `check` is not given it; a published module of the same name deeper down is."""
+    (tmp_path / "train.py").write_text("x = 1\n")
+    (tmp_path / "prepare.py").write_text("import numpy\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "prepare.py").write_text("y = 2\n")
+    (tmp_path / "PREPARED").write_text("data/*\n")
+    assert sorted(oracle.python_files(tmp_path)) == ["pkg/prepare.py", "train.py"]
