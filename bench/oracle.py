@@ -287,19 +287,24 @@ def check(oom: OomLsp, folder: Path, timeout: float) -> list[dict]:
     return _json(done, "check")
 
 
-def real_run(case: Case, folder: Path, python: str, timeout: float) -> dict:
-    """The real run's peak and the lines of the case's files that ran before it stopped."""
+def _real_steps(case: Case, folder: Path, python: str, timeout: float, what: str, steps: list[str]) -> dict:
+    """bench/real_steps.py on the case (under the profiler, with the lines that ran): its JSON result."""
     with tempfile.TemporaryDirectory(prefix="oom-lsp-oracle-") as tmp:
         out = Path(tmp) / "real.json"
         done = run(
-            [python, str(REAL_STEPS), "--profile", "--lines", "--out", str(out), "--", case.script, *case.args],
+            [python, str(REAL_STEPS), "--profile", "--lines", *steps, "--out", str(out), "--", case.script, *case.args],
             folder,
             timeout,
             env=CASE_ENV,
         )
         if not out.exists():
-            raise CaseError(f"the real run exited with {done.returncode}: {_tail(done.stderr)}")
-        result = json.loads(out.read_text(encoding="utf-8"))
+            raise CaseError(f"{what} exited with {done.returncode}: {_tail(done.stderr)}")
+        return json.loads(out.read_text(encoding="utf-8"))
+
+
+def real_run(case: Case, folder: Path, python: str, timeout: float) -> dict:
+    """The real run's peak and the lines of the case's files that ran before it stopped."""
+    result = _real_steps(case, folder, python, timeout, "the real run", [])
     if result["status"] != "stopped":
         raise CaseError(
             f"the real run {result['status']} after {result['steps']} step(s): {_tail(result['error'] or '')}"
@@ -314,18 +319,7 @@ FULL_RUN_STEPS = 100_000
 
 def full_run(case: Case, folder: Path, python: str, timeout: float) -> dict:
     """The real run to the script's end: its peak and the lines that ran."""
-    with tempfile.TemporaryDirectory(prefix="oom-lsp-oracle-") as tmp:
-        out = Path(tmp) / "full.json"
-        done = run(
-            [python, str(REAL_STEPS), "--profile", "--lines", "--steps", str(FULL_RUN_STEPS), "--out", str(out),
-             "--", case.script, *case.args],
-            folder,
-            timeout,
-            env=CASE_ENV,
-        )
-        if not out.exists():
-            raise CaseError(f"the whole run exited with {done.returncode}: {_tail(done.stderr)}")
-        result = json.loads(out.read_text(encoding="utf-8"))
+    result = _real_steps(case, folder, python, timeout, "the whole run", ["--steps", str(FULL_RUN_STEPS)])
     # A script that fails late (an import for its plotting at the end) still measured everything
     # before: kept, with where it stopped, and the fixed run must stop at the same place.
     failed = _tail(result["error"] or "", 1) if result["status"] == "failed" else None

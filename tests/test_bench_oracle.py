@@ -86,18 +86,15 @@ for x, y in loader:
 '''
 
 
-def test_one_case_of_our_own_through_the_whole_oracle(tmp_path: Path) -> None:
-    """`total_loss += loss` keeps every step's graph, and `backward(retain_graph=True)` keeps the
-    4 MiB its nodes saved: dropping retain_graph (OOM304's quick fix) stops the growth and lowers the
-    peak by about a fifth: confirmed. (Without `total_loss`, nothing holds the graph and the same fix
-    saves 0.6 %: not confirmed, rightly.)"""
+def oracle_on_one_script(tmp_path: Path, name: str, source: str) -> dict:
+    """bench/oracle.py, as a user runs it, on a one-case set of our own: the case's split's report."""
     corpus = tmp_path / "corpus"
-    (corpus / "toy").mkdir(parents=True)
-    (corpus / "toy" / "train.py").write_text(TOY, encoding="utf-8")
-    split = oracle.split_of(["toy"])["toy"]
+    (corpus / name).mkdir(parents=True)
+    (corpus / name / "train.py").write_text(source, encoding="utf-8")
+    split = oracle.split_of([name])[name]
     manifest = tmp_path / "runnable.toml"
     manifest.write_text(
-        f'[[case]]\nname = "toy"\nrepo = "oom-lsp/tests"\ncommit = "{"0" * 40}"\npath = "train.py"\n'
+        f'[[case]]\nname = "{name}"\nrepo = "oom-lsp/tests"\ncommit = "{"0" * 40}"\npath = "train.py"\n'
         f'kind = "script"\nscript = "train.py"\nargs = []\nsplit = "{split}"\nadaptation = "ours"\n',
         encoding="utf-8",
     )
@@ -108,8 +105,15 @@ def test_one_case_of_our_own_through_the_whole_oracle(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=900, check=False,
     )
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
-    part = report["splits"][split]
+    return json.loads(done.stdout)["splits"][split]
+
+
+def test_one_case_of_our_own_through_the_whole_oracle(tmp_path: Path) -> None:
+    """`total_loss += loss` keeps every step's graph, and `backward(retain_graph=True)` keeps the
+    4 MiB its nodes saved: dropping retain_graph (OOM304's quick fix) stops the growth and lowers the
+    peak by about a fifth: confirmed. (Without `total_loss`, nothing holds the graph and the same fix
+    saves 0.6 %: not confirmed, rightly.)"""
+    part = oracle_on_one_script(tmp_path, "toy", TOY)
     assert not part["failures"], part["failures"]
     (result,) = part["results"]
     assert abs(result["estimate_error"]) <= oracle.ESTIMATE_TOLERANCE
@@ -185,24 +189,7 @@ def test_a_finding_that_runs_after_the_traced_steps_is_measured_by_whole_real_ru
     (16 MiB of activations at batch 1024) while the next batch runs: OOM303. Its code never runs in
     the two steps the trace covers; the script's whole run, for real, with and without the quick
     fix (`torch.inference_mode()` around the loop) measures the saving: confirmed."""
-    corpus = tmp_path / "corpus"
-    (corpus / "late").mkdir(parents=True)
-    (corpus / "late" / "train.py").write_text(EVALUATED_AFTER_TRAINING, encoding="utf-8")
-    split = oracle.split_of(["late"])["late"]
-    manifest = tmp_path / "runnable.toml"
-    manifest.write_text(
-        f'[[case]]\nname = "late"\nrepo = "oom-lsp/tests"\ncommit = "{"0" * 40}"\npath = "train.py"\n'
-        f'kind = "script"\nscript = "train.py"\nargs = []\nsplit = "{split}"\nadaptation = "ours"\n',
-        encoding="utf-8",
-    )
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "oracle.py"), "--manifest", str(manifest), "--corpus", str(corpus),
-         "--oom-lsp", str(Path(sys.executable).parent / "oom-lsp"), "--no-cache", "--format", "json",
-         "--list-heldout", "--timeout", "120", "--cache", str(tmp_path / "cache")],
-        capture_output=True, text=True, timeout=900, check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    part = json.loads(done.stdout)["splits"][split]
+    part = oracle_on_one_script(tmp_path, "late", EVALUATED_AFTER_TRAINING)
     assert not part["failures"], part["failures"]
     (result,) = part["results"]
     evaluation = next(f for f in result["findings"] if f["code"] == "OOM303")
