@@ -103,10 +103,47 @@ def check_nesting(source: str, statements: Any = None) -> Any:
 def parse_module(source: str) -> Any:
     """`libcst.parse_module(source)`, after `check_nesting`: raises ParserSyntaxError for
     what libcst must not parse."""
+    check_nesting(source)
+    return parse_cst(source)
+
+
+# --- libcst's parse without validating its own output ---------------------------------------
+#
+# Every libcst node validates itself when it is built (`CSTNode.__post_init__` calls
+# `_validate`: that a whitespace token is whitespace, that brackets pair up, ...). Nodes its
+# parser builds from text are valid by construction, and checking them again was an eighth
+# of `--check`'s CPU time (650k nodes for transformers' training code; libcst's own comment
+# there says validation "would [better] move into the visitor ... to avoid validating the tree
+# when parsing a file"). So while this thread parses, the check is skipped; nodes built
+# anywhere else (a codemod's replacement, another thread) are still validated.
+
+_PARSING = threading.local()
+_VALIDATION_HOOKED = False
+
+
+def _hook_validation() -> None:
+    global _VALIDATION_HOOKED
+    from libcst._nodes.base import CSTNode
+
+    def __post_init__(self: Any) -> None:
+        if not getattr(_PARSING, "active", False):
+            self._validate()
+
+    CSTNode.__post_init__ = __post_init__  # type: ignore[method-assign]
+    _VALIDATION_HOOKED = True
+
+
+def parse_cst(source: str) -> Any:
+    """`libcst.parse_module(source)`, without re-validating each node the parser builds."""
     import libcst as cst
 
-    check_nesting(source)
-    return cst.parse_module(source)
+    if not _VALIDATION_HOOKED:
+        _hook_validation()
+    _PARSING.active = True
+    try:
+        return cst.parse_module(source)
+    finally:
+        _PARSING.active = False
 
 
 def _tree_depth(source: str, tree: Any) -> tuple[int, int] | None:

@@ -54,7 +54,7 @@ def parse_whole(source: str) -> ParsedSource:
     """libcst's parse of the whole text, after python_ast.check_nesting (CPython's tree, when
     CPython accepts the text, is kept for the positions)."""
     statements = python_ast.check_nesting(source)
-    return ParsedSource(cst.parse_module(source), statements)
+    return ParsedSource(python_ast.parse_cst(source), statements)
 
 
 class IncrementalParser:
@@ -86,24 +86,24 @@ class IncrementalParser:
         offsets = [0, *(offset for offset, _ in boundaries), len(source)]
         texts = [source[start:end] for start, end in zip(offsets, offsets[1:])]
         if len(texts) < 2:
-            return ParsedSource(cst.parse_module(source), statements, self._positions)
+            return ParsedSource(python_ast.parse_cst(source), statements, self._positions)
         current: dict[str, list[cst.Module]] = {}
         chunks = []
         try:
             for text in texts:
                 kept = self._chunks.get(text, ())
                 reused = len(current.get(text, ()))
-                chunk = kept[reused] if reused < len(kept) else cst.parse_module(text)
+                chunk = kept[reused] if reused < len(kept) else python_ast.parse_cst(text)
                 current.setdefault(text, []).append(chunk)
                 chunks.append(chunk)
         except cst.ParserSyntaxError:
             # libcst refuses what `ast` accepted: report libcst's error at its
             # place in the whole file.
-            return ParsedSource(cst.parse_module(source), statements, self._positions)
+            return ParsedSource(python_ast.parse_cst(source), statements, self._positions)
         self._chunks = current
         module = join_chunks(texts, chunks)
         if module is None:
-            return ParsedSource(cst.parse_module(source), statements, self._positions)
+            return ParsedSource(python_ast.parse_cst(source), statements, self._positions)
         return ParsedSource(module, statements, self._positions)
 
 

@@ -55,3 +55,51 @@ def test_analyses_in_threads_do_not_break_each_others_parse() -> None:
     finally:
         gc.set_threshold(*thresholds)
     assert errors == []
+
+
+# --- libcst's parse without validating what its own parser built -----------------------------
+
+import libcst as cst  # noqa: E402
+import pytest  # noqa: E402
+
+from oom_lsp import python_ast  # noqa: E402
+
+
+def test_a_parse_does_not_validate_the_nodes_its_parser_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: cst.CSTNode) -> None:
+        raise AssertionError("validated")
+
+    text = "loss = model(x)\ntotal += loss  # keep\n"
+    expected = cst.parse_module(text)
+    monkeypatch.setattr(cst.Name, "_validate", refuse)
+    module = python_ast.parse_cst(text)
+    assert module.code == text
+    assert module.deep_equals(expected)
+    with pytest.raises(AssertionError, match="validated"):
+        cst.Name("built_by_hand")  # outside a parse: validated
+
+
+def test_nodes_built_outside_a_parse_are_still_validated() -> None:
+    python_ast.parse_cst("x = 1\n")
+    with pytest.raises(cst.CSTValidationError):
+        cst.SimpleWhitespace("not whitespace")
+
+
+def test_a_parse_in_one_thread_does_not_switch_off_validation_in_another() -> None:
+    python_ast.parse_cst("x = 1\n")  # the hook is installed
+    raised: list[BaseException] = []
+    python_ast._PARSING.active = True  # this thread is parsing
+    try:
+
+        def build() -> None:
+            try:
+                cst.SimpleWhitespace("not whitespace")
+            except cst.CSTValidationError as error:
+                raised.append(error)
+
+        thread = threading.Thread(target=build)
+        thread.start()
+        thread.join()
+    finally:
+        python_ast._PARSING.active = False
+    assert len(raised) == 1

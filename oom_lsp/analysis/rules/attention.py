@@ -29,6 +29,7 @@ from oom_lsp.analysis.rules._attention_evidence import (
     statements_of,
 )
 from oom_lsp.analysis.rules._scan import (
+    children,
     descendants,
     enclosing_block,
     names_read,
@@ -1538,7 +1539,7 @@ def _returned_parameter(function: cst.FunctionDef) -> str | None:
                 return None
             returned.add(node.value.value)
             continue
-        pending.extend(node.children)
+        pending.extend(children(node))
     if len(returned) != 1:
         return None
     (name,) = returned

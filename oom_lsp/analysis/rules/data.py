@@ -15,7 +15,7 @@ from oom_lsp.analysis.facts.workload import MATTERS, Stake, format_bytes, worklo
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Report, Rule, Valid, deferred_report, short_code
 from oom_lsp.analysis.rules._devices import file_uses_cuda, is_device_expression
-from oom_lsp.analysis.rules._scan import is_optimizer_like
+from oom_lsp.analysis.rules._scan import descendants, is_optimizer_like
 from oom_lsp.fixes.batch_size import lower_batch_size
 
 # --- OOM101 ------------------------------------------------------------------
@@ -1041,7 +1041,7 @@ class DatasetOnDevice(Rule):
             return (
                 isinstance(expr.slice[0].slice, cst.Slice)
                 and not any(
-                    isinstance(node, cst.Name) for element in expr.slice for node in _descendants(element)
+                    isinstance(node, cst.Name) for element in expr.slice for node in descendants(element)
                 )
                 and self._holds_dataset(expr.value)
             )
@@ -1144,11 +1144,3 @@ class DatasetOnDevice(Rule):
                 self.context.add_report(report)
 
 
-def _descendants(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found: list[cst.CSTNode] = []
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        found.append(current)
-        stack.extend(current.children)
-    return found
