@@ -47,11 +47,12 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import NamedTuple
 
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg, string_value
+from oom_lsp.analysis.cst_helpers import bound_arguments, get_arg, string_value
 from oom_lsp.analysis.walker import child_fields, is_node
 
 # Node types are tested exactly (`type(node) is cst.Call`) on the hot paths:
@@ -76,6 +77,10 @@ class Kind(enum.Enum):
     # (`out["loss"].backward()`), not a tensor: `.detach()` does not apply.
     GRAPH_CONTAINER = "container of a graph-attached tensor"
     DETACHED = "detached"
+    # `None`: no tensor at all. A name that is None on one path and a tensor on
+    # another (`result = None` before a loop that builds it) is that tensor
+    # wherever it is used as one.
+    NONE = "none"
     NUMBER = "number"
     UNKNOWN = "unknown"
 
@@ -86,18 +91,41 @@ class Kind(enum.Enum):
     @property
     def free(self) -> bool:
         """Certainly holds no graph."""
-        return self in (Kind.DETACHED, Kind.NUMBER)
+        return self in (Kind.DETACHED, Kind.NUMBER, Kind.NONE)
 
 
 def merge(first: Kind, second: Kind) -> Kind:
     """The kind of a value that may come from either of two paths."""
     if first is second:
         return first
+    if first is Kind.NONE or second is Kind.NONE:
+        return second if first is Kind.NONE else first
     if first.attached and second.attached:
         return Kind.GRAPH_CONTAINER if Kind.GRAPH_CONTAINER in (first, second) else Kind.GRAPH
     if first.free and second.free:
         return Kind.DETACHED
+    if Kind.GRAPH_CONTAINER in (first, second) and (first.free or second.free):
+        # A list made empty before a loop that appends graph-attached values to it
+        # (or a container that is None on one path): on every path where it holds
+        # anything, it holds a graph.
+        return Kind.GRAPH_CONTAINER
     return Kind.UNKNOWN
+
+
+# List and set methods that put their (last) argument in the receiver.
+_GROWING_METHODS = frozenset({"append", "extend", "insert", "add", "appendleft"})
+
+
+class Returned(NamedTuple):
+    """What a call of a function of the file returns: its kind, and the kind of
+    each position when it always returns a tuple display of one length."""
+
+    kind: Kind
+    positions: tuple[Kind, ...] | None
+
+
+# The kinds a call passes to a function's parameters, by name, in parameter order.
+ParameterKinds = tuple[tuple[str, Kind], ...]
 
 
 class Role(enum.Enum):
@@ -330,8 +358,10 @@ class FileFacts:
         # What the naming heuristics make of each name, worked out once.
         self._named_callees: dict[str, Callee] = {}
         self._module_names: frozenset[str] | None = None
+        self._parameter_owners: frozenset[str] | None = None
         self._functions: list[cst.FunctionDef] | None = None
         self._return_kinds: dict[cst.FunctionDef, Kind] = {}
+        self._given_returns: dict[tuple[cst.FunctionDef, ParameterKinds], Returned] = {}
         self._trains: bool | None = None
         # For `_scopes_whose_lines_mention`; False: not computed yet.
         self._spans: list[tuple[cst.FunctionDef, int, int]] | None | bool = False
@@ -521,6 +551,56 @@ class FileFacts:
         self._return_kinds[function] = result
         return result
 
+    def returned_given(self, function: cst.FunctionDef, parameters: ParameterKinds) -> Returned:
+        """What calling `function` returns when its parameters hold values of the
+        given kinds (the others unknown): a loss helper handed a model's output
+        returns graph-attached losses, whatever its name. With the kind of each
+        position when every `return` returns a tuple of the same length
+        (`return total, recon, kld`), so that `loss, recon, acc = helper(out)`
+        gives each name its own kind."""
+        key = (function, parameters)
+        known = self._given_returns.get(key)
+        if known is not None:
+            return known
+        self._given_returns[key] = Returned(Kind.UNKNOWN, None)  # while it is worked out: recursion
+        flow = self.flow(function)
+        if parameters:
+            kinds: dict[int, Kind] = {}
+            _Interpreter(flow, kinds, {}).run_block(_block(function.body), dict(parameters), flow._no_grad)
+        else:
+            flow.kind_of(function.name)  # the function's own flow, interpreted once
+            kinds = flow._kinds  # type: ignore[assignment]
+        merged: Kind | None = None
+        positions: list[Kind] | None = None
+        tuples_only = True
+        for statement in _block(function.body):
+            for node in iter_nodes(statement):
+                node_type = type(node)
+                if node_type is cst.Yield or node_type is cst.Await:
+                    self._given_returns[key] = result = Returned(Kind.UNKNOWN, None)
+                    return result
+                if node_type is not cst.Return or node.value is None:
+                    continue
+                kind = kinds.get(id(node.value), Kind.UNKNOWN)
+                merged = kind if merged is None else merge(merged, kind)
+                value = node.value
+                if type(value) is cst.Tuple and not any(type(e) is cst.StarredElement for e in value.elements):
+                    each = [kinds.get(id(element.value), Kind.UNKNOWN) for element in value.elements]
+                    if positions is None:
+                        positions = each
+                    elif len(positions) == len(each):
+                        positions = [merge(a, b) for a, b in zip(positions, each)]
+                    else:
+                        tuples_only = False
+                else:
+                    tuples_only = False
+        result = Returned(
+            Kind.DETACHED if merged is None else merged,
+            tuple(positions) if tuples_only and positions is not None else None,
+        )
+        self._given_returns[key] = result
+        return result
+
     # --- who calls a function ---------------------------------------------
     def functions(self) -> list[cst.FunctionDef]:
         """Every function of the file, methods and nested ones included."""
@@ -664,13 +744,24 @@ class FileFacts:
             role = model_name_heuristic(name)
             if role is Role.MODULE and not _names_a_model(name) and name not in self._module_used_names():
                 role = Role.UNKNOWN
+            elif role is Role.UNKNOWN and name in self._module_used_names(only_modules_have=True):
+                role = Role.MODULE  # `vit.parameters()` handed to an optimizer: `vit(images)` is a forward pass
             callee = self._named_callees[name] = Callee(role)
         if of_a_module and callee.role is Role.UNKNOWN and model_name_heuristic(name) is Role.MODULE:
             # `model.module(x)`, `net.encoder(x)`: a submodule of a module is a module.
             return Callee(Role.MODULE)
         return callee
 
-    def _module_used_names(self) -> frozenset[str]:
+    def _module_used_names(self, *, only_modules_have: bool = False) -> frozenset[str]:
+        """The names the file uses a module's API on. `only_modules_have`: only the
+        methods no other common object has (`.parameters()`; `.train()`, `.to()`
+        and `.zero_grad()` are also a trainer's, a tensor's, an optimizer's)."""
+        if only_modules_have:
+            if self._parameter_owners is None:
+                self._parameter_owners = frozenset(
+                    match.group(1) for match in _ONLY_MODULES_HAVE_RE.finditer(self.context.source)
+                )
+            return self._parameter_owners
         if self._module_names is None:
             self._module_names = frozenset(
                 match.group(1) or match.group(2) for match in _MODULE_USE_RE.finditer(self.context.source)
@@ -687,6 +778,10 @@ _MODULE_USE_RE = re.compile(
     r"gradient_checkpointing_enable)\s*\("
     # Handed to what only takes a module: DDP(model), torch.compile(net), accelerator.prepare(model, ...).
     r"|(?:DataParallel|DDP|FSDP|FullyShardedDataParallel|compile|prepare)\s*\(\s*(?:self\.)?([A-Za-z_]\w*)"
+)
+_ONLY_MODULES_HAVE_RE = re.compile(
+    r"\b([A-Za-z_]\w*)\s*\.\s*(?:parameters|named_parameters|named_modules|register_forward_hook|"
+    r"gradient_checkpointing_enable)\s*\("
 )
 # Values that make a name no module: literals, and lambdas.
 _LITERAL_TYPES = frozenset(
@@ -1083,6 +1178,9 @@ class _Interpreter:
         # Per block (by id): statement index -> the paths it binds that a later
         # backward call of the same block proves graph-attached.
         self._backpropagated_later: dict[int, dict[int, list[tuple[str, Kind]]]] = {}
+        # Per call of a function of the file (by id): the kind of each position of
+        # the tuple it returns, when it always returns one of that length.
+        self._last_returned: dict[int, tuple[Kind, ...]] = {}
 
     # --- statements ----------------------------------------------------------
     def run_block(self, body: Sequence[cst.CSTNode], state: State, no_grad: bool) -> State:
@@ -1194,7 +1292,7 @@ class _Interpreter:
             state = dict(start)
             if type(loop) is cst.For:
                 self.evaluate(loop.iter, state, no_grad)
-                state = self._bind(loop.target, Kind.UNKNOWN, state)
+                state = self._bind_loop_target(loop, state, no_grad)
             else:
                 self.evaluate(loop.test, state, no_grad)
             end = self.run_block(_block(loop.body), state, no_grad)
@@ -1208,6 +1306,34 @@ class _Interpreter:
         if loop.orelse is not None:
             after = self.run_block(_block(loop.orelse.body), after, no_grad)
         return after
+
+    def _bind_loop_target(self, loop: cst.For, state: State, no_grad: bool) -> State:
+        """The loop's target, bound to what each iteration takes. An element of a
+        graph-attached container is graph-attached (`for name, value in
+        loss_dict.items()`, `for loss in outputs.values()`: the model's losses, as
+        `loss_dict["cls"]` would be; each row of a graph-attached tensor, each map of
+        a graph-attached sequence a model returned); anything else iterated is
+        unknown (a container's elements and a dict's keys look alike here)."""
+        iterated = loop.iter
+        if not no_grad and self.kinds.get(id(iterated)) is Kind.GRAPH and not _indexes(loop, iterated):
+            # A tensor's rows, or the layers' maps a model returned (`for attn in
+            # attn_layers`); not the keys of a dict output (`out[name]` in the body).
+            return self._bind(loop.target, Kind.GRAPH, state)
+        if (
+            not no_grad
+            and type(iterated) is cst.Call
+            and not iterated.args
+            and type(iterated.func) is cst.Attribute
+            and iterated.func.attr.value in ("items", "values")
+            and self.evaluate(iterated.func.value, state, no_grad).attached
+        ):
+            target = loop.target
+            if iterated.func.attr.value == "values":
+                return self._bind(target, Kind.GRAPH, state)
+            if type(target) in _SEQUENCE_TYPES and len(target.elements) == 2:  # type: ignore[attr-defined]
+                key, value = (element.value for element in target.elements)  # type: ignore[attr-defined]
+                return self._bind(value, Kind.GRAPH, self._bind(key, Kind.UNKNOWN, state))
+        return self._bind(loop.target, Kind.UNKNOWN, state)
 
     def _small(self, small: cst.BaseSmallStatement, state: State, no_grad: bool) -> State:
         small_type = type(small)
@@ -1232,6 +1358,8 @@ class _Interpreter:
                 return state
             if type(call.func) is cst.Attribute and call.func.attr.value == "detach_":
                 return self._bind(call.func.value, Kind.DETACHED, state)
+            if type(call.func) is cst.Attribute and call.func.attr.value in _GROWING_METHODS and call.args:
+                state = self._grown(call, state, no_grad)
             if not no_grad and is_backward_call(call, self.context):
                 for expr, scalar in backward_evidence(call, self.context.call_name(call)):
                     if value_path(expr) is not None and self.kind_of(expr) is Kind.UNKNOWN:
@@ -1250,6 +1378,28 @@ class _Interpreter:
             self.evaluate(small.value, state, no_grad)
         return state
 
+    def _grown(self, call: cst.Call, state: State, no_grad: bool) -> State:
+        """`values.append(value)`: a list is what was put in it. One that holds a
+        graph-attached value is a container of one (`torch.stack(values)` then
+        carries the graph); one given something unknown is no longer known free,
+        whatever it was made as (`values = []`)."""
+        container = call.func.value  # type: ignore[attr-defined]
+        if value_path(container) is None:
+            return state
+        added = self.kinds.get(id(call.args[-1].value), Kind.UNKNOWN)
+        if call.func.attr.value == "extend" and added.attached:  # type: ignore[attr-defined]
+            added = Kind.GRAPH  # the elements of what it is extended with
+        current = self.evaluate(container, state, no_grad)
+        if added.attached and not no_grad:
+            grown = Kind.GRAPH_CONTAINER
+        elif current.free and added.free:
+            return state
+        elif current.attached:
+            return state
+        else:
+            grown = Kind.UNKNOWN
+        return self._bind(container, grown, state) if grown is not current else state
+
     def _assign(
         self,
         target: cst.BaseExpression,
@@ -1267,6 +1417,13 @@ class _Interpreter:
             ):
                 for element, source in zip(elements, value.elements):
                     state = self._assign(element, source.value, self.kind_of(source.value), state, no_grad)
+                return state
+            positions = self._returned_positions(value, no_grad)
+            if positions is not None and len(positions) == len(elements):
+                # A position the function's flow cannot tell is taken as any element
+                # of what it returns, as without positions.
+                for element, position in zip(elements, positions):
+                    state = self._bind(element, _element_kind(kind) if position is Kind.UNKNOWN else position, state)
                 return state
             for element in elements:
                 state = self._bind(element, _element_kind(kind), state)
@@ -1320,7 +1477,9 @@ class _Interpreter:
     def _eval(self, node: cst.BaseExpression, state: State, no_grad: bool) -> Kind:
         node_type = type(node)
         if node_type is cst.Name:
-            if node.value in ("None", "True", "False"):
+            if node.value == "None":
+                return Kind.NONE
+            if node.value in ("True", "False"):
                 return Kind.DETACHED
             kind = state.get(node.value, Kind.UNKNOWN)
             if kind is Kind.UNKNOWN and node.value in self._element_paths:
@@ -1441,9 +1600,45 @@ class _Interpreter:
             return Kind.GRAPH if kind is Kind.GRAPH_SCALAR and not callee.reduces else kind
         function = self.flow.local_function(func)
         if function is not None:
-            returned = self.flow.facts.return_kind(function)
-            return Kind.DETACHED if no_grad and returned.attached else returned
+            returned = self._returned(node, function, state, no_grad)
+            if returned.positions is not None:
+                self._last_returned[id(node)] = returned.positions
+            return Kind.DETACHED if no_grad and returned.kind.attached else returned.kind
         return Kind.UNKNOWN
+
+    def _returned(self, call: cst.Call, function: cst.FunctionDef, state: State, no_grad: bool) -> Returned:
+        """What `call` of a function of the file returns: from the function's own
+        flow with its parameters unknown, or, when the call passes it a
+        graph-attached value, with those parameters holding it."""
+        facts = self.flow.facts
+        attached: list[tuple[str, Kind]] = []
+        if not no_grad:
+            names = [param.name.value for param in (*function.params.posonly_params, *function.params.params)]
+            is_static = any(dotted_name(d.decorator) == "staticmethod" for d in function.decorators)
+            if type(call.func) is cst.Attribute and names and not is_static:
+                names = names[1:]  # `self.helper(out)`, `meter.update(loss)`
+            names += [param.name.value for param in function.params.kwonly_params]
+            for name, argument in bound_arguments(call, names).items():
+                kind = self.kinds.get(id(argument), Kind.UNKNOWN)
+                if kind.attached:
+                    attached.append((name, kind))
+        if not attached:
+            return Returned(facts.return_kind(function), facts.returned_given(function, ()).positions)
+        order = {name: index for index, name in enumerate(names)}
+        return facts.returned_given(function, tuple(sorted(attached, key=lambda pair: order.get(pair[0], 0))))
+
+    def _returned_positions(self, value: cst.BaseExpression, no_grad: bool) -> tuple[Kind, ...] | None:
+        """The kind of each position of what a call of a function of the file
+        returns, when it always returns a tuple display of one length."""
+        if type(value) is not cst.Call:
+            return None
+        function = self.flow.local_function(value.func)
+        if function is None:
+            return None
+        positions = self._last_returned.get(id(value))
+        if positions is None or no_grad:
+            return None
+        return positions
 
     def _is_builtin(self, name: str) -> bool:
         return name not in self.flow.bindings and name not in self.flow.facts.module_bindings
@@ -1498,6 +1693,20 @@ def _sole_call(statement: cst.CSTNode) -> cst.Call | None:
         if type(small) is cst.Expr and type(small.value) is cst.Call:
             return small.value
     return None
+
+
+def _indexes(loop: cst.For, iterated: cst.BaseExpression) -> bool:
+    """The loop's body indexes what it iterates with the loop's name
+    (`for name in outputs: total += outputs[name]`): the name is a key."""
+    container, key = dotted_name(iterated), dotted_name(loop.target)
+    if container is None or key is None:
+        return False
+    for node in iter_nodes(loop.body):
+        if type(node) is cst.Subscript and dotted_name(node.value) == container and len(node.slice) == 1:
+            index = node.slice[0].slice
+            if type(index) is cst.Index and dotted_name(index.value) == key:
+                return True
+    return False
 
 
 def _element_kind(kind: Kind) -> Kind:
@@ -1751,6 +1960,13 @@ def assigned_names(statement: cst.CSTNode) -> list[tuple[str, cst.BaseExpression
     return bound
 
 
+class _Site(NamedTuple):
+    """Where a statement runs in a scope: its place in source order, the loops around it."""
+
+    position: int
+    loops: frozenset[int]
+
+
 class ScopeSummary:
     """Syntactic facts about one scope that the OOM3xx rules share."""
 
@@ -1766,8 +1982,11 @@ class ScopeSummary:
         for statement in body:
             if type(statement) not in _SCOPE_TYPES:
                 _collect(statement, nodes, self._parents)
-        seeds: set[str] = set()
-        for node in nodes:
+        # Where each binding of `bindings` runs: its place in source order and the
+        # loops around it (by id), for what can reach a backward call.
+        self._sites: dict[str, list[_Site]] = {}
+        seeds: list[tuple[str, _Site]] = []
+        for position, node in enumerate(nodes):
             node_type = type(node)
             if node_type is cst.Name:
                 self._names.setdefault(node.value, []).append(node)
@@ -1775,23 +1994,65 @@ class ScopeSummary:
                 if is_backward_call(node, context):
                     assert isinstance(node, cst.Call)
                     self.backward_calls.append(node)
-                    seeds |= dotted_names_in(node.func) if type(node.func) is cst.Attribute else set()
+                    site = _Site(position, self._loops_around(node))
+                    names = dotted_names_in(node.func) if type(node.func) is cst.Attribute else set()
                     for arg in node.args:
-                        seeds |= dotted_names_in(arg.value)
+                        names |= dotted_names_in(arg.value)
+                    seeds += [(name, site) for name in names]
             elif node_type in _RESULT_TYPES:
                 if node.value is not None:
                     self.returned |= dotted_names_in(node.value)
             elif node_type in _BINDING_TYPES:
+                site = _Site(position, self._loops_around(node))
                 for name, value in assigned_names(node):
                     self.bindings.setdefault(name, []).append(value)
+                    self._sites.setdefault(name, []).append(site)
             elif node_type is cst.AugAssign:
                 # `loss += perceptual_loss`: loss is made of what is added to it too.
                 target = dotted_name(node.target)
                 if target is not None:
                     self.bindings.setdefault(target, []).append(node.value)
-        self.feeds_backward = self._closure(seeds)
+                    self._sites.setdefault(target, []).append(_Site(position, self._loops_around(node)))
+        self.feeds_backward = self._reaching(seeds)
         # What a return statement hands back, and every name it is made of.
         self.returned = self._closure(self.returned)
+
+    def _loops_around(self, node: cst.CSTNode) -> frozenset[int]:
+        """The loops of the scope around `node` (a `for` binding its target is in its own loop)."""
+        loops = []
+        current: cst.CSTNode | None = node
+        while current is not None:
+            if type(current) is cst.For or type(current) is cst.While:
+                loops.append(id(current))
+            current = self._parents.get(id(current))
+        return frozenset(loops)
+
+    def _reaching(self, seeds: list[tuple[str, _Site]]) -> set[str]:
+        """The names whose values flow into the seeds through assignments that can
+        run before them: a binding earlier in the scope, or one in a loop around
+        the use (the next iteration). `logits = torch.cat(all_logits)` after the
+        training loop does not make `all_logits` feed the loop's `backward()`."""
+        needed: dict[str, _Site] = {}
+        frontier: list[str] = []
+
+        def need(name: str, site: _Site) -> None:
+            known = needed.get(name)
+            wider = site if known is None else _Site(max(known.position, site.position), known.loops | site.loops)
+            if wider != known:
+                needed[name] = wider
+                frontier.append(name)
+
+        for name, site in seeds:
+            need(name, site)
+        while frontier:
+            name = frontier.pop()
+            use = needed[name]
+            for value, site in zip(self.bindings.get(name, ()), self._sites.get(name, ())):
+                if value is None or not (site.position < use.position or site.loops & use.loops):
+                    continue
+                for source in dotted_names_in(value):
+                    need(source, site)
+        return set(needed)
 
     def _closure(self, seeds: set[str]) -> set[str]:
         """The names whose values flow into `seeds` through assignments."""

@@ -186,7 +186,33 @@ def test_propagation(expression: str, expected: Kind) -> None:
 
 
 def test_a_local_float_shadows_the_builtin() -> None:
-    assert _probes("import torch\ndef float(x):\n    return x\nprobe(float(model(x)))\n") == [U]
+    # Not a number: the file's own `float` returns what it is given, the model's output.
+    assert _probes("import torch\ndef float(x):\n    return x\nprobe(float(model(x)))\n") == [G]
+
+
+def test_a_helper_returns_what_it_computes_from_a_graph_attached_argument() -> None:
+    source = """
+        import torch
+        import torch.nn.functional as F
+
+        def vae_loss(recon_x, x, mu, logvar):
+            recon = F.binary_cross_entropy(recon_x, x, reduction="sum")
+            kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+            return recon + kld, recon, kld.item()
+
+        def scale(value, factor):
+            return value * factor
+
+        out, mu, logvar = model(x)
+        loss, recon, kld = vae_loss(out, x, mu, logvar)
+        probe(recon)
+        probe(kld)
+        probe(scale(out, 2))
+        probe(scale(1.0, 2))
+        with torch.no_grad():
+            probe(scale(out, 2))
+    """
+    assert _probes(source) == [S, N, G, U, U]
 
 
 # --- grad-disabled regions ----------------------------------------------------
@@ -269,7 +295,9 @@ def test_a_loop_carries_values_into_the_next_iteration() -> None:
             probe(state)
             state = model(x)
     """
-    assert _probes(source) == [U, U, G]
+    # `hidden` is None only before the first batch: from the second on it holds
+    # the graph of the batch before (what OOM305 is about).
+    assert _probes(source) == [G, G, G]
 
 
 def test_a_loop_carries_a_graph() -> None:
@@ -282,6 +310,47 @@ def test_a_loop_carries_a_graph() -> None:
         probe(total)
     """
     assert _probes(source) == [G, G]
+
+
+def test_the_entries_of_a_graph_attached_container_are_graph_attached() -> None:
+    source = """
+        import torch
+        loss_dict = model(images, targets)
+        for name, value in loss_dict.items():
+            probe(name)
+            probe(value)
+        for loss in loss_dict.values():
+            probe(loss)
+        for name in loss_dict:
+            probe(name)
+            total = loss_dict[name]
+        for key, entry in config.items():
+            probe(entry)
+        with torch.no_grad():
+            for name, value in loss_dict.items():
+                probe(value)
+    """
+    assert _probes(source) == [U, G, G, U, U, U]
+
+
+def test_a_list_is_what_was_appended_to_it() -> None:
+    source = """
+        import torch
+        values, names, seen = [], [], []
+        for x in loader:
+            values.append(model(x))
+            names.append(len(x))
+            seen.append(lookup(x))
+        probe(torch.stack(values))
+        probe(values)
+        probe(names)
+        probe(seen)
+        with torch.no_grad():
+            kept = []
+            kept.append(model(x))
+        probe(kept)
+    """
+    assert _probes(source) == [G, Kind.GRAPH_CONTAINER, D, U, D]
 
 
 def test_tuple_assignments_pair_up() -> None:
@@ -331,7 +400,8 @@ def test_try_and_match() -> None:
                 res = model(x).detach()
         probe(res)
     """
-    assert _probes(source) == [U, U]
+    # `out` is None only where the forward pass failed: wherever it is a tensor, it holds the graph.
+    assert _probes(source) == [G, U]
 
 
 # --- lattice and helpers ----------------------------------------------------------

@@ -99,6 +99,22 @@ class LossAccumulatedWithGraph(AutogradRule):
     fix_applicability = Applicability.SAFE
 
     VALID = [
+        # The same entries made afresh each step: the sum spans a few heads.
+        Valid(
+            """
+            import torch
+
+            def train(model, optimizer, loader):
+                for images, targets in loader:
+                    loss_dict = model(images, targets)
+                    total = 0
+                    for name, value in loss_dict.items():
+                        total += value
+                    optimizer.zero_grad()
+                    total.backward()
+                    optimizer.step()
+            """
+        ),
         Valid(
             """
             import torch.nn as nn
@@ -502,6 +518,27 @@ class LossAccumulatedWithGraph(AutogradRule):
             """,
             line=12,
         ),
+        # The losses of a detection model's dict, added into meters that live for
+        # the epoch from a loop over the dict's entries inside each step.
+        Invalid(
+            """
+            import torch
+            from collections import defaultdict
+
+            def train_one_epoch(model, optimizer, loader):
+                meters = defaultdict(float)
+                for images, targets in loader:
+                    loss_dict = model(images, targets)
+                    losses = sum(loss for loss in loss_dict.values())
+                    optimizer.zero_grad()
+                    losses.backward()
+                    optimizer.step()
+                    for name, value in loss_dict.items():
+                        meters[name] += value
+                return meters
+            """,
+            line=14,
+        ),
         # A metric class of the file that adds what it is given into `self.sum`.
         Invalid(
             """
@@ -593,6 +630,7 @@ class LossAccumulatedWithGraph(AutogradRule):
         kind = self._flow().kind_of(operand)
         if not kind.attached or kind is Kind.GRAPH_CONTAINER:
             return
+        iteration = self._step_loop(iteration, holder, node)
         if rebinds_every_iteration(iteration.body, holder, besides=node) or self._kept_on_purpose(
             holder, iteration
         ):
@@ -623,6 +661,24 @@ class LossAccumulatedWithGraph(AutogradRule):
             severity=severity,
             proven=proven,
         )
+
+    def _step_loop(
+        self, iteration: cst.For | cst.While | cst.FunctionDef, holder: str, node: cst.CSTNode
+    ) -> cst.For | cst.While | cst.FunctionDef:
+        """The outermost loop of the function whose iterations the accumulation
+        spans: the innermost loop, then each loop around it whose iterations do
+        not make the holder afresh. `meters` built before the epoch and added to
+        in `for name, value in loss_dict.items()` grows with the epoch's steps,
+        not with the few entries of the inner loop; a sum over heads made afresh
+        each step (`loss = 0` in the step) spans the inner loop only."""
+        loops = self.context.tracker.loops
+        if type(iteration) is cst.FunctionDef or not loops or loops[-1] is not iteration:
+            return iteration
+        for outer in reversed(loops[:-1]):
+            if rebinds_every_iteration(outer.body, holder, besides=node):
+                break
+            iteration = outer
+        return iteration
 
     def _stays_a_number(self, holder: str) -> bool:
         """Every use of the accumulator works with a float as well: its own

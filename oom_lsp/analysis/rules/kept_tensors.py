@@ -9,8 +9,10 @@ from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.cst_helpers import UNKNOWN, get_arg
 from oom_lsp.analysis.dataflow import (
     Kind,
+    Role,
     ScopeFlow,
     facts_for,
+    iter_nodes,
     rebinds_every_iteration,
 )
 from oom_lsp.analysis.effects import STORING_METHODS, effects_for
@@ -82,6 +84,24 @@ class TensorKeptAcrossIterations(AutogradRule):
     fix_applicability = Applicability.SAFE
 
     VALID = [
+        # A dict filled from one step's outputs in a loop over their names, made
+        # afresh in every step: it holds that step's graph only.
+        Valid(
+            """
+            import torch
+
+            def train(model, loader, optimizer, criterion):
+                for images, labels in loader:
+                    outputs = model(images)
+                    inputs = {}
+                    for name, value in outputs.items():
+                        inputs[name] = torch.cat([value, value.flip(0)])
+                    loss = criterion(**inputs, labels=labels)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """
+        ),
         Valid(
             """
             import torch
@@ -655,6 +675,10 @@ class TensorKeptAcrossIterations(AutogradRule):
         attached = _attached_parts(stored, self._flow())
         if not attached:
             return
+        graph_loop = self._loop_making_graphs(iteration, holder)
+        if graph_loop is None:
+            return
+        iteration = graph_loop
         if rebinds_every_iteration(iteration.body, holder) or not self._holds_a_container(holder):
             return
         if self._kept_on_purpose(holder, iteration) or self._lives_one_call(holder, iteration):
@@ -674,6 +698,26 @@ class TensorKeptAcrossIterations(AutogradRule):
         # A loop over a few models or heads keeps that many entries, not one per step.
         proven = proven and not self._few_iterations(iteration)
         self.report(node, message, fix=fix, proven=proven)
+
+    def _loop_making_graphs(
+        self, iteration: cst.For | cst.While | cst.FunctionDef, holder: str
+    ) -> cst.For | cst.While | cst.FunctionDef | None:
+        """The loop whose iterations each make a graph and all store into `holder`:
+        what grows with the steps. A loop that makes no graph itself
+        (`for key, val in features.items(): inputs[key] = torch.cat(...)`) stores
+        pieces of graphs made around it: the holder keeps more graphs only across
+        an enclosing loop that makes them, and none when it is made afresh in each
+        iteration of the loop around before one is found."""
+        loops = self.context.tracker.loops
+        if type(iteration) is cst.FunctionDef or not loops or loops[-1] is not iteration:
+            return iteration
+        flow = self._flow()
+        for loop in reversed(loops):
+            if loop is not iteration and rebinds_every_iteration(loop.body, holder):
+                return None
+            if self._trains(loop) or _makes_a_graph(loop, flow):
+                return loop
+        return None
 
     def _check_forward_store(self, node: cst.Call, holder: str, stored: cst.BaseExpression) -> None:
         """A model's `forward` appending to a list attribute that nothing
@@ -718,6 +762,23 @@ class TensorKeptAcrossIterations(AutogradRule):
             summaries.append(facts.summary(None))
         values = [value for summary in summaries for value in summary.bindings.get(holder, ())]
         return bool(values) and all(is_container_value(value) for value in values)
+
+
+def _makes_a_graph(loop: cst.For | cst.While, flow: ScopeFlow) -> bool:
+    """Some call in the loop's body makes a new graph: a forward pass (a module
+    called, a function of the file returning a graph-attached value), or any
+    call returning a graph-attached value from no graph-attached input."""
+    for node in iter_nodes(loop.body):
+        if type(node) is not cst.Call or not flow.kind_of(node).attached:
+            continue
+        if flow.callee(node.func, node).role is Role.MODULE or flow.local_function(node.func) is not None:
+            return True
+        inputs = [arg.value for arg in node.args]
+        if type(node.func) is cst.Attribute:
+            inputs.append(node.func.value)
+        if not any(flow.kind_of(value).attached for value in inputs):
+            return True
+    return False
 
 
 def _subscript_key(node: cst.Assign) -> cst.BaseExpression | None:
