@@ -1387,8 +1387,6 @@ class _Interpreter:
         if value_path(container) is None:
             return state
         added = self.kinds.get(id(call.args[-1].value), Kind.UNKNOWN)
-        if call.func.attr.value == "extend" and added.attached:  # type: ignore[attr-defined]
-            added = Kind.GRAPH  # the elements of what it is extended with
         current = self.evaluate(container, state, no_grad)
         if added.attached and not no_grad:
             grown = Kind.GRAPH_CONTAINER
@@ -1630,15 +1628,9 @@ class _Interpreter:
     def _returned_positions(self, value: cst.BaseExpression, no_grad: bool) -> tuple[Kind, ...] | None:
         """The kind of each position of what a call of a function of the file
         returns, when it always returns a tuple display of one length."""
-        if type(value) is not cst.Call:
+        if no_grad or type(value) is not cst.Call:
             return None
-        function = self.flow.local_function(value.func)
-        if function is None:
-            return None
-        positions = self._last_returned.get(id(value))
-        if positions is None or no_grad:
-            return None
-        return positions
+        return self._last_returned.get(id(value))
 
     def _is_builtin(self, name: str) -> bool:
         return name not in self.flow.bindings and name not in self.flow.facts.module_bindings

@@ -99,22 +99,6 @@ class LossAccumulatedWithGraph(AutogradRule):
     fix_applicability = Applicability.SAFE
 
     VALID = [
-        # The same entries made afresh each step: the sum spans a few heads.
-        Valid(
-            """
-            import torch
-
-            def train(model, optimizer, loader):
-                for images, targets in loader:
-                    loss_dict = model(images, targets)
-                    total = 0
-                    for name, value in loss_dict.items():
-                        total += value
-                    optimizer.zero_grad()
-                    total.backward()
-                    optimizer.step()
-            """
-        ),
         Valid(
             """
             import torch.nn as nn
@@ -283,6 +267,22 @@ class LossAccumulatedWithGraph(AutogradRule):
                     for batch in loader:
                         total += self.step(batch)
                     return total
+            """
+        ),
+        # The same entries made afresh each step: the sum spans a few heads.
+        Valid(
+            """
+            import torch
+
+            def train(model, optimizer, loader):
+                for images, targets in loader:
+                    loss_dict = model(images, targets)
+                    total = 0
+                    for name, value in loss_dict.items():
+                        total += value
+                    optimizer.zero_grad()
+                    total.backward()
+                    optimizer.step()
             """
         ),
     ]

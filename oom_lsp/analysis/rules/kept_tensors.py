@@ -84,24 +84,6 @@ class TensorKeptAcrossIterations(AutogradRule):
     fix_applicability = Applicability.SAFE
 
     VALID = [
-        # A dict filled from one step's outputs in a loop over their names, made
-        # afresh in every step: it holds that step's graph only.
-        Valid(
-            """
-            import torch
-
-            def train(model, loader, optimizer, criterion):
-                for images, labels in loader:
-                    outputs = model(images)
-                    inputs = {}
-                    for name, value in outputs.items():
-                        inputs[name] = torch.cat([value, value.flip(0)])
-                    loss = criterion(**inputs, labels=labels)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
-            """
-        ),
         Valid(
             """
             import torch
@@ -238,6 +220,24 @@ class TensorKeptAcrossIterations(AutogradRule):
                     y, weights = self.attn(x, x, x)
                     self.last = [weights]
                     return y
+            """
+        ),
+        # A dict filled from one step's outputs in a loop over their names, made
+        # afresh in every step: it holds that step's graph only.
+        Valid(
+            """
+            import torch
+
+            def train(model, loader, optimizer, criterion):
+                for images, labels in loader:
+                    outputs = model(images)
+                    inputs = {}
+                    for name, value in outputs.items():
+                        inputs[name] = torch.cat([value, value.flip(0)])
+                    loss = criterion(**inputs, labels=labels)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
             """
         ),
     ]
