@@ -113,9 +113,10 @@ def parse_module(source: str) -> Any:
 # `_validate`: that a whitespace token is whitespace, that brackets pair up, ...). Nodes its
 # parser builds from text are valid by construction, and checking them again was an eighth
 # of `--check`'s CPU time (650k nodes for transformers' training code; libcst's own comment
-# there says validation "would [better] move into the visitor ... to avoid validating the tree
-# when parsing a file"). So while this thread parses, the check is skipped; nodes built
-# anywhere else (a codemod's replacement, another thread) are still validated.
+# there: "It might make more sense to move validation work into the visitor, which would allow
+# us to avoid validating the tree when parsing a file"). So while this thread parses, the check
+# is skipped; nodes built anywhere else (a codemod's replacement, another thread) are still
+# validated.
 
 _PARSING = threading.local()
 _VALIDATION_HOOKED = False
