@@ -360,7 +360,6 @@ class FileFacts:
         self._module_names: frozenset[str] | None = None
         self._parameter_owners: frozenset[str] | None = None
         self._functions: list[cst.FunctionDef] | None = None
-        self._return_kinds: dict[cst.FunctionDef, Kind] = {}
         self._given_returns: dict[tuple[cst.FunctionDef, ParameterKinds], Returned] = {}
         self._trains: bool | None = None
         # For `_scopes_whose_lines_mention`; False: not computed yet.
@@ -526,35 +525,12 @@ class FileFacts:
                     return method
         return None
 
-    def return_kind(self, function: cst.FunctionDef) -> Kind:
-        """What calling `function` returns, from its own data flow (its
-        parameters unknown): DETACHED for a function without a `return`
-        value, UNKNOWN for a generator or a recursive call."""
-        known = self._return_kinds.get(function)
-        if known is not None:
-            return known
-        self._return_kinds[function] = Kind.UNKNOWN  # while it is worked out: recursion
-        flow = self.flow(function)
-        kinds: list[Kind] = []
-        for statement in _block(function.body):
-            for node in iter_nodes(statement):
-                node_type = type(node)
-                if node_type is cst.Yield or node_type is cst.Await:
-                    return Kind.UNKNOWN
-                if node_type is cst.Return and node.value is not None:
-                    kinds.append(flow.kind_of(node.value))
-        result = Kind.DETACHED
-        if kinds:
-            result = kinds[0]
-            for kind in kinds[1:]:
-                result = merge(result, kind)
-        self._return_kinds[function] = result
-        return result
-
     def returned_given(self, function: cst.FunctionDef, parameters: ParameterKinds) -> Returned:
         """What calling `function` returns when its parameters hold values of the
-        given kinds (the others unknown): a loss helper handed a model's output
-        returns graph-attached losses, whatever its name. With the kind of each
+        given kinds (the others unknown; `()`: its own flow): a loss helper handed a
+        model's output returns graph-attached losses, whatever its name. DETACHED
+        for a function without a `return` value, UNKNOWN for a generator or a
+        recursive call. With the kind of each
         position when every `return` returns a tuple of the same length
         (`return total, recon, kld`), so that `loss, recon, acc = helper(out)`
         gives each name its own kind."""
@@ -744,7 +720,7 @@ class FileFacts:
             role = model_name_heuristic(name)
             if role is Role.MODULE and not _names_a_model(name) and name not in self._module_used_names():
                 role = Role.UNKNOWN
-            elif role is Role.UNKNOWN and name in self._module_used_names(only_modules_have=True):
+            elif role is Role.UNKNOWN and name in self._parameter_owners_named():
                 role = Role.MODULE  # `vit.parameters()` handed to an optimizer: `vit(images)` is a forward pass
             callee = self._named_callees[name] = Callee(role)
         if of_a_module and callee.role is Role.UNKNOWN and model_name_heuristic(name) is Role.MODULE:
@@ -752,16 +728,17 @@ class FileFacts:
             return Callee(Role.MODULE)
         return callee
 
-    def _module_used_names(self, *, only_modules_have: bool = False) -> frozenset[str]:
-        """The names the file uses a module's API on. `only_modules_have`: only the
-        methods no other common object has (`.parameters()`; `.train()`, `.to()`
-        and `.zero_grad()` are also a trainer's, a tensor's, an optimizer's)."""
-        if only_modules_have:
-            if self._parameter_owners is None:
-                self._parameter_owners = frozenset(
-                    match.group(1) for match in _ONLY_MODULES_HAVE_RE.finditer(self.context.source)
-                )
-            return self._parameter_owners
+    def _parameter_owners_named(self) -> frozenset[str]:
+        """The names the file calls what only a module has on (`.parameters()`;
+        `.train()`, `.to()` and `.zero_grad()` are also a trainer's, a tensor's,
+        an optimizer's)."""
+        if self._parameter_owners is None:
+            self._parameter_owners = frozenset(
+                match.group(1) for match in _ONLY_MODULES_HAVE_RE.finditer(self.context.source)
+            )
+        return self._parameter_owners
+
+    def _module_used_names(self) -> frozenset[str]:
         if self._module_names is None:
             self._module_names = frozenset(
                 match.group(1) or match.group(2) for match in _MODULE_USE_RE.finditer(self.context.source)
@@ -1621,7 +1598,7 @@ class _Interpreter:
                 if kind.attached:
                     attached.append((name, kind))
         if not attached:
-            return Returned(facts.return_kind(function), facts.returned_given(function, ()).positions)
+            return facts.returned_given(function, ())
         order = {name: index for index, name in enumerate(names)}
         return facts.returned_given(function, tuple(sorted(attached, key=lambda pair: order.get(pair[0], 0))))
 
