@@ -68,6 +68,8 @@ class EvaluationFacts:
         # forward_model's answers by Call (compared by identity, and kept alive here).
         self._forward_models: dict[Call, str | None] = {}
         self._switched: frozenset[str] | None = None
+        # _loop_backward's answers by id(loop), each holding its loop alive.
+        self._loops: dict[int, tuple[cst.CSTNode, list[Call], set[str | None], list[tuple[str | None, set[str]]]]] = {}
 
     def forwards_without_grad_use(self) -> list[EvalForward]:
         if self._found is None:
@@ -144,28 +146,51 @@ class EvaluationFacts:
         name = dotted_name(call.node.func)
         if name is None or self.context.qualified_name(call.node.func) is not None and name.startswith("torch"):
             return None
-        scope = call.scope
         loop = loops[-1]
-        in_loop = [other for other in scope.calls if any(enclosing is loop for enclosing in other.loops)]
+        in_loop, backpropagated, aliases = self._loop_backward(call.scope, loop)
+        if not backpropagated:
+            return None
         produced = _assigned_from(call)
         # What is backpropagated is the result itself or a part of it
         # (`outs["loss"]`, `loss = outs.loss`), not a value computed from it
         # by another call: `inp = inp.cuda()` feeds the forward, not the loss.
-        for node in iter_nodes(loop.body):
-            if type(node) in (cst.Assign, cst.AnnAssign) and node.value is not None:
-                root = _part_of(node.value)
-                if root in produced:
-                    produced = produced | {name for name, _ in assigned_names(node)}
-        backpropagated = {
-            _part_of(receiver)
-            for other in in_loop
-            if self.graph.call_runs_backward(other) and (receiver := _backward_receiver(other.node)) is not None
-        }
+        for root, names in aliases:
+            if root in produced:
+                produced = produced | names
         if not produced & backpropagated:
             return None
         if any(other is not call and self.forward_model(other) is not None for other in in_loop):
             return None
         return name
+
+    def _loop_backward(
+        self, scope: Function, loop: cst.CSTNode
+    ) -> tuple[list[Call], set[str | None], list[tuple[str | None, set[str]]]]:
+        """For a loop of `scope`: its calls, the values its backward calls
+        are made on (`_part_of` each receiver), and its assignments as (the
+        value's root, the names bound) in source order. Asked for each call
+        in the loop, so computed once per loop, and the body is read only when
+        the loop runs a backward pass."""
+        key = id(loop)
+        known = self._loops.get(key)
+        if known is None:
+            in_loop = [other for other in scope.calls if any(enclosing is loop for enclosing in other.loops)]
+            backpropagated = {
+                _part_of(receiver)
+                for other in in_loop
+                if self.graph.call_runs_backward(other) and (receiver := _backward_receiver(other.node)) is not None
+            }
+            aliases = (
+                [
+                    (_part_of(node.value), {name for name, _ in assigned_names(node)})
+                    for node in iter_nodes(loop.body)
+                    if type(node) in (cst.Assign, cst.AnnAssign) and node.value is not None
+                ]
+                if backpropagated
+                else []
+            )
+            known = self._loops[key] = (loop, in_loop, backpropagated, aliases)
+        return known[1], known[2], known[3]
 
     def graph_kept_into_next_batch(self, call: Call, depth: int = 0) -> str | None:
         """The path that still holds a graph recorded in one iteration of the
