@@ -27,7 +27,7 @@ from oom_lsp.analysis.facts.project import FileSummary, ProjectFacts, summarize
 from oom_lsp.analysis.findings import Applicability, Finding, Fix, Severity
 from oom_lsp.analysis.incremental import ParsedSource, parse_whole
 from oom_lsp.analysis.positions import PositionResolver, compute_positions
-from oom_lsp.analysis.rule import FixSpec, Report
+from oom_lsp.analysis.rule import FixSpec, Report, Rule
 from oom_lsp.analysis.settings import LintSettings
 from oom_lsp.analysis.suppressions import Suppression, apply_suppressions, parse_suppressions
 from oom_lsp.analysis.walker import walk
@@ -244,7 +244,7 @@ def _run_rules(
     rules = [
         rule_class(context)
         for code, rule_class in registry.all_rules().items()
-        if code in settings.enabled
+        if code in settings.enabled and _may_apply(rule_class, source)
     ]
     if not rules:
         if observe is not None:
@@ -299,6 +299,11 @@ def _run_rules(
     if hidden is not None:
         hidden += findings_of(hidden_reports)
     return shown
+
+
+def _may_apply(rule_class: type[Rule], source: str) -> bool:
+    needs = rule_class.needs_any_of
+    return not needs or any(word in source for word in needs)
 
 
 def _entry_grad_off(context: FileContext) -> Callable[[cst.FunctionDef], bool]:

@@ -133,6 +133,10 @@ class Rule(cst.BatchableCSTVisitor):
     # that the memory at stake matters (`report(..., proven=True)`), else in
     # strict mode only.
     advisory: ClassVar[bool] = False
+    # Words every finding of the rule needs in the file's text (a name it must
+    # call, import or read), case-sensitive: a file that contains none of them
+    # cannot have a finding, so the rule is not run on it. Empty: always run.
+    needs_any_of: ClassVar[tuple[str, ...]] = ()
     VALID: ClassVar[list[Valid]] = []
     INVALID: ClassVar[list[Invalid]] = []
 

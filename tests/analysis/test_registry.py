@@ -152,3 +152,33 @@ def test_a_found_rule_has_a_valid_code_and_name_used_once(tmp_path, monkeypatch,
     monkeypatch.setattr(registry, "_RULES", {})
     with pytest.raises(ValueError, match=problem):
         registry.all_rules()
+
+
+@pytest.mark.parametrize("code", sorted(code for code, rule in all_rules().items() if rule.needs_any_of))
+def test_every_invalid_example_contains_a_word_its_rule_needs(code: str) -> None:
+    # The engine skips the rule on text without any of these words: an example
+    # the rule flags without one would be a finding the gate loses.
+    rule = all_rules()[code]
+    for example in rule.INVALID:
+        assert any(word in example.code for word in rule.needs_any_of), example.code
+
+
+def test_a_rule_runs_only_on_text_that_contains_a_word_it_needs(monkeypatch) -> None:
+    from oom_lsp.analysis.engine import analyze
+    from oom_lsp.analysis.settings import default_settings
+
+    rule = all_rules()["OOM402"]
+    built: list[object] = []
+    original = rule.__init__
+
+    def counting_init(self, context) -> None:  # type: ignore[no-untyped-def]
+        built.append(self)
+        original(self, context)
+
+    monkeypatch.setattr(rule, "__init__", counting_init)
+    plain = "import torch\nscores = q @ k.transpose(-2, -1)\n"
+    assert analyze(plain, default_settings(), "a.py") == []
+    assert built == []
+    attention = "import torch\nattn = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v\n"
+    codes = [finding.code for finding in analyze(attention, default_settings(), "a.py")]
+    assert len(built) == 1 and codes == ["OOM402"]

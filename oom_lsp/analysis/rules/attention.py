@@ -786,6 +786,10 @@ class NaiveAttention(Rule):
         ),
     ]
 
+    # Every form it flags applies torch's softmax: `torch.softmax`, `F.softmax`,
+    # `.softmax()` or `nn.Softmax`, spelled in this file (an alias is imported by name).
+    needs_any_of = ("softmax", "Softmax")
+
     def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context)
         # Per function: the local names currently holding a score matrix, with
