@@ -237,7 +237,17 @@ class CatInLoop(Rule):
                 keep(preds)
             """
         ),
+        # A stride through a literal length runs a fixed, small number of times.
+        Valid(
+            """\
+            import torch
+            acc = torch.empty(0)
+            for start in range(0, 8, 2):
+                acc = torch.cat([acc, x[start:start + 2]])
+            """
+        ),
     ]
+
     INVALID = [
         Invalid(
             """\
@@ -406,6 +416,17 @@ class CatInLoop(Rule):
                 buf.copy_(batch)
                 acc = torch.cat([acc, buf])
                 buf.zero_()
+            """,
+            line=5,
+        ),
+        # A long input walked through in chunks: the pieces add up to all of it.
+        Invalid(
+            """            import torch
+            def separate(model, wav, seg):
+                out = torch.empty(2, 0)
+                for start in range(0, wav.shape[-1], seg):
+                    out = torch.cat([out, model(wav[:, start:start + seg])], dim=-1)
+                return out
             """,
             line=5,
         ),
@@ -732,20 +753,18 @@ def _names_a_batch(identifier: str) -> bool:
     return identifier.lower().endswith("batch") or ("batch" in words and not {"size", "sizes"} & set(words))
 
 
-def _names_a_batch_size(identifier: str) -> bool:
-    """`batch_size`, `args.eval_batch_size`, `bs`."""
-    return identifier.lower() == "bs" or "batch" in _words(identifier)
-
-
 def _batched_range(call: cst.Call) -> bool:
-    """`range(0, len(data), batch_size)`, `range(num_batches)`,
-    `range(len(loader))`: a step through a data set in batches (not
-    `range(batch_size)`, the samples of one batch)."""
+    """`range(0, len(data), batch_size)`, `range(0, n, chunk)`,
+    `range(num_batches)`, `range(len(loader))`: a step through a data set or
+    a long input in batches or chunks (not `range(batch_size)`, the samples of
+    one batch)."""
     positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
-    if len(positional) == 3:
-        step = dotted_name(positional[2])
-        if step is not None and _names_a_batch_size(step.rsplit(".", 1)[-1]):
-            return True
+    if len(positional) == 3 and not isinstance(positional[1], (cst.Integer, cst.Float)):
+        # A walk through a length in strides (`range(0, n, chunk)`, `range(0,
+        # length, step)`): each iteration handles the next chunk of one input, so
+        # the pieces concatenated add up to the whole of it, an input big enough
+        # that the code splits it. A literal end bounds the count instead.
+        return True
     return any(
         (name := dotted_name(node)) is not None and _names_data(name.rsplit(".", 1)[-1])
         for value in positional
