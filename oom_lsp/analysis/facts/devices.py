@@ -27,7 +27,8 @@ import weakref
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.cst_helpers import get_arg, string_value
+from oom_lsp.analysis.cst_helpers import bound_arguments, get_arg, string_value
+from oom_lsp.analysis.facts.contexts import call_graph
 from oom_lsp.analysis.facts.evaluation import evaluation_facts
 from oom_lsp.analysis.facts.program import BindingKind, Function, Program, program_of
 
@@ -63,7 +64,7 @@ _REDUCING_TORCH = frozenset(
      "torch.topk", "torch.norm", "torch.count_nonzero", "torch.logsumexp"}
 )  # fmt: skip
 _CUDA_STRING = re.compile(r"^cuda(:\d+)?$")
-_MAX_DEPTH = 6
+_MAX_DEPTH = 16  # deep enough for a value passed through a helper and back
 
 
 class DeviceFacts:
@@ -135,7 +136,27 @@ class DeviceFacts:
                 return self.device_of(func.value, scope, depth + 1)
         if self._is_forward(call, scope):
             return Device.GPU if self.uses_cuda else Device.UNKNOWN
-        return Device.UNKNOWN
+        return self._returned(call, depth)
+
+    def _returned(self, call: cst.Call, depth: int) -> Device:
+        """A call of a function of the file (`pooled = mean_pool(out, mask)`):
+        where every value it returns lives, each worked out in the callee, its
+        parameters from what its callers pass."""
+        context = self._context()
+        site = self.program.call(call)
+        if context is None or site is None:
+            return Device.UNKNOWN
+        callees = call_graph(context).callees(site)
+        found: Device | None = None
+        for callee in callees:
+            if type(callee.node) is not cst.FunctionDef:
+                return Device.UNKNOWN
+            for value in _returned_values(callee.node):
+                device = self.device_of(value, callee, depth + 1)
+                if device is Device.UNKNOWN or (found is not None and device is not found):
+                    return Device.UNKNOWN
+                found = device
+        return found or Device.UNKNOWN
 
     def target_device(self, target: cst.BaseExpression) -> Device:
         """Where `.to(target)`, `device=target` or `map_location=target` puts a
@@ -175,9 +196,39 @@ class DeviceFacts:
             return Device.UNKNOWN
         found: Device | None = None
         for binding in bindings:
-            if binding.kind is not BindingKind.ASSIGN or binding.value is None:
+            where = binding.scope or scope
+            if binding.kind is BindingKind.PARAM:
+                device = self._parameter(name, where, depth)
+            elif binding.kind is BindingKind.LOOP and type(binding.node) is cst.For:
+                source = _element_source(binding.node, name)
+                device = Device.UNKNOWN if source is None else self.device_of(source, where, depth + 1)
+            elif binding.kind is not BindingKind.ASSIGN or binding.value is None:
                 return Device.UNKNOWN
-            device = self.device_of(binding.value, binding.scope or scope, depth + 1)
+            else:
+                device = self.device_of(binding.value, where, depth + 1)
+            if device is Device.UNKNOWN or (found is not None and device is not found):
+                return Device.UNKNOWN
+            found = device
+        return found or Device.UNKNOWN
+
+    def _parameter(self, name: str, function: Function, depth: int) -> Device:
+        """A parameter lives where what every caller of the file passes for it
+        lives; UNKNOWN when a caller passes nothing known, or the function is
+        called from outside the file (it has no caller here)."""
+        context = self._context()
+        if context is None or type(function.node) is not cst.FunctionDef:
+            return Device.UNKNOWN
+        params = list(function.params)
+        callers = call_graph(context).callers(function)
+        found: Device | None = None
+        for caller in callers:
+            names = params
+            if function.self_name is not None and type(caller.node.func) is cst.Attribute:
+                names = params[1:]
+            passed = bound_arguments(caller.node, names).get(name)
+            if passed is None:
+                return Device.UNKNOWN
+            device = self.device_of(passed, caller.scope, depth + 1)
             if device is Device.UNKNOWN or (found is not None and device is not found):
                 return Device.UNKNOWN
             found = device
@@ -189,6 +240,65 @@ class DeviceFacts:
         if context is None or site is None:
             return False
         return evaluation_facts(context).forward_model(site) is not None
+
+
+def _returned_values(function: cst.FunctionDef) -> list[cst.BaseExpression]:
+    """The values the function's own `return` statements give (not those of
+    functions nested in it)."""
+    values: list[cst.BaseExpression] = []
+    pending: list[cst.CSTNode] = list(function.body.children)
+    while pending:
+        node = pending.pop()
+        if type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
+            continue
+        if type(node) is cst.Return:
+            if node.value is None:
+                return []
+            values.append(node.value)
+            continue
+        pending.extend(node.children)
+    return values
+
+
+def _element_source(loop: cst.For, name: str) -> cst.BaseExpression | None:
+    """What `name`, bound by the loop's target, takes the elements of: the
+    iterable for `for x in xs`, the matching argument of `zip(...)` for
+    `for a, b in zip(as, bs)`, the iterable of `enumerate(xs)` for its second
+    position. None when the target does not say (the index of `enumerate`,
+    a pair unpacked from one element)."""
+    target, iterable = loop.target, loop.iter
+    while True:
+        if type(target) is cst.Name:
+            return iterable if target.value == name else None
+        if type(target) not in (cst.Tuple, cst.List) or type(iterable) is not cst.Call:
+            return None
+        called = dotted_name(iterable.func)
+        args = [arg.value for arg in iterable.args if arg.keyword is None and not arg.star]
+        elements = [element.value for element in target.elements]
+        if any(type(element) is cst.StarredElement for element in target.elements):
+            return None
+        if called == "enumerate" and len(elements) == 2 and args:
+            target, iterable = elements[1], args[0]
+            continue
+        if called == "zip" and len(elements) == len(args):
+            for element, arg in zip(elements, args):
+                if name in _target_names(element):
+                    target, iterable = element, arg
+                    break
+            else:
+                return None
+            if type(target) is not cst.Name:
+                return None  # a pair unpacked from one zipped element
+            continue
+        return None
+
+
+def _target_names(target: cst.BaseExpression) -> set[str]:
+    if type(target) is cst.Name:
+        return {target.value}
+    if type(target) in (cst.Tuple, cst.List):
+        return {name for element in target.elements for name in _target_names(element.value)}
+    return set()
 
 
 def reduced(expr: cst.BaseExpression, context: FileContext) -> bool:

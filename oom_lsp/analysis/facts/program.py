@@ -483,9 +483,14 @@ class _Builder:
         if target_type is cst.Name:
             self._bind(target.value, kind, value, node)
         elif target_type in _SEQUENCES:
+            values = _unpacked(target, value) if kind is BindingKind.ASSIGN else None
             for index, element in enumerate(target.elements):
                 inner = element.value
-                self._bind_target(inner, kind if kind is not BindingKind.ASSIGN else BindingKind.OTHER, None, node)
+                if values is not None:
+                    # `a, b = [], []`: the same bindings as `a = []` and `b = []`.
+                    self._bind_target(inner, kind, values[index], node)
+                else:
+                    self._bind_target(inner, kind if kind is not BindingKind.ASSIGN else BindingKind.OTHER, None, node)
         elif target_type is cst.StarredElement:
             self._bind_target(target.value, BindingKind.OTHER, None, node)
         elif target_type is cst.Attribute:
@@ -757,6 +762,17 @@ class _Builder:
                 Reference(None, expr, self.scope, call, keyword, position)  # type: ignore[arg-type]
             )
         return False
+
+
+def _unpacked(target: cst.BaseExpression, value: cst.BaseExpression | None) -> list[cst.BaseExpression] | None:
+    """The value each element of a tuple target takes from a tuple or list
+    display of the same length (`a, b = x, y`); None for anything else (a
+    call's result, a starred element on either side)."""
+    if type(value) not in _SEQUENCES or len(value.elements) != len(target.elements):  # type: ignore[union-attr]
+        return None
+    if any(type(element) is cst.StarredElement for element in (*target.elements, *value.elements)):  # type: ignore[union-attr]
+        return None
+    return [element.value for element in value.elements]  # type: ignore[union-attr]
 
 
 _PROGRAMS: weakref.WeakKeyDictionary[FileContext, Program] = weakref.WeakKeyDictionary()

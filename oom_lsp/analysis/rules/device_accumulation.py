@@ -30,9 +30,12 @@ class DeviceTensorsKeptAcrossIterations(Rule):
     """
     ## What it does
     Flags a loop over a data loader that stores, every batch, a whole tensor
-    that still lives on the GPU in a list that outlives the loop:
+    that still lives on the GPU in a list or dict that outlives the loop:
     `preds.append(out.detach())`, `features.extend(model(x))` under
-    `torch.no_grad()`. The stored value holds no autograd graph (that is
+    `torch.no_grad()`, `by_id[image_id] = output` in a loop over one batch's
+    items, `embeddings[split].append(...)`. Where the value lives is followed
+    through the file's own helpers (`pool(out, mask)` returns where its
+    arguments live). The stored value holds no autograd graph (that is
     OOM302's case); it is a model's output (or a tensor moved to the GPU),
     not reduced to a few numbers (`argmax`, `sum`, `.item()`), and nothing
     moves it off the GPU (`.cpu()`, `.numpy()`, `.tolist()`).
@@ -134,6 +137,17 @@ class DeviceTensorsKeptAcrossIterations(Rule):
                     outs.append(model(x.cuda()))
             """
         ),
+        # A tensor made once and written batch by batch: it does not grow.
+        Valid(
+            """
+            import torch
+            model = torch.nn.Linear(4, 4).cuda()
+            preds = torch.empty(len(dataset), 4, device="cuda")
+            with torch.no_grad():
+                for i, (x, _) in enumerate(loader):
+                    preds[i * 32:(i + 1) * 32] = model(x.cuda())
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -170,7 +184,56 @@ class DeviceTensorsKeptAcrossIterations(Rule):
             """,
             line=10,
         ),
+        # A dict keyed per item of each batch, filled in a loop over the batch.
+        Invalid(
+            """
+            import torch
+
+            @torch.no_grad()
+            def predict(model, loader):
+                by_id = {}
+                for images, ids in loader:
+                    outputs = model(images.cuda())
+                    for image_id, output in zip(ids, outputs):
+                        by_id[image_id] = output
+                return by_id
+            """,
+            line=10,
+        ),
+        # Lists kept per split in a dict, the batch pooled by a helper of the file.
+        Invalid(
+            """
+            import torch
+
+            def pool(hidden, mask):
+                return (hidden * mask).sum(1) / mask.sum(1)
+
+            @torch.no_grad()
+            def encode(model, loaders):
+                found = {}
+                for split, loader in loaders.items():
+                    found[split] = []
+                    for batch in loader:
+                        out = model(batch.cuda())
+                        found[split].append(pool(out, batch.cuda()))
+                return found
+            """,
+            line=14,
+        ),
     ]
+
+    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(context)
+        # `holder[key] = value` statements met in loops, with where they are:
+        # (the statement, its loops, its function, the statements around it).
+        self._keyed_stores: list[tuple[cst.Assign, tuple[cst.CSTNode, ...], cst.FunctionDef | None, tuple[cst.CSTNode, ...]]] = []
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        tracker = self.context.tracker
+        if len(node.targets) == 1 and type(node.targets[0].target) is cst.Subscript and tracker.in_loop:
+            self._keyed_stores.append(
+                (node, tuple(tracker.loops), tracker.current_function, tuple(tracker.statements))
+            )
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if not file_uses_cuda(self.context):
@@ -181,30 +244,51 @@ class DeviceTensorsKeptAcrossIterations(Rule):
             if scope.is_lambda:
                 continue
             for call in scope.calls:
-                self._check(call, scope, devices)
+                func = call.node.func
+                if type(func) is not cst.Attribute or func.attr.value not in _STORING or len(call.node.args) != 1:
+                    continue
+                if call.node.args[0].star:
+                    continue
+                self._check(call.node, func.value, call.node.args[0].value, call.loops, scope, call.path, devices)
+        for node, loops, function, path in self._keyed_stores:
+            scope = program.function(function) if function is not None else program.module
+            target = node.targets[0].target
+            if scope is None or not self._is_keyed(target, scope):  # type: ignore[arg-type]
+                continue
+            self._check(node, target.value, node.value, loops, scope, path, devices)  # type: ignore[attr-defined]
 
-    def _check(self, call: Call, scope: Function, devices: object) -> None:
-        func = call.node.func
-        if type(func) is not cst.Attribute or func.attr.value not in _STORING or len(call.node.args) != 1:
+    def _check(
+        self,
+        store: cst.CSTNode,
+        holder_expr: cst.BaseExpression,
+        value: cst.BaseExpression,
+        loops: tuple[cst.CSTNode, ...],
+        scope: Function,
+        path: tuple[cst.CSTNode, ...],
+        devices: object,
+    ) -> None:
+        """`holder.append(value)` or `holder[key] = value` (the holder may be an
+        entry of a container: `embeddings[split].append(...)`) in a loop over a
+        data loader that does not make the container afresh: every batch's
+        value is kept until the loop ends. The store may sit in an inner loop
+        over one batch's items (`for image_id, output in zip(ids, outputs)`)."""
+        holder = dotted_name(holder_expr)
+        root = _container_root(holder_expr)
+        if root is None:
             return
-        if call.node.args[0].star:
+        loop = next(
+            (loop for loop in reversed(loops) if type(loop) is cst.For and self._is_data_loop(loop, scope)), None
+        )
+        if loop is None or binds_inside(loop, root):
             return
-        value = call.node.args[0].value
-        holder = dotted_name(func.value)
-        loops = [loop for loop in call.loops if type(loop) is cst.For]
-        if holder is None or not loops:
-            return
-        loop = loops[-1]
-        if not self._is_data_loop(loop, scope) or binds_inside(loop, holder):
-            return
-        if not self._is_a_list(holder, scope):
+        if not self._is_a_list(root, scope):
             return
         flow = facts_for(self.context).flow(None if scope.is_module else scope.node)  # type: ignore[arg-type]
         if flow.kind_of(value).attached or reduced(value, self.context):
             return
         if devices.device_of(value, scope) is not Device.GPU:  # type: ignore[attr-defined]
             return
-        indent = indent_in_path(call.path[-1], call.path, self.context.module) if call.path else None
+        indent = indent_in_path(path[-1], path, self.context.module) if path else None
         fix = None
         if indent is not None:
             fix = FixSpec(
@@ -212,17 +296,35 @@ class DeviceTensorsKeptAcrossIterations(Rule):
                 detach_fix.call_method(value, "cpu", indent, self.context.module),
                 Applicability.UNSAFE,
             )
+        shown = holder if holder is not None else self.context.code_for(holder_expr)
         self.context.add_report(
             deferred_report(
                 self,
-                call.node,
-                f"{short_code(holder)} keeps every batch's {short_code(self.context.code_for(value), 24)} "
+                store,
+                f"{short_code(shown)} keeps every batch's {short_code(self.context.code_for(value), 24)} "
                 "on the GPU until the loop ends",
                 fix,
-                call.path,
+                path,
                 # The outputs of a known dataset of small samples: a few MB in all.
                 proven=not trains_on_small_inputs(self.context),
             )
+        )
+
+    def _is_keyed(self, target: cst.Subscript, scope: Function) -> bool:
+        """`holder[key] = ...` into a dict the scope makes (a key per item adds
+        an entry; a list or a tensor written at an index does not grow)."""
+        name = dotted_name(target.value)
+        if name is None or "." in name:
+            return False
+        bindings = program_of(self.context).lookup(name, scope)
+        return bool(bindings) and all(
+            binding.kind is BindingKind.ASSIGN
+            and (
+                type(binding.value) in (cst.Dict, cst.DictComp)
+                or type(binding.value) is cst.Call
+                and dotted_name(binding.value.func) in ("dict", "collections.defaultdict", "defaultdict")
+            )
+            for binding in bindings
         )
 
     def _is_data_loop(self, loop: cst.For, scope: Function) -> bool:
@@ -258,3 +360,12 @@ class DeviceTensorsKeptAcrossIterations(Rule):
             )
             for binding in bindings
         )
+
+
+def _container_root(expr: cst.BaseExpression) -> str | None:
+    """The dotted name of the container a store goes into: `preds` for
+    `preds`, `embeddings` for `embeddings[split]`, `self.outputs` for
+    `self.outputs["val"]`."""
+    while type(expr) is cst.Subscript:
+        expr = expr.value
+    return dotted_name(expr)
