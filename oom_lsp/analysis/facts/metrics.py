@@ -33,6 +33,11 @@ from oom_lsp.analysis.facts.program import Call, Function, program_of
 _PER_BATCH_HOOK_SUFFIXES = ("_step", "_batch_end")
 _ONE_PASS_HOOK_PREFIXES = ("test", "predict", "on_test", "on_predict")
 _LOOPS = (cst.For, cst.While)
+_UPDATING = frozenset({"update", "forward"})
+_RESETTING = frozenset({"reset", "_reset_states", "__init__"})
+# A module's `.to(device)`, `.cuda()`, `.train()`, `.eval()` return the module
+# itself: `auroc = BinaryAUROC().to(device)` binds the metric it made.
+_RETURNING_SELF = frozenset({"to", "cuda", "train", "eval", "requires_grad_", "float", "double", "half"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,9 +83,13 @@ def _bounded(construction: cst.Call, metric_class: str) -> bool:
     return any(arg.star for arg in construction.args)  # `**kwargs`: whatever it holds
 
 
-def _uses(bodies: list[cst.CSTNode], path: str) -> tuple[list[cst.Call], bool, bool]:
-    """The update calls of `path` in `bodies`, whether it is reset (or bound
-    again), and whether it escapes (used as a value: passed, returned, stored)."""
+def _uses(
+    bodies: list[cst.CSTNode], path: str, updating: frozenset[str] = _UPDATING, resetting: frozenset[str] = _RESETTING
+) -> tuple[list[cst.Call], bool, bool]:
+    """The update calls of `path` in `bodies` (calls of it, or of one of the
+    `updating` methods), whether it is reset (a `resetting` method called, or
+    bound again), and whether it escapes (used as a value: passed, returned,
+    stored)."""
     updates: list[cst.Call] = []
     reset = escapes = False
     occurrences = 0
@@ -98,9 +107,9 @@ def _uses(bodies: list[cst.CSTNode], path: str) -> tuple[list[cst.Call], bool, b
                     accounted.add(id(func))
                     updates.append(node)  # type: ignore[arg-type]
                 elif type(func) is cst.Attribute and dotted_name(func.value) == path:
-                    if func.attr.value in ("update", "forward"):
+                    if func.attr.value in updating:
                         updates.append(node)  # type: ignore[arg-type]
-                    elif func.attr.value in ("reset", "_reset_states", "__init__"):
+                    elif func.attr.value in resetting:
                         reset = True
             elif node_type in (cst.Assign, cst.AnnAssign, cst.AugAssign):
                 targets = node.targets if node_type is cst.Assign else [node]  # type: ignore[attr-defined]
@@ -118,37 +127,166 @@ def _uses(bodies: list[cst.CSTNode], path: str) -> tuple[list[cst.Call], bool, b
 
 
 def growing_metrics(context: FileContext) -> list[GrowingMetric]:
-    if "torchmetrics" not in context.source:
-        return []
     program = program_of(context)
+    growing_classes = _growing_classes(context)
+    if "torchmetrics" not in context.source and not growing_classes:
+        return []
     found: list[GrowingMetric] = []
     for scope in program.functions:
         for call in scope.calls:
+            updating, resetting = _UPDATING, _RESETTING
             qualified = context.qualified_name(call.node.func)
-            if qualified is None or not qualified.startswith("torchmetrics."):
+            if qualified is not None and qualified.startswith("torchmetrics."):
+                metric_class = qualified.rpartition(".")[2]
+                if metric_class not in GROWING or _bounded(call.node, metric_class):
+                    continue
+            elif type(call.node.func) is cst.Name and call.node.func.value in growing_classes:
+                metric_class = call.node.func.value
+                updating, resetting = growing_classes[metric_class]
+            else:
                 continue
-            metric_class = qualified.rpartition(".")[2]
-            if metric_class not in GROWING or _bounded(call.node, metric_class):
-                continue
-            statement = call.statement
-            if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
-                continue
-            assign = statement.body[0]
-            if type(assign) is not cst.Assign or assign.value is not call.node or len(assign.targets) != 1:
-                continue
-            path = dotted_name(assign.targets[0].target)
+            path = _bound_to(call)
             if path is None:
                 continue
-            metric = _attribute_metric(context, scope, path, metric_class, call.node) or _local_metric(
-                call_graph(context), scope, path, metric_class, call
-            )
+            metric = _attribute_metric(
+                context, scope, path, metric_class, call.node, updating, resetting
+            ) or _local_metric(call_graph(context), scope, path, metric_class, call, updating, resetting)
             if metric is not None:
                 found.append(metric)
     return found
 
 
+def _bound_to(call: Call) -> str | None:
+    """The path a statement binds the object `call` makes to: `auroc =
+    AUROC()`, `self.auroc = AUROC().to(device)`; None when it goes elsewhere
+    or is moved to the CPU (`.cpu()`, `.to("cpu")`: the states grow in host
+    memory, not on the GPU)."""
+    statement = call.statement
+    if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
+        return None
+    assign = statement.body[0]
+    if type(assign) is not cst.Assign or len(assign.targets) != 1:
+        return None
+    value: cst.BaseExpression = assign.value
+    while value is not call.node:
+        if type(value) is not cst.Call or type(value.func) is not cst.Attribute:
+            return None
+        if value.func.attr.value not in _RETURNING_SELF or any(
+            type(arg.value) is cst.SimpleString and "cpu" in arg.value.value for arg in value.args
+        ):
+            return None
+        value = value.func.value
+    return dotted_name(assign.targets[0].target)
+
+
+def _growing_classes(context: FileContext) -> dict[str, tuple[frozenset[str], frozenset[str]]]:
+    """Classes of the file that keep what they are given, by name, with the
+    methods that do and those that empty it again: a method other than
+    `__init__` appends (or extends) one of its parameters, or a value computed
+    from them, to a list attribute that `__init__` makes
+    (`self.preds.append(logits.argmax(-1))`), so every call adds to the
+    instance's state, like a torchmetrics curve metric; a method that binds
+    such a list again or clears it (`reset`, a `make_batch` that hands the
+    data over and starts afresh), or calls one that does, resets it."""
+    found: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+    for klass in program_of(context).classes:
+        initialisers = klass.methods.get("__init__", [])
+        lists = {
+            attribute
+            for attribute, bindings in klass.attributes.items()
+            if any(
+                binding.scope in initialisers and type(binding.value) is cst.List and not binding.value.elements
+                for binding in bindings
+            )
+        }
+        if not lists:
+            continue
+        growing = set()
+        for name, methods in klass.methods.items():
+            if name.startswith("__") or name == "reset":
+                continue
+            for method in methods:
+                if method.self_name is not None and _appends_parameters(method, lists):
+                    growing.add(name)
+        if growing:
+            clearing = {
+                name
+                for name, methods in klass.methods.items()
+                if name != "__init__" and any(_clears(method, lists) for method in methods)
+            }
+            for name, methods in klass.methods.items():  # one call away: `train()` calls `self.make_batch()`
+                for method in methods:
+                    if any(
+                        type(call.node.func) is cst.Attribute
+                        and dotted_name(call.node.func.value) == method.self_name
+                        and call.node.func.attr.value in clearing
+                        for call in method.calls
+                    ):
+                        clearing.add(name)
+            found[klass.name] = (frozenset(growing - clearing), _RESETTING | clearing)
+    return {name: methods for name, methods in found.items() if methods[0]}
+
+
+def _clears(method: Function, lists: set[str]) -> bool:
+    """The method binds one of the list attributes again, or empties it."""
+    self_name = method.self_name
+    if self_name is None:
+        return False
+    for node in iter_nodes(method.node.body):
+        if type(node) in (cst.Assign, cst.AugAssign, cst.AnnAssign):
+            targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
+            for target in targets:
+                for part in iter_nodes(target):
+                    if type(part) is cst.Attribute and dotted_name(part) in {f"{self_name}.{a}" for a in lists}:
+                        return True
+        if type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "clear":
+            if dotted_name(node.func.value) in {f"{self_name}.{a}" for a in lists}:
+                return True
+        if type(node) is cst.Del:
+            return True
+    return False
+
+
+def _appends_parameters(method: Function, lists: set[str]) -> bool:
+    self_name = method.self_name
+    params = set(method.params[1:])
+    for call in method.calls:
+        func = call.node.func
+        if (
+            type(func) is cst.Attribute
+            and func.attr.value in ("append", "extend")
+            and type(func.value) is cst.Attribute
+            and dotted_name(func.value.value) == self_name
+            and func.value.attr.value in lists
+            and len(call.node.args) == 1
+        ):
+            mentioned = {
+                node.value for node in iter_nodes(call.node.args[0].value) if type(node) is cst.Name
+            }
+            if mentioned & params or _derived_from_parameters(method, mentioned, params):
+                return True
+    return False
+
+
+def _derived_from_parameters(method: Function, names: set[str], params: set[str]) -> bool:
+    """One of `names` is bound in the method from a value that mentions a parameter."""
+    for name in names:
+        for binding in method.bindings.get(name, []):
+            if binding.value is not None and any(
+                type(node) is cst.Name and node.value in params for node in iter_nodes(binding.value)
+            ):
+                return True
+    return False
+
+
 def _attribute_metric(
-    context: FileContext, scope: Function, path: str, metric_class: str, construction: cst.Call
+    context: FileContext,
+    scope: Function,
+    path: str,
+    metric_class: str,
+    construction: cst.Call,
+    updating: frozenset[str] = _UPDATING,
+    resetting: frozenset[str] = _RESETTING,
 ) -> GrowingMetric | None:
     """`self.auroc = AUROC(...)` in a LightningModule: it lives for the whole
     fit, and its per-batch hooks update it."""
@@ -165,24 +303,25 @@ def _attribute_metric(
         name = method.self_name
         if name is None:
             continue
-        updated, reset, escapes = _uses([method.node], f"{name}.{attribute}")
+        updated, reset, escapes = _uses([method.node], f"{name}.{attribute}", updating, resetting)
         if escapes or (reset and method is not scope):
             return None
         if updated and _runs_per_batch(call_graph(context), method):
             program_calls = {id(call.node): call for call in method.calls}
             updates += [program_calls[id(node)] for node in updated if id(node) in program_calls]
     # The constructing method binds it once (a second `.reset()` there also counts).
-    _, reset_in_scope, _ = _uses([scope.node], path)
-    if not updates or (reset_in_scope and _binds_more_than_once(scope.node, path)):
+    _, reset_in_scope, _ = _uses([scope.node], path, updating, resetting)
+    if not updates or (reset_in_scope and _binds_more_than_once(scope.node, path, resetting)):
         return None
     return GrowingMetric(path, metric_class, construction, updates[0])
 
 
-def _binds_more_than_once(body: cst.CSTNode, path: str) -> bool:
+def _binds_more_than_once(body: cst.CSTNode, path: str, resetting: frozenset[str] = _RESETTING) -> bool:
+    """Reset (a `resetting` method called on it) or bound more than once."""
     count = 0
     for node in iter_nodes(body):
         if type(node) is cst.Call and type(node.func) is cst.Attribute and dotted_name(node.func.value) == path:
-            if node.func.attr.value in ("reset", "_reset_states"):
+            if node.func.attr.value in resetting - {"__init__"}:
                 return True
         if type(node) is cst.Assign and any(dotted_name(target.target) == path for target in node.targets):
             count += 1
@@ -190,7 +329,13 @@ def _binds_more_than_once(body: cst.CSTNode, path: str) -> bool:
 
 
 def _local_metric(
-    graph: CallGraph, scope: Function, path: str, metric_class: str, construction: Call
+    graph: CallGraph,
+    scope: Function,
+    path: str,
+    metric_class: str,
+    construction: Call,
+    updating: frozenset[str] = _UPDATING,
+    resetting: frozenset[str] = _RESETTING,
 ) -> GrowingMetric | None:
     """`auroc = AUROC()` before `for epoch ...: train...; for batch in val_loader:
     auroc.update(...)`: one metric for every epoch of training, never reset. The
@@ -199,8 +344,8 @@ def _local_metric(
     evaluation that scores every query against every batch is one pass)."""
     if "." in path or path in scope.outer_names:
         return None
-    updated, reset, escapes = _uses([scope.node], path)
-    if escapes or _binds_more_than_once(scope.node, path) or not updated:
+    updated, reset, escapes = _uses([scope.node], path, updating, resetting)
+    if escapes or _binds_more_than_once(scope.node, path, resetting) or not updated:
         return None
     calls = {id(call.node): call for call in scope.calls}
     outside = {id(loop) for loop in construction.loops}

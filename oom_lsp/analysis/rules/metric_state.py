@@ -26,6 +26,12 @@ class MetricNeverReset(Rule):
     - a local metric made before a loop that trains (a backward pass in it)
       and updated in a loop inside it, never reset: every epoch adds to it.
 
+    A metric moved when it is made (`BinaryAUROC().to(device)`) is the same
+    metric. A class of the file counts as such a metric when a method other
+    than `__init__` appends what it is given to a list that `__init__` makes
+    (`self.preds.append(logits.argmax(-1))`); a method that binds that list
+    again or clears it (or calls one that does) resets it.
+
     It stays silent when the metric is bounded (`thresholds=` of the curve
     family keeps fixed bins; `compute_on_cpu=True` moves the states off the
     GPU), bound again, reset, or handed to other code: Lightning's
@@ -165,7 +171,34 @@ class MetricNeverReset(Rule):
                     report(metric)
             """
         ),
+        # A class of the file whose own method hands the data over and starts afresh.
+        Valid(
+            """
+            import torch
+
+            class Rollout:
+                def __init__(self):
+                    self.data = []
+
+                def put(self, transition):
+                    self.data.append(transition)
+
+                def take(self):
+                    batch, self.data = self.data, []
+                    return batch
+
+            def fit(agent, env, optimizer, episodes):
+                memory = Rollout()
+                for episode in range(episodes):
+                    for t in range(100):
+                        memory.put(agent.act(env))
+                    loss = agent.loss(memory.take())
+                    loss.backward()
+                    optimizer.step()
+            """
+        ),
     ]
+
     INVALID = [
         Invalid(
             """
@@ -201,6 +234,51 @@ class MetricNeverReset(Rule):
                     print(spearman.compute())
             """,
             line=11,
+        ),
+        # Moved to the GPU when made: `.to()` returns the metric itself.
+        Invalid(
+            """
+            from torchmetrics.classification import BinaryAUROC
+
+            def fit(model, loader, optimizer, epochs, device):
+                auroc = BinaryAUROC().to(device)
+                for epoch in range(epochs):
+                    for x, y in loader:
+                        logits = model(x.to(device))
+                        loss = logits.mean()
+                        loss.backward()
+                        optimizer.step()
+                        auroc.update(logits.detach(), y.to(device))
+                    print(auroc.compute())
+            """,
+            line=12,
+        ),
+        # A metric class of the file that appends each update to a list, never reset.
+        Invalid(
+            """
+            import torch
+
+            class Collector:
+                def __init__(self):
+                    self.preds = []
+
+                def add(self, logits):
+                    self.preds.append(logits.argmax(-1))
+
+                def reset(self):
+                    self.preds = []
+
+            def fit(model, loader, optimizer, epochs):
+                seen = Collector()
+                for epoch in range(epochs):
+                    for x, y in loader:
+                        logits = model(x)
+                        logits.mean().backward()
+                        optimizer.step()
+                        seen.add(logits.detach())
+                    print(torch.cat(seen.preds).float().mean())
+            """,
+            line=21,
         ),
     ]
 
