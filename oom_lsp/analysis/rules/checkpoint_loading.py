@@ -13,7 +13,7 @@ import libcst as cst
 from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import get_arg, has_splat, is_true, method_call, string_value
 from oom_lsp.analysis.facts.devices import Device, device_facts
-from oom_lsp.analysis.facts.program import program_of
+from oom_lsp.analysis.facts.program import Function, program_of
 from oom_lsp.analysis.facts.sizes import model_size
 from oom_lsp.analysis.facts.workload import MATTERS, Stake, format_bytes, parameter_count
 from oom_lsp.analysis.findings import Applicability
@@ -34,7 +34,13 @@ class TorchLoadWithoutMapLocation(Rule):
     where `device` is the GPU (`"cuda"`, `torch.device("cuda:0")`, the
     file's `device` when it uses CUDA) and the result goes to
     `load_state_dict`: the checkpoint is built on the GPU beside the model
-    it is then copied into.
+    it is then copied into. A `map_location` that is None on some path
+    (`"cpu" if args.cpu else None`) is no `map_location` there.
+
+    Shown by default when the copy is at least 4 GiB: the weights of the
+    model the checkpoint is loaded into, when the size facts know it, plus
+    the optimizer state restored from the same checkpoint (two weight-sized
+    tensors per parameter for Adam and AdamW, one for SGD with momentum).
 
     It stays silent on a file with no CUDA use (CPU-only code, an XLA/TPU
     strategy), on checkpoints the file shows are on the CPU (saved with
@@ -332,6 +338,24 @@ class TorchLoadWithoutMapLocation(Rule):
             heads_state = torch.load(os.path.join(out, "heads.pt"), map_location="cpu")
             """,
         ),
+        # A map_location that is None on the GPU path restores onto the GPU there.
+        Invalid(
+            """\
+            import torch
+            model = Net().cuda()
+            where = "cpu" if args.cpu else None
+            state = torch.load(args.ckpt, map_location=where)
+            model.load_state_dict(state)
+            """,
+            line=4,
+            expected_fix="""\
+            import torch
+            model = Net().cuda()
+            where = "cpu" if args.cpu else None
+            state = torch.load(args.ckpt, map_location="cpu")
+            model.load_state_dict(state)
+            """,
+        ),
     ]
 
     def __init__(self, context: FileContext) -> None:
@@ -383,7 +407,7 @@ class TorchLoadWithoutMapLocation(Rule):
             self._decide(load)
 
     def _decide(self, load: _Load) -> None:
-        if load.location is not None:
+        if load.location is not None and not self._may_be_none(load.location.value, load):
             self._decide_gpu_location(load, load.location)
             return
         node = load.call
@@ -402,20 +426,51 @@ class TorchLoadWithoutMapLocation(Rule):
         weights_only = (
             whole and get_arg(node, "weights_only") is None and get_arg(node, "pickle_module", 2) is None
         )
-        message = "torch.load without map_location restores tensors onto the device they were saved from"
-        fix = FixSpec(
-            title='Pass `map_location="cpu"`' + (" and `weights_only=True`" if weights_only else ""),
-            edits=add_map_location(node, weights_only=weights_only),
-            applicability=Applicability.SAFE,
-        )
+        if load.location is None:
+            without = "torch.load without map_location"
+            fix = FixSpec(
+                title='Pass `map_location="cpu"`' + (" and `weights_only=True`" if weights_only else ""),
+                edits=add_map_location(node, weights_only=weights_only),
+                applicability=Applicability.SAFE,
+            )
+        else:
+            # `map_location=map_loc` that is None on some path.
+            shown = self.context.code_for(load.location.value)
+            shown = shown if len(shown) <= 30 and "\n" not in shown else "its map_location"
+            without = f"torch.load with map_location {shown} (None on some path)"
+            fix = FixSpec(
+                title='Load onto the CPU: `map_location="cpu"`',
+                edits=map_location_to_cpu(load.location),
+                applicability=Applicability.SAFE,
+            )
+        message = f"{without} restores tensors onto the device they were saved from"
         stake = self._stake(load)
         if stake is not None:
-            message = f"torch.load without map_location puts {stake.text} back on the GPU it was saved from"
+            message = f"{without} puts {stake.text} back on the GPU it was saved from"
         self.context.add_report(
             deferred_report(
                 self, node, message, fix, load.path, proven=stake is not None and stake.bytes >= 4 * MATTERS
             )
         )
+
+    def _may_be_none(self, location: cst.BaseExpression, load: _Load, depth: int = 0) -> bool:
+        """`map_location` is None on some path (`None`, `"cpu" if args.cpu else
+        None`, a name every binding of which may be None): there `torch.load`
+        runs as if it had none, and restores tensors where they were saved."""
+        if type(location) is cst.Name and location.value == "None":
+            return True
+        if type(location) is cst.IfExp:
+            return self._may_be_none(location.body, load, depth) or self._may_be_none(location.orelse, load, depth)
+        if type(location) is cst.Name and depth < 3:
+            program = program_of(self.context)
+            scope = program.function(load.function) if load.function is not None else program.module
+            if scope is None:
+                return False
+            return any(
+                binding.value is not None and self._may_be_none(binding.value, load, depth + 1)
+                for binding in program.lookup(location.value, scope)
+            )
+        return False
 
     def _decide_gpu_location(self, load: _Load, location: cst.Arg) -> None:
         """`map_location` names the GPU and the state goes into a model or an
@@ -456,16 +511,62 @@ class TorchLoadWithoutMapLocation(Rule):
         if scope is None:
             return None
         largest = None
+        states = 0
         for call in scope.calls:
             func = call.node.func
             if type(func) is cst.Attribute and func.attr.value == "load_state_dict":
                 size = model_size(self.context, func.value, load.function)
                 if size is not None and size.exact and (largest is None or size.parameters > largest.parameters):
                     largest = size
+                states = max(states, self._optimizer_states(func.value, scope))
         if largest is None:
             return None
         weights = largest.parameters * 4
+        if states:
+            # The optimizer's state restored from the same checkpoint: fp32 tensors
+            # shaped like the weights, `states` of them per parameter.
+            total = weights * (1 + states)
+            return Stake(
+                total,
+                f"≈ {format_bytes(total)} of weights and optimizer state "
+                f"({parameter_count(largest.parameters)} parameters)",
+            )
         return Stake(weights, f"≈ {format_bytes(weights)} of weights ({parameter_count(largest.parameters)} parameters)")
+
+    def _optimizer_states(self, receiver: cst.BaseExpression, scope: Function) -> int:
+        """How many weight-shaped tensors per parameter the optimizer bound to
+        `receiver` keeps (Adam's two moments, SGD's momentum buffer), when the
+        scope makes it with a torch.optim class; 0 otherwise."""
+        name = dotted_name(receiver)
+        if name is None or "." in name:
+            return 0
+        found = 0
+        for binding in program_of(self.context).lookup(name, scope):
+            value = binding.value
+            if type(value) is not cst.Call:
+                continue
+            qualified = self.context.qualified_name(value.func) or ""
+            optimizer = qualified.removeprefix("torch.optim.").rpartition(".")[2]
+            if not qualified.startswith("torch.optim."):
+                continue
+            if optimizer in _TWO_STATES:
+                found = max(found, 2)
+            elif optimizer in _ONE_STATE or optimizer == "SGD" and _nonzero(get_arg(value, "momentum")):
+                found = max(found, 1)
+        return found
+
+
+# torch.optim classes by the weight-shaped fp32 states they keep per parameter.
+_TWO_STATES = frozenset({"Adam", "AdamW", "NAdam", "RAdam", "Adamax"})
+_ONE_STATE = frozenset({"Adagrad", "RMSprop", "Adadelta"})
+
+
+def _nonzero(arg: object) -> bool:
+    """A `momentum=` argument that is not the literal 0."""
+    if not isinstance(arg, cst.Arg):
+        return False
+    value = arg.value
+    return not (type(value) in (cst.Integer, cst.Float) and float(value.value) == 0)
 
 
 @dataclass(frozen=True)

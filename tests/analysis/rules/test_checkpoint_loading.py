@@ -206,3 +206,34 @@ def test_a_long_gpu_map_location_is_not_copied_into_the_message() -> None:
 )
 def test_a_gpu_map_location_counts_only_a_checkpoint_that_is_itself_copied_into_a_model(source: str, reported: bool) -> None:
     assert bool(_findings(source, "OOM501")) is reported
+
+
+_RESUME = """
+    import timm
+    import torch
+
+    def main():
+        model = timm.create_model("vit_huge_patch14_224").cuda()
+        optimizer = {optimizer}
+        checkpoint = torch.load("last.pt")
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+"""
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "stake", "by_default"),
+    [
+        # Adam's two moments restored from the same checkpoint: three copies of the weights.
+        ("torch.optim.AdamW(model.parameters(), lr=1e-4)", "≈ 7.0 GiB of weights and optimizer state", True),
+        ("torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)", "≈ 4.7 GiB of weights and optimizer state", True),
+        # Plain SGD keeps nothing per parameter: the weights alone, under the default level's 4 GiB.
+        ("torch.optim.SGD(model.parameters(), lr=0.1)", "≈ 2.3 GiB of weights (", False),
+    ],
+)
+def test_the_stake_counts_the_optimizer_state_the_checkpoint_restores(optimizer: str, stake: str, by_default: bool) -> None:
+    source = textwrap.dedent(_RESUME.format(optimizer=optimizer))
+    [finding] = _findings(source, "OOM501")
+    assert stake in finding.message
+    shown = analyze(source, LintSettings(enabled=frozenset({"OOM501"})))
+    assert bool(shown) is by_default
