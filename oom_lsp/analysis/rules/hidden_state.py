@@ -14,6 +14,8 @@ from oom_lsp.analysis.dataflow import (
     facts_for,
     iter_nodes,
 )
+from oom_lsp.analysis.facts.contexts import call_graph
+from oom_lsp.analysis.facts.library import Grad
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
 from oom_lsp.analysis.rules._autograd import SEQUENCES, AutogradRule
@@ -37,7 +39,10 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
     Flags a recurrent hidden state fed from one training step into the next
     without `.detach()`: `out, hidden = rnn(x, hidden)` (or
     `out, (h, c) = lstm(x, (h, c))`) in a loop that calls `backward()`, where
-    nothing else in the loop rebinds or detaches `hidden`.
+    nothing else in the loop rebinds or detaches `hidden`. Also in a loop that
+    trains nothing with autograd on (an evaluation over the validation data
+    outside `torch.no_grad()`): its function runs no backward pass and what it
+    returns reaches none, so the chained graph only grows.
 
     ## Why is this bad?
     The new `hidden` is computed from the previous one, so its graph reaches
@@ -182,7 +187,27 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
                 criterion(out, y).backward()
             """
         ),
+        # A recurrence unrolled inside a forward whose result the caller trains on.
+        Valid(
+            """
+            import torch
+            cell = torch.nn.GRUCell(8, 8)
+
+            def unroll(xs, h):
+                outs = []
+                for x in xs:
+                    out, h = cell(x, h), h
+                    outs.append(out)
+                return torch.stack(outs)
+
+            def train(batches, h, opt):
+                for xs in batches:
+                    unroll(xs, h).sum().backward()
+                    opt.step()
+            """
+        ),
     ]
+
     INVALID = [
         Invalid(
             """
@@ -285,6 +310,28 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
                 accelerator.backward(criterion(output, targets))
             """,
         ),
+        # An evaluation with autograd on: the graph chained through the state is
+        # never backpropagated, and it grows over the whole validation data.
+        Invalid(
+            """
+            import torch
+            lstm = torch.nn.LSTM(8, 8)
+
+            def evaluate(chunks, hidden):
+                total = 0.0
+                for x, y in chunks:
+                    out, hidden = lstm(x, hidden)
+                    total += (out - y).pow(2).mean().item()
+                return total
+
+            def main(data):
+                print(evaluate(data, None))
+
+            if __name__ == "__main__":
+                main(torch.load("chunks.pt"))
+            """,
+            line=8,
+        ),
     ]
 
     def visit_Assign(self, node: cst.Assign) -> None:
@@ -298,7 +345,7 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
         if callee.role is not Role.MODULE:
             return
         loop = tracker.loops[-1]
-        if not contains_backward(loop.body, self.context):
+        if not contains_backward(loop.body, self.context) and not self._graph_never_used(call, loop):
             return
         bound = {name for name, _ in assigned_names(node)}
         carried = [names for arg in call.args if not arg.star for names in [_state_names(arg.value)] if names]
@@ -323,6 +370,22 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
             if edits
             else None,
         )
+
+    def _graph_never_used(self, call: cst.Call, loop: cst.For | cst.While) -> bool:
+        """A loop that runs no backward pass calls the recurrent model with
+        autograd on, its function runs none, and what the function returns
+        reaches none either (an evaluation over the validation data): the
+        graph chained through the state only grows, step after step, and
+        nothing frees it before the loop ends. A recurrence unrolled inside a
+        forward pass is not this: its function's result is backpropagated by
+        the caller."""
+        graph = call_graph(self.context)
+        site = graph.program.call(call)
+        if site is None or graph.grad_at(site) is not Grad.ON:
+            return False
+        if graph.runs_backward(site.scope):
+            return False  # a loop around it may train on this graph (a time-step loop inside a batch loop)
+        return site.scope.is_module or graph.result_feeds_a_backward(site.scope) is False
 
     def _cut_in_loop(self, name: str, loop: cst.For | cst.While, call_statement: cst.Assign) -> bool:
         """The loop rebinds or detaches the state itself."""
