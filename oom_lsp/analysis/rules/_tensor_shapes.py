@@ -71,6 +71,8 @@ Axis = str | None
 Shape = tuple[Axis, ...]
 
 
+_UNSET = object()
+
 class Lookup(NamedTuple):
     """Where the code a call runs is found, asked afresh at each question (the
     rule's state is not kept here: no reference cycle outlives an analysis)."""
@@ -98,6 +100,10 @@ class TensorShapes:
         self._frames: list[_Frame] = [_Frame()]
         # Functions whose result is being worked out (no recursion).
         self._evaluating: set[int] = set()
+        # What a function of the file returns called with nothing known, by id
+        # (the functions kept alive here, so that an id stays theirs).
+        self._stated_results: dict[int, object] = {}
+        self._kept_alive: list[cst.FunctionDef] = []
 
     def enter(self) -> None:
         self._frames.append(_Frame())
@@ -189,7 +195,23 @@ class TensorShapes:
     def _result_shape(self, call: cst.Call, env: dict[str, Shape], lookup: Lookup) -> Shape | None:
         """The shape a call of the file's own code returns, given its arguments."""
         if all(self._shape(arg.value, env, lookup) is None for arg in call.args):
-            return None  # nothing to follow (most calls): no need to find the code
+            # No argument's shape is known (most calls): only a function of the
+            # file that states the shape it returns whatever it is given
+            # (`return t.view(b, n, h, d).transpose(1, 2).reshape(b * h, n, d)`)
+            # has one. Worked out once per function.
+            function = lookup.callee(call)
+            if function is None or id(function) in self._evaluating:
+                return None
+            known = self._stated_results.get(id(function), _UNSET)
+            if known is _UNSET:
+                self._evaluating.add(id(function))
+                try:
+                    known = self._body_result(function, {}, lookup)
+                finally:
+                    self._evaluating.discard(id(function))
+                self._stated_results[id(function)] = known
+                self._kept_alive.append(function)
+            return known  # type: ignore[return-value]
         function = lookup.callee(call)
         skip_self = isinstance(call.func, cst.Attribute)
         if function is None:
@@ -351,7 +373,31 @@ def _bind(env: dict[str, Shape], targets: list[cst.BaseExpression], value: cst.B
                 for element, element_shape in zip(elements, found):
                     _bind_one(env, element.value, element_shape)
                 continue
+            each = _comprehension_element_shape(value, env, shape)
+            if each is not None:
+                # `q, k, v = (t.view(b, n, h, d).transpose(1, 2) for t in qkv.chunk(3, -1))`:
+                # every element is made the same way, so each name has its shape.
+                for element in elements:
+                    _bind_one(env, element.value, each)
+                continue
         _bind_one(env, target, None)
+
+
+def _comprehension_element_shape(
+    value: cst.BaseExpression,
+    env: dict[str, Shape],
+    shape: Callable[[cst.BaseExpression, dict[str, Shape]], Shape | None],
+) -> Shape | None:
+    """The shape every element of `(f(t) for t in xs)` (or a list
+    comprehension) has, when `f` states it whatever `t` is: one `for`, no
+    condition, the element's shape worked out without knowing `t`."""
+    if not isinstance(value, (cst.GeneratorExp, cst.ListComp)):
+        return None
+    loop = value.for_in
+    if loop.inner_for_in is not None or loop.ifs or not isinstance(loop.target, cst.Name):
+        return None
+    inner = {name: known for name, known in env.items() if name != loop.target.value}
+    return shape(value.elt, inner)
 
 
 def _bind_one(env: dict[str, Shape], target: cst.BaseExpression, found: Shape | None) -> None:

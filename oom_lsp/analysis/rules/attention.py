@@ -111,6 +111,29 @@ def _is_query_key_equation(equation: str, any_layout: bool = False) -> bool:
     )
 
 
+def _is_matrix_product(equation: str) -> bool:
+    """`bij,bjk->bik` (or `...ij,...jk->...ik`): a batched matrix product,
+    what `@` computes, the leading axes shared."""
+    spec = equation.replace(" ", "")
+    inputs, arrow, output = spec.partition("->")
+    operands = inputs.split(",")
+    if not arrow or len(operands) != 2:
+        return False
+    left, right = operands
+    if not (len(left) == len(right) == len(output) >= 2):
+        return False
+    prefix = left[:-2]
+    i, j, k = left[-2], left[-1], right[-1]
+    letters = (i, j, k)
+    return (
+        right == prefix + j + k
+        and output == prefix + i + k
+        and len(set(letters)) == 3
+        and all(letter.isalpha() for letter in letters)
+        and not set(letters) & set(prefix)
+    )
+
+
 def _is_score_product(query: str, key: str, output: str) -> bool:
     # Every axis named: leading `...` in another layout is how block-local
     # attention is written (LongT5's `...qhd,...khd->...hqk` over blocks),
@@ -142,9 +165,12 @@ class NaiveAttention(Rule):
     ## What it does
     Flags attention computed by hand: a softmax over the last dimension of
     `q @ k.transpose(-2, -1)` (or `k.mT`, `torch.matmul`, an einsum such as
-    `"bhid,bhjd->bhij"`, or `k.transpose(2, 3)` of a key whose four
-    dimensions the code states: its `view`, a shape unpacked from it, kept
-    through a rotary-embedding helper, a norm layer or `repeat_interleave`),
+    `"bhid,bhjd->bhij"`, an einsum that is a matrix product, `"bij,bjk->bik"`,
+    of a transposed key, a key transposed into a name first, or
+    `k.transpose(2, 3)` of a key whose four dimensions the code states: its
+    `view`, a shape unpacked from it, a helper of the file that returns a
+    stated shape, one generator that makes q, k and v alike, kept through a
+    rotary-embedding helper, a norm layer or `repeat_interleave`),
     scaled, masked or
     not, directly or through a variable (`scores = q @ k.mT / d ** 0.5`, then
     `scores.softmax(-1)`), with `torch.softmax`, `F.softmax`, `.softmax()` or
@@ -784,6 +810,41 @@ class NaiveAttention(Rule):
             """,
             line=4,
         ),
+        # einsum as a batched matrix product, the key transposed into a name,
+        # its rank stated by a helper of the class.
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+
+            class Attention(nn.Module):
+                def _split(self, t, b, n):
+                    return t.view(b, n, self.h, self.d).transpose(1, 2).reshape(b * self.h, n, self.d)
+
+                def forward(self, x):
+                    b, n, c = x.shape
+                    q, k, v = self._split(self.q(x), b, n), self._split(self.k(x), b, n), self._split(self.v(x), b, n)
+                    k_t = k.transpose(1, 2)
+                    logits = torch.einsum("bij,bjk->bik", q, k_t) * self.scale
+                    return torch.einsum("bij,bjk->bik", logits.softmax(dim=-1), v)
+            """,
+            line=14,
+        ),
+        # Queries and keys made by one generator, their four dimensions stated.
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+
+            class Attention(nn.Module):
+                def forward(self, x):
+                    b, n, _ = x.shape
+                    q, k, v = (t.view(b, n, self.h, self.d).permute(0, 2, 1, 3) for t in self.qkv(x).chunk(3, dim=-1))
+                    energy = q @ k.transpose(2, 3) / self.d ** 0.5
+                    return torch.softmax(energy, dim=-1) @ v
+            """,
+            line=10,
+        ),
     ]
 
     # Every form it flags applies torch's softmax: `torch.softmax`, `F.softmax`,
@@ -795,6 +856,9 @@ class NaiveAttention(Rule):
         # Per function: the local names currently holding a score matrix, with
         # the (q, k) of its product.
         self._scores: list[dict[str, _QueryKey]] = [{}]
+        # Per function: the local names bound to a key with its last two
+        # dimensions swapped (`k_t = k.transpose(1, 2)` of a 3-D key), with that key.
+        self._transposed: list[dict[str, cst.BaseExpression]] = [{}]
         # Per function: the local names whose shape the code states.
         self._shapes = TensorShapes(context.call_name)
         # Names and attributes bound to `nn.Softmax(dim=-1)` (False once bound
@@ -807,10 +871,12 @@ class NaiveAttention(Rule):
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._scores.append({})
+        self._transposed.append({})
         self._shapes.enter()
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._scores.pop()
+        self._transposed.pop()
         self._shapes.leave()
 
     def leave_Assign(self, original_node: cst.Assign) -> None:
@@ -833,12 +899,17 @@ class NaiveAttention(Rule):
 
     def _rebind(self, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
         names = self._scores[-1]
+        transposed = self._transposed[-1]
         product = self._score_operands(value)
+        key = self._key_of_transposed(value)
         for target in targets:
             if isinstance(target, cst.Name):
                 names.pop(target.value, None)
+                transposed.pop(target.value, None)
                 if product is not None:
                     names[target.value] = product
+                if key is not None:
+                    transposed[target.value] = key  # `k_t = k.transpose(1, 2)`
                 continue
             for node in descendants(target):
                 if isinstance(node, cst.Name):
@@ -852,7 +923,9 @@ class NaiveAttention(Rule):
     # --- recognising the score matrix --------------------------------------
     def _key_of_transposed(self, expr: cst.BaseExpression) -> cst.BaseExpression | None:
         """`k` for `k.transpose(-2, -1)`, `k.transpose(-1, -2)`, `k.mT`,
-        `torch.transpose(k, -2, -1)`."""
+        `torch.transpose(k, -2, -1)`, or a local name bound to one of these."""
+        if isinstance(expr, cst.Name):
+            return self._transposed[-1].get(expr.value)
         if isinstance(expr, cst.Attribute) and expr.attr.value == "mT":
             return expr.value
         if not isinstance(expr, cst.Call) or has_splat(expr):
@@ -894,10 +967,15 @@ class NaiveAttention(Rule):
             if has_splat(expr) or len(expr.args) != 3 or any(arg.keyword for arg in expr.args):
                 return None
             equation = string_value(expr.args[0].value)
-            if equation is None or not _is_query_key_equation(equation, any_layout):
+            if equation is None:
                 return None
-            return expr.args[1].value, expr.args[2].value
-        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.MatrixMultiply):
+            if _is_query_key_equation(equation, any_layout):
+                return expr.args[1].value, expr.args[2].value
+            if not _is_matrix_product(equation):
+                return None
+            # `einsum("bij,bjk->bik", q, k_t)` is `q @ k_t`.
+            left, right = expr.args[1].value, expr.args[2].value
+        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.MatrixMultiply):
             left, right = expr.left, expr.right
         elif isinstance(expr, cst.Call) and self.context.call_name(expr) in _MATMUL:
             if has_splat(expr) or len(expr.args) != 2 or any(arg.keyword for arg in expr.args):
