@@ -24,6 +24,13 @@ table (the default rules, no project configuration):
    patch); the two real peaks compared. A script that fails late (a missing plotting package)
    counts up to where it failed, when the fixed run fails at the same place.
 
+6. a hand-written fix of OOM402 (`F.scaled_dot_product_attention`) is also measured by the
+   estimate's CUDA prediction (`estimate --device cuda` on the copy and on the patched copy):
+   on the CPU a training step's SDPA (dropout on) takes the math path, which keeps the score
+   matrix the fix is meant to drop, while CUDA's flash and memory-efficient kernels keep only
+   the output and a logsumexp. That saving is shown beside the CPU verdict and counted in the
+   "confirmed with the GPU proxy" column, never in the CPU one (like OOM201's bf16 row).
+
 A finding is CONFIRMED when its fix saves at least 1 % of the peak (the baseline's needed bytes,
 or the whole run's real peak in 5.) or stops a per-step growth (what a third step keeps on top of
 the second, halved at least); NOT CONFIRMED when the fix saves less; UNMEASURABLE when there is
@@ -74,6 +81,11 @@ CONFIRM_SHARE = 0.01  # a fix that saves at least 1 % of the peak
 ESTIMATE_TOLERANCE = 0.02  # the estimate within 2 % of the real CPU peak, else an estimate bug
 # Fixes that change nothing on a CPU-only torch (`autocast("cuda")` is disabled there).
 GPU_ONLY_FIXES = {"OOM201"}
+# Fixes whose saving comes from a GPU kernel: scaled_dot_product_attention's flash and
+# memory-efficient kernels keep no score matrix, while on the CPU a training step (dropout)
+# takes the math path, which keeps it. Measured on the CPU and, as a proxy, by the estimate's
+# CUDA prediction (`--device cuda`, SDPA routed as CUDA runs it), both copies side by side.
+GPU_KERNEL_FIXES = {"OOM402"}
 CONFIRMED, NOT_CONFIRMED, UNMEASURABLE = "confirmed", "not confirmed", "unmeasurable"
 # Changes to the case folder's copy that say nothing about the case.
 # The same environment for the real run and the estimate: no tokenizer threads, no hub look-ups,
@@ -387,8 +399,8 @@ def reached(finding: dict, lines: set[str]) -> bool:
     return any(f"{file}:{line}" in lines for line in range(finding["line"], finding.get("end_line", finding["line"]) + 1))
 
 
-def estimate(oom: OomLsp, case: Case, folder: Path, timeout: float, what_if: bool = False) -> dict:
-    command = ["estimate", case.script, "--device", "cpu", "--format", "json", "--python", oom.python]
+def estimate(oom: OomLsp, case: Case, folder: Path, timeout: float, what_if: bool = False, device: str = "cpu") -> dict:
+    command = ["estimate", case.script, "--device", device, "--format", "json", "--python", oom.python]
     command += ["--what-if"] if what_if else []
     command += ["--timeout", str(int(timeout)), "--", *case.args]
     # The what-if runs every change in one child, each trace with the time limit.
@@ -428,6 +440,23 @@ def hand_fix(
         "stops_growth": bool(growth and after.get("growth_per_step") is not None
                              and after["growth_per_step"] <= growth // 2),
     }
+
+
+def cuda_proxy(oom: OomLsp, case: Case, source: Path, patch: Path, work: Path, timeout: float) -> dict:
+    """A hand-written fix measured by the estimate's CUDA prediction: the case's copy and the
+    patched copy, each `estimate --device cuda`."""
+    peaks = []
+    for fixed in (False, True):
+        folder = fresh_copy(source, work / f"{case.name}.cuda{int(fixed)}", oom.python, case)
+        try:
+            if fixed:
+                done = run(["patch", "-p1", "--batch", "--forward", "-i", str(patch)], folder, 60)
+                if done.returncode != 0:
+                    raise CaseError(f"{patch.name} does not apply: {_tail(done.stdout + done.stderr)}")
+            peaks.append(estimate(oom, case, folder, timeout, device="cuda")["peak_bytes"])
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return {"cuda_peak_bytes": peaks[0], "cuda_saving_bytes": peaks[0] - peaks[1]}
 
 
 def missing_modules(case: Case, python: str) -> list[str]:
@@ -520,6 +549,10 @@ def run_case(oom: OomLsp, case: Case, corpus: Path, work: Path, timeout: float,
                     f"hand-{patch.stem}", lambda: hand_fix(oom, case, source, patch, work, base, timeout)
                 )
                 entry.update(how=f"hand-written fix {patch.name}", **measured)
+                if finding["code"] in GPU_KERNEL_FIXES:
+                    entry.update(cache.get(
+                        f"cuda-{patch.stem}", lambda: cuda_proxy(oom, case, source, patch, work, timeout)
+                    ))
             except CaseError as problem:
                 entry.update(how=f"hand-written fix {patch.name}", why=f"not measured: {problem}")
         elif row is not None:
@@ -590,18 +623,23 @@ def tally(results: list[dict]) -> dict[str, dict[str, int]]:
                 proxy = gpu_proxy(result, finding)
                 entry.setdefault("confirmed with the GPU proxy", 0)
                 entry["confirmed with the GPU proxy"] += finding["verdict"] == CONFIRMED or (
-                    proxy is not None and proxy >= CONFIRM_SHARE * result["baseline_bytes"]
+                    proxy is not None and proxy[0] >= CONFIRM_SHARE * proxy[1]
                 )
     return dict(sorted(counts.items(), key=lambda item: (item[0] == "total", item[0])))
 
 
-def gpu_proxy(result: dict, finding: dict) -> int | None:
-    """OOM201's codemod writes autocast("cuda"), which a CPU-only torch disables: on the CPU its
-    saving is 0 by construction. The what-if's bf16 row (the same autocast around the forward,
-    traced on the CPU) is what the fix would save on a GPU: shown beside the verdict, not counted."""
-    if finding["code"] not in GPU_ONLY_FIXES:
-        return None
-    return result.get("knobs", {}).get("knob:bf16")
+def gpu_proxy(result: dict, finding: dict) -> tuple[int, int] | None:
+    """(saving, the peak it is a share of) on a GPU, for the fixes a CPU cannot show. OOM201's
+    codemod writes autocast("cuda"), which a CPU-only torch disables: on the CPU its saving is 0
+    by construction; the what-if's bf16 row (the same autocast around the forward, traced on the
+    CPU) is what it would save on a GPU. OOM402's fix: the estimate's CUDA prediction with and
+    without it (GPU_KERNEL_FIXES). Shown beside the verdict, counted apart."""
+    if finding["code"] in GPU_ONLY_FIXES:
+        saving = result.get("knobs", {}).get("knob:bf16")
+        return None if saving is None else (saving, result["baseline_bytes"])
+    if finding["code"] in GPU_KERNEL_FIXES and finding.get("cuda_saving_bytes") is not None:
+        return finding["cuda_saving_bytes"], finding["cuda_peak_bytes"]
+    return None
 
 
 def share(entry: dict[str, int]) -> float | None:
@@ -648,7 +686,8 @@ def print_report(report: dict, list_heldout: bool) -> None:
                     )
                     proxy = gpu_proxy(result, f)
                     if proxy is not None:
-                        measure += f"; on a GPU (the bf16 row): {_size(proxy)} ({100 * proxy / result['baseline_bytes']:.1f} %)"
+                        how = "the bf16 row" if f["code"] in GPU_ONLY_FIXES else "the CUDA prediction"
+                        measure += f"; on a GPU ({how}): {_size(proxy[0])} ({100 * proxy[0] / proxy[1]:.1f} %)"
                     print(f"  {f['verdict']:<13} {result['case']}/{f['file']}:{f['line']} {f['code']}  {measure}"
                           + (f"  [{f['how']}]" if f.get("how") and f["how"] != "quick fix" else ""))
             for result in measured:
@@ -670,8 +709,8 @@ def print_report(report: dict, list_heldout: bool) -> None:
         value = share(total)
         proxied = total.get("confirmed with the GPU proxy", total[CONFIRMED])
         if proxied != total[CONFIRMED]:
-            print(f"oracle {split}: counting OOM201 by the bf16 row (what its fix saves on a GPU): "
-                  f"{proxied} of {total['findings']} confirmed")
+            print(f"oracle {split}: counting OOM201 by the bf16 row and OOM402 by the CUDA prediction "
+                  f"(what their fixes save on a GPU): {proxied} of {total['findings']} confirmed")
         print(
             f"oracle {split}: {total[CONFIRMED]} of {total['findings']} default findings confirmed "
             f"({'—' if value is None else f'{100 * value:.0f} %'}), {total[NOT_CONFIRMED]} not confirmed, "

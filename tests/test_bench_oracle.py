@@ -208,3 +208,16 @@ def test_check_reads_the_published_code_not_the_data_writer(tmp_path: Path) -> N
     (tmp_path / "pkg" / "prepare.py").write_text("y = 2\n")
     (tmp_path / "PREPARED").write_text("data/*\n")
     assert sorted(oracle.python_files(tmp_path)) == ["pkg/prepare.py", "train.py"]
+
+
+def test_the_gpu_proxy_counts_an_attention_fix_by_its_cuda_prediction_apart_from_the_cpu_verdict() -> None:
+    finding = {"code": "OOM402", "verdict": oracle.NOT_CONFIRMED, "cuda_saving_bytes": 48, "cuda_peak_bytes": 1000}
+    result = {"case": "c", "baseline_bytes": 10_000, "findings": [finding], "knobs": {}}
+    assert oracle.gpu_proxy(result, finding) == (48, 1000)
+    total = oracle.tally([result])["total"]
+    assert total[oracle.CONFIRMED] == 0  # the CPU verdict stands
+    assert total["confirmed with the GPU proxy"] == 1  # 4.8 % of the CUDA peak
+    finding["cuda_saving_bytes"] = 5  # 0.5 %: under the 1 % bar
+    assert oracle.tally([result])["total"]["confirmed with the GPU proxy"] == 0
+    bf16 = {"code": "OOM201", "verdict": oracle.NOT_CONFIRMED}
+    assert oracle.gpu_proxy({"baseline_bytes": 10_000, "knobs": {"knob:bf16": 300}}, bf16) == (300, 10_000)
