@@ -8,6 +8,7 @@ import libcst as cst
 
 from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
 from oom_lsp.analysis.facts.evaluation import EvalForward, evaluation_facts, is_inference_script
+from oom_lsp.analysis.facts.workload import workload_of
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.fixes import inference_mode
@@ -52,8 +53,10 @@ class EvalWithoutNoGrad(Rule):
     pass runs. Nothing frees that graph without a backward pass, so two
     batches' activations (or every batch's) are alive at once. One batch's
     graph that dies within its iteration (`correct += (model(x).argmax(1)
-    == y).sum().item()`) costs what training already holds; `--strict`
-    shows those too. In a script that never trains (it has an
+    == y).sum().item()`) costs what training already holds, unless the
+    evaluation's loader has a larger batch than every training loop's (both
+    stated in the code): then its one graph holds more activations than the
+    training step does. `--strict` shows the rest. In a script that never trains (it has an
     `if __name__ == "__main__":` block and no backward pass, optimizer step
     or training loop anywhere) there is no training step to compare with:
     a demo or inference script's forward pass with autograd on keeps the
@@ -591,6 +594,28 @@ class EvalWithoutNoGrad(Rule):
             """,
             line=7,
         ),
+        # Validation at four times the training batch, with autograd on: its one
+        # graph holds more activations than the training step's (shown by default).
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+
+            def fit(model, train_set, val_set, optimizer):
+                train_loader = DataLoader(train_set, batch_size=32, shuffle=True)
+                val_loader = DataLoader(val_set, batch_size=128)
+                for epoch in range(10):
+                    model.train()
+                    for x, y in train_loader:
+                        torch.nn.functional.cross_entropy(model(x.cuda()), y.cuda()).backward()
+                        optimizer.step()
+                    model.eval()
+                    for x, y in val_loader:
+                        print((model(x.cuda()).argmax(1) == y.cuda()).sum().item())
+            """,
+            line=15,
+            by_default=True,
+        ),
     ]
 
     def leave_Module(self, original_node: cst.Module) -> None:
@@ -622,10 +647,15 @@ class EvalWithoutNoGrad(Rule):
             edits = inference_mode.wrap(target, indent, self.context.module, reference)
             fix = FixSpec("Wrap in `with torch.inference_mode():`", edits, Applicability.SAFE, imports)
         message = forward.message
+        larger = None
         if forward.kept_into_next_batch is not None:
             message += f"; {forward.kept_into_next_batch} holds its graph into the next batch"
         elif inference_only:
             message += "; this script never trains: the activations are kept for nothing"
+        else:
+            larger = self._larger_batch_than_training(forward)
+            if larger is not None:
+                message += f"; at batch {larger[0]} it keeps more activations than training does at {larger[1]}"
         self.context.add_report(
             deferred_report(
                 self,
@@ -640,7 +670,41 @@ class EvalWithoutNoGrad(Rule):
                 # known dataset of small samples keeps a few MB either way. In a
                 # script that never trains there is no training step to compare
                 # with: the graph is what makes inference cost training's memory.
-                proven=(forward.kept_into_next_batch is not None or inference_only)
+                # Or the evaluation's batch is larger than every training loop's: its
+                # one graph holds more activations than the training step's.
+                proven=(forward.kept_into_next_batch is not None or inference_only or larger is not None)
                 and not trains_on_small_inputs(self.context),
             )
         )
+
+    def _larger_batch_than_training(self, forward: EvalForward) -> tuple[int, int] | None:
+        """(the evaluation loop's batch, the largest training loop's batch) when
+        the code states both and the evaluation's is larger: a forward with
+        autograd on keeps the activations of its whole batch until its output
+        is dropped, as the training step does before backward, so at a larger
+        batch it needs more than training (validation loaders are often given
+        twice the training batch, "no gradients are kept")."""
+        evaluation = evaluation_facts(self.context)
+        graph = evaluation.graph
+        workload = workload_of(self.context)
+        loops = [loop for loop in forward.call.loops if type(loop) is cst.For]
+        if not loops:
+            return None
+        evaluated = workload.batch_of(loops[-1], forward.call.scope)
+        if evaluated is None:
+            return None
+        trained: list[int] = []
+        for scope in graph.program.functions:
+            for call in scope.calls:
+                if not graph.call_runs_backward(call):
+                    continue
+                around = [loop for loop in call.loops if type(loop) is cst.For]
+                if not around:
+                    continue
+                batch = workload.batch_of(around[-1], scope)
+                if batch is None:
+                    return None  # a training loop whose batch the code does not state
+                trained.append(batch.value)
+        if not trained or evaluated.value <= max(trained):
+            return None
+        return evaluated.value, max(trained)
