@@ -435,9 +435,7 @@ class TorchLoadWithoutMapLocation(Rule):
             )
         else:
             # `map_location=map_loc` that is None on some path.
-            shown = self.context.code_for(load.location.value)
-            shown = shown if len(shown) <= 30 and "\n" not in shown else "its map_location"
-            without = f"torch.load with map_location {shown} (None on some path)"
+            without = "torch.load with a None map_location"
             fix = FixSpec(
                 title='Load onto the CPU: `map_location="cpu"`',
                 edits=map_location_to_cpu(load.location),
@@ -526,11 +524,7 @@ class TorchLoadWithoutMapLocation(Rule):
             # The optimizer's state restored from the same checkpoint: fp32 tensors
             # shaped like the weights, `states` of them per parameter.
             total = weights * (1 + states)
-            return Stake(
-                total,
-                f"≈ {format_bytes(total)} of weights and optimizer state "
-                f"({parameter_count(largest.parameters)} parameters)",
-            )
+            return Stake(total, f"≈ {format_bytes(total)} of weights and optimizer state")
         return Stake(weights, f"≈ {format_bytes(weights)} of weights ({parameter_count(largest.parameters)} parameters)")
 
     def _optimizer_states(self, receiver: cst.BaseExpression, scope: Function) -> int:

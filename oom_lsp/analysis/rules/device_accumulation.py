@@ -7,11 +7,11 @@ import re
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
-from oom_lsp.analysis.dataflow import binds_inside, facts_for
+from oom_lsp.analysis.dataflow import assigned_names, binds_inside, facts_for, iter_nodes
 from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
 from oom_lsp.analysis.facts.devices import Device, device_facts, reduced
 from oom_lsp.analysis.facts.evaluation import indent_in_path
-from oom_lsp.analysis.facts.program import BindingKind, Call, Function, program_of
+from oom_lsp.analysis.facts.program import BindingKind, Function, program_of
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report, short_code
 from oom_lsp.analysis.rules._devices import file_uses_cuda
@@ -148,6 +148,23 @@ class DeviceTensorsKeptAcrossIterations(Rule):
                     preds[i * 32:(i + 1) * 32] = model(x.cuda())
             """
         ),
+        # One entry overwritten every batch, and entries made afresh in the loop.
+        Valid(
+            """
+            import torch
+
+            @torch.no_grad()
+            def predict(model, loader):
+                latest, cache = {}, {}
+                for images, ids in loader:
+                    outputs = model(images.cuda())
+                    latest["val"] = outputs
+                    for k in ids:
+                        cache[k] = []
+                        cache[k].append(outputs)
+                return latest
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -279,10 +296,12 @@ class DeviceTensorsKeptAcrossIterations(Rule):
         loop = next(
             (loop for loop in reversed(loops) if type(loop) is cst.For and self._is_data_loop(loop, scope)), None
         )
-        if loop is None or binds_inside(loop, root):
+        if loop is None or binds_inside(loop, root) or _entry_made_in(loop, holder_expr, self.context.code_for):
             return
         if not self._is_a_list(root, scope):
             return
+        if type(store) is cst.Assign and not _varies_in(store.targets[0].target, loop):  # type: ignore[attr-defined]
+            return  # `latest["val"] = out`: one entry, overwritten every batch
         flow = facts_for(self.context).flow(None if scope.is_module else scope.node)  # type: ignore[arg-type]
         if flow.kind_of(value).attached or reduced(value, self.context):
             return
@@ -369,3 +388,30 @@ def _container_root(expr: cst.BaseExpression) -> str | None:
     while type(expr) is cst.Subscript:
         expr = expr.value
     return dotted_name(expr)
+
+
+def _entry_made_in(loop: cst.For, holder: cst.BaseExpression, code_for) -> bool:  # type: ignore[no-untyped-def]
+    """`cache[k] = []` inside the loop, for a store into `cache[k]`: the entry
+    is made afresh there, like a list bound inside the loop."""
+    if type(holder) is not cst.Subscript:
+        return False
+    text = code_for(holder)
+    return any(
+        type(node) is cst.Assign and any(code_for(target.target) == text for target in node.targets)
+        for node in iter_nodes(loop.body)
+    )
+
+
+def _varies_in(target: cst.BaseExpression, loop: cst.For) -> bool:
+    """The key of `holder[key] = value` names something the loop binds anew at
+    every iteration (its target, or a name assigned in it): a new entry per
+    item. A constant key overwrites one entry."""
+    if type(target) is not cst.Subscript:
+        return False
+    bound = {name for node in iter_nodes(loop) for name, _ in assigned_names(node)}
+    bound |= {node.value for node in iter_nodes(loop.target) if type(node) is cst.Name}
+    return any(
+        type(node) is cst.Name and node.value in bound
+        for element in target.slice
+        for node in iter_nodes(element)
+    )
