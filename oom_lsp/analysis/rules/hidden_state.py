@@ -40,9 +40,13 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
     without `.detach()`: `out, hidden = rnn(x, hidden)` (or
     `out, (h, c) = lstm(x, (h, c))`) in a loop that calls `backward()`, where
     nothing else in the loop rebinds or detaches `hidden`. Also in a loop that
-    trains nothing with autograd on (an evaluation over the validation data
-    outside `torch.no_grad()`): its function runs no backward pass and what it
-    returns reaches none, so the chained graph only grows.
+    trains nothing with autograd on, where nothing can train on the graph:
+    its function runs no backward pass and what it returns reaches none (an
+    evaluation over the validation data outside `torch.no_grad()`), or the
+    call's other outputs are only read as numbers (`q.argmax().item()` in an
+    acting loop). There the chained graph only grows, and only a detach or a
+    rebind at every iteration stops it (a reset at an episode's end lets it
+    grow until then).
 
     ## Why is this bad?
     The new `hidden` is computed from the previous one, so its graph reaches
@@ -332,6 +336,28 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
             """,
             line=8,
         ),
+        # An acting loop: the Q-values are only read as an action, so nothing
+        # trains on this graph; the reset at an episode's end lets it grow until then.
+        Invalid(
+            """
+            import torch
+
+            def run(env, learn, steps):
+                policy = torch.nn.LSTM(64, 18).cuda()
+                obs, state = env.reset(), None
+                for step in range(steps):
+                    q, state = policy(torch.as_tensor(obs).cuda(), state)
+                    obs, done = env.step(q.argmax().item())
+                    if done:
+                        obs, state = env.reset(), None
+                    if step % 4 == 0:
+                        learn()
+
+            if __name__ == "__main__":
+                run(make_env(), learner(), 10_000_000)
+            """,
+            line=8,
+        ),
     ]
 
     def visit_Assign(self, node: cst.Assign) -> None:
@@ -345,14 +371,21 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
         if callee.role is not Role.MODULE:
             return
         loop = tracker.loops[-1]
-        if not contains_backward(loop.body, self.context) and not self._graph_never_used(call, loop):
-            return
         bound = {name for name, _ in assigned_names(node)}
         carried = [names for arg in call.args if not arg.star for names in [_state_names(arg.value)] if names]
         carried = [names for names in carried if set(names) <= bound]
         if not carried:
             return
-        if any(self._cut_in_loop(name, loop, node) for names in carried for name in names):
+        state = {name for names in carried for name in names}
+        if contains_backward(loop.body, self.context):
+            if any(self._cut_in_loop(name, loop, node) for name in state):
+                return
+        elif self._graph_never_used(call, loop, bound - state):
+            # Nothing trains on this graph: only a cut at every iteration stops
+            # the chain (a reset at the end of an episode lets it grow until then).
+            if any(self._cut_at_every_iteration(name, loop, node) for name in state):
+                return
+        else:
             return
         lines = [
             hidden_state.detach_names_line(names)
@@ -371,21 +404,62 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
             else None,
         )
 
-    def _graph_never_used(self, call: cst.Call, loop: cst.For | cst.While) -> bool:
+    def _graph_never_used(self, call: cst.Call, loop: cst.For | cst.While, outputs: set[str]) -> bool:
         """A loop that runs no backward pass calls the recurrent model with
-        autograd on, its function runs none, and what the function returns
-        reaches none either (an evaluation over the validation data): the
-        graph chained through the state only grows, step after step, and
-        nothing frees it before the loop ends. A recurrence unrolled inside a
-        forward pass is not this: its function's result is backpropagated by
-        the caller."""
+        autograd on, and nothing can train on what it computes: its function
+        runs no backward and what it returns reaches none (an evaluation over
+        the validation data), or the call's other outputs are only read as
+        numbers in the loop (`q[0, -1].argmax().item()` in an acting loop,
+        whatever else the function trains). The graph chained through the
+        state only grows, step after step, and nothing frees it before the
+        loop ends. A recurrence unrolled inside a forward pass is not this: its
+        function's result is backpropagated by the caller."""
         graph = call_graph(self.context)
         site = graph.program.call(call)
         if site is None or graph.grad_at(site) is not Grad.ON:
             return False
+        if outputs and all(self._only_numbers_read(name, loop) for name in outputs):
+            return True
         if graph.runs_backward(site.scope):
             return False  # a loop around it may train on this graph (a time-step loop inside a batch loop)
         return site.scope.is_module or graph.result_feeds_a_backward(site.scope) is False
+
+    def _only_numbers_read(self, name: str, loop: cst.For | cst.While) -> bool:
+        """Every mention of `name` in the function (in the loop and after it)
+        is a binding or a read that keeps no graph: a chain of indexing and
+        methods ending in `.item()`, `.tolist()`, `.argmax()`/`.argmin()`
+        (integers carry no gradient)."""
+        inside = {id(node) for node in iter_nodes(loop.body)}
+        uses = self._summary().uses_of(name)
+        if not any(id(use) in inside for use, _ in uses):
+            return False
+        for use, ancestors in uses:
+            if _is_bound_there(ancestors):
+                continue
+            if not _read_without_graph(use, ancestors):
+                return False
+        return True
+
+    def _cut_at_every_iteration(self, name: str, loop: cst.For | cst.While, call_statement: cst.Assign) -> bool:
+        """A statement of the loop's own body (not under an `if`) rebinds or
+        detaches the state, or a detach of it anywhere in the loop."""
+        for statement in loop.body.body if isinstance(loop.body, cst.IndentedBlock) else ():
+            if type(statement) is not cst.SimpleStatementLine:
+                continue
+            for small in statement.body:
+                if small is call_statement:
+                    continue
+                if type(small) is cst.Assign and any(
+                    name in _target_names(target.target) for target in small.targets
+                ):
+                    return True
+        return any(
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in ("detach", "detach_")
+            and name in (dotted_name(node.func.value), _subscripted_name(node.func.value))
+            for node in iter_nodes(loop.body)
+        )
 
     def _cut_in_loop(self, name: str, loop: cst.For | cst.While, call_statement: cst.Assign) -> bool:
         """The loop rebinds or detaches the state itself."""
@@ -443,3 +517,46 @@ def _state_names(expr: cst.BaseExpression) -> list[str]:
         return [name for name in names if name is not None] if all(names) else []
     name = dotted_name(expr)
     return [name] if name is not None else []
+
+
+# What a chain of reads may go through and still be a number in the end.
+_NUMBER_ENDS = frozenset({"item", "tolist", "argmax", "argmin"})
+_PASSING = frozenset({"detach", "cpu", "squeeze", "view", "reshape", "float", "max", "min", "softmax"})
+
+
+def _is_bound_there(ancestors: tuple[cst.CSTNode, ...]) -> bool:
+    """The mention is (part of) an assignment's target: `q` in `q, h = ...`."""
+    index = len(ancestors) - 1
+    while index >= 0 and type(ancestors[index]) in (cst.Element, cst.Tuple, cst.List):
+        index -= 1
+    return index >= 0 and type(ancestors[index]) is cst.AssignTarget
+
+
+def _read_without_graph(use: cst.CSTNode, ancestors: tuple[cst.CSTNode, ...]) -> bool:
+    """`q[0, -1].argmax().item()`, `q.max(1).item()`: indexing and methods up
+    to one that turns the value into numbers or integers."""
+    node = use
+    for parent in reversed(ancestors):
+        if type(parent) is cst.Subscript and parent.value is node:
+            node = parent
+            continue
+        if type(parent) is cst.Attribute and parent.value is node:
+            if parent.attr.value in _NUMBER_ENDS:
+                return True
+            if parent.attr.value not in _PASSING:
+                return False
+            node = parent
+            continue
+        if type(parent) is cst.Call and parent.func is node:
+            node = parent
+            continue
+        return False
+    return False
+
+
+def _target_names(target: cst.BaseExpression) -> set[str]:
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return {name for element in target.elements for name in _target_names(element.value)}
+    return set()
