@@ -60,6 +60,15 @@ def bound_arguments(call: cst.Call, params: list[str]) -> dict[str, cst.BaseExpr
     return bound
 
 
+def target_names(target: cst.BaseExpression) -> set[str]:
+    """The plain names an assignment or loop target binds: `x`, `a, (b, c)`."""
+    if type(target) is cst.Name:
+        return {target.value}
+    if type(target) in (cst.Tuple, cst.List):
+        return {name for element in target.elements for name in target_names(element.value)}
+    return set()
+
+
 def int_value(expr: cst.BaseExpression | None) -> int | None:
     """The value of an integer literal (`256`, `1_024`, `2**10` is not one)."""
     if isinstance(expr, cst.Integer):

@@ -27,7 +27,7 @@ import weakref
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
-from oom_lsp.analysis.cst_helpers import bound_arguments, get_arg, string_value
+from oom_lsp.analysis.cst_helpers import bound_arguments, get_arg, string_value, target_names
 from oom_lsp.analysis.facts.contexts import call_graph
 from oom_lsp.analysis.facts.evaluation import evaluation_facts
 from oom_lsp.analysis.facts.program import BindingKind, Function, Program, program_of
@@ -282,7 +282,7 @@ def _element_source(loop: cst.For, name: str) -> cst.BaseExpression | None:
             continue
         if called == "zip" and len(elements) == len(args):
             for element, arg in zip(elements, args):
-                if name in _target_names(element):
+                if name in target_names(element):
                     target, iterable = element, arg
                     break
             else:
@@ -291,14 +291,6 @@ def _element_source(loop: cst.For, name: str) -> cst.BaseExpression | None:
                 return None  # a pair unpacked from one zipped element
             continue
         return None
-
-
-def _target_names(target: cst.BaseExpression) -> set[str]:
-    if type(target) is cst.Name:
-        return {target.value}
-    if type(target) in (cst.Tuple, cst.List):
-        return {name for element in target.elements for name in _target_names(element.value)}
-    return set()
 
 
 def reduced(expr: cst.BaseExpression, context: FileContext) -> bool:

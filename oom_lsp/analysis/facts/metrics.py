@@ -232,15 +232,16 @@ def _clears(method: Function, lists: set[str]) -> bool:
     self_name = method.self_name
     if self_name is None:
         return False
+    paths = {f"{self_name}.{attribute}" for attribute in lists}
     for node in iter_nodes(method.node.body):
         if type(node) in (cst.Assign, cst.AugAssign, cst.AnnAssign):
             targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
             for target in targets:
                 for part in iter_nodes(target):
-                    if type(part) is cst.Attribute and dotted_name(part) in {f"{self_name}.{a}" for a in lists}:
+                    if type(part) is cst.Attribute and dotted_name(part) in paths:
                         return True
         if type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "clear":
-            if dotted_name(node.func.value) in {f"{self_name}.{a}" for a in lists}:
+            if dotted_name(node.func.value) in paths:
                 return True
         if type(node) is cst.Del:
             return True

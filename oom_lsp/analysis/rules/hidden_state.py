@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.cst_helpers import target_names
 from oom_lsp.analysis.dataflow import (
     Callee,
     Role,
@@ -450,28 +451,14 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
                 if small is call_statement:
                     continue
                 if type(small) is cst.Assign and any(
-                    name in _target_names(target.target) for target in small.targets
+                    name in target_names(target.target) for target in small.targets
                 ):
                     return True
-        return any(
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
-            and node.func.attr.value in ("detach", "detach_")
-            and name in (dotted_name(node.func.value), _subscripted_name(node.func.value))
-            for node in iter_nodes(loop.body)
-        )
+        return _detached_in(loop, name, ("detach", "detach_"))
 
     def _cut_in_loop(self, name: str, loop: cst.For | cst.While, call_statement: cst.Assign) -> bool:
         """The loop rebinds or detaches the state itself."""
-        if binds_inside(loop, name, besides=call_statement):
-            return True
-        return any(
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
-            and node.func.attr.value == "detach_"
-            and name in (dotted_name(node.func.value), _subscripted_name(node.func.value))
-            for node in iter_nodes(loop.body)
-        )
+        return binds_inside(loop, name, besides=call_statement) or _detached_in(loop, name, ("detach_",))
 
     def _state_constructor(self, callee: Callee) -> str | None:
         """The recurrent module behind the call: `torch.nn.LSTM` directly, or
@@ -503,6 +490,18 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
             param.name.value == name and isinstance(param.default, cst.Name) and param.default.value == "None"
             for param in (*params.posonly_params, *params.params, *params.kwonly_params)
         )
+
+
+def _detached_in(loop: cst.For | cst.While, name: str, methods: tuple[str, ...]) -> bool:
+    """One of `methods` is called on the state (or on one of its elements,
+    `hidden[0].detach_()`) somewhere in the loop."""
+    return any(
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in methods
+        and name in (dotted_name(node.func.value), _subscripted_name(node.func.value))
+        for node in iter_nodes(loop.body)
+    )
 
 
 def _subscripted_name(expr: cst.BaseExpression) -> str | None:
@@ -552,11 +551,3 @@ def _read_without_graph(use: cst.CSTNode, ancestors: tuple[cst.CSTNode, ...]) ->
             continue
         return False
     return False
-
-
-def _target_names(target: cst.BaseExpression) -> set[str]:
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return {name for element in target.elements for name in _target_names(element.value)}
-    return set()
