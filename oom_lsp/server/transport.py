@@ -68,8 +68,26 @@ def _run(server: Any, main: Callable[[], Awaitable[None]]) -> int:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     interrupted = False
+    serving = loop.create_task(main())
+
+    def interrupt() -> None:
+        nonlocal interrupted
+        interrupted = True
+        serving.cancel()
+
     try:
-        loop.run_until_complete(main())
+        # Ctrl-C on the server started by hand in a terminal. Through the loop, not as a
+        # KeyboardInterrupt: the kernel may hand SIGINT to the stdin thread, and then only
+        # the loop's wake-up pipe gets the main thread out of its wait.
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+    except (NotImplementedError, RuntimeError, ValueError):
+        pass  # not the main thread (tests), or a platform without it
+    try:
+        try:
+            loop.run_until_complete(serving)
+        except asyncio.CancelledError:
+            if not interrupted:
+                raise
         pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
         for task in pending:
             task.cancel()
@@ -77,7 +95,7 @@ def _run(server: Any, main: Callable[[], Awaitable[None]]) -> int:
             loop.run_until_complete(asyncio.wait(pending, timeout=EXIT_GRACE_S))
     except BrokenPipeError:
         logger.error("The connection to the client is lost")
-    except KeyboardInterrupt:  # Ctrl-C on the server started by hand in a terminal
+    except KeyboardInterrupt:  # SIGINT where the loop's handler is not installed
         interrupted = True
     finally:
         server.stop_jobs()
