@@ -7,9 +7,10 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from oom_lsp.analysis.context import dotted_name
+from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.dataflow import value_path
 from oom_lsp.analysis.cst_helpers import get_arg, has_splat, method_call
+from oom_lsp.analysis.facts.sizes import KnownInt, int_value
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, short_code
 from oom_lsp.analysis.rules._scan import (
@@ -49,15 +50,17 @@ class CatInLoop(Rule):
     from one iteration to the next: the loop iterates over a data loader or a
     data set (`for batch in loader`, `enumerate(tqdm(val_dataloader))`),
     steps through one in batches (`range(0, n, batch_size)`,
-    `range(num_batches)`), or its target is a batch. Predictions, labels or features collected over an
-    evaluation set are what it is for.
+    `range(num_batches)`), its target is a batch, or the code states a
+    count of at least a thousand iterations (`range(horizon)` with
+    `--horizon` defaulting to 8760). Predictions, labels or features
+    collected over an evaluation set are what it is for.
 
     It stays silent on a loop that reads the whole accumulator at every
     iteration (a generation loop feeding `idx[:, -block:]` or `model(ys)` the
     tokens so far: each step already reads the whole tensor, and a list would
     not do), on loops over a few groups (crop resolutions, regions, the chunks
-    of one batch) or a count of steps, and on a tensor set afresh at every
-    iteration.
+    of one batch) or a count of steps not known to reach a thousand, and on
+    a tensor set afresh at every iteration.
 
     ## Why is this bad?
     Each `torch.cat` allocates a new tensor holding everything accumulated so
@@ -246,6 +249,18 @@ class CatInLoop(Rule):
                 acc = torch.cat([acc, x[start:start + 2]])
             """
         ),
+        # A short stated count of steps: a few copies, nothing that grows.
+        Valid(
+            """\
+            import torch
+            def rollout(model, state, horizon=16):
+                path = state.new_empty(state.size(0), 0)
+                for _ in range(horizon):
+                    state = model(state)
+                    path = torch.hstack([path, state[:, :1]])
+                return path
+            """
+        ),
     ]
 
     INVALID = [
@@ -430,6 +445,29 @@ class CatInLoop(Rule):
             """,
             line=5,
         ),
+        # A count of steps the code states in thousands (an argparse default
+        # reaching the function through its caller): quadratic copying,
+        # whatever the loop iterates over.
+        Invalid(
+            """\
+            import argparse
+            import torch
+
+            @torch.no_grad()
+            def rollout(model, state, horizon):
+                path = state.new_empty(state.size(0), 0)
+                for _ in range(horizon):
+                    state = model(state)
+                    path = torch.hstack([path, state[:, :1]])
+                return path
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--horizon", type=int, default=24 * 365)
+            args = parser.parse_args()
+            rollout(net, start, args.horizon)
+            """,
+            line=9,
+        ),
     ]
 
     def visit_Assign(self, node: cst.Assign) -> None:
@@ -467,11 +505,24 @@ class CatInLoop(Rule):
         if position is None:
             return
         loop = tracker.loops[-1]
+        many: KnownInt | None = None
         # The cheap test first: most loops that grow a tensor are not over data.
         if not any(_iterates_over_data(outer) for outer in _loops_carrying(tracker.loops, accumulator)):
             # A few groups (crop resolutions, regions, the chunks of one batch)
-            # or a count of steps: nothing says the tensor grows with a data set.
-            return
+            # or a short count of steps: nothing says the tensor grows much,
+            # unless the code states a count of thousands.
+            scope = tracker.current_function
+            many = next(
+                (
+                    count
+                    for outer in _loops_carrying(tracker.loops, accumulator)
+                    if (count := _stated_iterations(self.context, outer, scope)) is not None
+                    and count.value >= _MANY_ITERATIONS
+                ),
+                None,
+            )
+            if many is None:
+                return
         if _owner_bound_by(loop, accumulator):
             # `region.prompt = cat([uncond, region.prompt])` over `for region in
             # regions`: each iteration extends a different object's attribute once.
@@ -498,12 +549,12 @@ class CatInLoop(Rule):
         fix = None
         if not conditional and position == 0 and len(elements) == 2 and isinstance(elements[1], cst.Element):
             fix = self._fix(node, call, loop, accumulator, function, elements[1].value, others)
-        self.report(
-            node,
-            f"{short_code(accumulator)} is grown with {function.rsplit('.', 1)[-1]} inside a loop, "
-            "copying all of it at every iteration",
-            fix=fix,
-        )
+        grown = f"{short_code(accumulator)} is grown with {function.rsplit('.', 1)[-1]}"
+        if many is not None:
+            message = f"{grown} at each of {many.value:,} iterations, copying all of it every time"
+        else:
+            message = f"{grown} inside a loop, copying all of it at every iteration"
+        self.report(node, message, fix=fix)
 
     def _fix(
         self,
@@ -771,6 +822,33 @@ def _batched_range(call: cst.Call) -> bool:
         for node in descendants(value, skip=(cst.Attribute,))
         if isinstance(node, (cst.Name, cst.Attribute))
     )
+
+
+# A loop the code runs this many times or more grows its accumulator by
+# quadratic copying whatever it iterates over: n concatenations copy n²/2
+# pieces, and the last one holds the whole result twice.
+_MANY_ITERATIONS = 1000
+
+
+def _stated_iterations(context: FileContext, loop: cst.For | cst.While, scope: cst.FunctionDef | None) -> KnownInt | None:
+    """How many times `for _ in range(n)` runs when the code states `n` (a
+    literal, a constant, a default, a caller's argument): `range(stop)` or
+    `range(start, stop)` with a literal start. None otherwise."""
+    if not isinstance(loop, cst.For) or not isinstance(loop.iter, cst.Call):
+        return None
+    if dotted_name(loop.iter.func) != "range" or has_splat(loop.iter):
+        return None
+    positional = [arg.value for arg in loop.iter.args if arg.keyword is None]
+    if len(positional) == 1:
+        start, stop = 0, positional[0]
+    elif len(positional) == 2 and isinstance(positional[0], cst.Integer):
+        start, stop = int(positional[0].value), positional[1]
+    else:
+        return None
+    count = int_value(context, stop, scope)
+    if count is None:
+        return None
+    return KnownInt(value=count.value - start, evidence=count.evidence, from_default=count.from_default)
 
 
 def _data_source(expr: cst.BaseExpression) -> bool:
