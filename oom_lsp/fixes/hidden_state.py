@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from oom_lsp.edits import InsertLinesBefore, NodeEdit
+from oom_lsp.edits import InsertLinesBefore, NodeEdit, Replace
 
 _TENSOR_STATES = frozenset({"torch.nn.GRU", "torch.nn.RNN", "torch.nn.GRUCell", "torch.nn.RNNCell"})
 _TUPLE_STATES = frozenset({"torch.nn.LSTM", "torch.nn.LSTMCell"})
@@ -37,3 +37,11 @@ def insert_at_top(
         condition = " and ".join(f"{name} is not None" for name in maybe_none)
         lines = [f"if {condition}:", *("    " + line for line in lines)]
     return (InsertLinesBefore(loop.body.body[0], tuple(lines)),)
+
+
+
+def detach_arguments(passed: list[cst.BaseExpression], state: str) -> tuple[NodeEdit, ...]:
+    """`self.h = self.cell(x, self.h)` -> `self.cell(x, self.h.detach())`:
+    each argument in `passed` (the state, as the call passes it) keeps its
+    values and loses only its graph."""
+    return tuple(Replace(value, cst.parse_expression(f"{state}.detach()")) for value in passed)

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 import libcst as cst
 
 from oom_lsp.analysis.context import FileContext, dotted_name
+from oom_lsp.analysis.cst_helpers import bound_arguments
 from oom_lsp.analysis.dataflow import assigned_names, facts_for, is_backward_call
 from oom_lsp.analysis.facts import library
 from oom_lsp.analysis.facts.library import Grad, HookContext, Mode
@@ -67,7 +68,7 @@ _LOCAL_TO_GRAD = {
     LocalGrad.MAYBE: Grad.MAYBE,
 }
 # How far resolution follows names bound to names (`f = g`).
-_MAX_ALIAS_DEPTH = 4
+_MAX_ALIAS_DEPTH = 8
 
 
 class CallGraph:
@@ -82,6 +83,7 @@ class CallGraph:
         self._module_classes: set[int] | None = None
         self._subclasses: dict[int, list[Klass]] | None = None
         self._callers: dict[int, list[Call]] | None = None
+        self._calls_by_name: dict[str, list[Call]] | None = None
         self._escapes: dict[int, list[Reference]] | None = None
         self._grad: dict[int, Grad] | None = None
         self._backward: dict[int, bool] = {}
@@ -214,6 +216,13 @@ class CallGraph:
                 assert owner is not None
                 bindings = self._attribute_bindings(owner, expr.attr.value)
                 return self._class_of_bindings(bindings, method_scope, depth)
+        if expr_type is cst.Attribute:
+            # `self.model.cell`, `detector.model`: an attribute its methods set
+            # on an instance of a class of the file.
+            holder = self.instance_class(expr.value, scope, depth + 1)
+            if holder is not None:
+                bindings = self._attribute_bindings(holder, expr.attr.value)
+                return self._class_of_bindings(bindings, scope, depth) if bindings else None
         return None
 
     def _attribute_bindings(self, klass: Klass, name: str, depth: int = 0) -> list[Binding]:
@@ -226,12 +235,67 @@ class CallGraph:
     def _class_of_bindings(self, bindings: list[Binding], scope: Function, depth: int) -> Klass | None:
         found: Klass | None = None
         for binding in bindings:
-            if binding.kind is not BindingKind.ASSIGN or binding.value is None:
+            if binding.kind is BindingKind.PARAM and binding.scope is not None:
+                klass = self._parameter_class(binding.scope, binding.name, depth + 1)
+            elif binding.kind is not BindingKind.ASSIGN or binding.value is None:
                 return None
-            klass = self.instance_class(binding.value, _binding_scope(self.program, binding, scope), depth + 1)
+            else:
+                klass = self.instance_class(binding.value, _binding_scope(self.program, binding, scope), depth + 1)
             if klass is None or (found is not None and klass is not found):
                 return None
             found = klass
+        return found
+
+    def _parameter_class(self, function: Function, name: str, depth: int) -> Klass | None:
+        """The class of the file a parameter's value is an instance of, when
+        every call that names the function (or its class, for `__init__`)
+        passes one of the same class: `Detector(model.to(device))` with
+        `model = Forecaster(...)` makes `model` in `Detector.__init__` a
+        Forecaster."""
+        if depth > _MAX_ALIAS_DEPTH or function.is_lambda or function.is_module:
+            return None
+        calls = self._calls_naming(function)
+        if not calls:
+            return None
+        params = list(function.params)
+        if function.self_name is not None and params:
+            params = params[1:]
+        found: Klass | None = None
+        for call in calls:
+            argument = bound_arguments(call.node, params).get(name)
+            if argument is None:
+                return None
+            klass = self.instance_class(argument, call.scope, depth + 1)
+            if klass is None or (found is not None and klass is not found):
+                return None
+            found = klass
+        return found
+
+    def _calls_naming(self, function: Function) -> list[Call]:
+        """The calls that name `function` directly (`train(model)`), or its
+        class for `__init__` (`Detector(model)`). Read from the names alone,
+        not from the call graph, so they can be asked while it is built."""
+        if self._calls_by_name is None:
+            self._calls_by_name = {}
+            for scope in self.program.functions:
+                for call in scope.calls:
+                    func = call.node.func
+                    if type(func) is cst.Name:
+                        self._calls_by_name.setdefault(func.value, []).append(call)
+        owner = function.owner
+        constructor = function.name == "__init__" and owner is not None
+        if owner is not None and not constructor:
+            return []  # a method is called through its instance
+        name = owner.name if constructor else function.name  # type: ignore[union-attr]
+        found = []
+        for call in self._calls_by_name.get(name, ()):
+            for binding in self.program.lookup(name, call.scope):
+                if constructor and binding.kind is BindingKind.CLASS and self.program.klass(binding.node) is owner:
+                    found.append(call)
+                    break
+                if not constructor and binding.kind is BindingKind.DEF and self.program.function(binding.node) is function:
+                    found.append(call)
+                    break
         return found
 
     # --- resolution ---------------------------------------------------------

@@ -15,8 +15,9 @@ from oom_lsp.analysis.dataflow import (
     facts_for,
     iter_nodes,
 )
-from oom_lsp.analysis.facts.contexts import call_graph
+from oom_lsp.analysis.facts.contexts import FORWARD_METHODS, CallGraph, call_graph
 from oom_lsp.analysis.facts.library import Grad
+from oom_lsp.analysis.facts.program import Call, Function
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Valid, short_code
 from oom_lsp.analysis.rules._autograd import SEQUENCES, AutogradRule
@@ -47,7 +48,10 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
     call's other outputs are only read as numbers (`q.argmax().item()` in an
     acting loop). There the chained graph only grows, and only a detach or a
     rebind at every iteration stops it (a reset at an episode's end lets it
-    grow until then).
+    grow until then). And a state kept on an object between calls
+    (`self.h = self.cell(x, self.h)` in a method that a loop calls for every
+    reading, with autograd on and no backward pass in that loop): the same
+    chain, carried by the object instead of the loop.
 
     ## Why is this bad?
     The new `hidden` is computed from the previous one, so its graph reaches
@@ -211,6 +215,55 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
                     opt.step()
             """
         ),
+        # State kept on the object, but under no_grad at the call site, reset
+        # before every step, or detached: no graph crosses calls.
+        Valid(
+            """
+            import torch
+            import torch.nn as nn
+
+            class Tracker:
+                def __init__(self, n):
+                    self.cell = nn.GRUCell(n, n)
+                    self.h = torch.zeros(1, n)
+
+                def reset(self):
+                    self.h = torch.zeros_like(self.h)
+
+                def update(self, x):
+                    self.h = self.cell(x, self.h)
+                    return self.h.norm().item()
+
+            def main(stream, tracker):
+                tracker = Tracker(64)
+                for x in stream:
+                    tracker.reset()
+                    tracker.update(x)
+                with torch.no_grad():
+                    for x in stream:
+                        tracker.update(x)
+            """
+        ),
+        Valid(
+            """
+            import torch
+            import torch.nn as nn
+
+            class Tracker:
+                def __init__(self, n):
+                    self.cell = nn.GRUCell(n, n)
+                    self.h = torch.zeros(1, n)
+
+                def update(self, x):
+                    self.h = self.cell(x, self.h.detach())
+                    return self.h
+
+            def main(stream):
+                tracker = Tracker(64)
+                for x in stream:
+                    print(tracker.update(x).sum().item())
+            """
+        ),
     ]
 
     INVALID = [
@@ -359,11 +412,79 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
             """,
             line=8,
         ),
+        # The state lives on an object from one call to the next, the method
+        # is called for every reading with autograd on, and nothing trains.
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+
+            class Cell(nn.Module):
+                def __init__(self, n):
+                    super().__init__()
+                    self.step = nn.Linear(2 * n, n)
+
+                def forward(self, x, h):
+                    return torch.tanh(self.step(torch.cat([x, h], -1)))
+
+            class Tracker:
+                def __init__(self, cell, n):
+                    self.cell = cell.eval()
+                    self.h = torch.zeros(1, n)
+
+                def update(self, x):
+                    self.h = self.cell(x, self.h)
+                    return self.h.norm().item()
+
+            def main(stream):
+                tracker = Tracker(Cell(64), 64)
+                for x in stream:
+                    print(tracker.update(x))
+
+            if __name__ == "__main__":
+                main(torch.randn(10_000, 1, 64))
+            """,
+            line=19,
+            expected_fix="""
+            import torch
+            import torch.nn as nn
+
+            class Cell(nn.Module):
+                def __init__(self, n):
+                    super().__init__()
+                    self.step = nn.Linear(2 * n, n)
+
+                def forward(self, x, h):
+                    return torch.tanh(self.step(torch.cat([x, h], -1)))
+
+            class Tracker:
+                def __init__(self, cell, n):
+                    self.cell = cell.eval()
+                    self.h = torch.zeros(1, n)
+
+                def update(self, x):
+                    self.h = self.cell(x, self.h.detach())
+                    return self.h.norm().item()
+
+            def main(stream):
+                tracker = Tracker(Cell(64), 64)
+                for x in stream:
+                    print(tracker.update(x))
+
+            if __name__ == "__main__":
+                main(torch.randn(10_000, 1, 64))
+            """,
+        ),
     ]
 
     def visit_Assign(self, node: cst.Assign) -> None:
         tracker = self.context.tracker
-        if not tracker.in_loop or tracker.in_no_grad or len(node.targets) != 1:
+        if tracker.in_no_grad or len(node.targets) != 1:
+            return
+        if type(node.targets[0].target) is cst.Attribute:
+            self._carried_on_self(node)
+            return
+        if not tracker.in_loop:
             return
         target, call = node.targets[0].target, node.value
         if type(target) not in SEQUENCES or type(call) is not cst.Call:
@@ -403,6 +524,78 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
             fix=FixSpec("Detach the hidden state at the top of the step", edits, Applicability.SAFE)
             if edits
             else None,
+        )
+
+    def _carried_on_self(self, node: cst.Assign) -> None:
+        """`self.h = self.cell(x, self.h)` in a method: the state lives on the
+        object from one call to the next, so when the method is called at
+        every iteration of a loop with autograd on, and that loop's function
+        runs no backward pass, each new state holds the graph of all the
+        previous ones and nothing frees it."""
+        target, call = node.targets[0].target, node.value
+        if type(call) is not cst.Call or type(target) is not cst.Attribute:
+            return
+        state = dotted_name(target)
+        if state is None or state.count(".") != 1:
+            return
+        passed = [arg.value for arg in call.args if not arg.star and dotted_name(arg.value) == state]
+        if not passed:
+            return
+        graph = call_graph(self.context)
+        site = graph.program.call(call)
+        if site is None or site.scope.owner is None or state.split(".")[0] != site.scope.self_name:
+            return
+        if not self._runs_a_module(graph, site):
+            return  # not known to be a module with parameters to build a graph from
+        if graph.grad_at(site) is not Grad.ON:
+            return
+        attribute = state.split(".")[1]
+        loop_site = _called_in_a_loop(graph, site.scope)
+        if loop_site is None or graph.runs_backward(loop_site.scope):
+            return  # a training loop may backpropagate through the state (a second backward then fails loudly)
+        if any(
+            _detached_in(method.node, state, ("detach", "detach_"))
+            for methods in site.scope.owner.methods.values()
+            for method in methods
+        ):
+            return
+        if _reset_at_every_iteration(graph, loop_site, site.scope, attribute):
+            return
+        stored = self.context.code_for(target)
+        self.report(
+            node,
+            f"Hidden state {stored} is carried into the next call with its graph (no .detach()), "
+            "and nothing trains on it",
+            fix=FixSpec(
+                f"Detach the carried state: `{stored}.detach()`",
+                hidden_state.detach_arguments(passed, state),
+                Applicability.SAFE,
+            ),
+        )
+
+    def _runs_a_module(self, graph: CallGraph, site: Call) -> bool:
+        """The call runs an `nn.Module`: one the data flow knows, the forward of
+        a module class of the file, or an attribute that an object of the file
+        holds a `torch.nn` layer in (`self.model.cell` with `self.cell =
+        nn.GRUCell(...)` in the model's class)."""
+        call = site.node
+        if self._flow().callee(call.func, call).role is Role.MODULE:
+            return True
+        if any(
+            method.name in FORWARD_METHODS and method.owner is not None and graph.is_module_class(method.owner)
+            for method in graph.callees(site)
+        ):
+            return True
+        func = call.func
+        if type(func) is not cst.Attribute:
+            return False
+        holder = graph.instance_class(func.value, site.scope)
+        if holder is None:
+            return False
+        bindings = holder.attributes.get(func.attr.value, ())
+        return bool(bindings) and all(
+            type(binding.value) is cst.Call and _is_torch_layer(self.context.qualified_name(binding.value.func))
+            for binding in bindings
         )
 
     def _graph_never_used(self, call: cst.Call, loop: cst.For | cst.While, outputs: set[str]) -> bool:
@@ -492,15 +685,55 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
         )
 
 
-def _detached_in(loop: cst.For | cst.While, name: str, methods: tuple[str, ...]) -> bool:
+def _detached_in(where: cst.For | cst.While | cst.FunctionDef, name: str, methods: tuple[str, ...]) -> bool:
     """One of `methods` is called on the state (or on one of its elements,
-    `hidden[0].detach_()`) somewhere in the loop."""
+    `hidden[0].detach_()`) somewhere in the loop or the function."""
     return any(
         isinstance(node, cst.Call)
         and isinstance(node.func, cst.Attribute)
         and node.func.attr.value in methods
         and name in (dotted_name(node.func.value), _subscripted_name(node.func.value))
-        for node in iter_nodes(loop.body)
+        for node in iter_nodes(where.body)
+    )
+
+
+def _is_torch_layer(qualified: str | None) -> bool:
+    """`torch.nn.GRUCell`, `torch.nn.Linear`: a class of `torch.nn` (not a function of `torch.nn.functional`)."""
+    if qualified is None or not qualified.startswith("torch.nn."):
+        return False
+    last = qualified.rpartition(".")[2]
+    return ".functional." not in qualified and last[:1].isupper()
+
+
+def _called_in_a_loop(graph: CallGraph, function: Function, depth: int = 0) -> Call | None:
+    """A call site inside a loop that runs `function` at every iteration:
+    directly, or through up to three calls of the file."""
+    for caller in graph.callers(function):
+        if caller.loops:
+            return caller
+        if depth < 3 and not caller.scope.is_module and caller.scope is not function:
+            found = _called_in_a_loop(graph, caller.scope, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _reset_at_every_iteration(graph: CallGraph, loop_site: Call, method: Function, attribute: str) -> bool:
+    """The loop's own body (not under an `if`) calls another method of the
+    class that rebinds the state (`agent.reset()` before each step)."""
+    klass = method.owner
+    assert klass is not None
+    resetters = {
+        id(binding.scope)
+        for binding in klass.attributes.get(attribute, ())
+        if binding.scope is not None and binding.scope is not method
+    }
+    loop = loop_site.loops[-1]
+    direct = {id(statement) for statement in (loop.body.body if isinstance(loop.body, cst.IndentedBlock) else ())}
+    return any(
+        id(call.statement) in direct and any(id(callee) in resetters for callee in graph.callees(call))
+        for call in loop_site.scope.calls
+        if call.loops and call.loops[-1] is loop
     )
 
 

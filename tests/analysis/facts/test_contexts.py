@@ -265,3 +265,52 @@ def test_a_grad_context_held_in_a_variable_is_the_context_it_holds() -> None:
     assert _local_grad_of(source, "model") == [LocalGrad.MAYBE]
     assert _local_grad_of(source, "model.encoder") == [LocalGrad.OFF]
     assert _local_grad_of(source, "model.decoder") == [None]
+
+
+def test_a_module_handed_to_a_constructor_resolves_through_the_attribute_it_is_kept_in() -> None:
+    """`Detector(model.to(device))` with `model = Forecaster(...)`: the parameter is a
+    Forecaster in every call, so `self.model.cell(...)` runs `Cell.forward`."""
+    source = """
+        import torch.nn as nn
+        class Cell(nn.Module):
+            def forward(self, x, h):
+                return x
+        class Forecaster(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.cell = Cell()
+        class Detector:
+            def __init__(self, model):
+                self.model = model.eval()
+            def step(self, x, h):
+                return self.model.cell(x, h)
+        def main(device):
+            model = Forecaster()
+            detector = Detector(model.to(device))
+            detector.step(1, 2)
+        main("cuda")
+    """
+    context = _context(source)
+    graph = call_graph(context)
+    [call] = [c for f in graph.program.functions for c in f.calls if context.module.code_for_node(c.node.func) == "self.model.cell"]
+    assert [callee.qualname for callee in graph.callees(call)] == ["Cell.forward"]
+
+
+def test_a_parameter_passed_instances_of_two_classes_is_neither() -> None:
+    source = """
+        import torch.nn as nn
+        class A(nn.Module):
+            def forward(self, x):
+                return x
+        class B(nn.Module):
+            def forward(self, x):
+                return x
+        def run(model, x):
+            return model(x)
+        run(A(), 1)
+        run(B(), 1)
+    """
+    context = _context(source)
+    graph = call_graph(context)
+    [call] = [c for f in graph.program.functions for c in f.calls if context.module.code_for_node(c.node.func) == "model"]
+    assert graph.callees(call) == ()
