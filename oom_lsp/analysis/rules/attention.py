@@ -44,7 +44,13 @@ _CONCATENATE = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
 _SOFTMAX = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
 _MATMUL = {"torch.matmul", "torch.bmm"}
 # Operations that keep a score matrix a score matrix (masking, casting).
-_SCORE_PRESERVING_METHODS = {"masked_fill", "masked_fill_", "float", "to", "type_as", "contiguous"}
+_SCORE_PRESERVING_METHODS = {
+    "masked_fill", "masked_fill_", "float", "to", "type_as", "contiguous",
+    # The arithmetic operators as methods: `scores.div(d ** 0.5)` is `scores / d ** 0.5`.
+    "div", "div_", "mul", "mul_", "add", "add_", "sub", "sub_",
+}  # fmt: skip
+# Tensor methods that are the same product as `torch.matmul` / `torch.bmm`.
+_MATMUL_METHODS = frozenset({"matmul", "bmm"})
 
 
 def _is_minus(expr: cst.BaseExpression, value: int) -> bool:
@@ -845,6 +851,47 @@ class NaiveAttention(Rule):
             """,
             line=10,
         ),
+        # The products and the arithmetic as tensor methods: `q.matmul(...)`,
+        # `.div(...)`, `.softmax(-1)`.
+        Invalid(
+            """\
+            import torch.nn as nn
+
+            class Block(nn.Module):
+                def split(self, x):
+                    b, t, d = x.shape
+                    return x.view(b, t, self.h, d // self.h).transpose(1, 2)
+
+                def forward(self, x):
+                    q, k, v = self.split(self.q(x)), self.split(self.k(x)), self.split(self.v(x))
+                    w = q.matmul(k.transpose(-2, -1)).div(q.shape[-1] ** 0.5)
+                    w = w.softmax(-1)
+                    return w.matmul(v)
+            """,
+            line=11,
+        ),
+        # Heads split by a function nested in the forward: `transpose(3, 2)` of
+        # its four dimensions, a bias added in place.
+        Invalid(
+            """\
+            import torch
+            import torch.nn.functional as F
+
+            def forward(self, hidden_states):
+                batch_size = hidden_states.shape[0]
+
+                def shape(states):
+                    return states.view(batch_size, -1, self.n_heads, self.d_kv).transpose(1, 2)
+
+                query_states = shape(self.q(hidden_states))
+                key_states = shape(self.k(hidden_states))
+                scores = torch.matmul(query_states, key_states.transpose(3, 2))
+                scores += self.position_bias
+                weights = F.softmax(scores.float(), dim=-1).type_as(scores)
+                return torch.matmul(weights, shape(self.v(hidden_states)))
+            """,
+            line=14,
+        ),
     ]
 
     # Every form it flags applies torch's softmax: `torch.softmax`, `F.softmax`,
@@ -981,6 +1028,13 @@ class NaiveAttention(Rule):
             if has_splat(expr) or len(expr.args) != 2 or any(arg.keyword for arg in expr.args):
                 return None
             left, right = expr.args[0].value, expr.args[1].value
+        elif (called := method_call(expr)) is not None and called[1] in _MATMUL_METHODS:
+            # `q.matmul(k.transpose(-2, -1))`
+            if has_splat(expr) or len(expr.args) != 1 or expr.args[0].keyword is not None:
+                return None
+            if self.context.qualified_name(called[0]) is not None:
+                return None  # `torch.matmul` itself, or another module's function
+            left, right = called[0], expr.args[0].value
         else:
             return None
         key = self._key_of_transposed(right)
@@ -1147,7 +1201,7 @@ class NaiveAttention(Rule):
         function of this module) runs."""
         func = call.func
         if isinstance(func, cst.Name):
-            return self._index().functions.get(func.value)
+            return self._index().functions.get(func.value) or self._nested_function(func.value)
         if (
             isinstance(func, cst.Attribute)
             and isinstance(func.value, cst.Name)
@@ -1155,6 +1209,20 @@ class NaiveAttention(Rule):
         ):
             return method_named(owner, func.attr.value) if owner is not None else None
         return None
+
+    def _nested_function(self, name: str) -> cst.FunctionDef | None:
+        """A function defined in the body of the function being read (`def
+        shape(states): return states.view(...).transpose(1, 2)` inside a
+        forward), the one of that name when it is defined once."""
+        function = self.context.tracker.current_function
+        if function is None or not isinstance(function.body, cst.IndentedBlock):
+            return None
+        found = [
+            statement
+            for statement in function.body.body
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == name
+        ]
+        return found[0] if len(found) == 1 else None
 
     def _body_calls_fused(self, function: cst.FunctionDef) -> bool:
         known = self._fused_bodies.get(id(function))
@@ -1519,6 +1587,13 @@ class NaiveAttention(Rule):
             if has_splat(expr) or len(expr.args) != 2 or any(arg.keyword for arg in expr.args):
                 return None
             left, right = expr.args[0].value, expr.args[1].value
+        elif (called := method_call(expr)) is not None and called[1] in _MATMUL_METHODS:
+            # `q.matmul(k.transpose(-2, -1))`
+            if has_splat(expr) or len(expr.args) != 1 or expr.args[0].keyword is not None:
+                return None
+            if self.context.qualified_name(called[0]) is not None:
+                return None  # `torch.matmul` itself, or another module's function
+            left, right = called[0], expr.args[0].value
         else:
             return None
         if not (isinstance(left, cst.Name) and left.value == weights) or left.lpar or expr.lpar:
