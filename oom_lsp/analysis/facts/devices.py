@@ -30,7 +30,7 @@ from oom_lsp.analysis.context import FileContext, dotted_name
 from oom_lsp.analysis.cst_helpers import bound_arguments, get_arg, string_value, target_names
 from oom_lsp.analysis.facts.contexts import call_graph
 from oom_lsp.analysis.facts.evaluation import evaluation_facts
-from oom_lsp.analysis.facts.program import BindingKind, Function, Program, program_of
+from oom_lsp.analysis.facts.program import Binding, BindingKind, Function, Program, program_of
 
 
 class Device(enum.Enum):
@@ -73,39 +73,49 @@ class DeviceFacts:
         self.imports = context.imports
         self.program: Program = program_of(context)
         self.uses_cuda = uses_cuda
-        self._memo: dict[tuple[int, int], Device] = {}
+        self._memo: dict[tuple[int, int, int], Device] = {}
+        # A compound statement's id -> the ids of the statements in it (the file's nodes live as long as this).
+        self._inside: dict[int, frozenset[int]] = {}
 
-    def device_of(self, expr: cst.BaseExpression, scope: Function, depth: int = 0) -> Device:
-        key = (id(expr), id(scope))
+    def device_of(
+        self, expr: cst.BaseExpression, scope: Function, depth: int = 0, at: tuple[cst.CSTNode, ...] | None = None
+    ) -> Device:
+        """Where `expr` lives. With `at`, the statements around the place it is
+        read (outermost first, the reading statement last): its names take only
+        the bindings that reach there (`logits = model(x)` earlier in the loop's
+        body, not `logits = torch.cat(all_logits)` after the loop)."""
+        key = (id(expr), id(scope), id(at[-1]) if at else 0)
         known = self._memo.get(key)
         if known is not None:
             return known
         self._memo[key] = Device.UNKNOWN  # while it is worked out: cycles through names
-        result = self._device(expr, scope, depth) if depth <= _MAX_DEPTH else Device.UNKNOWN
+        result = self._device(expr, scope, depth, at) if depth <= _MAX_DEPTH else Device.UNKNOWN
         self._memo[key] = result
         return result
 
-    def _device(self, expr: cst.BaseExpression, scope: Function, depth: int) -> Device:
+    def _device(
+        self, expr: cst.BaseExpression, scope: Function, depth: int, at: tuple[cst.CSTNode, ...] | None = None
+    ) -> Device:
         expr_type = type(expr)
         if expr_type is cst.Call:
-            return self._call(expr, scope, depth)
+            return self._call(expr, scope, depth, at)
         if expr_type is cst.Name:
-            return self._name(expr.value, scope, depth)
+            return self._name(expr.value, scope, depth, at)
         if expr_type is cst.Subscript:
-            return self.device_of(expr.value, scope, depth + 1)
+            return self.device_of(expr.value, scope, depth + 1, at)
         if expr_type is cst.BinaryOperation:
-            left = self.device_of(expr.left, scope, depth + 1)
-            return left if left is not Device.UNKNOWN else self.device_of(expr.right, scope, depth + 1)
+            left = self.device_of(expr.left, scope, depth + 1, at)
+            return left if left is not Device.UNKNOWN else self.device_of(expr.right, scope, depth + 1, at)
         if expr_type is cst.UnaryOperation:
-            return self.device_of(expr.expression, scope, depth + 1)
+            return self.device_of(expr.expression, scope, depth + 1, at)
         if expr_type is cst.Attribute:
             if expr.attr.value in ("data", "T", "mT", "real", "imag"):
-                return self.device_of(expr.value, scope, depth + 1)
+                return self.device_of(expr.value, scope, depth + 1, at)
             if expr.attr.value in ("logits", "last_hidden_state", "hidden_states", "pooler_output", "loss"):
-                return self.device_of(expr.value, scope, depth + 1)  # a model output's fields
+                return self.device_of(expr.value, scope, depth + 1, at)  # a model output's fields
         return Device.UNKNOWN
 
-    def _call(self, call: cst.Call, scope: Function, depth: int) -> Device:
+    def _call(self, call: cst.Call, scope: Function, depth: int, at: tuple[cst.CSTNode, ...] | None = None) -> Device:
         func = call.func
         if type(func) is cst.Name and func.value in _HOST_BUILTINS:
             return Device.HOST
@@ -117,7 +127,7 @@ class DeviceFacts:
                 device = get_arg(call, "device")
                 if isinstance(device, cst.Arg):
                     return self._target(device.value)
-                return self.device_of(call.args[0].value, scope, depth + 1)
+                return self.device_of(call.args[0].value, scope, depth + 1, at)
             return Device.UNKNOWN
         if type(func) is cst.Attribute:
             method = func.attr.value
@@ -131,9 +141,9 @@ class DeviceFacts:
                     moved = self._target(target.value)
                     if moved is not Device.UNKNOWN:
                         return moved
-                return self.device_of(func.value, scope, depth + 1)
+                return self.device_of(func.value, scope, depth + 1, at)
             if method in _SAME_DEVICE_METHODS or method in _REDUCING_METHODS:
-                return self.device_of(func.value, scope, depth + 1)
+                return self.device_of(func.value, scope, depth + 1, at)
         if self._is_forward(call, scope):
             return Device.GPU if self.uses_cuda else Device.UNKNOWN
         return self._returned(call, depth)
@@ -190,8 +200,8 @@ class DeviceFacts:
             return Device.GPU if self.uses_cuda else Device.UNKNOWN
         return Device.UNKNOWN
 
-    def _name(self, name: str, scope: Function, depth: int) -> Device:
-        bindings = self.program.lookup(name, scope)
+    def _name(self, name: str, scope: Function, depth: int, at: tuple[cst.CSTNode, ...] | None = None) -> Device:
+        bindings = self.program.lookup(name, scope) if at is None else self._reaching(name, scope, at)
         if not bindings:
             return Device.UNKNOWN
         found: Device | None = None
@@ -210,6 +220,76 @@ class DeviceFacts:
                 return Device.UNKNOWN
             found = device
         return found or Device.UNKNOWN
+
+    def _reaching(self, name: str, scope: Function, at: tuple[cst.CSTNode, ...]) -> list[Binding]:
+        """The bindings of `name` that may reach the statement `at[-1]`: walking
+        back from it through the blocks around it, the first statement that
+        binds the name outright ends the walk (it kills the older ones); a
+        compound statement on the way adds what it binds inside (it may or
+        may not run), and so does a loop around the reading statement (what
+        its body binds later reaches the next iteration). Every binding when
+        the statements cannot be placed."""
+        own = scope.bindings.get(name)
+        if not own or name in scope.outer_names:
+            return self.program.lookup(name, scope)
+        if scope.is_module:
+            if any(type(statement) in (cst.FunctionDef, cst.ClassDef) for statement in at):
+                return own
+            inner, block = at, list(self.program.module_node.body)
+        else:
+            start = next((i for i, statement in enumerate(at) if statement is scope.node), None)
+            body = scope.node.body  # type: ignore[union-attr]
+            if start is None or type(body) is not cst.IndentedBlock:
+                return own
+            inner, block = at[start + 1 :], list(body.body)
+        if not inner:
+            return own
+        by_statement: dict[int, list[Binding]] = {}
+        for binding in own:
+            by_statement.setdefault(id(binding.node), []).append(binding)
+        levels: list[tuple[list[cst.CSTNode], int]] = []
+        for depth, statement in enumerate(inner):
+            position = next((i for i, candidate in enumerate(block) if candidate is statement), None)
+            if position is None:
+                return own
+            levels.append((block, position))
+            if depth + 1 < len(inner):
+                found = _block_holding(statement, inner[depth + 1])
+                if found is None:
+                    return own
+                block = found
+        reaching: dict[int, Binding] = {}
+
+        def add_inside(statement: cst.CSTNode) -> None:
+            inside = self._inside.get(id(statement))
+            if inside is None:
+                inside = self._inside[id(statement)] = _statements_in(statement)
+            for binding in own:
+                if id(binding.node) in inside:
+                    reaching[id(binding)] = binding
+
+        for level in range(len(levels) - 1, -1, -1):
+            block, position = levels[level]
+            for earlier in reversed(block[:position]):
+                direct = by_statement.get(id(earlier))
+                if direct is not None and type(earlier) in (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef):
+                    for binding in direct:
+                        reaching[id(binding)] = binding
+                    return list(reaching.values())
+                add_inside(earlier)
+            if level == 0:
+                break
+            container = inner[level - 1]
+            if type(container) in (cst.For, cst.With) and id(container) in by_statement:
+                for binding in by_statement[id(container)]:  # the loop's target, `with ... as name`
+                    reaching[id(binding)] = binding
+                return list(reaching.values())
+            if type(container) in (cst.For, cst.While):
+                add_inside(container)  # bound later in the body: the next iteration reads it
+        for binding in own:
+            if binding.kind is BindingKind.PARAM:
+                reaching[id(binding)] = binding
+        return list(reaching.values()) or own
 
     def _parameter(self, name: str, function: Function, depth: int) -> Device:
         """A parameter lives where what every caller of the file passes for it
@@ -240,6 +320,42 @@ class DeviceFacts:
         if context is None or site is None:
             return False
         return evaluation_facts(context).forward_model(site) is not None
+
+
+def _block_holding(statement: cst.CSTNode, child: cst.CSTNode) -> list[cst.CSTNode] | None:
+    """The list of statements, among the blocks of the compound `statement`,
+    that holds `child`."""
+    suites: list[cst.CSTNode | None] = []
+    statement_type = type(statement)
+    if statement_type in (cst.For, cst.While, cst.With, cst.If, cst.Try, cst.TryStar):
+        suites.append(statement.body)  # type: ignore[attr-defined]
+    if statement_type in (cst.For, cst.While, cst.If, cst.Try, cst.TryStar):
+        orelse = statement.orelse  # type: ignore[attr-defined]
+        if type(orelse) is cst.If:
+            return [orelse] if orelse is child else None
+        suites.append(orelse.body if orelse is not None else None)
+    if statement_type in (cst.Try, cst.TryStar):
+        suites.extend(handler.body for handler in statement.handlers)  # type: ignore[attr-defined]
+        final = statement.finalbody  # type: ignore[attr-defined]
+        suites.append(final.body if final is not None else None)
+    if statement_type is cst.Match:
+        suites.extend(case.body for case in statement.cases)  # type: ignore[attr-defined]
+    for suite in suites:
+        if type(suite) is cst.IndentedBlock and any(candidate is child for candidate in suite.body):
+            return list(suite.body)
+    return None
+
+
+def _statements_in(statement: cst.CSTNode) -> frozenset[int]:
+    """The ids of the statements (and except clauses) in a compound statement, itself included."""
+    found = set()
+    pending = [statement]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (cst.BaseStatement, cst.ExceptHandler, cst.ExceptStarHandler)):
+            found.add(id(node))
+        pending.extend(node.children)
+    return frozenset(found)
 
 
 def _returned_values(function: cst.FunctionDef) -> list[cst.BaseExpression]:

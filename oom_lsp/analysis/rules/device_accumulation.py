@@ -237,6 +237,23 @@ class DeviceTensorsKeptAcrossIterations(Rule):
             """,
             line=14,
         ),
+        # The stored name is bound again after the loop (`logits = torch.cat(...)`):
+        # inside the loop it is what the loop's body bound, the model's output.
+        Invalid(
+            """
+            import torch
+
+            @torch.no_grad()
+            def evaluate(model, loader):
+                all_logits = []
+                for images, labels in loader:
+                    logits = model(images.cuda())
+                    all_logits.append(logits)
+                logits = torch.cat(all_logits).cpu()
+                return logits
+            """,
+            line=9,
+        ),
     ]
 
     def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
@@ -305,7 +322,7 @@ class DeviceTensorsKeptAcrossIterations(Rule):
         flow = facts_for(self.context).flow(None if scope.is_module else scope.node)  # type: ignore[arg-type]
         if flow.kind_of(value).attached or reduced(value, self.context):
             return
-        if devices.device_of(value, scope) is not Device.GPU:  # type: ignore[attr-defined]
+        if devices.device_of(value, scope, at=path) is not Device.GPU:  # type: ignore[attr-defined]
             return
         indent = indent_in_path(path[-1], path, self.context.module) if path else None
         fix = None

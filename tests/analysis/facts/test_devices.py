@@ -91,3 +91,63 @@ def test_names_unpacked_from_a_tuple_display_are_bound_to_its_elements() -> None
     """
     assert _device_of_argument(source, "run", "store.append") is Device.GPU
     assert _device_of_argument(source, "run", "store.add") is Device.HOST
+
+
+def _device_where_read(source: str, function: str, called: str) -> Device:
+    """The device of the first argument of the first call to `called` in `function`, read where
+    the call is (the bindings that reach it)."""
+    source = textwrap.dedent(source)
+    context = FileContext(source=source, module=cst.parse_module(source), settings=default_settings(), path="t.py")
+    program = program_of(context)
+    [scope] = [f for f in program.functions if f.name == function]
+    call = next(c for c in scope.calls if context.module.code_for_node(c.node.func) == called)
+    return device_facts(context, uses_cuda=True).device_of(call.node.args[0].value, scope, at=call.path)
+
+
+def test_a_name_rebound_after_the_loop_is_read_in_the_loop_as_the_loop_binds_it() -> None:
+    source = """
+        import torch
+        def evaluate(model, loader, out):
+            for x in loader:
+                logits = model(x.cuda())
+                out.append(logits)
+            logits = torch.cat(out).cpu()
+            return logits
+    """
+    assert _device_of_argument(source, "evaluate", "out.append") is Device.UNKNOWN  # every binding
+    assert _device_where_read(source, "evaluate", "out.append") is Device.GPU
+
+
+def test_a_binding_later_in_the_loop_body_reaches_the_next_iteration() -> None:
+    source = """
+        import torch
+        def collect(loader, out):
+            state = torch.zeros(4).cuda()
+            for x in loader:
+                out.append(state)
+                state = x.cpu()
+    """
+    assert _device_where_read(source, "collect", "out.append") is Device.UNKNOWN
+
+
+def test_a_conditional_binding_between_reaches_too() -> None:
+    source = """
+        def collect(model, loader, out, flag):
+            for x in loader:
+                y = model(x.cuda())
+                if flag:
+                    y = y.cpu()
+                out.append(y)
+    """
+    assert _device_where_read(source, "collect", "out.append") is Device.UNKNOWN
+
+
+def test_an_unconditional_move_kills_the_earlier_binding() -> None:
+    source = """
+        def collect(model, loader, out):
+            for x in loader:
+                y = model(x.cuda())
+                y = y.cpu()
+                out.append(y)
+    """
+    assert _device_where_read(source, "collect", "out.append") is Device.HOST
