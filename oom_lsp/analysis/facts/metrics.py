@@ -138,7 +138,12 @@ def growing_metrics(context: FileContext) -> list[GrowingMetric]:
             qualified = context.qualified_name(call.node.func)
             if qualified is not None and qualified.startswith("torchmetrics."):
                 metric_class = qualified.rpartition(".")[2]
-                if metric_class not in GROWING or _bounded(call.node, metric_class):
+                if metric_class == "MetricCollection":
+                    member = _growing_member(context, call.node)
+                    if member is None:
+                        continue
+                    metric_class = f"{member} in a MetricCollection"
+                elif metric_class not in GROWING or _bounded(call.node, metric_class):
                     continue
             elif type(call.node.func) is cst.Name and call.node.func.value in growing_classes:
                 metric_class = call.node.func.value
@@ -154,6 +159,30 @@ def growing_metrics(context: FileContext) -> list[GrowingMetric]:
             if metric is not None:
                 found.append(metric)
     return found
+
+
+def _growing_member(context: FileContext, collection: cst.Call) -> str | None:
+    """The first growing, unbounded metric a `MetricCollection([...])` or
+    `MetricCollection({...})` is made of: the collection updates and keeps
+    each member's states."""
+    members = get_arg(collection, "metrics", 0)
+    if members is None or members.star:
+        return None
+    value = members.value
+    if type(value) is cst.Dict:
+        made = [element.value for element in value.elements if type(element) is cst.DictElement]
+    elif type(value) in (cst.List, cst.Tuple):
+        made = [element.value for element in value.elements if type(element) is cst.Element]
+    else:
+        made = [value]
+    for member in made:
+        if type(member) is not cst.Call:
+            continue
+        qualified = context.qualified_name(member.func) or ""
+        name = qualified.rpartition(".")[2]
+        if qualified.startswith("torchmetrics.") and name in GROWING and not _bounded(member, name):
+            return name
+    return None
 
 
 def _bound_to(call: Call) -> str | None:
@@ -295,8 +324,8 @@ def _attribute_metric(
     klass = scope.owner
     if self_name is None or klass is None or not path.startswith(self_name + ".") or path.count(".") != 1:
         return None
-    if not any(context.qualified_name(base) in LIGHTNING_BASES for base in klass.bases):
-        return None
+    lightning = any(context.qualified_name(base) in LIGHTNING_BASES for base in klass.bases)
+    graph = call_graph(context)
     attribute = path.partition(".")[2]
     methods = [method for overloads in klass.methods.values() for method in overloads]
     updates: list[Call] = []
@@ -307,14 +336,40 @@ def _attribute_metric(
         updated, reset, escapes = _uses([method.node], f"{name}.{attribute}", updating, resetting)
         if escapes or (reset and method is not scope):
             return None
-        if updated and _runs_per_batch(call_graph(context), method):
-            program_calls = {id(call.node): call for call in method.calls}
-            updates += [program_calls[id(node)] for node in updated if id(node) in program_calls]
+        if not updated:
+            continue
+        program_calls = {id(call.node): call for call in method.calls}
+        found = [program_calls[id(node)] for node in updated if id(node) in program_calls]
+        if lightning and _runs_per_batch(graph, method):
+            updates += found
+        elif not lightning:
+            # A plain object lives as long as whoever holds it: a pass over the
+            # data in the method, the method run again after each epoch of training.
+            per_batch = [call for call in found if any(isinstance(loop, _LOOPS) for loop in call.loops)]
+            if per_batch and _repeated_between_training(graph, method):
+                updates += per_batch
     # The constructing method binds it once (a second `.reset()` there also counts).
     _, reset_in_scope, _ = _uses([scope.node], path, updating, resetting)
     if not updates or (reset_in_scope and _binds_more_than_once(scope.node, path, resetting)):
         return None
     return GrowingMetric(path, metric_class, construction, updates[0])
+
+
+def _repeated_between_training(graph: CallGraph, function: Function, depth: int = 0) -> bool:
+    """`function` runs at every iteration of a loop that also trains (a call
+    in that loop runs a backward pass: `self.train_one_epoch(...)` then
+    `self.evaluate(...)` per epoch), directly or through up to two callers."""
+    for caller in graph.callers(function):
+        loops = [loop for loop in caller.loops if isinstance(loop, _LOOPS)]
+        if loops and any(
+            other is not caller and any(loop is around for around in other.loops for loop in loops)
+            and graph.call_runs_backward(other)
+            for other in caller.scope.calls
+        ):
+            return True
+        if depth < 2 and not caller.scope.is_module and _repeated_between_training(graph, caller.scope, depth + 1):
+            return True
+    return False
 
 
 def _binds_more_than_once(body: cst.CSTNode, path: str, resetting: frozenset[str] = _RESETTING) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from oom_lsp.analysis.facts.metrics import growing_metrics
-from oom_lsp.analysis.rule import Invalid, Rule, Valid, deferred_report
+from oom_lsp.analysis.rule import MESSAGE_LIMIT, Invalid, Rule, Valid, deferred_report
 
 
 class MetricNeverReset(Rule):
@@ -24,7 +24,13 @@ class MetricNeverReset(Rule):
       anywhere in the class (`test_step` and `predict_step` run one pass per
       call: what they fill is what the metric needs);
     - a local metric made before a loop that trains (a backward pass in it)
-      and updated in a loop inside it, never reset: every epoch adds to it.
+      and updated in a loop inside it, never reset: every epoch adds to it;
+    - an attribute of a plain object, updated in a loop of a method that a
+      training loop runs again after each epoch of training
+      (`self.train_one_epoch(...)` then `self.evaluate(...)`), with no
+      `.reset()` of it anywhere in the class.
+
+    A `MetricCollection` made of such a metric is such a metric.
 
     A metric moved when it is made (`BinaryAUROC().to(device)`) is the same
     metric. A class of the file counts as such a metric when a method other
@@ -36,7 +42,8 @@ class MetricNeverReset(Rule):
     family keeps fixed bins; `compute_on_cpu=True` moves the states off the
     GPU), bound again, reset, or handed to other code: Lightning's
     `self.log(name, metric)` resets a logged metric object at the end of the
-    epoch, and a `MetricCollection`, a callback or a helper may reset it.
+    epoch, and a collection, a callback or a helper it is handed to may
+    reset it.
 
     ## Why is this bad?
     These metrics need every prediction at `compute()` time, so each
@@ -197,6 +204,56 @@ class MetricNeverReset(Rule):
                     optimizer.step()
             """
         ),
+        # A plain object's metric reset after each evaluation, or one that
+        # evaluates once (no training loop runs it again).
+        Valid(
+            """
+            import torch
+            from torchmetrics import AUROC
+
+            class Experiment:
+                def __init__(self, model):
+                    self.model = model.cuda()
+                    self.auroc = AUROC(task="binary").cuda()
+
+                def train_one_epoch(self, loader, optimizer):
+                    for x, y in loader:
+                        self.model(x.cuda()).mean().backward()
+                        optimizer.step()
+
+                @torch.no_grad()
+                def evaluate(self, loader):
+                    for x, y in loader:
+                        self.auroc.update(self.model(x.cuda()).sigmoid(), y.cuda())
+                    score = self.auroc.compute()
+                    self.auroc.reset()
+                    return score
+
+                def fit(self, train_loader, val_loader, optimizer, epochs):
+                    for epoch in range(epochs):
+                        self.train_one_epoch(train_loader, optimizer)
+                        print(self.evaluate(val_loader))
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from torchmetrics import AUROC
+
+            class Scorer:
+                def __init__(self, model):
+                    self.model = model.cuda()
+                    self.auroc = AUROC(task="binary").cuda()
+
+                @torch.no_grad()
+                def evaluate(self, loader):
+                    for x, y in loader:
+                        self.auroc.update(self.model(x.cuda()).sigmoid(), y.cuda())
+                    return self.auroc.compute()
+
+            print(Scorer(net).evaluate(test_loader))
+            """
+        ),
     ]
 
     INVALID = [
@@ -280,17 +337,62 @@ class MetricNeverReset(Rule):
             """,
             line=21,
         ),
+        # A plain object's metric, evaluated after every epoch of training.
+        Invalid(
+            """
+            import torch
+            from torchmetrics import AUROC
+
+            class Experiment:
+                def __init__(self, model):
+                    self.model = model.cuda()
+                    self.auroc = AUROC(task="binary").cuda()
+
+                def train_one_epoch(self, loader, optimizer):
+                    for x, y in loader:
+                        self.model(x.cuda()).mean().backward()
+                        optimizer.step()
+
+                @torch.no_grad()
+                def evaluate(self, loader):
+                    for x, y in loader:
+                        self.auroc.update(self.model(x.cuda()).sigmoid(), y.cuda())
+                    return self.auroc.compute()
+
+                def fit(self, train_loader, val_loader, optimizer, epochs):
+                    for epoch in range(epochs):
+                        self.train_one_epoch(train_loader, optimizer)
+                        print(self.evaluate(val_loader))
+            """,
+            line=18,
+        ),
+        # A collection of metrics that keep their inputs keeps them too.
+        Invalid(
+            """
+            import torch
+            import torchmetrics
+
+            def fit(model, train_loader, val_loader, optimizer, epochs):
+                metrics = torchmetrics.MetricCollection({
+                    "ap": torchmetrics.AveragePrecision(task="binary"),
+                    "acc": torchmetrics.Accuracy(task="binary"),
+                }).cuda()
+                for epoch in range(epochs):
+                    for x, y in train_loader:
+                        model(x.cuda()).mean().backward()
+                        optimizer.step()
+                    with torch.no_grad():
+                        for x, y in val_loader:
+                            metrics.update(model(x.cuda()).sigmoid(), y.cuda())
+                    print(metrics.compute())
+            """,
+            line=16,
+        ),
     ]
 
     def leave_Module(self, original_node: cst.Module) -> None:
         for metric in growing_metrics(self.context):
-            self.context.add_report(
-                deferred_report(
-                    self,
-                    metric.update.node,
-                    f"{metric.path} ({metric.metric_class}) keeps every update's inputs and is never reset: "
-                    "it grows with each update",
-                    None,
-                    metric.update.path,
-                )
-            )
+            message = f"{metric.path} ({metric.metric_class}) keeps every update's inputs and is never reset"
+            if len(message) + len(": it grows with each update") < MESSAGE_LIMIT:
+                message += ": it grows with each update"
+            self.context.add_report(deferred_report(self, metric.update.node, message, None, metric.update.path))
