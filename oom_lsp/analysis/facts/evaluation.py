@@ -25,7 +25,7 @@ from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.dataflow import Kind, Role, assigned_names, facts_for, iter_nodes, value_path
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.facts import flags, library
-from oom_lsp.analysis.facts.contexts import CallGraph, _assigned_from, _method_scope, call_graph
+from oom_lsp.analysis.facts.contexts import FORWARD_METHODS, CallGraph, _assigned_from, _method_scope, call_graph
 from oom_lsp.analysis.facts.frozen import frozen_at
 from oom_lsp.analysis.facts.library import Grad, Mode
 from oom_lsp.analysis.facts.loops import runs_a_few_times, unrolls_a_recurrence
@@ -52,7 +52,8 @@ class EvalForward:
     kept_into_next_batch: str | None = None
 
 
-_FORWARD_SUFFIXES = (".forward", ".__call__")
+# `model.forward(x)`, `model.forward_features(x)`: the methods a module call runs, called by name.
+_FORWARD_SUFFIXES = tuple(sorted(f".{method}" for method in FORWARD_METHODS))
 _LOOP_STATEMENTS = (cst.For, cst.While)
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
