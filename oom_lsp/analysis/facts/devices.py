@@ -201,11 +201,16 @@ class DeviceFacts:
         return Device.UNKNOWN
 
     def _name(self, name: str, scope: Function, depth: int, at: tuple[cst.CSTNode, ...] | None = None) -> Device:
-        bindings = self.program.lookup(name, scope) if at is None else self._reaching(name, scope, at)
+        if at is None:
+            bindings: list[tuple[Binding, tuple[cst.CSTNode, ...] | None]] = [
+                (binding, None) for binding in self.program.lookup(name, scope)
+            ]
+        else:
+            bindings = self._reaching(name, scope, at)
         if not bindings:
             return Device.UNKNOWN
         found: Device | None = None
-        for binding in bindings:
+        for binding, binding_at in bindings:
             where = binding.scope or scope
             if binding.kind is BindingKind.PARAM:
                 device = self._parameter(name, where, depth)
@@ -215,35 +220,42 @@ class DeviceFacts:
             elif binding.kind is not BindingKind.ASSIGN or binding.value is None:
                 return Device.UNKNOWN
             else:
-                device = self.device_of(binding.value, where, depth + 1)
+                # Read where it is bound: `f = normalize(f)` reads the `f` bound before it.
+                device = self.device_of(binding.value, where, depth + 1, binding_at)
             if device is Device.UNKNOWN or (found is not None and device is not found):
                 return Device.UNKNOWN
             found = device
         return found or Device.UNKNOWN
 
-    def _reaching(self, name: str, scope: Function, at: tuple[cst.CSTNode, ...]) -> list[Binding]:
+    def _reaching(
+        self, name: str, scope: Function, at: tuple[cst.CSTNode, ...]
+    ) -> list[tuple[Binding, tuple[cst.CSTNode, ...] | None]]:
         """The bindings of `name` that may reach the statement `at[-1]`: walking
         back from it through the blocks around it, the first statement that
         binds the name outright ends the walk (it kills the older ones); a
         compound statement on the way adds what it binds inside (it may or
         may not run), and so does a loop around the reading statement (what
         its body binds later reaches the next iteration). Every binding when
-        the statements cannot be placed."""
+        the statements cannot be placed. Each with the statements around its
+        own statement when it is the one that kills the older bindings (its
+        value is then read there in turn), else None."""
         own = scope.bindings.get(name)
         if not own or name in scope.outer_names:
-            return self.program.lookup(name, scope)
+            return [(binding, None) for binding in self.program.lookup(name, scope)]
+        everything: list[tuple[Binding, tuple[cst.CSTNode, ...] | None]] = [(binding, None) for binding in own]
         if scope.is_module:
             if any(type(statement) in (cst.FunctionDef, cst.ClassDef) for statement in at):
-                return own
+                return everything
+            prefix: tuple[cst.CSTNode, ...] = ()
             inner, block = at, list(self.program.module_node.body)
         else:
             start = next((i for i, statement in enumerate(at) if statement is scope.node), None)
             body = scope.node.body  # type: ignore[union-attr]
             if start is None or type(body) is not cst.IndentedBlock:
-                return own
-            inner, block = at[start + 1 :], list(body.body)
+                return everything
+            prefix, inner, block = at[: start + 1], at[start + 1 :], list(body.body)
         if not inner:
-            return own
+            return everything
         by_statement: dict[int, list[Binding]] = {}
         for binding in own:
             by_statement.setdefault(id(binding.node), []).append(binding)
@@ -251,14 +263,14 @@ class DeviceFacts:
         for depth, statement in enumerate(inner):
             position = next((i for i, candidate in enumerate(block) if candidate is statement), None)
             if position is None:
-                return own
+                return everything
             levels.append((block, position))
             if depth + 1 < len(inner):
                 found = _block_holding(statement, inner[depth + 1])
                 if found is None:
-                    return own
+                    return everything
                 block = found
-        reaching: dict[int, Binding] = {}
+        reaching: dict[int, tuple[Binding, tuple[cst.CSTNode, ...] | None]] = {}
 
         def add_inside(statement: cst.CSTNode) -> None:
             inside = self._inside.get(id(statement))
@@ -266,15 +278,16 @@ class DeviceFacts:
                 inside = self._inside[id(statement)] = _statements_in(statement)
             for binding in own:
                 if id(binding.node) in inside:
-                    reaching[id(binding)] = binding
+                    reaching[id(binding)] = (binding, None)
 
         for level in range(len(levels) - 1, -1, -1):
             block, position = levels[level]
             for earlier in reversed(block[:position]):
                 direct = by_statement.get(id(earlier))
                 if direct is not None and type(earlier) in (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef):
+                    where = (*prefix, *inner[:level], earlier)
                     for binding in direct:
-                        reaching[id(binding)] = binding
+                        reaching[id(binding)] = (binding, where)
                     return list(reaching.values())
                 add_inside(earlier)
             if level == 0:
@@ -282,14 +295,14 @@ class DeviceFacts:
             container = inner[level - 1]
             if type(container) in (cst.For, cst.With) and id(container) in by_statement:
                 for binding in by_statement[id(container)]:  # the loop's target, `with ... as name`
-                    reaching[id(binding)] = binding
+                    reaching[id(binding)] = (binding, None)
                 return list(reaching.values())
             if type(container) in (cst.For, cst.While):
                 add_inside(container)  # bound later in the body: the next iteration reads it
         for binding in own:
             if binding.kind is BindingKind.PARAM:
-                reaching[id(binding)] = binding
-        return list(reaching.values()) or own
+                reaching[id(binding)] = (binding, None)
+        return list(reaching.values()) or everything
 
     def _parameter(self, name: str, function: Function, depth: int) -> Device:
         """A parameter lives where what every caller of the file passes for it

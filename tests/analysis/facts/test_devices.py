@@ -151,3 +151,16 @@ def test_an_unconditional_move_kills_the_earlier_binding() -> None:
                 out.append(y)
     """
     assert _device_where_read(source, "collect", "out.append") is Device.HOST
+
+
+def test_a_name_bound_from_itself_reads_the_binding_before_it() -> None:
+    source = """
+        import torch
+        def extract(model, loader, feats):
+            model.eval()
+            for img, _ in loader:
+                f = model.forward_features(img.cuda())
+                f = torch.nn.functional.normalize(f, dim=1)
+                feats.append(f)
+    """
+    assert _device_where_read(source, "extract", "feats.append") is Device.GPU
