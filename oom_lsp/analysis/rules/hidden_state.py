@@ -40,8 +40,10 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
     ## What it does
     Flags a recurrent hidden state fed from one training step into the next
     without `.detach()`: `out, hidden = rnn(x, hidden)` (or
-    `out, (h, c) = lstm(x, (h, c))`) in a loop that calls `backward()`, where
-    nothing else in the loop rebinds or detaches `hidden`. Also in a loop that
+    `out, (h, c) = lstm(x, (h, c))`, or `h = cell(x, h)` for a cell that
+    returns the state alone and takes it after its input) in a loop that
+    calls `backward()`, where nothing else in the loop rebinds or detaches
+    `hidden`. Also in a loop that
     trains nothing with autograd on, where nothing can train on the graph:
     its function runs no backward pass and what it returns reaches none (an
     evaluation over the validation data outside `torch.no_grad()`), or the
@@ -264,6 +266,18 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
                     print(tracker.update(x).sum().item())
             """
         ),
+        # A layer applied to its own output in a training step is no state:
+        # the value taken first is the input.
+        Valid(
+            """
+            import torch.nn as nn
+            block = nn.Linear(16, 16)
+            for x, y in loader:
+                x = block(x)
+                x = block(x, scale)
+                nn.functional.mse_loss(x, y).backward()
+            """
+        ),
     ]
 
     INVALID = [
@@ -475,6 +489,33 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
                 main(torch.randn(10_000, 1, 64))
             """,
         ),
+        # A cell that returns the state alone, trained at every step.
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+            cell = nn.GRUCell(32, 64).cuda()
+            h = torch.zeros(8, 64, device="cuda")
+            for x, y in stream:
+                h = cell(x.cuda(), h)
+                loss = (h.sum(1) - y.cuda()).pow(2).mean()
+                loss.backward()
+                opt.step()
+            """,
+            line=7,
+            expected_fix="""
+            import torch
+            import torch.nn as nn
+            cell = nn.GRUCell(32, 64).cuda()
+            h = torch.zeros(8, 64, device="cuda")
+            for x, y in stream:
+                h = h.detach()
+                h = cell(x.cuda(), h)
+                loss = (h.sum(1) - y.cuda()).pow(2).mean()
+                loss.backward()
+                opt.step()
+            """,
+        ),
     ]
 
     def visit_Assign(self, node: cst.Assign) -> None:
@@ -487,19 +528,30 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
         if not tracker.in_loop:
             return
         target, call = node.targets[0].target, node.value
-        if type(target) not in SEQUENCES or type(call) is not cst.Call:
+        if type(call) is not cst.Call:
+            return
+        # `out, h = rnn(x, h)`; or `h = cell(x, h)`, a cell that returns the state
+        # alone, taking it after its input (`x = block(x)` is a layer, not a state).
+        single = type(target) is cst.Name
+        if type(target) not in SEQUENCES and not single:
             return
         callee = self._flow().callee(call.func, call)
         if callee.role is not Role.MODULE:
             return
         loop = tracker.loops[-1]
         bound = {name for name, _ in assigned_names(node)}
-        carried = [names for arg in call.args if not arg.star for names in [_state_names(arg.value)] if names]
+        arguments = [arg for arg in call.args if not arg.star]
+        if single:
+            arguments = [arg for position, arg in enumerate(arguments) if position > 0 or arg.keyword is not None]
+        carried = [names for arg in arguments for names in [_state_names(arg.value)] if names]
         carried = [names for names in carried if set(names) <= bound]
         if not carried:
             return
         state = {name for names in carried for name in names}
-        if contains_backward(loop.body, self.context):
+        backward = contains_backward(loop.body, self.context)
+        if single and not backward:
+            return  # without a backward in the loop, a state returned alone is read as a layer's output
+        if backward:
             if any(self._cut_in_loop(name, loop, node) for name in state):
                 return
         elif self._graph_never_used(call, loop, bound - state):
