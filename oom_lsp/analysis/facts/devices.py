@@ -48,7 +48,7 @@ _SAME_DEVICE_METHODS = frozenset(
         "unsqueeze", "flatten", "permute", "transpose", "t", "softmax", "log_softmax", "sigmoid", "tanh",
         "relu", "exp", "log", "abs", "pow", "mul", "add", "sub", "div", "masked_fill", "type_as", "chunk",
         "split", "narrow", "expand", "repeat", "gather", "index_select", "squeeze_", "unsqueeze_", "detach_",
-        "requires_grad_", "to_dense",
+        "requires_grad_", "to_dense", "unbind", "unflatten", "movedim", "tensor_split",
     }
 )  # fmt: skip
 # Reductions: a few numbers per sample (or per batch) at most.

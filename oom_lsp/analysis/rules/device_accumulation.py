@@ -254,6 +254,25 @@ class DeviceTensorsKeptAcrossIterations(Rule):
             """,
             line=9,
         ),
+        # The pieces of a batch (`unbind`, `split`) are views on the same GPU.
+        Invalid(
+            """
+            import torch
+
+            class Indexer:
+                def __init__(self, encoder):
+                    self.encoder = encoder.cuda().eval()
+                    self.vectors = []
+
+                @torch.inference_mode()
+                def index(self, dataloader):
+                    for batch in dataloader:
+                        emb = self.encoder(batch.cuda())
+                        self.vectors.extend(emb.unbind(0))
+                    return torch.stack(self.vectors)
+            """,
+            line=13,
+        ),
     ]
 
     def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
