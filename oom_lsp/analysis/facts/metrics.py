@@ -257,24 +257,44 @@ def _growing_classes(context: FileContext) -> dict[str, tuple[frozenset[str], fr
 
 
 def _clears(method: Function, lists: set[str]) -> bool:
-    """The method binds one of the list attributes again, or empties it."""
+    """The method binds one of the list attributes again (`self.preds = []`,
+    `self.preds[:] = []`), empties it (`.clear()`, `del self.preds[:]`) or
+    deletes it. Adding to it (`self.preds += [x]`) or storing one entry
+    (`self.preds[i] = x`, `del self.preds[0]`) does not."""
     self_name = method.self_name
     if self_name is None:
         return False
     paths = {f"{self_name}.{attribute}" for attribute in lists}
     for node in iter_nodes(method.node.body):
-        if type(node) in (cst.Assign, cst.AugAssign, cst.AnnAssign):
-            targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
-            for target in targets:
-                for part in iter_nodes(target):
-                    if type(part) is cst.Attribute and dotted_name(part) in paths:
-                        return True
-        if type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "clear":
+        node_type = type(node)
+        if node_type in (cst.Assign, cst.AnnAssign):
+            targets = [t.target for t in node.targets] if node_type is cst.Assign else [node.target]
+            if any(_whole(target, paths) for target in targets):
+                return True
+        elif node_type is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "clear":
             if dotted_name(node.func.value) in paths:
                 return True
-        if type(node) is cst.Del:
-            return True
+        elif node_type is cst.Del:
+            if _whole(node.target, paths):
+                return True
     return False
+
+
+def _whole(target: cst.BaseExpression, paths: set[str]) -> bool:
+    """`self.preds` itself, or all of it: `self.preds[:]` (also as one name of
+    a tuple target: `batch, self.preds = self.preds, []`)."""
+    if type(target) in (cst.Tuple, cst.List):
+        return any(_whole(element.value, paths) for element in target.elements)
+    if type(target) is cst.StarredElement:
+        return _whole(target.value, paths)
+    if type(target) is cst.Subscript:
+        if len(target.slice) != 1 or type(target.slice[0].slice) is not cst.Slice:
+            return False
+        whole = target.slice[0].slice
+        if whole.lower is not None or whole.upper is not None or whole.step is not None:
+            return False
+        target = target.value
+    return type(target) is cst.Attribute and dotted_name(target) in paths
 
 
 def _appends_parameters(method: Function, lists: set[str]) -> bool:

@@ -201,3 +201,40 @@ def test_nested_loops_of_one_evaluation_are_no_epochs() -> None:
             return metric.compute()
     """
     assert _growing(source) == []
+
+
+_GROWING_CLASS = """
+    import torch
+
+    class Seen:
+        def __init__(self):
+            self.preds = []
+
+        def add(self, logits):
+            self.preds.append(logits.argmax(-1))
+
+        def other(self, i):
+            {other}
+
+    def fit(model, loader, optimizer, epochs):
+        seen = Seen()
+        for epoch in range(epochs):
+            for x, y in loader:
+                logits = model(x)
+                logits.mean().backward()
+                optimizer.step()
+                seen.add(logits.detach())
+                seen.other(0)
+            print(torch.cat(seen.preds).float().mean())
+"""
+
+
+def test_a_method_that_adds_to_or_stores_one_entry_of_the_list_does_not_reset_it() -> None:
+    for other in ("self.preds += [i]", "self.preds[i] = None", "del self.preds[i]", "del i"):
+        found = _growing(_GROWING_CLASS.replace("{other}", other))
+        assert [(path, metric) for path, metric, _ in found] == [("seen", "Seen")], other
+
+
+def test_a_method_that_empties_or_rebinds_the_list_resets_it() -> None:
+    for other in ("self.preds = []", "self.preds[:] = []", "del self.preds[:]", "self.preds.clear()", "_, self.preds = self.preds, []"):
+        assert _growing(_GROWING_CLASS.replace("{other}", other)) == [], other
