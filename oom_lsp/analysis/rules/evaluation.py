@@ -6,9 +6,11 @@ import re
 
 import libcst as cst
 
+from oom_lsp.analysis.context import FileContext
+from oom_lsp.analysis.facts.contexts import CallGraph
 from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
 from oom_lsp.analysis.facts.evaluation import EvalForward, evaluation_facts, is_inference_script
-from oom_lsp.analysis.facts.workload import workload_of
+from oom_lsp.analysis.facts.workload import Workload, workload_of
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.fixes import inference_mode
@@ -618,6 +620,12 @@ class EvalWithoutNoGrad(Rule):
         ),
     ]
 
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        # The training loops' batches, worked out for the first finding that asks.
+        self._trained: list[int] | None = None
+        self._trained_known = False
+
     def leave_Module(self, original_node: cst.Module) -> None:
         if _TEST_FILE_RE.search(self.context.path) is not None:
             return  # tests run models for their outputs, not to serve predictions
@@ -693,18 +701,28 @@ class EvalWithoutNoGrad(Rule):
         evaluated = workload.batch_of(loops[-1], forward.call.scope)
         if evaluated is None:
             return None
-        trained: list[int] = []
-        for scope in graph.program.functions:
-            for call in scope.calls:
-                if not graph.call_runs_backward(call):
-                    continue
-                around = [loop for loop in call.loops if type(loop) is cst.For]
-                if not around:
-                    continue
-                batch = workload.batch_of(around[-1], scope)
-                if batch is None:
-                    return None  # a training loop whose batch the code does not state
-                trained.append(batch.value)
+        if not self._trained_known:
+            self._trained, self._trained_known = _training_batches(graph, workload), True
+        trained = self._trained
         if not trained or evaluated.value <= max(trained):
             return None
         return evaluated.value, max(trained)
+
+
+def _training_batches(graph: CallGraph, workload: Workload) -> list[int] | None:
+    """The batch of every training loop of the file (a `for` loop around a
+    backward pass), once per file; None when the code does not state one of
+    them."""
+    trained: list[int] = []
+    for scope in graph.program.functions:
+        for call in scope.calls:
+            if not graph.call_runs_backward(call):
+                continue
+            around = [loop for loop in call.loops if type(loop) is cst.For]
+            if not around:
+                continue
+            batch = workload.batch_of(around[-1], scope)
+            if batch is None:
+                return None
+            trained.append(batch.value)
+    return trained
