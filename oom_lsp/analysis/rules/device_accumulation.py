@@ -23,7 +23,13 @@ _STORING = frozenset({"append", "extend"})
 _LOADER_RE = re.compile(r"(^|_)(loader|dataloader|dl|batches|data_iter|dataiter)$", re.IGNORECASE)
 _WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "zip", "iter"})
 _DATALOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
-_CONTAINER_FACTORIES = frozenset({"list", "dict", "collections.defaultdict", "defaultdict", "deque"})
+# What makes a container that a loop may grow: displays or comprehensions, and factories.
+_CONTAINERS = (
+    frozenset({cst.List, cst.Dict, cst.ListComp}),
+    frozenset({"list", "dict", "collections.defaultdict", "defaultdict", "deque"}),
+)
+# The ones a keyed store (`holder[key] = ...`) adds entries to.
+_DICTS = (frozenset({cst.Dict, cst.DictComp}), frozenset({"dict", "collections.defaultdict", "defaultdict"}))
 
 
 class DeviceTensorsKeptAcrossIterations(Rule):
@@ -369,18 +375,7 @@ class DeviceTensorsKeptAcrossIterations(Rule):
         """`holder[key] = ...` into a dict the scope makes (a key per item adds
         an entry; a list or a tensor written at an index does not grow)."""
         name = dotted_name(target.value)
-        if name is None or "." in name:
-            return False
-        bindings = program_of(self.context).lookup(name, scope)
-        return bool(bindings) and all(
-            binding.kind is BindingKind.ASSIGN
-            and (
-                type(binding.value) in (cst.Dict, cst.DictComp)
-                or type(binding.value) is cst.Call
-                and dotted_name(binding.value.func) in ("dict", "collections.defaultdict", "defaultdict")
-            )
-            for binding in bindings
-        )
+        return name is not None and "." not in name and self._made_as(name, scope, _DICTS)
 
     def _is_data_loop(self, loop: cst.For, scope: Function) -> bool:
         """The loop runs once per batch of a data loader."""
@@ -405,13 +400,19 @@ class DeviceTensorsKeptAcrossIterations(Rule):
         """`holder` is bound to a list (or dict) in its scope, or is an attribute of `self`."""
         if "." in holder:
             return holder.startswith("self.")
-        bindings = program_of(self.context).lookup(holder, scope)
+        return self._made_as(holder, scope, _CONTAINERS)
+
+    def _made_as(self, name: str, scope: Function, kinds: tuple[frozenset[type], frozenset[str]]) -> bool:
+        """Every binding of `name` in reach makes a container of `kinds`: one
+        of its displays or comprehensions, or a call of one of its factories."""
+        displays, factories = kinds
+        bindings = program_of(self.context).lookup(name, scope)
         return bool(bindings) and all(
             binding.kind is BindingKind.ASSIGN
             and (
-                type(binding.value) in (cst.List, cst.Dict, cst.ListComp)
+                type(binding.value) in displays
                 or type(binding.value) is cst.Call
-                and dotted_name(binding.value.func) in _CONTAINER_FACTORIES
+                and dotted_name(binding.value.func) in factories
             )
             for binding in bindings
         )
