@@ -1,7 +1,8 @@
 """Where a tensor lives, and whether it is a whole output or a few numbers.
 
 `device_of(expr, scope)` follows an expression back through the bindings of
-its scope (flow-insensitively: every binding of a name must agree) to where
+its scope (every binding of a name must agree; given `at`, the statements
+around the place it is read, only the bindings that reach there) to where
 its storage was made:
 
 - moved: `.cuda()`, `.to("cuda")`, `.to(device)` where `device` is the file's
