@@ -1022,27 +1022,35 @@ class NaiveAttention(Rule):
                 return None
             # `einsum("bij,bjk->bik", q, k_t)` is `q @ k_t`.
             left, right = expr.args[1].value, expr.args[2].value
-        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.MatrixMultiply):
-            left, right = expr.left, expr.right
-        elif isinstance(expr, cst.Call) and self.context.call_name(expr) in _MATMUL:
-            if has_splat(expr) or len(expr.args) != 2 or any(arg.keyword for arg in expr.args):
-                return None
-            left, right = expr.args[0].value, expr.args[1].value
-        elif (called := method_call(expr)) is not None and called[1] in _MATMUL_METHODS:
-            # `q.matmul(k.transpose(-2, -1))`
-            if has_splat(expr) or len(expr.args) != 1 or expr.args[0].keyword is not None:
-                return None
-            if self.context.qualified_name(called[0]) is not None:
-                return None  # `torch.matmul` itself, or another module's function
-            left, right = called[0], expr.args[0].value
         else:
-            return None
+            operands = self._matmul_operands(expr)
+            if operands is None:
+                return None
+            left, right = operands
         key = self._key_of_transposed(right)
         if key is not None:
             return left, key
         if any_layout and self._shapes.positions_by_positions(left, right, self._lookup()):
             # `torch.bmm(q, k)` of `(b, h*w, c)` by `(b, c, h*w)`: channels first.
             return left, right
+        return None
+
+    def _matmul_operands(self, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+        """(a, b) for a matrix product written `a @ b`, `torch.matmul(a, b)` /
+        `torch.bmm(a, b)`, or as the tensor method `a.matmul(b)` / `a.bmm(b)`."""
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.MatrixMultiply):
+            return expr.left, expr.right
+        if isinstance(expr, cst.Call) and self.context.call_name(expr) in _MATMUL:
+            if has_splat(expr) or len(expr.args) != 2 or any(arg.keyword for arg in expr.args):
+                return None
+            return expr.args[0].value, expr.args[1].value
+        called = method_call(expr)
+        if called is not None and called[1] in _MATMUL_METHODS:
+            if has_splat(expr) or len(expr.args) != 1 or expr.args[0].keyword is not None:
+                return None
+            if self.context.qualified_name(called[0]) is not None:
+                return None  # `torch.matmul` itself, or another module's function
+            return called[0], expr.args[0].value
         return None
 
     def _score_operands(self, expr: cst.BaseExpression) -> _QueryKey | None:
@@ -1580,22 +1588,11 @@ class NaiveAttention(Rule):
         )
 
     def _times_value(self, expr: cst.BaseExpression, weights: str) -> cst.BaseExpression | None:
-        """`v` for `weights @ v` / `torch.matmul(weights, v)`."""
-        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.MatrixMultiply):
-            left, right = expr.left, expr.right
-        elif isinstance(expr, cst.Call) and self.context.call_name(expr) in _MATMUL:
-            if has_splat(expr) or len(expr.args) != 2 or any(arg.keyword for arg in expr.args):
-                return None
-            left, right = expr.args[0].value, expr.args[1].value
-        elif (called := method_call(expr)) is not None and called[1] in _MATMUL_METHODS:
-            # `q.matmul(k.transpose(-2, -1))`
-            if has_splat(expr) or len(expr.args) != 1 or expr.args[0].keyword is not None:
-                return None
-            if self.context.qualified_name(called[0]) is not None:
-                return None  # `torch.matmul` itself, or another module's function
-            left, right = called[0], expr.args[0].value
-        else:
+        """`v` for `weights @ v` / `torch.matmul(weights, v)` / `weights.matmul(v)`."""
+        operands = self._matmul_operands(expr)
+        if operands is None:
             return None
+        left, right = operands
         if not (isinstance(left, cst.Name) and left.value == weights) or left.lpar or expr.lpar:
             return None
         return right
