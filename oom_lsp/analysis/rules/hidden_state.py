@@ -590,18 +590,18 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
         state = dotted_name(target)
         if state is None or state.count(".") != 1:
             return
+        owner, attribute = state.split(".")
         passed = [arg.value for arg in call.args if not arg.star and dotted_name(arg.value) == state]
         if not passed:
             return
         graph = call_graph(self.context)
         site = graph.program.call(call)
-        if site is None or site.scope.owner is None or state.split(".")[0] != site.scope.self_name:
+        if site is None or site.scope.owner is None or owner != site.scope.self_name:
             return
         if not self._runs_a_module(graph, site):
             return  # not known to be a module with parameters to build a graph from
         if graph.grad_at(site) is not Grad.ON:
             return
-        attribute = state.split(".")[1]
         loop_site = _called_in_a_loop(graph, site.scope)
         if loop_site is None or graph.runs_backward(loop_site.scope):
             return  # a training loop may backpropagate through the state (a second backward then fails loudly)
@@ -628,8 +628,8 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
     def _runs_a_module(self, graph: CallGraph, site: Call) -> bool:
         """The call runs an `nn.Module`: one the data flow knows, the forward of
         a module class of the file, or an attribute that an object of the file
-        holds a `torch.nn` layer in (`self.model.cell` with `self.cell =
-        nn.GRUCell(...)` in the model's class)."""
+        holds a module in, as the data flow classifies what it is made from
+        (`self.model.cell` with `self.cell = nn.GRUCell(...)` in the model's class)."""
         call = site.node
         if self._flow().callee(call.func, call).role is Role.MODULE:
             return True
@@ -645,8 +645,11 @@ class HiddenStateCarriedAcrossBatches(AutogradRule):
         if holder is None:
             return False
         bindings = holder.attributes.get(func.attr.value, ())
+        facts = facts_for(self.context)
         return bool(bindings) and all(
-            type(binding.value) is cst.Call and _is_torch_layer(self.context.qualified_name(binding.value.func))
+            binding.value is not None
+            and (callee := facts.classify_value(binding.value, {})) is not None
+            and callee.role is Role.MODULE
             for binding in bindings
         )
 
@@ -747,14 +750,6 @@ def _detached_in(where: cst.For | cst.While | cst.FunctionDef, name: str, method
         and name in (dotted_name(node.func.value), _subscripted_name(node.func.value))
         for node in iter_nodes(where.body)
     )
-
-
-def _is_torch_layer(qualified: str | None) -> bool:
-    """`torch.nn.GRUCell`, `torch.nn.Linear`: a class of `torch.nn` (not a function of `torch.nn.functional`)."""
-    if qualified is None or not qualified.startswith("torch.nn."):
-        return False
-    last = qualified.rpartition(".")[2]
-    return ".functional." not in qualified and last[:1].isupper()
 
 
 def _called_in_a_loop(graph: CallGraph, function: Function, depth: int = 0) -> Call | None:
