@@ -381,15 +381,22 @@ def _repeated_between_training(graph: CallGraph, function: Function, depth: int 
     `self.evaluate(...)` per epoch), directly or through up to two callers."""
     for caller in graph.callers(function):
         loops = [loop for loop in caller.loops if isinstance(loop, _LOOPS)]
-        if loops and any(
-            other is not caller and any(loop is around for around in other.loops for loop in loops)
-            and graph.call_runs_backward(other)
-            for other in caller.scope.calls
-        ):
+        if loops and _trains_in(graph, caller.scope, loops, besides=caller):
             return True
         if depth < 2 and not caller.scope.is_module and _repeated_between_training(graph, caller.scope, depth + 1):
             return True
     return False
+
+
+def _trains_in(graph: CallGraph, scope: Function, loops: list[cst.CSTNode], besides: Call | None = None) -> bool:
+    """A call of `scope` inside one of `loops` (other than `besides`) runs a
+    backward pass: that loop trains between the passes it repeats."""
+    return any(
+        call is not besides
+        and any(around is loop for around in call.loops for loop in loops)
+        and graph.call_runs_backward(call)
+        for call in scope.calls
+    )
 
 
 def _binds_more_than_once(body: cst.CSTNode, path: str, resetting: frozenset[str] = _RESETTING) -> bool:
@@ -425,7 +432,6 @@ def _local_metric(
         return None
     calls = {id(call.node): call for call in scope.calls}
     outside = {id(loop) for loop in construction.loops}
-    training = [call for call in scope.calls if graph.call_runs_backward(call)]
     for node in updated:
         call = calls.get(id(node))
         if call is None:
@@ -435,7 +441,7 @@ def _local_metric(
         if len(passes) < 2:
             continue
         # An outer one of them trains: it repeats the passes over the data between updates.
-        if any(any(loop is outer for loop in step.loops) for outer in passes[:-1] for step in training):
+        if _trains_in(graph, scope, passes[:-1]):
             return GrowingMetric(path, metric_class, construction.node, call)
     return None
 
