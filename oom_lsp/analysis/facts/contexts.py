@@ -67,6 +67,8 @@ _LOCAL_TO_GRAD = {
     LocalGrad.ON: Grad.ON,
     LocalGrad.MAYBE: Grad.MAYBE,
 }
+# Containers of modules whose elements are what iterating or indexing them gives.
+_MODULE_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.Sequential", "torch.nn.ModuleDict"})
 # How far resolution follows names bound to names (`f = g`).
 _MAX_ALIAS_DEPTH = 8
 
@@ -87,6 +89,7 @@ class CallGraph:
         self._escapes: dict[int, list[Reference]] | None = None
         self._grad: dict[int, Grad] | None = None
         self._backward: dict[int, bool] = {}
+        self._opaque: list[Call] | None = None
 
     # --- classes -------------------------------------------------------------
     def is_module_class(self, klass: Klass) -> bool:
@@ -319,7 +322,97 @@ class CallGraph:
             klass = self.instance_class(func, scope)
             if klass is not None:
                 return self.dispatch(klass, "__call__") or self.dispatch(klass, "forward")
+        if func_type is cst.Subscript:
+            # `self.blocks[i](x)`, `self.nets["g"](z)`: an element of a container of modules.
+            return self._forwards(self._element_classes(func.value, scope, depth + 1))
         return []
+
+    def _forwards(self, classes: Iterable[Klass]) -> list[Function]:
+        found: list[Function] = []
+        for klass in classes:
+            found.extend(self.dispatch(klass, "forward") or self.dispatch(klass, "__call__"))
+        return found
+
+    def _element_classes(self, expr: cst.BaseExpression, scope: Function, depth: int) -> list[Klass]:
+        """The classes of the file among the elements of a container of
+        modules: `nn.ModuleList([Block() for _ in range(n)])`,
+        `nn.Sequential(Conv(), nn.ReLU())`, `[Net(), Net()]`, `{"g": G()}`,
+        or a name or attribute every binding of which is one. Iterating it
+        binds those instances, subscripting it returns one, and calling an
+        `nn.Sequential` runs each element's forward. Empty when unknown."""
+        if depth > _MAX_ALIAS_DEPTH:
+            return []
+        expr_type = type(expr)
+        values: list[cst.BaseExpression] = []
+        if expr_type in (cst.List, cst.Tuple, cst.Set):
+            for element in expr.elements:  # type: ignore[attr-defined]
+                if type(element) is cst.StarredElement:
+                    values.extend(self._element_values(element.value))
+                else:
+                    values.append(element.value)
+        elif expr_type is cst.Dict:
+            values = [element.value for element in expr.elements if type(element) is cst.DictElement]
+        elif expr_type in (cst.ListComp, cst.GeneratorExp, cst.SetComp):
+            values = [expr.elt]  # type: ignore[attr-defined]
+        elif expr_type is cst.DictComp:
+            values = [expr.value]  # type: ignore[attr-defined]
+        elif expr_type is cst.Call:
+            qualified = self.imports.qualified_name(expr.func)
+            if qualified in _MODULE_CONTAINERS:
+                for arg in expr.args:
+                    if arg.keyword is not None:
+                        continue
+                    if arg.star == "*" or qualified != "torch.nn.Sequential":
+                        # `ModuleList(iterable)`, `Sequential(*blocks)`: the iterable's elements.
+                        found = self._element_classes(arg.value, scope, depth + 1)
+                        values_classes = found
+                        if values_classes:
+                            return _unique(values_classes + self._classes_of(values, scope, depth))
+                        continue
+                    values.append(arg.value)
+            elif type(expr.func) is cst.Attribute and expr.func.attr.value in _MODULE_RETURNING:
+                return self._element_classes(expr.func.value, scope, depth + 1)
+            else:
+                return []
+        elif expr_type is cst.Name:
+            bindings = self.program.lookup(expr.value, scope)
+            return self._elements_of_bindings(bindings, scope, depth)
+        elif expr_type is cst.Attribute and type(expr.value) is cst.Name:
+            method_scope = _method_scope(scope)
+            if method_scope is not None and expr.value.value == method_scope.self_name:
+                owner = method_scope.owner
+                assert owner is not None
+                return self._elements_of_bindings(self._attribute_bindings(owner, expr.attr.value), method_scope, depth)
+            return []
+        else:
+            return []
+        return self._classes_of(values, scope, depth)
+
+    @staticmethod
+    def _element_values(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+        if type(expr) in (cst.List, cst.Tuple):
+            return [element.value for element in expr.elements]  # type: ignore[attr-defined]
+        if type(expr) in (cst.ListComp, cst.GeneratorExp):
+            return [expr.elt]  # type: ignore[attr-defined]
+        return []
+
+    def _classes_of(self, values: list[cst.BaseExpression], scope: Function, depth: int) -> list[Klass]:
+        found: list[Klass] = []
+        for value in values:
+            klass = self.instance_class(value, scope, depth + 1)
+            if klass is not None and klass not in found:
+                found.append(klass)
+        return found
+
+    def _elements_of_bindings(self, bindings: list[Binding], scope: Function, depth: int) -> list[Klass]:
+        found: list[Klass] = []
+        for binding in bindings:
+            if binding.kind is not BindingKind.ASSIGN or binding.value is None:
+                continue  # `self.blocks.append(Block())` adds no binding; other kinds say nothing
+            for klass in self._element_classes(binding.value, _binding_scope(self.program, binding, scope), depth + 1):
+                if klass not in found:
+                    found.append(klass)
+        return found
 
     def _resolve_name(self, name: str, scope: Function, depth: int) -> list[Function]:
         bindings = self.program.lookup(name, scope)
@@ -347,8 +440,18 @@ class CallGraph:
                     klass = self.instance_class(value, _binding_scope(self.program, binding, scope))
                     if klass is not None:
                         found.extend(self.dispatch(klass, "forward") or self.dispatch(klass, "__call__"))
-            elif binding.kind is BindingKind.PARAM:
-                continue  # a parameter: whatever the callers pass (not followed)
+            elif binding.kind is BindingKind.PARAM and binding.scope is not None:
+                # `model(x)` in `def evaluate(model, loader)`: the module every
+                # call of the function passes (a class of the file), else unknown.
+                klass = self._parameter_class(binding.scope, name, depth + 1)
+                if klass is not None:
+                    found.extend(self.dispatch(klass, "forward") or self.dispatch(klass, "__call__"))
+            elif binding.kind is BindingKind.LOOP and type(binding.node) is cst.For:
+                # `for block in self.blocks: x = block(x)`: each element's forward.
+                loop = binding.node
+                if type(loop.target) is cst.Name and loop.target.value == name:
+                    for klass in self._element_classes(loop.iter, _binding_scope(self.program, binding, scope), depth + 1):
+                        found.extend(self.dispatch(klass, "forward") or self.dispatch(klass, "__call__"))
         return found
 
     def _resolve_attribute(self, func: cst.Attribute, scope: Function, depth: int) -> list[Function]:
@@ -365,7 +468,7 @@ class CallGraph:
                 klass = self.instance_class(func, scope)
                 if klass is not None:
                     return self.dispatch(klass, "forward") or self.dispatch(klass, "__call__")
-                return []
+                return self._sequential_forwards(func, scope, depth)
         if (
             type(receiver) is cst.Call
             and type(receiver.func) is cst.Name
@@ -391,7 +494,34 @@ class CallGraph:
         klass = self.instance_class(func, scope)
         if klass is not None:
             return self.dispatch(klass, "forward") or self.dispatch(klass, "__call__")
-        return []
+        return self._sequential_forwards(func, scope, depth)
+
+    def _sequential_forwards(self, func: cst.BaseExpression, scope: Function, depth: int) -> list[Function]:
+        """Calling an `nn.Sequential` runs each element's forward in turn:
+        `self.layers(x)` with `self.layers = nn.Sequential(Block(), nn.ReLU())`."""
+        if type(func) is cst.Attribute and type(func.value) is cst.Name:
+            method_scope = _method_scope(scope)
+            if method_scope is None or func.value.value != method_scope.self_name:
+                return []
+            owner = method_scope.owner
+            assert owner is not None
+            bindings = self._attribute_bindings(owner, func.attr.value)
+            scope = method_scope
+        elif type(func) is cst.Name:
+            bindings = self.program.lookup(func.value, scope)
+        else:
+            return []
+        found: list[Function] = []
+        for binding in bindings:
+            value = binding.value
+            if binding.kind is not BindingKind.ASSIGN or type(value) is not cst.Call:
+                return []
+            if self.imports.qualified_name(value.func) != "torch.nn.Sequential":
+                return []
+            found.extend(
+                self._forwards(self._element_classes(value, _binding_scope(self.program, binding, scope), depth + 1))
+            )
+        return found
 
     def callers(self, function: Function) -> list[Call]:
         """The call sites that may run `function`."""
@@ -510,7 +640,53 @@ class CallGraph:
         value |= self.external_grad(function)
         if value == Grad.NONE:
             return Grad.UNKNOWN  # nothing in the file calls it: its callers are elsewhere
+        if self._is_module_entry(function):
+            if self._used_elsewhere(function.owner):  # type: ignore[arg-type]
+                # Other files of the project make or use instances of the class:
+                # they run its forward under modes this file cannot see.
+                value |= Grad.UNKNOWN
+            # A module is also run by calls the resolution could not type
+            # (`model(x)` with `model` a parameter whose callers pass it through
+            # too many hands): each such call may run this forward.
+            for call in self._opaque_calls():
+                if call.local_grad is not None:
+                    value |= _LOCAL_TO_GRAD[call.local_grad]
+                else:
+                    value |= state.get(id(call.scope), Grad.UNKNOWN)
         return value
+
+    def _is_module_entry(self, function: Function) -> bool:
+        owner = function.owner
+        return owner is not None and function.name in ("forward", "__call__") and self.is_module_class(owner)
+
+    def _used_elsewhere(self, klass: Klass) -> bool:
+        """Another file of the project calls the class or a method of its
+        instances (`model = GPT(config)` in train.py)."""
+        project = self.context.project
+        if project is None:
+            return False
+        return any(name == klass.name or name.startswith(klass.name + ".") for name in project.incoming)
+
+    def _opaque_calls(self) -> list[Call]:
+        """Calls of a value the file cannot type, that may be a module of the
+        file: a parameter or a loop variable called as a function
+        (`model(x)`, `block(x)`), or an element of a container (`nets[i](x)`),
+        that resolution left without a callee."""
+        if self._opaque is None:
+            self._opaque = []
+            for scope in self.program.functions:
+                for call in scope.calls:
+                    if self.callees(call):
+                        continue
+                    func = call.node.func
+                    if type(func) is cst.Subscript:
+                        self._opaque.append(call)
+                    elif type(func) is cst.Name and any(
+                        binding.kind in (BindingKind.PARAM, BindingKind.LOOP)
+                        for binding in self.program.lookup(func.value, scope)
+                    ):
+                        self._opaque.append(call)
+        return self._opaque
 
     def _grad_of_escape(self, reference: Reference, state: dict[int, Grad]) -> Grad:
         """The grad mode a function passed to a call runs under, when the
@@ -657,3 +833,11 @@ def union(values: Iterable[Grad]) -> Grad:
     for value in values:
         result |= value
     return result
+
+
+def _unique(classes: list[Klass]) -> list[Klass]:
+    found: list[Klass] = []
+    for klass in classes:
+        if klass not in found:
+            found.append(klass)
+    return found

@@ -314,3 +314,88 @@ def test_a_parameter_passed_instances_of_two_classes_is_neither() -> None:
     graph = call_graph(context)
     [call] = [c for f in graph.program.functions for c in f.calls if context.module.code_for_node(c.node.func) == "model"]
     assert graph.callees(call) == ()
+
+
+def test_calling_a_parameter_runs_the_forward_of_the_module_every_caller_passes() -> None:
+    source = """
+        import torch
+        import torch.nn as nn
+        class Net(nn.Module):
+            def forward(self, x):
+                return x
+        def generate(model, x):
+            with torch.no_grad():
+                return model(x)
+        generate(Net(), None)
+    """
+    assert _entry(source, "Net.forward") == Grad.OFF
+
+
+def test_the_blocks_of_a_module_list_run_under_the_grad_mode_of_the_loop_that_calls_them() -> None:
+    source = """
+        import torch
+        import torch.nn as nn
+        class Block(nn.Module):
+            def forward(self, x):
+                return x
+        class Model(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.blocks = nn.ModuleList([Block() for _ in range(n)])
+                self.head = nn.Sequential(nn.Linear(4, 4), Head())
+            def forward(self, x):
+                for block in self.blocks:
+                    x = block(x)
+                return self.head(self.blocks[0](x))
+        class Head(nn.Module):
+            def forward(self, x):
+                return x
+        model = Model(2)
+        with torch.no_grad():
+            model(None)
+    """
+    assert _entry(source, "Block.forward") == Grad.OFF
+    assert _entry(source, "Head.forward") == Grad.OFF
+
+
+def test_a_sequential_of_unknown_elements_resolves_nothing() -> None:
+    source = """
+        import torch
+        import torch.nn as nn
+        class Block(nn.Module):
+            def forward(self, x):
+                return x
+        class Model(nn.Module):
+            def __init__(self, layers):
+                super().__init__()
+                self.body = nn.Sequential(*layers)
+            def forward(self, x):
+                for layer in self.body:
+                    x = layer(x)
+                return x
+        with torch.no_grad():
+            Model(load_layers())(None)
+    """
+    assert _entry(source, "Block.forward") == Grad.UNKNOWN
+
+
+def test_a_module_called_through_a_value_the_file_cannot_type_may_run_with_grad() -> None:
+    # `generate` types its model, `loss_of` cannot (its caller's caller is
+    # elsewhere): that call may run Net.forward too, with autograd on.
+    source = """
+        import torch
+        import torch.nn as nn
+        class Net(nn.Module):
+            def forward(self, x):
+                return x
+        def generate(model, x):
+            with torch.no_grad():
+                return model(x)
+        def loss_of(model, x):
+            return model(x).sum()
+        def train(m, x):
+            loss_of(m, x).backward()
+        generate(Net(), None)
+    """
+    assert _entry(source, "Net.forward") != Grad.OFF
+    assert Grad.UNKNOWN in _entry(source, "Net.forward")

@@ -80,3 +80,56 @@ def test_a_caller_with_grad_in_another_file_keeps_the_finding() -> None:
     facts = incoming_calls([_summary(with_grad, "pkg/train.py"), _summary(ENGINE, "pkg/engine.py")])
     findings = analyze_file(ENGINE, SETTINGS, "pkg/engine.py", project=facts["pkg.engine"]).findings
     assert [finding.line for finding in findings] == [6, 11]
+
+
+MODEL = textwrap.dedent(
+    """
+    import torch
+    import torch.nn as nn
+
+    class Net(nn.Module):
+        def forward(self, x):
+            return x
+
+    if __name__ == "__main__":
+        with torch.no_grad():
+            Net()(torch.zeros(1))
+    """
+)
+TRAINS_MODEL = textwrap.dedent(
+    """
+    import torch
+    from pkg.model import Net
+
+    def train(loader):
+        net = Net()
+        for x in loader:
+            net(x).sum().backward()
+    """
+)
+
+
+def test_a_module_made_in_another_file_runs_there_under_modes_this_file_cannot_see() -> None:
+    import libcst as cst
+
+    from oom_lsp.analysis.context import FileContext
+    from oom_lsp.analysis.facts.contexts import call_graph
+
+    def forward_grad(project: object) -> Grad:
+        context = FileContext(
+            source=MODEL, module=cst.parse_module(MODEL), settings=SETTINGS, path="pkg/model.py", project=project
+        )
+        graph = call_graph(context)
+        [forward] = [f for f in graph.program.functions if f.qualname == "Net.forward"]
+        return graph.entry_grad(forward)
+
+    from oom_lsp.analysis.settings import default_settings
+
+    def summary(source: str, path: str) -> FileSummary:
+        found = analyze_file(source, default_settings(), path, module=module_name(path)).summary
+        assert found is not None
+        return found
+
+    assert forward_grad(None) == Grad.OFF  # alone, the smoke test is its only caller
+    facts = incoming_calls([summary(TRAINS_MODEL, "pkg/train.py"), summary(MODEL, "pkg/model.py")])
+    assert Grad.UNKNOWN in forward_grad(facts["pkg.model"])
