@@ -75,7 +75,10 @@ class FileEffects:
     def _find_keeps(self, function: cst.FunctionDef) -> tuple[Keep, ...]:
         if self.facts.summary(function).backward_calls:
             return ()  # it backpropagates what it is given: the graph is wanted
-        params = _param_names(function)
+        # A parameter the function rebinds to a graph-free value (`if
+        # torch.is_tensor(val): val = val.detach().item()`, the usual meter's
+        # guard) is that value from there on: what it keeps is no graph.
+        params = _param_names(function) - _freed_parameters(function)
         local = {
             name.partition(".")[0]
             for statement in _body(function)
@@ -198,6 +201,40 @@ def _kept_value(node: cst.CSTNode) -> tuple[cst.BaseExpression, cst.BaseExpressi
     if node_type is cst.AugAssign and type(node.operator) in _ACCUMULATING:
         return node.target, node.value, True
     return None
+
+
+# Calls whose result holds no graph: a Python number or list, an array, a detached tensor.
+_GRAPH_FREEING_METHODS = frozenset({"item", "detach", "detach_", "tolist", "numpy"})
+
+
+def _freed_parameters(function: cst.FunctionDef) -> set[str]:
+    """Parameters the function rebinds to a value without a graph."""
+    params = _param_names(function)
+    return {
+        name
+        for statement in _body(function)
+        for node in iter_nodes(statement)
+        for name, value in assigned_names(node)
+        if name in params and value is not None and _frees_the_graph(value)
+    }
+
+
+def _frees_the_graph(value: cst.BaseExpression) -> bool:
+    """`x.detach()`, `x.detach().cpu()`, `x.item()`, `float(x)`, or a
+    conditional whose one branch is one of these (the other is the guard's
+    non-tensor case: `x.item() if torch.is_tensor(x) else x`)."""
+    if type(value) is cst.IfExp:
+        return _frees_the_graph(value.body) or _frees_the_graph(value.orelse)
+    while type(value) is cst.Call:
+        func = value.func
+        if type(func) is cst.Name:
+            return func.value in ("float", "int")
+        if type(func) is not cst.Attribute:
+            return False
+        if func.attr.value in _GRAPH_FREEING_METHODS:
+            return True
+        value = func.value
+    return False
 
 
 def _parameter_in(value: cst.BaseExpression, params: set[str], accumulates: bool) -> str | None:

@@ -285,6 +285,28 @@ class LossAccumulatedWithGraph(AutogradRule):
                     optimizer.step()
             """
         ),
+        # The meter turns a tensor into a number before it keeps it.
+        Valid(
+            """
+            import torch
+            class Meter:
+                def __init__(self):
+                    self.sum, self.count = 0.0, 0
+
+                def update(self, value, n=1):
+                    if isinstance(value, torch.Tensor):
+                        value = value.detach().item()
+                    self.sum += value * n
+                    self.count += n
+
+            def train(model, loader, criterion):
+                meter = Meter()
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    loss.backward()
+                    meter.update(loss, len(x))
+            """
+        ),
     ]
     INVALID = [
         # A sentence's loss summed over its decoder steps: the graph of one
