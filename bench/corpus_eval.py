@@ -100,12 +100,20 @@ def repo_folder(repo: str) -> str:
     return repo.replace("/", "+")
 
 
+# Real reported bugs, each file before and after its fix: `bugs` (bugs.json), and `bugs3`
+# (bugs3.json: 32 more, gathered on 2026-12-06 from GitHub issues and fix commits by a helper that
+# ran no analyzer, split by sha256("owner/name") (even first hex digit: dev) before any was checked).
+BUG_CORPORA = ("bugs", "bugs3")
+
+
 def load_manifests(corpora_dir: Path) -> dict:
     static = tomllib.loads((corpora_dir / "static.toml").read_text())["repo"]
     notebooks = tomllib.loads((corpora_dir / "notebooks.toml").read_text())["repo"]
-    bugs_path = corpora_dir / "bugs.json"
-    bugs = json.loads(bugs_path.read_text()) if bugs_path.is_file() else []
-    return {"static": static, "notebooks": notebooks, "bugs": bugs}
+    found = {"static": static, "notebooks": notebooks}
+    for corpus in BUG_CORPORA:
+        bugs_path = corpora_dir / f"{corpus}.json"
+        found[corpus] = json.loads(bugs_path.read_text()) if bugs_path.is_file() else []
+    return found
 
 
 # Splits that `--split all` covers; the fresh splits are scored on their own so that the earlier figures keep
@@ -390,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-root", type=Path, default=DEFAULT_ROOT)
     ap.add_argument("--corpora-dir", type=Path, default=CORPORA_DIR, help="where the manifests are")
     ap.add_argument("--split", choices=("dev", "heldout", "all", *FRESH_SPLITS), default="dev")
-    ap.add_argument("--corpora", default="static,notebooks,bugs", help="comma-separated subset")
+    ap.add_argument("--corpora", default="static,notebooks,bugs,bugs3", help="comma-separated subset")
     ap.add_argument("--repos", help="comma-separated subset of repositories (owner/name), for a quick run")
     ap.add_argument("--verdicts", type=Path, action="append", help="verdict files (default: by split)")
     ap.add_argument("--template", type=Path, help="write the unjudged findings here as verdict rows to fill in")
@@ -428,10 +436,11 @@ def main(argv: list[str] | None = None) -> int:
                 "lines_per_cpu_s": round(run.lines / run.cpu_s) if run.cpu_s else None,
                 **tally(run.findings, run.lines),
             }
-        if "bugs" in chosen and manifests["bugs"]:
-            bugs = [b for b in manifests["bugs"] if in_split(b["split"], a.split)
-                    and (repos is None or b["repo"] in repos)]
-            result["bugs"] = score_bugs(bugs, a.corpus_root, a.oom_lsp, config)
+        for corpus in BUG_CORPORA:
+            if corpus in chosen and manifests[corpus]:
+                bugs = [b for b in manifests[corpus] if in_split(b["split"], a.split)
+                        and (repos is None or b["repo"] in repos)]
+                result[corpus] = score_bugs(bugs, a.corpus_root, a.oom_lsp, config)
     result["lines_per_cpu_s"] = round(lines / cpu) if cpu else None
     result["findings"] = [{**f.__dict__, "line_sha1": f.line_sha1} for f in all_findings]
     result["missed"] = [
@@ -451,9 +460,11 @@ def main(argv: list[str] | None = None) -> int:
         print_table(f"{corpus}, {a.split}: {r['repositories']} repositories, {r['files']} files", r, unit)
         print(f"  check: {r['cpu_s']:.1f} CPU s, {r['wall_s']:.1f} wall s, "
               f"{r['lines_per_cpu_s'] or 0:,} lines per CPU-second")
-    if "bugs" in result:
-        b = result["bugs"]
-        print(f"\nreal bugs ({b['caught']}/{b['bugs']} caught, {b['fixed_silent']}/{b['fixed']} fixed versions silent):")
+    for corpus in BUG_CORPORA:
+        if corpus not in result:
+            continue
+        b = result[corpus]
+        print(f"\nreal bugs, {corpus} ({b['caught']}/{b['bugs']} caught, {b['fixed_silent']}/{b['fixed']} fixed versions silent):")
         for r in b["rows"]:
             silent = "" if "fixed_silent" not in r else (", fixed silent" if r["fixed_silent"] else ", FIXED STILL FLAGGED")
             print(f"  {'caught' if r['caught'] else 'MISSED'} {r['id']} ({r['repo']}): want {'/'.join(r['expected'])}, "
@@ -475,9 +486,10 @@ def main(argv: list[str] | None = None) -> int:
         parts.append(f"{corpus}: worth={t['worth']} harmless={t['harmless']} wrong={t['wrong']} "
                      f"unjudged={t['unjudged']} precision={fmt(t['precision'])} worth_share={fmt(t['worth_share'])} "
                      f"wrong_per_10k={fmt(t['wrong_per_10k_lines'])} lines={r['lines']}")
-    if "bugs" in result:
-        b = result["bugs"]
-        parts.append(f"bugs={b['caught']}/{b['bugs']} fixed_silent={b['fixed_silent']}/{b['fixed']}")
+    for corpus in BUG_CORPORA:
+        if corpus in result:
+            b = result[corpus]
+            parts.append(f"{corpus}={b['caught']}/{b['bugs']} fixed_silent={b['fixed_silent']}/{b['fixed']}")
     parts.append(f"lines_per_cpu_s={result['lines_per_cpu_s'] or 0}")
     print("\n" + " | ".join(parts))
     return 0

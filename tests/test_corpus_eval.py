@@ -261,3 +261,23 @@ def test_a_risk_the_judges_noted_as_missed_is_found_by_a_finding_of_its_code_a_f
     assert not corpus_eval.noted_risk_found(risk, [finding(100 + corpus_eval.NOTED_RISK_TOLERANCE + 1)])
     assert not corpus_eval.noted_risk_found(risk, [finding(100, code="OOM303"), finding(100, path="n.py")])
     assert not corpus_eval.noted_risk_found({**risk, "line": None}, [finding(100)])
+
+
+def test_the_third_bug_set_keeps_its_split_rule_and_shares_no_fix_with_the_first() -> None:
+    first = {(b["repo"], b["fix_commit"]) for b in json.loads((CORPORA / "bugs.json").read_text())}
+    third = json.loads((CORPORA / "bugs3.json").read_text())
+    assert len(third) >= 20 and len({b["id"] for b in third}) == len(third)
+    for bug in third:
+        digest = hashlib.sha256(bug["repo"].encode()).hexdigest()
+        assert bug["split_digest"] == digest
+        assert bug["split"] == ("dev" if int(digest[0], 16) % 2 == 0 else "heldout"), bug["id"]
+        assert (bug["repo"], bug["fix_commit"]) not in first
+        assert bug["before"] == f"bugs3/{bug['id']}/before.py" and len(bug["fix_commit"]) == 40
+
+
+def test_the_third_bug_set_is_scored_under_its_own_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root, manifests = _build(tmp_path)
+    (manifests / "bugs3.json").write_text((manifests / "bugs.json").read_text())
+    result = _run(capsys, root, manifests, "--corpora", "bugs3")
+    assert "bugs" not in result
+    assert result["bugs3"]["caught"] == 1 and result["bugs3"]["fixed_silent"] == 1

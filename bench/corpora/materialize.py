@@ -2,7 +2,7 @@
 """Rebuild issue 27's corpora under the corpus root from fetched repository snapshots.
 
     .venv/bin/python bench/corpora/materialize.py [--mirror /work/.mirror] [--corpus-root /work/corpus]
-                                        [--only static,notebooks,bugs,runnable] [--repos A,B]
+                                        [--only static,notebooks,bugs,bugs3,runnable] [--repos A,B]
 
 Reads the manifests beside this script (static.toml, notebooks.toml, bugs.json, runnable.toml) and,
 for each entry, the snapshot `<mirror>/<owner>+<name>/repo` (a bare git directory, or a clone's
@@ -14,7 +14,8 @@ the snapshot lacks it, at the snapshot's newest commit (HEAD), and the line says
   `lines` (the manifest's `sha256` is sha256("owner/name"), the split rule's digest, checked as such).
 - notebooks: `<root>/notebooks/<owner>+<name>/` (fresh splits likewise), the notebooks listed by
   path, verified against each one's `code_lines`.
-- bugs: `<root>/<before>` = `path` at the parent of `fix_commit`, `<root>/<after>` = at `fix_commit`.
+- bugs, bugs3 (bugs.json, bugs3.json): `<root>/<before>` = `path` at the parent of `fix_commit`,
+  `<root>/<after>` = at `fix_commit`.
 - runnable: the original file goes to `<root>/runnable/_originals/<case>/<path>`, the base (the
   script, or a notebook's script form: code cells after `# %%`, `!`/`%` lines commented out) to
   `<root>/runnable/_base/<case>/<script>`, and the case's hand adaptation (random data, bounded
@@ -500,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mirror", type=Path, default=DEFAULT_MIRROR, help="the fetched snapshots")
     parser.add_argument("--corpus-root", type=Path, default=DEFAULT_ROOT)
     parser.add_argument("--corpora-dir", type=Path, default=HERE, help="where the manifests are")
-    parser.add_argument("--only", default="static,notebooks,bugs,runnable", help="which manifests")
+    parser.add_argument("--only", default="static,notebooks,bugs,bugs3,runnable", help="which manifests")
     parser.add_argument("--repos", default="", help="comma-separated names (owner/name, bug id or case)")
     parser.add_argument("--patches", type=Path, default=ADAPTATIONS, help="the runnable cases' adaptations")
     parser.add_argument(
@@ -513,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no mirror folder {options.mirror}")
     wanted = {w for w in options.repos.split(",") if w}
     chosen = set(options.only.split(","))
-    unknown = chosen - {"static", "notebooks", "bugs", "runnable"}
+    unknown = chosen - {"static", "notebooks", "bugs", "bugs3", "runnable"}
     if unknown:
         parser.error(f"unknown manifest(s): {', '.join(sorted(unknown))}")
     folder = options.corpora_dir
@@ -529,8 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [(build_static, e) for e in tomllib.loads((folder / "static.toml").read_text())["repo"]]
     if "notebooks" in chosen:
         jobs += [(build_notebooks, e) for e in tomllib.loads((folder / "notebooks.toml").read_text())["repo"]]
-    if "bugs" in chosen and (folder / "bugs.json").is_file():
-        jobs += [(build_bug, e) for e in json.loads((folder / "bugs.json").read_text())]
+    for bugs in ("bugs", "bugs3"):
+        if bugs in chosen and (folder / f"{bugs}.json").is_file():
+            jobs += [(build_bug, e) for e in json.loads((folder / f"{bugs}.json").read_text())]
     if "runnable" in chosen and (folder / "runnable.toml").is_file():
         jobs += [(build_runnable, e) for e in tomllib.loads((folder / "runnable.toml").read_text())["case"]]
     totals: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
