@@ -110,14 +110,45 @@ class ModeFacts:
                 sub = set(self.contexts_at(caller, translated, depth + 1))
             for grad, mode in sub:
                 pairs.add((declared or grad, mode))
+        # Callers the file cannot see run a method on a constructed instance:
+        # its own model is in the mode its constructor left it in, when no method
+        # of the class switches it otherwise.
+        unseen = self._constructed_mode(method, model) if method is not None and model is not None else Mode.UNKNOWN
         for reference in graph.escapes(scope):
-            pairs.add((declared or graph.escape_grad(reference), Mode.UNKNOWN))
+            pairs.add((declared or graph.escape_grad(reference), unseen))
         external = graph.external_grad(scope)
         if external != Grad.NONE:
-            pairs.add((declared or external, Mode.UNKNOWN))
+            pairs.add((declared or external, unseen))
         if not pairs:
-            pairs.add((declared or Grad.UNKNOWN, Mode.UNKNOWN))
+            pairs.add((declared or Grad.UNKNOWN, unseen))
         return pairs
+
+    def _constructed_mode(self, method: Function, model: str) -> Mode:
+        """The mode `__init__` puts the instance's own model in (`self.model.eval()`
+        at the constructor's top level), when every switch of it in the class's
+        methods is that same mode; else unknown."""
+        owner = method.owner
+        self_name = method.self_name
+        if owner is None or self_name is None or not model.startswith(self_name + "."):
+            return Mode.UNKNOWN
+        attribute = model[len(self_name) + 1 :]
+        found = Mode.NONE
+        constructed = Mode.NONE
+        for overloads in owner.methods.values():
+            for function in overloads:
+                if function.self_name is None:
+                    continue
+                for switch, switched, mode in self.switches(function):
+                    own = switched.partition(".")[0] == function.self_name
+                    relative = switched[len(function.self_name) + 1 :] if own else None
+                    if relative is None or not (
+                        relative == "" or attribute == relative or attribute.startswith(relative + ".")
+                    ):
+                        continue
+                    found |= mode
+                    if function.name == "__init__" and not switch.loops and _at_top_level(switch):
+                        constructed |= mode
+        return constructed if constructed != Mode.NONE and found == constructed else Mode.UNKNOWN
 
     def local_mode(self, call: Call, model: str) -> LocalMode | None:
         """What the switches of the call's own scope before it say, or None.
@@ -163,7 +194,7 @@ class ModeFacts:
             return Mode.UNKNOWN if not scope.is_module else Mode.TRAIN
         callers = self.graph.callers(scope)
         if not callers:
-            return Mode.UNKNOWN
+            return self._constructed_mode(method, model) if method is not None else Mode.UNKNOWN
         result = Mode.NONE
         for caller in callers:
             translated = self._translate(caller, scope, model, self_name)
@@ -273,3 +304,12 @@ def _switch(call: Call) -> tuple[Call, str, Mode] | None:
     if isinstance(mode, cst.Arg) and type(mode.value) is cst.Name and mode.value.value in ("True", "False"):
         return call, model, Mode.TRAIN if mode.value.value == "True" else Mode.EVAL
     return call, model, Mode.TRAIN | Mode.EVAL
+
+
+def _at_top_level(call: Call) -> bool:
+    """The statement of the call is one of its function's own statements (not
+    under an `if`, a `try` or a `with`)."""
+    node = call.scope.node
+    body = getattr(node, "body", None)
+    statements = getattr(body, "body", ())
+    return any(statement is call.statement for statement in statements)

@@ -399,3 +399,23 @@ def test_a_module_called_through_a_value_the_file_cannot_type_may_run_with_grad(
     """
     assert _entry(source, "Net.forward") != Grad.OFF
     assert Grad.UNKNOWN in _entry(source, "Net.forward")
+
+
+def test_a_model_its_constructor_puts_in_eval_mode_is_in_eval_mode_for_callers_the_file_cannot_see() -> None:
+    source = """
+        import torch
+        import torchvision
+        class Embedder:
+            def __init__(self):
+                self.model = torchvision.models.resnet18(weights="DEFAULT")
+                self.model.eval()
+            def embed(self, images):
+                return self.model(images)
+    """
+    assert _contexts(source, "Embedder.embed", "self.model", "self.model") == {(Grad.UNKNOWN, Mode.EVAL)}
+    # A method that switches it to train mode: the mode at an unseen call is unknown.
+    switched = source + """
+            def finetune(self):
+                self.model.train()
+    """
+    assert _contexts(switched, "Embedder.embed", "self.model", "self.model") == {(Grad.UNKNOWN, Mode.UNKNOWN)}
