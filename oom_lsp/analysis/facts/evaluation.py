@@ -30,7 +30,7 @@ from oom_lsp.analysis.facts.frozen import frozen_at
 from oom_lsp.analysis.facts.library import Grad, Mode
 from oom_lsp.analysis.facts.loops import runs_a_few_times, unrolls_a_recurrence
 from oom_lsp.analysis.facts.modes import ModeFacts
-from oom_lsp.analysis.facts.program import Call, Function, LocalGrad
+from oom_lsp.analysis.facts.program import Binding, BindingKind, Call, Function, LocalGrad
 from oom_lsp.analysis.walker import child_fields, is_node
 
 
@@ -459,6 +459,60 @@ class EvaluationFacts:
                 break
         return routed
 
+    def model_made_here(self, forward: EvalForward) -> bool:
+        """The model a forward pass runs is one this file makes (builds,
+        loads or asks a builder for: `self.model = models.resnet18(...)`,
+        `model = load_model(path)`, `self.model, self.layer = self._get_model()`),
+        not one it is handed: no binding that reaches it is a parameter, or
+        a name or attribute bound from one."""
+        path = forward.model
+        scope = forward.call.scope
+        head, _, attribute = path.partition(".")
+        method = _method_scope(scope)
+        if attribute and method is not None and head == method.self_name and "." not in attribute:
+            owner = method.owner
+            assert owner is not None
+            bindings: list[Binding] = []
+            for klass in [owner, *self.graph.base_classes(owner)]:
+                bindings += klass.attributes.get(attribute, [])
+        elif not attribute:
+            bindings = self.graph.program.lookup(path, scope)
+        else:
+            return False
+        return bool(bindings) and not any(self._received(binding, 0) for binding in bindings)
+
+    def _received(self, binding: Binding, depth: int) -> bool:
+        """Whether a binding may hold a value handed to the file's code from
+        outside: a parameter, or a name bound from one (through `.to(device)`,
+        `.eval()` and the other methods that return the module itself)."""
+        if depth > 4 or binding.kind is BindingKind.PARAM:
+            return True
+        if binding.kind is BindingKind.ASSIGN:
+            value = binding.value
+        elif binding.kind is BindingKind.OTHER and _assignment(binding.node) is not None:
+            value = _assignment(binding.node).value  # type: ignore[union-attr]  # `self.model, self.layer = self._get_model(name)`
+        else:
+            return True  # a loop variable, a `with` target, an import: not made here
+        while (
+            type(value) is cst.Call
+            and type(value.func) is cst.Attribute
+            and value.func.attr.value in _MODULE_RETURNING_METHODS
+        ):
+            value = value.func.value
+        if type(value) is cst.Call or value is None:
+            return False
+        if (
+            type(value) is cst.Attribute
+            and type(value.value) is cst.Name
+            and binding.scope is not None
+            and value.value.value == binding.scope.self_name
+            and value.attr.value == binding.name
+        ):
+            return False  # `self.model = self.model.to(device)`: the same model, moved
+        if type(value) is cst.Name and binding.scope is not None:
+            return any(self._received(inner, depth + 1) for inner in self.graph.program.lookup(value.value, binding.scope))
+        return True
+
     def forward_model(self, call: Call) -> str | None:
         """The model a call runs forward, as a path in its scope (`model`,
         `self.encoder`); None when the call is no forward pass. Answered once per
@@ -700,6 +754,14 @@ def _train_flag(switch: Call) -> str | None:
     return None
 
 
+def _assignment(node: cst.CSTNode) -> cst.Assign | None:
+    if type(node) is cst.Assign:
+        return node
+    if type(node) is cst.SimpleStatementLine and len(node.body) == 1 and type(node.body[0]) is cst.Assign:
+        return node.body[0]
+    return None
+
+
 def _self_name(function: Function) -> str | None:
     method = _method_scope(function)
     return method.self_name if method is not None else None
@@ -823,6 +885,8 @@ def evaluation_facts(context: FileContext) -> EvaluationFacts:
 # Calls that make a program train: a backward pass, a gradient, an optimizer or
 # scheduler step, a framework's fit/train loop (`model.train()` too: a script
 # that switches a model to training mode trains it).
+# A module's methods that return the module itself: `model.to(device).eval()` is `model`.
+_MODULE_RETURNING_METHODS = frozenset({"to", "cuda", "cpu", "eval", "train", "half", "float", "bfloat16", "requires_grad_"})
 _TRAINING_METHODS = frozenset({"backward", "manual_backward", "step", "fit", "train", "train_model", "grad"})
 
 
@@ -833,6 +897,18 @@ def is_inference_script(module: cst.Module) -> bool:
     is not something training holds anyway: it is the activations inference
     would free, kept for nothing (the peak of a demo on a full-resolution
     input is a training step's, not an inference's)."""
+    has_main, trains = _main_and_training(module)
+    return has_main and not trains
+
+
+def never_trains(module: cst.Module) -> bool:
+    """Nothing in the file trains: no backward pass, gradient, optimizer
+    step or training loop is called, and no Lightning `training_step` is
+    defined."""
+    return not _main_and_training(module)[1]
+
+
+def _main_and_training(module: cst.Module) -> tuple[bool, bool]:
     has_main = False
     pending: list[cst.CSTNode] = [module]
     while pending:
@@ -845,7 +921,9 @@ def is_inference_script(module: cst.Module) -> bool:
             func_type = type(func)
             name = func.attr.value if func_type is cst.Attribute else func.value if func_type is cst.Name else None
             if name in _TRAINING_METHODS:
-                return False
+                return has_main, True
+        elif node_type is cst.FunctionDef and node.name.value == "training_step":
+            return has_main, True
         # The fields that can hold an `if` or a call (libcst's `children` builds every
         # whitespace node too, and cost most of this scan), in the same order.
         for field_name in child_fields(node_type):
@@ -854,7 +932,7 @@ def is_inference_script(module: cst.Module) -> bool:
                 pending.extend(child for child in value if is_node(child))
             elif is_node(value):
                 pending.append(value)
-    return has_main
+    return has_main, False
 
 
 def _is_main_guard(test: cst.BaseExpression) -> bool:

@@ -9,8 +9,9 @@ import libcst as cst
 from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.facts.contexts import CallGraph
 from oom_lsp.analysis.facts.datasets import trains_on_small_inputs
-from oom_lsp.analysis.facts.evaluation import EvalForward, evaluation_facts, is_inference_script
-from oom_lsp.analysis.facts.workload import Workload, workload_of
+from oom_lsp.analysis.facts.evaluation import EvalForward, evaluation_facts, is_inference_script, never_trains
+from oom_lsp.analysis.facts.sizes import model_size
+from oom_lsp.analysis.facts.workload import SMALL_MODEL_PARAMETERS, Workload, workload_of
 from oom_lsp.analysis.findings import Applicability
 from oom_lsp.analysis.rule import FixSpec, Invalid, Rule, Valid, deferred_report
 from oom_lsp.fixes import inference_mode
@@ -363,6 +364,17 @@ class EvalWithoutNoGrad(Rule):
                         optimizer.step()
             """
         ),
+        # A pytest test runs the model for its outputs, on the inputs it makes.
+        Valid(
+            """
+            import torch
+
+            def test_attention_shapes():
+                model = Attention(8)
+                model.eval()
+                assert model(torch.zeros(1, 6, 8)).shape == (1, 6, 8)
+            """
+        ),
     ]
     INVALID = [
         # One batch's graph at a time, freed within the iteration: strict only.
@@ -618,6 +630,43 @@ class EvalWithoutNoGrad(Rule):
             line=15,
             by_default=True,
         ),
+        # A class that builds its model, puts it in eval mode and serves it:
+        # nothing in the file trains, so the graph of every call is kept for
+        # nothing (shown by default), whoever calls `embed`.
+        Invalid(
+            """
+            import torch
+            import torchvision
+
+            class Embedder:
+                def __init__(self, device="cuda"):
+                    self.model = torchvision.models.resnet50(weights="DEFAULT").to(device)
+                    self.model.eval()
+
+                def embed(self, images):
+                    features = self.model(images)
+                    return features.cpu().numpy()
+            """,
+            line=11,
+            by_default=True,
+        ),
+        # The same forward of a model the file is handed (an evaluation helper
+        # that a training script may call): strict only.
+        Invalid(
+            """
+            import torch
+
+            class Embedder:
+                def __init__(self, model):
+                    self.model = model
+                    self.model.eval()
+
+                def embed(self, images):
+                    return self.model(images).cpu().numpy()
+            """,
+            line=10,
+            by_default=False,
+        ),
     ]
 
     def __init__(self, context: FileContext) -> None:
@@ -631,9 +680,16 @@ class EvalWithoutNoGrad(Rule):
             return  # tests run models for their outputs, not to serve predictions
         evaluation = evaluation_facts(self.context)
         forwards = evaluation.forwards_without_grad_use()
-        inference_only = bool(forwards) and is_inference_script(self.context.module)
+        script = bool(forwards) and is_inference_script(self.context.module)
+        untrained = bool(forwards) and not script and never_trains(self.context.module)
         for forward in forwards:
-            self._report(forward, inference_only)
+            if any(part.startswith("test_") for part in forward.call.scope.qualname.split(".")):
+                continue  # a pytest test runs the model for its outputs, on the inputs it makes
+            # A file that never trains serves the model it makes for inference
+            # (a feature extractor, a predictor class, an app) whether or not it
+            # has a `__main__` block; a model it is handed may be trained elsewhere.
+            inference = script or (untrained and evaluation.model_made_here(forward))
+            self._report(forward, inference and not self._small_model(forward))
 
     def _report(self, forward: EvalForward, inference_only: bool) -> None:
         reference = self.context.imports.reference_to("torch.inference_mode")
@@ -659,7 +715,7 @@ class EvalWithoutNoGrad(Rule):
         if forward.kept_into_next_batch is not None:
             message += f"; {forward.kept_into_next_batch} holds its graph into the next batch"
         elif inference_only:
-            message += "; this script never trains: the activations are kept for nothing"
+            message += "; nothing in this file trains: its activations are kept for nothing"
         else:
             larger = self._larger_batch_than_training(forward)
             if larger is not None:
@@ -684,6 +740,16 @@ class EvalWithoutNoGrad(Rule):
                 and not trains_on_small_inputs(self.context),
             )
         )
+
+    def _small_model(self, forward: EvalForward) -> bool:
+        """The size facts know the model, and it is small (a few million
+        parameters): its whole graph is a few MB at the inputs such code runs."""
+        func = forward.call.node.func
+        receiver = func.value if type(func) is cst.Attribute and func.attr.value != forward.model.rpartition(".")[2] else func
+        scope = forward.call.scope
+        node = scope.node if type(scope.node) is cst.FunctionDef else None
+        size = model_size(self.context, receiver, node)
+        return size is not None and size.exact and size.parameters < SMALL_MODEL_PARAMETERS
 
     def _larger_batch_than_training(self, forward: EvalForward) -> tuple[int, int] | None:
         """(the evaluation loop's batch, the largest training loop's batch) when
