@@ -30,7 +30,7 @@ from oom_lsp.analysis.facts.frozen import frozen_at
 from oom_lsp.analysis.facts.library import Grad, Mode
 from oom_lsp.analysis.facts.loops import runs_a_few_times, unrolls_a_recurrence
 from oom_lsp.analysis.facts.modes import ModeFacts
-from oom_lsp.analysis.facts.program import Binding, BindingKind, Call, Function, LocalGrad
+from oom_lsp.analysis.facts.program import Binding, BindingKind, Call, Function, Klass, LocalGrad
 from oom_lsp.analysis.walker import child_fields, is_node
 
 
@@ -464,11 +464,17 @@ class EvaluationFacts:
         loads or asks a builder for: `self.model = models.resnet18(...)`,
         `model = load_model(path)`, `self.model, self.layer = self._get_model()`),
         not one it is handed: no binding that reaches it is a parameter, or
-        a name or attribute bound from one."""
+        a name or attribute bound from one; and the code that runs it is not
+        itself a module (whose submodules are part of a bigger model)."""
         path = forward.model
         scope = forward.call.scope
         head, _, attribute = path.partition(".")
         method = _method_scope(scope)
+        if method is not None and method.owner is not None and self._is_a_module(method.owner):
+            # A module's own submodules, run by its methods: part of a model that
+            # whoever runs the model runs (a frozen VQ encoder in its `__init__`'s
+            # `self.eval()`), not one this file serves.
+            return False
         if attribute and method is not None and head == method.self_name and "." not in attribute:
             owner = method.owner
             assert owner is not None
@@ -480,6 +486,18 @@ class EvaluationFacts:
         else:
             return False
         return bool(bindings) and not any(self._received(binding, 0) for binding in bindings)
+
+    def _is_a_module(self, klass: Klass) -> bool:
+        """A module class (its bases say so), or one that acts as one where the
+        bases are imported relatively: it has a `forward`, or switches its own
+        mode (`self.eval()` in `__init__`)."""
+        if self.graph.is_module_class(klass) or self.graph.dispatch(klass, "forward"):
+            return True
+        for overloads in klass.methods.values():
+            for function in overloads:
+                if any(switched == function.self_name for _, switched, _ in self.modes.switches(function)):
+                    return True
+        return False
 
     def _received(self, binding: Binding, depth: int) -> bool:
         """Whether a binding may hold a value handed to the file's code from

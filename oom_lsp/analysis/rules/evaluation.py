@@ -59,11 +59,19 @@ class EvalWithoutNoGrad(Rule):
     == y).sum().item()`) costs what training already holds, unless the
     evaluation's loader has a larger batch than every training loop's (both
     stated in the code): then its one graph holds more activations than the
-    training step does. `--strict` shows the rest. In a script that never trains (it has an
-    `if __name__ == "__main__":` block and no backward pass, optimizer step
-    or training loop anywhere) there is no training step to compare with:
-    a demo or inference script's forward pass with autograd on keeps the
-    activations inference would free, and it is reported by default.
+    training step does. `--strict` shows the rest. In a file that never
+    trains (no backward pass, optimizer step, training loop or Lightning
+    `training_step` anywhere) there is no training step to compare with, so
+    a forward pass with autograd on keeps the activations inference would
+    free, and it is reported by default: in a script (an
+    `if __name__ == "__main__":` block), and in code that serves a model it
+    makes itself (an embedding or prediction class that builds or loads its
+    model and calls `.eval()` on it; not a model it is handed, which a
+    training script elsewhere may run, nor a module's own submodules),
+    unless the size facts show the model is small (under 10 M parameters).
+    A model whose constructor puts it in eval mode is in eval mode in every
+    method callers outside the file run, when no method switches it back.
+    pytest tests (`test_*` functions) are not reported.
 
     ## Why is this bad?
     `model.eval()` changes dropout and batch norm; it does not turn autograd
@@ -649,6 +657,26 @@ class EvalWithoutNoGrad(Rule):
             """,
             line=11,
             by_default=True,
+        ),
+        # A module's own frozen submodule, run by one of its methods: part of a
+        # model that whoever runs the model runs (strict only).
+        Invalid(
+            """
+            import torch
+            from torch import nn
+            from .modeling_utils import PreTrainedModel
+
+            class VQModel(PreTrainedModel):
+                def __init__(self, config):
+                    super().__init__(config)
+                    self.encoder = nn.Conv2d(3, config.channels, 3)
+                    self.eval()  # frozen
+
+                def encode(self, pixel_values):
+                    return self.encoder(pixel_values)
+            """,
+            line=13,
+            by_default=False,
         ),
         # The same forward of a model the file is handed (an evaluation helper
         # that a training script may call): strict only.
