@@ -209,16 +209,9 @@ class CallGraph:
             if type(func) is cst.Attribute and func.attr.value in _MODULE_RETURNING:
                 return self.instance_class(func.value, scope, depth + 1)
             return None
-        if expr_type is cst.Name:
-            bindings = self.program.lookup(expr.value, scope)
-            return self._class_of_bindings(bindings, scope, depth)
-        if expr_type is cst.Attribute and type(expr.value) is cst.Name:
-            method_scope = _method_scope(scope)
-            if method_scope is not None and expr.value.value == method_scope.self_name:
-                owner = method_scope.owner
-                assert owner is not None
-                bindings = self._attribute_bindings(owner, expr.attr.value)
-                return self._class_of_bindings(bindings, method_scope, depth)
+        bound = self._bindings_of(expr, scope)
+        if bound is not None:
+            return self._class_of_bindings(bound[0], bound[1], depth)
         if expr_type is cst.Attribute:
             # `self.model.cell`, `detector.model`: an attribute its methods set
             # on an instance of a class of the file.
@@ -226,6 +219,19 @@ class CallGraph:
             if holder is not None:
                 bindings = self._attribute_bindings(holder, expr.attr.value)
                 return self._class_of_bindings(bindings, scope, depth) if bindings else None
+        return None
+
+    def _bindings_of(self, expr: cst.BaseExpression, scope: Function) -> tuple[list[Binding], Function] | None:
+        """The bindings of a name, or of an attribute of `self` in a method
+        (those its class's methods make), with the scope they are read from."""
+        if type(expr) is cst.Name:
+            return self.program.lookup(expr.value, scope), scope
+        if type(expr) is cst.Attribute and type(expr.value) is cst.Name:
+            method_scope = _method_scope(scope)
+            if method_scope is not None and expr.value.value == method_scope.self_name:
+                owner = method_scope.owner
+                assert owner is not None
+                return self._attribute_bindings(owner, expr.attr.value), method_scope
         return None
 
     def _attribute_bindings(self, klass: Klass, name: str, depth: int = 0) -> list[Binding]:
@@ -344,6 +350,8 @@ class CallGraph:
             return []
         expr_type = type(expr)
         values: list[cst.BaseExpression] = []
+        # Elements given through an iterable: `ModuleList(blocks)`, `Sequential(*blocks)`.
+        spread: list[Klass] = []
         if expr_type in (cst.List, cst.Tuple, cst.Set):
             for element in expr.elements:  # type: ignore[attr-defined]
                 if type(element) is cst.StarredElement:
@@ -363,30 +371,17 @@ class CallGraph:
                     if arg.keyword is not None:
                         continue
                     if arg.star == "*" or qualified != "torch.nn.Sequential":
-                        # `ModuleList(iterable)`, `Sequential(*blocks)`: the iterable's elements.
-                        found = self._element_classes(arg.value, scope, depth + 1)
-                        values_classes = found
-                        if values_classes:
-                            return _unique(values_classes + self._classes_of(values, scope, depth))
-                        continue
-                    values.append(arg.value)
+                        spread += self._element_classes(arg.value, scope, depth + 1)
+                    else:
+                        values.append(arg.value)
             elif type(expr.func) is cst.Attribute and expr.func.attr.value in _MODULE_RETURNING:
                 return self._element_classes(expr.func.value, scope, depth + 1)
             else:
                 return []
-        elif expr_type is cst.Name:
-            bindings = self.program.lookup(expr.value, scope)
-            return self._elements_of_bindings(bindings, scope, depth)
-        elif expr_type is cst.Attribute and type(expr.value) is cst.Name:
-            method_scope = _method_scope(scope)
-            if method_scope is not None and expr.value.value == method_scope.self_name:
-                owner = method_scope.owner
-                assert owner is not None
-                return self._elements_of_bindings(self._attribute_bindings(owner, expr.attr.value), method_scope, depth)
-            return []
         else:
-            return []
-        return self._classes_of(values, scope, depth)
+            bound = self._bindings_of(expr, scope)
+            return self._elements_of_bindings(bound[0], bound[1], depth) if bound is not None else []
+        return _unique(spread + self._classes_of(values, scope, depth))
 
     @staticmethod
     def _element_values(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -499,18 +494,10 @@ class CallGraph:
     def _sequential_forwards(self, func: cst.BaseExpression, scope: Function, depth: int) -> list[Function]:
         """Calling an `nn.Sequential` runs each element's forward in turn:
         `self.layers(x)` with `self.layers = nn.Sequential(Block(), nn.ReLU())`."""
-        if type(func) is cst.Attribute and type(func.value) is cst.Name:
-            method_scope = _method_scope(scope)
-            if method_scope is None or func.value.value != method_scope.self_name:
-                return []
-            owner = method_scope.owner
-            assert owner is not None
-            bindings = self._attribute_bindings(owner, func.attr.value)
-            scope = method_scope
-        elif type(func) is cst.Name:
-            bindings = self.program.lookup(func.value, scope)
-        else:
+        bound = self._bindings_of(func, scope)
+        if bound is None:
             return []
+        bindings, scope = bound
         found: list[Function] = []
         for binding in bindings:
             value = binding.value
