@@ -2,8 +2,9 @@
 
 A file is analysed alone, but its functions are often called from another
 file of the same project: `train.py` runs `engine.evaluate(model, loader)`
-under `with torch.no_grad():`, and `engine.py` alone cannot know it. The
-checker (`oom-lsp --check` on a folder) therefore runs in two phases:
+under `with torch.no_grad():`, and `engine.py` alone cannot know it. A
+checker of a folder is to run in two phases (the pieces are here and tested;
+`oom-lsp check` does not run them yet, so its files are analysed alone):
 
 1. each file's analysis also yields its `FileSummary`: the calls it makes to
    names it imports (resolved to qualified names, relative imports included),

@@ -204,13 +204,6 @@ class NaiveAttention(Rule):
     - weights mixed, reduced or returned without meeting values (an
       attention map computed for itself): the fused kernels do not replace it.
 
-    Attention that only ever runs with autograd off (every caller the file
-    shows, through the model's `forward`, its blocks in a `ModuleList` or
-    `Sequential`, and the function handed the model, runs it under
-    `torch.no_grad()`: a generation or inference script) keeps no matrix for
-    a backward pass; each layer's is freed before the next layer runs. It is
-    shown with `--strict` only.
-
     ## Why is this bad?
     The score matrix has one entry per pair of positions: batch x heads x
     seq x seq. At 32 heads and 8k tokens that is 2 G elements, 4 GB in bf16
@@ -899,38 +892,6 @@ class NaiveAttention(Rule):
             """,
             line=14,
         ),
-        # Run only under no_grad (a generation script): no matrix is kept for
-        # backward, one layer's at a time (strict only).
-        Invalid(
-            """
-            import torch
-            import torch.nn as nn
-
-            class Attention(nn.Module):
-                def forward(self, q, k, v):
-                    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
-
-            class Model(nn.Module):
-                def __init__(self, depth):
-                    super().__init__()
-                    self.blocks = nn.ModuleList([Attention() for _ in range(depth)])
-
-                def forward(self, x):
-                    for block in self.blocks:
-                        x = block(x, x, x)
-                    return x
-
-            def generate(model, x, steps):
-                with torch.no_grad():
-                    for _ in range(steps):
-                        x = model(x)
-                return x
-
-            generate(Model(12), torch.randn(1, 8, 64), 4)
-            """,
-            line=7,
-            by_default=False,
-        ),
     ]
 
     # Every form it flags applies torch's softmax: `torch.softmax`, `F.softmax`,
@@ -1182,7 +1143,6 @@ class NaiveAttention(Rule):
             node,
             "Attention by hand: softmax(q @ k^T) stores a sequence x sequence matrix per head",
             fix=self._fix(node, softmax.input) if softmax.input_and_dim_only else None,
-            proven=not self.context.tracker.in_no_grad,
         )
 
     # --- a fused path beside this one ----------------------------------------

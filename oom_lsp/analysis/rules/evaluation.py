@@ -28,8 +28,8 @@ class EvalWithoutNoGrad(Rule):
 
     - the grad mode the call runs under: the `with torch.no_grad()` /
       `inference_mode()` blocks and decorators around it and around every
-      call of its function, up the callers the file (and, with `--check` on
-      a folder, the project) shows; a framework's hooks (Lightning's
+      call of its function, up the callers the file shows (callers in other
+      files are not read yet); a framework's hooks (Lightning's
       `validation_step` runs without grad, a Trainer's `prediction_step` with);
     - the model's train/eval mode: its last `.eval()` / `.train()`, in the
       call's function or in the caller that hands it the model;
@@ -743,7 +743,7 @@ class EvalWithoutNoGrad(Rule):
         if forward.kept_into_next_batch is not None:
             message += f"; {forward.kept_into_next_batch} holds its graph into the next batch"
         elif inference_only:
-            message += "; nothing in this file trains: its activations are kept for nothing"
+            message += "; the file never trains: activations kept for nothing"
         else:
             larger = self._larger_batch_than_training(forward)
             if larger is not None:
