@@ -217,7 +217,7 @@ class CallGraph:
             # on an instance of a class of the file.
             holder = self.instance_class(expr.value, scope, depth + 1)
             if holder is not None:
-                bindings = self._attribute_bindings(holder, expr.attr.value)
+                bindings = self.attribute_bindings(holder, expr.attr.value)
                 return self._class_of_bindings(bindings, scope, depth) if bindings else None
         return None
 
@@ -231,14 +231,14 @@ class CallGraph:
             if method_scope is not None and expr.value.value == method_scope.self_name:
                 owner = method_scope.owner
                 assert owner is not None
-                return self._attribute_bindings(owner, expr.attr.value), method_scope
+                return self.attribute_bindings(owner, expr.attr.value), method_scope
         return None
 
-    def _attribute_bindings(self, klass: Klass, name: str, depth: int = 0) -> list[Binding]:
+    def attribute_bindings(self, klass: Klass, name: str, depth: int = 0) -> list[Binding]:
         bindings = list(klass.attributes.get(name, ()))
         if depth < 5:
             for base in self.base_classes(klass):
-                bindings.extend(self._attribute_bindings(base, name, depth + 1))
+                bindings.extend(self.attribute_bindings(base, name, depth + 1))
         return bindings
 
     def _class_of_bindings(self, bindings: list[Binding], scope: Function, depth: int) -> Klass | None:
@@ -666,11 +666,12 @@ class CallGraph:
                     if self.callees(call):
                         continue
                     func = call.node.func
-                    if type(func) is cst.Subscript:
-                        self._opaque.append(call)
-                    elif type(func) is cst.Name and any(
-                        binding.kind in (BindingKind.PARAM, BindingKind.LOOP)
-                        for binding in self.program.lookup(func.value, scope)
+                    if type(func) is cst.Subscript or (
+                        type(func) is cst.Name
+                        and any(
+                            binding.kind in (BindingKind.PARAM, BindingKind.LOOP)
+                            for binding in self.program.lookup(func.value, scope)
+                        )
                     ):
                         self._opaque.append(call)
         return self._opaque

@@ -25,7 +25,14 @@ from oom_lsp.analysis.context import FileContext
 from oom_lsp.analysis.dataflow import Kind, Role, assigned_names, facts_for, iter_nodes, value_path
 from oom_lsp.analysis.context import dotted_name
 from oom_lsp.analysis.facts import flags, library
-from oom_lsp.analysis.facts.contexts import FORWARD_METHODS, CallGraph, _assigned_from, _method_scope, call_graph
+from oom_lsp.analysis.facts.contexts import (
+    _MODULE_RETURNING,
+    FORWARD_METHODS,
+    CallGraph,
+    _assigned_from,
+    _method_scope,
+    call_graph,
+)
 from oom_lsp.analysis.facts.frozen import frozen_at
 from oom_lsp.analysis.facts.library import Grad, Mode
 from oom_lsp.analysis.facts.loops import runs_a_few_times, unrolls_a_recurrence
@@ -476,11 +483,8 @@ class EvaluationFacts:
             # `self.eval()`), not one this file serves.
             return False
         if attribute and method is not None and head == method.self_name and "." not in attribute:
-            owner = method.owner
-            assert owner is not None
-            bindings: list[Binding] = []
-            for klass in [owner, *self.graph.base_classes(owner)]:
-                bindings += klass.attributes.get(attribute, [])
+            assert method.owner is not None
+            bindings = self.graph.attribute_bindings(method.owner, attribute)
         elif not attribute:
             bindings = self.graph.program.lookup(path, scope)
         else:
@@ -514,7 +518,7 @@ class EvaluationFacts:
         while (
             type(value) is cst.Call
             and type(value.func) is cst.Attribute
-            and value.func.attr.value in _MODULE_RETURNING_METHODS
+            and value.func.attr.value in _MODULE_RETURNING
         ):
             value = value.func.value
         if type(value) is cst.Call or value is None:
@@ -903,8 +907,6 @@ def evaluation_facts(context: FileContext) -> EvaluationFacts:
 # Calls that make a program train: a backward pass, a gradient, an optimizer or
 # scheduler step, a framework's fit/train loop (`model.train()` too: a script
 # that switches a model to training mode trains it).
-# A module's methods that return the module itself: `model.to(device).eval()` is `model`.
-_MODULE_RETURNING_METHODS = frozenset({"to", "cuda", "cpu", "eval", "train", "half", "float", "bfloat16", "requires_grad_"})
 _TRAINING_METHODS = frozenset({"backward", "manual_backward", "step", "fit", "train", "train_model", "grad"})
 
 

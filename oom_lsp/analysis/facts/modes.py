@@ -139,14 +139,10 @@ class ModeFacts:
                 if function.self_name is None:
                     continue
                 for switch, switched, mode in self.switches(function):
-                    own = switched.partition(".")[0] == function.self_name
-                    relative = switched[len(function.self_name) + 1 :] if own else None
-                    if relative is None or not (
-                        relative == "" or attribute == relative or attribute.startswith(relative + ".")
-                    ):
+                    if not _covers(switched, f"{function.self_name}.{attribute}"):
                         continue
                     found |= mode
-                    if function.name == "__init__" and not switch.loops and _at_top_level(switch):
+                    if function.name == "__init__" and _at_top_level(switch):
                         constructed |= mode
         return constructed if constructed != Mode.NONE and found == constructed else Mode.UNKNOWN
 
@@ -160,7 +156,7 @@ class ModeFacts:
         for switch, switched, mode in self.switches(call.scope):
             if switch.index >= call.index:
                 break
-            if not (model == switched or model.startswith(switched + ".")):
+            if not _covers(switched, model):
                 continue
             if _holds(switch, call):
                 decided = LocalMode(mode, conditional=False)
@@ -304,6 +300,12 @@ def _switch(call: Call) -> tuple[Call, str, Mode] | None:
     if isinstance(mode, cst.Arg) and type(mode.value) is cst.Name and mode.value.value in ("True", "False"):
         return call, model, Mode.TRAIN if mode.value.value == "True" else Mode.EVAL
     return call, model, Mode.TRAIN | Mode.EVAL
+
+
+def _covers(switched: str, model: str) -> bool:
+    """A switch of `switched` sets the mode of `model`: the same path, or a
+    module that contains it (`model.eval()` covers `model.encoder`)."""
+    return model == switched or model.startswith(switched + ".")
 
 
 def _at_top_level(call: Call) -> bool:
